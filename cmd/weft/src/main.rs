@@ -1,0 +1,151 @@
+//! `weft`, the CNI plugin. It runs once per pod and does three things only: parse
+//! what the runtime gave it (environment and stdin), relay it to weftd over the UNIX
+//! socket, and print the answer. VERSION is answered here. It has no networking logic.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use weft_cni::conf::{self, PluginConfig};
+use weft_cni::{Cmd, CniError, code, version};
+use weft_rpc::cnirpc::CniArgs;
+use weft_rpc::cnirpc::cni_client::CniClient;
+use weft_rpc::{DialOptions, cni_error_from_status, dial_unix};
+
+fn main() -> ExitCode {
+    let command = std::env::var("CNI_COMMAND").unwrap_or_default();
+    if command.is_empty() {
+        eprintln!(
+            "weft CNI plugin {}\nCNI protocol versions supported: {}",
+            env!("CARGO_PKG_VERSION"),
+            version::SUPPORTED.join(", ")
+        );
+        return ExitCode::SUCCESS;
+    }
+    let mut stdin = Vec::new();
+    let read = std::io::stdin()
+        .take(conf::MAX_CONFIG_BYTES as u64 + 1)
+        .read_to_end(&mut stdin);
+    let reported_version = conf::declared_version(&stdin);
+    let outcome = match read {
+        Ok(_) => run(&command, stdin),
+        Err(e) => Err(CniError::new(code::IO_FAILURE, format!("reading stdin: {e}"))),
+    };
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    match outcome {
+        Ok(bytes) => {
+            if out.write_all(&bytes).and_then(|()| out.flush()).is_err() {
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let _ = out.write_all(&e.to_json(&reported_version));
+            let _ = out.flush();
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Which `CNI_*` variables a command cannot do without.
+fn required_env(cmd: Cmd) -> &'static [&'static str] {
+    match cmd {
+        Cmd::Add | Cmd::Check => &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"],
+        Cmd::Del => &["CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH"],
+        Cmd::Gc | Cmd::Status | Cmd::Version => &[],
+    }
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
+}
+
+fn run(command: &str, stdin: Vec<u8>) -> Result<Vec<u8>, CniError> {
+    let cmd: Cmd = command
+        .parse()
+        .map_err(|_| CniError::new(code::INVALID_ENV, format!("unknown CNI_COMMAND: {command}")))?;
+    if cmd == Cmd::Version {
+        return Ok(version::version_json());
+    }
+    let cfg = PluginConfig::parse(&stdin, cmd)?;
+    let missing: Vec<&str> = required_env(cmd)
+        .iter()
+        .copied()
+        .filter(|v| std::env::var_os(v).is_none_or(|x| x.is_empty()))
+        .collect();
+    if !missing.is_empty() {
+        return Err(CniError::new(
+            code::INVALID_ENV,
+            format!("required env variables [{}] missing", missing.join(",")),
+        ));
+    }
+    let args = CniArgs {
+        container_id: env("CNI_CONTAINERID"),
+        netns: env("CNI_NETNS"),
+        ifname: env("CNI_IFNAME"),
+        args: weft_cni::parse_cni_args(&env("CNI_ARGS"))?.into_iter().collect(),
+        path: env("CNI_PATH"),
+        stdin_data: stdin,
+    };
+    if matches!(cmd, Cmd::Add | Cmd::Check | Cmd::Del) {
+        weft_cni::validate::container_id(&args.container_id)?;
+        weft_cni::validate::ifname(&args.ifname)?;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| CniError::new(code::INTERNAL, format!("starting the plugin runtime: {e}")))?;
+    runtime.block_on(relay(cmd, &cfg.socket, args))
+}
+
+async fn relay(cmd: Cmd, socket: &str, args: CniArgs) -> Result<Vec<u8>, CniError> {
+    let unreachable_code = if cmd == Cmd::Status { code::NOT_AVAILABLE } else { code::TRY_AGAIN_LATER };
+    let channel = dial_unix(Path::new(socket), &DialOptions::default())
+        .await
+        .map_err(|e| {
+            CniError::new(unreachable_code, format!("cannot reach weftd at {socket}: {}", source_chain(&e)))
+        })?;
+    let mut client = CniClient::new(channel);
+    let outcome = match cmd {
+        Cmd::Add => client.add(args).await.map(|r| r.into_inner().result),
+        Cmd::Del => client.del(args).await.map(|_| Vec::new()),
+        Cmd::Check => client.check(args).await.map(|_| Vec::new()),
+        Cmd::Status => client.status(args).await.map(|_| Vec::new()),
+        Cmd::Gc => client.gc(args).await.map(|_| Vec::new()),
+        Cmd::Version => unreachable!("answered locally"),
+    };
+    outcome.map_err(|status| status_to_cni(&status, socket, unreachable_code))
+}
+
+/// Turns a failed call back into the CNI error the daemon meant, or, when the daemon
+/// never answered (gone, restarting, timed out), into "try again later".
+fn status_to_cni(status: &tonic::Status, socket: &str, unreachable_code: u32) -> CniError {
+    if let Some(e) = cni_error_from_status(status) {
+        return CniError { code: e.code, msg: e.msg, details: e.details };
+    }
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
+            CniError::new(
+                unreachable_code,
+                format!("weftd at {socket} did not answer ({:?}): {}", status.code(), status.message()),
+            )
+        }
+        other => CniError::new(
+            code::INTERNAL,
+            format!("weftd at {socket} failed the call ({other:?}): {}", status.message()),
+        ),
+    }
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

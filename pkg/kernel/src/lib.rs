@@ -1,0 +1,36 @@
+//! Kernel plumbing for weft: opening network namespaces, one synchronous netlink
+//! socket wrapper, sysctls, and the point-to-point ("ptp") pod network driver that
+//! builds a pod's veth, addresses and routes.
+//!
+//! Everything here is blocking and thread-bound: a netlink socket belongs to the
+//! network namespace of the thread that created it. Work inside a pod's namespace
+//! runs on a fresh OS thread that enters the namespace and then exits ([`in_netns`]),
+//! so no thread is ever returned to a pool in the wrong namespace; the daemon calls
+//! this crate from `spawn_blocking`, never from an async worker.
+
+mod error;
+mod netlink;
+mod netns;
+pub mod ptp;
+pub mod sysctl;
+
+pub use error::KernelError;
+pub use netlink::{Link, Netlink, RouteEntry};
+pub use netns::{NetNs, in_netns};
+
+/// The route protocol number weft marks its routes with (`proto 74` in `ip route`),
+/// so its routes can be told from everyone else's.
+pub const ROUTE_PROTOCOL: u8 = 74;
+
+/// Turns on IPv4 and IPv6 forwarding in the calling thread's network namespace, which
+/// point-to-point pod routing needs. IPv6 is skipped when the namespace has it disabled.
+pub fn enable_forwarding() -> Result<(), KernelError> {
+    sysctl::write("net/ipv4/ip_forward", "1")?;
+    if std::path::Path::new("/proc/sys/net/ipv6/conf/all/forwarding").exists() {
+        sysctl::write("net/ipv6/conf/all/forwarding", "1")?;
+    }
+    Ok(())
+}
+
+#[cfg(feature = "test-util")]
+pub mod testutil;

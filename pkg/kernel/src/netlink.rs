@@ -1,0 +1,365 @@
+//! The one netlink socket wrapper weft uses: a blocking `NETLINK_ROUTE` socket bound
+//! to the network namespace of the thread that created it, with request/ACK and dump
+//! helpers and the handful of link, address and route operations weft needs.
+
+use std::io;
+use std::net::IpAddr;
+
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope};
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+
+/// A link as weft sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// Interface index.
+    pub index: u32,
+    /// Name.
+    pub name: String,
+    /// Whether it is administratively up.
+    pub up: bool,
+    /// Hardware address.
+    pub mac: Vec<u8>,
+    /// MTU.
+    pub mtu: u32,
+}
+
+/// A route as weft sees it (main table only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteEntry {
+    /// Destination address.
+    pub dst: Option<IpAddr>,
+    /// Destination prefix length.
+    pub prefix_len: u8,
+    /// Next hop, if any.
+    pub gateway: Option<IpAddr>,
+    /// Output interface index.
+    pub oif: Option<u32>,
+}
+
+/// A blocking rtnetlink socket in the caller's network namespace.
+pub struct Netlink {
+    sock: Socket,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+fn family_of(a: &IpAddr) -> AddressFamily {
+    match a {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    }
+}
+
+/// Full prefix length of an address's family (/32 or /128).
+pub(crate) fn host_prefix(a: &IpAddr) -> u8 {
+    if a.is_ipv4() { 32 } else { 128 }
+}
+
+impl Netlink {
+    /// Opens a socket in the calling thread's network namespace.
+    pub fn new() -> io::Result<Self> {
+        let mut sock = Socket::new(NETLINK_ROUTE)?;
+        sock.bind_auto()?;
+        sock.connect(&SocketAddr::new(0, 0))?;
+        // Strict checking makes the kernel filter dumps by the header we send.
+        let _ = sock.set_netlink_get_strict_chk(true);
+        let _ = sock.set_ext_ack(true);
+        // A reply that never comes must fail the call, not hang it.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(std::os::fd::AsRawFd::as_raw_fd(&sock)) };
+        nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &nix::sys::time::TimeVal::new(10, 0))
+            .map_err(io::Error::from)?;
+        Ok(Self { sock, seq: 0, buf: vec![0; 64 * 1024] })
+    }
+
+    fn send(&mut self, msg: RouteNetlinkMessage, flags: u16) -> io::Result<u32> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut header = NetlinkHeader::default();
+        header.flags = flags;
+        header.sequence_number = self.seq;
+        let mut nl = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(msg));
+        nl.finalize();
+        let mut out = vec![0u8; nl.buffer_len()];
+        nl.serialize(&mut out);
+        self.sock.send(&out, 0)?;
+        Ok(self.seq)
+    }
+
+    /// Receives every message answering `seq` until the ACK/error or the end of a dump.
+    fn receive(&mut self, seq: u32) -> io::Result<Vec<RouteNetlinkMessage>> {
+        let mut out = Vec::new();
+        loop {
+            let n = self.sock.recv(&mut &mut self.buf[..], 0)?;
+            let mut off = 0;
+            while off < n {
+                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[off..n])
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("decoding netlink reply: {e}")))?;
+                let len = msg.header.length as usize;
+                off += if len == 0 { n } else { (len + 3) & !3 };
+                if msg.header.sequence_number != seq {
+                    continue;
+                }
+                match msg.payload {
+                    NetlinkPayload::Error(e) => {
+                        return match e.code {
+                            None => Ok(out),
+                            Some(_) => Err(e.to_io()),
+                        };
+                    }
+                    NetlinkPayload::Done(_) => return Ok(out),
+                    NetlinkPayload::InnerMessage(m) => out.push(m),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Sends a request and waits for its ACK.
+    pub fn execute(&mut self, msg: RouteNetlinkMessage, extra_flags: u16) -> io::Result<()> {
+        let seq = self.send(msg, NLM_F_REQUEST | NLM_F_ACK | extra_flags)?;
+        self.receive(seq).map(|_| ())
+    }
+
+    /// Sends a dump request and collects every message of the answer.
+    pub fn dump(&mut self, msg: RouteNetlinkMessage) -> io::Result<Vec<RouteNetlinkMessage>> {
+        let seq = self.send(msg, NLM_F_REQUEST | NLM_F_DUMP)?;
+        self.receive(seq)
+    }
+
+    /// Creates a veth pair: `name` here, `peer` born directly inside the namespace
+    /// `peer_ns_fd` (so nothing is moved between namespaces afterwards). Both ends get
+    /// `mtu` and their MAC; `alias` marks the host end for humans and for reconciling.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_veth(
+        &mut self,
+        name: &str,
+        mac: [u8; 6],
+        peer: &str,
+        peer_mac: [u8; 6],
+        peer_ns_fd: i32,
+        mtu: u32,
+        alias: &str,
+    ) -> io::Result<()> {
+        let mut peer_msg = LinkMessage::default();
+        peer_msg.attributes = vec![
+            LinkAttribute::IfName(peer.to_string()),
+            LinkAttribute::Address(peer_mac.to_vec()),
+            LinkAttribute::Mtu(mtu),
+            LinkAttribute::NetNsFd(peer_ns_fd),
+        ];
+        let mut msg = LinkMessage::default();
+        msg.attributes = vec![
+            LinkAttribute::IfName(name.to_string()),
+            LinkAttribute::Address(mac.to_vec()),
+            LinkAttribute::Mtu(mtu),
+            LinkAttribute::IfAlias(alias.to_string()),
+            LinkAttribute::LinkInfo(vec![
+                LinkInfo::Kind(InfoKind::Veth),
+                LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
+            ]),
+        ];
+        self.execute(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
+    }
+
+    /// Looks a link up by name; `None` when there is none.
+    pub fn link_by_name(&mut self, name: &str) -> io::Result<Option<Link>> {
+        let mut msg = LinkMessage::default();
+        msg.attributes = vec![LinkAttribute::IfName(name.to_string())];
+        let seq = self.send(RouteNetlinkMessage::GetLink(msg), NLM_F_REQUEST | NLM_F_ACK)?;
+        match self.receive(seq) {
+            Ok(msgs) => Ok(msgs.into_iter().find_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(to_link(l)),
+                _ => None,
+            })),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every link in the namespace.
+    pub fn links(&mut self) -> io::Result<Vec<Link>> {
+        Ok(self
+            .dump(RouteNetlinkMessage::GetLink(LinkMessage::default()))?
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(to_link(l)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Sets a link administratively up or down.
+    pub fn set_up(&mut self, index: u32, up: bool) -> io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.header.flags = if up { LinkFlags::Up } else { LinkFlags::empty() };
+        msg.header.change_mask = LinkFlags::Up;
+        self.execute(RouteNetlinkMessage::SetLink(msg), 0)
+    }
+
+    /// Deletes a link by name. Deleting one that does not exist is not an error:
+    /// returns whether it existed.
+    pub fn delete_link(&mut self, name: &str) -> io::Result<bool> {
+        let mut msg = LinkMessage::default();
+        msg.attributes = vec![LinkAttribute::IfName(name.to_string())];
+        match self.execute(RouteNetlinkMessage::DelLink(msg), 0) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Adds `addr/prefix_len` to a link, without duplicate address detection.
+    pub fn add_address(&mut self, index: u32, addr: IpAddr, prefix_len: u8) -> io::Result<()> {
+        let mut msg = AddressMessage::default();
+        msg.header.family = family_of(&addr);
+        msg.header.prefix_len = prefix_len;
+        msg.header.index = index;
+        msg.header.scope = AddressScope::Universe;
+        msg.header.flags = AddressHeaderFlags::Nodad | AddressHeaderFlags::Permanent;
+        // IPv4 wants IFA_LOCAL (the address) as well as IFA_ADDRESS (the peer, the same
+        // on a non-point-to-point link); IPv6 only IFA_ADDRESS.
+        msg.attributes = if addr.is_ipv4() {
+            vec![AddressAttribute::Local(addr), AddressAttribute::Address(addr)]
+        } else {
+            vec![AddressAttribute::Address(addr)]
+        };
+        self.execute(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_EXCL)
+    }
+
+    /// The addresses on a link, with their prefix lengths.
+    pub fn addresses(&mut self, index: u32) -> io::Result<Vec<(IpAddr, u8)>> {
+        let mut msg = AddressMessage::default();
+        msg.header.index = index;
+        Ok(self
+            .dump(RouteNetlinkMessage::GetAddress(msg))?
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewAddress(a) if a.header.index == index => {
+                    let prefix = a.header.prefix_len;
+                    a.attributes.into_iter().find_map(|at| match at {
+                        AddressAttribute::Address(ip) => Some((ip, prefix)),
+                        _ => None,
+                    })
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Adds a route in the main table, marked with weft's protocol number.
+    ///
+    /// `dst`/`prefix_len` is the destination (`None` = default route), `gateway` the next
+    /// hop (`None` = directly on the link), `oif` the output link.
+    pub fn add_route(&mut self, dst: Option<IpAddr>, prefix_len: u8, gateway: Option<IpAddr>, oif: u32, v6: bool) -> io::Result<()> {
+        let mut msg = RouteMessage::default();
+        msg.header = route_header(v6, prefix_len);
+        msg.header.scope = if gateway.is_none() && !v6 { RouteScope::Link } else { RouteScope::Universe };
+        if let Some(d) = dst {
+            msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(d)));
+        }
+        if let Some(g) = gateway {
+            msg.attributes.push(RouteAttribute::Gateway(RouteAddress::from(g)));
+        }
+        msg.attributes.push(RouteAttribute::Oif(oif));
+        self.execute(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL)
+    }
+
+    /// Deletes a route of the main table; returns whether it existed.
+    pub fn delete_route(&mut self, dst: Option<IpAddr>, prefix_len: u8, oif: u32, v6: bool) -> io::Result<bool> {
+        let mut msg = RouteMessage::default();
+        msg.header = route_header(v6, prefix_len);
+        msg.header.protocol = RouteProtocol::Unspec;
+        msg.header.kind = RouteType::Unspec;
+        msg.header.scope = RouteScope::NoWhere;
+        if let Some(d) = dst {
+            msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(d)));
+        }
+        msg.attributes.push(RouteAttribute::Oif(oif));
+        match self.execute(RouteNetlinkMessage::DelRoute(msg), 0) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Routes of the main table of one family.
+    pub fn routes(&mut self, v6: bool) -> io::Result<Vec<RouteEntry>> {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
+        Ok(self
+            .dump(RouteNetlinkMessage::GetRoute(msg))?
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewRoute(r) => to_route(r),
+                _ => None,
+            })
+            .collect())
+    }
+}
+
+fn route_header(v6: bool, prefix_len: u8) -> RouteHeader {
+    let mut h = RouteHeader::default();
+    h.address_family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
+    h.destination_prefix_length = prefix_len;
+    h.table = RouteHeader::RT_TABLE_MAIN;
+    h.protocol = RouteProtocol::from(crate::ROUTE_PROTOCOL);
+    h.kind = RouteType::Unicast;
+    h
+}
+
+fn to_link(l: LinkMessage) -> Link {
+    let mut link = Link {
+        index: l.header.index,
+        name: String::new(),
+        up: l.header.flags.contains(LinkFlags::Up),
+        mac: Vec::new(),
+        mtu: 0,
+    };
+    for a in l.attributes {
+        match a {
+            LinkAttribute::IfName(n) => link.name = n,
+            LinkAttribute::Address(m) => link.mac = m,
+            LinkAttribute::Mtu(m) => link.mtu = m,
+            _ => {}
+        }
+    }
+    link
+}
+
+fn to_route(r: RouteMessage) -> Option<RouteEntry> {
+    let table = r
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(u32::from(r.header.table));
+    if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
+        return None;
+    }
+    let mut e = RouteEntry { dst: None, prefix_len: r.header.destination_prefix_length, gateway: None, oif: None };
+    for a in r.attributes {
+        match a {
+            RouteAttribute::Destination(d) => e.dst = route_ip(d),
+            RouteAttribute::Gateway(g) => e.gateway = route_ip(g),
+            RouteAttribute::Oif(o) => e.oif = Some(o),
+            _ => {}
+        }
+    }
+    Some(e)
+}
+
+fn route_ip(a: RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(v6)),
+        _ => None,
+    }
+}

@@ -1,0 +1,225 @@
+//! The point-to-point pod network driver (what kindnet and the reference `ptp`
+//! plugin build): a veth pair whose pod end is born inside the pod's namespace; the
+//! pod holds a /32 (and /128) and routes everything through the range's gateway,
+//! which sits on the host end; the host routes each pod address to its host end.
+//!
+//! ```text
+//!  pod netns                         node netns
+//!  eth0 10.244.1.5/32  <== veth ==>  weftXXXXXXXXXXX 10.244.1.1/32
+//!  10.244.1.1 dev eth0 scope link     10.244.1.5 dev weftXXXXXXXXXXX scope link
+//!  default via 10.244.1.1 dev eth0
+//! ```
+
+use std::io;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use crate::netlink::host_prefix;
+use crate::{KernelError, NetNs, Netlink, in_netns, sysctl};
+
+/// One address of a pod with the gateway it routes through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodAddress {
+    /// The pod's address (held as a /32 or /128).
+    pub address: IpAddr,
+    /// The range's gateway, held by the host end.
+    pub gateway: IpAddr,
+}
+
+/// The desired networking of one pod attachment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodNetwork {
+    /// Path of the pod's network namespace (`CNI_NETNS`).
+    pub netns: PathBuf,
+    /// Interface name inside the pod (`CNI_IFNAME`).
+    pub ifname: String,
+    /// Name of the host end.
+    pub host_ifname: String,
+    /// MAC of the host end.
+    pub host_mac: [u8; 6],
+    /// MAC of the pod end.
+    pub pod_mac: [u8; 6],
+    /// MTU of both ends.
+    pub mtu: u32,
+    /// Addresses, at most one per family.
+    pub addresses: Vec<PodAddress>,
+    /// Alias put on the host end (`weft:<container id>/<ifname>`).
+    pub alias: String,
+}
+
+fn os(step: &str) -> impl FnOnce(io::Error) -> KernelError + '_ {
+    move |e| KernelError::os(step, e)
+}
+
+impl PodNetwork {
+    fn has_v6(&self) -> bool {
+        self.addresses.iter().any(|a| a.address.is_ipv6())
+    }
+
+    /// Builds everything, or nothing: on failure the veth pair (and with it every
+    /// address and route on it) is removed again. Runs on the calling thread for the
+    /// node's side and on a short-lived thread inside the pod's namespace for the pod's.
+    pub fn setup(&self) -> Result<(), KernelError> {
+        let ns = NetNs::open(&self.netns)?;
+        let mut host = Netlink::new().map_err(os("opening netlink"))?;
+        self.create_veth(&mut host, &ns)?;
+        let outcome = self.configure_host(&mut host).and_then(|()| in_netns(&ns, || self.configure_pod()));
+        if outcome.is_err() {
+            let _ = host.delete_link(&self.host_ifname);
+        }
+        outcome
+    }
+
+    fn create_veth(&self, host: &mut Netlink, ns: &NetNs) -> Result<(), KernelError> {
+        let create = |host: &mut Netlink| {
+            host.create_veth(
+                &self.host_ifname,
+                self.host_mac,
+                &self.ifname,
+                self.pod_mac,
+                ns.raw_fd(),
+                self.mtu,
+                &self.alias,
+            )
+        };
+        match create(host) {
+            Ok(()) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                // Either our host-end name is taken, which only a stale weft link can
+                // do (the name is derived from this attachment): remove it and retry;
+                // or the pod already has an interface of that name.
+                if host.link_by_name(&self.host_ifname).map_err(os("looking up the host end"))?.is_some() {
+                    host.delete_link(&self.host_ifname).map_err(os("removing a stale host end"))?;
+                    create(host).map_err(|e| match e.raw_os_error() {
+                        Some(libc::EEXIST) => KernelError::InterfaceExists { ifname: self.ifname.clone() },
+                        _ => KernelError::os("creating the veth pair", e),
+                    })
+                } else {
+                    Err(KernelError::InterfaceExists { ifname: self.ifname.clone() })
+                }
+            }
+            Err(e) => Err(KernelError::os("creating the veth pair", e)),
+        }
+    }
+
+    fn configure_host(&self, host: &mut Netlink) -> Result<(), KernelError> {
+        let link = host
+            .link_by_name(&self.host_ifname)
+            .map_err(os("looking up the host end"))?
+            .ok_or_else(|| KernelError::os("looking up the host end", io::Error::from_raw_os_error(libc::ENODEV)))?;
+        if self.has_v6() {
+            // The host end must answer neighbour discovery from its link-local address
+            // at once, not after a second of duplicate address detection.
+            sysctl::write(&format!("net/ipv6/conf/{}/accept_dad", self.host_ifname), "0")?;
+        }
+        for a in &self.addresses {
+            host.add_address(link.index, a.gateway, host_prefix(&a.gateway))
+                .map_err(os("adding the gateway address to the host end"))?;
+        }
+        host.set_up(link.index, true).map_err(os("setting the host end up"))?;
+        for a in &self.addresses {
+            host.add_route(Some(a.address), host_prefix(&a.address), None, link.index, a.address.is_ipv6())
+                .map_err(os("adding the host route to the pod"))?;
+        }
+        Ok(())
+    }
+
+    fn configure_pod(&self) -> Result<(), KernelError> {
+        let mut pod = Netlink::new().map_err(os("opening netlink in the pod"))?;
+        if let Some(lo) = pod.link_by_name("lo").map_err(os("looking up lo"))? {
+            if !lo.up {
+                pod.set_up(lo.index, true).map_err(os("setting lo up"))?;
+            }
+        }
+        let eth = pod
+            .link_by_name(&self.ifname)
+            .map_err(os("looking up the pod end"))?
+            .ok_or_else(|| KernelError::os("looking up the pod end", io::Error::from_raw_os_error(libc::ENODEV)))?;
+        for a in &self.addresses {
+            pod.add_address(eth.index, a.address, host_prefix(&a.address))
+                .map_err(os("adding the pod address"))?;
+        }
+        pod.set_up(eth.index, true).map_err(os("setting the pod end up"))?;
+        for a in &self.addresses {
+            let v6 = a.address.is_ipv6();
+            pod.add_route(Some(a.gateway), host_prefix(&a.gateway), None, eth.index, v6)
+                .map_err(os("adding the pod route to the gateway"))?;
+            pod.add_route(None, 0, Some(a.gateway), eth.index, v6)
+                .map_err(os("adding the pod default route"))?;
+        }
+        Ok(())
+    }
+
+    /// Compares the kernel with this description and reports the first difference.
+    pub fn check(&self) -> Result<(), KernelError> {
+        let drift = |m: String| Err(KernelError::Drift(m));
+        let mut host = Netlink::new().map_err(os("opening netlink"))?;
+        let Some(link) = host.link_by_name(&self.host_ifname).map_err(os("looking up the host end"))? else {
+            return drift(format!("host interface {} is missing", self.host_ifname));
+        };
+        if !link.up {
+            return drift(format!("host interface {} is down", self.host_ifname));
+        }
+        let host_addrs = host.addresses(link.index).map_err(os("listing host addresses"))?;
+        for a in &self.addresses {
+            if !host_addrs.contains(&(a.gateway, host_prefix(&a.gateway))) {
+                return drift(format!("gateway {} is missing on host interface {}", a.gateway, self.host_ifname));
+            }
+            let routes = host.routes(a.address.is_ipv6()).map_err(os("listing host routes"))?;
+            if !routes.iter().any(|r| r.dst == Some(a.address) && r.oif == Some(link.index)) {
+                return drift(format!("host route to {} via {} is missing", a.address, self.host_ifname));
+            }
+        }
+        let ns = NetNs::open(&self.netns)?;
+        in_netns(&ns, || self.check_pod())
+    }
+
+    fn check_pod(&self) -> Result<(), KernelError> {
+        let drift = |m: String| Err(KernelError::Drift(m));
+        let mut pod = Netlink::new().map_err(os("opening netlink in the pod"))?;
+        let Some(eth) = pod.link_by_name(&self.ifname).map_err(os("looking up the pod end"))? else {
+            return drift(format!("interface {} is missing in the pod", self.ifname));
+        };
+        if !eth.up {
+            return drift(format!("interface {} is down in the pod", self.ifname));
+        }
+        if eth.mac != self.pod_mac {
+            return drift(format!("interface {} has another MAC than weft gave it", self.ifname));
+        }
+        let addrs = pod.addresses(eth.index).map_err(os("listing pod addresses"))?;
+        for a in &self.addresses {
+            if !addrs.contains(&(a.address, host_prefix(&a.address))) {
+                return drift(format!("address {}/{} is missing on {}", a.address, host_prefix(&a.address), self.ifname));
+            }
+            let routes = pod.routes(a.address.is_ipv6()).map_err(os("listing pod routes"))?;
+            if !routes.iter().any(|r| r.dst == Some(a.gateway) && r.oif == Some(eth.index)) {
+                return drift(format!("route to gateway {} dev {} is missing in the pod", a.gateway, self.ifname));
+            }
+            if !routes.iter().any(|r| r.dst.is_none() && r.gateway == Some(a.gateway)) {
+                return drift(format!("default route via {} is missing in the pod", a.gateway));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Cuts a pod off at once: sets the host end down, which withdraws its routes.
+/// Returns whether the link existed. Fast, unlike deletion, which waits for an RCU
+/// grace period (about 20 ms).
+pub fn disconnect(host_ifname: &str) -> Result<bool, KernelError> {
+    let mut host = Netlink::new().map_err(os("opening netlink"))?;
+    match host.link_by_name(host_ifname).map_err(os("looking up the host end"))? {
+        Some(l) => {
+            host.set_up(l.index, false).map_err(os("setting the host end down"))?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// Deletes the veth pair by its host end (the pod end, addresses and routes go with
+/// it). Returns whether it existed.
+pub fn remove(host_ifname: &str) -> Result<bool, KernelError> {
+    let mut host = Netlink::new().map_err(os("opening netlink"))?;
+    host.delete_link(host_ifname).map_err(os("deleting the veth pair"))
+}

@@ -1,0 +1,222 @@
+//! The ptp driver against the real kernel: a node namespace and pod namespaces per test.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use weft_kernel::ptp::{self, PodAddress, PodNetwork};
+use weft_kernel::testutil::{TempNetns, privileged};
+use weft_kernel::{KernelError, Netlink};
+
+fn pod(ns: &TempNetns, host: &str, addrs: &[(&str, &str)]) -> PodNetwork {
+    PodNetwork {
+        netns: ns.path().to_path_buf(),
+        ifname: "eth0".into(),
+        host_ifname: host.into(),
+        host_mac: [0x02, 0, 0, 0, 0, 1],
+        pod_mac: [0x02, 0, 0, 0, 0, 2],
+        mtu: 1400,
+        addresses: addrs
+            .iter()
+            .map(|(a, g)| PodAddress { address: a.parse().unwrap(), gateway: g.parse().unwrap() })
+            .collect(),
+        alias: "weft:test/eth0".into(),
+    }
+}
+
+/// Accepts one TCP connection in `ns` on `addr` and echoes a byte, while the node side
+/// (the calling namespace thread) connects to it.
+fn tcp_reachable(pod_ns: &TempNetns, node_ns: &TempNetns, addr: IpAddr) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pod_ns.run(|| {
+                let l = TcpListener::bind(SocketAddr::new(addr, 0)).unwrap();
+                tx.send(l.local_addr().unwrap()).unwrap();
+                l.set_nonblocking(false).unwrap();
+                if let Ok((mut c, _)) = l.accept() {
+                    let mut b = [0u8; 1];
+                    let _ = c.read_exact(&mut b);
+                    let _ = c.write_all(&b);
+                }
+            })
+        });
+        let target = rx.recv().unwrap();
+        node_ns.run(|| {
+            let Ok(mut c) = TcpStream::connect_timeout(&target, Duration::from_secs(3)) else {
+                // unblock the listener
+                return false;
+            };
+            c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            c.write_all(b"x").unwrap();
+            let mut b = [0u8; 1];
+            c.read_exact(&mut b).is_ok() && b == *b"x"
+        })
+    })
+}
+
+#[test]
+fn dual_stack_pod_is_built_checked_and_reachable() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let p = TempNetns::new();
+    let spec = pod(&p, "weftt1", &[("10.9.0.5", "10.9.0.1"), ("fd09::5", "fd09::1")]);
+    node.run(|| spec.setup()).unwrap();
+    node.run(|| spec.check()).unwrap();
+
+    // Inside the pod: eth0 with the MAC, MTU and both addresses, lo up.
+    let (eth, addrs, lo_up) = p.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        let eth = nl.link_by_name("eth0").unwrap().unwrap();
+        let addrs = nl.addresses(eth.index).unwrap();
+        let lo = nl.link_by_name("lo").unwrap().unwrap();
+        (eth, addrs, lo.up)
+    });
+    assert!(eth.up && lo_up);
+    assert_eq!(eth.mtu, 1400);
+    assert_eq!(eth.mac, vec![0x02, 0, 0, 0, 0, 2]);
+    assert!(addrs.contains(&("10.9.0.5".parse().unwrap(), 32)));
+    assert!(addrs.contains(&("fd09::5".parse().unwrap(), 128)));
+
+    // From the node, both addresses answer.
+    assert!(tcp_reachable(&p, &node, "10.9.0.5".parse().unwrap()), "IPv4 unreachable");
+    assert!(tcp_reachable(&p, &node, "fd09::5".parse().unwrap()), "IPv6 unreachable");
+
+    // Removal takes the pair, addresses and routes; repeating it is harmless.
+    assert!(node.run(|| ptp::remove("weftt1")).unwrap());
+    assert!(!node.run(|| ptp::remove("weftt1")).unwrap());
+    let left = p.run(|| Netlink::new().unwrap().link_by_name("eth0").unwrap());
+    assert!(left.is_none());
+}
+
+#[test]
+fn two_pods_reach_each_other_through_the_node() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    node.run(weft_kernel::enable_forwarding).unwrap();
+    let a = TempNetns::new();
+    let b = TempNetns::new();
+    let sa = pod(&a, "weftta", &[("10.9.0.2", "10.9.0.1")]);
+    let mut sb = pod(&b, "wefttb", &[("10.9.0.3", "10.9.0.1")]);
+    sb.host_mac = [0x02, 0, 0, 0, 1, 1];
+    node.run(|| sa.setup()).unwrap();
+    node.run(|| sb.setup()).unwrap();
+    assert!(tcp_reachable(&b, &a, "10.9.0.3".parse().unwrap()));
+}
+
+#[test]
+fn check_reports_missing_routes_and_interfaces() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let p = TempNetns::new();
+    let spec = pod(&p, "weftt2", &[("10.9.1.5", "10.9.1.1")]);
+    node.run(|| spec.setup()).unwrap();
+
+    // Drop the pod's default route.
+    p.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        let eth = nl.link_by_name("eth0").unwrap().unwrap();
+        assert!(nl.delete_route(None, 0, eth.index, false).unwrap());
+    });
+    match node.run(|| spec.check()) {
+        Err(KernelError::Drift(m)) => assert!(m.contains("default route via 10.9.1.1"), "{m}"),
+        other => panic!("expected drift, got {other:?}"),
+    }
+
+    // Drop the host route instead (after rebuilding).
+    node.run(|| ptp::remove("weftt2")).unwrap();
+    node.run(|| spec.setup()).unwrap();
+    node.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        let h = nl.link_by_name("weftt2").unwrap().unwrap();
+        assert!(nl.delete_route(Some("10.9.1.5".parse().unwrap()), 32, h.index, false).unwrap());
+    });
+    match node.run(|| spec.check()) {
+        Err(KernelError::Drift(m)) => assert!(m.contains("host route to 10.9.1.5"), "{m}"),
+        other => panic!("expected drift, got {other:?}"),
+    }
+
+    node.run(|| ptp::remove("weftt2")).unwrap();
+    match node.run(|| spec.check()) {
+        Err(KernelError::Drift(m)) => assert!(m.contains("missing"), "{m}"),
+        other => panic!("expected drift, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_existing_pod_interface_is_refused_and_nothing_is_left() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let p = TempNetns::new();
+    let first = pod(&p, "weftt3", &[("10.9.2.5", "10.9.2.1")]);
+    node.run(|| first.setup()).unwrap();
+    let mut second = pod(&p, "weftt4", &[("10.9.2.6", "10.9.2.1")]);
+    second.host_mac = [0x02, 0, 0, 0, 2, 1];
+    match node.run(|| second.setup()) {
+        Err(KernelError::InterfaceExists { ifname }) => assert_eq!(ifname, "eth0"),
+        other => panic!("expected InterfaceExists, got {other:?}"),
+    }
+    let leftover = node.run(|| Netlink::new().unwrap().link_by_name("weftt4").unwrap());
+    assert!(leftover.is_none());
+}
+
+#[test]
+fn a_stale_host_end_is_replaced() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let old = TempNetns::new();
+    let p = TempNetns::new();
+    node.run(|| pod(&old, "weftt5", &[("10.9.3.5", "10.9.3.1")]).setup()).unwrap();
+    let spec = pod(&p, "weftt5", &[("10.9.3.6", "10.9.3.1")]);
+    node.run(|| spec.setup()).unwrap();
+    node.run(|| spec.check()).unwrap();
+}
+
+#[test]
+fn disconnect_cuts_traffic_before_removal() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let p = TempNetns::new();
+    let spec = pod(&p, "weftt6", &[("10.9.4.5", "10.9.4.1")]);
+    node.run(|| spec.setup()).unwrap();
+    assert!(node.run(|| ptp::disconnect("weftt6")).unwrap());
+    let routes = node.run(|| Netlink::new().unwrap().routes(false).unwrap());
+    assert!(!routes.iter().any(|r| r.dst == Some("10.9.4.5".parse().unwrap())), "route withdrawn");
+    assert!(node.run(|| ptp::remove("weftt6")).unwrap());
+    assert!(!node.run(|| ptp::disconnect("weftt6")).unwrap());
+}
+
+#[test]
+fn namespace_paths_are_validated() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let mut spec = pod(&node, "weftt7", &[("10.9.5.5", "10.9.5.1")]);
+    spec.netns = "/nonexistent/netns".into();
+    assert!(matches!(node.run(|| spec.setup()), Err(KernelError::InvalidNetns { .. })));
+    spec.netns = "/etc/hostname".into();
+    match node.run(|| spec.setup()) {
+        Err(KernelError::InvalidNetns { reason, .. }) => assert!(reason.contains("not a namespace"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    spec.netns = "/proc/self/ns/uts".into();
+    match node.run(|| spec.setup()) {
+        Err(KernelError::InvalidNetns { reason, .. }) => assert!(reason.contains("not a network namespace"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let links = node.run(|| Netlink::new().unwrap().links().unwrap());
+    assert!(links.iter().all(|l| l.name == "lo"), "nothing created: {links:?}");
+}

@@ -1,0 +1,174 @@
+//! The records the store keeps.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+/// What identifies an attachment: the CNI spec's (network name, container id, ifname).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AttachmentKey {
+    /// Network name from the config.
+    pub network: String,
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+}
+
+impl fmt::Display for AttachmentKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.network, self.container_id, self.ifname)
+    }
+}
+
+/// The Kubernetes pod an attachment belongs to, from `CNI_ARGS` (empty when unknown).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodRef {
+    /// `K8S_POD_NAMESPACE`.
+    pub namespace: String,
+    /// `K8S_POD_NAME`.
+    pub name: String,
+    /// `K8S_POD_UID`.
+    pub uid: String,
+}
+
+/// Where an attachment is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Intent recorded and addresses held; the kernel work is in progress or was
+    /// interrupted by a crash (then the next start rolls it back).
+    Creating,
+    /// Fully set up.
+    Ready,
+    /// DEL accepted; the teardown is in progress or was interrupted (then the next
+    /// start finishes it). Its addresses and interface name are not reused until then.
+    Deleting,
+}
+
+impl State {
+    /// The value stored in the `state` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Creating => "creating",
+            State::Ready => "ready",
+            State::Deleting => "deleting",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Self {
+        match s {
+            "creating" => State::Creating,
+            "ready" => State::Ready,
+            _ => State::Deleting,
+        }
+    }
+}
+
+/// An address family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// IPv4.
+    V4,
+    /// IPv6.
+    V6,
+}
+
+impl Family {
+    /// The family of a range.
+    pub fn of(r: &IpNet) -> Self {
+        match r {
+            IpNet::V4(_) => Family::V4,
+            IpNet::V6(_) => Family::V6,
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
+
+/// One address held by an attachment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    /// The pod's address.
+    pub address: IpAddr,
+    /// The range it came from.
+    pub range: IpNet,
+    /// The range's gateway.
+    pub gateway: IpAddr,
+}
+
+/// A pod attachment as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    /// Row id.
+    pub id: i64,
+    /// The CNI key.
+    pub key: AttachmentKey,
+    /// `CNI_NETNS` at ADD time.
+    pub netns: String,
+    /// The pod, from `CNI_ARGS`.
+    pub pod: PodRef,
+    /// Name of the host-side veth.
+    pub host_ifname: String,
+    /// MTU of both veth ends.
+    pub mtu: u32,
+    /// Life-cycle state.
+    pub state: State,
+    /// The ADD result (CNI 1.1.0 JSON) once ready.
+    pub result: Option<String>,
+    /// Held addresses, IPv4 first.
+    pub addresses: Vec<Allocation>,
+}
+
+/// What ADD asks the store to record.
+#[derive(Debug, Clone)]
+pub struct NewAttachment {
+    /// The CNI key.
+    pub key: AttachmentKey,
+    /// `CNI_NETNS`.
+    pub netns: String,
+    /// The pod, from `CNI_ARGS`.
+    pub pod: PodRef,
+    /// Name of the host-side veth.
+    pub host_ifname: String,
+    /// MTU of both veth ends.
+    pub mtu: u32,
+    /// Ranges to allocate from, in config order.
+    pub ranges: Vec<IpNet>,
+}
+
+/// The outcome of [`crate::db::Db::begin_add`].
+#[derive(Debug, Clone)]
+pub enum BeginAdd {
+    /// The key already has an attachment (in whatever state).
+    Existing(Attachment),
+    /// A new attachment in state `Creating`, with its addresses allocated.
+    Created(Attachment),
+}
+
+/// Address usage of one range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeUsage {
+    /// The range.
+    pub range: IpNet,
+    /// Its gateway.
+    pub gateway: IpAddr,
+    /// Addresses it can hand out.
+    pub capacity: u64,
+    /// Addresses allocated now.
+    pub allocated: u64,
+}
+
+impl RangeUsage {
+    /// Whether no address is left.
+    pub fn is_full(&self) -> bool {
+        self.allocated >= self.capacity
+    }
+}

@@ -1,0 +1,369 @@
+//! The state operations, on one SQLite connection. Every write is one `BEGIN
+//! IMMEDIATE` transaction, so a crash leaves either all of it or none of it.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ipnet::IpNet;
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+
+use crate::addr;
+use crate::schema;
+use crate::{StoreError, attachment::*};
+
+/// An open state database.
+pub struct Db {
+    conn: Connection,
+    schema_found: u32,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+fn key_blob(k: u128) -> [u8; 16] {
+    k.to_be_bytes()
+}
+
+fn blob_key(b: &[u8]) -> u128 {
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&b[..16]);
+    u128::from_be_bytes(a)
+}
+
+impl Db {
+    /// Opens (creating if needed) the database at `path` and migrates it.
+    ///
+    /// WAL with `synchronous=NORMAL`: a committed transaction survives the daemon being
+    /// killed at any instruction; only a power loss may drop the last commits, and a
+    /// power loss takes every pod down with it.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let mut conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let schema_found = schema::migrate(&mut conn)?;
+        Ok(Self { conn, schema_found })
+    }
+
+    /// The schema version the database had before this open migrated it (0 = new).
+    pub fn schema_found(&self) -> u32 {
+        self.schema_found
+    }
+
+    fn immediate(&mut self) -> Result<Transaction<'_>, StoreError> {
+        Ok(self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?)
+    }
+
+    /// Records the intent to attach a pod and allocates its addresses, one per address
+    /// family present in `spec.ranges` (from the first range of that family with a free
+    /// address). Returns the existing attachment instead when the key already has one.
+    pub fn begin_add(&mut self, spec: &NewAttachment) -> Result<BeginAdd, StoreError> {
+        let tx = self.immediate()?;
+        if let Some(existing) = load(&tx, &spec.key)? {
+            return Ok(BeginAdd::Existing(existing));
+        }
+        let now = now_ms();
+        tx.execute(
+            "INSERT INTO attachments (network, container_id, ifname, netns, pod_namespace, pod_name,
+                 pod_uid, host_ifname, mtu, state, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'creating', ?10, ?10)",
+            params![
+                spec.key.network,
+                spec.key.container_id,
+                spec.key.ifname,
+                spec.netns,
+                spec.pod.namespace,
+                spec.pod.name,
+                spec.pod.uid,
+                spec.host_ifname,
+                spec.mtu,
+                now
+            ],
+        )?;
+        let id = tx.last_insert_rowid();
+        let mut addresses = Vec::new();
+        for family in [Family::V4, Family::V6] {
+            let ranges: Vec<&IpNet> = spec.ranges.iter().filter(|r| Family::of(r) == family).collect();
+            if ranges.is_empty() {
+                continue;
+            }
+            let mut got = None;
+            for range in &ranges {
+                let range_id = ensure_range(&tx, range)?;
+                if let Some(a) = allocate_in(&tx, range_id, range, id)? {
+                    got = Some(Allocation { address: a, range: **range, gateway: addr::gateway(range) });
+                    break;
+                }
+            }
+            match got {
+                Some(a) => addresses.push(a),
+                None => {
+                    return Err(StoreError::Exhausted {
+                        family,
+                        ranges: ranges.iter().map(|r| r.to_string()).collect(),
+                    });
+                }
+            }
+        }
+        let att = Attachment {
+            id,
+            key: spec.key.clone(),
+            netns: spec.netns.clone(),
+            pod: spec.pod.clone(),
+            host_ifname: spec.host_ifname.clone(),
+            mtu: spec.mtu,
+            state: State::Creating,
+            result: None,
+            addresses,
+        };
+        tx.commit()?;
+        Ok(BeginAdd::Created(att))
+    }
+
+    /// Marks an attachment ready and stores its ADD result.
+    pub fn finish_add(&mut self, id: i64, result_json: &str) -> Result<(), StoreError> {
+        let tx = self.immediate()?;
+        let n = tx.execute(
+            "UPDATE attachments SET state = 'ready', result = ?2, updated_at = ?3 WHERE id = ?1",
+            params![id, result_json, now_ms()],
+        )?;
+        tx.commit()?;
+        if n == 0 { Err(StoreError::Missing(id)) } else { Ok(()) }
+    }
+
+    /// Removes an attachment and releases its addresses (abort of an ADD, or the end of
+    /// a teardown). Removing one that is already gone is not an error.
+    pub fn remove(&mut self, id: i64) -> Result<(), StoreError> {
+        let tx = self.immediate()?;
+        tx.execute("DELETE FROM attachments WHERE id = ?1", params![id])?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Marks the attachment for `key` as being torn down and returns it; `None` when
+    /// there is none. Its addresses stay allocated until [`Db::remove`].
+    pub fn begin_del(&mut self, key: &AttachmentKey) -> Result<Option<Attachment>, StoreError> {
+        let tx = self.immediate()?;
+        let Some(mut att) = load(&tx, key)? else { return Ok(None) };
+        if att.state != State::Deleting {
+            tx.execute(
+                "UPDATE attachments SET state = 'deleting', updated_at = ?2 WHERE id = ?1",
+                params![att.id, now_ms()],
+            )?;
+            att.state = State::Deleting;
+        }
+        tx.commit()?;
+        Ok(Some(att))
+    }
+
+    /// The attachment for `key`, if any.
+    pub fn get(&mut self, key: &AttachmentKey) -> Result<Option<Attachment>, StoreError> {
+        let tx = self.conn.transaction()?;
+        let a = load(&tx, key)?;
+        tx.commit()?;
+        Ok(a)
+    }
+
+    /// Every attachment, optionally only those of `network` and/or in `state`.
+    pub fn list(&mut self, network: Option<&str>, state: Option<State>) -> Result<Vec<Attachment>, StoreError> {
+        let tx = self.conn.transaction()?;
+        let keys: Vec<AttachmentKey> = {
+            let mut stmt = tx.prepare(
+                "SELECT network, container_id, ifname FROM attachments
+                 WHERE (?1 IS NULL OR network = ?1) AND (?2 IS NULL OR state = ?2) ORDER BY id",
+            )?;
+            let rows = stmt.query_map(params![network, state.map(State::as_str)], |r| {
+                Ok(AttachmentKey { network: r.get(0)?, container_id: r.get(1)?, ifname: r.get(2)? })
+            })?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            if let Some(a) = load(&tx, &k)? {
+                out.push(a);
+            }
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Usage of every range the store knows.
+    pub fn range_usage(&mut self) -> Result<Vec<RangeUsage>, StoreError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT r.cidr, (SELECT COUNT(*) FROM allocations a WHERE a.range_id = r.id) FROM ranges r ORDER BY r.id",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (cidr, allocated) = row?;
+            let Ok(range) = cidr.parse::<IpNet>() else { continue };
+            out.push(RangeUsage {
+                range,
+                gateway: addr::gateway(&range),
+                capacity: addr::capacity(&range),
+                allocated: allocated as u64,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Usage of the given ranges (ranges the store has not seen yet count as empty).
+    pub fn usage_of(&mut self, ranges: &[IpNet]) -> Result<Vec<RangeUsage>, StoreError> {
+        let mut out = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            let allocated: i64 = self
+                .conn
+                .query_row(
+                    "SELECT COUNT(*) FROM allocations a JOIN ranges r ON a.range_id = r.id WHERE r.cidr = ?1",
+                    params![range.to_string()],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .unwrap_or(0);
+            out.push(RangeUsage {
+                range: *range,
+                gateway: addr::gateway(range),
+                capacity: addr::capacity(range),
+                allocated: allocated as u64,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Counts attachments by state: (creating, ready, deleting).
+    pub fn counts(&mut self) -> Result<(u64, u64, u64), StoreError> {
+        let mut stmt = self.conn.prepare("SELECT state, COUNT(*) FROM attachments GROUP BY state")?;
+        let mut c = (0, 0, 0);
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (s, n) = row?;
+            match s.as_str() {
+                "creating" => c.0 = n as u64,
+                "ready" => c.1 = n as u64,
+                _ => c.2 = n as u64,
+            }
+        }
+        Ok(c)
+    }
+
+    /// Every allocated address (for consistency checks).
+    pub fn allocated_addresses(&mut self) -> Result<Vec<IpAddr>, StoreError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT a.address, r.cidr FROM allocations a JOIN ranges r ON a.range_id = r.id ORDER BY a.address",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (b, cidr) = row?;
+            if let Ok(range) = cidr.parse::<IpNet>() {
+                out.push(addr::from_key(&range, blob_key(&b)));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn ensure_range(tx: &Transaction<'_>, range: &IpNet) -> Result<i64, StoreError> {
+    let cidr = range.to_string();
+    if let Some(id) = tx
+        .query_row("SELECT id FROM ranges WHERE cidr = ?1", params![cidr], |r| r.get(0))
+        .optional()?
+    {
+        return Ok(id);
+    }
+    tx.execute("INSERT INTO ranges (cidr) VALUES (?1)", params![cidr])?;
+    Ok(tx.last_insert_rowid())
+}
+
+/// Allocates the first free address after the range's cursor, wrapping around once.
+fn allocate_in(tx: &Transaction<'_>, range_id: i64, range: &IpNet, attachment: i64) -> Result<Option<IpAddr>, StoreError> {
+    let (lo, hi) = addr::pool(range);
+    let cursor: Option<Vec<u8>> = tx.query_row("SELECT cursor FROM ranges WHERE id = ?1", params![range_id], |r| r.get(0))?;
+    let start = cursor
+        .map(|c| blob_key(&c).saturating_add(1))
+        .filter(|s| (lo..=hi).contains(s))
+        .unwrap_or(lo);
+    let found = match first_gap(tx, start, hi)? {
+        Some(a) => Some(a),
+        None if start > lo => first_gap(tx, lo, start - 1)?,
+        None => None,
+    };
+    let Some(k) = found else { return Ok(None) };
+    tx.execute(
+        "INSERT INTO allocations (address, range_id, attachment_id) VALUES (?1, ?2, ?3)",
+        params![key_blob(k), range_id, attachment],
+    )?;
+    tx.execute("UPDATE ranges SET cursor = ?2 WHERE id = ?1", params![range_id, key_blob(k)])?;
+    Ok(Some(addr::from_key(range, k)))
+}
+
+/// The lowest address in `[from, to]` no allocation holds. Walks the allocated
+/// addresses in order from `from`, so the cost is the length of the allocated run
+/// starting there: usually none, because the cursor points just past the last one.
+fn first_gap(tx: &Transaction<'_>, from: u128, to: u128) -> Result<Option<u128>, StoreError> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT address FROM allocations WHERE address >= ?1 AND address <= ?2 ORDER BY address",
+    )?;
+    let mut rows = stmt.query(params![key_blob(from), key_blob(to)])?;
+    let mut candidate = from;
+    while let Some(row) = rows.next()? {
+        let taken = blob_key(&row.get::<_, Vec<u8>>(0)?);
+        if taken > candidate {
+            break;
+        }
+        if candidate == to {
+            return Ok(None);
+        }
+        candidate = taken + 1;
+    }
+    Ok(Some(candidate))
+}
+
+fn load(tx: &Transaction<'_>, key: &AttachmentKey) -> Result<Option<Attachment>, StoreError> {
+    let row = tx
+        .query_row(
+            "SELECT id, netns, pod_namespace, pod_name, pod_uid, host_ifname, mtu, state, result
+             FROM attachments WHERE network = ?1 AND container_id = ?2 AND ifname = ?3",
+            params![key.network, key.container_id, key.ifname],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    PodRef { namespace: r.get(2)?, name: r.get(3)?, uid: r.get(4)? },
+                    r.get::<_, String>(5)?,
+                    r.get::<_, u32>(6)?,
+                    r.get::<_, String>(7)?,
+                    r.get::<_, Option<String>>(8)?,
+                ))
+            },
+        )
+        .optional()?;
+    let Some((id, netns, pod, host_ifname, mtu, state, result)) = row else { return Ok(None) };
+    let mut stmt = tx.prepare_cached(
+        "SELECT a.address, r.cidr FROM allocations a JOIN ranges r ON a.range_id = r.id
+         WHERE a.attachment_id = ?1 ORDER BY a.address",
+    )?;
+    let mut addresses = stmt
+        .query_map(params![id], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?)))?
+        .filter_map(|row| {
+            let (b, cidr) = row.ok()?;
+            let range: IpNet = cidr.parse().ok()?;
+            Some(Allocation { address: addr::from_key(&range, blob_key(&b)), range, gateway: addr::gateway(&range) })
+        })
+        .collect::<Vec<_>>();
+    addresses.sort_by_key(|a| matches!(a.range, IpNet::V6(_)));
+    Ok(Some(Attachment {
+        id,
+        key: key.clone(),
+        netns,
+        pod,
+        host_ifname,
+        mtu,
+        state: State::parse(&state),
+        result,
+        addresses,
+    }))
+}

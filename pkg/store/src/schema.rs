@@ -1,0 +1,70 @@
+//! The schema of the state database and its migrations, tracked in `PRAGMA user_version`.
+//!
+//! Migrations are plain SQL applied in order inside one transaction each; a database
+//! from a newer weft (a higher version than this binary knows) is refused rather than
+//! guessed at. Hand-rolled because the migration crates pin an older rusqlite.
+
+use rusqlite::Connection;
+
+use crate::StoreError;
+
+/// Migration `i` brings the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 1: ranges, attachments, allocations.
+    r"
+    CREATE TABLE ranges (
+        id      INTEGER PRIMARY KEY,
+        cidr    TEXT NOT NULL UNIQUE,
+        -- the last address handed out from this range (16 bytes), so the next
+        -- allocation continues after it instead of reusing a just-freed address
+        cursor  BLOB
+    );
+    CREATE TABLE attachments (
+        id            INTEGER PRIMARY KEY,
+        network       TEXT NOT NULL,
+        container_id  TEXT NOT NULL,
+        ifname        TEXT NOT NULL,
+        netns         TEXT NOT NULL,
+        pod_namespace TEXT NOT NULL DEFAULT '',
+        pod_name      TEXT NOT NULL DEFAULT '',
+        pod_uid       TEXT NOT NULL DEFAULT '',
+        host_ifname   TEXT NOT NULL UNIQUE,
+        mtu           INTEGER NOT NULL,
+        -- creating: intent recorded, kernel work in progress (or interrupted)
+        -- ready:    fully set up; result holds the ADD result
+        -- deleting: DEL accepted, teardown in progress (or interrupted)
+        state         TEXT NOT NULL CHECK (state IN ('creating', 'ready', 'deleting')),
+        result        TEXT,
+        created_at    INTEGER NOT NULL,
+        updated_at    INTEGER NOT NULL,
+        UNIQUE (network, container_id, ifname)
+    );
+    CREATE TABLE allocations (
+        -- 16 bytes big-endian; IPv4 stored IPv4-mapped so all addresses order alike
+        address       BLOB PRIMARY KEY,
+        range_id      INTEGER NOT NULL REFERENCES ranges(id),
+        attachment_id INTEGER NOT NULL REFERENCES attachments(id) ON DELETE CASCADE
+    ) WITHOUT ROWID;
+    CREATE INDEX allocations_by_range ON allocations(range_id);
+    CREATE INDEX allocations_by_attachment ON allocations(attachment_id);
+    CREATE INDEX attachments_by_state ON attachments(state);
+    ",
+];
+
+/// The schema version this binary writes.
+pub const CURRENT_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// Brings the database up to [`CURRENT_VERSION`], returning the version found.
+pub fn migrate(conn: &mut Connection) -> Result<u32, StoreError> {
+    let found: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if found > CURRENT_VERSION {
+        return Err(StoreError::TooNew { found, known: CURRENT_VERSION });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", i as u32 + 1)?;
+        tx.commit()?;
+    }
+    Ok(found)
+}

@@ -1,0 +1,184 @@
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use super::*;
+
+fn spec(cid: &str, ranges: &[&str]) -> NewAttachment {
+    NewAttachment {
+        key: AttachmentKey { network: "weft".into(), container_id: cid.into(), ifname: "eth0".into() },
+        netns: format!("/run/netns/{cid}"),
+        pod: PodRef { namespace: "default".into(), name: cid.into(), uid: String::new() },
+        host_ifname: format!("h{cid}"),
+        mtu: 1500,
+        ranges: ranges.iter().map(|r| r.parse().unwrap()).collect(),
+    }
+}
+
+fn created(b: BeginAdd) -> Attachment {
+    match b {
+        BeginAdd::Created(a) => a,
+        BeginAdd::Existing(a) => panic!("expected a new attachment, got existing {a:?}"),
+    }
+}
+
+fn open() -> (tempfile::TempDir, Db) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("weft.db")).unwrap();
+    (dir, db)
+}
+
+#[test]
+fn dual_stack_allocation_gives_one_address_per_family() {
+    let (_d, mut db) = open();
+    let a = created(db.begin_add(&spec("c1", &["10.0.0.0/24", "fd00::/64"])).unwrap());
+    assert_eq!(a.state, State::Creating);
+    assert_eq!(a.addresses.len(), 2);
+    assert_eq!(a.addresses[0].address, "10.0.0.2".parse::<IpAddr>().unwrap());
+    assert_eq!(a.addresses[0].gateway, "10.0.0.1".parse::<IpAddr>().unwrap());
+    assert_eq!(a.addresses[1].address, "fd00::2".parse::<IpAddr>().unwrap());
+}
+
+#[test]
+fn repeated_add_returns_the_existing_attachment() {
+    let (_d, mut db) = open();
+    let a = created(db.begin_add(&spec("c1", &["10.0.0.0/24"])).unwrap());
+    db.finish_add(a.id, "{}").unwrap();
+    match db.begin_add(&spec("c1", &["10.0.0.0/24"])).unwrap() {
+        BeginAdd::Existing(b) => {
+            assert_eq!(b.id, a.id);
+            assert_eq!(b.state, State::Ready);
+            assert_eq!(b.addresses, a.addresses);
+            assert_eq!(b.result.as_deref(), Some("{}"));
+        }
+        BeginAdd::Created(_) => panic!("second ADD allocated again"),
+    }
+    assert_eq!(db.allocated_addresses().unwrap().len(), 1);
+}
+
+#[test]
+fn released_addresses_are_not_reused_immediately_and_allocation_wraps() {
+    let (_d, mut db) = open();
+    // /29: .2 .. .6 usable (5 addresses).
+    let r = ["10.0.0.0/29"];
+    let a = created(db.begin_add(&spec("a", &r)).unwrap());
+    let b = created(db.begin_add(&spec("b", &r)).unwrap());
+    db.remove(a.id).unwrap();
+    let c = created(db.begin_add(&spec("c", &r)).unwrap());
+    assert_eq!(c.addresses[0].address, "10.0.0.4".parse::<IpAddr>().unwrap(), "continues after the last");
+    let _d1 = created(db.begin_add(&spec("d", &r)).unwrap()); // .5
+    let _e = created(db.begin_add(&spec("e", &r)).unwrap()); // .6
+    let f = created(db.begin_add(&spec("f", &r)).unwrap()); // wraps to .2 (freed by a)
+    assert_eq!(f.addresses[0].address, "10.0.0.2".parse::<IpAddr>().unwrap());
+    match db.begin_add(&spec("g", &r)) {
+        Err(StoreError::Exhausted { family: Family::V4, ranges }) => assert_eq!(ranges, vec!["10.0.0.0/29"]),
+        other => panic!("expected exhaustion, got {other:?}"),
+    }
+    // The failed ADD left no row behind.
+    assert!(db.get(&spec("g", &r).key).unwrap().is_none());
+    let _ = b;
+}
+
+#[test]
+fn a_second_range_is_used_when_the_first_is_full() {
+    let (_d, mut db) = open();
+    let r = ["10.0.0.0/30", "10.0.1.0/30"];
+    let a = created(db.begin_add(&spec("a", &r)).unwrap());
+    let b = created(db.begin_add(&spec("b", &r)).unwrap());
+    assert_eq!(a.addresses[0].range.to_string(), "10.0.0.0/30");
+    assert_eq!(b.addresses[0].range.to_string(), "10.0.1.0/30");
+    assert_eq!(b.addresses[0].gateway, "10.0.1.1".parse::<IpAddr>().unwrap());
+    let err = db.begin_add(&spec("c", &r)).unwrap_err();
+    assert_eq!(err.to_string(), "no free IPv4 address in 10.0.0.0/30, 10.0.1.0/30");
+}
+
+#[test]
+fn exhausting_one_family_releases_the_other() {
+    let (_d, mut db) = open();
+    let r = ["10.0.0.0/30", "fd00::/64"];
+    created(db.begin_add(&spec("a", &r)).unwrap());
+    assert!(db.begin_add(&spec("b", &r)).is_err());
+    assert_eq!(db.allocated_addresses().unwrap().len(), 2, "only a's two addresses remain");
+}
+
+#[test]
+fn delete_lifecycle_keeps_addresses_until_removed() {
+    let (_d, mut db) = open();
+    let a = created(db.begin_add(&spec("a", &["10.0.0.0/24"])).unwrap());
+    db.finish_add(a.id, "{}").unwrap();
+    let d = db.begin_del(&a.key).unwrap().unwrap();
+    assert_eq!(d.state, State::Deleting);
+    assert_eq!(db.allocated_addresses().unwrap().len(), 1);
+    assert_eq!(db.counts().unwrap(), (0, 0, 1));
+    db.remove(a.id).unwrap();
+    assert!(db.allocated_addresses().unwrap().is_empty());
+    assert!(db.begin_del(&a.key).unwrap().is_none());
+    db.remove(a.id).unwrap();
+}
+
+#[test]
+fn usage_counts_allocations() {
+    let (_d, mut db) = open();
+    created(db.begin_add(&spec("a", &["10.0.0.0/30"])).unwrap());
+    let u = db.usage_of(&["10.0.0.0/30".parse().unwrap(), "10.9.0.0/24".parse().unwrap()]).unwrap();
+    assert!(u[0].is_full());
+    assert_eq!(u[1].allocated, 0);
+    let all = db.range_usage().unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].capacity, 1);
+}
+
+#[test]
+fn state_survives_reopen_and_schema_is_versioned() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weft.db");
+    let id = {
+        let mut db = Db::open(&path).unwrap();
+        assert_eq!(db.schema_found(), 0);
+        created(db.begin_add(&spec("a", &["10.0.0.0/24"])).unwrap()).id
+    };
+    let mut db = Db::open(&path).unwrap();
+    assert_eq!(db.schema_found(), SCHEMA_VERSION);
+    let a = db.get(&spec("a", &[]).key).unwrap().unwrap();
+    assert_eq!(a.id, id);
+    assert_eq!(a.state, State::Creating);
+    // The cursor persisted: the next address follows.
+    let b = created(db.begin_add(&spec("b", &["10.0.0.0/24"])).unwrap());
+    assert_eq!(b.addresses[0].address, "10.0.0.3".parse::<IpAddr>().unwrap());
+}
+
+#[test]
+fn newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weft.db");
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+    }
+    assert!(matches!(Db::open(&path), Err(StoreError::TooNew { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_adds_through_the_writer_never_share_an_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("weft.db")).unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let s = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let sp = spec(&format!("c{i}"), &["10.0.0.0/24", "fd00::/120"]);
+            match s.run(move |db| db.begin_add(&sp)).await.unwrap() {
+                BeginAdd::Created(a) => a.addresses.iter().map(|x| x.address).collect::<Vec<_>>(),
+                BeginAdd::Existing(_) => unreachable!(),
+            }
+        }));
+    }
+    let mut seen = HashSet::new();
+    for t in tasks {
+        for a in t.await.unwrap() {
+            assert!(seen.insert(a), "{a} handed out twice");
+        }
+    }
+    assert_eq!(seen.len(), 400);
+    let n = store.run(|db| db.allocated_addresses()).await.unwrap().len();
+    assert_eq!(n, 400);
+}
