@@ -1,1 +1,51 @@
-fn main() {}
+//! weftctl, the operator CLI: a thin `main` over `commands/`.
+
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Inspect and operate weft.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// weftd's UNIX socket.
+    #[arg(long, global = true, env = "WEFT_SOCKET", default_value = weft_rpc::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Print JSON for machines instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Daemon health and per-range address usage.
+    Status,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("weftctl: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = rt.block_on(async {
+        match cli.command {
+            Command::Status => commands::status::run(&cli.socket, cli.json).await,
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weftctl: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,126 @@
-fn main() {}
+//! weftd, the weft node daemon. This file only composes: flags, the store, start-up
+//! recovery, the CNI and admin services on the UNIX socket, the HTTP endpoints, and
+//! an orderly shutdown.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::sync::watch;
+use tracing::{error, info};
+use weft_daemon::service::{AdminService, CniService};
+use weft_daemon::{Handler, KernelNetworking, NodeInfo, recover, server};
+use weft_rpc::admin::admin_server::AdminServer;
+use weft_rpc::cnirpc::cni_server::CniServer;
+use weft_store::Store;
+use weft_telemetry::{LogFormat, Readiness};
+
+/// The weft node daemon: serves CNI calls relayed by the `weft` plugin.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// UNIX socket the plugin and weftctl connect to.
+    #[arg(long, env = "WEFT_SOCKET", default_value = weft_rpc::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Directory holding the state database (weft.db).
+    #[arg(long, env = "WEFT_STATE_DIR", default_value = "/var/lib/weft")]
+    state_dir: PathBuf,
+    /// Address of the HTTP endpoints (/healthz, /readyz, /metrics).
+    #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9384")]
+    metrics_addr: SocketAddr,
+    /// This node's name (default: the hostname).
+    #[arg(long, env = "WEFT_NODE_NAME")]
+    node_name: Option<String>,
+    /// Log format.
+    #[arg(long, env = "WEFT_LOG_FORMAT", value_enum, default_value = "json")]
+    log_format: LogFormat,
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "unknown".into())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    weft_telemetry::init_logging(args.log_format);
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = format!("{e:#}"), "weftd stopped");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let node_name = args.node_name.clone().unwrap_or_else(hostname);
+    let started_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
+    std::fs::set_permissions(&args.state_dir, std::fs::Permissions::from_mode(0o700))?;
+    let db_path = args.state_dir.join("weft.db");
+    let store = Store::open(&db_path).with_context(|| format!("opening the state store {}", db_path.display()))?;
+    let first_start = store.schema_found() == 0;
+    info!(node = %node_name, state = %db_path.display(), first_start, version = env!("CARGO_PKG_VERSION"), "weftd starting");
+
+    weft_kernel::enable_forwarding().context("enabling IP forwarding")?;
+    let recovered = recover::recover(&store, &KernelNetworking)
+        .await
+        .map_err(|e| anyhow::anyhow!(e))
+        .context("start-up recovery")?;
+    info!(rolled_back = recovered.rolled_back, torn_down = recovered.torn_down, "start-up recovery done");
+
+    let handler = Arc::new(Handler::new(store.clone(), KernelNetworking, NodeInfo { name: node_name.clone() }));
+    let ready = Readiness::default();
+    let pending = {
+        let h = handler.clone();
+        Arc::new(move || h.pending_teardowns()) as Arc<dyn Fn() -> usize + Send + Sync>
+    };
+    let admin = AdminService::new(store.clone(), node_name, started_at, ready.flag(), pending);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let http = weft_telemetry::bind_http(args.metrics_addr)
+        .await
+        .with_context(|| format!("binding the HTTP endpoints on {}", args.metrics_addr))?;
+    let http_task = tokio::spawn(weft_telemetry::serve_http(http, weft_telemetry::router(ready.clone()), stopped(stop_rx.clone())));
+
+    let listener = server::bind_unix(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
+    let grpc = tonic::transport::Server::builder()
+        .add_service(CniServer::new(CniService::new(handler.clone())))
+        .add_service(AdminServer::new(admin))
+        .serve_with_incoming_shutdown(server::root_only(listener), stopped(stop_rx.clone()));
+    let grpc_task = tokio::spawn(grpc);
+    ready.set(true);
+    info!(socket = %args.socket.display(), http = %args.metrics_addr, "weftd ready");
+
+    shutdown_signal().await;
+    info!("shutting down: finishing calls in flight");
+    ready.set(false);
+    let _ = stop_tx.send(true);
+    let _ = grpc_task.await;
+    let _ = std::fs::remove_file(&args.socket);
+    if tokio::time::timeout(Duration::from_secs(10), handler.drain_teardowns()).await.is_err() {
+        info!("teardowns still running at exit; the next start finishes them");
+    }
+    let _ = http_task.await;
+    info!("weftd stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}

@@ -1,1 +1,19 @@
-//! placeholder
+//! The node daemon's service: the CNI calls relayed by the plugin are handled here,
+//! over two narrow seams, [`Ipam`] (node state and address allocation) and
+//! [`PodNetworking`] (the kernel), so the handler can be tested on its own.
+//!
+//! Data flows one way: [`service`] (the whole gRPC surface, in one file) decodes a
+//! call and hands it to [`handler::Handler`], which consults the store and drives the
+//! kernel. [`server`] serves it on the UNIX socket; [`recover`] finishes what a
+//! crash interrupted before anything is served.
+
+pub mod handler;
+pub mod locks;
+pub mod naming;
+pub mod recover;
+pub mod seams;
+pub mod server;
+pub mod service;
+
+pub use handler::{Handler, NodeInfo};
+pub use seams::{Ipam, KernelNetworking, PodNetworking};

@@ -71,8 +71,7 @@ impl Netlink {
         let _ = sock.set_netlink_get_strict_chk(true);
         let _ = sock.set_ext_ack(true);
         // A reply that never comes must fail the call, not hang it.
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(std::os::fd::AsRawFd::as_raw_fd(&sock)) };
-        nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &nix::sys::time::TimeVal::new(10, 0))
+        nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::ReceiveTimeout, &nix::sys::time::TimeVal::new(10, 0))
             .map_err(io::Error::from)?;
         Ok(Self { sock, seq: 0, buf: vec![0; 64 * 1024] })
     }

@@ -1,0 +1,86 @@
+//! `weftctl status`: daemon health and per-range address usage.
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use weft_rpc::admin::StatusRequest;
+use weft_rpc::admin::admin_client::AdminClient;
+
+#[derive(Serialize)]
+struct Range {
+    cidr: String,
+    gateway: String,
+    capacity: u64,
+    allocated: u64,
+    free: u64,
+}
+
+#[derive(Serialize)]
+struct Status {
+    node: String,
+    version: String,
+    ready: bool,
+    uptime_seconds: i64,
+    attachments: u64,
+    pending_teardowns: u64,
+    state_path: String,
+    schema_version: u32,
+    ranges: Vec<Range>,
+}
+
+fn human_duration(mut s: i64) -> String {
+    let (d, h, m) = (s / 86400, (s / 3600) % 24, (s / 60) % 60);
+    s %= 60;
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s:02}s"),
+        (0, _, _) => format!("{h}h{m:02}m"),
+        _ => format!("{d}d{h:02}h"),
+    }
+}
+
+/// Prints the daemon's status.
+pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
+    let mut client = AdminClient::new(super::connect(socket).await?);
+    let r = client.status(StatusRequest {}).await?.into_inner();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let status = Status {
+        node: r.node_name,
+        version: r.version,
+        ready: r.ready,
+        uptime_seconds: (now - r.started_at).max(0),
+        attachments: r.attachments,
+        pending_teardowns: r.pending_teardowns,
+        state_path: r.state_path,
+        schema_version: r.schema_version,
+        ranges: r
+            .ranges
+            .into_iter()
+            .map(|g| Range { free: g.capacity.saturating_sub(g.allocated), cidr: g.cidr, gateway: g.gateway, capacity: g.capacity, allocated: g.allocated })
+            .collect(),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+        return Ok(());
+    }
+    println!(
+        "node         {} (weftd {}, up {}, {})",
+        status.node,
+        status.version,
+        human_duration(status.uptime_seconds),
+        if status.ready { "ready" } else { "NOT READY" }
+    );
+    println!("state        {} (schema {})", status.state_path, status.schema_version);
+    println!("attachments  {} ({} teardowns pending)", status.attachments, status.pending_teardowns);
+    println!();
+    println!("{:<28} {:<26} {:>10} {:>20} {:>7}", "RANGE", "GATEWAY", "ALLOCATED", "CAPACITY", "USED");
+    if status.ranges.is_empty() {
+        println!("(no ranges yet: they are recorded at the first ADD)");
+    }
+    for g in &status.ranges {
+        let pct = if g.capacity == 0 { 100.0 } else { g.allocated as f64 * 100.0 / g.capacity as f64 };
+        println!("{:<28} {:<26} {:>10} {:>20} {:>6.1}%", g.cidr, g.gateway, g.allocated, g.capacity, pct);
+    }
+    Ok(())
+}
