@@ -1,1 +1,455 @@
-//! placeholder
+//! Test harness for weft's integration tests: named network namespaces that clean up
+//! after themselves, a real `weftd` running inside a "node" namespace, and the real
+//! `weft` plugin executed exactly as a container runtime executes it.
+//!
+//! Every namespace a test makes is named `wt<pid>-<tag>-<n>`, so a test only ever
+//! touches what it created, and a crashed run's leftovers are recognisable.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// True when privileged tests may run; panics without root unless
+/// `WEFT_SKIP_PRIVILEGED=1` explicitly asks to skip (then returns false).
+pub fn privileged() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    if std::env::var("WEFT_SKIP_PRIVILEGED").as_deref() == Ok("1") {
+        eprintln!("skipping a privileged test: not root and WEFT_SKIP_PRIVILEGED=1");
+        return false;
+    }
+    panic!("this test needs root (network namespaces); set WEFT_SKIP_PRIVILEGED=1 to skip it explicitly");
+}
+
+/// Path of a workspace binary (`weft`, `weftd`, `weftctl`) built beside the tests.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let dir = exe.parent().and_then(Path::parent).expect("target directory");
+    let p = dir.join(name);
+    assert!(p.exists(), "{} is missing: build the binaries first (cargo build --workspace --bins)", p.display());
+    p
+}
+
+/// Runs a command and returns its output; panics if it cannot be started.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+}
+
+/// Runs a command that must succeed and returns its stdout.
+pub fn sh(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A named network namespace (`/run/netns/<name>`), deleted on drop.
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates `wt<pid>-<tag>-<n>`.
+    pub fn new(tag: &str) -> Self {
+        let name = format!("wt{}-{tag}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+        sh(Command::new("ip").args(["netns", "add", &name]));
+        sh(Command::new("ip").args(["-n", &name, "link", "set", "lo", "up"]));
+        Self { name }
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `/run/netns/<name>`, what a runtime passes as `CNI_NETNS`.
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+
+    /// A command that runs `program` inside the namespace.
+    pub fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    /// `ip -j -n <ns> <args>` parsed as JSON.
+    pub fn ip_json(&self, args: &[&str]) -> Value {
+        let out = sh(Command::new("ip").args(["-j", "-n", &self.name]).args(args));
+        if out.trim().is_empty() { Value::Array(vec![]) } else { serde_json::from_str(&out).expect("ip -j output") }
+    }
+
+    /// Names of the links in the namespace.
+    pub fn links(&self) -> Vec<String> {
+        self.ip_json(&["link", "show"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["ifname"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// Routes weft made (protocol 74) in the namespace, both families.
+    pub fn weft_routes(&self) -> Vec<Value> {
+        let mut v: Vec<Value> = self.ip_json(&["-4", "route", "show", "proto", "74"]).as_array().unwrap().clone();
+        v.extend(self.ip_json(&["-6", "route", "show", "proto", "74"]).as_array().unwrap().iter().cloned());
+        v
+    }
+
+    /// Whether one ICMP echo to `addr` from this namespace is answered.
+    pub fn ping(&self, addr: &str) -> bool {
+        let flag = if addr.contains(':') { "-6" } else { "-4" };
+        run(self.cmd("ping").args([flag, "-c1", "-W2", addr])).status.success()
+    }
+
+    /// Deletes the namespace now (as a runtime does after DEL, or to make it vanish).
+    pub fn delete(mut self) {
+        self.remove();
+    }
+
+    fn remove(&mut self) {
+        if !self.name.is_empty() {
+            let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+            self.name.clear();
+        }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// A temporary directory under /tmp, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates `/tmp/wt<pid>-<tag>-<n>`.
+    pub fn new(tag: &str) -> Self {
+        let p = PathBuf::from(format!("/tmp/wt{}-{tag}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `weftd` running inside a node namespace with its own socket, state and log.
+pub struct Daemon {
+    /// The node namespace the daemon runs in.
+    pub node: Netns,
+    dir: TempDir,
+    child: Option<Child>,
+    node_name: String,
+}
+
+impl Daemon {
+    /// Starts weftd in a fresh node namespace and waits until its socket answers.
+    pub fn start(tag: &str) -> Self {
+        let node = Netns::new(tag);
+        let dir = TempDir::new(tag);
+        let mut d = Self { node, dir, child: None, node_name: format!("node-{tag}") };
+        d.spawn();
+        d
+    }
+
+    /// Path of the daemon's socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("weftd.sock")
+    }
+
+    /// The daemon's state directory.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("weftd.log")).unwrap_or_default()
+    }
+
+    /// Extra arguments for weftd (none by default).
+    fn command(&self) -> Command {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("weftd.log")).unwrap();
+        let mut c = self.node.cmd(bin("weftd").to_str().unwrap());
+        c.args(["--socket", self.socket().to_str().unwrap()])
+            .args(["--state-dir", self.state_dir().to_str().unwrap()])
+            .args(["--metrics-addr", "127.0.0.1:9384"])
+            .args(["--node-name", &self.node_name])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        c
+    }
+
+    /// Starts weftd as a second process on the same socket and state; returns its exit
+    /// status and log lines (it is expected to refuse).
+    pub fn start_second(&self) -> ExitStatus {
+        let mut c = self.command();
+        let mut child = c.spawn().unwrap();
+        wait_exit(&mut child, Duration::from_secs(10)).expect("a second weftd exits")
+    }
+
+    fn spawn(&mut self) {
+        let child = self.command().spawn().expect("starting weftd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
+                return;
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!("weftd exited early ({st}):\n{}", self.log());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("weftd did not start serving:\n{}", self.log());
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("daemon running").id() as i32
+    }
+
+    /// Sends `sig` to the daemon.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).unwrap();
+    }
+
+    /// SIGKILLs the daemon (a crash) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops the daemon with SIGTERM and waits for it.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        wait_exit(&mut c, Duration::from_secs(20)).or_else(|| {
+            let _ = c.kill();
+            c.wait().ok()
+        })
+    }
+
+    /// Starts the daemon again on the same socket and state.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Starts the daemon again after it was stopped or killed.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "daemon still running");
+        self.spawn();
+    }
+
+    /// `weftctl status --json` for this daemon.
+    pub fn status(&self) -> Value {
+        let out = sh(Command::new(bin("weftctl")).args(["--socket", self.socket().to_str().unwrap(), "--json", "status"]));
+        serde_json::from_str(&out).expect("status JSON")
+    }
+
+    /// Addresses allocated across all ranges.
+    pub fn allocated(&self) -> u64 {
+        self.status()["ranges"].as_array().unwrap().iter().map(|r| r["allocated"].as_u64().unwrap()).sum()
+    }
+
+    /// Waits until no teardown is pending (DEL finishes removing veths after answering).
+    pub fn settle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self.status()["pending_teardowns"].as_u64() == Some(0) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("teardowns did not finish");
+    }
+
+    /// Asserts the node holds nothing of weft's: no interface but `lo`, no weft route,
+    /// no attachment, no allocated address.
+    pub fn assert_clean(&self) {
+        self.settle();
+        let links = self.node.links();
+        assert_eq!(links, vec!["lo".to_string()], "interfaces left on the node");
+        assert!(self.node.weft_routes().is_empty(), "routes left: {:?}", self.node.weft_routes());
+        let st = self.status();
+        assert_eq!(st["attachments"], 0, "attachments left: {st}");
+        assert_eq!(self.allocated(), 0, "addresses left allocated: {st}");
+    }
+
+    /// A network config for this daemon.
+    pub fn conf(&self, version: &str, ranges: &[&str]) -> String {
+        serde_json::json!({
+            "cniVersion": version,
+            "name": "weft",
+            "type": "weft",
+            "socket": self.socket(),
+            "ranges": ranges,
+            "mtu": 1500,
+        })
+        .to_string()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits up to `limit` for a child to exit.
+pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// What one plugin run produced.
+#[derive(Debug)]
+pub struct CniOutput {
+    /// Exit code.
+    pub code: i32,
+    /// Stdout.
+    pub stdout: String,
+    /// Stderr.
+    pub stderr: String,
+}
+
+impl CniOutput {
+    /// Stdout parsed as JSON (`Null` when empty).
+    pub fn json(&self) -> Value {
+        if self.stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
+        }
+    }
+
+    /// The CNI error code, panicking when the call succeeded.
+    pub fn err_code(&self) -> u64 {
+        assert_eq!(self.code, 1, "expected a failure, got {self:?}");
+        self.json()["code"].as_u64().unwrap_or_else(|| panic!("no code in {}", self.stdout))
+    }
+
+    /// Asserts success and returns the JSON.
+    pub fn ok(&self) -> Value {
+        assert_eq!(self.code, 0, "plugin failed: {self:?}");
+        self.json()
+    }
+}
+
+/// One invocation of the plugin as a runtime makes it.
+#[derive(Debug, Clone, Default)]
+pub struct Call {
+    /// `CNI_*` variables (and others) to set; nothing else is inherited.
+    pub env: Vec<(String, String)>,
+    /// Config on stdin.
+    pub stdin: String,
+}
+
+impl Call {
+    /// A call for `command` on a container with the usual kubelet variables.
+    pub fn new(command: &str, container_id: &str, netns: &str, conf: &str) -> Self {
+        let mut env = vec![
+            ("CNI_COMMAND".to_string(), command.to_string()),
+            ("CNI_CONTAINERID".to_string(), container_id.to_string()),
+            ("CNI_IFNAME".to_string(), "eth0".to_string()),
+            ("CNI_PATH".to_string(), "/opt/cni/bin".to_string()),
+            (
+                "CNI_ARGS".to_string(),
+                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{container_id};K8S_POD_INFRA_CONTAINER_ID={container_id}"),
+            ),
+        ];
+        if !netns.is_empty() {
+            env.push(("CNI_NETNS".to_string(), netns.to_string()));
+        }
+        Self { env, stdin: conf.to_string() }
+    }
+
+    /// Sets (or replaces) a variable.
+    pub fn set(mut self, k: &str, v: &str) -> Self {
+        self.env.retain(|(x, _)| x != k);
+        self.env.push((k.to_string(), v.to_string()));
+        self
+    }
+
+    /// Removes a variable.
+    pub fn unset(mut self, k: &str) -> Self {
+        self.env.retain(|(x, _)| x != k);
+        self
+    }
+
+    /// Runs the plugin binary. A run longer than 30 s is killed and fails the test:
+    /// the plugin must never hang.
+    pub fn run(&self) -> CniOutput {
+        self.run_as(None)
+    }
+
+    /// Like [`Call::run`], as user `uid` when given.
+    pub fn run_as(&self, uid: Option<u32>) -> CniOutput {
+        let mut c = Command::new(bin("weft"));
+        c.env_clear().envs(self.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(u) = uid {
+            std::os::unix::process::CommandExt::uid(&mut c, u);
+        }
+        let mut child = c.spawn().expect("starting the plugin");
+        let mut stdin = child.stdin.take().unwrap();
+        let _ = stdin.write_all(self.stdin.as_bytes());
+        drop(stdin);
+        let pid = child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let out = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(out) => out.expect("waiting for the plugin"),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+                panic!("the plugin hung for 30 s: {self:?}");
+            }
+        };
+        CniOutput {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+/// Makes `path` world-accessible (tests use it to let a non-root client reach a socket).
+pub fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
