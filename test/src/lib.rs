@@ -187,12 +187,15 @@ impl Daemon {
         std::fs::read_to_string(self.dir.path().join("weftd.log")).unwrap_or_default()
     }
 
-    /// Extra arguments for weftd (none by default).
     fn command(&self) -> Command {
+        self.command_with(&self.socket(), &self.state_dir())
+    }
+
+    fn command_with(&self, socket: &Path, state: &Path) -> Command {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("weftd.log")).unwrap();
         let mut c = self.node.cmd(bin("weftd").to_str().unwrap());
-        c.args(["--socket", self.socket().to_str().unwrap()])
-            .args(["--state-dir", self.state_dir().to_str().unwrap()])
+        c.args(["--socket", socket.to_str().unwrap()])
+            .args(["--state-dir", state.to_str().unwrap()])
             .args(["--metrics-addr", "127.0.0.1:9384"])
             .args(["--node-name", &self.node_name])
             .stdin(Stdio::null())
@@ -201,10 +204,15 @@ impl Daemon {
         c
     }
 
-    /// Starts weftd as a second process on the same socket and state; returns its exit
-    /// status and log lines (it is expected to refuse).
-    pub fn start_second(&self) -> ExitStatus {
-        let mut c = self.command();
+    /// Starts a second weftd beside this one, sharing either the state directory (with
+    /// its own socket) or the socket (with its own state); returns its exit status (it
+    /// is expected to refuse). Its log goes to the same file.
+    pub fn start_second(&self, share_state: bool) -> ExitStatus {
+        let mut c = if share_state {
+            self.command_with(&self.dir.path().join("second.sock"), &self.state_dir())
+        } else {
+            self.command_with(&self.socket(), &self.dir.path().join("second-state"))
+        };
         let mut child = c.spawn().unwrap();
         wait_exit(&mut child, Duration::from_secs(10)).expect("a second weftd exits")
     }

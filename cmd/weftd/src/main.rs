@@ -62,6 +62,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let started_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
     std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
     std::fs::set_permissions(&args.state_dir, std::fs::Permissions::from_mode(0o700))?;
+    // One daemon per state directory, held for the process's life: a second weftd on
+    // the same state would "recover" the first one's calls in flight.
+    let _state_lock = lock_state_dir(&args.state_dir)?;
+    // Claim the socket before touching state, for the same reason; calls that arrive
+    // now wait in the backlog until recovery is done.
+    let listener = server::bind_unix(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
     let db_path = args.state_dir.join("weft.db");
     let store = Store::open(&db_path).with_context(|| format!("opening the state store {}", db_path.display()))?;
     let first_start = store.schema_found() == 0;
@@ -92,7 +98,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("binding the HTTP endpoints on {}", args.metrics_addr))?;
     let http_task = tokio::spawn(weft_telemetry::serve_http(http, weft_telemetry::router(ready.clone()), stopped(stop_rx.clone())));
 
-    let listener = server::bind_unix(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
     let grpc = tonic::transport::Server::builder()
         .add_service(CniServer::new(CniService::new(handler.clone())))
         .add_service(AdminServer::new(admin))
@@ -113,6 +118,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let _ = http_task.await;
     info!("weftd stopped");
     Ok(())
+}
+
+fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = dir.join("weftd.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        anyhow::anyhow!("another weftd is running on state directory {} ({e})", dir.display())
+    })
 }
 
 async fn shutdown_signal() {
