@@ -25,6 +25,9 @@ struct Cli {
 enum Command {
     /// Daemon health and per-range address usage.
     Status,
+    /// Benchmark weft beside the reference plugins (ptp + host-local), in namespaces
+    /// it creates and removes. Needs root.
+    Bench(commands::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
     let outcome = rt.block_on(async {
         match cli.command {
             Command::Status => commands::status::run(&cli.socket, cli.json).await,
+            Command::Bench(args) => commands::bench::run(args, cli.json),
         }
     });
     match outcome {

@@ -1,0 +1,52 @@
+//! `weftctl bench`: weft beside the reference plugins, same run, same machine.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+/// Options of `weftctl bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Pods attached and detached per round.
+    #[arg(long, default_value_t = 100)]
+    pods: usize,
+    /// Concurrent workers issuing calls.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Rounds per plugin (alternating which goes first).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Directory of the reference plugins.
+    #[arg(long, default_value = "/usr/lib/cni")]
+    reference_dir: PathBuf,
+    /// Directory of weft and weftd (default: beside weftctl).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+}
+
+/// Runs the benchmark and prints the report.
+pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
+    let bin_dir = match args.bin_dir {
+        Some(d) => d,
+        None => std::env::current_exe()?.parent().context("weftctl's directory")?.to_path_buf(),
+    };
+    let work_dir = std::env::temp_dir().join(format!("weft-bench-{}", std::process::id()));
+    let opts = weft_bench::Options {
+        weft: bin_dir.join("weft"),
+        weftd: bin_dir.join("weftd"),
+        reference_dir: args.reference_dir,
+        pods: args.pods,
+        workers: args.workers,
+        rounds: args.rounds,
+        work_dir: work_dir.clone(),
+    };
+    let report = weft_bench::run(&opts).map_err(|e| anyhow::anyhow!(e));
+    let _ = std::fs::remove_dir_all(&work_dir);
+    let report = report?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.markdown());
+    }
+    Ok(())
+}
