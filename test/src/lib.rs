@@ -24,28 +24,42 @@ pub fn privileged() -> bool {
         eprintln!("skipping a privileged test: not root and WEFT_SKIP_PRIVILEGED=1");
         return false;
     }
-    panic!("this test needs root (network namespaces); set WEFT_SKIP_PRIVILEGED=1 to skip it explicitly");
+    panic!(
+        "this test needs root (network namespaces); set WEFT_SKIP_PRIVILEGED=1 to skip it explicitly"
+    );
 }
 
 /// Path of a workspace binary (`weft`, `weftd`, `weftctl`) built beside the tests.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let dir = exe.parent().and_then(Path::parent).expect("target directory");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target directory");
     let p = dir.join(name);
-    assert!(p.exists(), "{} is missing: build the binaries first (cargo build --workspace --bins)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: build the binaries first (cargo build --workspace --bins)",
+        p.display()
+    );
     p
 }
 
 /// Runs a command and returns its output; panics if it cannot be started.
 pub fn run(cmd: &mut Command) -> Output {
-    cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
 }
 
 /// Runs a command that must succeed and returns its stdout.
 pub fn sh(cmd: &mut Command) -> String {
     let out = run(cmd);
-    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -59,7 +73,11 @@ pub struct Netns {
 impl Netns {
     /// Creates `wt<pid>-<tag>-<n>`.
     pub fn new(tag: &str) -> Self {
-        let name = format!("wt{}-{tag}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+        let name = format!(
+            "wt{}-{tag}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
         sh(Command::new("ip").args(["netns", "add", &name]));
         sh(Command::new("ip").args(["-n", &name, "link", "set", "lo", "up"]));
         Self { name }
@@ -85,7 +103,11 @@ impl Netns {
     /// `ip -j -n <ns> <args>` parsed as JSON.
     pub fn ip_json(&self, args: &[&str]) -> Value {
         let out = sh(Command::new("ip").args(["-j", "-n", &self.name]).args(args));
-        if out.trim().is_empty() { Value::Array(vec![]) } else { serde_json::from_str(&out).expect("ip -j output") }
+        if out.trim().is_empty() {
+            Value::Array(vec![])
+        } else {
+            serde_json::from_str(&out).expect("ip -j output")
+        }
     }
 
     /// Names of the links in the namespace.
@@ -100,15 +122,27 @@ impl Netns {
 
     /// Routes weft made (protocol 74) in the namespace, both families.
     pub fn weft_routes(&self) -> Vec<Value> {
-        let mut v: Vec<Value> = self.ip_json(&["-4", "route", "show", "proto", "74"]).as_array().unwrap().clone();
-        v.extend(self.ip_json(&["-6", "route", "show", "proto", "74"]).as_array().unwrap().iter().cloned());
+        let mut v: Vec<Value> = self
+            .ip_json(&["-4", "route", "show", "proto", "74"])
+            .as_array()
+            .unwrap()
+            .clone();
+        v.extend(
+            self.ip_json(&["-6", "route", "show", "proto", "74"])
+                .as_array()
+                .unwrap()
+                .iter()
+                .cloned(),
+        );
         v
     }
 
     /// Whether one ICMP echo to `addr` from this namespace is answered.
     pub fn ping(&self, addr: &str) -> bool {
         let flag = if addr.contains(':') { "-6" } else { "-4" };
-        run(self.cmd("ping").args([flag, "-c1", "-W2", addr])).status.success()
+        run(self.cmd("ping").args([flag, "-c1", "-W2", addr]))
+            .status
+            .success()
     }
 
     /// Deletes the namespace now (as a runtime does after DEL, or to make it vanish).
@@ -118,7 +152,9 @@ impl Netns {
 
     fn remove(&mut self) {
         if !self.name.is_empty() {
-            let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.name])
+                .output();
             self.name.clear();
         }
     }
@@ -136,7 +172,11 @@ pub struct TempDir(PathBuf);
 impl TempDir {
     /// Creates `/tmp/wt<pid>-<tag>-<n>`.
     pub fn new(tag: &str) -> Self {
-        let p = PathBuf::from(format!("/tmp/wt{}-{tag}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+        let p = PathBuf::from(format!(
+            "/tmp/wt{}-{tag}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(&p).unwrap();
         Self(p)
     }
@@ -167,7 +207,12 @@ impl Daemon {
     pub fn start(tag: &str) -> Self {
         let node = Netns::new(tag);
         let dir = TempDir::new(tag);
-        let mut d = Self { node, dir, child: None, node_name: format!("node-{tag}") };
+        let mut d = Self {
+            node,
+            dir,
+            child: None,
+            node_name: format!("node-{tag}"),
+        };
         d.spawn();
         d
     }
@@ -192,7 +237,11 @@ impl Daemon {
     }
 
     fn command_with(&self, socket: &Path, state: &Path) -> Command {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("weftd.log")).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("weftd.log"))
+            .unwrap();
         let mut c = self.node.cmd(bin("weftd").to_str().unwrap());
         c.args(["--socket", socket.to_str().unwrap()])
             .args(["--state-dir", state.to_str().unwrap()])
@@ -225,10 +274,8 @@ impl Daemon {
             if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
                 return;
             }
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    panic!("weftd exited early ({st}):\n{}", self.log());
-                }
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(Child::try_wait) {
+                panic!("weftd exited early ({st}):\n{}", self.log());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -256,7 +303,10 @@ impl Daemon {
     /// Stops the daemon with SIGTERM and waits for it.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         let mut c = self.child.take()?;
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         wait_exit(&mut c, Duration::from_secs(20)).or_else(|| {
             let _ = c.kill();
             c.wait().ok()
@@ -277,13 +327,23 @@ impl Daemon {
 
     /// `weftctl status --json` for this daemon.
     pub fn status(&self) -> Value {
-        let out = sh(Command::new(bin("weftctl")).args(["--socket", self.socket().to_str().unwrap(), "--json", "status"]));
+        let out = sh(Command::new(bin("weftctl")).args([
+            "--socket",
+            self.socket().to_str().unwrap(),
+            "--json",
+            "status",
+        ]));
         serde_json::from_str(&out).expect("status JSON")
     }
 
     /// Addresses allocated across all ranges.
     pub fn allocated(&self) -> u64 {
-        self.status()["ranges"].as_array().unwrap().iter().map(|r| r["allocated"].as_u64().unwrap()).sum()
+        self.status()["ranges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["allocated"].as_u64().unwrap())
+            .sum()
     }
 
     /// Waits until no teardown is pending (DEL finishes removing veths after answering).
@@ -304,7 +364,11 @@ impl Daemon {
         self.settle();
         let links = self.node.links();
         assert_eq!(links, vec!["lo".to_string()], "interfaces left on the node");
-        assert!(self.node.weft_routes().is_empty(), "routes left: {:?}", self.node.weft_routes());
+        assert!(
+            self.node.weft_routes().is_empty(),
+            "routes left: {:?}",
+            self.node.weft_routes()
+        );
         let st = self.status();
         assert_eq!(st["attachments"], 0, "attachments left: {st}");
         assert_eq!(self.allocated(), 0, "addresses left allocated: {st}");
@@ -362,14 +426,17 @@ impl CniOutput {
         if self.stdout.trim().is_empty() {
             Value::Null
         } else {
-            serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
+            serde_json::from_str(&self.stdout)
+                .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
         }
     }
 
     /// The CNI error code, panicking when the call succeeded.
     pub fn err_code(&self) -> u64 {
         assert_eq!(self.code, 1, "expected a failure, got {self:?}");
-        self.json()["code"].as_u64().unwrap_or_else(|| panic!("no code in {}", self.stdout))
+        self.json()["code"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no code in {}", self.stdout))
     }
 
     /// Asserts success and returns the JSON.
@@ -398,13 +465,18 @@ impl Call {
             ("CNI_PATH".to_string(), "/opt/cni/bin".to_string()),
             (
                 "CNI_ARGS".to_string(),
-                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{container_id};K8S_POD_INFRA_CONTAINER_ID={container_id}"),
+                format!(
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{container_id};K8S_POD_INFRA_CONTAINER_ID={container_id}"
+                ),
             ),
         ];
         if !netns.is_empty() {
             env.push(("CNI_NETNS".to_string(), netns.to_string()));
         }
-        Self { env, stdin: conf.to_string() }
+        Self {
+            env,
+            stdin: conf.to_string(),
+        }
     }
 
     /// Sets (or replaces) a variable.
@@ -429,7 +501,11 @@ impl Call {
     /// Like [`Call::run`], as user `uid` when given.
     pub fn run_as(&self, uid: Option<u32>) -> CniOutput {
         let mut c = Command::new(bin("weft"));
-        c.env_clear().envs(self.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         if let Some(u) = uid {
             std::os::unix::process::CommandExt::uid(&mut c, u);
         }
@@ -445,7 +521,10 @@ impl Call {
         let out = match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(out) => out.expect("waiting for the plugin"),
             Err(_) => {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
                 panic!("the plugin hung for 30 s: {self:?}");
             }
         };

@@ -39,7 +39,10 @@ fn pods_are_reachable_from_the_node_and_from_each_other() {
     let ifs = ra["interfaces"].as_array().unwrap();
     assert_eq!(ifs.len(), 2);
     let host_if = ifs[0]["name"].as_str().unwrap();
-    assert!(host_if.starts_with("weft") && host_if.len() == 15, "{host_if}");
+    assert!(
+        host_if.starts_with("weft") && host_if.len() == 15,
+        "{host_if}"
+    );
     assert!(ifs[0].get("sandbox").is_none());
     assert_eq!(ifs[1]["name"], "eth0");
     assert_eq!(ifs[1]["sandbox"], a.path());
@@ -49,10 +52,19 @@ fn pods_are_reachable_from_the_node_and_from_each_other() {
     assert_eq!(ra["routes"][1]["dst"], "::/0");
 
     // The kernel agrees with the result.
-    let (a4, a6, b4, b6) = (addr_of(&ra, false), addr_of(&ra, true), addr_of(&rb, false), addr_of(&rb, true));
+    let (a4, a6, b4, b6) = (
+        addr_of(&ra, false),
+        addr_of(&ra, true),
+        addr_of(&rb, false),
+        addr_of(&rb, true),
+    );
     let eth0 = a.ip_json(&["addr", "show", "eth0"]);
-    let local: Vec<String> =
-        eth0[0]["addr_info"].as_array().unwrap().iter().map(|x| x["local"].as_str().unwrap().to_string()).collect();
+    let local: Vec<String> = eth0[0]["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["local"].as_str().unwrap().to_string())
+        .collect();
     assert!(local.contains(&a4) && local.contains(&a6), "{local:?}");
     assert_eq!(eth0[0]["mtu"], 1500);
     assert_eq!(eth0[0]["address"], ifs[1]["mac"]);
@@ -108,23 +120,67 @@ fn check_passes_when_healthy_and_names_what_is_broken() {
     assert_eq!(ok.code, 0, "{ok:?}");
     assert!(ok.stdout.is_empty());
 
-    weft_tests::sh(std::process::Command::new("ip").args(["-n", p.name(), "route", "del", "default"]));
+    weft_tests::sh(std::process::Command::new("ip").args([
+        "-n",
+        p.name(),
+        "route",
+        "del",
+        "default",
+    ]));
     let broken = check();
     assert_eq!(broken.err_code(), 104);
-    assert!(broken.json()["details"].as_str().unwrap().contains("default route via 10.244.1.1"), "{broken:?}");
-    weft_tests::sh(std::process::Command::new("ip").args(["-n", p.name(), "route", "add", "default", "via", "10.244.1.1", "dev", "eth0"]));
+    assert!(
+        broken.json()["details"]
+            .as_str()
+            .unwrap()
+            .contains("default route via 10.244.1.1"),
+        "{broken:?}"
+    );
+    weft_tests::sh(std::process::Command::new("ip").args([
+        "-n",
+        p.name(),
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.244.1.1",
+        "dev",
+        "eth0",
+    ]));
     assert_eq!(check().code, 0);
 
     let addr = addr_of(&r, false);
-    weft_tests::sh(std::process::Command::new("ip").args(["-n", d.node.name(), "route", "del", &addr]));
+    weft_tests::sh(std::process::Command::new("ip").args([
+        "-n",
+        d.node.name(),
+        "route",
+        "del",
+        &addr,
+    ]));
     let broken = check();
     assert_eq!(broken.err_code(), 104);
-    assert!(broken.json()["details"].as_str().unwrap().contains(&format!("host route to {addr}")), "{broken:?}");
+    assert!(
+        broken.json()["details"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("host route to {addr}")),
+        "{broken:?}"
+    );
 
     // CHECK of something weft never attached.
-    assert_eq!(Call::new("CHECK", "ctr-unknown", &p.path(), &check_conf).run().err_code(), 3);
+    assert_eq!(
+        Call::new("CHECK", "ctr-unknown", &p.path(), &check_conf)
+            .run()
+            .err_code(),
+        3
+    );
     // CHECK does not exist before 0.4.0.
-    assert_eq!(Call::new("CHECK", "ctr-1", &p.path(), &d.conf("0.3.1", &[V4])).run().err_code(), 1);
+    assert_eq!(
+        Call::new("CHECK", "ctr-1", &p.path(), &d.conf("0.3.1", &[V4]))
+            .run()
+            .err_code(),
+        1
+    );
 
     Call::new("DEL", "ctr-1", &p.path(), &conf).run().ok();
     d.assert_clean();
@@ -144,7 +200,10 @@ fn del_is_idempotent_without_netns_and_after_the_netns_vanished() {
     assert!(del.stdout.is_empty());
     // containerd's second DEL comes without a netns.
     Call::new("DEL", "ctr-1", "", &conf).run().ok();
-    Call::new("DEL", "ctr-1", "", &conf).set("CNI_NETNS", "").run().ok();
+    Call::new("DEL", "ctr-1", "", &conf)
+        .set("CNI_NETNS", "")
+        .run()
+        .ok();
     d.assert_clean();
 
     // The pod's namespace disappears before DEL (node reboot of a sandbox, runtime crash).
@@ -166,11 +225,17 @@ fn gc_removes_attachments_the_runtime_no_longer_lists() {
     let conf = d.conf("1.1.0", &[V4]);
     let pods: Vec<Netns> = (0..3).map(|i| Netns::new(&format!("p{i}"))).collect();
     for (i, p) in pods.iter().enumerate() {
-        Call::new("ADD", &format!("ctr-{i}"), &p.path(), &conf).run().ok();
+        Call::new("ADD", &format!("ctr-{i}"), &p.path(), &conf)
+            .run()
+            .ok();
     }
     let mut gc: Value = serde_json::from_str(&conf).unwrap();
-    gc["cni.dev/valid-attachments"] = serde_json::json!([{"containerID": "ctr-1", "ifname": "eth0"}]);
-    let out = Call::new("GC", "", "", &gc.to_string()).unset("CNI_CONTAINERID").unset("CNI_IFNAME").run();
+    gc["cni.dev/valid-attachments"] =
+        serde_json::json!([{"containerID": "ctr-1", "ifname": "eth0"}]);
+    let out = Call::new("GC", "", "", &gc.to_string())
+        .unset("CNI_CONTAINERID")
+        .unset("CNI_IFNAME")
+        .run();
     assert_eq!(out.code, 0, "{out:?}");
     d.settle();
     assert_eq!(d.status()["attachments"], 1);
@@ -178,7 +243,12 @@ fn gc_removes_attachments_the_runtime_no_longer_lists() {
     assert_eq!(pods[0].links(), vec!["lo"]);
     assert_eq!(pods[1].links().len(), 2);
     // GC is a 1.1.0 command.
-    assert_eq!(Call::new("GC", "", "", &d.conf("1.0.0", &[V4])).run().err_code(), 1);
+    assert_eq!(
+        Call::new("GC", "", "", &d.conf("1.0.0", &[V4]))
+            .run()
+            .err_code(),
+        1
+    );
     Call::new("DEL", "ctr-1", &pods[1].path(), &conf).run().ok();
     d.assert_clean();
 }
@@ -200,8 +270,18 @@ fn status_and_add_report_an_exhausted_range() {
     let p2 = Netns::new("p2");
     let full = Call::new("ADD", "ctr-2", &p2.path(), &conf).run();
     assert_eq!(full.err_code(), 101);
-    assert!(full.json()["details"].as_str().unwrap().contains("10.244.9.0/30"), "{full:?}");
-    assert_eq!(p2.links(), vec!["lo"], "the failed ADD left nothing in the pod");
+    assert!(
+        full.json()["details"]
+            .as_str()
+            .unwrap()
+            .contains("10.244.9.0/30"),
+        "{full:?}"
+    );
+    assert_eq!(
+        p2.links(),
+        vec!["lo"],
+        "the failed ADD left nothing in the pod"
+    );
     assert_eq!(d.allocated(), 1);
     Call::new("DEL", "ctr-2", &p2.path(), &conf).run().ok();
     Call::new("DEL", "ctr-1", &p1.path(), &conf).run().ok();
@@ -215,23 +295,38 @@ fn every_spec_version_gets_its_result_layout() {
         return;
     }
     let d = Daemon::start("vers");
-    for (i, v) in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"].iter().enumerate() {
+    for (i, v) in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+        .iter()
+        .enumerate()
+    {
         let conf = d.conf(v, &[V4, V6]);
         let p = Netns::new("p");
-        let r = Call::new("ADD", &format!("ctr-{i}"), &p.path(), &conf).run().ok();
+        let r = Call::new("ADD", &format!("ctr-{i}"), &p.path(), &conf)
+            .run()
+            .ok();
         assert_eq!(r["cniVersion"], *v);
         let legacy = v.starts_with("0.");
         for ip in r["ips"].as_array().unwrap() {
-            let want = if ip["address"].as_str().unwrap().contains(':') { "6" } else { "4" };
+            let want = if ip["address"].as_str().unwrap().contains(':') {
+                "6"
+            } else {
+                "4"
+            };
             if legacy {
                 assert_eq!(ip["version"], want, "{v}: {r}");
             } else {
                 assert!(ip.get("version").is_none(), "{v}: {r}");
             }
         }
-        assert_eq!(r["interfaces"][1].get("mtu").is_some(), *v == "1.1.0", "{v}: {r}");
+        assert_eq!(
+            r["interfaces"][1].get("mtu").is_some(),
+            *v == "1.1.0",
+            "{v}: {r}"
+        );
         assert_eq!(r["interfaces"][1]["sandbox"], p.path());
-        Call::new("DEL", &format!("ctr-{i}"), &p.path(), &conf).run().ok();
+        Call::new("DEL", &format!("ctr-{i}"), &p.path(), &conf)
+            .run()
+            .ok();
     }
     d.assert_clean();
 }
@@ -242,10 +337,16 @@ fn version_is_answered_by_the_plugin_alone() {
     let out = Call::default().set("CNI_COMMAND", "VERSION").run();
     let v = out.ok();
     assert_eq!(v["cniVersion"], "1.1.0");
-    assert_eq!(v["supportedVersions"], serde_json::json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]));
+    assert_eq!(
+        v["supportedVersions"],
+        serde_json::json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+    );
     let about = Call::default().run();
     assert_eq!(about.code, 0);
-    assert!(about.stderr.contains("CNI protocol versions supported"), "{about:?}");
+    assert!(
+        about.stderr.contains("CNI protocol versions supported"),
+        "{about:?}"
+    );
 }
 
 #[test]
@@ -261,45 +362,150 @@ fn bad_input_gets_its_code_and_leaves_nothing() {
     let regular = file.path().join("not-a-netns");
     std::fs::write(&regular, "x").unwrap();
     let cases: Vec<(&str, Call, u64)> = vec![
-        ("malformed JSON", Call { stdin: "{\"cniVersion\":".into(), ..add() }, 6),
-        ("empty stdin", Call { stdin: String::new(), ..add() }, 6),
+        (
+            "malformed JSON",
+            Call {
+                stdin: "{\"cniVersion\":".into(),
+                ..add()
+            },
+            6,
+        ),
+        (
+            "empty stdin",
+            Call {
+                stdin: String::new(),
+                ..add()
+            },
+            6,
+        ),
         ("missing CNI_CONTAINERID", add().unset("CNI_CONTAINERID"), 4),
         ("missing CNI_NETNS", add().unset("CNI_NETNS"), 4),
         ("missing CNI_IFNAME", add().unset("CNI_IFNAME"), 4),
         ("missing CNI_PATH", add().unset("CNI_PATH"), 4),
         ("unknown CNI_COMMAND", add().set("CNI_COMMAND", "FROB"), 4),
-        ("unknown cniVersion", Call { stdin: d.conf("9.9.9", &[V4]), ..add() }, 1),
-        ("missing cniVersion", Call { stdin: conf.replace("\"cniVersion\":\"1.1.0\",", ""), ..add() }, 1),
-        ("ifname too long", add().set("CNI_IFNAME", "eth0123456789abc"), 4),
+        (
+            "unknown cniVersion",
+            Call {
+                stdin: d.conf("9.9.9", &[V4]),
+                ..add()
+            },
+            1,
+        ),
+        (
+            "missing cniVersion",
+            Call {
+                stdin: conf.replace("\"cniVersion\":\"1.1.0\",", ""),
+                ..add()
+            },
+            1,
+        ),
+        (
+            "ifname too long",
+            add().set("CNI_IFNAME", "eth0123456789abc"),
+            4,
+        ),
         ("ifname with /", add().set("CNI_IFNAME", "et/h0"), 4),
-        ("ifname with whitespace", add().set("CNI_IFNAME", "eth 0"), 4),
-        ("invalid container id", add().set("CNI_CONTAINERID", "bad/id"), 4),
-        ("malformed CNI_ARGS", add().set("CNI_ARGS", "K8S_POD_NAME"), 4),
-        ("netns does not exist", add().set("CNI_NETNS", "/run/netns/wt-does-not-exist"), 8),
-        ("netns is a regular file", add().set("CNI_NETNS", regular.to_str().unwrap()), 8),
-        ("netns is not a network namespace", add().set("CNI_NETNS", "/proc/self/ns/uts"), 8),
-        ("invalid range", Call { stdin: d.conf("1.1.0", &["10.244.1.7/24"]), ..add() }, 7),
-        ("range not a CIDR", Call { stdin: d.conf("1.1.0", &["banana"]), ..add() }, 7),
-        ("no ranges", Call { stdin: d.conf("1.1.0", &[]), ..add() }, 7),
+        (
+            "ifname with whitespace",
+            add().set("CNI_IFNAME", "eth 0"),
+            4,
+        ),
+        (
+            "invalid container id",
+            add().set("CNI_CONTAINERID", "bad/id"),
+            4,
+        ),
+        (
+            "malformed CNI_ARGS",
+            add().set("CNI_ARGS", "K8S_POD_NAME"),
+            4,
+        ),
+        (
+            "netns does not exist",
+            add().set("CNI_NETNS", "/run/netns/wt-does-not-exist"),
+            8,
+        ),
+        (
+            "netns is a regular file",
+            add().set("CNI_NETNS", regular.to_str().unwrap()),
+            8,
+        ),
+        (
+            "netns is not a network namespace",
+            add().set("CNI_NETNS", "/proc/self/ns/uts"),
+            8,
+        ),
+        (
+            "invalid range",
+            Call {
+                stdin: d.conf("1.1.0", &["10.244.1.7/24"]),
+                ..add()
+            },
+            7,
+        ),
+        (
+            "range not a CIDR",
+            Call {
+                stdin: d.conf("1.1.0", &["banana"]),
+                ..add()
+            },
+            7,
+        ),
+        (
+            "no ranges",
+            Call {
+                stdin: d.conf("1.1.0", &[]),
+                ..add()
+            },
+            7,
+        ),
         (
             "ipam section",
-            Call { stdin: conf.replace("\"mtu\":1500", "\"mtu\":1500,\"ipam\":{\"type\":\"host-local\"}"), ..add() },
+            Call {
+                stdin: conf.replace(
+                    "\"mtu\":1500",
+                    "\"mtu\":1500,\"ipam\":{\"type\":\"host-local\"}",
+                ),
+                ..add()
+            },
             2,
         ),
-        ("oversized config", Call { stdin: format!("{}{}", conf, " ".repeat(2 << 20)), ..add() }, 7),
+        (
+            "oversized config",
+            Call {
+                stdin: format!("{}{}", conf, " ".repeat(2 << 20)),
+                ..add()
+            },
+            7,
+        ),
     ];
     for (what, call, code) in cases {
         let out = call.run();
         assert_eq!(out.err_code(), code, "{what}: {out:?}");
         let e = out.json();
-        assert!(e["msg"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {e}");
-        assert!(out.stderr.is_empty() || code == 0, "{what}: stderr {}", out.stderr);
+        assert!(
+            e["msg"].as_str().is_some_and(|m| !m.is_empty()),
+            "{what}: {e}"
+        );
+        assert!(
+            out.stderr.is_empty() || code == 0,
+            "{what}: stderr {}",
+            out.stderr
+        );
     }
     // An exhausted range, the last bad input, leaves nothing either.
     let small = d.conf("1.1.0", &["10.244.2.0/30"]);
     let q = Netns::new("q");
     Call::new("ADD", "ctr-q", &q.path(), &small).run().ok();
-    assert_eq!(Call { stdin: small.clone(), ..add() }.run().err_code(), 101);
+    assert_eq!(
+        Call {
+            stdin: small.clone(),
+            ..add()
+        }
+        .run()
+        .err_code(),
+        101
+    );
     assert_eq!(p.links(), vec!["lo"]);
     Call::new("DEL", "ctr-q", &q.path(), &small).run().ok();
     d.assert_clean();
@@ -317,9 +523,22 @@ fn an_unreachable_daemon_means_try_again_later() {
     assert!(!d.socket().exists(), "a clean stop removes the socket");
     let out = Call::new("ADD", "ctr-1", &p.path(), &conf).run();
     assert_eq!(out.err_code(), 11, "{out:?}");
-    assert!(out.json()["details"].as_str().unwrap().contains("cannot reach weftd"), "{out:?}");
-    assert_eq!(Call::new("DEL", "ctr-1", &p.path(), &conf).run().err_code(), 11);
-    assert_eq!(Call::new("STATUS", "", "", &conf).run().err_code(), 50, "STATUS says: not available");
+    assert!(
+        out.json()["details"]
+            .as_str()
+            .unwrap()
+            .contains("cannot reach weftd"),
+        "{out:?}"
+    );
+    assert_eq!(
+        Call::new("DEL", "ctr-1", &p.path(), &conf).run().err_code(),
+        11
+    );
+    assert_eq!(
+        Call::new("STATUS", "", "", &conf).run().err_code(),
+        50,
+        "STATUS says: not available"
+    );
     assert_eq!(p.links(), vec!["lo"]);
 
     // A daemon that hangs (stopped, socket still accepting) is no different.
@@ -343,8 +562,14 @@ fn a_daemon_restarted_between_add_and_del_cleans_up() {
     let p = Netns::new("p");
     let r = Call::new("ADD", "ctr-1", &p.path(), &conf).run().ok();
     d.restart(); // SIGKILL, then start again on the same state
-    assert!(d.log().contains("\"first_start\":false"), "the second start knows it is a restart");
-    assert!(d.node.ping(&addr_of(&r, false)), "the pod kept its connectivity");
+    assert!(
+        d.log().contains("\"first_start\":false"),
+        "the second start knows it is a restart"
+    );
+    assert!(
+        d.node.ping(&addr_of(&r, false)),
+        "the pod kept its connectivity"
+    );
     let again = Call::new("ADD", "ctr-1", &p.path(), &conf).run().ok();
     assert_eq!(again, r, "the stored result survives the restart");
     Call::new("DEL", "ctr-1", &p.path(), &conf).run().ok();
@@ -367,11 +592,22 @@ fn the_socket_is_private_and_non_root_peers_are_refused() {
     let out = Call::new("STATUS", "", "", &conf).run_as(Some(65534));
     assert_eq!(out.err_code(), 50, "{out:?}");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !d.log().contains("refused a connection from a non-root peer") {
-        assert!(std::time::Instant::now() < deadline, "no refusal logged:\n{}", d.log());
+    while !d
+        .log()
+        .contains("refused a connection from a non-root peer")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no refusal logged:\n{}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(Call::new("STATUS", "", "", &conf).run().code, 0, "root is served");
+    assert_eq!(
+        Call::new("STATUS", "", "", &conf).run().code,
+        0,
+        "root is served"
+    );
 }
 
 #[test]
@@ -384,10 +620,22 @@ fn a_stale_socket_is_replaced_but_a_live_one_is_not_stolen() {
     assert!(!st.success(), "a second daemon must refuse a live socket");
     assert!(d.log().contains("another weftd is serving"), "{}", d.log());
     let st = d.start_second(true);
-    assert!(!st.success(), "a second daemon must refuse a state directory in use");
-    assert!(d.log().contains("another weftd is running on state directory"), "{}", d.log());
+    assert!(
+        !st.success(),
+        "a second daemon must refuse a state directory in use"
+    );
+    assert!(
+        d.log()
+            .contains("another weftd is running on state directory"),
+        "{}",
+        d.log()
+    );
     let conf = d.conf("1.1.0", &[V4]);
-    assert_eq!(Call::new("STATUS", "", "", &conf).run().code, 0, "the first daemon still serves");
+    assert_eq!(
+        Call::new("STATUS", "", "", &conf).run().code,
+        0,
+        "the first daemon still serves"
+    );
     d.kill();
     assert!(d.socket().exists(), "a crash leaves the socket file behind");
     d.start_again();
@@ -413,8 +661,17 @@ fn weftctl_status_shows_usage_per_range() {
     assert_eq!(ranges[0]["allocated"], 1);
     assert_eq!(ranges[0]["capacity"], 253);
     assert_eq!(ranges[0]["free"], 252);
-    let table = weft_tests::sh(std::process::Command::new(weft_tests::bin("weftctl")).args(["--socket", d.socket().to_str().unwrap(), "status"]));
-    assert!(table.contains("10.244.1.0/24") && table.contains("ready"), "{table}");
+    let table = weft_tests::sh(
+        std::process::Command::new(weft_tests::bin("weftctl")).args([
+            "--socket",
+            d.socket().to_str().unwrap(),
+            "status",
+        ]),
+    );
+    assert!(
+        table.contains("10.244.1.0/24") && table.contains("ready"),
+        "{table}"
+    );
     Call::new("DEL", "ctr-1", &p.path(), &conf).run().ok();
     d.assert_clean();
 }

@@ -29,7 +29,10 @@ fn main() -> ExitCode {
     let reported_version = conf::declared_version(&stdin);
     let outcome = match read {
         Ok(_) => run(&command, stdin),
-        Err(e) => Err(CniError::new(code::IO_FAILURE, format!("reading stdin: {e}"))),
+        Err(e) => Err(CniError::new(
+            code::IO_FAILURE,
+            format!("reading stdin: {e}"),
+        )),
     };
     let out = std::io::stdout();
     let mut out = out.lock();
@@ -84,7 +87,9 @@ fn run(command: &str, stdin: Vec<u8>) -> Result<Vec<u8>, CniError> {
         container_id: env("CNI_CONTAINERID"),
         netns: env("CNI_NETNS"),
         ifname: env("CNI_IFNAME"),
-        args: weft_cni::parse_cni_args(&env("CNI_ARGS"))?.into_iter().collect(),
+        args: weft_cni::parse_cni_args(&env("CNI_ARGS"))?
+            .into_iter()
+            .collect(),
         path: env("CNI_PATH"),
         stdin_data: stdin,
     };
@@ -101,11 +106,18 @@ fn run(command: &str, stdin: Vec<u8>) -> Result<Vec<u8>, CniError> {
 }
 
 async fn relay(cmd: Cmd, socket: &str, args: CniArgs) -> Result<Vec<u8>, CniError> {
-    let unreachable_code = if cmd == Cmd::Status { code::NOT_AVAILABLE } else { code::TRY_AGAIN_LATER };
+    let unreachable_code = if cmd == Cmd::Status {
+        code::NOT_AVAILABLE
+    } else {
+        code::TRY_AGAIN_LATER
+    };
     let channel = dial_unix(Path::new(socket), &DialOptions::default())
         .await
         .map_err(|e| {
-            CniError::new(unreachable_code, format!("cannot reach weftd at {socket}: {}", source_chain(&e)))
+            CniError::new(
+                unreachable_code,
+                format!("cannot reach weftd at {socket}: {}", source_chain(&e)),
+            )
         })?;
     let mut client = CniClient::new(channel);
     let outcome = match cmd {
@@ -123,18 +135,30 @@ async fn relay(cmd: Cmd, socket: &str, args: CniArgs) -> Result<Vec<u8>, CniErro
 /// never answered (gone, restarting, timed out), into "try again later".
 fn status_to_cni(status: &tonic::Status, socket: &str, unreachable_code: u32) -> CniError {
     if let Some(e) = cni_error_from_status(status) {
-        return CniError { code: e.code, msg: e.msg, details: e.details };
+        return CniError {
+            code: e.code,
+            msg: e.msg,
+            details: e.details,
+        };
     }
     match status.code() {
-        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
-            CniError::new(
-                unreachable_code,
-                format!("weftd at {socket} did not answer ({:?}): {}", status.code(), status.message()),
-            )
-        }
+        tonic::Code::Unavailable
+        | tonic::Code::Cancelled
+        | tonic::Code::DeadlineExceeded
+        | tonic::Code::Unknown => CniError::new(
+            unreachable_code,
+            format!(
+                "weftd at {socket} did not answer ({:?}): {}",
+                status.code(),
+                status.message()
+            ),
+        ),
         other => CniError::new(
             code::INTERNAL,
-            format!("weftd at {socket} failed the call ({other:?}): {}", status.message()),
+            format!(
+                "weftd at {socket} failed the call ({other:?}): {}",
+                status.message()
+            ),
         ),
     }
 }

@@ -41,7 +41,10 @@ struct Args {
 }
 
 fn hostname() -> String {
-    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "unknown".into())
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown".into())
 }
 
 #[tokio::main]
@@ -59,17 +62,22 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let node_name = args.node_name.clone().unwrap_or_else(hostname);
-    let started_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-    std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
+    let started_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    std::fs::create_dir_all(&args.state_dir)
+        .with_context(|| format!("creating {}", args.state_dir.display()))?;
     std::fs::set_permissions(&args.state_dir, std::fs::Permissions::from_mode(0o700))?;
     // One daemon per state directory, held for the process's life: a second weftd on
     // the same state would "recover" the first one's calls in flight.
     let _state_lock = lock_state_dir(&args.state_dir)?;
     // Claim the socket before touching state, for the same reason; calls that arrive
     // now wait in the backlog until recovery is done.
-    let listener = server::bind_unix(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
+    let listener = server::bind_unix(&args.socket)
+        .with_context(|| format!("binding {}", args.socket.display()))?;
     let db_path = args.state_dir.join("weft.db");
-    let store = Store::open(&db_path).with_context(|| format!("opening the state store {}", db_path.display()))?;
+    let store = Store::open(&db_path)
+        .with_context(|| format!("opening the state store {}", db_path.display()))?;
     let first_start = store.schema_found() == 0;
     info!(node = %node_name, state = %db_path.display(), first_start, version = env!("CARGO_PKG_VERSION"), "weftd starting");
 
@@ -78,9 +86,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!(e))
         .context("start-up recovery")?;
-    info!(rolled_back = recovered.rolled_back, torn_down = recovered.torn_down, "start-up recovery done");
+    info!(
+        rolled_back = recovered.rolled_back,
+        torn_down = recovered.torn_down,
+        "start-up recovery done"
+    );
 
-    let handler = Arc::new(Handler::new(store.clone(), KernelNetworking, NodeInfo { name: node_name.clone() }));
+    let handler = Arc::new(Handler::new(
+        store.clone(),
+        KernelNetworking,
+        NodeInfo {
+            name: node_name.clone(),
+        },
+    ));
     let ready = Readiness::default();
     let pending = {
         let h = handler.clone();
@@ -96,7 +114,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let http = weft_telemetry::bind_http(args.metrics_addr)
         .await
         .with_context(|| format!("binding the HTTP endpoints on {}", args.metrics_addr))?;
-    let http_task = tokio::spawn(weft_telemetry::serve_http(http, weft_telemetry::router(ready.clone()), stopped(stop_rx.clone())));
+    let http_task = tokio::spawn(weft_telemetry::serve_http(
+        http,
+        weft_telemetry::router(ready.clone()),
+        stopped(stop_rx.clone()),
+    ));
 
     let grpc = tonic::transport::Server::builder()
         .add_service(CniServer::new(CniService::new(handler.clone())))
@@ -112,7 +134,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = grpc_task.await;
     let _ = std::fs::remove_file(&args.socket);
-    if tokio::time::timeout(Duration::from_secs(10), handler.drain_teardowns()).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(10), handler.drain_teardowns())
+        .await
+        .is_err()
+    {
         info!("teardowns still running at exit; the next start finishes them");
     }
     let _ = http_task.await;
@@ -129,7 +154,10 @@ fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
-        anyhow::anyhow!("another weftd is running on state directory {} ({e})", dir.display())
+        anyhow::anyhow!(
+            "another weftd is running on state directory {} ({e})",
+            dir.display()
+        )
     })
 }
 

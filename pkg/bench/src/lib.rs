@@ -109,7 +109,11 @@ impl Samples {
             add_wall_s: add_wall,
             del_wall_s: median(&self.del_wall_s),
             teardown_wall_s: median(&self.teardown_wall_s),
-            add_pods_per_s: if add_wall > 0.0 { pods as f64 / add_wall } else { 0.0 },
+            add_pods_per_s: if add_wall > 0.0 {
+                pods as f64 / add_wall
+            } else {
+                0.0
+            },
             errors: self.errors,
         }
     }
@@ -121,6 +125,20 @@ fn lab(e: LabError) -> String {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// One call of a phase.
+struct CallOutcome {
+    pod: usize,
+    ms: f64,
+    ok: bool,
+    stdout: Vec<u8>,
+}
+
+/// One phase (all ADDs, or all DELs) of a round.
+struct Phase {
+    wall: Duration,
+    calls: Vec<CallOutcome>,
 }
 
 struct Round<'a> {
@@ -152,8 +170,8 @@ impl Round<'_> {
         }
     }
 
-    /// Runs `op` over every pod with the configured number of workers; returns the
-    /// phase's wall time. `make` gives (container id, netns, config) for pod `i`.
+    /// Runs `op` over every pod (pod `i` gets `configs[i]`) with the configured number
+    /// of workers, and returns the phase's wall time and each call's outcome.
     fn phase(
         &self,
         node: &NamedNetns,
@@ -161,41 +179,38 @@ impl Round<'_> {
         op: &str,
         configs: &[Vec<u8>],
         pods: &[NamedNetns],
-        lat: &mut Vec<f64>,
-        results: &mut [Vec<u8>],
-    ) -> (Duration, usize) {
+    ) -> Phase {
         let workers = self.opts.workers.max(1);
         let start = Instant::now();
-        let outcomes: Vec<Vec<(usize, f64, bool, Vec<u8>)>> = std::thread::scope(|s| {
+        let calls = std::thread::scope(|s| {
             let handles: Vec<_> = (0..workers)
                 .map(|w| {
                     s.spawn(move || {
-                        let mut out = Vec::new();
-                        for i in (w..pods.len()).step_by(workers) {
-                            let cid = format!("{}-c{i}", self.tag);
-                            let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod-{i};K8S_POD_INFRA_CONTAINER_ID={cid}");
-                            match exec.call(node, op, &cid, &pods[i].path(), "eth0", &args, &configs[i]) {
-                                Ok(o) => out.push((i, ms(o.elapsed), o.ok(), o.stdout)),
-                                Err(_) => out.push((i, 0.0, false, Vec::new())),
-                            }
-                        }
-                        out
+                        (w..pods.len())
+                            .step_by(workers)
+                            .map(|i| {
+                                let cid = format!("{}-c{i}", self.tag);
+                                let args = format!(
+                                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod-{i};K8S_POD_INFRA_CONTAINER_ID={cid}"
+                                );
+                                match exec.call(node, op, &cid, &pods[i].path(), "eth0", &args, &configs[i]) {
+                                    Ok(o) => CallOutcome { pod: i, ms: ms(o.elapsed), ok: o.ok(), stdout: o.stdout },
+                                    Err(_) => CallOutcome { pod: i, ms: 0.0, ok: false, stdout: Vec::new() },
+                                }
+                            })
+                            .collect::<Vec<_>>()
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_default()).collect()
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
         });
-        let wall = start.elapsed();
-        let mut errors = 0;
-        for (i, t, ok, stdout) in outcomes.into_iter().flatten() {
-            if ok {
-                lat.push(t);
-                results[i] = stdout;
-            } else {
-                errors += 1;
-            }
+        Phase {
+            wall: start.elapsed(),
+            calls,
         }
-        (wall, errors)
     }
 
     fn run(&self, samples: &mut Samples) -> Result<(), String> {
@@ -204,7 +219,9 @@ impl Round<'_> {
         let node = NamedNetns::create(&format!("{}-node", self.tag)).map_err(lab)?;
         let paths = DaemonPaths::under(&self.opts.weftd, &dir);
         let daemon = match self.target {
-            Target::Weft => Some(NodeDaemon::start(&node, paths.clone(), "bench", &[]).map_err(lab)?),
+            Target::Weft => {
+                Some(NodeDaemon::start(&node, paths.clone(), "bench", &[]).map_err(lab)?)
+            }
             Target::Reference => None,
         };
         let pods: Vec<NamedNetns> = (0..self.opts.pods)
@@ -214,8 +231,11 @@ impl Round<'_> {
         let exec = CniExec::new(&self.plugin());
         let conf = self.config(&dir, &paths.socket);
         let configs = vec![conf.clone(); pods.len()];
+        let add = self.phase(&node, &exec, "ADD", &configs, &pods);
         let mut results = vec![Vec::new(); pods.len()];
-        let (add_wall, add_err) = self.phase(&node, &exec, "ADD", &configs, &pods, &mut samples.add_ms, &mut results);
+        for c in &add.calls {
+            results[c.pod].clone_from(&c.stdout);
+        }
         // DEL gets the ADD result as prevResult, as libcni sends it.
         let del_configs: Vec<Vec<u8>> = results
             .iter()
@@ -228,15 +248,25 @@ impl Round<'_> {
             })
             .collect();
         let del_start = Instant::now();
-        let (del_wall, del_err) = self.phase(&node, &exec, "DEL", &del_configs, &pods, &mut samples.del_ms, &mut results);
+        let del = self.phase(&node, &exec, "DEL", &del_configs, &pods);
         if let Some(d) = daemon {
             // SIGTERM makes weftd finish every teardown in flight before it exits.
             d.stop().map_err(lab)?;
         }
-        samples.teardown_wall_s.push(del_start.elapsed().as_secs_f64());
-        samples.add_wall_s.push(add_wall.as_secs_f64());
-        samples.del_wall_s.push(del_wall.as_secs_f64());
-        samples.errors += add_err + del_err;
+        samples
+            .teardown_wall_s
+            .push(del_start.elapsed().as_secs_f64());
+        samples.add_wall_s.push(add.wall.as_secs_f64());
+        samples.del_wall_s.push(del.wall.as_secs_f64());
+        for (phase, lat) in [(&add, &mut samples.add_ms), (&del, &mut samples.del_ms)] {
+            for c in &phase.calls {
+                if c.ok {
+                    lat.push(c.ms);
+                } else {
+                    samples.errors += 1;
+                }
+            }
+        }
         drop(pods);
         drop(node);
         let _ = std::fs::remove_dir_all(&dir);
@@ -247,7 +277,11 @@ impl Round<'_> {
 /// Runs the CNI benchmark: `rounds` rounds, each attaching and detaching `pods` pods
 /// with weft and with the reference, alternating which goes first.
 pub fn run(opts: &Options) -> Result<Report, String> {
-    for (what, p) in [("weft", &opts.weft), ("weftd", &opts.weftd), ("ptp", &opts.reference_dir.join("ptp"))] {
+    for (what, p) in [
+        ("weft", &opts.weft),
+        ("weftd", &opts.weftd),
+        ("ptp", &opts.reference_dir.join("ptp")),
+    ] {
         if !p.exists() {
             return Err(format!("{what} not found at {}", p.display()));
         }
@@ -255,13 +289,21 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     let mut weft = Samples::default();
     let mut reference = Samples::default();
     for round in 0..opts.rounds {
-        let order = if round % 2 == 0 { [Target::Weft, Target::Reference] } else { [Target::Reference, Target::Weft] };
+        let order = if round % 2 == 0 {
+            [Target::Weft, Target::Reference]
+        } else {
+            [Target::Reference, Target::Weft]
+        };
         for target in order {
             let t = match target {
                 Target::Weft => "w",
                 Target::Reference => "r",
             };
-            let r = Round { opts, target, tag: format!("wb{}-{t}{round}", std::process::id()) };
+            let r = Round {
+                opts,
+                target,
+                tag: format!("wb{}-{t}{round}", std::process::id()),
+            };
             let s = match target {
                 Target::Weft => &mut weft,
                 Target::Reference => &mut reference,
@@ -280,7 +322,11 @@ pub fn run(opts: &Options) -> Result<Report, String> {
 }
 
 fn ratio(a: f64, b: f64) -> String {
-    if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() }
+    if b > 0.0 {
+        format!("{:.2}", a / b)
+    } else {
+        "-".into()
+    }
 }
 
 impl Report {
@@ -293,7 +339,10 @@ impl Report {
             self.pods, self.rounds, self.workers
         );
         let mut row = |name: &str, a: f64, b: f64, unit: &str| {
-            out.push_str(&format!("| {name} ({unit}) | {a:.2} | {b:.2} | {} |\n", ratio(a, b)));
+            out.push_str(&format!(
+                "| {name} ({unit}) | {a:.2} | {b:.2} | {} |\n",
+                ratio(a, b)
+            ));
         };
         row("ADD p50", w.add.p50, r.add.p50, "ms");
         row("ADD p90", w.add.p90, r.add.p90, "ms");
@@ -303,9 +352,22 @@ impl Report {
         row("DEL p99", w.del.p99, r.del.p99, "ms");
         row("ADD phase wall", w.add_wall_s, r.add_wall_s, "s");
         row("DEL phase wall", w.del_wall_s, r.del_wall_s, "s");
-        row("DEL until all veths gone", w.teardown_wall_s, r.teardown_wall_s, "s");
-        row("ADD throughput", w.add_pods_per_s, r.add_pods_per_s, "pods/s");
-        out.push_str(&format!("\nfailed calls: weft {}, reference {}\n", w.errors, r.errors));
+        row(
+            "DEL until all veths gone",
+            w.teardown_wall_s,
+            r.teardown_wall_s,
+            "s",
+        );
+        row(
+            "ADD throughput",
+            w.add_pods_per_s,
+            r.add_pods_per_s,
+            "pods/s",
+        );
+        out.push_str(&format!(
+            "\nfailed calls: weft {}, reference {}\n",
+            w.errors, r.errors
+        ));
         out
     }
 }

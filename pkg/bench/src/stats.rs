@@ -30,7 +30,13 @@ impl Percentiles {
     pub fn of(samples: &[f64]) -> Self {
         let mut s = samples.to_vec();
         s.sort_by(f64::total_cmp);
-        Self { p50: rank(&s, 0.5), p90: rank(&s, 0.9), p99: rank(&s, 0.99), max: s.last().copied().unwrap_or(0.0), n: s.len() }
+        Self {
+            p50: rank(&s, 0.5),
+            p90: rank(&s, 0.9),
+            p99: rank(&s, 0.99),
+            max: s.last().copied().unwrap_or(0.0),
+            n: s.len(),
+        }
     }
 }
 
@@ -47,7 +53,10 @@ mod tests {
     fn nearest_rank() {
         let v: Vec<f64> = (1..=100).map(f64::from).collect();
         let p = Percentiles::of(&v);
-        assert_eq!((p.p50, p.p90, p.p99, p.max, p.n), (50.0, 90.0, 99.0, 100.0, 100));
+        assert_eq!(
+            (p.p50, p.p90, p.p99, p.max, p.n),
+            (50.0, 90.0, 99.0, 100.0, 100)
+        );
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[]), 0.0);
     }

@@ -28,12 +28,14 @@ pub fn decode(bytes: &[u8]) -> Result<NetConf, CniError> {
     if bytes.len() > MAX_CONFIG_BYTES {
         return Err(CniError::new(
             code::INVALID_CONFIG,
-            format!("network config is {} bytes, at most {MAX_CONFIG_BYTES} allowed", bytes.len()),
+            format!(
+                "network config is {} bytes, at most {MAX_CONFIG_BYTES} allowed",
+                bytes.len()
+            ),
         ));
     }
-    serde_json::from_slice(bytes).map_err(|e| {
-        CniError::new(code::DECODE, format!("error decoding network config: {e}"))
-    })
+    serde_json::from_slice(bytes)
+        .map_err(|e| CniError::new(code::DECODE, format!("error decoding network config: {e}")))
 }
 
 /// The `cniVersion` a config declares, read leniently so an error about the rest of
@@ -66,7 +68,10 @@ impl PluginConfig {
     pub fn parse(bytes: &[u8], cmd: Cmd) -> Result<Self, CniError> {
         let conf = decode(bytes)?;
         let version = version::negotiate(&conf.cni_version, cmd)?;
-        Ok(Self { version, socket: socket_of(&conf)? })
+        Ok(Self {
+            version,
+            socket: socket_of(&conf)?,
+        })
     }
 }
 
@@ -150,25 +155,39 @@ fn parse_ranges(v: Option<&Value>) -> Result<Vec<IpNet>, CniError> {
     let list = match v {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) | None | Some(Value::Null) => {
-            return Err(bad("`ranges` is missing or empty: give at least one CIDR, e.g. [\"10.244.1.0/24\"]".into()));
+            return Err(bad(
+                "`ranges` is missing or empty: give at least one CIDR, e.g. [\"10.244.1.0/24\"]"
+                    .into(),
+            ));
         }
-        Some(other) => return Err(bad(format!("`ranges` must be a list of CIDR strings, got {other}"))),
+        Some(other) => {
+            return Err(bad(format!(
+                "`ranges` must be a list of CIDR strings, got {other}"
+            )));
+        }
     };
     let mut out: Vec<IpNet> = Vec::with_capacity(list.len());
     for item in list {
         let Value::String(s) = item else {
             return Err(bad(format!("range {item} is not a CIDR string")));
         };
-        let net: IpNet = s.parse().map_err(|_| bad(format!("range {s:?} is not a valid CIDR")))?;
+        let net: IpNet = s
+            .parse()
+            .map_err(|_| bad(format!("range {s:?} is not a valid CIDR")))?;
         if net.network() != net.addr() {
-            return Err(bad(format!("range {s:?} has host bits set; did you mean {}?", net.trunc())));
+            return Err(bad(format!(
+                "range {s:?} has host bits set; did you mean {}?",
+                net.trunc()
+            )));
         }
         let max = match net {
             IpNet::V4(_) => MAX_V4_PREFIX,
             IpNet::V6(_) => MAX_V6_PREFIX,
         };
         if net.prefix_len() > max {
-            return Err(bad(format!("range {s:?} is too small: the prefix may be at most /{max}")));
+            return Err(bad(format!(
+                "range {s:?} is too small: the prefix may be at most /{max}"
+            )));
         }
         if let Some(o) = out.iter().find(|o| o.contains(&net) || net.contains(*o)) {
             return Err(bad(format!("range {s:?} overlaps range {o}")));
@@ -184,12 +203,19 @@ fn parse_mtu(v: Option<&Value>, ranges: &[IpNet]) -> Result<u32, CniError> {
         Some(Value::Number(n)) => n.as_u64(),
         Some(_) => None,
     };
-    let min = if ranges.iter().any(|r| matches!(r, IpNet::V6(_))) { 1280 } else { 68 };
+    let min = if ranges.iter().any(|r| matches!(r, IpNet::V6(_))) {
+        1280
+    } else {
+        68
+    };
     match mtu {
         Some(m) if (min..=65535).contains(&m) => Ok(m as u32),
         _ => Err(CniError::new(
             code::INVALID_CONFIG,
-            format!("`mtu` must be an integer between {min} and 65535, got {}", v.map_or(String::new(), |v| v.to_string())),
+            format!(
+                "`mtu` must be an integer between {min} and 65535, got {}",
+                v.map_or(String::new(), |v| v.to_string())
+            ),
         )),
     }
 }
@@ -224,11 +250,21 @@ mod tests {
 
     #[test]
     fn malformed_json_is_code_6() {
-        assert_eq!(NetworkConfig::parse(b"{not json", Cmd::Add).unwrap_err().code, code::DECODE);
-        assert_eq!(NetworkConfig::parse(b"", Cmd::Add).unwrap_err().code, code::DECODE);
+        assert_eq!(
+            NetworkConfig::parse(b"{not json", Cmd::Add)
+                .unwrap_err()
+                .code,
+            code::DECODE
+        );
+        assert_eq!(
+            NetworkConfig::parse(b"", Cmd::Add).unwrap_err().code,
+            code::DECODE
+        );
         // `type` is required by the spec.
         assert_eq!(
-            NetworkConfig::parse(br#"{"cniVersion":"1.1.0","name":"x"}"#, Cmd::Add).unwrap_err().code,
+            NetworkConfig::parse(br#"{"cniVersion":"1.1.0","name":"x"}"#, Cmd::Add)
+                .unwrap_err()
+                .code,
             code::DECODE
         );
     }
@@ -258,9 +294,16 @@ mod tests {
 
     #[test]
     fn mtu_bounds() {
-        assert!(NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"],"mtu":0"#), Cmd::Add).is_err());
-        assert!(NetworkConfig::parse(&conf(r#","ranges":["fd00::/64"],"mtu":1000"#), Cmd::Add).is_err());
-        assert!(NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"],"mtu":"9000""#), Cmd::Add).is_err());
+        assert!(
+            NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"],"mtu":0"#), Cmd::Add).is_err()
+        );
+        assert!(
+            NetworkConfig::parse(&conf(r#","ranges":["fd00::/64"],"mtu":1000"#), Cmd::Add).is_err()
+        );
+        assert!(
+            NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"],"mtu":"9000""#), Cmd::Add)
+                .is_err()
+        );
     }
 
     #[test]

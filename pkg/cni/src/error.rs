@@ -42,7 +42,10 @@ pub mod code {
     /// Every code above with its short name, in order: the source of `docs/errors.md`.
     pub const ALL: &[(u32, &str)] = &[
         (INCOMPATIBLE_VERSION, "incompatible CNI version"),
-        (UNSUPPORTED_FIELD, "unsupported field in network configuration"),
+        (
+            UNSUPPORTED_FIELD,
+            "unsupported field in network configuration",
+        ),
         (UNKNOWN_CONTAINER, "unknown container"),
         (INVALID_ENV, "invalid necessary environment variables"),
         (IO_FAILURE, "I/O failure"),
@@ -61,7 +64,9 @@ pub mod code {
 
     /// The short name of `code`, or "error" for a code weft does not define.
     pub fn name(code: u32) -> &'static str {
-        ALL.iter().find(|(c, _)| *c == code).map_or("error", |(_, n)| n)
+        ALL.iter()
+            .find(|(c, _)| *c == code)
+            .map_or("error", |(_, n)| n)
     }
 }
 
@@ -90,7 +95,11 @@ struct ErrorJson<'a> {
 impl CniError {
     /// An error with `code`, the code's standard short message, and `details`.
     pub fn new(code: u32, details: impl Into<String>) -> Self {
-        Self { code, msg: code::name(code).to_string(), details: details.into() }
+        Self {
+            code,
+            msg: code::name(code).to_string(),
+            details: details.into(),
+        }
     }
 
     /// The error JSON the spec prescribes, reported under `cni_version`.
@@ -111,7 +120,10 @@ mod tests {
 
     #[test]
     fn error_json_has_the_spec_shape() {
-        let e = CniError::new(code::INVALID_ENV, "required env variables [CNI_NETNS] missing");
+        let e = CniError::new(
+            code::INVALID_ENV,
+            "required env variables [CNI_NETNS] missing",
+        );
         let v: serde_json::Value = serde_json::from_slice(&e.to_json("1.1.0")).unwrap();
         assert_eq!(v["cniVersion"], "1.1.0");
         assert_eq!(v["code"], 4);
@@ -132,7 +144,12 @@ mod tests {
         for (c, _) in code::ALL {
             assert!(seen.insert(*c), "duplicate code {c}");
         }
-        for c in [code::INTERNAL, code::RANGE_EXHAUSTED, code::KERNEL, code::STORE] {
+        for c in [
+            code::INTERNAL,
+            code::RANGE_EXHAUSTED,
+            code::KERNEL,
+            code::STORE,
+        ] {
             assert!(c >= 100);
         }
     }

@@ -9,7 +9,9 @@ use crate::version::SpecVersion;
 /// Appends `ours` to a previous plugin's result, as a chained plugin must: our
 /// interfaces follow the previous ones and our IPs' interface indices shift with them.
 pub fn merge_prev(prev: Option<&CNIResult>, ours: &CNIResult) -> CNIResult {
-    let Some(prev) = prev else { return ours.clone() };
+    let Some(prev) = prev else {
+        return ours.clone();
+    };
     let mut out = prev.clone();
     let offset = u32::try_from(out.interfaces.len()).unwrap_or(u32::MAX);
     out.interfaces.extend(ours.interfaces.iter().cloned());

@@ -22,8 +22,11 @@ struct VersionJson<'a> {
 
 /// The JSON answer to the VERSION command.
 pub fn version_json() -> Vec<u8> {
-    serde_json::to_vec(&VersionJson { cni_version: CURRENT, supported_versions: &SUPPORTED })
-        .expect("static data serializes")
+    serde_json::to_vec(&VersionJson {
+        cni_version: CURRENT,
+        supported_versions: &SUPPORTED,
+    })
+    .expect("static data serializes")
 }
 
 /// Checks the config's declared `cniVersion` against what weft supports and what
@@ -42,12 +45,18 @@ pub fn negotiate(declared: &str, cmd: Cmd) -> Result<SpecVersion, CniError> {
         ));
     }
     let version: SpecVersion = declared.parse().map_err(|_| {
-        CniError::new(code::INCOMPATIBLE_VERSION, format!("invalid cniVersion {declared:?}"))
+        CniError::new(
+            code::INCOMPATIBLE_VERSION,
+            format!("invalid cniVersion {declared:?}"),
+        )
     })?;
     version.allows(cmd).map_err(|_| {
         CniError::new(
             code::INCOMPATIBLE_VERSION,
-            format!("config version {declared} does not allow {}", <&str>::from(cmd)),
+            format!(
+                "config version {declared} does not allow {}",
+                <&str>::from(cmd)
+            ),
         )
     })?;
     Ok(version)
@@ -67,7 +76,11 @@ mod tests {
     #[test]
     fn missing_unknown_and_malformed_versions_are_code_1() {
         for v in ["", "9.9.9", "0.2.0", "abc", "1.1"] {
-            assert_eq!(negotiate(v, Cmd::Add).unwrap_err().code, code::INCOMPATIBLE_VERSION, "{v}");
+            assert_eq!(
+                negotiate(v, Cmd::Add).unwrap_err().code,
+                code::INCOMPATIBLE_VERSION,
+                "{v}"
+            );
         }
     }
 
@@ -84,6 +97,9 @@ mod tests {
     fn version_answer_lists_the_supported_versions() {
         let v: serde_json::Value = serde_json::from_slice(&version_json()).unwrap();
         assert_eq!(v["cniVersion"], CURRENT);
-        assert_eq!(v["supportedVersions"].as_array().unwrap().len(), SUPPORTED.len());
+        assert_eq!(
+            v["supportedVersions"].as_array().unwrap().len(),
+            SUPPORTED.len()
+        );
     }
 }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
-use weft_cni::{CNIResult, Cmd, CniError, Interface, IpConfig, NetworkConfig, Route, code, result, validate};
+use weft_cni::{
+    CNIResult, Cmd, CniError, Interface, IpConfig, NetworkConfig, Route, code, result, validate,
+};
 use weft_kernel::KernelError;
 use weft_kernel::ptp::{PodAddress, PodNetwork};
 use weft_rpc::cnirpc::CniArgs;
@@ -54,11 +56,19 @@ fn kernel_err(e: KernelError) -> CniError {
 /// The pod an attachment belongs to, from `CNI_ARGS`.
 fn pod_ref(args: &CniArgs) -> PodRef {
     let get = |k: &str| args.args.get(k).cloned().unwrap_or_default();
-    PodRef { namespace: get(K8S_POD_NAMESPACE), name: get(K8S_POD_NAME), uid: get(K8S_POD_UID) }
+    PodRef {
+        namespace: get(K8S_POD_NAMESPACE),
+        name: get(K8S_POD_NAME),
+        uid: get(K8S_POD_UID),
+    }
 }
 
 fn key(conf: &NetworkConfig, args: &CniArgs) -> AttachmentKey {
-    AttachmentKey { network: conf.name.clone(), container_id: args.container_id.clone(), ifname: args.ifname.clone() }
+    AttachmentKey {
+        network: conf.name.clone(),
+        container_id: args.container_id.clone(),
+        ifname: args.ifname.clone(),
+    }
 }
 
 /// The kernel description of a stored attachment.
@@ -71,7 +81,14 @@ fn pod_network(att: &Attachment) -> PodNetwork {
         host_mac,
         pod_mac,
         mtu: att.mtu,
-        addresses: att.addresses.iter().map(|a| PodAddress { address: a.address, gateway: a.gateway }).collect(),
+        addresses: att
+            .addresses
+            .iter()
+            .map(|a| PodAddress {
+                address: a.address,
+                gateway: a.gateway,
+            })
+            .collect(),
         alias: format!("weft:{}", att.key),
     }
 }
@@ -101,7 +118,8 @@ fn cni_result(att: &Attachment, net: &PodNetwork) -> CNIResult {
         .iter()
         .map(|a| IpConfig {
             interface: Some(1),
-            address: ipnet::IpNet::new(a.address, if a.address.is_ipv4() { 32 } else { 128 }).expect("host prefix"),
+            address: ipnet::IpNet::new(a.address, if a.address.is_ipv4() { 32 } else { 128 })
+                .expect("host prefix"),
             gateway: Some(a.gateway),
         })
         .collect();
@@ -109,7 +127,11 @@ fn cni_result(att: &Attachment, net: &PodNetwork) -> CNIResult {
         .addresses
         .iter()
         .map(|a| Route {
-            dst: if a.address.is_ipv4() { "0.0.0.0/0".parse().unwrap() } else { "::/0".parse().unwrap() },
+            dst: if a.address.is_ipv4() {
+                "0.0.0.0/0".parse().unwrap()
+            } else {
+                "::/0".parse().unwrap()
+            },
             gw: Some(a.gateway),
             mtu: None,
             advmss: None,
@@ -118,13 +140,24 @@ fn cni_result(att: &Attachment, net: &PodNetwork) -> CNIResult {
             scope: None,
         })
         .collect();
-    CNIResult { interfaces, ips, routes, dns: None }
+    CNIResult {
+        interfaces,
+        ips,
+        routes,
+        dns: None,
+    }
 }
 
 impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// A handler over `ipam` and `net`.
     pub fn new(ipam: I, net: K, node: NodeInfo) -> Self {
-        Self { ipam: Arc::new(ipam), net: Arc::new(net), locks: KeyedLocks::new(256), teardowns: Arc::new(Teardowns::default()), node }
+        Self {
+            ipam: Arc::new(ipam),
+            net: Arc::new(net),
+            locks: KeyedLocks::new(256),
+            teardowns: Arc::new(Teardowns::default()),
+            node,
+        }
     }
 
     /// The node this handler serves.
@@ -149,7 +182,10 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
 
     async fn check_netns(&self, path: &str) -> Result<(), CniError> {
         validate::netns_path(path)?;
-        self.net.validate_netns(PathBuf::from(path)).await.map_err(kernel_err)
+        self.net
+            .validate_netns(PathBuf::from(path))
+            .await
+            .map_err(kernel_err)
     }
 
     /// ADD: attach the pod, or return the stored result if it is attached already.
@@ -176,9 +212,14 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                     .result
                     .as_deref()
                     .and_then(|r| serde_json::from_str(r).ok())
-                    .ok_or_else(|| CniError::new(code::STORE, format!("stored result of {key} is unreadable")))?;
+                    .ok_or_else(|| {
+                        CniError::new(code::STORE, format!("stored result of {key} is unreadable"))
+                    })?;
                 info!(attachment = %key, "ADD repeated: returning the stored result");
-                return Ok(result::render(conf.version, &result::merge_prev(conf.prev_result.as_ref(), &stored)));
+                return Ok(result::render(
+                    conf.version,
+                    &result::merge_prev(conf.prev_result.as_ref(), &stored),
+                ));
             }
             BeginAdd::Existing(stale) => {
                 // Left by an interrupted ADD or teardown: finish removing it, then start over.
@@ -187,7 +228,10 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 match self.ipam.begin_add(spec).await.map_err(store_err)? {
                     BeginAdd::Created(att) => att,
                     BeginAdd::Existing(_) => {
-                        return Err(CniError::new(code::INTERNAL, format!("attachment {key} reappeared while replacing it")));
+                        return Err(CniError::new(
+                            code::INTERNAL,
+                            format!("attachment {key} reappeared while replacing it"),
+                        ));
                     }
                 }
             }
@@ -207,7 +251,10 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             return Err(store_err(e));
         }
         info!(attachment = %key, host_ifname = %att.host_ifname, addresses = ?att.addresses.iter().map(|a| a.address).collect::<Vec<_>>(), "pod attached");
-        Ok(result::render(conf.version, &result::merge_prev(conf.prev_result.as_ref(), &ours)))
+        Ok(result::render(
+            conf.version,
+            &result::merge_prev(conf.prev_result.as_ref(), &ours),
+        ))
     }
 
     async fn undo_add(&self, att: &Attachment) {
@@ -219,7 +266,10 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
 
     /// Removes the kernel side and the row of an attachment, waiting for both.
     async fn finish_teardown(&self, att: &Attachment) -> Result<(), CniError> {
-        self.net.remove(att.host_ifname.clone()).await.map_err(kernel_err)?;
+        self.net
+            .remove(att.host_ifname.clone())
+            .await
+            .map_err(kernel_err)?;
         self.ipam.remove(att.id).await.map_err(store_err)
     }
 
@@ -254,9 +304,13 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             match net.remove(att.host_ifname.clone()).await {
                 Ok(_) => match ipam.remove(att.id).await {
                     Ok(()) => info!(attachment = %key, "pod detached"),
-                    Err(e) => warn!(attachment = %key, error = %e, "veth removed but the row stays; retried at next start"),
+                    Err(e) => {
+                        warn!(attachment = %key, error = %e, "veth removed but the row stays; retried at next start")
+                    }
                 },
-                Err(e) => warn!(attachment = %key, error = %e, "could not remove the veth pair; retried at next start"),
+                Err(e) => {
+                    warn!(attachment = %key, error = %e, "could not remove the veth pair; retried at next start")
+                }
             }
             drop(ticket);
         };
@@ -273,12 +327,20 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         let _guard = self.locks.lock(&args.container_id).await;
         let att = match self.ipam.get(key.clone()).await.map_err(store_err)? {
             Some(a) if a.state == State::Ready && !self.teardowns.pending(&key) => a,
-            _ => return Err(CniError::new(code::UNKNOWN_CONTAINER, format!("weft has no attachment {key}"))),
+            _ => {
+                return Err(CniError::new(
+                    code::UNKNOWN_CONTAINER,
+                    format!("weft has no attachment {key}"),
+                ));
+            }
         };
         if att.netns != args.netns {
             return Err(CniError::new(
                 code::CHECK_FAILED,
-                format!("attachment {key} was made in {}, CHECK names {}", att.netns, args.netns),
+                format!(
+                    "attachment {key} was made in {}, CHECK names {}",
+                    att.netns, args.netns
+                ),
             ));
         }
         if let Some(prev) = &conf.prev_result {
@@ -298,16 +360,26 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// its address families is full.
     pub async fn status(&self, args: &CniArgs) -> Result<(), CniError> {
         let conf = NetworkConfig::parse(&args.stdin_data, Cmd::Status)?;
-        let usage = self.ipam.usage_of(conf.ranges.clone()).await.map_err(store_err)?;
+        let usage = self
+            .ipam
+            .usage_of(conf.ranges.clone())
+            .await
+            .map_err(store_err)?;
         for v6 in [false, true] {
-            let fam: Vec<_> = usage.iter().filter(|u| u.range.addr().is_ipv6() == v6).collect();
+            let fam: Vec<_> = usage
+                .iter()
+                .filter(|u| u.range.addr().is_ipv6() == v6)
+                .collect();
             if !fam.is_empty() && fam.iter().all(|u| u.is_full()) {
                 return Err(CniError::new(
                     code::NOT_AVAILABLE,
                     format!(
                         "every {} range is full: {}",
                         if v6 { "IPv6" } else { "IPv4" },
-                        fam.iter().map(|u| u.range.to_string()).collect::<Vec<_>>().join(", ")
+                        fam.iter()
+                            .map(|u| u.range.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 ));
             }
@@ -320,10 +392,20 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     pub async fn gc(&self, args: &CniArgs) -> Result<u32, CniError> {
         let conf = NetworkConfig::parse(&args.stdin_data, Cmd::Gc)?;
         let Some(valid) = conf.valid_attachments.as_ref() else {
-            return Err(CniError::new(code::INVALID_CONFIG, "GC needs `cni.dev/valid-attachments` in the config"));
+            return Err(CniError::new(
+                code::INVALID_CONFIG,
+                "GC needs `cni.dev/valid-attachments` in the config",
+            ));
         };
-        let valid: HashSet<(&str, &str)> = valid.iter().map(|a| (a.container_id.as_str(), a.ifname.as_str())).collect();
-        let all = self.ipam.list(Some(conf.name.clone()), None).await.map_err(store_err)?;
+        let valid: HashSet<(&str, &str)> = valid
+            .iter()
+            .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
+            .collect();
+        let all = self
+            .ipam
+            .list(Some(conf.name.clone()), None)
+            .await
+            .map_err(store_err)?;
         let mut removed = 0;
         for att in all {
             if valid.contains(&(att.key.container_id.as_str(), att.key.ifname.as_str())) {
@@ -334,7 +416,14 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 continue;
             }
             // Re-read under the lock: a DEL may have raced us.
-            let Some(current) = self.ipam.begin_del(att.key.clone()).await.map_err(store_err)? else { continue };
+            let Some(current) = self
+                .ipam
+                .begin_del(att.key.clone())
+                .await
+                .map_err(store_err)?
+            else {
+                continue;
+            };
             info!(attachment = %current.key, "GC removes an attachment the runtime no longer lists");
             if let Some(task) = self.start_teardown(current).await {
                 let _ = task.await;

@@ -17,7 +17,9 @@ pub struct KeyedLocks {
 impl KeyedLocks {
     /// `n` locks (rounded up to at least 1).
     pub fn new(n: usize) -> Self {
-        Self { buckets: (0..n.max(1)).map(|_| tokio::sync::Mutex::new(())).collect() }
+        Self {
+            buckets: (0..n.max(1)).map(|_| tokio::sync::Mutex::new(())).collect(),
+        }
     }
 
     /// Waits for and takes the lock of `container_id`.
@@ -53,12 +55,19 @@ impl Teardowns {
         }
         let (tx, rx) = watch::channel(false);
         m.insert(key.clone(), rx);
-        Some(TeardownTicket { owner: self.clone(), key: key.clone(), done: tx })
+        Some(TeardownTicket {
+            owner: self.clone(),
+            key: key.clone(),
+            done: tx,
+        })
     }
 
     /// Whether a teardown of `key` is in flight.
     pub fn pending(&self, key: &AttachmentKey) -> bool {
-        self.inflight.lock().expect("teardown map lock").contains_key(key)
+        self.inflight
+            .lock()
+            .expect("teardown map lock")
+            .contains_key(key)
     }
 
     /// How many teardowns are in flight.
@@ -73,7 +82,12 @@ impl Teardowns {
 
     /// Waits until no teardown of `key` is in flight.
     pub async fn wait(&self, key: &AttachmentKey) {
-        let rx = self.inflight.lock().expect("teardown map lock").get(key).cloned();
+        let rx = self
+            .inflight
+            .lock()
+            .expect("teardown map lock")
+            .get(key)
+            .cloned();
         if let Some(mut rx) = rx {
             let _ = rx.wait_for(|done| *done).await;
         }
@@ -81,7 +95,13 @@ impl Teardowns {
 
     /// Waits until every teardown in flight now has finished.
     pub async fn wait_all(&self) {
-        let all: Vec<_> = self.inflight.lock().expect("teardown map lock").values().cloned().collect();
+        let all: Vec<_> = self
+            .inflight
+            .lock()
+            .expect("teardown map lock")
+            .values()
+            .cloned()
+            .collect();
         for mut rx in all {
             let _ = rx.wait_for(|done| *done).await;
         }
@@ -90,7 +110,11 @@ impl Teardowns {
 
 impl Drop for TeardownTicket {
     fn drop(&mut self) {
-        self.owner.inflight.lock().expect("teardown map lock").remove(&self.key);
+        self.owner
+            .inflight
+            .lock()
+            .expect("teardown map lock")
+            .remove(&self.key);
         let _ = self.done.send(true);
     }
 }
@@ -100,7 +124,11 @@ mod tests {
     use super::*;
 
     fn key(c: &str) -> AttachmentKey {
-        AttachmentKey { network: "n".into(), container_id: c.into(), ifname: "eth0".into() }
+        AttachmentKey {
+            network: "n".into(),
+            container_id: c.into(),
+            ifname: "eth0".into(),
+        }
     }
 
     #[tokio::test]
@@ -123,7 +151,11 @@ mod tests {
     async fn same_container_serialises() {
         let l = KeyedLocks::new(8);
         let g = l.lock("x").await;
-        assert!(tokio::time::timeout(std::time::Duration::from_millis(20), l.lock("x")).await.is_err());
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(20), l.lock("x"))
+                .await
+                .is_err()
+        );
         drop(g);
         let _g = l.lock("x").await;
     }

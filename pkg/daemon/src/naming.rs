@@ -29,7 +29,10 @@ pub fn macs(container_id: &str, ifname: &str) -> ([u8; 6], [u8; 6]) {
 
 /// `aa:bb:cc:dd:ee:ff`.
 pub fn mac_string(mac: &[u8; 6]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 #[cfg(test)]
@@ -38,11 +41,26 @@ mod tests {
 
     #[test]
     fn host_names_fit_ifnamsiz_and_are_stable() {
-        let a = host_ifname("3764257de70aaf34369dcb034d81869176c6c2938b3ee4c78f518ec96cc759d9", "eth0");
+        let a = host_ifname(
+            "3764257de70aaf34369dcb034d81869176c6c2938b3ee4c78f518ec96cc759d9",
+            "eth0",
+        );
         assert_eq!(a.len(), 15);
         assert!(a.starts_with("weft"));
-        assert_eq!(a, host_ifname("3764257de70aaf34369dcb034d81869176c6c2938b3ee4c78f518ec96cc759d9", "eth0"));
-        assert_ne!(a, host_ifname("3764257de70aaf34369dcb034d81869176c6c2938b3ee4c78f518ec96cc759d9", "net1"));
+        assert_eq!(
+            a,
+            host_ifname(
+                "3764257de70aaf34369dcb034d81869176c6c2938b3ee4c78f518ec96cc759d9",
+                "eth0"
+            )
+        );
+        assert_ne!(
+            a,
+            host_ifname(
+                "3764257de70aaf34369dcb034d81869176c6c2938b3ee4c78f518ec96cc759d9",
+                "net1"
+            )
+        );
     }
 
     #[test]

@@ -19,8 +19,14 @@ pub struct Recovered {
 /// Rolls back interrupted ADDs and completes interrupted teardowns.
 pub async fn recover<I: Ipam, K: PodNetworking>(ipam: &I, net: &K) -> Result<Recovered, String> {
     let mut out = Recovered::default();
-    for (state, what) in [(State::Creating, "rolling back an interrupted ADD"), (State::Deleting, "finishing an interrupted DEL")] {
-        let list = ipam.list(None, Some(state)).await.map_err(|e| e.to_string())?;
+    for (state, what) in [
+        (State::Creating, "rolling back an interrupted ADD"),
+        (State::Deleting, "finishing an interrupted DEL"),
+    ] {
+        let list = ipam
+            .list(None, Some(state))
+            .await
+            .map_err(|e| e.to_string())?;
         for att in list {
             info!(attachment = %att.key, host_ifname = %att.host_ifname, "{what}");
             if let Err(e) = net.remove(att.host_ifname.clone()).await {

@@ -8,24 +8,46 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use weft_kernel::KernelError;
 use weft_kernel::ptp::PodNetwork;
-use weft_store::{Attachment, AttachmentKey, BeginAdd, NewAttachment, RangeUsage, State, Store, StoreError};
+use weft_store::{
+    Attachment, AttachmentKey, BeginAdd, NewAttachment, RangeUsage, State, Store, StoreError,
+};
 
 /// Node state: attachments and the addresses they hold.
 pub trait Ipam: Send + Sync + 'static {
     /// Records intent to attach and allocates addresses, or returns the existing record.
-    fn begin_add(&self, spec: NewAttachment) -> impl Future<Output = Result<BeginAdd, StoreError>> + Send;
+    fn begin_add(
+        &self,
+        spec: NewAttachment,
+    ) -> impl Future<Output = Result<BeginAdd, StoreError>> + Send;
     /// Marks an attachment ready with its result.
-    fn finish_add(&self, id: i64, result_json: String) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn finish_add(
+        &self,
+        id: i64,
+        result_json: String,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Removes an attachment and releases its addresses.
     fn remove(&self, id: i64) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Marks the attachment of `key` as being torn down and returns it.
-    fn begin_del(&self, key: AttachmentKey) -> impl Future<Output = Result<Option<Attachment>, StoreError>> + Send;
+    fn begin_del(
+        &self,
+        key: AttachmentKey,
+    ) -> impl Future<Output = Result<Option<Attachment>, StoreError>> + Send;
     /// The attachment of `key`.
-    fn get(&self, key: AttachmentKey) -> impl Future<Output = Result<Option<Attachment>, StoreError>> + Send;
+    fn get(
+        &self,
+        key: AttachmentKey,
+    ) -> impl Future<Output = Result<Option<Attachment>, StoreError>> + Send;
     /// Attachments, filtered by network and state.
-    fn list(&self, network: Option<String>, state: Option<State>) -> impl Future<Output = Result<Vec<Attachment>, StoreError>> + Send;
+    fn list(
+        &self,
+        network: Option<String>,
+        state: Option<State>,
+    ) -> impl Future<Output = Result<Vec<Attachment>, StoreError>> + Send;
     /// Usage of the given ranges.
-    fn usage_of(&self, ranges: Vec<IpNet>) -> impl Future<Output = Result<Vec<RangeUsage>, StoreError>> + Send;
+    fn usage_of(
+        &self,
+        ranges: Vec<IpNet>,
+    ) -> impl Future<Output = Result<Vec<RangeUsage>, StoreError>> + Send;
 }
 
 impl Ipam for Store {
@@ -44,7 +66,11 @@ impl Ipam for Store {
     async fn get(&self, key: AttachmentKey) -> Result<Option<Attachment>, StoreError> {
         self.run(move |db| db.get(&key)).await
     }
-    async fn list(&self, network: Option<String>, state: Option<State>) -> Result<Vec<Attachment>, StoreError> {
+    async fn list(
+        &self,
+        network: Option<String>,
+        state: Option<State>,
+    ) -> Result<Vec<Attachment>, StoreError> {
         self.run(move |db| db.list(network.as_deref(), state)).await
     }
     async fn usage_of(&self, ranges: Vec<IpNet>) -> Result<Vec<RangeUsage>, StoreError> {
@@ -55,15 +81,20 @@ impl Ipam for Store {
 /// The kernel side of pod networking.
 pub trait PodNetworking: Send + Sync + 'static {
     /// Checks that `path` names a network namespace, before anything is touched.
-    fn validate_netns(&self, path: PathBuf) -> impl Future<Output = Result<(), KernelError>> + Send;
+    fn validate_netns(&self, path: PathBuf)
+    -> impl Future<Output = Result<(), KernelError>> + Send;
     /// Builds a pod's networking, all or nothing.
     fn setup(&self, net: PodNetwork) -> impl Future<Output = Result<(), KernelError>> + Send;
     /// Compares a pod's networking with the kernel.
     fn check(&self, net: PodNetwork) -> impl Future<Output = Result<(), KernelError>> + Send;
     /// Cuts a pod off (fast); returns whether its host end existed.
-    fn disconnect(&self, host_ifname: String) -> impl Future<Output = Result<bool, KernelError>> + Send;
+    fn disconnect(
+        &self,
+        host_ifname: String,
+    ) -> impl Future<Output = Result<bool, KernelError>> + Send;
     /// Removes a pod's veth pair (slow: waits for RCU); returns whether it existed.
-    fn remove(&self, host_ifname: String) -> impl Future<Output = Result<bool, KernelError>> + Send;
+    fn remove(&self, host_ifname: String)
+    -> impl Future<Output = Result<bool, KernelError>> + Send;
 }
 
 /// [`PodNetworking`] on the real kernel, through the ptp driver. Every call runs on the
@@ -71,10 +102,15 @@ pub trait PodNetworking: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KernelNetworking;
 
-async fn blocking<R: Send + 'static>(f: impl FnOnce() -> Result<R, KernelError> + Send + 'static) -> Result<R, KernelError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(KernelError::os("kernel task", std::io::Error::other(e.to_string()))))
+async fn blocking<R: Send + 'static>(
+    f: impl FnOnce() -> Result<R, KernelError> + Send + 'static,
+) -> Result<R, KernelError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(KernelError::os(
+            "kernel task",
+            std::io::Error::other(e.to_string()),
+        ))
+    })
 }
 
 impl PodNetworking for KernelNetworking {

@@ -24,7 +24,13 @@ pub fn bind_unix(path: &Path) -> io::Result<UnixListener> {
             ));
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(_) => std::fs::remove_file(path).or_else(|e| if e.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(e) })?,
+        Err(_) => std::fs::remove_file(path).or_else(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })?,
     }
     // Created with mode 0600 from the start: no window in which others may connect.
     let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
@@ -45,7 +51,10 @@ pub fn root_only(listener: UnixListener) -> impl Stream<Item = io::Result<UnixSt
     UnixListenerStream::new(listener).filter_map(|conn| match conn {
         Ok(s) if peer_is_root(&s) => Some(Ok(s)),
         Ok(s) => {
-            let who = s.peer_cred().map(|c| format!("uid {} pid {:?}", c.uid(), c.pid())).unwrap_or_default();
+            let who = s
+                .peer_cred()
+                .map(|c| format!("uid {} pid {:?}", c.uid(), c.pid()))
+                .unwrap_or_default();
             warn!(peer = %who, "refused a connection from a non-root peer");
             None
         }

@@ -10,7 +10,9 @@ use weft_cni::{CniError, code};
 use weft_rpc::admin::admin_server::Admin;
 use weft_rpc::admin::{RangeUsage as RangeUsageMsg, StatusReply, StatusRequest};
 use weft_rpc::cnirpc::cni_server::Cni;
-use weft_rpc::cnirpc::{AddResponse, CheckResponse, CniArgs, DelResponse, GcResponse, StatusResponse};
+use weft_rpc::cnirpc::{
+    AddResponse, CheckResponse, CniArgs, DelResponse, GcResponse, StatusResponse,
+};
 use weft_store::{SCHEMA_VERSION, Store};
 
 use crate::handler::Handler;
@@ -39,7 +41,11 @@ fn grpc_code(cni: u32) -> tonic::Code {
 pub fn to_status(e: &CniError) -> Status {
     weft_rpc::cni_error_status(
         grpc_code(e.code),
-        &weft_rpc::CniError { code: e.code, msg: e.msg.clone(), details: e.details.clone() },
+        &weft_rpc::CniError {
+            code: e.code,
+            msg: e.msg.clone(),
+            details: e.details.clone(),
+        },
     )
 }
 
@@ -51,7 +57,10 @@ async fn detached<T: Send + 'static>(
     match tokio::spawn(fut).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(to_status(&e)),
-        Err(join) => Err(to_status(&CniError::new(code::INTERNAL, format!("the call's task failed: {join}")))),
+        Err(join) => Err(to_status(&CniError::new(
+            code::INTERNAL,
+            format!("the call's task failed: {join}"),
+        ))),
     }
 }
 
@@ -82,12 +91,18 @@ impl<I: Ipam, K: PodNetworking> Cni for CniService<I, K> {
     }
 
     async fn check(&self, request: Request<CniArgs>) -> Result<Response<CheckResponse>, Status> {
-        self.handler.check(request.get_ref()).await.map_err(|e| to_status(&e))?;
+        self.handler
+            .check(request.get_ref())
+            .await
+            .map_err(|e| to_status(&e))?;
         Ok(Response::new(CheckResponse {}))
     }
 
     async fn status(&self, request: Request<CniArgs>) -> Result<Response<StatusResponse>, Status> {
-        self.handler.status(request.get_ref()).await.map_err(|e| to_status(&e))?;
+        self.handler
+            .status(request.get_ref())
+            .await
+            .map_err(|e| to_status(&e))?;
         Ok(Response::new(StatusResponse {}))
     }
 
@@ -116,13 +131,22 @@ impl AdminService {
         ready: Arc<AtomicBool>,
         pending: Arc<dyn Fn() -> usize + Send + Sync>,
     ) -> Self {
-        Self { store, node_name, started_at, ready, pending }
+        Self {
+            store,
+            node_name,
+            started_at,
+            ready,
+            pending,
+        }
     }
 }
 
 #[tonic::async_trait]
 impl Admin for AdminService {
-    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+    async fn status(
+        &self,
+        _request: Request<StatusRequest>,
+    ) -> Result<Response<StatusReply>, Status> {
         let (usage, counts) = self
             .store
             .run(|db| Ok((db.range_usage()?, db.counts()?)))

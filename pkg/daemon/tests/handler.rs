@@ -14,11 +14,14 @@ use weft_kernel::ptp::PodNetwork;
 use weft_rpc::cnirpc::CniArgs;
 use weft_store::Store;
 
+/// Makes the error a scripted setup fails with.
+type Failure = fn() -> KernelError;
+
 /// A kernel that keeps "links" in a set.
 #[derive(Default, Clone)]
 struct FakeNet {
     links: Arc<Mutex<HashSet<String>>>,
-    fail_setup: Arc<Mutex<Option<fn() -> KernelError>>>,
+    fail_setup: Arc<Mutex<Option<Failure>>>,
     drift: Arc<Mutex<Option<String>>>,
     removes: Arc<Mutex<usize>>,
     remove_delay: Arc<Mutex<Duration>>,
@@ -29,7 +32,10 @@ impl PodNetworking for FakeNet {
         if path.starts_with("/ok") {
             Ok(())
         } else {
-            Err(KernelError::InvalidNetns { path: path.display().to_string(), reason: "does not exist".into() })
+            Err(KernelError::InvalidNetns {
+                path: path.display().to_string(),
+                reason: "does not exist".into(),
+            })
         }
     }
     async fn setup(&self, net: PodNetwork) -> Result<(), KernelError> {
@@ -68,8 +74,17 @@ fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("weft.db")).unwrap();
     let net = FakeNet::default();
-    let h = Arc::new(Handler::new(store.clone(), net.clone(), NodeInfo { name: "n1".into() }));
-    Env { _dir: dir, store, net, h }
+    let h = Arc::new(Handler::new(
+        store.clone(),
+        net.clone(),
+        NodeInfo { name: "n1".into() },
+    ));
+    Env {
+        _dir: dir,
+        store,
+        net,
+        h,
+    }
 }
 
 const CONF: &str = r#"{"cniVersion":"1.1.0","name":"weft","type":"weft","ranges":["10.1.0.0/29","fd01::/64"],"mtu":1450}"#;
@@ -79,14 +94,21 @@ fn args(cid: &str, conf: &str) -> CniArgs {
         container_id: cid.into(),
         netns: format!("/ok/{cid}"),
         ifname: "eth0".into(),
-        args: HashMap::from([("K8S_POD_NAME".into(), format!("pod-{cid}")), ("K8S_POD_NAMESPACE".into(), "default".into())]),
+        args: HashMap::from([
+            ("K8S_POD_NAME".into(), format!("pod-{cid}")),
+            ("K8S_POD_NAMESPACE".into(), "default".into()),
+        ]),
         path: "/opt/cni/bin".into(),
         stdin_data: conf.as_bytes().to_vec(),
     }
 }
 
 async fn allocated(store: &Store) -> usize {
-    store.run(|db| db.allocated_addresses()).await.unwrap().len()
+    store
+        .run(|db| db.allocated_addresses())
+        .await
+        .unwrap()
+        .len()
 }
 
 #[tokio::test]
@@ -98,7 +120,12 @@ async fn add_builds_the_result_and_repeats_return_it() {
     assert_eq!(v["interfaces"][1]["name"], "eth0");
     assert_eq!(v["interfaces"][1]["sandbox"], "/ok/c1");
     assert_eq!(v["interfaces"][1]["mtu"], 1450);
-    assert!(v["interfaces"][0]["name"].as_str().unwrap().starts_with("weft"));
+    assert!(
+        v["interfaces"][0]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("weft")
+    );
     assert_eq!(v["ips"][0]["address"], "10.1.0.2/32");
     assert_eq!(v["ips"][0]["gateway"], "10.1.0.1");
     assert_eq!(v["ips"][0]["interface"], 1);
@@ -120,15 +147,35 @@ async fn add_builds_the_result_and_repeats_return_it() {
 #[tokio::test]
 async fn a_failed_kernel_setup_leaves_nothing() {
     let e = env();
-    *e.net.fail_setup.lock().unwrap() = Some(|| KernelError::os("creating the veth pair", std::io::Error::from_raw_os_error(libc::EPERM)));
+    *e.net.fail_setup.lock().unwrap() = Some(|| {
+        KernelError::os(
+            "creating the veth pair",
+            std::io::Error::from_raw_os_error(libc::EPERM),
+        )
+    });
     let err = e.h.add(&args("c1", CONF)).await.unwrap_err();
     assert_eq!(err.code, code::KERNEL);
-    assert!(err.details.contains("creating the veth pair"), "{}", err.details);
+    assert!(
+        err.details.contains("creating the veth pair"),
+        "{}",
+        err.details
+    );
     assert_eq!(allocated(&e.store).await, 0);
-    assert!(e.store.run(|db| db.list(None, None)).await.unwrap().is_empty());
+    assert!(
+        e.store
+            .run(|db| db.list(None, None))
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
-    *e.net.fail_setup.lock().unwrap() = Some(|| KernelError::InterfaceExists { ifname: "eth0".into() });
-    assert_eq!(e.h.add(&args("c1", CONF)).await.unwrap_err().code, code::INTERFACE_EXISTS);
+    *e.net.fail_setup.lock().unwrap() = Some(|| KernelError::InterfaceExists {
+        ifname: "eth0".into(),
+    });
+    assert_eq!(
+        e.h.add(&args("c1", CONF)).await.unwrap_err().code,
+        code::INTERFACE_EXISTS
+    );
     assert_eq!(allocated(&e.store).await, 0);
 }
 
@@ -149,14 +196,29 @@ async fn bad_input_is_refused_before_anything_is_touched() {
     a.netns = "/missing/ns".into();
     cases.push((a, code::INVALID_NETNS));
     cases.push((args("c1", "{nope"), code::DECODE));
-    cases.push((args("c1", &CONF.replace("1.1.0", "9.9.9")), code::INCOMPATIBLE_VERSION));
-    cases.push((args("c1", &CONF.replace(r#""cniVersion":"1.1.0","#, "")), code::INCOMPATIBLE_VERSION));
-    cases.push((args("c1", &CONF.replace("10.1.0.0/29", "10.1.0.0/33")), code::INVALID_CONFIG));
+    cases.push((
+        args("c1", &CONF.replace("1.1.0", "9.9.9")),
+        code::INCOMPATIBLE_VERSION,
+    ));
+    cases.push((
+        args("c1", &CONF.replace(r#""cniVersion":"1.1.0","#, "")),
+        code::INCOMPATIBLE_VERSION,
+    ));
+    cases.push((
+        args("c1", &CONF.replace("10.1.0.0/29", "10.1.0.0/33")),
+        code::INVALID_CONFIG,
+    ));
     for (a, want) in cases {
         let err = e.h.add(&a).await.unwrap_err();
         assert_eq!(err.code, want, "{err}");
     }
-    assert!(e.store.run(|db| db.list(None, None)).await.unwrap().is_empty());
+    assert!(
+        e.store
+            .run(|db| db.list(None, None))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert!(e.net.links.lock().unwrap().is_empty());
 }
 
@@ -170,7 +232,11 @@ async fn exhaustion_names_the_range_and_rolls_back() {
     let err = e.h.add(&args("c9", CONF)).await.unwrap_err();
     assert_eq!(err.code, code::RANGE_EXHAUSTED);
     assert!(err.details.contains("10.1.0.0/29"), "{}", err.details);
-    assert_eq!(allocated(&e.store).await, 10, "the failed ADD's IPv6 address was released");
+    assert_eq!(
+        allocated(&e.store).await,
+        10,
+        "the failed ADD's IPv6 address was released"
+    );
     // STATUS now says ADD cannot be served.
     let st = e.h.status(&args("", CONF)).await.unwrap_err();
     assert_eq!(st.code, code::NOT_AVAILABLE);
@@ -183,7 +249,11 @@ async fn del_is_idempotent_and_releases_addresses_after_teardown() {
     e.h.add(&args("c1", CONF)).await.unwrap();
     *e.net.remove_delay.lock().unwrap() = Duration::from_millis(50);
     e.h.del(&args("c1", CONF)).await.unwrap();
-    assert_eq!(allocated(&e.store).await, 2, "held until the teardown finishes");
+    assert_eq!(
+        allocated(&e.store).await,
+        2,
+        "held until the teardown finishes"
+    );
     let mut no_netns = args("c1", CONF);
     no_netns.netns = String::new();
     e.h.del(&no_netns).await.unwrap();
@@ -192,9 +262,15 @@ async fn del_is_idempotent_and_releases_addresses_after_teardown() {
     assert!(e.net.links.lock().unwrap().is_empty());
     e.h.del(&no_netns).await.unwrap();
     e.h.del(&args("never-added", CONF)).await.unwrap();
-    assert_eq!(*e.net.removes.lock().unwrap(), 1, "the veth was removed exactly once");
+    assert_eq!(
+        *e.net.removes.lock().unwrap(),
+        1,
+        "the veth was removed exactly once"
+    );
     // A DEL with a config that has gone bad still works.
-    e.h.del(&args("c1", &CONF.replace("10.1.0.0/29", "garbage"))).await.unwrap();
+    e.h.del(&args("c1", &CONF.replace("10.1.0.0/29", "garbage")))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -204,8 +280,15 @@ async fn add_after_del_waits_for_the_teardown_and_gets_a_new_address() {
     *e.net.remove_delay.lock().unwrap() = Duration::from_millis(100);
     e.h.del(&args("c1", CONF)).await.unwrap();
     let second: Value = serde_json::from_slice(&e.h.add(&args("c1", CONF)).await.unwrap()).unwrap();
-    assert_eq!(*e.net.removes.lock().unwrap(), 1, "ADD waited for the old teardown");
-    assert_ne!(first["ips"][0]["address"], second["ips"][0]["address"], "the address is not reused at once");
+    assert_eq!(
+        *e.net.removes.lock().unwrap(),
+        1,
+        "ADD waited for the old teardown"
+    );
+    assert_ne!(
+        first["ips"][0]["address"], second["ips"][0]["address"],
+        "the address is not reused at once"
+    );
     assert_eq!(allocated(&e.store).await, 2);
 }
 
@@ -213,7 +296,10 @@ async fn add_after_del_waits_for_the_teardown_and_gets_a_new_address() {
 async fn check_reports_unknown_and_drift() {
     let e = env();
     let mut a = args("c1", CONF);
-    assert_eq!(e.h.check(&a).await.unwrap_err().code, code::UNKNOWN_CONTAINER);
+    assert_eq!(
+        e.h.check(&a).await.unwrap_err().code,
+        code::UNKNOWN_CONTAINER
+    );
     e.h.add(&a).await.unwrap();
     e.h.check(&a).await.unwrap();
     *e.net.drift.lock().unwrap() = Some("default route via 10.1.0.1 is missing in the pod".into());
@@ -228,7 +314,10 @@ async fn check_reports_unknown_and_drift() {
     assert_eq!(err.code, code::CHECK_FAILED);
     assert!(err.details.contains("prevResult"), "{}", err.details);
     let old = args("c1", &CONF.replace("1.1.0", "0.3.1"));
-    assert_eq!(e.h.check(&old).await.unwrap_err().code, code::INCOMPATIBLE_VERSION);
+    assert_eq!(
+        e.h.check(&old).await.unwrap_err().code,
+        code::INCOMPATIBLE_VERSION
+    );
 }
 
 #[tokio::test]
@@ -247,7 +336,10 @@ async fn gc_removes_what_the_runtime_no_longer_lists() {
     assert_eq!(left[0].key.container_id, "keep");
     assert_eq!(allocated(&e.store).await, 2);
     assert_eq!(e.h.gc(&args("", &gc_conf)).await.unwrap(), 0);
-    assert_eq!(e.h.gc(&args("", CONF)).await.unwrap_err().code, code::INVALID_CONFIG);
+    assert_eq!(
+        e.h.gc(&args("", CONF)).await.unwrap_err().code,
+        code::INVALID_CONFIG
+    );
 }
 
 #[tokio::test]

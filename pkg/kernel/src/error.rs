@@ -36,7 +36,10 @@ pub enum KernelError {
 impl KernelError {
     /// An OS error with the step it happened in.
     pub fn os(step: impl Into<String>, source: io::Error) -> Self {
-        KernelError::Os { step: step.into(), source }
+        KernelError::Os {
+            step: step.into(),
+            source,
+        }
     }
 
     /// The errno behind an [`KernelError::Os`], if any.

@@ -6,11 +6,18 @@ use std::io;
 use std::net::IpAddr;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
+    NetlinkPayload,
 };
-use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope};
-use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType};
+use netlink_packet_route::address::{
+    AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope,
+};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
@@ -71,9 +78,17 @@ impl Netlink {
         let _ = sock.set_netlink_get_strict_chk(true);
         let _ = sock.set_ext_ack(true);
         // A reply that never comes must fail the call, not hang it.
-        nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::ReceiveTimeout, &nix::sys::time::TimeVal::new(10, 0))
-            .map_err(io::Error::from)?;
-        Ok(Self { sock, seq: 0, buf: vec![0; 64 * 1024] })
+        nix::sys::socket::setsockopt(
+            &sock,
+            nix::sys::socket::sockopt::ReceiveTimeout,
+            &nix::sys::time::TimeVal::new(10, 0),
+        )
+        .map_err(io::Error::from)?;
+        Ok(Self {
+            sock,
+            seq: 0,
+            buf: vec![0; 64 * 1024],
+        })
     }
 
     fn send(&mut self, msg: RouteNetlinkMessage, flags: u16) -> io::Result<u32> {
@@ -97,7 +112,12 @@ impl Netlink {
             let mut off = 0;
             while off < n {
                 let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[off..n])
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("decoding netlink reply: {e}")))?;
+                    .map_err(|e| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("decoding netlink reply: {e}"),
+                        )
+                    })?;
                 let len = msg.header.length as usize;
                 off += if len == 0 { n } else { (len + 3) & !3 };
                 if msg.header.sequence_number != seq {
@@ -196,7 +216,11 @@ impl Netlink {
     pub fn set_up(&mut self, index: u32, up: bool) -> io::Result<()> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
-        msg.header.flags = if up { LinkFlags::Up } else { LinkFlags::empty() };
+        msg.header.flags = if up {
+            LinkFlags::Up
+        } else {
+            LinkFlags::empty()
+        };
         msg.header.change_mask = LinkFlags::Up;
         self.execute(RouteNetlinkMessage::SetLink(msg), 0)
     }
@@ -224,11 +248,17 @@ impl Netlink {
         // IPv4 wants IFA_LOCAL (the address) as well as IFA_ADDRESS (the peer, the same
         // on a non-point-to-point link); IPv6 only IFA_ADDRESS.
         msg.attributes = if addr.is_ipv4() {
-            vec![AddressAttribute::Local(addr), AddressAttribute::Address(addr)]
+            vec![
+                AddressAttribute::Local(addr),
+                AddressAttribute::Address(addr),
+            ]
         } else {
             vec![AddressAttribute::Address(addr)]
         };
-        self.execute(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_EXCL)
+        self.execute(
+            RouteNetlinkMessage::NewAddress(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+        )
     }
 
     /// The addresses on a link, with their prefix lengths.
@@ -255,29 +285,52 @@ impl Netlink {
     ///
     /// `dst`/`prefix_len` is the destination (`None` = default route), `gateway` the next
     /// hop (`None` = directly on the link), `oif` the output link.
-    pub fn add_route(&mut self, dst: Option<IpAddr>, prefix_len: u8, gateway: Option<IpAddr>, oif: u32, v6: bool) -> io::Result<()> {
+    pub fn add_route(
+        &mut self,
+        dst: Option<IpAddr>,
+        prefix_len: u8,
+        gateway: Option<IpAddr>,
+        oif: u32,
+        v6: bool,
+    ) -> io::Result<()> {
         let mut msg = RouteMessage::default();
         msg.header = route_header(v6, prefix_len);
-        msg.header.scope = if gateway.is_none() && !v6 { RouteScope::Link } else { RouteScope::Universe };
+        msg.header.scope = if gateway.is_none() && !v6 {
+            RouteScope::Link
+        } else {
+            RouteScope::Universe
+        };
         if let Some(d) = dst {
-            msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(d)));
+            msg.attributes
+                .push(RouteAttribute::Destination(RouteAddress::from(d)));
         }
         if let Some(g) = gateway {
-            msg.attributes.push(RouteAttribute::Gateway(RouteAddress::from(g)));
+            msg.attributes
+                .push(RouteAttribute::Gateway(RouteAddress::from(g)));
         }
         msg.attributes.push(RouteAttribute::Oif(oif));
-        self.execute(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL)
+        self.execute(
+            RouteNetlinkMessage::NewRoute(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+        )
     }
 
     /// Deletes a route of the main table; returns whether it existed.
-    pub fn delete_route(&mut self, dst: Option<IpAddr>, prefix_len: u8, oif: u32, v6: bool) -> io::Result<bool> {
+    pub fn delete_route(
+        &mut self,
+        dst: Option<IpAddr>,
+        prefix_len: u8,
+        oif: u32,
+        v6: bool,
+    ) -> io::Result<bool> {
         let mut msg = RouteMessage::default();
         msg.header = route_header(v6, prefix_len);
         msg.header.protocol = RouteProtocol::Unspec;
         msg.header.kind = RouteType::Unspec;
         msg.header.scope = RouteScope::NoWhere;
         if let Some(d) = dst {
-            msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(d)));
+            msg.attributes
+                .push(RouteAttribute::Destination(RouteAddress::from(d)));
         }
         msg.attributes.push(RouteAttribute::Oif(oif));
         match self.execute(RouteNetlinkMessage::DelRoute(msg), 0) {
@@ -290,7 +343,11 @@ impl Netlink {
     /// Routes of the main table of one family.
     pub fn routes(&mut self, v6: bool) -> io::Result<Vec<RouteEntry>> {
         let mut msg = RouteMessage::default();
-        msg.header.address_family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
+        msg.header.address_family = if v6 {
+            AddressFamily::Inet6
+        } else {
+            AddressFamily::Inet
+        };
         Ok(self
             .dump(RouteNetlinkMessage::GetRoute(msg))?
             .into_iter()
@@ -303,13 +360,18 @@ impl Netlink {
 }
 
 fn route_header(v6: bool, prefix_len: u8) -> RouteHeader {
-    let mut h = RouteHeader::default();
-    h.address_family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
-    h.destination_prefix_length = prefix_len;
-    h.table = RouteHeader::RT_TABLE_MAIN;
-    h.protocol = RouteProtocol::from(crate::ROUTE_PROTOCOL);
-    h.kind = RouteType::Unicast;
-    h
+    RouteHeader {
+        address_family: if v6 {
+            AddressFamily::Inet6
+        } else {
+            AddressFamily::Inet
+        },
+        destination_prefix_length: prefix_len,
+        table: RouteHeader::RT_TABLE_MAIN,
+        protocol: RouteProtocol::from(crate::ROUTE_PROTOCOL),
+        kind: RouteType::Unicast,
+        ..RouteHeader::default()
+    }
 }
 
 fn to_link(l: LinkMessage) -> Link {
@@ -343,7 +405,12 @@ fn to_route(r: RouteMessage) -> Option<RouteEntry> {
     if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
         return None;
     }
-    let mut e = RouteEntry { dst: None, prefix_len: r.header.destination_prefix_length, gateway: None, oif: None };
+    let mut e = RouteEntry {
+        dst: None,
+        prefix_len: r.header.destination_prefix_length,
+        gateway: None,
+        oif: None,
+    };
     for a in r.attributes {
         match a {
             RouteAttribute::Destination(d) => e.dst = route_ip(d),

@@ -63,7 +63,9 @@ impl PodNetwork {
         let ns = NetNs::open(&self.netns)?;
         let mut host = Netlink::new().map_err(os("opening netlink"))?;
         self.create_veth(&mut host, &ns)?;
-        let outcome = self.configure_host(&mut host).and_then(|()| in_netns(&ns, || self.configure_pod()));
+        let outcome = self
+            .configure_host(&mut host)
+            .and_then(|()| in_netns(&ns, || self.configure_pod()));
         if outcome.is_err() {
             let _ = host.delete_link(&self.host_ifname);
         }
@@ -88,14 +90,23 @@ impl PodNetwork {
                 // Either our host-end name is taken, which only a stale weft link can
                 // do (the name is derived from this attachment): remove it and retry;
                 // or the pod already has an interface of that name.
-                if host.link_by_name(&self.host_ifname).map_err(os("looking up the host end"))?.is_some() {
-                    host.delete_link(&self.host_ifname).map_err(os("removing a stale host end"))?;
+                if host
+                    .link_by_name(&self.host_ifname)
+                    .map_err(os("looking up the host end"))?
+                    .is_some()
+                {
+                    host.delete_link(&self.host_ifname)
+                        .map_err(os("removing a stale host end"))?;
                     create(host).map_err(|e| match e.raw_os_error() {
-                        Some(libc::EEXIST) => KernelError::InterfaceExists { ifname: self.ifname.clone() },
+                        Some(libc::EEXIST) => KernelError::InterfaceExists {
+                            ifname: self.ifname.clone(),
+                        },
                         _ => KernelError::os("creating the veth pair", e),
                     })
                 } else {
-                    Err(KernelError::InterfaceExists { ifname: self.ifname.clone() })
+                    Err(KernelError::InterfaceExists {
+                        ifname: self.ifname.clone(),
+                    })
                 }
             }
             Err(e) => Err(KernelError::os("creating the veth pair", e)),
@@ -106,44 +117,71 @@ impl PodNetwork {
         let link = host
             .link_by_name(&self.host_ifname)
             .map_err(os("looking up the host end"))?
-            .ok_or_else(|| KernelError::os("looking up the host end", io::Error::from_raw_os_error(libc::ENODEV)))?;
+            .ok_or_else(|| {
+                KernelError::os(
+                    "looking up the host end",
+                    io::Error::from_raw_os_error(libc::ENODEV),
+                )
+            })?;
         if self.has_v6() {
             // The host end must answer neighbour discovery from its link-local address
             // at once, not after a second of duplicate address detection.
-            sysctl::write(&format!("net/ipv6/conf/{}/accept_dad", self.host_ifname), "0")?;
+            sysctl::write(
+                &format!("net/ipv6/conf/{}/accept_dad", self.host_ifname),
+                "0",
+            )?;
         }
         for a in &self.addresses {
             host.add_address(link.index, a.gateway, host_prefix(&a.gateway))
                 .map_err(os("adding the gateway address to the host end"))?;
         }
-        host.set_up(link.index, true).map_err(os("setting the host end up"))?;
+        host.set_up(link.index, true)
+            .map_err(os("setting the host end up"))?;
         for a in &self.addresses {
-            host.add_route(Some(a.address), host_prefix(&a.address), None, link.index, a.address.is_ipv6())
-                .map_err(os("adding the host route to the pod"))?;
+            host.add_route(
+                Some(a.address),
+                host_prefix(&a.address),
+                None,
+                link.index,
+                a.address.is_ipv6(),
+            )
+            .map_err(os("adding the host route to the pod"))?;
         }
         Ok(())
     }
 
     fn configure_pod(&self) -> Result<(), KernelError> {
         let mut pod = Netlink::new().map_err(os("opening netlink in the pod"))?;
-        if let Some(lo) = pod.link_by_name("lo").map_err(os("looking up lo"))? {
-            if !lo.up {
-                pod.set_up(lo.index, true).map_err(os("setting lo up"))?;
-            }
+        if let Some(lo) = pod.link_by_name("lo").map_err(os("looking up lo"))?
+            && !lo.up
+        {
+            pod.set_up(lo.index, true).map_err(os("setting lo up"))?;
         }
         let eth = pod
             .link_by_name(&self.ifname)
             .map_err(os("looking up the pod end"))?
-            .ok_or_else(|| KernelError::os("looking up the pod end", io::Error::from_raw_os_error(libc::ENODEV)))?;
+            .ok_or_else(|| {
+                KernelError::os(
+                    "looking up the pod end",
+                    io::Error::from_raw_os_error(libc::ENODEV),
+                )
+            })?;
         for a in &self.addresses {
             pod.add_address(eth.index, a.address, host_prefix(&a.address))
                 .map_err(os("adding the pod address"))?;
         }
-        pod.set_up(eth.index, true).map_err(os("setting the pod end up"))?;
+        pod.set_up(eth.index, true)
+            .map_err(os("setting the pod end up"))?;
         for a in &self.addresses {
             let v6 = a.address.is_ipv6();
-            pod.add_route(Some(a.gateway), host_prefix(&a.gateway), None, eth.index, v6)
-                .map_err(os("adding the pod route to the gateway"))?;
+            pod.add_route(
+                Some(a.gateway),
+                host_prefix(&a.gateway),
+                None,
+                eth.index,
+                v6,
+            )
+            .map_err(os("adding the pod route to the gateway"))?;
             pod.add_route(None, 0, Some(a.gateway), eth.index, v6)
                 .map_err(os("adding the pod default route"))?;
         }
@@ -154,20 +192,36 @@ impl PodNetwork {
     pub fn check(&self) -> Result<(), KernelError> {
         let drift = |m: String| Err(KernelError::Drift(m));
         let mut host = Netlink::new().map_err(os("opening netlink"))?;
-        let Some(link) = host.link_by_name(&self.host_ifname).map_err(os("looking up the host end"))? else {
+        let Some(link) = host
+            .link_by_name(&self.host_ifname)
+            .map_err(os("looking up the host end"))?
+        else {
             return drift(format!("host interface {} is missing", self.host_ifname));
         };
         if !link.up {
             return drift(format!("host interface {} is down", self.host_ifname));
         }
-        let host_addrs = host.addresses(link.index).map_err(os("listing host addresses"))?;
+        let host_addrs = host
+            .addresses(link.index)
+            .map_err(os("listing host addresses"))?;
         for a in &self.addresses {
             if !host_addrs.contains(&(a.gateway, host_prefix(&a.gateway))) {
-                return drift(format!("gateway {} is missing on host interface {}", a.gateway, self.host_ifname));
+                return drift(format!(
+                    "gateway {} is missing on host interface {}",
+                    a.gateway, self.host_ifname
+                ));
             }
-            let routes = host.routes(a.address.is_ipv6()).map_err(os("listing host routes"))?;
-            if !routes.iter().any(|r| r.dst == Some(a.address) && r.oif == Some(link.index)) {
-                return drift(format!("host route to {} via {} is missing", a.address, self.host_ifname));
+            let routes = host
+                .routes(a.address.is_ipv6())
+                .map_err(os("listing host routes"))?;
+            if !routes
+                .iter()
+                .any(|r| r.dst == Some(a.address) && r.oif == Some(link.index))
+            {
+                return drift(format!(
+                    "host route to {} via {} is missing",
+                    a.address, self.host_ifname
+                ));
             }
         }
         let ns = NetNs::open(&self.netns)?;
@@ -177,26 +231,53 @@ impl PodNetwork {
     fn check_pod(&self) -> Result<(), KernelError> {
         let drift = |m: String| Err(KernelError::Drift(m));
         let mut pod = Netlink::new().map_err(os("opening netlink in the pod"))?;
-        let Some(eth) = pod.link_by_name(&self.ifname).map_err(os("looking up the pod end"))? else {
+        let Some(eth) = pod
+            .link_by_name(&self.ifname)
+            .map_err(os("looking up the pod end"))?
+        else {
             return drift(format!("interface {} is missing in the pod", self.ifname));
         };
         if !eth.up {
             return drift(format!("interface {} is down in the pod", self.ifname));
         }
         if eth.mac != self.pod_mac {
-            return drift(format!("interface {} has another MAC than weft gave it", self.ifname));
+            return drift(format!(
+                "interface {} has another MAC than weft gave it",
+                self.ifname
+            ));
         }
-        let addrs = pod.addresses(eth.index).map_err(os("listing pod addresses"))?;
+        let addrs = pod
+            .addresses(eth.index)
+            .map_err(os("listing pod addresses"))?;
         for a in &self.addresses {
             if !addrs.contains(&(a.address, host_prefix(&a.address))) {
-                return drift(format!("address {}/{} is missing on {}", a.address, host_prefix(&a.address), self.ifname));
+                return drift(format!(
+                    "address {}/{} is missing on {}",
+                    a.address,
+                    host_prefix(&a.address),
+                    self.ifname
+                ));
             }
-            let routes = pod.routes(a.address.is_ipv6()).map_err(os("listing pod routes"))?;
-            if !routes.iter().any(|r| r.dst == Some(a.gateway) && r.oif == Some(eth.index)) {
-                return drift(format!("route to gateway {} dev {} is missing in the pod", a.gateway, self.ifname));
+            let routes = pod
+                .routes(a.address.is_ipv6())
+                .map_err(os("listing pod routes"))?;
+            if !routes
+                .iter()
+                .any(|r| r.dst == Some(a.gateway) && r.oif == Some(eth.index))
+            {
+                return drift(format!(
+                    "route to gateway {} dev {} is missing in the pod",
+                    a.gateway, self.ifname
+                ));
             }
-            if !routes.iter().any(|r| r.dst.is_none() && r.gateway == Some(a.gateway)) {
-                return drift(format!("default route via {} is missing in the pod", a.gateway));
+            if !routes
+                .iter()
+                .any(|r| r.dst.is_none() && r.gateway == Some(a.gateway))
+            {
+                return drift(format!(
+                    "default route via {} is missing in the pod",
+                    a.gateway
+                ));
             }
         }
         Ok(())
@@ -208,9 +289,13 @@ impl PodNetwork {
 /// grace period (about 20 ms).
 pub fn disconnect(host_ifname: &str) -> Result<bool, KernelError> {
     let mut host = Netlink::new().map_err(os("opening netlink"))?;
-    match host.link_by_name(host_ifname).map_err(os("looking up the host end"))? {
+    match host
+        .link_by_name(host_ifname)
+        .map_err(os("looking up the host end"))?
+    {
         Some(l) => {
-            host.set_up(l.index, false).map_err(os("setting the host end down"))?;
+            host.set_up(l.index, false)
+                .map_err(os("setting the host end down"))?;
             Ok(true)
         }
         None => Ok(false),
@@ -221,5 +306,6 @@ pub fn disconnect(host_ifname: &str) -> Result<bool, KernelError> {
 /// it). Returns whether it existed.
 pub fn remove(host_ifname: &str) -> Result<bool, KernelError> {
     let mut host = Netlink::new().map_err(os("opening netlink"))?;
-    host.delete_link(host_ifname).map_err(os("deleting the veth pair"))
+    host.delete_link(host_ifname)
+        .map_err(os("deleting the veth pair"))
 }

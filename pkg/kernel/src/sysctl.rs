@@ -12,7 +12,8 @@ pub fn write(key: &str, value: &str) -> Result<(), KernelError> {
         .write(true)
         .open(&path)
         .map_err(|e| KernelError::os(format!("opening {path}"), e))?;
-    f.write_all(value.as_bytes()).map_err(|e| KernelError::os(format!("writing {path}"), e))
+    f.write_all(value.as_bytes())
+        .map_err(|e| KernelError::os(format!("writing {path}"), e))
 }
 
 /// Reads `/proc/sys/<key>`, trimmed.

@@ -21,11 +21,19 @@ impl TempNetns {
         let thread = std::thread::spawn(move || {
             unshare(CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET): tests need root");
             let tid = nix::unistd::gettid();
-            tx.send(PathBuf::from(format!("/proc/{}/task/{tid}/ns/net", std::process::id()))).unwrap();
+            tx.send(PathBuf::from(format!(
+                "/proc/{}/task/{tid}/ns/net",
+                std::process::id()
+            )))
+            .unwrap();
             let _ = stop_rx.recv();
         });
         let path = rx.recv().expect("namespace thread started");
-        Self { path, stop: Some(stop_tx), thread: Some(thread) }
+        Self {
+            path,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
     }
 
     /// A path naming the namespace, usable as `CNI_NETNS` while this value lives.
@@ -65,5 +73,7 @@ pub fn privileged() -> bool {
         eprintln!("skipping a privileged test: not root and WEFT_SKIP_PRIVILEGED=1");
         return false;
     }
-    panic!("this test needs root (network namespaces, netlink); set WEFT_SKIP_PRIVILEGED=1 to skip it explicitly");
+    panic!(
+        "this test needs root (network namespaces, netlink); set WEFT_SKIP_PRIVILEGED=1 to skip it explicitly"
+    );
 }

@@ -18,7 +18,10 @@ fn pod(ns: &TempNetns, host: &str, addrs: &[(&str, &str)]) -> PodNetwork {
         mtu: 1400,
         addresses: addrs
             .iter()
-            .map(|(a, g)| PodAddress { address: a.parse().unwrap(), gateway: g.parse().unwrap() })
+            .map(|(a, g)| PodAddress {
+                address: a.parse().unwrap(),
+                gateway: g.parse().unwrap(),
+            })
             .collect(),
         alias: "weft:test/eth0".into(),
     }
@@ -62,7 +65,11 @@ fn dual_stack_pod_is_built_checked_and_reachable() {
     }
     let node = TempNetns::new();
     let p = TempNetns::new();
-    let spec = pod(&p, "weftt1", &[("10.9.0.5", "10.9.0.1"), ("fd09::5", "fd09::1")]);
+    let spec = pod(
+        &p,
+        "weftt1",
+        &[("10.9.0.5", "10.9.0.1"), ("fd09::5", "fd09::1")],
+    );
     node.run(|| spec.setup()).unwrap();
     node.run(|| spec.check()).unwrap();
 
@@ -81,8 +88,14 @@ fn dual_stack_pod_is_built_checked_and_reachable() {
     assert!(addrs.contains(&("fd09::5".parse().unwrap(), 128)));
 
     // From the node, both addresses answer.
-    assert!(tcp_reachable(&p, &node, "10.9.0.5".parse().unwrap()), "IPv4 unreachable");
-    assert!(tcp_reachable(&p, &node, "fd09::5".parse().unwrap()), "IPv6 unreachable");
+    assert!(
+        tcp_reachable(&p, &node, "10.9.0.5".parse().unwrap()),
+        "IPv4 unreachable"
+    );
+    assert!(
+        tcp_reachable(&p, &node, "fd09::5".parse().unwrap()),
+        "IPv6 unreachable"
+    );
 
     // Removal takes the pair, addresses and routes; repeating it is harmless.
     assert!(node.run(|| ptp::remove("weftt1")).unwrap());
@@ -135,7 +148,10 @@ fn check_reports_missing_routes_and_interfaces() {
     node.run(|| {
         let mut nl = Netlink::new().unwrap();
         let h = nl.link_by_name("weftt2").unwrap().unwrap();
-        assert!(nl.delete_route(Some("10.9.1.5".parse().unwrap()), 32, h.index, false).unwrap());
+        assert!(
+            nl.delete_route(Some("10.9.1.5".parse().unwrap()), 32, h.index, false)
+                .unwrap()
+        );
     });
     match node.run(|| spec.check()) {
         Err(KernelError::Drift(m)) => assert!(m.contains("host route to 10.9.1.5"), "{m}"),
@@ -176,7 +192,8 @@ fn a_stale_host_end_is_replaced() {
     let node = TempNetns::new();
     let old = TempNetns::new();
     let p = TempNetns::new();
-    node.run(|| pod(&old, "weftt5", &[("10.9.3.5", "10.9.3.1")]).setup()).unwrap();
+    node.run(|| pod(&old, "weftt5", &[("10.9.3.5", "10.9.3.1")]).setup())
+        .unwrap();
     let spec = pod(&p, "weftt5", &[("10.9.3.6", "10.9.3.1")]);
     node.run(|| spec.setup()).unwrap();
     node.run(|| spec.check()).unwrap();
@@ -193,7 +210,12 @@ fn disconnect_cuts_traffic_before_removal() {
     node.run(|| spec.setup()).unwrap();
     assert!(node.run(|| ptp::disconnect("weftt6")).unwrap());
     let routes = node.run(|| Netlink::new().unwrap().routes(false).unwrap());
-    assert!(!routes.iter().any(|r| r.dst == Some("10.9.4.5".parse().unwrap())), "route withdrawn");
+    assert!(
+        !routes
+            .iter()
+            .any(|r| r.dst == Some("10.9.4.5".parse().unwrap())),
+        "route withdrawn"
+    );
     assert!(node.run(|| ptp::remove("weftt6")).unwrap());
     assert!(!node.run(|| ptp::disconnect("weftt6")).unwrap());
 }
@@ -206,17 +228,27 @@ fn namespace_paths_are_validated() {
     let node = TempNetns::new();
     let mut spec = pod(&node, "weftt7", &[("10.9.5.5", "10.9.5.1")]);
     spec.netns = "/nonexistent/netns".into();
-    assert!(matches!(node.run(|| spec.setup()), Err(KernelError::InvalidNetns { .. })));
+    assert!(matches!(
+        node.run(|| spec.setup()),
+        Err(KernelError::InvalidNetns { .. })
+    ));
     spec.netns = "/etc/hostname".into();
     match node.run(|| spec.setup()) {
-        Err(KernelError::InvalidNetns { reason, .. }) => assert!(reason.contains("not a namespace"), "{reason}"),
+        Err(KernelError::InvalidNetns { reason, .. }) => {
+            assert!(reason.contains("not a namespace"), "{reason}")
+        }
         other => panic!("{other:?}"),
     }
     spec.netns = "/proc/self/ns/uts".into();
     match node.run(|| spec.setup()) {
-        Err(KernelError::InvalidNetns { reason, .. }) => assert!(reason.contains("not a network namespace"), "{reason}"),
+        Err(KernelError::InvalidNetns { reason, .. }) => {
+            assert!(reason.contains("not a network namespace"), "{reason}")
+        }
         other => panic!("{other:?}"),
     }
     let links = node.run(|| Netlink::new().unwrap().links().unwrap());
-    assert!(links.iter().all(|l| l.name == "lo"), "nothing created: {links:?}");
+    assert!(
+        links.iter().all(|l| l.name == "lo"),
+        "nothing created: {links:?}"
+    );
 }

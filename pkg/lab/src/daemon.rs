@@ -43,9 +43,15 @@ pub struct NodeDaemon {
 
 impl NodeDaemon {
     /// Starts weftd in `node` with `extra` arguments and waits until its socket answers.
-    pub fn start(node: &NamedNetns, paths: DaemonPaths, node_name: &str, extra: &[String]) -> Result<Self, LabError> {
+    pub fn start(
+        node: &NamedNetns,
+        paths: DaemonPaths,
+        node_name: &str,
+        extra: &[String],
+    ) -> Result<Self, LabError> {
         if let Some(dir) = paths.log.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| LabError::io(format!("creating {}", dir.display()), e))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| LabError::io(format!("creating {}", dir.display()), e))?;
         }
         let log = File::options()
             .create(true)
@@ -63,8 +69,13 @@ impl NodeDaemon {
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
         enter_in_child(&mut cmd, node)?;
-        let child = cmd.spawn().map_err(|e| LabError::io(format!("starting {}", paths.weftd.display()), e))?;
-        let mut d = Self { child: Some(child), paths };
+        let child = cmd
+            .spawn()
+            .map_err(|e| LabError::io(format!("starting {}", paths.weftd.display()), e))?;
+        let mut d = Self {
+            child: Some(child),
+            paths,
+        };
         d.wait_serving(Duration::from_secs(15))?;
         Ok(d)
     }
@@ -83,7 +94,10 @@ impl NodeDaemon {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Err(LabError::Command { what: "weftd did not start serving".into(), detail: self.paths.log.display().to_string() })
+        Err(LabError::Command {
+            what: "weftd did not start serving".into(),
+            detail: self.paths.log.display().to_string(),
+        })
     }
 
     /// The process id.
@@ -94,7 +108,10 @@ impl NodeDaemon {
     /// Stops weftd with SIGTERM (it finishes teardowns in flight) and waits.
     pub fn stop(mut self) -> Result<(), LabError> {
         if let Some(mut c) = self.child.take() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
             c.wait().map_err(|e| LabError::io("waiting for weftd", e))?;
         }
         Ok(())

@@ -39,8 +39,14 @@ impl ExecOutcome {
 impl CniExec {
     /// A plugin at `plugin`, with `CNI_PATH` set to its directory.
     pub fn new(plugin: &Path) -> Self {
-        let cni_path = plugin.parent().map(|p| p.display().to_string()).unwrap_or_default();
-        Self { plugin: plugin.to_path_buf(), cni_path }
+        let cni_path = plugin
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        Self {
+            plugin: plugin.to_path_buf(),
+            cni_path,
+        }
     }
 
     /// Runs `command` for `container_id` with `netns` and `ifname`, the process placed
@@ -71,11 +77,19 @@ impl CniExec {
         }
         enter_in_child(&mut cmd, node)?;
         let start = Instant::now();
-        let mut child = cmd.spawn().map_err(|e| LabError::io(format!("starting {}", self.plugin.display()), e))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| LabError::io(format!("starting {}", self.plugin.display()), e))?;
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(config);
         }
-        let out = child.wait_with_output().map_err(|e| LabError::io("waiting for the plugin", e))?;
-        Ok(ExecOutcome { code: out.status.code().unwrap_or(-1), stdout: out.stdout, elapsed: start.elapsed() })
+        let out = child
+            .wait_with_output()
+            .map_err(|e| LabError::io("waiting for the plugin", e))?;
+        Ok(ExecOutcome {
+            code: out.status.code().unwrap_or(-1),
+            stdout: out.stdout,
+            elapsed: start.elapsed(),
+        })
     }
 }

@@ -35,6 +35,9 @@ pub enum LabError {
 
 impl LabError {
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        LabError::Io { what: what.into(), source }
+        LabError::Io {
+            what: what.into(),
+            source,
+        }
     }
 }

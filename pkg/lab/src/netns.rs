@@ -15,7 +15,10 @@ pub struct NamedNetns {
 }
 
 fn ip(args: &[&str]) -> Result<(), LabError> {
-    let out = Command::new("ip").args(args).output().map_err(|e| LabError::io(format!("running ip {}", args.join(" ")), e))?;
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| LabError::io(format!("running ip {}", args.join(" ")), e))?;
     if out.status.success() {
         Ok(())
     } else {
@@ -30,7 +33,10 @@ impl NamedNetns {
     /// Creates the namespace `name` with `lo` up.
     pub fn create(name: &str) -> Result<Self, LabError> {
         ip(&["netns", "add", name])?;
-        let ns = Self { name: name.to_string(), keep: false };
+        let ns = Self {
+            name: name.to_string(),
+            keep: false,
+        };
         ip(&["-n", name, "link", "set", "lo", "up"])?;
         Ok(ns)
     }
@@ -72,7 +78,8 @@ pub fn enter_in_child(cmd: &mut Command, ns: &NamedNetns) -> Result<(), LabError
     // which is async-signal-safe.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(cmd, move || {
-            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(std::io::Error::from)
         });
     }
     Ok(())

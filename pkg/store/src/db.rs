@@ -19,7 +19,9 @@ pub struct Db {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn key_blob(k: u128) -> [u8; 16] {
@@ -54,7 +56,9 @@ impl Db {
     }
 
     fn immediate(&mut self) -> Result<Transaction<'_>, StoreError> {
-        Ok(self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?)
+        Ok(self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?)
     }
 
     /// Records the intent to attach a pod and allocates its addresses, one per address
@@ -86,7 +90,11 @@ impl Db {
         let id = tx.last_insert_rowid();
         let mut addresses = Vec::new();
         for family in [Family::V4, Family::V6] {
-            let ranges: Vec<&IpNet> = spec.ranges.iter().filter(|r| Family::of(r) == family).collect();
+            let ranges: Vec<&IpNet> = spec
+                .ranges
+                .iter()
+                .filter(|r| Family::of(r) == family)
+                .collect();
             if ranges.is_empty() {
                 continue;
             }
@@ -94,7 +102,11 @@ impl Db {
             for range in &ranges {
                 let range_id = ensure_range(&tx, range)?;
                 if let Some(a) = allocate_in(&tx, range_id, range, id)? {
-                    got = Some(Allocation { address: a, range: **range, gateway: addr::gateway(range) });
+                    got = Some(Allocation {
+                        address: a,
+                        range: **range,
+                        gateway: addr::gateway(range),
+                    });
                     break;
                 }
             }
@@ -131,7 +143,11 @@ impl Db {
             params![id, result_json, now_ms()],
         )?;
         tx.commit()?;
-        if n == 0 { Err(StoreError::Missing(id)) } else { Ok(()) }
+        if n == 0 {
+            Err(StoreError::Missing(id))
+        } else {
+            Ok(())
+        }
     }
 
     /// Removes an attachment and releases its addresses (abort of an ADD, or the end of
@@ -147,7 +163,9 @@ impl Db {
     /// there is none. Its addresses stay allocated until [`Db::remove`].
     pub fn begin_del(&mut self, key: &AttachmentKey) -> Result<Option<Attachment>, StoreError> {
         let tx = self.immediate()?;
-        let Some(mut att) = load(&tx, key)? else { return Ok(None) };
+        let Some(mut att) = load(&tx, key)? else {
+            return Ok(None);
+        };
         if att.state != State::Deleting {
             tx.execute(
                 "UPDATE attachments SET state = 'deleting', updated_at = ?2 WHERE id = ?1",
@@ -168,7 +186,11 @@ impl Db {
     }
 
     /// Every attachment, optionally only those of `network` and/or in `state`.
-    pub fn list(&mut self, network: Option<&str>, state: Option<State>) -> Result<Vec<Attachment>, StoreError> {
+    pub fn list(
+        &mut self,
+        network: Option<&str>,
+        state: Option<State>,
+    ) -> Result<Vec<Attachment>, StoreError> {
         let tx = self.conn.transaction()?;
         let keys: Vec<AttachmentKey> = {
             let mut stmt = tx.prepare(
@@ -176,7 +198,11 @@ impl Db {
                  WHERE (?1 IS NULL OR network = ?1) AND (?2 IS NULL OR state = ?2) ORDER BY id",
             )?;
             let rows = stmt.query_map(params![network, state.map(State::as_str)], |r| {
-                Ok(AttachmentKey { network: r.get(0)?, container_id: r.get(1)?, ifname: r.get(2)? })
+                Ok(AttachmentKey {
+                    network: r.get(0)?,
+                    container_id: r.get(1)?,
+                    ifname: r.get(2)?,
+                })
             })?;
             rows.collect::<Result<_, _>>()?
         };
@@ -199,7 +225,9 @@ impl Db {
         let mut out = Vec::new();
         for row in rows {
             let (cidr, allocated) = row?;
-            let Ok(range) = cidr.parse::<IpNet>() else { continue };
+            let Ok(range) = cidr.parse::<IpNet>() else {
+                continue;
+            };
             out.push(RangeUsage {
                 range,
                 gateway: addr::gateway(&range),
@@ -235,7 +263,9 @@ impl Db {
 
     /// Counts attachments by state: (creating, ready, deleting).
     pub fn counts(&mut self) -> Result<(u64, u64, u64), StoreError> {
-        let mut stmt = self.conn.prepare("SELECT state, COUNT(*) FROM attachments GROUP BY state")?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT state, COUNT(*) FROM attachments GROUP BY state")?;
         let mut c = (0, 0, 0);
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
         for row in rows {
@@ -254,7 +284,9 @@ impl Db {
         let mut stmt = self.conn.prepare(
             "SELECT a.address, r.cidr FROM allocations a JOIN ranges r ON a.range_id = r.id ORDER BY a.address",
         )?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?)))?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?))
+        })?;
         let mut out = Vec::new();
         for row in rows {
             let (b, cidr) = row?;
@@ -269,7 +301,11 @@ impl Db {
 fn ensure_range(tx: &Transaction<'_>, range: &IpNet) -> Result<i64, StoreError> {
     let cidr = range.to_string();
     if let Some(id) = tx
-        .query_row("SELECT id FROM ranges WHERE cidr = ?1", params![cidr], |r| r.get(0))
+        .query_row(
+            "SELECT id FROM ranges WHERE cidr = ?1",
+            params![cidr],
+            |r| r.get(0),
+        )
         .optional()?
     {
         return Ok(id);
@@ -279,9 +315,18 @@ fn ensure_range(tx: &Transaction<'_>, range: &IpNet) -> Result<i64, StoreError> 
 }
 
 /// Allocates the first free address after the range's cursor, wrapping around once.
-fn allocate_in(tx: &Transaction<'_>, range_id: i64, range: &IpNet, attachment: i64) -> Result<Option<IpAddr>, StoreError> {
+fn allocate_in(
+    tx: &Transaction<'_>,
+    range_id: i64,
+    range: &IpNet,
+    attachment: i64,
+) -> Result<Option<IpAddr>, StoreError> {
     let (lo, hi) = addr::pool(range);
-    let cursor: Option<Vec<u8>> = tx.query_row("SELECT cursor FROM ranges WHERE id = ?1", params![range_id], |r| r.get(0))?;
+    let cursor: Option<Vec<u8>> = tx.query_row(
+        "SELECT cursor FROM ranges WHERE id = ?1",
+        params![range_id],
+        |r| r.get(0),
+    )?;
     let start = cursor
         .map(|c| blob_key(&c).saturating_add(1))
         .filter(|s| (lo..=hi).contains(s))
@@ -296,7 +341,10 @@ fn allocate_in(tx: &Transaction<'_>, range_id: i64, range: &IpNet, attachment: i
         "INSERT INTO allocations (address, range_id, attachment_id) VALUES (?1, ?2, ?3)",
         params![key_blob(k), range_id, attachment],
     )?;
-    tx.execute("UPDATE ranges SET cursor = ?2 WHERE id = ?1", params![range_id, key_blob(k)])?;
+    tx.execute(
+        "UPDATE ranges SET cursor = ?2 WHERE id = ?1",
+        params![range_id, key_blob(k)],
+    )?;
     Ok(Some(addr::from_key(range, k)))
 }
 
@@ -332,7 +380,11 @@ fn load(tx: &Transaction<'_>, key: &AttachmentKey) -> Result<Option<Attachment>,
                 Ok((
                     r.get::<_, i64>(0)?,
                     r.get::<_, String>(1)?,
-                    PodRef { namespace: r.get(2)?, name: r.get(3)?, uid: r.get(4)? },
+                    PodRef {
+                        namespace: r.get(2)?,
+                        name: r.get(3)?,
+                        uid: r.get(4)?,
+                    },
                     r.get::<_, String>(5)?,
                     r.get::<_, u32>(6)?,
                     r.get::<_, String>(7)?,
@@ -341,17 +393,25 @@ fn load(tx: &Transaction<'_>, key: &AttachmentKey) -> Result<Option<Attachment>,
             },
         )
         .optional()?;
-    let Some((id, netns, pod, host_ifname, mtu, state, result)) = row else { return Ok(None) };
+    let Some((id, netns, pod, host_ifname, mtu, state, result)) = row else {
+        return Ok(None);
+    };
     let mut stmt = tx.prepare_cached(
         "SELECT a.address, r.cidr FROM allocations a JOIN ranges r ON a.range_id = r.id
          WHERE a.attachment_id = ?1 ORDER BY a.address",
     )?;
     let mut addresses = stmt
-        .query_map(params![id], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?)))?
+        .query_map(params![id], |r| {
+            Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?))
+        })?
         .filter_map(|row| {
             let (b, cidr) = row.ok()?;
             let range: IpNet = cidr.parse().ok()?;
-            Some(Allocation { address: addr::from_key(&range, blob_key(&b)), range, gateway: addr::gateway(&range) })
+            Some(Allocation {
+                address: addr::from_key(&range, blob_key(&b)),
+                range,
+                gateway: addr::gateway(&range),
+            })
         })
         .collect::<Vec<_>>();
     addresses.sort_by_key(|a| matches!(a.range, IpNet::V6(_)));

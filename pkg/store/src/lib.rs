@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 pub use addr::{capacity, gateway, pool};
 pub use attachment::{
-    Allocation, Attachment, AttachmentKey, BeginAdd, Family, NewAttachment, PodRef, RangeUsage, State,
+    Allocation, Attachment, AttachmentKey, BeginAdd, Family, NewAttachment, PodRef, RangeUsage,
+    State,
 };
 pub use db::Db;
 pub use schema::CURRENT_VERSION as SCHEMA_VERSION;
@@ -29,7 +30,9 @@ pub enum StoreError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
     /// The database was written by a newer weft.
-    #[error("state database has schema version {found}, this weft knows only up to {known}; refusing to touch it")]
+    #[error(
+        "state database has schema version {found}, this weft knows only up to {known}; refusing to touch it"
+    )]
     TooNew {
         /// Version found in the file.
         found: u32,
@@ -89,7 +92,11 @@ impl Store {
                 }
             })
             .map_err(|_| StoreError::Closed)?;
-        Ok(Self { tx, path: path.to_path_buf(), schema_found })
+        Ok(Self {
+            tx,
+            path: path.to_path_buf(),
+            schema_found,
+        })
     }
 
     /// Path of the database file.

@@ -58,7 +58,10 @@ pub const CURRENT_VERSION: u32 = MIGRATIONS.len() as u32;
 pub fn migrate(conn: &mut Connection) -> Result<u32, StoreError> {
     let found: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if found > CURRENT_VERSION {
-        return Err(StoreError::TooNew { found, known: CURRENT_VERSION });
+        return Err(StoreError::TooNew {
+            found,
+            known: CURRENT_VERSION,
+        });
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;

@@ -5,9 +5,17 @@ use super::*;
 
 fn spec(cid: &str, ranges: &[&str]) -> NewAttachment {
     NewAttachment {
-        key: AttachmentKey { network: "weft".into(), container_id: cid.into(), ifname: "eth0".into() },
+        key: AttachmentKey {
+            network: "weft".into(),
+            container_id: cid.into(),
+            ifname: "eth0".into(),
+        },
         netns: format!("/run/netns/{cid}"),
-        pod: PodRef { namespace: "default".into(), name: cid.into(), uid: String::new() },
+        pod: PodRef {
+            namespace: "default".into(),
+            name: cid.into(),
+            uid: String::new(),
+        },
         host_ifname: format!("h{cid}"),
         mtu: 1500,
         ranges: ranges.iter().map(|r| r.parse().unwrap()).collect(),
@@ -30,11 +38,20 @@ fn open() -> (tempfile::TempDir, Db) {
 #[test]
 fn dual_stack_allocation_gives_one_address_per_family() {
     let (_d, mut db) = open();
-    let a = created(db.begin_add(&spec("c1", &["10.0.0.0/24", "fd00::/64"])).unwrap());
+    let a = created(
+        db.begin_add(&spec("c1", &["10.0.0.0/24", "fd00::/64"]))
+            .unwrap(),
+    );
     assert_eq!(a.state, State::Creating);
     assert_eq!(a.addresses.len(), 2);
-    assert_eq!(a.addresses[0].address, "10.0.0.2".parse::<IpAddr>().unwrap());
-    assert_eq!(a.addresses[0].gateway, "10.0.0.1".parse::<IpAddr>().unwrap());
+    assert_eq!(
+        a.addresses[0].address,
+        "10.0.0.2".parse::<IpAddr>().unwrap()
+    );
+    assert_eq!(
+        a.addresses[0].gateway,
+        "10.0.0.1".parse::<IpAddr>().unwrap()
+    );
     assert_eq!(a.addresses[1].address, "fd00::2".parse::<IpAddr>().unwrap());
 }
 
@@ -64,13 +81,23 @@ fn released_addresses_are_not_reused_immediately_and_allocation_wraps() {
     let b = created(db.begin_add(&spec("b", &r)).unwrap());
     db.remove(a.id).unwrap();
     let c = created(db.begin_add(&spec("c", &r)).unwrap());
-    assert_eq!(c.addresses[0].address, "10.0.0.4".parse::<IpAddr>().unwrap(), "continues after the last");
+    assert_eq!(
+        c.addresses[0].address,
+        "10.0.0.4".parse::<IpAddr>().unwrap(),
+        "continues after the last"
+    );
     let _d1 = created(db.begin_add(&spec("d", &r)).unwrap()); // .5
     let _e = created(db.begin_add(&spec("e", &r)).unwrap()); // .6
     let f = created(db.begin_add(&spec("f", &r)).unwrap()); // wraps to .2 (freed by a)
-    assert_eq!(f.addresses[0].address, "10.0.0.2".parse::<IpAddr>().unwrap());
+    assert_eq!(
+        f.addresses[0].address,
+        "10.0.0.2".parse::<IpAddr>().unwrap()
+    );
     match db.begin_add(&spec("g", &r)) {
-        Err(StoreError::Exhausted { family: Family::V4, ranges }) => assert_eq!(ranges, vec!["10.0.0.0/29"]),
+        Err(StoreError::Exhausted {
+            family: Family::V4,
+            ranges,
+        }) => assert_eq!(ranges, vec!["10.0.0.0/29"]),
         other => panic!("expected exhaustion, got {other:?}"),
     }
     // The failed ADD left no row behind.
@@ -86,9 +113,15 @@ fn a_second_range_is_used_when_the_first_is_full() {
     let b = created(db.begin_add(&spec("b", &r)).unwrap());
     assert_eq!(a.addresses[0].range.to_string(), "10.0.0.0/30");
     assert_eq!(b.addresses[0].range.to_string(), "10.0.1.0/30");
-    assert_eq!(b.addresses[0].gateway, "10.0.1.1".parse::<IpAddr>().unwrap());
+    assert_eq!(
+        b.addresses[0].gateway,
+        "10.0.1.1".parse::<IpAddr>().unwrap()
+    );
     let err = db.begin_add(&spec("c", &r)).unwrap_err();
-    assert_eq!(err.to_string(), "no free IPv4 address in 10.0.0.0/30, 10.0.1.0/30");
+    assert_eq!(
+        err.to_string(),
+        "no free IPv4 address in 10.0.0.0/30, 10.0.1.0/30"
+    );
 }
 
 #[test]
@@ -97,7 +130,11 @@ fn exhausting_one_family_releases_the_other() {
     let r = ["10.0.0.0/30", "fd00::/64"];
     created(db.begin_add(&spec("a", &r)).unwrap());
     assert!(db.begin_add(&spec("b", &r)).is_err());
-    assert_eq!(db.allocated_addresses().unwrap().len(), 2, "only a's two addresses remain");
+    assert_eq!(
+        db.allocated_addresses().unwrap().len(),
+        2,
+        "only a's two addresses remain"
+    );
 }
 
 #[test]
@@ -119,7 +156,12 @@ fn delete_lifecycle_keeps_addresses_until_removed() {
 fn usage_counts_allocations() {
     let (_d, mut db) = open();
     created(db.begin_add(&spec("a", &["10.0.0.0/30"])).unwrap());
-    let u = db.usage_of(&["10.0.0.0/30".parse().unwrap(), "10.9.0.0/24".parse().unwrap()]).unwrap();
+    let u = db
+        .usage_of(&[
+            "10.0.0.0/30".parse().unwrap(),
+            "10.9.0.0/24".parse().unwrap(),
+        ])
+        .unwrap();
     assert!(u[0].is_full());
     assert_eq!(u[1].allocated, 0);
     let all = db.range_usage().unwrap();
@@ -143,7 +185,10 @@ fn state_survives_reopen_and_schema_is_versioned() {
     assert_eq!(a.state, State::Creating);
     // The cursor persisted: the next address follows.
     let b = created(db.begin_add(&spec("b", &["10.0.0.0/24"])).unwrap());
-    assert_eq!(b.addresses[0].address, "10.0.0.3".parse::<IpAddr>().unwrap());
+    assert_eq!(
+        b.addresses[0].address,
+        "10.0.0.3".parse::<IpAddr>().unwrap()
+    );
 }
 
 #[test]
@@ -152,7 +197,8 @@ fn newer_schema_is_refused() {
     let path = dir.path().join("weft.db");
     {
         let c = rusqlite::Connection::open(&path).unwrap();
-        c.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+        c.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
     }
     assert!(matches!(Db::open(&path), Err(StoreError::TooNew { .. })));
 }
@@ -179,6 +225,10 @@ async fn concurrent_adds_through_the_writer_never_share_an_address() {
         }
     }
     assert_eq!(seen.len(), 400);
-    let n = store.run(|db| db.allocated_addresses()).await.unwrap().len();
+    let n = store
+        .run(|db| db.allocated_addresses())
+        .await
+        .unwrap()
+        .len();
     assert_eq!(n, 400);
 }

@@ -22,9 +22,16 @@ pub enum LogFormat {
 /// Installs the global log subscriber. `RUST_LOG` overrides the default `info` level.
 pub fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).with_span_list(false).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
         LogFormat::Text => builder.init(),
     }
 }
@@ -52,19 +59,21 @@ impl Readiness {
 
 /// The HTTP router: `/healthz` answers while the process lives, `/readyz` once ready.
 pub fn router(ready: Readiness) -> Router {
-    Router::new().route("/healthz", get(|| async { "ok\n" })).route(
-        "/readyz",
-        get(move || {
-            let ready = ready.clone();
-            async move {
-                if ready.get() {
-                    (StatusCode::OK, "ready\n")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    if ready.get() {
+                        (StatusCode::OK, "ready\n")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                    }
                 }
-            }
-        }),
-    )
+            }),
+        )
 }
 
 /// Binds `addr` for the HTTP endpoints.
@@ -78,7 +87,9 @@ pub async fn serve_http(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 #[cfg(test)]
@@ -87,16 +98,32 @@ mod tests {
     use tower::ServiceExt;
 
     async fn status(r: Router, path: &str) -> StatusCode {
-        r.oneshot(http::Request::get(path).body(axum::body::Body::empty()).unwrap()).await.unwrap().status()
+        r.oneshot(
+            http::Request::get(path)
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap()
+        .status()
     }
 
     #[tokio::test]
     async fn readiness_follows_the_flag() {
         let ready = Readiness::default();
-        assert_eq!(status(router(ready.clone()), "/healthz").await, StatusCode::OK);
-        assert_eq!(status(router(ready.clone()), "/readyz").await, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            status(router(ready.clone()), "/healthz").await,
+            StatusCode::OK
+        );
+        assert_eq!(
+            status(router(ready.clone()), "/readyz").await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         ready.set(true);
-        assert_eq!(status(router(ready.clone()), "/readyz").await, StatusCode::OK);
+        assert_eq!(
+            status(router(ready.clone()), "/readyz").await,
+            StatusCode::OK
+        );
         assert_eq!(status(router(ready), "/nope").await, StatusCode::NOT_FOUND);
     }
 }

@@ -28,7 +28,10 @@ pub struct BenchArgs {
 pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
     let bin_dir = match args.bin_dir {
         Some(d) => d,
-        None => std::env::current_exe()?.parent().context("weftctl's directory")?.to_path_buf(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("weftctl's directory")?
+            .to_path_buf(),
     };
     let work_dir = std::env::temp_dir().join(format!("weft-bench-{}", std::process::id()));
     let opts = weft_bench::Options {

@@ -12,6 +12,12 @@ use weft_rpc::{DialOptions, dial_unix};
 
 /// Connects to weftd at `socket` without waiting for a restarting daemon.
 pub async fn connect(socket: &Path) -> anyhow::Result<Channel> {
-    let opts = DialOptions { connect_window: Duration::ZERO, call_timeout: Duration::from_secs(10), ..DialOptions::default() };
-    dial_unix(socket, &opts).await.with_context(|| format!("cannot reach weftd at {}", socket.display()))
+    let opts = DialOptions {
+        connect_window: Duration::ZERO,
+        call_timeout: Duration::from_secs(10),
+        ..DialOptions::default()
+    };
+    dial_unix(socket, &opts)
+        .await
+        .with_context(|| format!("cannot reach weftd at {}", socket.display()))
 }

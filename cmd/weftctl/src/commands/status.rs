@@ -44,7 +44,9 @@ fn human_duration(mut s: i64) -> String {
 pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
     let mut client = AdminClient::new(super::connect(socket).await?);
     let r = client.status(StatusRequest {}).await?.into_inner();
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
     let status = Status {
         node: r.node_name,
         version: r.version,
@@ -57,7 +59,13 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
         ranges: r
             .ranges
             .into_iter()
-            .map(|g| Range { free: g.capacity.saturating_sub(g.allocated), cidr: g.cidr, gateway: g.gateway, capacity: g.capacity, allocated: g.allocated })
+            .map(|g| Range {
+                free: g.capacity.saturating_sub(g.allocated),
+                cidr: g.cidr,
+                gateway: g.gateway,
+                capacity: g.capacity,
+                allocated: g.allocated,
+            })
             .collect(),
     };
     if json {
@@ -71,16 +79,32 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
         human_duration(status.uptime_seconds),
         if status.ready { "ready" } else { "NOT READY" }
     );
-    println!("state        {} (schema {})", status.state_path, status.schema_version);
-    println!("attachments  {} ({} teardowns pending)", status.attachments, status.pending_teardowns);
+    println!(
+        "state        {} (schema {})",
+        status.state_path, status.schema_version
+    );
+    println!(
+        "attachments  {} ({} teardowns pending)",
+        status.attachments, status.pending_teardowns
+    );
     println!();
-    println!("{:<28} {:<26} {:>10} {:>20} {:>7}", "RANGE", "GATEWAY", "ALLOCATED", "CAPACITY", "USED");
+    println!(
+        "{:<28} {:<26} {:>10} {:>20} {:>7}",
+        "RANGE", "GATEWAY", "ALLOCATED", "CAPACITY", "USED"
+    );
     if status.ranges.is_empty() {
         println!("(no ranges yet: they are recorded at the first ADD)");
     }
     for g in &status.ranges {
-        let pct = if g.capacity == 0 { 100.0 } else { g.allocated as f64 * 100.0 / g.capacity as f64 };
-        println!("{:<28} {:<26} {:>10} {:>20} {:>6.1}%", g.cidr, g.gateway, g.allocated, g.capacity, pct);
+        let pct = if g.capacity == 0 {
+            100.0
+        } else {
+            g.allocated as f64 * 100.0 / g.capacity as f64
+        };
+        println!(
+            "{:<28} {:<26} {:>10} {:>20} {:>6.1}%",
+            g.cidr, g.gateway, g.allocated, g.capacity, pct
+        );
     }
     Ok(())
 }
