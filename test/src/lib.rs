@@ -14,20 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// True when privileged tests may run; panics without root unless
-/// `WEFT_SKIP_PRIVILEGED=1` explicitly asks to skip (then returns false).
-pub fn privileged() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    if std::env::var("WEFT_SKIP_PRIVILEGED").as_deref() == Ok("1") {
-        eprintln!("skipping a privileged test: not root and WEFT_SKIP_PRIVILEGED=1");
-        return false;
-    }
-    panic!(
-        "this test needs root (network namespaces); set WEFT_SKIP_PRIVILEGED=1 to skip it explicitly"
-    );
-}
+pub use weft_kernel::testutil::privileged;
 
 /// Path of a workspace binary (`weft`, `weftd`, `weftctl`) built beside the tests.
 pub fn bin(name: &str) -> PathBuf {

@@ -63,12 +63,18 @@ fn pod_ref(args: &CniArgs) -> PodRef {
     }
 }
 
-fn key(conf: &NetworkConfig, args: &CniArgs) -> AttachmentKey {
-    AttachmentKey {
+/// Decodes the config for `cmd`, checks the container id and interface name, and
+/// returns the config with the attachment's key: the common start of ADD, DEL, CHECK.
+fn decode(args: &CniArgs, cmd: Cmd) -> Result<(NetworkConfig, AttachmentKey), CniError> {
+    let conf = NetworkConfig::parse(&args.stdin_data, cmd)?;
+    validate::container_id(&args.container_id)?;
+    validate::ifname(&args.ifname)?;
+    let key = AttachmentKey {
         network: conf.name.clone(),
         container_id: args.container_id.clone(),
         ifname: args.ifname.clone(),
-    }
+    };
+    Ok((conf, key))
 }
 
 /// The kernel description of a stored attachment.
@@ -190,11 +196,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
 
     /// ADD: attach the pod, or return the stored result if it is attached already.
     pub async fn add(&self, args: &CniArgs) -> Result<Vec<u8>, CniError> {
-        let conf = NetworkConfig::parse(&args.stdin_data, Cmd::Add)?;
-        validate::container_id(&args.container_id)?;
-        validate::ifname(&args.ifname)?;
+        let (conf, key) = decode(args, Cmd::Add)?;
         self.check_netns(&args.netns).await?;
-        let key = key(&conf, args);
         let _guard = self.locks.lock(&args.container_id).await;
         self.teardowns.wait(&key).await;
 
@@ -277,10 +280,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// pod is cut off; the veth pair is removed right after, and the addresses are
     /// released only when that is done.
     pub async fn del(&self, args: &CniArgs) -> Result<(), CniError> {
-        let conf = NetworkConfig::parse(&args.stdin_data, Cmd::Del)?;
-        validate::container_id(&args.container_id)?;
-        validate::ifname(&args.ifname)?;
-        let key = key(&conf, args);
+        let (_conf, key) = decode(args, Cmd::Del)?;
         let _guard = self.locks.lock(&args.container_id).await;
         if self.teardowns.pending(&key) {
             return Ok(());
@@ -319,11 +319,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
 
     /// CHECK: compare the pod's networking with what weft set up.
     pub async fn check(&self, args: &CniArgs) -> Result<(), CniError> {
-        let conf = NetworkConfig::parse(&args.stdin_data, Cmd::Check)?;
-        validate::container_id(&args.container_id)?;
-        validate::ifname(&args.ifname)?;
+        let (conf, key) = decode(args, Cmd::Check)?;
         self.check_netns(&args.netns).await?;
-        let key = key(&conf, args);
         let _guard = self.locks.lock(&args.container_id).await;
         let att = match self.ipam.get(key.clone()).await.map_err(store_err)? {
             Some(a) if a.state == State::Ready && !self.teardowns.pending(&key) => a,
