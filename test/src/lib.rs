@@ -256,10 +256,20 @@ impl Daemon {
     fn spawn(&mut self) {
         let child = self.command().spawn().expect("starting weftd");
         self.child = Some(child);
+        // The socket is bound before start-up recovery, so a connection alone does not
+        // mean the daemon serves: wait for an answer to a status call.
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
             if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
-                return;
+                let out = run(Command::new(bin("weftctl")).args([
+                    "--socket",
+                    self.socket().to_str().unwrap(),
+                    "--json",
+                    "status",
+                ]));
+                if out.status.success() {
+                    return;
+                }
             }
             if let Some(Ok(Some(st))) = self.child.as_mut().map(Child::try_wait) {
                 panic!("weftd exited early ({st}):\n{}", self.log());

@@ -61,6 +61,8 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    // Installed first, so a SIGTERM during start-up still means an orderly stop.
+    let shutdown = shutdown_signal()?;
     let node_name = args.node_name.clone().unwrap_or_else(hostname);
     let started_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -128,7 +130,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     ready.set(true);
     info!(socket = %args.socket.display(), http = %args.metrics_addr, "weftd ready");
 
-    shutdown_signal().await;
+    shutdown.await;
     info!("shutting down: finishing calls in flight");
     ready.set(false);
     let _ = stop_tx.send(true);
@@ -161,12 +163,15 @@ fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std
     })
 }
 
-async fn shutdown_signal() {
+/// Resolves at the first SIGTERM or SIGINT; the handlers are in place once this returns.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
-    }
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+    })
 }
