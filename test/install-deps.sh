@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Installs what weft's build, tests and demo need on Debian 12 (run as root).
-# Rust itself (rustup, cargo) is expected to be installed already.
+# Installs what weft's build, tests and demo need on Debian 12 (run as root from the
+# repository). Rust itself (rustup, cargo) is expected to be installed already.
+# Everything that is not a Debian package goes inside the repository: the Python venv
+# with the rotel OpenTelemetry collector (.venv) and the npm packages that validate
+# the Grafana dashboard (test/grafana/node_modules).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 packages=(
-  iproute2 iputils-ping          # namespaces, links, ping across pods
+  iproute2 iputils-ping curl     # namespaces, links, ping across pods, HTTP probes
   containerd runc                # the real runtime for the CRI end-to-end test
   containernetworking-plugins    # loopback for containerd; ptp + host-local as the benchmark reference
   protobuf-compiler              # only for the k8s-cri test dependency (weft's own protos use protox)
   gcc libc6-dev                  # the static pause binary of the CRI test
+  prometheus                     # promtool and a real Prometheus for the metrics, dashboard and alert tests
+  python3-venv                   # the venv for the rotel collector
 )
+command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -17,4 +24,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# Debian starts the packaged Prometheus as a service; the tests run their own.
+systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+
+# rotel: a real OpenTelemetry collector (Rust), shipped as a PyPI wheel.
+if ! ls .venv/lib/python3*/site-packages/rotel/rotel-agent >/dev/null 2>&1; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check rotel==0.0.1a15
+fi
+# @grafana/schema and a JSON Schema validator, pinned by test/grafana/package-lock.json.
+if [ ! -d test/grafana/node_modules/@grafana/schema ]; then
+  (cd test/grafana && npm ci --silent --no-audit --no-fund)
 fi

@@ -132,6 +132,38 @@ impl Netns {
             .success()
     }
 
+    /// A TCP listener bound to `addr` inside the namespace (the socket keeps the
+    /// namespace it was created in; a short-lived thread creates it there).
+    pub fn bind_tcp(&self, addr: &str) -> std::net::TcpListener {
+        let path = self.path();
+        let addr = addr.to_string();
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(&path).expect("namespace file");
+            nix::sched::setns(
+                std::os::fd::AsFd::as_fd(&f),
+                nix::sched::CloneFlags::CLONE_NEWNET,
+            )
+            .expect("setns");
+            std::net::TcpListener::bind(&addr).expect("bind inside the namespace")
+        })
+        .join()
+        .expect("binding thread")
+    }
+
+    /// Starts `program args` inside the namespace; killed when the guard drops.
+    pub fn spawn(&self, program: &str, args: &[&str], log: &Path) -> Proc {
+        let out = std::fs::File::create(log).expect("log file");
+        let child = self
+            .cmd(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {program}: {e}"));
+        Proc(child)
+    }
+
     /// Deletes the namespace now (as a runtime does after DEL, or to make it vanish).
     pub fn delete(mut self) {
         self.remove();
@@ -150,6 +182,16 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         self.remove();
+    }
+}
+
+/// A process a test started; killed and reaped on drop.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -187,21 +229,68 @@ pub struct Daemon {
     dir: TempDir,
     child: Option<Child>,
     node_name: String,
+    env: Vec<(String, String)>,
 }
 
 impl Daemon {
     /// Starts weftd in a fresh node namespace and waits until its socket answers.
     pub fn start(tag: &str) -> Self {
-        let node = Netns::new(tag);
+        Self::start_with_env(tag, &[])
+    }
+
+    /// Like [`Daemon::start`], with extra environment variables for weftd.
+    pub fn start_with_env(tag: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_in(Netns::new(tag), tag, env)
+    }
+
+    /// Starts weftd in an existing node namespace.
+    pub fn start_in(node: Netns, tag: &str, env: &[(&str, &str)]) -> Self {
         let dir = TempDir::new(tag);
         let mut d = Self {
             node,
             dir,
             child: None,
             node_name: format!("node-{tag}"),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         d.spawn();
         d
+    }
+
+    /// The node name weftd was given.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// A scratch directory that lives as long as the daemon.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `GET http://127.0.0.1:9384<path>` inside the node namespace, with `accept`.
+    pub fn http_get(&self, path: &str, accept: &str) -> String {
+        sh(self
+            .node
+            .cmd("curl")
+            .args([
+                "-sf",
+                "--max-time",
+                "10",
+                "-H",
+                &format!("Accept: {accept}"),
+            ])
+            .arg(format!("http://127.0.0.1:9384{path}")))
+    }
+
+    /// The log lines weftd wrote, parsed (lines that are not JSON are skipped).
+    pub fn log_json(&self) -> Vec<Value> {
+        self.log()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
     /// Path of the daemon's socket.
@@ -234,6 +323,7 @@ impl Daemon {
             .args(["--state-dir", state.to_str().unwrap()])
             .args(["--metrics-addr", "127.0.0.1:9384"])
             .args(["--node-name", &self.node_name])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));

@@ -105,6 +105,48 @@ fn run(command: &str, stdin: Vec<u8>) -> Result<Vec<u8>, CniError> {
     runtime.block_on(relay(cmd, &cfg.socket, args))
 }
 
+/// The W3C `traceparent` the call carries: the runtime's (`TRACEPARENT`) when it gave
+/// a valid one, so the call joins its trace; otherwise a new trace.
+fn traceparent() -> String {
+    if let Ok(tp) = std::env::var("TRACEPARENT")
+        && valid_traceparent(&tp)
+    {
+        return tp;
+    }
+    let mut b = [0u8; 24];
+    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize || b[..16].iter().all(|&x| x == 0) || b[16..].iter().all(|&x| x == 0) {
+        // No randomness: derive something unique enough from the clock and pid.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos());
+        b[..16].copy_from_slice(&t.to_be_bytes());
+        b[16..20].copy_from_slice(&std::process::id().to_be_bytes());
+        b[20..].copy_from_slice(&[0, 0, 0, 1]);
+    }
+    let hex = |x: &[u8]| x.iter().map(|v| format!("{v:02x}")).collect::<String>();
+    format!("00-{}-{}-01", hex(&b[..16]), hex(&b[16..]))
+}
+
+/// `00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`, ids not all zero.
+fn valid_traceparent(tp: &str) -> bool {
+    let parts: Vec<&str> = tp.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+    };
+    parts.len() == 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && parts[1].bytes().any(|c| c != b'0')
+        && hex(parts[2], 16)
+        && parts[2].bytes().any(|c| c != b'0')
+        && hex(parts[3], 2)
+}
+
 async fn relay(cmd: Cmd, socket: &str, args: CniArgs) -> Result<Vec<u8>, CniError> {
     let unreachable_code = if cmd == Cmd::Status {
         code::NOT_AVAILABLE
@@ -120,12 +162,16 @@ async fn relay(cmd: Cmd, socket: &str, args: CniArgs) -> Result<Vec<u8>, CniErro
             )
         })?;
     let mut client = CniClient::new(channel);
+    let mut request = tonic::Request::new(args);
+    if let Ok(v) = traceparent().parse() {
+        request.metadata_mut().insert("traceparent", v);
+    }
     let outcome = match cmd {
-        Cmd::Add => client.add(args).await.map(|r| r.into_inner().result),
-        Cmd::Del => client.del(args).await.map(|_| Vec::new()),
-        Cmd::Check => client.check(args).await.map(|_| Vec::new()),
-        Cmd::Status => client.status(args).await.map(|_| Vec::new()),
-        Cmd::Gc => client.gc(args).await.map(|_| Vec::new()),
+        Cmd::Add => client.add(request).await.map(|r| r.into_inner().result),
+        Cmd::Del => client.del(request).await.map(|_| Vec::new()),
+        Cmd::Check => client.check(request).await.map(|_| Vec::new()),
+        Cmd::Status => client.status(request).await.map(|_| Vec::new()),
+        Cmd::Gc => client.gc(request).await.map(|_| Vec::new()),
         Cmd::Version => unreachable!("answered locally"),
     };
     outcome.map_err(|status| status_to_cni(&status, socket, unreachable_code))
@@ -172,4 +218,33 @@ fn source_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_traceparents_are_valid_and_distinct() {
+        let (a, b) = (traceparent(), traceparent());
+        assert!(valid_traceparent(&a), "{a}");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn traceparent_validation() {
+        assert!(valid_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "garbage",
+        ] {
+            assert!(!valid_traceparent(bad), "{bad}");
+        }
+    }
 }

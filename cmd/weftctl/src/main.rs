@@ -25,6 +25,9 @@ struct Cli {
 enum Command {
     /// Daemon health and per-range address usage.
     Status,
+    /// The most recent finished CNI calls (time, command, pod, ifname, duration, CNI
+    /// code, trace id): the first thing to look at when a pod is stuck.
+    Calls(commands::calls::CallsArgs),
     /// Benchmark weft beside the reference plugins (ptp + host-local), in namespaces
     /// it creates and removes. Needs root.
     Bench(commands::bench::BenchArgs),
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
     let outcome = rt.block_on(async {
         match cli.command {
             Command::Status => commands::status::run(&cli.socket, cli.json).await,
+            Command::Calls(args) => commands::calls::run(&cli.socket, args, cli.json).await,
             Command::Bench(args) => commands::bench::run(args, cli.json),
         }
     });

@@ -17,7 +17,8 @@ use weft_daemon::{Handler, KernelNetworking, NodeInfo, recover, server};
 use weft_rpc::admin::admin_server::AdminServer;
 use weft_rpc::cnirpc::cni_server::CniServer;
 use weft_store::Store;
-use weft_telemetry::{LogFormat, Readiness};
+use weft_telemetry::metrics::RangeLabels;
+use weft_telemetry::{CallLog, GrpcLayer, LogFormat, Metrics, Readiness};
 
 /// The weft node daemon: serves CNI calls relayed by the `weft` plugin.
 #[derive(Debug, Parser)]
@@ -38,7 +39,14 @@ struct Args {
     /// Log format.
     #[arg(long, env = "WEFT_LOG_FORMAT", value_enum, default_value = "json")]
     log_format: LogFormat,
+    /// How many finished CNI calls to keep for `weftctl calls`.
+    #[arg(long, env = "WEFT_CALLS_HISTORY", default_value_t = 256)]
+    calls_history: usize,
 }
+
+/// The version and commit weftd reports.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const COMMIT: &str = env!("WEFT_COMMIT");
 
 fn hostname() -> String {
     nix::unistd::gethostname()
@@ -50,8 +58,20 @@ fn hostname() -> String {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    weft_telemetry::init_logging(args.log_format);
-    match run(args).await {
+    let node_name = args.node_name.clone().unwrap_or_else(hostname);
+    let metrics = Metrics::new(VERSION, COMMIT);
+    let provider = match weft_telemetry::otel::provider(&node_name, VERSION) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("weftd: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let provider = weft_telemetry::init(args.log_format, provider, metrics.clone());
+    let outcome = run(args, node_name, metrics).await;
+    // Flush what is left of the traces; the exporter blocks, so not on a worker.
+    let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             error!(error = format!("{e:#}"), "weftd stopped");
@@ -60,10 +80,9 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Result<()> {
     // Installed first, so a SIGTERM during start-up still means an orderly stop.
     let shutdown = shutdown_signal()?;
-    let node_name = args.node_name.clone().unwrap_or_else(hostname);
     let started_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
@@ -78,10 +97,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let listener = server::bind_unix(&args.socket)
         .with_context(|| format!("binding {}", args.socket.display()))?;
     let db_path = args.state_dir.join("weft.db");
-    let store = Store::open(&db_path)
+    let store_seconds = metrics.store_transaction.clone();
+    let observer: weft_store::Observer =
+        Arc::new(move |d: Duration| store_seconds.observe(d.as_secs_f64()));
+    let store = Store::open_observed(&db_path, Some(observer))
         .with_context(|| format!("opening the state store {}", db_path.display()))?;
     let first_start = store.schema_found() == 0;
-    info!(node = %node_name, state = %db_path.display(), first_start, version = env!("CARGO_PKG_VERSION"), "weftd starting");
+    info!(node = %node_name, state = %db_path.display(), first_start, version = VERSION, commit = COMMIT, tracing_export = weft_telemetry::otel::export_configured(), "weftd starting");
 
     weft_kernel::enable_forwarding().context("enabling IP forwarding")?;
     let recovered = recover::recover(&store, &KernelNetworking)
@@ -106,7 +128,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let h = handler.clone();
         Arc::new(move || h.pending_teardowns()) as Arc<dyn Fn() -> usize + Send + Sync>
     };
-    let admin = AdminService::new(store.clone(), node_name, started_at, ready.flag(), pending);
+    let calls = Arc::new(CallLog::new(args.calls_history));
+    let admin = AdminService::new(
+        store.clone(),
+        node_name,
+        started_at,
+        ready.flag(),
+        pending,
+        calls.clone(),
+    );
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -118,11 +148,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("binding the HTTP endpoints on {}", args.metrics_addr))?;
     let http_task = tokio::spawn(weft_telemetry::serve_http(
         http,
-        weft_telemetry::router(ready.clone()),
+        weft_telemetry::router(
+            ready.clone(),
+            metrics.clone(),
+            Some(refresh_gauges(store.clone(), metrics.clone())),
+        ),
         stopped(stop_rx.clone()),
     ));
 
+    // Cross-cutting behaviour of every call (span, metrics, access log, call log) is
+    // this one layer; the services below know nothing of it.
     let grpc = tonic::transport::Server::builder()
+        .layer(GrpcLayer::new(metrics.clone(), calls))
         .add_service(CniServer::new(CniService::new(handler.clone())))
         .add_service(AdminServer::new(admin))
         .serve_with_incoming_shutdown(server::root_only(listener), stopped(stop_rx.clone()));
@@ -145,6 +182,34 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let _ = http_task.await;
     info!("weftd stopped");
     Ok(())
+}
+
+/// Sets the gauges read from the store (addresses per range, pods) before a scrape.
+fn refresh_gauges(store: Store, metrics: Arc<Metrics>) -> weft_telemetry::Refresh {
+    Arc::new(move || {
+        let (store, metrics) = (store.clone(), metrics.clone());
+        Box::pin(async move {
+            if let Ok((usage, counts)) = store.run(|db| Ok((db.range_usage()?, db.counts()?))).await
+            {
+                for u in usage {
+                    let range = u.range.to_string();
+                    let free = u.capacity.saturating_sub(u.allocated);
+                    for (state, v) in [("allocated", u.allocated), ("free", free)] {
+                        metrics
+                            .ipam_addresses
+                            .get_or_create(&RangeLabels {
+                                range: range.clone(),
+                                state,
+                            })
+                            .set(i64::try_from(v).unwrap_or(i64::MAX));
+                    }
+                }
+                metrics
+                    .pods
+                    .set(i64::try_from(counts.1).unwrap_or(i64::MAX));
+            }
+        })
+    })
 }
 
 fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
 use weft_cni::{
     CNIResult, Cmd, CniError, Interface, IpConfig, NetworkConfig, Route, code, result, validate,
@@ -19,6 +19,14 @@ use weft_store::{Attachment, AttachmentKey, BeginAdd, NewAttachment, PodRef, Sta
 use crate::locks::{KeyedLocks, Teardowns};
 use crate::naming;
 use crate::seams::{Ipam, PodNetworking};
+
+/// A span for one phase of a call; closed phases become
+/// `weft_cni_phase_duration_seconds{phase=...}` observations and trace spans.
+macro_rules! phase {
+    ($name:literal) => {
+        tracing::info_span!(target: "weft::phase", $name)
+    };
+}
 
 /// Facts about the node the handler reports.
 #[derive(Debug, Clone, Default)]
@@ -198,8 +206,13 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     pub async fn add(&self, args: &CniArgs) -> Result<Vec<u8>, CniError> {
         let (conf, key) = decode(args, Cmd::Add)?;
         self.check_netns(&args.netns).await?;
-        let _guard = self.locks.lock(&args.container_id).await;
-        self.teardowns.wait(&key).await;
+        let _guard = async {
+            let guard = self.locks.lock(&args.container_id).await;
+            self.teardowns.wait(&key).await;
+            guard
+        }
+        .instrument(phase!("lock_wait"))
+        .await;
 
         let spec = NewAttachment {
             key: key.clone(),
@@ -209,7 +222,12 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             mtu: conf.mtu,
             ranges: conf.ranges.clone(),
         };
-        let att = match self.ipam.begin_add(spec.clone()).await.map_err(store_err)? {
+        let begun = self
+            .ipam
+            .begin_add(spec.clone())
+            .instrument(phase!("ipam"))
+            .await;
+        let att = match begun.map_err(store_err)? {
             BeginAdd::Existing(att) if att.state == State::Ready => {
                 let stored: CNIResult = att
                     .result
@@ -248,7 +266,12 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         }
         let ours = cni_result(&att, &net);
         let json = serde_json::to_string(&ours).expect("CNI results serialize");
-        if let Err(e) = self.ipam.finish_add(att.id, json).await {
+        if let Err(e) = self
+            .ipam
+            .finish_add(att.id, json)
+            .instrument(phase!("store_commit"))
+            .await
+        {
             let _ = self.net.remove(att.host_ifname.clone()).await;
             self.undo_add(&att).await;
             return Err(store_err(e));
@@ -281,11 +304,20 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// released only when that is done.
     pub async fn del(&self, args: &CniArgs) -> Result<(), CniError> {
         let (_conf, key) = decode(args, Cmd::Del)?;
-        let _guard = self.locks.lock(&args.container_id).await;
+        let _guard = self
+            .locks
+            .lock(&args.container_id)
+            .instrument(phase!("lock_wait"))
+            .await;
         if self.teardowns.pending(&key) {
             return Ok(());
         }
-        let Some(att) = self.ipam.begin_del(key.clone()).await.map_err(store_err)? else {
+        let begun = self
+            .ipam
+            .begin_del(key.clone())
+            .instrument(phase!("ipam"))
+            .await;
+        let Some(att) = begun.map_err(store_err)? else {
             return Ok(());
         };
         self.start_teardown(att).await;
@@ -295,7 +327,12 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// Cuts the pod off now and finishes its teardown in the background.
     async fn start_teardown(&self, att: Attachment) -> Option<tokio::task::JoinHandle<()>> {
         let ticket = self.teardowns.start(&att.key)?;
-        if let Err(e) = self.net.disconnect(att.host_ifname.clone()).await {
+        if let Err(e) = self
+            .net
+            .disconnect(att.host_ifname.clone())
+            .instrument(phase!("disconnect"))
+            .await
+        {
             warn!(attachment = %att.key, error = %e, "could not set the host end down; removing it anyway");
         }
         let (net, ipam) = (self.net.clone(), self.ipam.clone());
@@ -314,15 +351,20 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             }
             drop(ticket);
         };
-        Some(tokio::spawn(work))
+        Some(tokio::spawn(work.instrument(phase!("teardown"))))
     }
 
     /// CHECK: compare the pod's networking with what weft set up.
     pub async fn check(&self, args: &CniArgs) -> Result<(), CniError> {
         let (conf, key) = decode(args, Cmd::Check)?;
         self.check_netns(&args.netns).await?;
-        let _guard = self.locks.lock(&args.container_id).await;
-        let att = match self.ipam.get(key.clone()).await.map_err(store_err)? {
+        let _guard = self
+            .locks
+            .lock(&args.container_id)
+            .instrument(phase!("lock_wait"))
+            .await;
+        let found = self.ipam.get(key.clone()).instrument(phase!("ipam")).await;
+        let att = match found.map_err(store_err)? {
             Some(a) if a.state == State::Ready && !self.teardowns.pending(&key) => a,
             _ => {
                 return Err(CniError::new(
@@ -350,7 +392,11 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 }
             }
         }
-        self.net.check(pod_network(&att)).await.map_err(kernel_err)
+        self.net
+            .check(pod_network(&att))
+            .instrument(phase!("check"))
+            .await
+            .map_err(kernel_err)
     }
 
     /// STATUS: can ADD be served for this config? Code 50 when every range of one of

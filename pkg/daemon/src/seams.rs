@@ -102,15 +102,20 @@ pub trait PodNetworking: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KernelNetworking;
 
+/// Runs kernel work on the blocking pool, inside the caller's span so its phase
+/// spans belong to the call.
 async fn blocking<R: Send + 'static>(
     f: impl FnOnce() -> Result<R, KernelError> + Send + 'static,
 ) -> Result<R, KernelError> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(KernelError::os(
-            "kernel task",
-            std::io::Error::other(e.to_string()),
-        ))
-    })
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(f))
+        .await
+        .unwrap_or_else(|e| {
+            Err(KernelError::os(
+                "kernel task",
+                std::io::Error::other(e.to_string()),
+            ))
+        })
 }
 
 impl PodNetworking for KernelNetworking {

@@ -6,14 +6,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
+use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
 use weft_cni::{CniError, code};
 use weft_rpc::admin::admin_server::Admin;
-use weft_rpc::admin::{RangeUsage as RangeUsageMsg, StatusReply, StatusRequest};
+use weft_rpc::admin::{
+    Call, CallsReply, CallsRequest, RangeUsage as RangeUsageMsg, StatusReply, StatusRequest,
+};
 use weft_rpc::cnirpc::cni_server::Cni;
 use weft_rpc::cnirpc::{
     AddResponse, CheckResponse, CniArgs, DelResponse, GcResponse, StatusResponse,
 };
 use weft_store::{SCHEMA_VERSION, Store};
+use weft_telemetry::{CallInfo, CallLog, CniCallFields};
 
 use crate::handler::Handler;
 use crate::seams::{Ipam, PodNetworking};
@@ -50,18 +55,46 @@ pub fn to_status(e: &CniError) -> Status {
 }
 
 /// Runs a call on its own task, so a client that disconnects or times out cannot
-/// cancel it half-way: an ADD either finishes or undoes itself.
+/// cancel it half-way: an ADD either finishes or undoes itself. The task runs in the
+/// call's span, and its outcome is recorded on the call.
 async fn detached<T: Send + 'static>(
+    call: Option<Arc<CallInfo>>,
     fut: impl Future<Output = Result<T, CniError>> + Send + 'static,
 ) -> Result<T, Status> {
-    match tokio::spawn(fut).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(to_status(&e)),
-        Err(join) => Err(to_status(&CniError::new(
+    let outcome = match tokio::spawn(fut.in_current_span()).await {
+        Ok(r) => r,
+        Err(join) => Err(CniError::new(
             code::INTERNAL,
             format!("the call's task failed: {join}"),
-        ))),
+        )),
+    };
+    if let Some(c) = call {
+        match &outcome {
+            Ok(_) => c.record_outcome(0, ""),
+            Err(e) => c.record_outcome(e.code, &format!("{}: {}", e.msg, e.details)),
+        }
     }
+    outcome.map_err(|e| to_status(&e))
+}
+
+/// Takes the call's arguments and records what the call is about on its span (so
+/// every log line inside carries the pod fields) and in the call log.
+fn decode(command: &str, request: Request<CniArgs>) -> (Option<Arc<CallInfo>>, CniArgs) {
+    let call = request.extensions().get::<Arc<CallInfo>>().cloned();
+    let args = request.into_inner();
+    if let Some(c) = &call {
+        let get = |k: &str| args.args.get(k).map_or("", String::as_str);
+        c.record_cni(&CniCallFields {
+            command,
+            pod_namespace: get(K8S_POD_NAMESPACE),
+            pod_name: get(K8S_POD_NAME),
+            pod_uid: get(K8S_POD_UID),
+            container_id: &args.container_id,
+            netns: &args.netns,
+            ifname: &args.ifname,
+        });
+    }
+    (call, args)
 }
 
 /// The `weft.cnirpc.v1.CNI` service.
@@ -79,36 +112,37 @@ impl<I, K> CniService<I, K> {
 #[tonic::async_trait]
 impl<I: Ipam, K: PodNetworking> Cni for CniService<I, K> {
     async fn add(&self, request: Request<CniArgs>) -> Result<Response<AddResponse>, Status> {
-        let (h, args) = (self.handler.clone(), request.into_inner());
-        let result = detached(async move { h.add(&args).await }).await?;
+        let (call, args) = decode("ADD", request);
+        let h = self.handler.clone();
+        let result = detached(call, async move { h.add(&args).await }).await?;
         Ok(Response::new(AddResponse { result }))
     }
 
     async fn del(&self, request: Request<CniArgs>) -> Result<Response<DelResponse>, Status> {
-        let (h, args) = (self.handler.clone(), request.into_inner());
-        detached(async move { h.del(&args).await }).await?;
+        let (call, args) = decode("DEL", request);
+        let h = self.handler.clone();
+        detached(call, async move { h.del(&args).await }).await?;
         Ok(Response::new(DelResponse {}))
     }
 
     async fn check(&self, request: Request<CniArgs>) -> Result<Response<CheckResponse>, Status> {
-        self.handler
-            .check(request.get_ref())
-            .await
-            .map_err(|e| to_status(&e))?;
+        let (call, args) = decode("CHECK", request);
+        let h = self.handler.clone();
+        detached(call, async move { h.check(&args).await }).await?;
         Ok(Response::new(CheckResponse {}))
     }
 
     async fn status(&self, request: Request<CniArgs>) -> Result<Response<StatusResponse>, Status> {
-        self.handler
-            .status(request.get_ref())
-            .await
-            .map_err(|e| to_status(&e))?;
+        let (call, args) = decode("STATUS", request);
+        let h = self.handler.clone();
+        detached(call, async move { h.status(&args).await }).await?;
         Ok(Response::new(StatusResponse {}))
     }
 
     async fn gc(&self, request: Request<CniArgs>) -> Result<Response<GcResponse>, Status> {
-        let (h, args) = (self.handler.clone(), request.into_inner());
-        let removed = detached(async move { h.gc(&args).await }).await?;
+        let (call, args) = decode("GC", request);
+        let h = self.handler.clone();
+        let removed = detached(call, async move { h.gc(&args).await }).await?;
         Ok(Response::new(GcResponse { removed }))
     }
 }
@@ -120,16 +154,18 @@ pub struct AdminService {
     started_at: i64,
     ready: Arc<AtomicBool>,
     pending: Arc<dyn Fn() -> usize + Send + Sync>,
+    calls: Arc<CallLog>,
 }
 
 impl AdminService {
-    /// Reports on `store`; `pending` counts teardowns in flight.
+    /// Reports on `store` and the recent `calls`; `pending` counts teardowns in flight.
     pub fn new(
         store: Store,
         node_name: String,
         started_at: i64,
         ready: Arc<AtomicBool>,
         pending: Arc<dyn Fn() -> usize + Send + Sync>,
+        calls: Arc<CallLog>,
     ) -> Self {
         Self {
             store,
@@ -137,6 +173,7 @@ impl AdminService {
             started_at,
             ready,
             pending,
+            calls,
         }
     }
 }
@@ -171,5 +208,30 @@ impl Admin for AdminService {
             state_path: self.store.path().display().to_string(),
             schema_version: SCHEMA_VERSION,
         }))
+    }
+
+    async fn calls(&self, request: Request<CallsRequest>) -> Result<Response<CallsReply>, Status> {
+        let r = request.into_inner();
+        let pod = (!r.pod.is_empty()).then_some(r.pod.as_str());
+        let calls = self
+            .calls
+            .list(r.failed_only, pod)
+            .into_iter()
+            .map(|c| Call {
+                finished_unix_ms: c.finished_unix_ms,
+                command: c.command,
+                pod_namespace: c.pod_namespace,
+                pod_name: c.pod_name,
+                ifname: c.ifname,
+                container_id: c.container_id,
+                netns: c.netns,
+                duration_ms: c.duration_ms,
+                cni_code: c.cni_code,
+                grpc_code: c.grpc_code,
+                trace_id: c.trace_id,
+                error: c.error,
+            })
+            .collect();
+        Ok(Response::new(CallsReply { calls }))
     }
 }

@@ -2,11 +2,15 @@
 //! socket wrapper, sysctls, and the point-to-point ("ptp") pod network driver that
 //! builds a pod's veth, addresses and routes.
 //!
-//! Everything here is blocking and thread-bound: a netlink socket belongs to the
-//! network namespace of the thread that created it. Work inside a pod's namespace
-//! runs on a fresh OS thread that enters the namespace and then exits ([`in_netns`]),
-//! so no thread is ever returned to a pool in the wrong namespace; the daemon calls
-//! this crate from `spawn_blocking`, never from an async worker.
+//! Everything here is blocking. A netlink socket belongs to the network namespace of
+//! the thread that created it, and keeps it wherever it is used afterwards: a socket
+//! for a pod's namespace is opened by a fresh OS thread that enters the namespace and
+//! exits ([`in_netns`]), then used from the caller's thread. No thread is ever returned
+//! to a pool in the wrong namespace; the daemon calls this crate from `spawn_blocking`,
+//! never from an async worker.
+//!
+//! Steps of the pod driver are spans with target `weft::phase` (`veth`, `addresses`,
+//! `routes`), which the daemon turns into phase metrics and trace spans.
 
 mod error;
 mod netlink;

@@ -57,15 +57,20 @@ impl PodNetwork {
     }
 
     /// Builds everything, or nothing: on failure the veth pair (and with it every
-    /// address and route on it) is removed again. Runs on the calling thread for the
-    /// node's side and on a short-lived thread inside the pod's namespace for the pod's.
+    /// address and route on it) is removed again. All of it runs on the calling thread:
+    /// a netlink socket for the pod's side is opened inside the pod's namespace by a
+    /// short-lived thread and used from here. Each step is a `weft::phase` span.
     pub fn setup(&self) -> Result<(), KernelError> {
         let ns = NetNs::open(&self.netns)?;
         let mut host = Netlink::new().map_err(os("opening netlink"))?;
-        self.create_veth(&mut host, &ns)?;
-        let outcome = self
-            .configure_host(&mut host)
-            .and_then(|()| in_netns(&ns, || self.configure_pod()));
+        {
+            let _phase = tracing::info_span!(target: "weft::phase", "veth").entered();
+            self.create_veth(&mut host, &ns)?;
+        }
+        let outcome = in_netns(&ns, || {
+            Netlink::new().map_err(os("opening netlink in the pod"))
+        })
+        .and_then(|mut pod| self.configure(&mut host, &mut pod));
         if outcome.is_err() {
             let _ = host.delete_link(&self.host_ifname);
         }
@@ -113,67 +118,58 @@ impl PodNetwork {
         }
     }
 
-    fn configure_host(&self, host: &mut Netlink) -> Result<(), KernelError> {
+    fn configure(&self, host: &mut Netlink, pod: &mut Netlink) -> Result<(), KernelError> {
+        let missing = |what: &str| {
+            KernelError::os(
+                format!("looking up {what}"),
+                io::Error::from_raw_os_error(libc::ENODEV),
+            )
+        };
         let link = host
             .link_by_name(&self.host_ifname)
             .map_err(os("looking up the host end"))?
-            .ok_or_else(|| {
-                KernelError::os(
-                    "looking up the host end",
-                    io::Error::from_raw_os_error(libc::ENODEV),
-                )
-            })?;
-        if self.has_v6() {
-            // The host end must answer neighbour discovery from its link-local address
-            // at once, not after a second of duplicate address detection.
-            sysctl::write(
-                &format!("net/ipv6/conf/{}/accept_dad", self.host_ifname),
-                "0",
-            )?;
+            .ok_or_else(|| missing("the host end"))?;
+        let eth = pod
+            .link_by_name(&self.ifname)
+            .map_err(os("looking up the pod end"))?
+            .ok_or_else(|| missing("the pod end"))?;
+        {
+            let _phase = tracing::info_span!(target: "weft::phase", "addresses").entered();
+            if self.has_v6() {
+                // The host end must answer neighbour discovery from its link-local
+                // address at once, not after a second of duplicate address detection.
+                sysctl::write(
+                    &format!("net/ipv6/conf/{}/accept_dad", self.host_ifname),
+                    "0",
+                )?;
+            }
+            for a in &self.addresses {
+                host.add_address(link.index, a.gateway, host_prefix(&a.gateway))
+                    .map_err(os("adding the gateway address to the host end"))?;
+                pod.add_address(eth.index, a.address, host_prefix(&a.address))
+                    .map_err(os("adding the pod address"))?;
+            }
+            host.set_up(link.index, true)
+                .map_err(os("setting the host end up"))?;
+            if let Some(lo) = pod.link_by_name("lo").map_err(os("looking up lo"))?
+                && !lo.up
+            {
+                pod.set_up(lo.index, true).map_err(os("setting lo up"))?;
+            }
+            pod.set_up(eth.index, true)
+                .map_err(os("setting the pod end up"))?;
         }
+        let _phase = tracing::info_span!(target: "weft::phase", "routes").entered();
         for a in &self.addresses {
-            host.add_address(link.index, a.gateway, host_prefix(&a.gateway))
-                .map_err(os("adding the gateway address to the host end"))?;
-        }
-        host.set_up(link.index, true)
-            .map_err(os("setting the host end up"))?;
-        for a in &self.addresses {
+            let v6 = a.address.is_ipv6();
             host.add_route(
                 Some(a.address),
                 host_prefix(&a.address),
                 None,
                 link.index,
-                a.address.is_ipv6(),
+                v6,
             )
             .map_err(os("adding the host route to the pod"))?;
-        }
-        Ok(())
-    }
-
-    fn configure_pod(&self) -> Result<(), KernelError> {
-        let mut pod = Netlink::new().map_err(os("opening netlink in the pod"))?;
-        if let Some(lo) = pod.link_by_name("lo").map_err(os("looking up lo"))?
-            && !lo.up
-        {
-            pod.set_up(lo.index, true).map_err(os("setting lo up"))?;
-        }
-        let eth = pod
-            .link_by_name(&self.ifname)
-            .map_err(os("looking up the pod end"))?
-            .ok_or_else(|| {
-                KernelError::os(
-                    "looking up the pod end",
-                    io::Error::from_raw_os_error(libc::ENODEV),
-                )
-            })?;
-        for a in &self.addresses {
-            pod.add_address(eth.index, a.address, host_prefix(&a.address))
-                .map_err(os("adding the pod address"))?;
-        }
-        pod.set_up(eth.index, true)
-            .map_err(os("setting the pod end up"))?;
-        for a in &self.addresses {
-            let v6 = a.address.is_ipv6();
             pod.add_route(
                 Some(a.gateway),
                 host_prefix(&a.gateway),
@@ -225,12 +221,14 @@ impl PodNetwork {
             }
         }
         let ns = NetNs::open(&self.netns)?;
-        in_netns(&ns, || self.check_pod())
+        let mut pod = in_netns(&ns, || {
+            Netlink::new().map_err(os("opening netlink in the pod"))
+        })?;
+        self.check_pod(&mut pod)
     }
 
-    fn check_pod(&self) -> Result<(), KernelError> {
+    fn check_pod(&self, pod: &mut Netlink) -> Result<(), KernelError> {
         let drift = |m: String| Err(KernelError::Drift(m));
-        let mut pod = Netlink::new().map_err(os("opening netlink in the pod"))?;
         let Some(eth) = pod
             .link_by_name(&self.ifname)
             .map_err(os("looking up the pod end"))?

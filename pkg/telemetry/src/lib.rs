@@ -1,39 +1,96 @@
-//! Observability for weftd: how logs are written, and the HTTP endpoints served on
-//! `--metrics-addr` (`/healthz` for liveness, `/readyz` for readiness).
+//! Observability for weftd: flat JSON logs in which every line of a CNI call carries
+//! the call's pod fields, OpenTelemetry traces (one per CNI call, started by the
+//! plugin), Prometheus metrics with trace-id exemplars, the tower layer that ties
+//! them to each gRPC call, and the HTTP endpoints (`/metrics`, `/healthz`, `/readyz`).
+//!
+//! [`init`] composes the tracing layers in one place; [`GrpcLayer`] is the tower layer
+//! for the gRPC server; [`router`] serves HTTP.
+
+pub mod calls;
+pub mod grpc;
+pub mod logs;
+pub mod metrics;
+pub mod otel;
+pub mod phases;
+mod process;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::routing::get;
-use tracing_subscriber::EnvFilter;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::filter::{EnvFilter, LevelFilter, filter_fn};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, Registry};
+
+pub use calls::{CallLog, CallRecord};
+pub use grpc::{CallInfo, CniCallFields, GrpcLayer};
+pub use metrics::Metrics;
+pub use phases::PHASE_TARGET;
 
 /// How log lines are written (to stderr).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
-    /// One JSON object per line.
+    /// One flat JSON object per line.
     Json,
     /// Human-readable text.
     Text,
 }
 
-/// Installs the global log subscriber. `RUST_LOG` overrides the default `info` level.
+/// Whether a span or event is weft's own (not a dependency's).
+fn ours(meta: &tracing::Metadata<'_>) -> bool {
+    meta.target().starts_with("weft")
+}
+
+/// Installs the global subscriber: logs (filtered by `RUST_LOG`, default `info`),
+/// OpenTelemetry spans for weft's own spans through `provider`, and phase metrics
+/// into `metrics`. Returns the provider to shut down at exit.
+pub fn init(
+    format: LogFormat,
+    provider: SdkTracerProvider,
+    metrics: Arc<Metrics>,
+) -> SdkTracerProvider {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = match format {
+        LogFormat::Json => logs::JsonLogLayer.with_filter(filter).boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed(),
+    };
+    let tracer = provider.tracer("weft");
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(LevelFilter::INFO)
+        .with_filter(filter_fn(ours));
+    let phases = phases::PhaseLayer::new(metrics).with_filter(filter_fn(ours));
+    let _ = Registry::default()
+        .with(otel)
+        .with(phases)
+        .with(logs)
+        .try_init();
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    provider
+}
+
+/// Installs plain logging only (for tools and tests that need no traces or metrics).
 pub fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .init(),
-        LogFormat::Text => builder.init(),
-    }
+    let logs = match format {
+        LogFormat::Json => logs::JsonLogLayer.with_filter(filter).boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed(),
+    };
+    let _ = Registry::default().with(logs).try_init();
 }
 
 /// Readiness of the daemon: set once the store is open and the socket is served.
@@ -57,8 +114,12 @@ impl Readiness {
     }
 }
 
-/// The HTTP router: `/healthz` answers while the process lives, `/readyz` once ready.
-pub fn router(ready: Readiness) -> Router {
+/// Refreshes gauges that are read from elsewhere (the store) just before a scrape.
+pub type Refresh =
+    Arc<dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// The HTTP router: `/metrics`, `/healthz` (alive) and `/readyz` (ready).
+pub fn router(ready: Readiness, metrics: Arc<Metrics>, refresh: Option<Refresh>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
@@ -71,6 +132,23 @@ pub fn router(ready: Readiness) -> Router {
                     } else {
                         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
                     }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move |headers: HeaderMap| {
+                let (metrics, refresh) = (metrics.clone(), refresh.clone());
+                async move {
+                    if let Some(r) = refresh {
+                        r().await;
+                    }
+                    let accept = headers
+                        .get(header::ACCEPT)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    let (content_type, body) = metrics.render(accept);
+                    ([(header::CONTENT_TYPE, content_type)], body)
                 }
             }),
         )
@@ -97,33 +175,45 @@ mod tests {
     use super::*;
     use tower::ServiceExt;
 
-    async fn status(r: Router, path: &str) -> StatusCode {
-        r.oneshot(
-            http::Request::get(path)
-                .body(axum::body::Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap()
-        .status()
+    async fn get_path(r: Router, path: &str, accept: &str) -> (StatusCode, String) {
+        let res = r
+            .oneshot(
+                http::Request::get(path)
+                    .header("accept", accept)
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let status = res.status();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
     }
 
     #[tokio::test]
-    async fn readiness_follows_the_flag() {
+    async fn readiness_follows_the_flag_and_metrics_negotiate() {
         let ready = Readiness::default();
+        let m = Metrics::new("v", "c");
+        let r = || router(ready.clone(), m.clone(), None);
+        assert_eq!(get_path(r(), "/healthz", "").await.0, StatusCode::OK);
         assert_eq!(
-            status(router(ready.clone()), "/healthz").await,
-            StatusCode::OK
-        );
-        assert_eq!(
-            status(router(ready.clone()), "/readyz").await,
+            get_path(r(), "/readyz", "").await.0,
             StatusCode::SERVICE_UNAVAILABLE
         );
         ready.set(true);
-        assert_eq!(
-            status(router(ready.clone()), "/readyz").await,
-            StatusCode::OK
-        );
-        assert_eq!(status(router(ready), "/nope").await, StatusCode::NOT_FOUND);
+        assert_eq!(get_path(r(), "/readyz", "").await.0, StatusCode::OK);
+        assert_eq!(get_path(r(), "/nope", "").await.0, StatusCode::NOT_FOUND);
+        let (_, om) = get_path(
+            r(),
+            "/metrics",
+            "application/openmetrics-text;version=1.0.0",
+        )
+        .await;
+        assert!(om.ends_with("# EOF\n"));
+        let (_, classic) = get_path(r(), "/metrics", "text/plain").await;
+        assert!(classic.contains("weft_build_info"));
+        assert!(!classic.contains("# EOF"));
     }
 }

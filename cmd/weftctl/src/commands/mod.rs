@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod calls;
 pub mod status;
 
 use std::path::Path;

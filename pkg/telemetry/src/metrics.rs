@@ -1,0 +1,315 @@
+//! The Prometheus metrics weftd exports, and their exposition: OpenMetrics (with
+//! trace-id exemplars) when the scraper asks for it, the classic text format otherwise.
+//!
+//! Every label value comes from a bounded set: command, CNI code, phase, gRPC method
+//! and code, range (from the node's config). Container ids and pod names never become
+//! labels: they are in the logs, the traces and `weftctl calls`.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, text};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use crate::process::ProcessCollector;
+
+/// Labels of the `grpc_server_*` family (as go-grpc-prometheus names them).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrpcLabels {
+    /// `unary` for every weft RPC.
+    pub grpc_type: &'static str,
+    /// Fully qualified service, e.g. `weft.cnirpc.v1.CNI`.
+    pub grpc_service: String,
+    /// Method, e.g. `Add`.
+    pub grpc_method: String,
+}
+
+/// [`GrpcLabels`] plus the status code name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrpcCodeLabels {
+    /// `unary`.
+    pub grpc_type: &'static str,
+    /// Service.
+    pub grpc_service: String,
+    /// Method.
+    pub grpc_method: String,
+    /// Status code name, e.g. `OK`, `Unavailable`.
+    pub grpc_code: &'static str,
+}
+
+/// Outcome of CNI calls.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CniLabels {
+    /// `ADD`, `DEL`, `CHECK`, `STATUS`, `GC`.
+    pub command: String,
+    /// CNI error code, `0` for success.
+    pub cni_code: String,
+}
+
+/// A phase of a CNI call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// The command the phase belongs to.
+    pub command: String,
+    /// The phase: `lock_wait`, `ipam`, `veth`, `addresses`, `routes`, `store_commit`, ...
+    pub phase: String,
+}
+
+/// Address usage of a range.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RangeLabels {
+    /// The range's CIDR.
+    pub range: String,
+    /// `allocated` or `free`.
+    pub state: &'static str,
+}
+
+/// The exemplar attached to latency observations: the trace that was slow.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TraceExemplar {
+    /// W3C trace id (32 hex digits).
+    pub trace_id: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    commit: String,
+}
+
+type LatencyFamily<L> = Family<L, HistogramWithExemplars<TraceExemplar>>;
+
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    // 100 µs .. ~13 s, doubling.
+    exponential_buckets(0.0001, 2.0, 18)
+}
+
+/// Every metric family weftd exports.
+pub struct Metrics {
+    /// `grpc_server_started_total`.
+    pub grpc_started: Family<GrpcLabels, Counter>,
+    /// `grpc_server_handled_total`.
+    pub grpc_handled: Family<GrpcCodeLabels, Counter>,
+    /// `grpc_server_msg_received_total`.
+    pub grpc_msg_received: Family<GrpcLabels, Counter>,
+    /// `grpc_server_msg_sent_total`.
+    pub grpc_msg_sent: Family<GrpcLabels, Counter>,
+    /// `grpc_server_handling_seconds`.
+    pub grpc_handling: LatencyFamily<GrpcLabels>,
+    /// `weft_cni_requests_total`.
+    pub cni_requests: Family<CniLabels, Counter>,
+    /// `weft_cni_phase_duration_seconds`.
+    pub cni_phase: LatencyFamily<PhaseLabels>,
+    /// `weft_ipam_addresses`.
+    pub ipam_addresses: Family<RangeLabels, Gauge>,
+    /// `weft_pods`.
+    pub pods: Gauge,
+    /// `weft_store_transaction_seconds`.
+    pub store_transaction: Histogram,
+    registry: Registry,
+}
+
+impl Metrics {
+    /// Creates and registers every family. `version` and `commit` go into
+    /// `weft_build_info`.
+    pub fn new(version: &str, commit: &str) -> Arc<Self> {
+        let mut registry = Registry::default();
+        let make_latency = || HistogramWithExemplars::new(latency_buckets());
+        let m = Self {
+            grpc_started: Family::default(),
+            grpc_handled: Family::default(),
+            grpc_msg_received: Family::default(),
+            grpc_msg_sent: Family::default(),
+            grpc_handling: Family::new_with_constructor(make_latency),
+            cni_requests: Family::default(),
+            cni_phase: Family::new_with_constructor(make_latency),
+            ipam_addresses: Family::default(),
+            pods: Gauge::default(),
+            store_transaction: Histogram::new(exponential_buckets(0.00001, 2.0, 18)),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "grpc_server_started",
+            "RPCs started on the server",
+            m.grpc_started.clone(),
+        );
+        registry.register(
+            "grpc_server_handled",
+            "RPCs completed on the server, regardless of success or failure",
+            m.grpc_handled.clone(),
+        );
+        registry.register(
+            "grpc_server_msg_received",
+            "RPC stream messages received on the server",
+            m.grpc_msg_received.clone(),
+        );
+        registry.register(
+            "grpc_server_msg_sent",
+            "gRPC stream messages sent on the server",
+            m.grpc_msg_sent.clone(),
+        );
+        registry.register(
+            "grpc_server_handling_seconds",
+            "Response latency of RPCs handled by the server, with the trace id as exemplar",
+            m.grpc_handling.clone(),
+        );
+        registry.register(
+            "weft_cni_requests",
+            "CNI calls handled, by command and CNI code (0 = success)",
+            m.cni_requests.clone(),
+        );
+        registry.register(
+            "weft_cni_phase_duration_seconds",
+            "Time spent in each phase of a CNI call, with the trace id as exemplar",
+            m.cni_phase.clone(),
+        );
+        registry.register(
+            "weft_ipam_addresses",
+            "Pod addresses per range, allocated and free",
+            m.ipam_addresses.clone(),
+        );
+        registry.register(
+            "weft_pods",
+            "Pod attachments set up on this node",
+            m.pods.clone(),
+        );
+        registry.register(
+            "weft_store_transaction_seconds",
+            "Time the state store spent on each transaction",
+            m.store_transaction.clone(),
+        );
+        registry.register(
+            "weft_build",
+            "The weft build running",
+            Info::new(BuildLabels {
+                version: version.to_string(),
+                commit: commit.to_string(),
+            }),
+        );
+        registry.register_collector(Box::new(ProcessCollector));
+        Arc::new(Self { registry, ..m })
+    }
+
+    /// The exposition for a scraper that sent `accept`: OpenMetrics 1.0 when asked for,
+    /// the Prometheus text format 0.0.4 otherwise. Returns (content type, body).
+    pub fn render(&self, accept: &str) -> (&'static str, String) {
+        let mut om = String::new();
+        if text::encode(&mut om, &self.registry).is_err() {
+            om = "# EOF\n".into();
+        }
+        if accept.contains("application/openmetrics-text") {
+            (
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                om,
+            )
+        } else {
+            (
+                "text/plain; version=0.0.4; charset=utf-8",
+                openmetrics_to_classic(&om),
+            )
+        }
+    }
+}
+
+/// Rewrites OpenMetrics text as the classic Prometheus text format: counters are
+/// declared under their `_total` sample name, info metrics become gauges named
+/// `<name>_info`, and `# UNIT`, `# EOF` and exemplars (which the classic format cannot
+/// carry) are dropped.
+pub fn openmetrics_to_classic(om: &str) -> String {
+    let mut out = String::with_capacity(om.len());
+    let mut pending_help: Option<(&str, &str)> = None;
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            pending_help = Some((name, help));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let (name, kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "info" => (format!("{name}_info"), "gauge"),
+                "histogram" | "gauge" | "summary" => (name.to_string(), kind),
+                _ => (name.to_string(), "untyped"),
+            };
+            if let Some((_, help)) = pending_help.take() {
+                out.push_str(&format!("# HELP {name} {help}\n"));
+            }
+            out.push_str(&format!("# TYPE {name} {kind}\n"));
+            continue;
+        }
+        // A sample; cut off an exemplar (" # {...} value").
+        let sample = match line.find(" # {") {
+            Some(i) => &line[..i],
+            None => line,
+        };
+        out.push_str(sample);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels() -> GrpcLabels {
+        GrpcLabels {
+            grpc_type: "unary",
+            grpc_service: "weft.cnirpc.v1.CNI".into(),
+            grpc_method: "Add".into(),
+        }
+    }
+
+    #[test]
+    fn openmetrics_carries_exemplars_and_classic_does_not() {
+        let m = Metrics::new("0.1.0", "abc");
+        m.grpc_handling.get_or_create(&labels()).observe(
+            0.003,
+            Some(TraceExemplar {
+                trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+            }),
+            None,
+        );
+        m.grpc_started.get_or_create(&labels()).inc();
+        let (ct, om) = m.render("application/openmetrics-text; version=1.0.0");
+        assert!(ct.starts_with("application/openmetrics-text"));
+        assert!(
+            om.contains("# {trace_id=\"4bf92f3577b34da6a3ce929d0e0e4736\"} 0.003"),
+            "{om}"
+        );
+        assert!(om.ends_with("# EOF\n"));
+        let (ct, classic) = m.render("text/plain");
+        assert!(ct.starts_with("text/plain; version=0.0.4"));
+        assert!(!classic.contains("trace_id"));
+        assert!(!classic.contains("# EOF"));
+        assert!(
+            classic.contains("# TYPE grpc_server_started_total counter\n"),
+            "{classic}"
+        );
+        assert!(
+            classic.contains("grpc_server_started_total{grpc_type=\"unary\""),
+            "{classic}"
+        );
+        assert!(
+            classic.contains("# TYPE weft_build_info gauge\n"),
+            "{classic}"
+        );
+        assert!(
+            classic.contains("weft_build_info{version=\"0.1.0\",commit=\"abc\"} 1"),
+            "{classic}"
+        );
+        assert!(
+            classic.contains("# TYPE process_resident_memory_bytes gauge"),
+            "{classic}"
+        );
+    }
+}

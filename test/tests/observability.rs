@@ -1,0 +1,764 @@
+//! The observability contract, against the real binaries: log lines, metrics,
+//! traces through a real OpenTelemetry collector (rotel), the dashboard and alerts in
+//! a real Prometheus, and `weftctl calls`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
+use serde_json::Value;
+use weft_tests::{Call, Daemon, Netns, bin, privileged, run, sh};
+
+const RANGE: &str = "10.244.3.0/24";
+
+/// A TRACEPARENT for call `i` of a test: trace and parent span ids are recognisable.
+fn traceparent(test: u32, i: u32) -> (String, String, String) {
+    let trace = format!("{test:08x}{:016x}{i:08x}", 0x7765_6674u64);
+    let parent = format!("{:016x}", 0xfeed_0000u64 + u64::from(i));
+    (format!("00-{trace}-{parent}-01"), trace, parent)
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Runs `command` through the plugin for pod `i` with a known trace.
+fn call(d: &Daemon, command: &str, i: u32, netns: &str, tp: &str) -> weft_tests::CniOutput {
+    let conf = d.conf("1.1.0", &[RANGE]);
+    let mut c = Call::new(command, &format!("obs-{i}"), netns, &conf).set("TRACEPARENT", tp);
+    c = c.set(
+        "CNI_ARGS",
+        &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns-{i};K8S_POD_NAME=pod-{i};K8S_POD_UID=uid-{i};K8S_POD_INFRA_CONTAINER_ID=obs-{i}"),
+    );
+    c.run()
+}
+
+#[test]
+fn every_log_line_of_a_call_carries_the_pod_fields() {
+    if !privileged() {
+        return;
+    }
+    let d = Daemon::start("logs");
+    let pod = Netns::new("p");
+    let calls = [
+        ("ADD", pod.path(), 0),
+        ("CHECK", pod.path(), 0),
+        ("ADD", "/run/netns/wt-missing".to_string(), 8),
+        ("DEL", pod.path(), 0),
+    ];
+    let mut traces = Vec::new();
+    for (i, (cmd, netns, code)) in calls.iter().enumerate() {
+        let (tp, trace, _) = traceparent(1, i as u32);
+        let out = call(&d, cmd, 0, netns, &tp);
+        assert_eq!(out.code, i32::from(*code != 0), "{cmd}: {out:?}");
+        traces.push((trace, *cmd, netns.clone(), *code));
+    }
+    d.settle();
+    let lines = d.log_json();
+    for (trace, cmd, netns, code) in &traces {
+        let mine: Vec<&Value> = lines.iter().filter(|l| l["trace_id"] == *trace).collect();
+        assert!(!mine.is_empty(), "no log line carries trace {trace}");
+        for l in &mine {
+            for (k, want) in [
+                ("k8s.pod.name", "pod-0"),
+                ("k8s.namespace.name", "ns-0"),
+                ("k8s.pod.uid", "uid-0"),
+                ("container.id", "obs-0"),
+                ("cni.ifname", "eth0"),
+                ("cni.command", cmd),
+                ("cni.netns", netns),
+            ] {
+                assert_eq!(l[k], want, "{k} on {l}");
+            }
+            assert!(
+                l["span_id"].as_str().is_some_and(|s| s.len() == 16),
+                "span_id on {l}"
+            );
+            assert!(
+                l["timestamp"].is_string() && l["level"].is_string() && l["message"].is_string(),
+                "{l}"
+            );
+        }
+        let access: Vec<&&Value> = mine
+            .iter()
+            .filter(|l| l["target"] == "weft::access")
+            .collect();
+        assert_eq!(
+            access.len(),
+            1,
+            "exactly one access line for {cmd} ({trace}): {access:?}"
+        );
+        let a = access[0];
+        assert_eq!(a["rpc.service"], "weft.cnirpc.v1.CNI");
+        assert_eq!(
+            a["rpc.method"],
+            cmd.chars().next().unwrap().to_string() + &cmd[1..].to_lowercase()
+        );
+        assert_eq!(a["cni.code"], *code);
+        assert_eq!(a["rpc.grpc.status_code"], if *code == 0 { 0 } else { 3 });
+        assert!(a["duration_ms"].as_f64().is_some_and(|v| v > 0.0), "{a}");
+    }
+    // The handler's own lines are tagged too, without passing anything by hand.
+    let attached = lines
+        .iter()
+        .find(|l| l["message"] == "pod attached")
+        .expect("a 'pod attached' line");
+    assert_eq!(attached["trace_id"], traces[0].0);
+    assert_eq!(attached["k8s.pod.name"], "pod-0");
+    let detached = lines
+        .iter()
+        .find(|l| l["message"] == "pod detached")
+        .expect("a 'pod detached' line");
+    assert_eq!(
+        detached["trace_id"], traces[3].0,
+        "the background teardown stays in its call's trace"
+    );
+    // Calls of the admin service get an access line but no CNI fields.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["target"] == "weft::access" && l["rpc.service"] == "weft.admin.v1.Admin")
+    );
+}
+
+/// `# TYPE` of every family in classic text.
+fn types(classic: &str) -> HashMap<String, String> {
+    classic
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect()
+}
+
+/// The label names of the first sample of `name`.
+fn label_names(classic: &str, name: &str) -> Vec<String> {
+    let line = classic
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{")))
+        .unwrap_or_else(|| panic!("no sample of {name}"));
+    let inner = &line[line.find('{').unwrap() + 1..line.find('}').unwrap()];
+    let mut v: Vec<String> = inner
+        .split(',')
+        .filter_map(|kv| kv.split_once('=').map(|(k, _)| k.to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn metrics_have_their_families_types_labels_and_exemplars() {
+    if !privileged() {
+        return;
+    }
+    let d = Daemon::start("metrics");
+    let pod = Netns::new("p");
+    let (tp, trace, _) = traceparent(2, 0);
+    call(&d, "ADD", 0, &pod.path(), &tp).ok();
+    call(&d, "ADD", 1, "/run/netns/wt-missing", &traceparent(2, 1).0);
+    let classic = d.http_get("/metrics", "text/plain");
+    let t = types(&classic);
+    for (name, kind) in [
+        ("grpc_server_started_total", "counter"),
+        ("grpc_server_handled_total", "counter"),
+        ("grpc_server_msg_received_total", "counter"),
+        ("grpc_server_msg_sent_total", "counter"),
+        ("grpc_server_handling_seconds", "histogram"),
+        ("weft_cni_requests_total", "counter"),
+        ("weft_cni_phase_duration_seconds", "histogram"),
+        ("weft_ipam_addresses", "gauge"),
+        ("weft_pods", "gauge"),
+        ("weft_store_transaction_seconds", "histogram"),
+        ("weft_build_info", "gauge"),
+        ("process_resident_memory_bytes", "gauge"),
+        ("process_cpu_seconds_total", "counter"),
+        ("process_open_fds", "gauge"),
+        ("process_start_time_seconds", "gauge"),
+    ] {
+        assert_eq!(
+            t.get(name).map(String::as_str),
+            Some(kind),
+            "{name} in:\n{classic}"
+        );
+    }
+    for (name, labels) in [
+        (
+            "grpc_server_started_total",
+            vec!["grpc_method", "grpc_service", "grpc_type"],
+        ),
+        (
+            "grpc_server_handled_total",
+            vec!["grpc_code", "grpc_method", "grpc_service", "grpc_type"],
+        ),
+        (
+            "grpc_server_handling_seconds_bucket",
+            vec!["grpc_method", "grpc_service", "grpc_type", "le"],
+        ),
+        ("weft_cni_requests_total", vec!["cni_code", "command"]),
+        (
+            "weft_cni_phase_duration_seconds_bucket",
+            vec!["command", "le", "phase"],
+        ),
+        ("weft_ipam_addresses", vec!["range", "state"]),
+        ("weft_build_info", vec!["commit", "version"]),
+    ] {
+        assert_eq!(label_names(&classic, name), labels, "{name}");
+    }
+    assert!(
+        classic.contains("weft_cni_requests_total{command=\"ADD\",cni_code=\"0\"} 1"),
+        "{classic}"
+    );
+    assert!(
+        classic.contains("weft_cni_requests_total{command=\"ADD\",cni_code=\"8\"} 1"),
+        "{classic}"
+    );
+    assert!(
+        classic.contains("weft_ipam_addresses{range=\"10.244.3.0/24\",state=\"allocated\"} 1"),
+        "{classic}"
+    );
+    assert!(classic.contains("weft_pods 1"), "{classic}");
+    for phase in [
+        "lock_wait",
+        "ipam",
+        "veth",
+        "addresses",
+        "routes",
+        "store_commit",
+    ] {
+        assert!(
+            classic.contains(&format!("command=\"ADD\",phase=\"{phase}\"")),
+            "phase {phase} missing"
+        );
+    }
+    // Bounded labels: no container id, pod name or netns path becomes a label value.
+    for unbounded in ["obs-0", "pod-0", "ns-0", "/run/netns"] {
+        assert!(
+            !classic.contains(&format!("=\"{unbounded}")),
+            "{unbounded} used as a label value"
+        );
+    }
+    // promtool accepts the exposition.
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus)");
+    use std::io::Write;
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(classic.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // OpenMetrics when asked for it, with the call's trace id as exemplar.
+    let om = d.http_get("/metrics", "application/openmetrics-text; version=1.0.0");
+    assert!(om.ends_with("# EOF\n"));
+    let exemplar = format!("# {{trace_id=\"{trace}\"}}");
+    assert!(
+        om.lines()
+            .any(|l| l.starts_with("grpc_server_handling_seconds_bucket") && l.contains(&exemplar)),
+        "no exemplar with trace {trace} on the latency histogram:\n{om}"
+    );
+    assert!(
+        om.lines()
+            .any(|l| l.starts_with("weft_cni_phase_duration_seconds_bucket")
+                && l.contains(&exemplar))
+    );
+}
+
+/// The rotel collector (PyPI `rotel`), as installed by test/install-deps.sh.
+fn rotel_agent() -> PathBuf {
+    if let Ok(p) = std::env::var("WEFT_ROTEL_AGENT") {
+        return PathBuf::from(p);
+    }
+    let lib = workspace().join(".venv/lib");
+    let found = std::fs::read_dir(&lib)
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("site-packages/rotel/rotel-agent"))
+        .find(|p| p.exists());
+    found.unwrap_or_else(|| {
+        panic!(
+            "rotel-agent not found under {}: run test/install-deps.sh (or set WEFT_ROTEL_AGENT)",
+            lib.display()
+        )
+    })
+}
+
+/// An OTLP trace receiver: what the collector forwards lands here.
+#[derive(Clone, Default)]
+struct Sink(Arc<Mutex<Vec<ResourceSpans>>>);
+
+#[tonic::async_trait]
+impl TraceService for Sink {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.0
+            .lock()
+            .unwrap()
+            .extend(request.into_inner().resource_spans);
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
+    attrs
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| match &kv.value {
+            Some(AnyValue {
+                value: Some(any_value::Value::StringValue(s)),
+            }) => Some(s.as_str()),
+            _ => None,
+        })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn traces_go_through_a_real_collector_one_per_call() {
+    if !privileged() {
+        return;
+    }
+    let rotel = rotel_agent();
+    let node = Netns::new("otel");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sink = Sink::default();
+    let listener = node.bind_tcp("127.0.0.1:0");
+    let recv_port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    {
+        let sink = sink.clone();
+        let _g = rt.enter();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        rt.spawn(
+            tonic::transport::Server::builder()
+                // rotel compresses its exports with gzip by default.
+                .add_service(
+                    TraceServiceServer::new(sink)
+                        .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                )
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+    }
+    let logs = weft_tests::TempDir::new("rotel");
+    let _collector = node.spawn(
+        rotel.to_str().unwrap(),
+        &[
+            "start",
+            "--otlp-grpc-endpoint",
+            "127.0.0.1:4317",
+            "--otlp-http-endpoint",
+            "127.0.0.1:4318",
+            "--exporter",
+            "otlp",
+            "--otlp-exporter-endpoint",
+            &format!("http://127.0.0.1:{recv_port}"),
+            "--otlp-exporter-protocol",
+            "grpc",
+        ],
+        &logs.path().join("rotel.log"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !run(node
+        .cmd("bash")
+        .args(["-c", "exec 3<>/dev/tcp/127.0.0.1/4317"]))
+    .status
+    .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "rotel did not listen: {}",
+            std::fs::read_to_string(logs.path().join("rotel.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let d = Daemon::start_in(
+        node,
+        "otel",
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+            ("OTEL_SERVICE_NAME", "weftd-under-test"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let pod = Netns::new("p");
+    let mut expect = Vec::new();
+    for (i, cmd) in ["ADD", "CHECK", "DEL"].iter().enumerate() {
+        let (tp, trace, parent) = traceparent(3, i as u32);
+        call(&d, cmd, 0, &pod.path(), &tp).ok();
+        expect.push((trace, parent, *cmd));
+    }
+    d.settle();
+
+    // Wait for every call's server span to arrive at the receiver.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let spans = loop {
+        let all: Vec<_> = sink.0.lock().unwrap().clone();
+        let flat: Vec<_> = all
+            .iter()
+            .flat_map(|rs| {
+                rs.scope_spans
+                    .iter()
+                    .flat_map(move |ss| ss.spans.iter().map(move |s| (rs, s)))
+            })
+            .map(|(rs, s)| (rs.resource.clone(), s.clone()))
+            .collect();
+        let done = expect.iter().all(|(t, _, _)| {
+            flat.iter()
+                .any(|(_, s)| hex(&s.trace_id) == *t && s.name.starts_with("weft.cnirpc.v1.CNI/"))
+        });
+        let teardown = flat.iter().any(|(_, s)| s.name == "teardown");
+        if done && teardown {
+            break flat;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "spans did not arrive; got {:?}\nrotel log:\n{}\nweftd log tail:\n{}",
+            flat.iter().map(|(_, s)| &s.name).collect::<Vec<_>>(),
+            std::fs::read_to_string(logs.path().join("rotel.log")).unwrap_or_default(),
+            d.log().lines().rev().take(5).collect::<Vec<_>>().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+
+    for (trace, parent, cmd) in &expect {
+        let mine: Vec<_> = spans
+            .iter()
+            .filter(|(_, s)| hex(&s.trace_id) == *trace)
+            .collect();
+        let servers: Vec<_> = mine
+            .iter()
+            .filter(|(_, s)| s.name.starts_with("weft.cnirpc.v1.CNI/"))
+            .collect();
+        assert_eq!(servers.len(), 1, "one server span for {cmd}");
+        let (resource, server) = servers[0];
+        assert_eq!(
+            hex(&server.parent_span_id),
+            *parent,
+            "the daemon's span is the plugin's child"
+        );
+        assert_eq!(server.kind, 2, "server span kind");
+        for (k, v) in [
+            ("k8s.pod.name", "pod-0"),
+            ("k8s.namespace.name", "ns-0"),
+            ("k8s.pod.uid", "uid-0"),
+            ("container.id", "obs-0"),
+            ("cni.ifname", "eth0"),
+            ("cni.command", *cmd),
+            ("cni.netns", pod.path().as_str()),
+            ("rpc.service", "weft.cnirpc.v1.CNI"),
+        ] {
+            assert_eq!(
+                attr(&server.attributes, k),
+                Some(v),
+                "{k} on the {cmd} span"
+            );
+        }
+        let res = &resource.as_ref().expect("resource").attributes;
+        assert_eq!(attr(res, "service.name"), Some("weftd-under-test"));
+        assert_eq!(attr(res, "k8s.node.name"), Some(d.node_name()));
+        assert_eq!(
+            attr(res, "service.version"),
+            Some(env!("CARGO_PKG_VERSION"))
+        );
+        assert_eq!(attr(res, "deployment.environment"), Some("test"));
+        let phases: BTreeMap<&str, &[u8]> = mine
+            .iter()
+            .filter(|(_, s)| s.span_id != server.span_id && s.parent_span_id == server.span_id)
+            .map(|(_, s)| (s.name.as_str(), s.parent_span_id.as_slice()))
+            .collect();
+        let want: &[&str] = match *cmd {
+            "ADD" => &[
+                "addresses",
+                "ipam",
+                "lock_wait",
+                "routes",
+                "store_commit",
+                "veth",
+            ],
+            "CHECK" => &["check", "ipam", "lock_wait"],
+            _ => &["disconnect", "ipam", "lock_wait", "teardown"],
+        };
+        for p in want {
+            assert!(
+                phases.contains_key(p),
+                "{cmd}: phase {p} is not a child of the call span; children: {:?}",
+                phases.keys()
+            );
+        }
+    }
+    // One trace per call: no other trace ids among the CNI spans.
+    let cni_traces: HashSet<String> = spans
+        .iter()
+        .filter(|(_, s)| s.name.starts_with("weft.cnirpc.v1.CNI/"))
+        .map(|(_, s)| hex(&s.trace_id))
+        .collect();
+    assert_eq!(cni_traces.len(), expect.len(), "{cni_traces:?}");
+    drop(rt);
+}
+
+/// Evaluates a PromQL expression in the test's Prometheus; returns the result vector.
+fn query(node: &Netns, port: u16, expr: &str) -> Vec<Value> {
+    let out = sh(node
+        .cmd("curl")
+        .args(["-sf", "--max-time", "10", "-G"])
+        .arg(format!("http://127.0.0.1:{port}/api/v1/query"))
+        .arg("--data-urlencode")
+        .arg(format!("query={expr}")));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "success", "{expr}: {v}");
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn dashboard_queries_and_alerts_work_in_prometheus() {
+    if !privileged() {
+        return;
+    }
+    let rules = workspace().join("dashboards/alerts.yaml");
+    let out = run(std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rules));
+    assert!(
+        out.status.success(),
+        "promtool check rules: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    let d = Daemon::start("prom");
+    let dir = d.dir().join("prom");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The rules as shipped, with their `for` durations shortened so an alert can fire
+    // within the test; the expressions are evaluated unchanged.
+    let shipped = std::fs::read_to_string(&rules).unwrap();
+    let fast: String = shipped
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("for:") {
+                l.split("for:").next().unwrap().to_string() + "for: 0s"
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(dir.join("rules.yml"), fast).unwrap();
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [rules.yml]\nscrape_configs:\n  - job_name: weft\n    static_configs:\n      - targets: ['127.0.0.1:9384']\n        labels: {{node: '{}'}}\n",
+            d.node_name()
+        ),
+    )
+    .unwrap();
+    let port = 19090;
+    let _prom = d.node.spawn(
+        "prometheus",
+        &[
+            &format!("--config.file={}", dir.join("prometheus.yml").display()),
+            &format!("--storage.tsdb.path={}", dir.join("data").display()),
+            &format!("--web.listen-address=127.0.0.1:{port}"),
+        ],
+        &dir.join("prometheus.log"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !run(d
+        .node
+        .cmd("curl")
+        .args(["-sf", &format!("http://127.0.0.1:{port}/-/ready")]))
+    .status
+    .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "prometheus not ready: {}",
+            std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Real traffic: pods come and go.
+    let pods: Vec<Netns> = (0..3).map(|i| Netns::new(&format!("p{i}"))).collect();
+    for (i, p) in pods.iter().enumerate() {
+        call(&d, "ADD", i as u32, &p.path(), &traceparent(4, i as u32).0).ok();
+    }
+    call(&d, "DEL", 2, &pods[2].path(), &traceparent(4, 9).0).ok();
+    // Wait for a few scrapes after the calls.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while query(&d.node, port, "count_over_time(weft_pods[1m]) >= 3").is_empty() {
+        assert!(Instant::now() < deadline, "no scrapes");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let firing = "ALERTS{alertname=\"WeftCniErrorRate\",alertstate=\"firing\"}";
+    assert!(
+        query(&d.node, port, firing).is_empty(),
+        "the error alert fires without errors"
+    );
+
+    // Now failures, spread over several scrapes (a rate needs two samples of the new
+    // series): the error-rate alert must fire.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut i = 0;
+    while query(&d.node, port, firing).is_empty() {
+        assert!(Instant::now() < deadline, "WeftCniErrorRate did not fire");
+        assert_eq!(
+            call(
+                &d,
+                "ADD",
+                100 + i,
+                "/run/netns/wt-missing",
+                &traceparent(5, i).0
+            )
+            .err_code(),
+            8
+        );
+        i += 1;
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let alert = &query(&d.node, port, firing)[0];
+    assert_eq!(alert["metric"]["node"], d.node_name());
+
+    // Every panel query of the dashboard returns at least one series.
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace().join("dashboards/weft.json")).unwrap(),
+    )
+    .unwrap();
+    let mut n = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$node", ".*")
+                .replace("$__rate_interval", "1m");
+            let r = query(&d.node, port, &expr);
+            assert!(
+                !r.is_empty(),
+                "panel {:?} query returns nothing: {expr}",
+                panel["title"]
+            );
+            n += 1;
+        }
+    }
+    assert!(n >= 15, "only {n} queries checked");
+    // The node variable lists this node.
+    let nodes = query(&d.node, port, "group by (node) (weft_build_info)");
+    assert_eq!(nodes[0]["metric"]["node"], d.node_name());
+}
+
+#[test]
+fn dashboard_matches_the_grafana_schema() {
+    let validator = workspace().join("test/grafana/validate.mjs");
+    assert!(
+        workspace()
+            .join("test/grafana/node_modules/@grafana/schema")
+            .exists(),
+        "test/grafana/node_modules is missing: run test/install-deps.sh (npm ci in test/grafana)"
+    );
+    let out = run(std::process::Command::new("node")
+        .arg(&validator)
+        .arg(workspace().join("dashboards/weft.json")));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The validator can fail: a dashboard with a wrong type is refused.
+    let bad = weft_tests::TempDir::new("dash");
+    let mut d: Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace().join("dashboards/weft.json")).unwrap(),
+    )
+    .unwrap();
+    d["panels"][1]["gridPos"]["h"] = Value::from("tall");
+    std::fs::write(bad.path().join("bad.json"), d.to_string()).unwrap();
+    let out = run(std::process::Command::new("node")
+        .arg(&validator)
+        .arg(bad.path().join("bad.json")));
+    assert!(
+        !out.status.success(),
+        "a broken dashboard passed validation"
+    );
+}
+
+#[test]
+fn weftctl_calls_lists_recent_calls() {
+    if !privileged() {
+        return;
+    }
+    let d = Daemon::start("calls");
+    let pod = Netns::new("p");
+    let (tp, trace, _) = traceparent(6, 0);
+    call(&d, "ADD", 0, &pod.path(), &tp).ok();
+    call(&d, "ADD", 1, "/run/netns/wt-missing", &traceparent(6, 1).0);
+    let ctl = |args: &[&str]| -> Vec<Value> {
+        let out = sh(std::process::Command::new(bin("weftctl"))
+            .args(["--socket", d.socket().to_str().unwrap(), "--json", "calls"])
+            .args(args));
+        serde_json::from_str(&out).unwrap()
+    };
+    let all = ctl(&[]);
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(all[0]["command"], "ADD");
+    assert_eq!(all[0]["pod"], "pod-0");
+    assert_eq!(all[0]["pod_namespace"], "ns-0");
+    assert_eq!(all[0]["ifname"], "eth0");
+    assert_eq!(all[0]["cni_code"], 0);
+    assert_eq!(all[0]["trace_id"], trace);
+    assert!(all[0]["duration_ms"].as_f64().unwrap() > 0.0);
+    let failed = ctl(&["--failed"]);
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["cni_code"], 8);
+    assert!(
+        failed[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist")
+    );
+    assert_eq!(ctl(&["--pod", "pod-0"]).len(), 1);
+    let table = sh(std::process::Command::new(bin("weftctl")).args([
+        "--socket",
+        d.socket().to_str().unwrap(),
+        "calls",
+    ]));
+    assert!(
+        table.contains("TRACE") && table.contains(&trace) && table.contains("ns-0/pod-0"),
+        "{table}"
+    );
+}
