@@ -35,23 +35,11 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("weftctl: {e}");
-            return ExitCode::FAILURE;
-        }
+    let outcome = match cli.command {
+        // The benchmark drives processes and runtimes of its own: it runs outside ours.
+        Command::Bench(args) => commands::bench::run(args, cli.json),
+        command => async_command(command, &cli.socket, cli.json),
     };
-    let outcome = rt.block_on(async {
-        match cli.command {
-            Command::Status => commands::status::run(&cli.socket, cli.json).await,
-            Command::Calls(args) => commands::calls::run(&cli.socket, args, cli.json).await,
-            Command::Bench(args) => commands::bench::run(args, cli.json),
-        }
-    });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -59,4 +47,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs a command that talks to weftd.
+fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        match command {
+            Command::Status => commands::status::run(socket, json).await,
+            Command::Calls(args) => commands::calls::run(socket, args, json).await,
+            Command::Bench(_) => unreachable!("run outside the runtime"),
+        }
+    })
 }

@@ -1,13 +1,15 @@
-//! Benchmarks of weft beside the reference CNI plugins. Claims count only when
-//! measured beside what they are compared with, in the same run on the same machine:
-//! rounds alternate which plugin goes first, so drift hits both, and results are
-//! reported as medians and ratios.
+//! Benchmarks of weft beside what it is compared with. Claims count only when
+//! measured beside the other thing in the same run on the same machine: rounds
+//! alternate which side goes first, so drift hits both, and results are reported as
+//! medians and ratios.
 //!
-//! The CNI benchmark drives weft and Debian's reference `ptp` + `host-local`
-//! exactly as a runtime does (a process per call, config on stdin), inside
-//! namespaces it creates and removes: a node namespace per plugin and round (weftd
-//! runs inside it), and one namespace per pod.
+//! The CNI benchmark drives the plugins exactly as a runtime does (a process per call,
+//! config on stdin), inside namespaces it creates and removes: a node namespace per
+//! side and round (weftd runs inside it), and one namespace per pod. Two comparisons:
+//! weft against Debian's reference `ptp` + `host-local`, and weft with OTLP trace
+//! export against weft without it (the cost of observability).
 
+mod otlp;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +19,15 @@ use serde::Serialize;
 use weft_lab::{CniExec, DaemonPaths, LabError, NamedNetns, NodeDaemon};
 
 pub use stats::{Percentiles, median};
+
+/// What is compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Comparison {
+    /// weft against the reference ptp + host-local.
+    Reference,
+    /// weft exporting traces over OTLP against weft without export.
+    Otlp,
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -31,23 +42,45 @@ pub struct Options {
     pub pods: usize,
     /// Concurrent workers issuing calls.
     pub workers: usize,
-    /// Rounds per plugin.
+    /// Rounds per side.
     pub rounds: usize,
     /// Scratch directory (daemon state, host-local leases).
     pub work_dir: PathBuf,
+    /// What is compared.
+    pub comparison: Comparison,
 }
 
-/// The two things compared.
+/// One side of a comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Target {
-    /// weft (plugin + weftd).
+    /// weft (plugin + weftd), no trace export.
     Weft,
+    /// weft exporting every span over OTLP/gRPC to a receiver on the node.
+    WeftOtlp,
     /// The reference ptp + host-local.
     Reference,
 }
 
-/// Raw measurements of one target over all rounds.
+impl Target {
+    fn label(self) -> &'static str {
+        match self {
+            Target::Weft => "weft",
+            Target::WeftOtlp => "weft + OTLP",
+            Target::Reference => "reference",
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Target::Weft => "w",
+            Target::WeftOtlp => "o",
+            Target::Reference => "r",
+        }
+    }
+}
+
+/// Raw measurements of one side over all rounds.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Samples {
     /// Latency of each ADD (ms).
@@ -62,11 +95,15 @@ pub struct Samples {
     pub teardown_wall_s: Vec<f64>,
     /// Failed calls.
     pub errors: usize,
+    /// Spans the OTLP receiver got (OTLP side only).
+    pub spans_exported: u64,
 }
 
-/// Summary of one target.
+/// Summary of one side.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
+    /// Which side.
+    pub target: Target,
     /// ADD latency percentiles (ms).
     pub add: Percentiles,
     /// DEL latency percentiles (ms).
@@ -81,9 +118,11 @@ pub struct Summary {
     pub add_pods_per_s: f64,
     /// Failed calls.
     pub errors: usize,
+    /// Spans the OTLP receiver got.
+    pub spans_exported: u64,
 }
 
-/// The result of a CNI benchmark run.
+/// The result of a benchmark run: side `a` (weft) against side `b`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     /// Pods per round.
@@ -92,18 +131,19 @@ pub struct Report {
     pub workers: usize,
     /// Rounds.
     pub rounds: usize,
-    /// weft.
-    pub weft: Summary,
-    /// The reference.
-    pub reference: Summary,
+    /// The side measured.
+    pub a: Summary,
+    /// The side it is compared with.
+    pub b: Summary,
     /// Raw samples, for anyone who wants to redo the statistics.
     pub samples: Vec<(Target, Samples)>,
 }
 
 impl Samples {
-    fn summary(&self, pods: usize) -> Summary {
+    fn summary(&self, target: Target, pods: usize) -> Summary {
         let add_wall = median(&self.add_wall_s);
         Summary {
+            target,
             add: Percentiles::of(&self.add_ms),
             del: Percentiles::of(&self.del_ms),
             add_wall_s: add_wall,
@@ -115,6 +155,7 @@ impl Samples {
                 0.0
             },
             errors: self.errors,
+            spans_exported: self.spans_exported,
         }
     }
 }
@@ -150,7 +191,7 @@ struct Round<'a> {
 impl Round<'_> {
     fn config(&self, dir: &Path, socket: &Path) -> Vec<u8> {
         let v = match self.target {
-            Target::Weft => serde_json::json!({
+            Target::Weft | Target::WeftOtlp => serde_json::json!({
                 "cniVersion": "1.0.0", "name": "bench", "type": "weft",
                 "socket": socket, "ranges": ["10.244.0.0/16"], "mtu": 1500,
             }),
@@ -165,7 +206,7 @@ impl Round<'_> {
 
     fn plugin(&self) -> PathBuf {
         match self.target {
-            Target::Weft => self.opts.weft.clone(),
+            Target::Weft | Target::WeftOtlp => self.opts.weft.clone(),
             Target::Reference => self.opts.reference_dir.join("ptp"),
         }
     }
@@ -218,9 +259,22 @@ impl Round<'_> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let node = NamedNetns::create(&format!("{}-node", self.tag)).map_err(lab)?;
         let paths = DaemonPaths::under(&self.opts.weftd, &dir);
+        let sink = match self.target {
+            Target::WeftOtlp => Some(otlp::Sink::start(&node)?),
+            _ => None,
+        };
+        let env: Vec<(String, String)> = sink
+            .iter()
+            .map(|s| {
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT".to_string(),
+                    s.endpoint.clone(),
+                )
+            })
+            .collect();
         let daemon = match self.target {
-            Target::Weft => {
-                Some(NodeDaemon::start(&node, paths.clone(), "bench", &[]).map_err(lab)?)
+            Target::Weft | Target::WeftOtlp => {
+                Some(NodeDaemon::start(&node, paths.clone(), "bench", &[], &env).map_err(lab)?)
             }
             Target::Reference => None,
         };
@@ -250,7 +304,8 @@ impl Round<'_> {
         let del_start = Instant::now();
         let del = self.phase(&node, &exec, "DEL", &del_configs, &pods);
         if let Some(d) = daemon {
-            // SIGTERM makes weftd finish every teardown in flight before it exits.
+            // SIGTERM makes weftd finish every teardown in flight, and flush its
+            // traces, before it exits.
             d.stop().map_err(lab)?;
         }
         samples
@@ -267,6 +322,9 @@ impl Round<'_> {
                 }
             }
         }
+        if let Some(s) = sink {
+            samples.spans_exported += s.spans();
+        }
         drop(pods);
         drop(node);
         let _ = std::fs::remove_dir_all(&dir);
@@ -275,49 +333,40 @@ impl Round<'_> {
 }
 
 /// Runs the CNI benchmark: `rounds` rounds, each attaching and detaching `pods` pods
-/// with weft and with the reference, alternating which goes first.
+/// on both sides of the comparison, alternating which goes first.
 pub fn run(opts: &Options) -> Result<Report, String> {
-    for (what, p) in [
-        ("weft", &opts.weft),
-        ("weftd", &opts.weftd),
-        ("ptp", &opts.reference_dir.join("ptp")),
-    ] {
+    let (a, b) = match opts.comparison {
+        Comparison::Reference => (Target::Weft, Target::Reference),
+        Comparison::Otlp => (Target::WeftOtlp, Target::Weft),
+    };
+    let mut needed = vec![("weft", opts.weft.clone()), ("weftd", opts.weftd.clone())];
+    if b == Target::Reference {
+        needed.push(("ptp", opts.reference_dir.join("ptp")));
+    }
+    for (what, p) in needed {
         if !p.exists() {
             return Err(format!("{what} not found at {}", p.display()));
         }
     }
-    let mut weft = Samples::default();
-    let mut reference = Samples::default();
+    let (mut sa, mut sb) = (Samples::default(), Samples::default());
     for round in 0..opts.rounds {
-        let order = if round % 2 == 0 {
-            [Target::Weft, Target::Reference]
-        } else {
-            [Target::Reference, Target::Weft]
-        };
+        let order = if round % 2 == 0 { [a, b] } else { [b, a] };
         for target in order {
-            let t = match target {
-                Target::Weft => "w",
-                Target::Reference => "r",
-            };
             let r = Round {
                 opts,
                 target,
-                tag: format!("wb{}-{t}{round}", std::process::id()),
+                tag: format!("wb{}-{}{round}", std::process::id(), target.tag()),
             };
-            let s = match target {
-                Target::Weft => &mut weft,
-                Target::Reference => &mut reference,
-            };
-            r.run(s)?;
+            r.run(if target == a { &mut sa } else { &mut sb })?;
         }
     }
     Ok(Report {
         pods: opts.pods,
         workers: opts.workers,
         rounds: opts.rounds,
-        weft: weft.summary(opts.pods),
-        reference: reference.summary(opts.pods),
-        samples: vec![(Target::Weft, weft), (Target::Reference, reference)],
+        a: sa.summary(a, opts.pods),
+        b: sb.summary(b, opts.pods),
+        samples: vec![(a, sa), (b, sb)],
     })
 }
 
@@ -332,42 +381,60 @@ fn ratio(a: f64, b: f64) -> String {
 impl Report {
     /// The report as a markdown table.
     pub fn markdown(&self) -> String {
-        let (w, r) = (&self.weft, &self.reference);
+        let (a, b) = (&self.a, &self.b);
+        let what = match b.target {
+            Target::Reference => "reference = ptp + host-local",
+            _ => "weft with OTLP trace export against weft without it",
+        };
         let mut out = format!(
-            "CNI ADD/DEL, {} pods x {} rounds, {} worker(s); reference = ptp + host-local\n\n\
-             | metric | weft | reference | weft / reference |\n|---|---:|---:|---:|\n",
-            self.pods, self.rounds, self.workers
+            "CNI ADD/DEL, {} pods x {} rounds, {} worker(s); {what}\n\n| metric | {} | {} | {} / {} |\n|---|---:|---:|---:|\n",
+            self.pods,
+            self.rounds,
+            self.workers,
+            a.target.label(),
+            b.target.label(),
+            a.target.label(),
+            b.target.label(),
         );
-        let mut row = |name: &str, a: f64, b: f64, unit: &str| {
+        let mut row = |name: &str, x: f64, y: f64, unit: &str| {
             out.push_str(&format!(
-                "| {name} ({unit}) | {a:.2} | {b:.2} | {} |\n",
-                ratio(a, b)
+                "| {name} ({unit}) | {x:.2} | {y:.2} | {} |\n",
+                ratio(x, y)
             ));
         };
-        row("ADD p50", w.add.p50, r.add.p50, "ms");
-        row("ADD p90", w.add.p90, r.add.p90, "ms");
-        row("ADD p99", w.add.p99, r.add.p99, "ms");
-        row("DEL p50", w.del.p50, r.del.p50, "ms");
-        row("DEL p90", w.del.p90, r.del.p90, "ms");
-        row("DEL p99", w.del.p99, r.del.p99, "ms");
-        row("ADD phase wall", w.add_wall_s, r.add_wall_s, "s");
-        row("DEL phase wall", w.del_wall_s, r.del_wall_s, "s");
+        row("ADD p50", a.add.p50, b.add.p50, "ms");
+        row("ADD p90", a.add.p90, b.add.p90, "ms");
+        row("ADD p99", a.add.p99, b.add.p99, "ms");
+        row("DEL p50", a.del.p50, b.del.p50, "ms");
+        row("DEL p90", a.del.p90, b.del.p90, "ms");
+        row("DEL p99", a.del.p99, b.del.p99, "ms");
+        row("ADD phase wall", a.add_wall_s, b.add_wall_s, "s");
+        row("DEL phase wall", a.del_wall_s, b.del_wall_s, "s");
         row(
             "DEL until all veths gone",
-            w.teardown_wall_s,
-            r.teardown_wall_s,
+            a.teardown_wall_s,
+            b.teardown_wall_s,
             "s",
         );
         row(
             "ADD throughput",
-            w.add_pods_per_s,
-            r.add_pods_per_s,
+            a.add_pods_per_s,
+            b.add_pods_per_s,
             "pods/s",
         );
         out.push_str(&format!(
-            "\nfailed calls: weft {}, reference {}\n",
-            w.errors, r.errors
+            "\nfailed calls: {} {}, {} {}\n",
+            a.target.label(),
+            a.errors,
+            b.target.label(),
+            b.errors
         ));
+        if a.target == Target::WeftOtlp {
+            out.push_str(&format!(
+                "spans received by the OTLP receiver: {}\n",
+                a.spans_exported
+            ));
+        }
         out
     }
 }

@@ -42,12 +42,14 @@ pub struct NodeDaemon {
 }
 
 impl NodeDaemon {
-    /// Starts weftd in `node` with `extra` arguments and waits until its socket answers.
+    /// Starts weftd in `node` with `extra` arguments and environment `env`, and waits
+    /// until its socket answers.
     pub fn start(
         node: &NamedNetns,
         paths: DaemonPaths,
         node_name: &str,
         extra: &[String],
+        env: &[(String, String)],
     ) -> Result<Self, LabError> {
         if let Some(dir) = paths.log.parent() {
             std::fs::create_dir_all(dir)
@@ -65,6 +67,7 @@ impl NodeDaemon {
             .arg(&paths.state_dir)
             .args(["--metrics-addr", "127.0.0.1:9384", "--node-name", node_name])
             .args(extra)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));

@@ -56,6 +56,26 @@ impl NamedNetns {
         File::open(self.path()).map_err(|e| LabError::io(format!("opening {}", self.path()), e))
     }
 
+    /// A TCP listener bound to `addr` inside the namespace (a short-lived thread
+    /// creates the socket there; the socket keeps the namespace wherever it is used).
+    pub fn bind_tcp(&self, addr: &str) -> Result<std::net::TcpListener, LabError> {
+        let file = self.open()?;
+        let bind_addr = addr.to_string();
+        std::thread::spawn(move || {
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(std::io::Error::from)?;
+            std::net::TcpListener::bind(&bind_addr)
+        })
+        .join()
+        .map_err(|_| {
+            LabError::io(
+                "binding in a namespace",
+                std::io::Error::other("thread panicked"),
+            )
+        })?
+        .map_err(|e| LabError::io(format!("binding {addr} in {}", self.name), e))
+    }
+
     /// Keeps the namespace after drop (for labs that outlive the command).
     pub fn keep(mut self) -> String {
         self.keep = true;

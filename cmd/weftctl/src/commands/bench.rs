@@ -22,6 +22,19 @@ pub struct BenchArgs {
     /// Directory of weft and weftd (default: beside weftctl).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
+    /// What weft is compared with: the reference plugins, or itself without OTLP
+    /// trace export (with export on, spans go to a receiver inside the node).
+    #[arg(long, value_enum, default_value = "reference")]
+    compare: Compare,
+}
+
+/// What `weftctl bench` compares weft with.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Compare {
+    /// Debian's ptp + host-local.
+    Reference,
+    /// weft without OTLP export (weft runs with export on).
+    Otlp,
 }
 
 /// Runs the benchmark and prints the report.
@@ -42,6 +55,10 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
         workers: args.workers,
         rounds: args.rounds,
         work_dir: work_dir.clone(),
+        comparison: match args.compare {
+            Compare::Reference => weft_bench::Comparison::Reference,
+            Compare::Otlp => weft_bench::Comparison::Otlp,
+        },
     };
     let report = weft_bench::run(&opts).map_err(|e| anyhow::anyhow!(e));
     let _ = std::fs::remove_dir_all(&work_dir);
