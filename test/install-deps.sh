@@ -14,6 +14,7 @@ packages=(
   gcc libc6-dev                  # the static pause binary of the CRI test
   prometheus                     # promtool and a real Prometheus for the metrics, dashboard and alert tests
   python3-venv                   # the venv for the rotel collector
+  nftables conntrack             # host ports: weftd writes its table with nft and flushes UDP flows
 )
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

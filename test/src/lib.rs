@@ -20,10 +20,7 @@ pub use weft_kernel::testutil::privileged;
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target directory");
+    let dir = exe.parent().and_then(Path::parent).expect("target directory");
     let p = dir.join(name);
     assert!(
         p.exists(),
@@ -35,8 +32,7 @@ pub fn bin(name: &str) -> PathBuf {
 
 /// Runs a command and returns its output; panics if it cannot be started.
 pub fn run(cmd: &mut Command) -> Output {
-    cmd.output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+    cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
 }
 
 /// Runs a command that must succeed and returns its stdout.
@@ -127,27 +123,26 @@ impl Netns {
     /// Whether one ICMP echo to `addr` from this namespace is answered.
     pub fn ping(&self, addr: &str) -> bool {
         let flag = if addr.contains(':') { "-6" } else { "-4" };
-        run(self.cmd("ping").args([flag, "-c1", "-W2", addr]))
-            .status
-            .success()
+        run(self.cmd("ping").args([flag, "-c1", "-W2", addr])).status.success()
     }
 
-    /// A TCP listener bound to `addr` inside the namespace (the socket keeps the
-    /// namespace it was created in; a short-lived thread creates it there).
-    pub fn bind_tcp(&self, addr: &str) -> std::net::TcpListener {
+    /// Runs `f` on a short-lived thread inside the namespace. Sockets it creates keep
+    /// the namespace wherever they are used afterwards.
+    pub fn within<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
         let path = self.path();
-        let addr = addr.to_string();
         std::thread::spawn(move || {
-            let f = std::fs::File::open(&path).expect("namespace file");
-            nix::sched::setns(
-                std::os::fd::AsFd::as_fd(&f),
-                nix::sched::CloneFlags::CLONE_NEWNET,
-            )
-            .expect("setns");
-            std::net::TcpListener::bind(&addr).expect("bind inside the namespace")
+            let file = std::fs::File::open(&path).expect("namespace file");
+            nix::sched::setns(std::os::fd::AsFd::as_fd(&file), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
         })
         .join()
-        .expect("binding thread")
+        .expect("namespace thread")
+    }
+
+    /// A TCP listener bound to `addr` inside the namespace.
+    pub fn bind_tcp(&self, addr: &str) -> std::net::TcpListener {
+        let addr = addr.to_string();
+        self.within(move || std::net::TcpListener::bind(&addr).expect("bind inside the namespace"))
     }
 
     /// Starts `program args` inside the namespace; killed when the guard drops.
@@ -171,9 +166,7 @@ impl Netns {
 
     fn remove(&mut self) {
         if !self.name.is_empty() {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .output();
+            let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
             self.name.clear();
         }
     }
@@ -251,10 +244,7 @@ impl Daemon {
             dir,
             child: None,
             node_name: format!("node-{tag}"),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         d.spawn();
         d
@@ -275,13 +265,7 @@ impl Daemon {
         sh(self
             .node
             .cmd("curl")
-            .args([
-                "-sf",
-                "--max-time",
-                "10",
-                "-H",
-                &format!("Accept: {accept}"),
-            ])
+            .args(["-sf", "--max-time", "10", "-H", &format!("Accept: {accept}")])
             .arg(format!("http://127.0.0.1:9384{path}")))
     }
 
@@ -414,12 +398,8 @@ impl Daemon {
 
     /// `weftctl status --json` for this daemon.
     pub fn status(&self) -> Value {
-        let out = sh(Command::new(bin("weftctl")).args([
-            "--socket",
-            self.socket().to_str().unwrap(),
-            "--json",
-            "status",
-        ]));
+        let out =
+            sh(Command::new(bin("weftctl")).args(["--socket", self.socket().to_str().unwrap(), "--json", "status"]));
         serde_json::from_str(&out).expect("status JSON")
     }
 
@@ -513,8 +493,7 @@ impl CniOutput {
         if self.stdout.trim().is_empty() {
             Value::Null
         } else {
-            serde_json::from_str(&self.stdout)
-                .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
+            serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
         }
     }
 

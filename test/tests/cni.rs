@@ -39,10 +39,7 @@ fn pods_are_reachable_from_the_node_and_from_each_other() {
     let ifs = ra["interfaces"].as_array().unwrap();
     assert_eq!(ifs.len(), 2);
     let host_if = ifs[0]["name"].as_str().unwrap();
-    assert!(
-        host_if.starts_with("weft") && host_if.len() == 15,
-        "{host_if}"
-    );
+    assert!(host_if.starts_with("weft") && host_if.len() == 15, "{host_if}");
     assert!(ifs[0].get("sandbox").is_none());
     assert_eq!(ifs[1]["name"], "eth0");
     assert_eq!(ifs[1]["sandbox"], a.path());
@@ -120,13 +117,7 @@ fn check_passes_when_healthy_and_names_what_is_broken() {
     assert_eq!(ok.code, 0, "{ok:?}");
     assert!(ok.stdout.is_empty());
 
-    weft_tests::sh(std::process::Command::new("ip").args([
-        "-n",
-        p.name(),
-        "route",
-        "del",
-        "default",
-    ]));
+    weft_tests::sh(std::process::Command::new("ip").args(["-n", p.name(), "route", "del", "default"]));
     let broken = check();
     assert_eq!(broken.err_code(), 104);
     assert!(
@@ -150,13 +141,7 @@ fn check_passes_when_healthy_and_names_what_is_broken() {
     assert_eq!(check().code, 0);
 
     let addr = addr_of(&r, false);
-    weft_tests::sh(std::process::Command::new("ip").args([
-        "-n",
-        d.node.name(),
-        "route",
-        "del",
-        &addr,
-    ]));
+    weft_tests::sh(std::process::Command::new("ip").args(["-n", d.node.name(), "route", "del", &addr]));
     let broken = check();
     assert_eq!(broken.err_code(), 104);
     assert!(
@@ -200,10 +185,7 @@ fn del_is_idempotent_without_netns_and_after_the_netns_vanished() {
     assert!(del.stdout.is_empty());
     // containerd's second DEL comes without a netns.
     Call::new("DEL", "ctr-1", "", &conf).run().ok();
-    Call::new("DEL", "ctr-1", "", &conf)
-        .set("CNI_NETNS", "")
-        .run()
-        .ok();
+    Call::new("DEL", "ctr-1", "", &conf).set("CNI_NETNS", "").run().ok();
     d.assert_clean();
 
     // The pod's namespace disappears before DEL (node reboot of a sandbox, runtime crash).
@@ -225,13 +207,10 @@ fn gc_removes_attachments_the_runtime_no_longer_lists() {
     let conf = d.conf("1.1.0", &[V4]);
     let pods: Vec<Netns> = (0..3).map(|i| Netns::new(&format!("p{i}"))).collect();
     for (i, p) in pods.iter().enumerate() {
-        Call::new("ADD", &format!("ctr-{i}"), &p.path(), &conf)
-            .run()
-            .ok();
+        Call::new("ADD", &format!("ctr-{i}"), &p.path(), &conf).run().ok();
     }
     let mut gc: Value = serde_json::from_str(&conf).unwrap();
-    gc["cni.dev/valid-attachments"] =
-        serde_json::json!([{"containerID": "ctr-1", "ifname": "eth0"}]);
+    gc["cni.dev/valid-attachments"] = serde_json::json!([{"containerID": "ctr-1", "ifname": "eth0"}]);
     let out = Call::new("GC", "", "", &gc.to_string())
         .unset("CNI_CONTAINERID")
         .unset("CNI_IFNAME")
@@ -243,12 +222,7 @@ fn gc_removes_attachments_the_runtime_no_longer_lists() {
     assert_eq!(pods[0].links(), vec!["lo"]);
     assert_eq!(pods[1].links().len(), 2);
     // GC is a 1.1.0 command.
-    assert_eq!(
-        Call::new("GC", "", "", &d.conf("1.0.0", &[V4]))
-            .run()
-            .err_code(),
-        1
-    );
+    assert_eq!(Call::new("GC", "", "", &d.conf("1.0.0", &[V4])).run().err_code(), 1);
     Call::new("DEL", "ctr-1", &pods[1].path(), &conf).run().ok();
     d.assert_clean();
 }
@@ -271,17 +245,10 @@ fn status_and_add_report_an_exhausted_range() {
     let full = Call::new("ADD", "ctr-2", &p2.path(), &conf).run();
     assert_eq!(full.err_code(), 101);
     assert!(
-        full.json()["details"]
-            .as_str()
-            .unwrap()
-            .contains("10.244.9.0/30"),
+        full.json()["details"].as_str().unwrap().contains("10.244.9.0/30"),
         "{full:?}"
     );
-    assert_eq!(
-        p2.links(),
-        vec!["lo"],
-        "the failed ADD left nothing in the pod"
-    );
+    assert_eq!(p2.links(), vec!["lo"], "the failed ADD left nothing in the pod");
     assert_eq!(d.allocated(), 1);
     Call::new("DEL", "ctr-2", &p2.path(), &conf).run().ok();
     Call::new("DEL", "ctr-1", &p1.path(), &conf).run().ok();
@@ -295,15 +262,10 @@ fn every_spec_version_gets_its_result_layout() {
         return;
     }
     let d = Daemon::start("vers");
-    for (i, v) in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
-        .iter()
-        .enumerate()
-    {
+    for (i, v) in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"].iter().enumerate() {
         let conf = d.conf(v, &[V4, V6]);
         let p = Netns::new("p");
-        let r = Call::new("ADD", &format!("ctr-{i}"), &p.path(), &conf)
-            .run()
-            .ok();
+        let r = Call::new("ADD", &format!("ctr-{i}"), &p.path(), &conf).run().ok();
         assert_eq!(r["cniVersion"], *v);
         let legacy = v.starts_with("0.");
         for ip in r["ips"].as_array().unwrap() {
@@ -318,15 +280,9 @@ fn every_spec_version_gets_its_result_layout() {
                 assert!(ip.get("version").is_none(), "{v}: {r}");
             }
         }
-        assert_eq!(
-            r["interfaces"][1].get("mtu").is_some(),
-            *v == "1.1.0",
-            "{v}: {r}"
-        );
+        assert_eq!(r["interfaces"][1].get("mtu").is_some(), *v == "1.1.0", "{v}: {r}");
         assert_eq!(r["interfaces"][1]["sandbox"], p.path());
-        Call::new("DEL", &format!("ctr-{i}"), &p.path(), &conf)
-            .run()
-            .ok();
+        Call::new("DEL", &format!("ctr-{i}"), &p.path(), &conf).run().ok();
     }
     d.assert_clean();
 }
@@ -343,10 +299,7 @@ fn version_is_answered_by_the_plugin_alone() {
     );
     let about = Call::default().run();
     assert_eq!(about.code, 0);
-    assert!(
-        about.stderr.contains("CNI protocol versions supported"),
-        "{about:?}"
-    );
+    assert!(about.stderr.contains("CNI protocol versions supported"), "{about:?}");
 }
 
 #[test]
@@ -399,27 +352,11 @@ fn bad_input_gets_its_code_and_leaves_nothing() {
             },
             1,
         ),
-        (
-            "ifname too long",
-            add().set("CNI_IFNAME", "eth0123456789abc"),
-            4,
-        ),
+        ("ifname too long", add().set("CNI_IFNAME", "eth0123456789abc"), 4),
         ("ifname with /", add().set("CNI_IFNAME", "et/h0"), 4),
-        (
-            "ifname with whitespace",
-            add().set("CNI_IFNAME", "eth 0"),
-            4,
-        ),
-        (
-            "invalid container id",
-            add().set("CNI_CONTAINERID", "bad/id"),
-            4,
-        ),
-        (
-            "malformed CNI_ARGS",
-            add().set("CNI_ARGS", "K8S_POD_NAME"),
-            4,
-        ),
+        ("ifname with whitespace", add().set("CNI_IFNAME", "eth 0"), 4),
+        ("invalid container id", add().set("CNI_CONTAINERID", "bad/id"), 4),
+        ("malformed CNI_ARGS", add().set("CNI_ARGS", "K8S_POD_NAME"), 4),
         (
             "netns does not exist",
             add().set("CNI_NETNS", "/run/netns/wt-does-not-exist"),
@@ -462,10 +399,7 @@ fn bad_input_gets_its_code_and_leaves_nothing() {
         (
             "ipam section",
             Call {
-                stdin: conf.replace(
-                    "\"mtu\":1500",
-                    "\"mtu\":1500,\"ipam\":{\"type\":\"host-local\"}",
-                ),
+                stdin: conf.replace("\"mtu\":1500", "\"mtu\":1500,\"ipam\":{\"type\":\"host-local\"}"),
                 ..add()
             },
             2,
@@ -483,15 +417,8 @@ fn bad_input_gets_its_code_and_leaves_nothing() {
         let out = call.run();
         assert_eq!(out.err_code(), code, "{what}: {out:?}");
         let e = out.json();
-        assert!(
-            e["msg"].as_str().is_some_and(|m| !m.is_empty()),
-            "{what}: {e}"
-        );
-        assert!(
-            out.stderr.is_empty() || code == 0,
-            "{what}: stderr {}",
-            out.stderr
-        );
+        assert!(e["msg"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {e}");
+        assert!(out.stderr.is_empty() || code == 0, "{what}: stderr {}", out.stderr);
     }
     // An exhausted range, the last bad input, leaves nothing either.
     let small = d.conf("1.1.0", &["10.244.2.0/30"]);
@@ -524,16 +451,10 @@ fn an_unreachable_daemon_means_try_again_later() {
     let out = Call::new("ADD", "ctr-1", &p.path(), &conf).run();
     assert_eq!(out.err_code(), 11, "{out:?}");
     assert!(
-        out.json()["details"]
-            .as_str()
-            .unwrap()
-            .contains("cannot reach weftd"),
+        out.json()["details"].as_str().unwrap().contains("cannot reach weftd"),
         "{out:?}"
     );
-    assert_eq!(
-        Call::new("DEL", "ctr-1", &p.path(), &conf).run().err_code(),
-        11
-    );
+    assert_eq!(Call::new("DEL", "ctr-1", &p.path(), &conf).run().err_code(), 11);
     assert_eq!(
         Call::new("STATUS", "", "", &conf).run().err_code(),
         50,
@@ -566,10 +487,7 @@ fn a_daemon_restarted_between_add_and_del_cleans_up() {
         d.log().contains("\"first_start\":false"),
         "the second start knows it is a restart"
     );
-    assert!(
-        d.node.ping(&addr_of(&r, false)),
-        "the pod kept its connectivity"
-    );
+    assert!(d.node.ping(&addr_of(&r, false)), "the pod kept its connectivity");
     let again = Call::new("ADD", "ctr-1", &p.path(), &conf).run().ok();
     assert_eq!(again, r, "the stored result survives the restart");
     Call::new("DEL", "ctr-1", &p.path(), &conf).run().ok();
@@ -592,22 +510,11 @@ fn the_socket_is_private_and_non_root_peers_are_refused() {
     let out = Call::new("STATUS", "", "", &conf).run_as(Some(65534));
     assert_eq!(out.err_code(), 50, "{out:?}");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !d
-        .log()
-        .contains("refused a connection from a non-root peer")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no refusal logged:\n{}",
-            d.log()
-        );
+    while !d.log().contains("refused a connection from a non-root peer") {
+        assert!(std::time::Instant::now() < deadline, "no refusal logged:\n{}", d.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(
-        Call::new("STATUS", "", "", &conf).run().code,
-        0,
-        "root is served"
-    );
+    assert_eq!(Call::new("STATUS", "", "", &conf).run().code, 0, "root is served");
 }
 
 #[test]
@@ -620,13 +527,9 @@ fn a_stale_socket_is_replaced_but_a_live_one_is_not_stolen() {
     assert!(!st.success(), "a second daemon must refuse a live socket");
     assert!(d.log().contains("another weftd is serving"), "{}", d.log());
     let st = d.start_second(true);
+    assert!(!st.success(), "a second daemon must refuse a state directory in use");
     assert!(
-        !st.success(),
-        "a second daemon must refuse a state directory in use"
-    );
-    assert!(
-        d.log()
-            .contains("another weftd is running on state directory"),
+        d.log().contains("another weftd is running on state directory"),
         "{}",
         d.log()
     );
@@ -661,17 +564,12 @@ fn weftctl_status_shows_usage_per_range() {
     assert_eq!(ranges[0]["allocated"], 1);
     assert_eq!(ranges[0]["capacity"], 253);
     assert_eq!(ranges[0]["free"], 252);
-    let table = weft_tests::sh(
-        std::process::Command::new(weft_tests::bin("weftctl")).args([
-            "--socket",
-            d.socket().to_str().unwrap(),
-            "status",
-        ]),
-    );
-    assert!(
-        table.contains("10.244.1.0/24") && table.contains("ready"),
-        "{table}"
-    );
+    let table = weft_tests::sh(std::process::Command::new(weft_tests::bin("weftctl")).args([
+        "--socket",
+        d.socket().to_str().unwrap(),
+        "status",
+    ]));
+    assert!(table.contains("10.244.1.0/24") && table.contains("ready"), "{table}");
     Call::new("DEL", "ctr-1", &p.path(), &conf).run().ok();
     d.assert_clean();
 }

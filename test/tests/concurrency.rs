@@ -22,14 +22,9 @@ fn eight_workers_attach_and_detach_400_pods() {
             let (pods, conf, addrs) = (&pods, &conf, &addrs);
             s.spawn(move || {
                 for i in (w..PODS).step_by(WORKERS) {
-                    let r = Call::new("ADD", &format!("ctr-{i}"), &pods[i].path(), conf)
-                        .run()
-                        .ok();
+                    let r = Call::new("ADD", &format!("ctr-{i}"), &pods[i].path(), conf).run().ok();
                     for ip in r["ips"].as_array().unwrap() {
-                        addrs
-                            .lock()
-                            .unwrap()
-                            .push(ip["address"].as_str().unwrap().to_string());
+                        addrs.lock().unwrap().push(ip["address"].as_str().unwrap().to_string());
                     }
                 }
             });
@@ -52,9 +47,7 @@ fn eight_workers_attach_and_detach_400_pods() {
             let (pods, conf) = (&pods, &conf);
             s.spawn(move || {
                 for i in (w..PODS).step_by(WORKERS) {
-                    Call::new("DEL", &format!("ctr-{i}"), &pods[i].path(), conf)
-                        .run()
-                        .ok();
+                    Call::new("DEL", &format!("ctr-{i}"), &pods[i].path(), conf).run().ok();
                 }
             });
         }

@@ -89,13 +89,9 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
         ..Default::default()
     };
     let t_run = Instant::now();
-    let mut pod = Sandbox::run(&cri, config)
-        .unwrap_or_else(|e| panic!("RunPodSandbox failed: {e}\n{}", diag(&ctrd, &daemon)));
-    eprintln!(
-        "RunPodSandbox took {:.1?}: sandbox {}",
-        t_run.elapsed(),
-        pod.id
-    );
+    let mut pod =
+        Sandbox::run(&cri, config).unwrap_or_else(|e| panic!("RunPodSandbox failed: {e}\n{}", diag(&ctrd, &daemon)));
+    eprintln!("RunPodSandbox took {:.1?}: sandbox {}", t_run.elapsed(), pod.id);
 
     // PodSandboxStatus: the address CRI reports, and the pod's network namespace.
     let id = pod.id.clone();
@@ -108,30 +104,20 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
             .await
         })
         .unwrap_or_else(|e| panic!("PodSandboxStatus failed: {e}\n{}", diag(&ctrd, &daemon)));
-    let st = status
-        .status
-        .as_ref()
-        .expect("PodSandboxStatus carries a status");
+    let st = status.status.as_ref().expect("PodSandboxStatus carries a status");
     assert_eq!(
         st.state,
         cri::PodSandboxState::SandboxReady as i32,
         "sandbox not ready: {st:?}"
     );
-    let ip_text = st
-        .network
-        .as_ref()
-        .map(|n| n.ip.clone())
-        .unwrap_or_default();
+    let ip_text = st.network.as_ref().map(|n| n.ip.clone()).unwrap_or_default();
     let ip: Ipv4Addr = ip_text.parse().unwrap_or_else(|_| {
         panic!(
             "CRI reports no IPv4 address for the pod ({st:?})\n{}",
             diag(&ctrd, &daemon)
         )
     });
-    assert!(
-        in_pod_range(ip),
-        "pod address {ip} is outside {POD_NET}/{POD_PREFIX}"
-    );
+    assert!(in_pod_range(ip), "pod address {ip} is outside {POD_NET}/{POD_PREFIX}");
     let netns = netns_of(&status.info);
     pod.netns = Some(netns.clone());
     let ns_text = netns.to_str().unwrap();
@@ -163,9 +149,7 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
     );
     let lo = in_netns(&netns, &["link", "show", "lo"]);
     assert!(
-        lo[0]["flags"]
-            .as_array()
-            .is_some_and(|f| f.iter().any(|x| x == "UP")),
+        lo[0]["flags"].as_array().is_some_and(|f| f.iter().any(|x| x == "UP")),
         "the pod's lo is down: {lo}"
     );
 
@@ -197,19 +181,13 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
     );
     daemon.settle();
     let s = daemon.status();
-    assert_eq!(
-        s["attachments"], 0,
-        "the attachment outlived StopPodSandbox: {s}"
-    );
+    assert_eq!(s["attachments"], 0, "the attachment outlived StopPodSandbox: {s}");
 
     // RemovePodSandbox: a second CNI DEL, this time without a netns.
     pod.remove()
         .unwrap_or_else(|e| panic!("RemovePodSandbox failed: {e}\n{}", diag(&ctrd, &daemon)));
     let left = cri
-        .runtime(|mut c| async move {
-            c.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-                .await
-        })
+        .runtime(|mut c| async move { c.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }).await })
         .unwrap_or_else(|e| panic!("ListPodSandbox failed: {e}"));
     assert!(
         left.items.is_empty(),
@@ -217,10 +195,7 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
         left.items
     );
     daemon.assert_clean();
-    eprintln!(
-        "pod sandbox run and removed; the whole test took {:.1?}",
-        t0.elapsed()
-    );
+    eprintln!("pod sandbox run and removed; the whole test took {:.1?}", t0.elapsed());
 }
 
 fn in_pod_range(ip: Ipv4Addr) -> bool {
@@ -262,14 +237,7 @@ fn netns_of(info: &HashMap<String, String>) -> PathBuf {
 
 fn random_uid() -> String {
     let h = format!("{:032x}", rand::random::<u128>());
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 /// The last lines of both logs, for failure messages.
@@ -305,9 +273,7 @@ impl Containerd {
             .map(PathBuf::from)
             .filter(|d| !d.exists())
             .collect();
-        for d in [
-            "root", "state", "opt", "runc", "cni/bin", "cni/conf", "pods",
-        ] {
+        for d in ["root", "state", "opt", "runc", "cni/bin", "cni/conf", "pods"] {
             std::fs::create_dir_all(p.join(d)).unwrap();
         }
         // CNI: the weft plugin itself, and the reference loopback plugin, which
@@ -415,11 +381,10 @@ disabled_plugins = [
                 panic!("containerd exited early ({st}):\n{}", self.log_tail());
             }
             if self.socket().exists() {
-                let out = run(Command::new("ctr").arg("-a").arg(self.socket()).args([
-                    "--timeout",
-                    "5s",
-                    "version",
-                ]));
+                let out = run(Command::new("ctr")
+                    .arg("-a")
+                    .arg(self.socket())
+                    .args(["--timeout", "5s", "version"]));
                 if out.status.success() {
                     return;
                 }
@@ -522,11 +487,7 @@ disabled_plugins = [
             .map(Pid::from_raw)
             .collect();
         for sig in [Signal::SIGTERM, Signal::SIGKILL] {
-            let alive: Vec<Pid> = ours
-                .iter()
-                .copied()
-                .filter(|p| kill(*p, None).is_ok())
-                .collect();
+            let alive: Vec<Pid> = ours.iter().copied().filter(|p| kill(*p, None).is_ok()).collect();
             if alive.is_empty() {
                 return;
             }
@@ -534,11 +495,7 @@ disabled_plugins = [
                 let _ = kill(*p, sig);
             }
             let deadline = Instant::now() + Duration::from_secs(3);
-            while Instant::now() < deadline
-                && alive
-                    .iter()
-                    .any(|p| Path::new(&format!("/proc/{p}")).exists())
-            {
+            while Instant::now() < deadline && alive.iter().any(|p| Path::new(&format!("/proc/{p}")).exists()) {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -611,9 +568,7 @@ impl Cri {
                     }))
                     .await
             })
-            .unwrap_or_else(|e| {
-                panic!("connecting to containerd's CRI at {}: {e}", sock.display())
-            });
+            .unwrap_or_else(|e| panic!("connecting to containerd's CRI at {}: {e}", sock.display()));
         Self { rt, channel }
     }
 
@@ -635,10 +590,7 @@ impl Cri {
         self.block(f(ImageServiceClient::new(self.channel.clone())))
     }
 
-    fn block<T>(
-        &self,
-        call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    ) -> Result<T, String> {
+    fn block<T>(&self, call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>) -> Result<T, String> {
         match self
             .rt
             .block_on(async { tokio::time::timeout(CALL_TIMEOUT, call).await })
@@ -655,9 +607,7 @@ impl Cri {
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut last = String::new();
         while Instant::now() < deadline {
-            let status = self.runtime(|mut c| async move {
-                c.status(cri::StatusRequest { verbose: false }).await
-            });
+            let status = self.runtime(|mut c| async move { c.status(cri::StatusRequest { verbose: false }).await });
             let image = self.images(|mut c| async move {
                 c.image_status(cri::ImageStatusRequest {
                     image: Some(cri::ImageSpec {
@@ -675,19 +625,13 @@ impl Cri {
                     if ready("RuntimeReady") && ready("NetworkReady") && i.image.is_some() {
                         return;
                     }
-                    last = format!(
-                        "conditions {conds:?}, image {PAUSE_IMAGE} known: {}",
-                        i.image.is_some()
-                    );
+                    last = format!("conditions {conds:?}, image {PAUSE_IMAGE} known: {}", i.image.is_some());
                 }
                 (s, i) => last = format!("Status: {:?}, ImageStatus: {:?}", s.err(), i.err()),
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!(
-            "containerd's CRI did not become ready ({last})\n{}",
-            diag(ctrd, daemon)
-        );
+        panic!("containerd's CRI did not become ready ({last})\n{}", diag(ctrd, daemon));
     }
 }
 
@@ -777,14 +721,10 @@ fn pause_image(dir: &Path) -> PathBuf {
         ("tmp", 0o1777),
     ] {
         let mut h = tar_header(tar::EntryType::Directory, mode, 0);
-        layer
-            .append_data(&mut h, format!("{d}/"), std::io::empty())
-            .unwrap();
+        layer.append_data(&mut h, format!("{d}/"), std::io::empty()).unwrap();
     }
     let mut h = tar_header(tar::EntryType::Regular, 0o755, pause.len() as u64);
-    layer
-        .append_data(&mut h, "pause", pause.as_slice())
-        .unwrap();
+    layer.append_data(&mut h, "pause", pause.as_slice()).unwrap();
     let layer = layer.into_inner().unwrap();
 
     let arch = match std::env::consts::ARCH {
@@ -843,16 +783,10 @@ fn pause_image(dir: &Path) -> PathBuf {
         let mut h = tar_header(tar::EntryType::Regular, 0o644, data.len() as u64);
         archive.append_data(&mut h, name, data).unwrap();
     };
-    add(
-        "oci-layout".to_string(),
-        br#"{"imageLayoutVersion":"1.0.0"}"#,
-    );
+    add("oci-layout".to_string(), br#"{"imageLayoutVersion":"1.0.0"}"#);
     add("index.json".to_string(), &index);
     for blob in [&layer, &config, &manifest] {
-        add(
-            format!("blobs/sha256/{}", &digest(blob)["sha256:".len()..]),
-            blob,
-        );
+        add(format!("blobs/sha256/{}", &digest(blob)["sha256:".len()..]), blob);
     }
     let path = dir.join("pause-oci.tar");
     std::fs::write(&path, archive.into_inner().unwrap()).unwrap();
@@ -872,9 +806,6 @@ fn tar_header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
 }
 
 fn digest(b: &[u8]) -> String {
-    let hex: String = Sha256::digest(b)
-        .iter()
-        .map(|x| format!("{x:02x}"))
-        .collect();
+    let hex: String = Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect();
     format!("sha256:{hex}")
 }

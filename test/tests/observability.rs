@@ -7,12 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
 use serde_json::Value;
@@ -28,10 +24,7 @@ fn traceparent(test: u32, i: u32) -> (String, String, String) {
 }
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
 /// Runs `command` through the plugin for pod `i` with a known trace.
@@ -82,19 +75,13 @@ fn every_log_line_of_a_call_carries_the_pod_fields() {
             ] {
                 assert_eq!(l[k], want, "{k} on {l}");
             }
-            assert!(
-                l["span_id"].as_str().is_some_and(|s| s.len() == 16),
-                "span_id on {l}"
-            );
+            assert!(l["span_id"].as_str().is_some_and(|s| s.len() == 16), "span_id on {l}");
             assert!(
                 l["timestamp"].is_string() && l["level"].is_string() && l["message"].is_string(),
                 "{l}"
             );
         }
-        let access: Vec<&&Value> = mine
-            .iter()
-            .filter(|l| l["target"] == "weft::access")
-            .collect();
+        let access: Vec<&&Value> = mine.iter().filter(|l| l["target"] == "weft::access").collect();
         assert_eq!(
             access.len(),
             1,
@@ -187,11 +174,7 @@ fn metrics_have_their_families_types_labels_and_exemplars() {
         ("process_open_fds", "gauge"),
         ("process_start_time_seconds", "gauge"),
     ] {
-        assert_eq!(
-            t.get(name).map(String::as_str),
-            Some(kind),
-            "{name} in:\n{classic}"
-        );
+        assert_eq!(t.get(name).map(String::as_str), Some(kind), "{name} in:\n{classic}");
     }
     for (name, labels) in [
         (
@@ -207,10 +190,7 @@ fn metrics_have_their_families_types_labels_and_exemplars() {
             vec!["grpc_method", "grpc_service", "grpc_type", "le"],
         ),
         ("weft_cni_requests_total", vec!["cni_code", "command"]),
-        (
-            "weft_cni_phase_duration_seconds_bucket",
-            vec!["command", "le", "phase"],
-        ),
+        ("weft_cni_phase_duration_seconds_bucket", vec!["command", "le", "phase"]),
         ("weft_ipam_addresses", vec!["range", "state"]),
         ("weft_build_info", vec!["commit", "version"]),
     ] {
@@ -229,14 +209,7 @@ fn metrics_have_their_families_types_labels_and_exemplars() {
         "{classic}"
     );
     assert!(classic.contains("weft_pods 1"), "{classic}");
-    for phase in [
-        "lock_wait",
-        "ipam",
-        "veth",
-        "addresses",
-        "routes",
-        "store_commit",
-    ] {
+    for phase in ["lock_wait", "ipam", "veth", "addresses", "routes", "store_commit"] {
         assert!(
             classic.contains(&format!("command=\"ADD\",phase=\"{phase}\"")),
             "phase {phase} missing"
@@ -258,12 +231,7 @@ fn metrics_have_their_families_types_labels_and_exemplars() {
         .spawn()
         .expect("promtool (Debian package prometheus)");
     use std::io::Write;
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(classic.as_bytes())
-        .unwrap();
+    promtool.stdin.take().unwrap().write_all(classic.as_bytes()).unwrap();
     let out = promtool.wait_with_output().unwrap();
     assert!(
         out.status.success(),
@@ -283,8 +251,7 @@ fn metrics_have_their_families_types_labels_and_exemplars() {
     );
     assert!(
         om.lines()
-            .any(|l| l.starts_with("weft_cni_phase_duration_seconds_bucket")
-                && l.contains(&exemplar))
+            .any(|l| l.starts_with("weft_cni_phase_duration_seconds_bucket") && l.contains(&exemplar))
     );
 }
 
@@ -319,10 +286,7 @@ impl TraceService for Sink {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        self.0
-            .lock()
-            .unwrap()
-            .extend(request.into_inner().resource_spans);
+        self.0.lock().unwrap().extend(request.into_inner().resource_spans);
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
         }))
@@ -330,15 +294,12 @@ impl TraceService for Sink {
 }
 
 fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
-    attrs
-        .iter()
-        .find(|kv| kv.key == key)
-        .and_then(|kv| match &kv.value {
-            Some(AnyValue {
-                value: Some(any_value::Value::StringValue(s)),
-            }) => Some(s.as_str()),
-            _ => None,
-        })
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| match &kv.value {
+        Some(AnyValue {
+            value: Some(any_value::Value::StringValue(s)),
+        }) => Some(s.as_str()),
+        _ => None,
+    })
 }
 
 fn hex(b: &[u8]) -> String {
@@ -368,10 +329,7 @@ fn traces_go_through_a_real_collector_one_per_call() {
         rt.spawn(
             tonic::transport::Server::builder()
                 // rotel compresses its exports with gzip by default.
-                .add_service(
-                    TraceServiceServer::new(sink)
-                        .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
-                )
+                .add_service(TraceServiceServer::new(sink).accept_compressed(tonic::codec::CompressionEncoding::Gzip))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
     }
@@ -394,11 +352,9 @@ fn traces_go_through_a_real_collector_one_per_call() {
         &logs.path().join("rotel.log"),
     );
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !run(node
-        .cmd("bash")
-        .args(["-c", "exec 3<>/dev/tcp/127.0.0.1/4317"]))
-    .status
-    .success()
+    while !run(node.cmd("bash").args(["-c", "exec 3<>/dev/tcp/127.0.0.1/4317"]))
+        .status
+        .success()
     {
         assert!(
             Instant::now() < deadline,
@@ -458,10 +414,7 @@ fn traces_go_through_a_real_collector_one_per_call() {
     };
 
     for (trace, parent, cmd) in &expect {
-        let mine: Vec<_> = spans
-            .iter()
-            .filter(|(_, s)| hex(&s.trace_id) == *trace)
-            .collect();
+        let mine: Vec<_> = spans.iter().filter(|(_, s)| hex(&s.trace_id) == *trace).collect();
         let servers: Vec<_> = mine
             .iter()
             .filter(|(_, s)| s.name.starts_with("weft.cnirpc.v1.CNI/"))
@@ -484,19 +437,12 @@ fn traces_go_through_a_real_collector_one_per_call() {
             ("cni.netns", pod.path().as_str()),
             ("rpc.service", "weft.cnirpc.v1.CNI"),
         ] {
-            assert_eq!(
-                attr(&server.attributes, k),
-                Some(v),
-                "{k} on the {cmd} span"
-            );
+            assert_eq!(attr(&server.attributes, k), Some(v), "{k} on the {cmd} span");
         }
         let res = &resource.as_ref().expect("resource").attributes;
         assert_eq!(attr(res, "service.name"), Some("weftd-under-test"));
         assert_eq!(attr(res, "k8s.node.name"), Some(d.node_name()));
-        assert_eq!(
-            attr(res, "service.version"),
-            Some(env!("CARGO_PKG_VERSION"))
-        );
+        assert_eq!(attr(res, "service.version"), Some(env!("CARGO_PKG_VERSION")));
         assert_eq!(attr(res, "deployment.environment"), Some("test"));
         let phases: BTreeMap<&str, &[u8]> = mine
             .iter()
@@ -504,14 +450,7 @@ fn traces_go_through_a_real_collector_one_per_call() {
             .map(|(_, s)| (s.name.as_str(), s.parent_span_id.as_slice()))
             .collect();
         let want: &[&str] = match *cmd {
-            "ADD" => &[
-                "addresses",
-                "ipam",
-                "lock_wait",
-                "routes",
-                "store_commit",
-                "veth",
-            ],
+            "ADD" => &["addresses", "ipam", "lock_wait", "routes", "store_commit", "veth"],
             "CHECK" => &["check", "ipam", "lock_wait"],
             _ => &["disconnect", "ipam", "lock_wait", "teardown"],
         };
@@ -638,14 +577,7 @@ fn dashboard_queries_and_alerts_work_in_prometheus() {
     while query(&d.node, port, firing).is_empty() {
         assert!(Instant::now() < deadline, "WeftCniErrorRate did not fire");
         assert_eq!(
-            call(
-                &d,
-                "ADD",
-                100 + i,
-                "/run/netns/wt-missing",
-                &traceparent(5, i).0
-            )
-            .err_code(),
+            call(&d, "ADD", 100 + i, "/run/netns/wt-missing", &traceparent(5, i).0).err_code(),
             8
         );
         i += 1;
@@ -655,10 +587,8 @@ fn dashboard_queries_and_alerts_work_in_prometheus() {
     assert_eq!(alert["metric"]["node"], d.node_name());
 
     // Every panel query of the dashboard returns at least one series.
-    let dash: Value = serde_json::from_str(
-        &std::fs::read_to_string(workspace().join("dashboards/weft.json")).unwrap(),
-    )
-    .unwrap();
+    let dash: Value =
+        serde_json::from_str(&std::fs::read_to_string(workspace().join("dashboards/weft.json")).unwrap()).unwrap();
     let mut n = 0;
     for panel in dash["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().into_iter().flatten() {
@@ -686,9 +616,7 @@ fn dashboard_queries_and_alerts_work_in_prometheus() {
 fn dashboard_matches_the_grafana_schema() {
     let validator = workspace().join("test/grafana/validate.mjs");
     assert!(
-        workspace()
-            .join("test/grafana/node_modules/@grafana/schema")
-            .exists(),
+        workspace().join("test/grafana/node_modules/@grafana/schema").exists(),
         "test/grafana/node_modules is missing: run test/install-deps.sh (npm ci in test/grafana)"
     );
     let out = run(std::process::Command::new("node")
@@ -702,19 +630,14 @@ fn dashboard_matches_the_grafana_schema() {
     );
     // The validator can fail: a dashboard with a wrong type is refused.
     let bad = weft_tests::TempDir::new("dash");
-    let mut d: Value = serde_json::from_str(
-        &std::fs::read_to_string(workspace().join("dashboards/weft.json")).unwrap(),
-    )
-    .unwrap();
+    let mut d: Value =
+        serde_json::from_str(&std::fs::read_to_string(workspace().join("dashboards/weft.json")).unwrap()).unwrap();
     d["panels"][1]["gridPos"]["h"] = Value::from("tall");
     std::fs::write(bad.path().join("bad.json"), d.to_string()).unwrap();
     let out = run(std::process::Command::new("node")
         .arg(&validator)
         .arg(bad.path().join("bad.json")));
-    assert!(
-        !out.status.success(),
-        "a broken dashboard passed validation"
-    );
+    assert!(!out.status.success(), "a broken dashboard passed validation");
 }
 
 #[test]
@@ -745,18 +668,10 @@ fn weftctl_calls_lists_recent_calls() {
     let failed = ctl(&["--failed"]);
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0]["cni_code"], 8);
-    assert!(
-        failed[0]["error"]
-            .as_str()
-            .unwrap()
-            .contains("does not exist")
-    );
+    assert!(failed[0]["error"].as_str().unwrap().contains("does not exist"));
     assert_eq!(ctl(&["--pod", "pod-0"]).len(), 1);
-    let table = sh(std::process::Command::new(bin("weftctl")).args([
-        "--socket",
-        d.socket().to_str().unwrap(),
-        "calls",
-    ]));
+    let table =
+        sh(std::process::Command::new(bin("weftctl")).args(["--socket", d.socket().to_str().unwrap(), "calls"]));
     assert!(
         table.contains("TRACE") && table.contains(&trace) && table.contains("ns-0/pod-0"),
         "{table}"

@@ -29,10 +29,7 @@ fn main() -> ExitCode {
     let reported_version = conf::declared_version(&stdin);
     let outcome = match read {
         Ok(_) => run(&command, stdin),
-        Err(e) => Err(CniError::new(
-            code::IO_FAILURE,
-            format!("reading stdin: {e}"),
-        )),
+        Err(e) => Err(CniError::new(code::IO_FAILURE, format!("reading stdin: {e}"))),
     };
     let out = std::io::stdout();
     let mut out = out.lock();
@@ -87,9 +84,7 @@ fn run(command: &str, stdin: Vec<u8>) -> Result<Vec<u8>, CniError> {
         container_id: env("CNI_CONTAINERID"),
         netns: env("CNI_NETNS"),
         ifname: env("CNI_IFNAME"),
-        args: weft_cni::parse_cni_args(&env("CNI_ARGS"))?
-            .into_iter()
-            .collect(),
+        args: weft_cni::parse_cni_args(&env("CNI_ARGS"))?.into_iter().collect(),
         path: env("CNI_PATH"),
         stdin_data: stdin,
     };
@@ -132,11 +127,7 @@ fn traceparent() -> String {
 /// `00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`, ids not all zero.
 fn valid_traceparent(tp: &str) -> bool {
     let parts: Vec<&str> = tp.split('-').collect();
-    let hex = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
-    };
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase());
     parts.len() == 4
         && hex(parts[0], 2)
         && parts[0] != "ff"
@@ -188,23 +179,19 @@ fn status_to_cni(status: &tonic::Status, socket: &str, unreachable_code: u32) ->
         };
     }
     match status.code() {
-        tonic::Code::Unavailable
-        | tonic::Code::Cancelled
-        | tonic::Code::DeadlineExceeded
-        | tonic::Code::Unknown => CniError::new(
-            unreachable_code,
-            format!(
-                "weftd at {socket} did not answer ({:?}): {}",
-                status.code(),
-                status.message()
-            ),
-        ),
+        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
+            CniError::new(
+                unreachable_code,
+                format!(
+                    "weftd at {socket} did not answer ({:?}): {}",
+                    status.code(),
+                    status.message()
+                ),
+            )
+        }
         other => CniError::new(
             code::INTERNAL,
-            format!(
-                "weftd at {socket} failed the call ({other:?}): {}",
-                status.message()
-            ),
+            format!("weftd at {socket} failed the call ({other:?}): {}", status.message()),
         ),
     }
 }

@@ -28,6 +28,8 @@ enum Command {
     /// The most recent finished CNI calls (time, command, pod, ifname, duration, CNI
     /// code, trace id): the first thing to look at when a pod is stuck.
     Calls(commands::calls::CallsArgs),
+    /// The host ports held on the node and the pods they lead to.
+    Ports,
     /// Benchmark weft beside the reference plugins (ptp + host-local), in namespaces
     /// it creates and removes. Needs root.
     Bench(commands::bench::BenchArgs),
@@ -51,13 +53,12 @@ fn main() -> ExitCode {
 
 /// Runs a command that talks to weftd.
 fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
         match command {
             Command::Status => commands::status::run(socket, json).await,
             Command::Calls(args) => commands::calls::run(socket, args, json).await,
+            Command::Ports => commands::ports::run(socket, json).await,
             Command::Bench(_) => unreachable!("run outside the runtime"),
         }
     })

@@ -39,6 +39,13 @@ struct Args {
     /// Log format.
     #[arg(long, env = "WEFT_LOG_FORMAT", value_enum, default_value = "json")]
     log_format: LogFormat,
+    /// Also forward host ports reached on 127.0.0.1 (enables `route_localnet`; packets
+    /// to 127/8 from outside the node are then dropped).
+    #[arg(long, env = "WEFT_HOSTPORTS_LOCALHOST")]
+    hostports_localhost: bool,
+    /// How often the kernel is checked against the store (host port table), seconds.
+    #[arg(long, env = "WEFT_RECONCILE_INTERVAL", default_value_t = 60)]
+    reconcile_interval: u64,
     /// How many finished CNI calls to keep for `weftctl calls`.
     #[arg(long, env = "WEFT_CALLS_HISTORY", default_value_t = 256)]
     calls_history: usize,
@@ -86,27 +93,32 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
     let started_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    std::fs::create_dir_all(&args.state_dir)
-        .with_context(|| format!("creating {}", args.state_dir.display()))?;
+    std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
     std::fs::set_permissions(&args.state_dir, std::fs::Permissions::from_mode(0o700))?;
     // One daemon per state directory, held for the process's life: a second weftd on
     // the same state would "recover" the first one's calls in flight.
     let _state_lock = lock_state_dir(&args.state_dir)?;
     // Claim the socket before touching state, for the same reason; calls that arrive
     // now wait in the backlog until recovery is done.
-    let listener = server::bind_unix(&args.socket)
-        .with_context(|| format!("binding {}", args.socket.display()))?;
+    let listener = server::bind_unix(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
     let db_path = args.state_dir.join("weft.db");
     let store_seconds = metrics.store_transaction.clone();
-    let observer: weft_store::Observer =
-        Arc::new(move |d: Duration| store_seconds.observe(d.as_secs_f64()));
+    let observer: weft_store::Observer = Arc::new(move |d: Duration| store_seconds.observe(d.as_secs_f64()));
     let store = Store::open_observed(&db_path, Some(observer))
         .with_context(|| format!("opening the state store {}", db_path.display()))?;
     let first_start = store.schema_found() == 0;
     info!(node = %node_name, state = %db_path.display(), first_start, version = VERSION, commit = COMMIT, tracing_export = weft_telemetry::otel::export_configured(), "weftd starting");
 
     weft_kernel::enable_forwarding().context("enabling IP forwarding")?;
-    let recovered = recover::recover(&store, &KernelNetworking)
+    if args.hostports_localhost {
+        weft_kernel::sysctl::write("net/ipv4/conf/all/route_localnet", "1").context("enabling route_localnet")?;
+    }
+    let kernel = KernelNetworking {
+        host_ports: weft_portmap::Options {
+            localhost: args.hostports_localhost,
+        },
+    };
+    let recovered = recover::recover(&store, &kernel)
         .await
         .map_err(|e| anyhow::anyhow!(e))
         .context("start-up recovery")?;
@@ -118,11 +130,17 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
 
     let handler = Arc::new(Handler::new(
         store.clone(),
-        KernelNetworking,
+        kernel,
         NodeInfo {
             name: node_name.clone(),
         },
     ));
+    let repaired = handler
+        .sync_host_ports()
+        .await
+        .map_err(|e| anyhow::anyhow!(e))
+        .context("writing the host port table")?;
+    info!(rewritten = repaired, "host port table in place");
     let ready = Readiness::default();
     let pending = {
         let h = handler.clone();
@@ -164,6 +182,11 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
         .add_service(AdminServer::new(admin))
         .serve_with_incoming_shutdown(server::root_only(listener), stopped(stop_rx.clone()));
     let grpc_task = tokio::spawn(grpc);
+    let reconcile_task = tokio::spawn(reconcile(
+        handler.clone(),
+        Duration::from_secs(args.reconcile_interval.max(1)),
+        stopped(stop_rx.clone()),
+    ));
     ready.set(true);
     info!(socket = %args.socket.display(), http = %args.metrics_addr, "weftd ready");
 
@@ -172,6 +195,7 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
     ready.set(false);
     let _ = stop_tx.send(true);
     let _ = grpc_task.await;
+    let _ = reconcile_task.await;
     let _ = std::fs::remove_file(&args.socket);
     if tokio::time::timeout(Duration::from_secs(10), handler.drain_teardowns())
         .await
@@ -184,13 +208,38 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
     Ok(())
 }
 
+/// Checks the kernel against the store every `every` until `stop`: the host port table
+/// is rewritten when it drifted (someone flushed it, a crash left stale elements).
+async fn reconcile<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
+    handler: Arc<Handler<I, K>>,
+    every: Duration,
+    stop: impl Future<Output = ()>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tick.tick() => {}
+        }
+        match handler.sync_host_ports().await {
+            Ok(true) => tracing::warn!("the host port table had drifted from the store and was rewritten"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "checking the host port table failed"),
+        }
+    }
+}
+
 /// Sets the gauges read from the store (addresses per range, pods) before a scrape.
 fn refresh_gauges(store: Store, metrics: Arc<Metrics>) -> weft_telemetry::Refresh {
     Arc::new(move || {
         let (store, metrics) = (store.clone(), metrics.clone());
         Box::pin(async move {
-            if let Ok((usage, counts)) = store.run(|db| Ok((db.range_usage()?, db.counts()?))).await
-            {
+            let read = store.run(|db| Ok((db.range_usage()?, db.counts()?, db.ports()?.len())));
+            if let Ok((usage, counts, ports)) = read.await {
+                metrics.hostports.set(i64::try_from(ports).unwrap_or(i64::MAX));
                 for u in usage {
                     let range = u.range.to_string();
                     let free = u.capacity.saturating_sub(u.allocated);
@@ -204,9 +253,7 @@ fn refresh_gauges(store: Store, metrics: Arc<Metrics>) -> weft_telemetry::Refres
                             .set(i64::try_from(v).unwrap_or(i64::MAX));
                     }
                 }
-                metrics
-                    .pods
-                    .set(i64::try_from(counts.1).unwrap_or(i64::MAX));
+                metrics.pods.set(i64::try_from(counts.1).unwrap_or(i64::MAX));
             }
         })
     })
@@ -220,12 +267,8 @@ fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std
         .write(true)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
-        anyhow::anyhow!(
-            "another weftd is running on state directory {} ({e})",
-            dir.display()
-        )
-    })
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| anyhow::anyhow!("another weftd is running on state directory {} ({e})", dir.display()))
 }
 
 /// Resolves at the first SIGTERM or SIGINT; the handlers are in place once this returns.

@@ -149,11 +149,7 @@ impl Samples {
             add_wall_s: add_wall,
             del_wall_s: median(&self.del_wall_s),
             teardown_wall_s: median(&self.teardown_wall_s),
-            add_pods_per_s: if add_wall > 0.0 {
-                pods as f64 / add_wall
-            } else {
-                0.0
-            },
+            add_pods_per_s: if add_wall > 0.0 { pods as f64 / add_wall } else { 0.0 },
             errors: self.errors,
             spans_exported: self.spans_exported,
         }
@@ -213,14 +209,7 @@ impl Round<'_> {
 
     /// Runs `op` over every pod (pod `i` gets `configs[i]`) with the configured number
     /// of workers, and returns the phase's wall time and each call's outcome.
-    fn phase(
-        &self,
-        node: &NamedNetns,
-        exec: &CniExec,
-        op: &str,
-        configs: &[Vec<u8>],
-        pods: &[NamedNetns],
-    ) -> Phase {
+    fn phase(&self, node: &NamedNetns, exec: &CniExec, op: &str, configs: &[Vec<u8>], pods: &[NamedNetns]) -> Phase {
         let workers = self.opts.workers.max(1);
         let start = Instant::now();
         let calls = std::thread::scope(|s| {
@@ -243,10 +232,7 @@ impl Round<'_> {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap_or_default())
-                .collect()
+            handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
         });
         Phase {
             wall: start.elapsed(),
@@ -265,12 +251,7 @@ impl Round<'_> {
         };
         let env: Vec<(String, String)> = sink
             .iter()
-            .map(|s| {
-                (
-                    "OTEL_EXPORTER_OTLP_ENDPOINT".to_string(),
-                    s.endpoint.clone(),
-                )
-            })
+            .map(|s| ("OTEL_EXPORTER_OTLP_ENDPOINT".to_string(), s.endpoint.clone()))
             .collect();
         let daemon = match self.target {
             Target::Weft | Target::WeftOtlp => {
@@ -308,9 +289,7 @@ impl Round<'_> {
             // traces, before it exits.
             d.stop().map_err(lab)?;
         }
-        samples
-            .teardown_wall_s
-            .push(del_start.elapsed().as_secs_f64());
+        samples.teardown_wall_s.push(del_start.elapsed().as_secs_f64());
         samples.add_wall_s.push(add.wall.as_secs_f64());
         samples.del_wall_s.push(del.wall.as_secs_f64());
         for (phase, lat) in [(&add, &mut samples.add_ms), (&del, &mut samples.del_ms)] {
@@ -371,11 +350,7 @@ pub fn run(opts: &Options) -> Result<Report, String> {
 }
 
 fn ratio(a: f64, b: f64) -> String {
-    if b > 0.0 {
-        format!("{:.2}", a / b)
-    } else {
-        "-".into()
-    }
+    if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() }
 }
 
 impl Report {
@@ -397,10 +372,7 @@ impl Report {
             b.target.label(),
         );
         let mut row = |name: &str, x: f64, y: f64, unit: &str| {
-            out.push_str(&format!(
-                "| {name} ({unit}) | {x:.2} | {y:.2} | {} |\n",
-                ratio(x, y)
-            ));
+            out.push_str(&format!("| {name} ({unit}) | {x:.2} | {y:.2} | {} |\n", ratio(x, y)));
         };
         row("ADD p50", a.add.p50, b.add.p50, "ms");
         row("ADD p90", a.add.p90, b.add.p90, "ms");
@@ -410,18 +382,8 @@ impl Report {
         row("DEL p99", a.del.p99, b.del.p99, "ms");
         row("ADD phase wall", a.add_wall_s, b.add_wall_s, "s");
         row("DEL phase wall", a.del_wall_s, b.del_wall_s, "s");
-        row(
-            "DEL until all veths gone",
-            a.teardown_wall_s,
-            b.teardown_wall_s,
-            "s",
-        );
-        row(
-            "ADD throughput",
-            a.add_pods_per_s,
-            b.add_pods_per_s,
-            "pods/s",
-        );
+        row("DEL until all veths gone", a.teardown_wall_s, b.teardown_wall_s, "s");
+        row("ADD throughput", a.add_pods_per_s, b.add_pods_per_s, "pods/s");
         out.push_str(&format!(
             "\nfailed calls: {} {}, {} {}\n",
             a.target.label(),
@@ -430,10 +392,7 @@ impl Report {
             b.errors
         ));
         if a.target == Target::WeftOtlp {
-            out.push_str(&format!(
-                "spans received by the OTLP receiver: {}\n",
-                a.spans_exported
-            ));
+            out.push_str(&format!("spans received by the OTLP receiver: {}\n", a.spans_exported));
         }
         out
     }

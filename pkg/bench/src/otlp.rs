@@ -4,12 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use weft_lab::NamedNetns;
 
 #[derive(Clone, Default)]
@@ -63,8 +59,7 @@ impl Sink {
         runtime.spawn(
             tonic::transport::Server::builder()
                 .add_service(
-                    TraceServiceServer::new(counter)
-                        .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                    TraceServiceServer::new(counter).accept_compressed(tonic::codec::CompressionEncoding::Gzip),
                 )
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );

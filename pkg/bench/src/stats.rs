@@ -53,10 +53,7 @@ mod tests {
     fn nearest_rank() {
         let v: Vec<f64> = (1..=100).map(f64::from).collect();
         let p = Percentiles::of(&v);
-        assert_eq!(
-            (p.p50, p.p90, p.p99, p.max, p.n),
-            (50.0, 90.0, 99.0, 100.0, 100)
-        );
+        assert_eq!((p.p50, p.p90, p.p99, p.max, p.n), (50.0, 90.0, 99.0, 100.0, 100));
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[]), 0.0);
     }

@@ -25,6 +25,14 @@ pub const DEFAULT_SOCKET: &str = "/run/weft/weftd.sock";
 /// Decodes stdin into the spec's network configuration (code 6 when it is not one,
 /// code 7 when it is too large).
 pub fn decode(bytes: &[u8]) -> Result<NetConf, CniError> {
+    decode_split(bytes).map(|(conf, _)| conf)
+}
+
+/// Decodes stdin, taking `runtimeConfig.portMappings` out to be parsed by weft's own
+/// rules ([`parse_port_mappings`]): runtimes spell its keys differently (containerd 1.6
+/// sends `HostPort`, not `hostPort`), and a bad mapping is an invalid config (code 7),
+/// not undecodable JSON.
+fn decode_split(bytes: &[u8]) -> Result<(NetConf, Option<Value>), CniError> {
     if bytes.len() > MAX_CONFIG_BYTES {
         return Err(CniError::new(
             code::INVALID_CONFIG,
@@ -34,8 +42,91 @@ pub fn decode(bytes: &[u8]) -> Result<NetConf, CniError> {
             ),
         ));
     }
-    serde_json::from_slice(bytes)
-        .map_err(|e| CniError::new(code::DECODE, format!("error decoding network config: {e}")))
+    let decode_err = |e: serde_json::Error| CniError::new(code::DECODE, format!("error decoding network config: {e}"));
+    let mut v: Value = serde_json::from_slice(bytes).map_err(decode_err)?;
+    let mappings = v
+        .get_mut("runtimeConfig")
+        .and_then(Value::as_object_mut)
+        .and_then(|rc| rc.remove("portMappings"));
+    let conf = serde_json::from_value(v).map_err(decode_err)?;
+    Ok((conf, mappings))
+}
+
+/// Which node addresses a host port binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostIp {
+    /// Every address of every family the pod has (`hostIP` absent or empty).
+    Any,
+    /// Every IPv4 address (`0.0.0.0`).
+    AnyV4,
+    /// Every IPv6 address (`::`).
+    AnyV6,
+    /// One address.
+    Addr(std::net::IpAddr),
+}
+
+/// A host port the runtime asks for (`runtimeConfig.portMappings[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortMappingConf {
+    /// The port on the node.
+    pub host_port: u16,
+    /// The port in the pod.
+    pub container_port: u16,
+    /// `tcp` (default), `udp` or `sctp`.
+    pub protocol: String,
+    /// The node addresses bound.
+    pub host_ip: HostIp,
+}
+
+/// Parses `runtimeConfig.portMappings`, accepting both spellings runtimes use
+/// (`hostPort` and `HostPort`, ...). Invalid entries are code 7.
+pub fn parse_port_mappings(v: Option<&Value>) -> Result<Vec<PortMappingConf>, CniError> {
+    let bad = |d: String| CniError::new(code::INVALID_CONFIG, format!("runtimeConfig.portMappings: {d}"));
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(other) => return Err(bad(format!("expected a list, got {other}"))),
+    };
+    let get = |o: &serde_json::Map<String, Value>, names: &[&str]| names.iter().find_map(|n| o.get(*n)).cloned();
+    let port = |v: Option<Value>, what: &str, entry: &Value| -> Result<u16, CniError> {
+        v.and_then(|p| p.as_u64())
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p > 0)
+            .ok_or_else(|| bad(format!("{what} must be a port number 1-65535 in {entry}")))
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for entry in list {
+        let Value::Object(o) = entry else {
+            return Err(bad(format!("entry {entry} is not an object")));
+        };
+        let host_port = port(get(o, &["hostPort", "HostPort"]), "hostPort", entry)?;
+        let container_port = port(get(o, &["containerPort", "ContainerPort"]), "containerPort", entry)?;
+        let protocol = match get(o, &["protocol", "Protocol"]) {
+            None | Some(Value::Null) => "tcp".to_string(),
+            Some(Value::String(p)) if ["tcp", "udp", "sctp"].contains(&p.to_ascii_lowercase().as_str()) => {
+                p.to_ascii_lowercase()
+            }
+            Some(p) => return Err(bad(format!("protocol {p} is not tcp, udp or sctp"))),
+        };
+        let host_ip = match get(o, &["hostIP", "HostIP", "hostIp"]) {
+            None | Some(Value::Null) => HostIp::Any,
+            Some(Value::String(s)) if s.is_empty() => HostIp::Any,
+            Some(Value::String(s)) => match s.parse::<std::net::IpAddr>() {
+                Ok(ip) if ip.is_unspecified() && ip.is_ipv4() => HostIp::AnyV4,
+                Ok(ip) if ip.is_unspecified() => HostIp::AnyV6,
+                Ok(ip) => HostIp::Addr(ip),
+                Err(_) => return Err(bad(format!("hostIP {s:?} is not an IP address"))),
+            },
+            Some(other) => return Err(bad(format!("hostIP {other} is not a string"))),
+        };
+        out.push(PortMappingConf {
+            host_port,
+            container_port,
+            protocol,
+            host_ip,
+        });
+    }
+    Ok(out)
 }
 
 /// The `cniVersion` a config declares, read leniently so an error about the rest of
@@ -104,6 +195,8 @@ pub struct NetworkConfig {
     pub valid_attachments: Option<Vec<GcAttachment>>,
     /// Capabilities arguments from the runtime.
     pub runtime_config: Option<RuntimeConf>,
+    /// Host ports (`runtimeConfig.portMappings`), validated for ADD.
+    pub port_mappings: Vec<PortMappingConf>,
 }
 
 impl NetworkConfig {
@@ -111,7 +204,7 @@ impl NetworkConfig {
     /// only where they are used (ADD, CHECK, STATUS), so a DEL or GC with a config that
     /// has since gone bad can still clean up.
     pub fn parse(bytes: &[u8], cmd: Cmd) -> Result<Self, CniError> {
-        let conf = decode(bytes)?;
+        let (conf, mappings) = decode_split(bytes)?;
         let version = version::negotiate(&conf.cni_version, cmd)?;
         conf.validate_name()
             .map_err(|e| CniError::new(code::INVALID_CONFIG, e.details().to_string()))?;
@@ -133,6 +226,11 @@ impl NetworkConfig {
             Err(e) if strict => return Err(e),
             Err(_) => DEFAULT_MTU,
         };
+        let port_mappings = if cmd == Cmd::Add {
+            parse_port_mappings(mappings.as_ref())?
+        } else {
+            Vec::new()
+        };
         Ok(Self {
             version,
             name: conf.name,
@@ -141,6 +239,7 @@ impl NetworkConfig {
             prev_result: conf.prev_result,
             valid_attachments: conf.valid_attachments,
             runtime_config: conf.runtime_config,
+            port_mappings,
         })
     }
 }
@@ -156,14 +255,11 @@ fn parse_ranges(v: Option<&Value>) -> Result<Vec<IpNet>, CniError> {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) | None | Some(Value::Null) => {
             return Err(bad(
-                "`ranges` is missing or empty: give at least one CIDR, e.g. [\"10.244.1.0/24\"]"
-                    .into(),
+                "`ranges` is missing or empty: give at least one CIDR, e.g. [\"10.244.1.0/24\"]".into(),
             ));
         }
         Some(other) => {
-            return Err(bad(format!(
-                "`ranges` must be a list of CIDR strings, got {other}"
-            )));
+            return Err(bad(format!("`ranges` must be a list of CIDR strings, got {other}")));
         }
     };
     let mut out: Vec<IpNet> = Vec::with_capacity(list.len());
@@ -171,9 +267,7 @@ fn parse_ranges(v: Option<&Value>) -> Result<Vec<IpNet>, CniError> {
         let Value::String(s) = item else {
             return Err(bad(format!("range {item} is not a CIDR string")));
         };
-        let net: IpNet = s
-            .parse()
-            .map_err(|_| bad(format!("range {s:?} is not a valid CIDR")))?;
+        let net: IpNet = s.parse().map_err(|_| bad(format!("range {s:?} is not a valid CIDR")))?;
         if net.network() != net.addr() {
             return Err(bad(format!(
                 "range {s:?} has host bits set; did you mean {}?",
@@ -251,15 +345,10 @@ mod tests {
     #[test]
     fn malformed_json_is_code_6() {
         assert_eq!(
-            NetworkConfig::parse(b"{not json", Cmd::Add)
-                .unwrap_err()
-                .code,
+            NetworkConfig::parse(b"{not json", Cmd::Add).unwrap_err().code,
             code::DECODE
         );
-        assert_eq!(
-            NetworkConfig::parse(b"", Cmd::Add).unwrap_err().code,
-            code::DECODE
-        );
+        assert_eq!(NetworkConfig::parse(b"", Cmd::Add).unwrap_err().code, code::DECODE);
         // `type` is required by the spec.
         assert_eq!(
             NetworkConfig::parse(br#"{"cniVersion":"1.1.0","name":"x"}"#, Cmd::Add)
@@ -294,16 +383,9 @@ mod tests {
 
     #[test]
     fn mtu_bounds() {
-        assert!(
-            NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"],"mtu":0"#), Cmd::Add).is_err()
-        );
-        assert!(
-            NetworkConfig::parse(&conf(r#","ranges":["fd00::/64"],"mtu":1000"#), Cmd::Add).is_err()
-        );
-        assert!(
-            NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"],"mtu":"9000""#), Cmd::Add)
-                .is_err()
-        );
+        assert!(NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"],"mtu":0"#), Cmd::Add).is_err());
+        assert!(NetworkConfig::parse(&conf(r#","ranges":["fd00::/64"],"mtu":1000"#), Cmd::Add).is_err());
+        assert!(NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"],"mtu":"9000""#), Cmd::Add).is_err());
     }
 
     #[test]
@@ -330,6 +412,63 @@ mod tests {
     fn oversized_config_is_code_7() {
         let big = vec![b' '; MAX_CONFIG_BYTES + 1];
         assert_eq!(decode(&big).unwrap_err().code, code::INVALID_CONFIG);
+    }
+
+    #[test]
+    fn port_mappings_accept_both_spellings() {
+        let c = NetworkConfig::parse(
+            &conf(
+                r#","ranges":["10.0.0.0/24"],"runtimeConfig":{"portMappings":[
+                {"hostPort":8080,"containerPort":80,"protocol":"tcp"},
+                {"HostPort":53,"ContainerPort":5353,"Protocol":"UDP","HostIP":"10.1.1.1"},
+                {"hostPort":443,"containerPort":8443,"hostIP":"0.0.0.0"},
+                {"hostPort":444,"containerPort":8443,"hostIP":"::"}]}"#,
+            ),
+            Cmd::Add,
+        )
+        .unwrap();
+        let m = &c.port_mappings;
+        assert_eq!(m.len(), 4);
+        assert_eq!(
+            (
+                m[0].host_port,
+                m[0].container_port,
+                m[0].protocol.as_str(),
+                m[0].host_ip
+            ),
+            (8080, 80, "tcp", HostIp::Any)
+        );
+        assert_eq!(
+            (m[1].protocol.as_str(), m[1].host_ip),
+            ("udp", HostIp::Addr("10.1.1.1".parse().unwrap()))
+        );
+        assert_eq!(m[2].host_ip, HostIp::AnyV4);
+        assert_eq!(m[3].host_ip, HostIp::AnyV6);
+    }
+
+    #[test]
+    fn bad_port_mappings_are_code_7() {
+        for bad in [
+            r#"[{"hostPort":0,"containerPort":80}]"#,
+            r#"[{"hostPort":70000,"containerPort":80}]"#,
+            r#"[{"containerPort":80}]"#,
+            r#"[{"hostPort":80,"containerPort":80,"protocol":"icmp"}]"#,
+            r#"[{"hostPort":80,"containerPort":80,"hostIP":"nope"}]"#,
+            r#"{"hostPort":80}"#,
+        ] {
+            let c = conf(&format!(
+                r#","ranges":["10.0.0.0/24"],"runtimeConfig":{{"portMappings":{bad}}}"#
+            ));
+            assert_eq!(
+                NetworkConfig::parse(&c, Cmd::Add).unwrap_err().code,
+                code::INVALID_CONFIG,
+                "{bad}"
+            );
+            assert!(
+                NetworkConfig::parse(&c, Cmd::Del).is_ok(),
+                "DEL ignores mappings: {bad}"
+            );
+        }
     }
 
     #[test]

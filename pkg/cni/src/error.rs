@@ -38,14 +38,13 @@ pub mod code {
     pub const CHECK_FAILED: u32 = 104;
     /// The interface name requested for the pod already exists in its namespace.
     pub const INTERFACE_EXISTS: u32 = 105;
+    /// A host port the pod asks for is held by another pod.
+    pub const HOST_PORT_IN_USE: u32 = 106;
 
     /// Every code above with its short name, in order: the source of `docs/errors.md`.
     pub const ALL: &[(u32, &str)] = &[
         (INCOMPATIBLE_VERSION, "incompatible CNI version"),
-        (
-            UNSUPPORTED_FIELD,
-            "unsupported field in network configuration",
-        ),
+        (UNSUPPORTED_FIELD, "unsupported field in network configuration"),
         (UNKNOWN_CONTAINER, "unknown container"),
         (INVALID_ENV, "invalid necessary environment variables"),
         (IO_FAILURE, "I/O failure"),
@@ -60,13 +59,12 @@ pub mod code {
         (STORE, "state store failure"),
         (CHECK_FAILED, "check failed"),
         (INTERFACE_EXISTS, "interface already exists"),
+        (HOST_PORT_IN_USE, "host port in use"),
     ];
 
     /// The short name of `code`, or "error" for a code weft does not define.
     pub fn name(code: u32) -> &'static str {
-        ALL.iter()
-            .find(|(c, _)| *c == code)
-            .map_or("error", |(_, n)| n)
+        ALL.iter().find(|(c, _)| *c == code).map_or("error", |(_, n)| n)
     }
 }
 
@@ -120,10 +118,7 @@ mod tests {
 
     #[test]
     fn error_json_has_the_spec_shape() {
-        let e = CniError::new(
-            code::INVALID_ENV,
-            "required env variables [CNI_NETNS] missing",
-        );
+        let e = CniError::new(code::INVALID_ENV, "required env variables [CNI_NETNS] missing");
         let v: serde_json::Value = serde_json::from_slice(&e.to_json("1.1.0")).unwrap();
         assert_eq!(v["cniVersion"], "1.1.0");
         assert_eq!(v["code"], 4);
@@ -144,12 +139,7 @@ mod tests {
         for (c, _) in code::ALL {
             assert!(seen.insert(*c), "duplicate code {c}");
         }
-        for c in [
-            code::INTERNAL,
-            code::RANGE_EXHAUSTED,
-            code::KERNEL,
-            code::STORE,
-        ] {
+        for c in [code::INTERNAL, code::RANGE_EXHAUSTED, code::KERNEL, code::STORE] {
             assert!(c >= 100);
         }
     }

@@ -14,7 +14,7 @@ pub mod validate;
 pub mod version;
 
 pub use args::parse_cni_args;
-pub use conf::{NetworkConfig, PluginConfig};
+pub use conf::{HostIp, NetworkConfig, PluginConfig, PortMappingConf};
 pub use error::{CniError, code};
 pub use rscni_types::types::{CNIResult, Cmd, Dns, GcAttachment, Interface, IpConfig, Route};
 pub use version::SpecVersion;

@@ -20,24 +20,14 @@ pub fn container_id(id: &str) -> Result<(), CniError> {
     }
     ContainerId::try_from(id.to_string())
         .map(|_| ())
-        .map_err(|e| {
-            CniError::new(
-                code::INVALID_ENV,
-                format!("CNI_CONTAINERID: {}", e.details()),
-            )
-        })
+        .map_err(|e| CniError::new(code::INVALID_ENV, format!("CNI_CONTAINERID: {}", e.details())))
 }
 
 /// Checks `CNI_IFNAME` against the kernel's rules: 1-15 bytes, no `/`, `:` or whitespace.
 pub fn ifname(name: &str) -> Result<(), CniError> {
     InterfaceName::try_from(name.to_string())
         .map(|_| ())
-        .map_err(|e| {
-            CniError::new(
-                code::INVALID_ENV,
-                format!("CNI_IFNAME {name:?}: {}", e.details()),
-            )
-        })
+        .map_err(|e| CniError::new(code::INVALID_ENV, format!("CNI_IFNAME {name:?}: {}", e.details())))
 }
 
 /// Checks the form of `CNI_NETNS`: an absolute path. Whether it names a network
@@ -67,17 +57,10 @@ mod tests {
 
     #[test]
     fn container_ids() {
-        assert!(
-            container_id("3764257de70aaf34369dcb034d81869176c6c2938b3ee4c78f518ec96cc759d9")
-                .is_ok()
-        );
+        assert!(container_id("3764257de70aaf34369dcb034d81869176c6c2938b3ee4c78f518ec96cc759d9").is_ok());
         assert!(container_id("pod_1.a-b").is_ok());
         for bad in ["", "a/b", "a b", "-x"] {
-            assert_eq!(
-                container_id(bad).unwrap_err().code,
-                code::INVALID_ENV,
-                "{bad:?}"
-            );
+            assert_eq!(container_id(bad).unwrap_err().code, code::INVALID_ENV, "{bad:?}");
         }
         assert!(container_id(&"a".repeat(MAX_CONTAINER_ID + 1)).is_err());
     }
@@ -85,9 +68,6 @@ mod tests {
     #[test]
     fn netns_must_be_absolute() {
         assert!(netns_path("/run/netns/x").is_ok());
-        assert_eq!(
-            netns_path("run/netns/x").unwrap_err().code,
-            code::INVALID_NETNS
-        );
+        assert_eq!(netns_path("run/netns/x").unwrap_err().code, code::INVALID_NETNS);
     }
 }

@@ -44,19 +44,13 @@ pub fn negotiate(declared: &str, cmd: Cmd) -> Result<SpecVersion, CniError> {
             format!("config is {declared:?}, weft supports {SUPPORTED:?}"),
         ));
     }
-    let version: SpecVersion = declared.parse().map_err(|_| {
-        CniError::new(
-            code::INCOMPATIBLE_VERSION,
-            format!("invalid cniVersion {declared:?}"),
-        )
-    })?;
+    let version: SpecVersion = declared
+        .parse()
+        .map_err(|_| CniError::new(code::INCOMPATIBLE_VERSION, format!("invalid cniVersion {declared:?}")))?;
     version.allows(cmd).map_err(|_| {
         CniError::new(
             code::INCOMPATIBLE_VERSION,
-            format!(
-                "config version {declared} does not allow {}",
-                <&str>::from(cmd)
-            ),
+            format!("config version {declared} does not allow {}", <&str>::from(cmd)),
         )
     })?;
     Ok(version)
@@ -97,9 +91,6 @@ mod tests {
     fn version_answer_lists_the_supported_versions() {
         let v: serde_json::Value = serde_json::from_slice(&version_json()).unwrap();
         assert_eq!(v["cniVersion"], CURRENT);
-        assert_eq!(
-            v["supportedVersions"].as_array().unwrap().len(),
-            SUPPORTED.len()
-        );
+        assert_eq!(v["supportedVersions"].as_array().unwrap().len(), SUPPORTED.len());
     }
 }

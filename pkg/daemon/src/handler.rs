@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use tracing::{Instrument, info, warn};
 use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
-use weft_cni::{
-    CNIResult, Cmd, CniError, Interface, IpConfig, NetworkConfig, Route, code, result, validate,
-};
+use weft_cni::{CNIResult, Cmd, CniError, HostIp, Interface, IpConfig, NetworkConfig, Route, code, result, validate};
 use weft_kernel::KernelError;
 use weft_kernel::ptp::{PodAddress, PodNetwork};
+use weft_portmap::{HostPort, Protocol};
 use weft_rpc::cnirpc::CniArgs;
-use weft_store::{Attachment, AttachmentKey, BeginAdd, NewAttachment, PodRef, State, StoreError};
+use weft_store::{
+    Attachment, AttachmentKey, BeginAdd, Family, NewAttachment, PodRef, PortMapping, PortRequest, State, StoreError,
+};
 
 use crate::locks::{KeyedLocks, Teardowns};
 use crate::naming;
@@ -47,6 +48,8 @@ pub struct Handler<I, K> {
 fn store_err(e: StoreError) -> CniError {
     match e {
         StoreError::Exhausted { .. } => CniError::new(code::RANGE_EXHAUSTED, e.to_string()),
+        StoreError::PortTaken { .. } => CniError::new(code::HOST_PORT_IN_USE, e.to_string()),
+        StoreError::PortInvalid(_) => CniError::new(code::INVALID_CONFIG, e.to_string()),
         StoreError::Closed => CniError::new(code::TRY_AGAIN_LATER, "weftd is shutting down"),
         other => CniError::new(code::STORE, other.to_string()),
     }
@@ -83,6 +86,44 @@ fn decode(args: &CniArgs, cmd: Cmd) -> Result<(NetworkConfig, AttachmentKey), Cn
         ifname: args.ifname.clone(),
     };
     Ok((conf, key))
+}
+
+/// The store's form of the host ports a config asks for.
+fn port_requests(conf: &NetworkConfig) -> Vec<PortRequest> {
+    conf.port_mappings
+        .iter()
+        .map(|m| {
+            let (host_ip, family) = match m.host_ip {
+                HostIp::Any => (None, None),
+                HostIp::AnyV4 => (None, Some(Family::V4)),
+                HostIp::AnyV6 => (None, Some(Family::V6)),
+                HostIp::Addr(ip) => (Some(ip), None),
+            };
+            PortRequest {
+                host_ip,
+                family,
+                host_port: m.host_port,
+                protocol: m.protocol.clone(),
+                container_port: m.container_port,
+            }
+        })
+        .collect()
+}
+
+/// The kernel's form of stored host ports.
+pub fn host_ports(ports: &[PortMapping]) -> Vec<HostPort> {
+    ports
+        .iter()
+        .filter_map(|p| {
+            Some(HostPort {
+                host_ip: p.host_ip,
+                host_port: p.host_port,
+                protocol: Protocol::parse(&p.protocol)?,
+                container_ip: p.container_ip,
+                container_port: p.container_port,
+            })
+        })
+        .collect()
 }
 
 /// The kernel description of a stored attachment.
@@ -132,8 +173,7 @@ fn cni_result(att: &Attachment, net: &PodNetwork) -> CNIResult {
         .iter()
         .map(|a| IpConfig {
             interface: Some(1),
-            address: ipnet::IpNet::new(a.address, if a.address.is_ipv4() { 32 } else { 128 })
-                .expect("host prefix"),
+            address: ipnet::IpNet::new(a.address, if a.address.is_ipv4() { 32 } else { 128 }).expect("host prefix"),
             gateway: Some(a.gateway),
         })
         .collect();
@@ -196,10 +236,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
 
     async fn check_netns(&self, path: &str) -> Result<(), CniError> {
         validate::netns_path(path)?;
-        self.net
-            .validate_netns(PathBuf::from(path))
-            .await
-            .map_err(kernel_err)
+        self.net.validate_netns(PathBuf::from(path)).await.map_err(kernel_err)
     }
 
     /// ADD: attach the pod, or return the stored result if it is attached already.
@@ -221,21 +258,16 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             host_ifname: naming::host_ifname(&key.container_id, &key.ifname),
             mtu: conf.mtu,
             ranges: conf.ranges.clone(),
+            ports: port_requests(&conf),
         };
-        let begun = self
-            .ipam
-            .begin_add(spec.clone())
-            .instrument(phase!("ipam"))
-            .await;
+        let begun = self.ipam.begin_add(spec.clone()).instrument(phase!("ipam")).await;
         let att = match begun.map_err(store_err)? {
             BeginAdd::Existing(att) if att.state == State::Ready => {
                 let stored: CNIResult = att
                     .result
                     .as_deref()
                     .and_then(|r| serde_json::from_str(r).ok())
-                    .ok_or_else(|| {
-                        CniError::new(code::STORE, format!("stored result of {key} is unreadable"))
-                    })?;
+                    .ok_or_else(|| CniError::new(code::STORE, format!("stored result of {key} is unreadable")))?;
                 info!(attachment = %key, "ADD repeated: returning the stored result");
                 return Ok(result::render(
                     conf.version,
@@ -263,6 +295,19 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         if let Err(e) = self.net.setup(net.clone()).await {
             self.undo_add(&att).await;
             return Err(kernel_err(e));
+        }
+        if !att.ports.is_empty() {
+            let added = self
+                .net
+                .add_host_ports(host_ports(&att.ports))
+                .instrument(phase!("nftables"))
+                .await;
+            if let Err(e) = added {
+                let _ = self.net.remove_host_ports(host_ports(&att.ports)).await;
+                let _ = self.net.remove(att.host_ifname.clone()).await;
+                self.undo_add(&att).await;
+                return Err(kernel_err(e));
+            }
         }
         let ours = cni_result(&att, &net);
         let json = serde_json::to_string(&ours).expect("CNI results serialize");
@@ -292,10 +337,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
 
     /// Removes the kernel side and the row of an attachment, waiting for both.
     async fn finish_teardown(&self, att: &Attachment) -> Result<(), CniError> {
-        self.net
-            .remove(att.host_ifname.clone())
-            .await
-            .map_err(kernel_err)?;
+        self.net.remove(att.host_ifname.clone()).await.map_err(kernel_err)?;
         self.ipam.remove(att.id).await.map_err(store_err)
     }
 
@@ -312,11 +354,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         if self.teardowns.pending(&key) {
             return Ok(());
         }
-        let begun = self
-            .ipam
-            .begin_del(key.clone())
-            .instrument(phase!("ipam"))
-            .await;
+        let begun = self.ipam.begin_del(key.clone()).instrument(phase!("ipam")).await;
         let Some(att) = begun.map_err(store_err)? else {
             return Ok(());
         };
@@ -327,6 +365,18 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// Cuts the pod off now and finishes its teardown in the background.
     async fn start_teardown(&self, att: Attachment) -> Option<tokio::task::JoinHandle<()>> {
         let ticket = self.teardowns.start(&att.key)?;
+        // The ports were released in the store with the DEL; take them out of the
+        // kernel before answering, so a new pod may have them at once.
+        if !att.ports.is_empty() {
+            let removed = self
+                .net
+                .remove_host_ports(host_ports(&att.ports))
+                .instrument(phase!("nftables"))
+                .await;
+            if let Err(e) = removed {
+                warn!(attachment = %att.key, error = %e, "could not remove host ports; the table sync will");
+            }
+        }
         if let Err(e) = self
             .net
             .disconnect(att.host_ifname.clone())
@@ -354,6 +404,14 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         Some(tokio::spawn(work.instrument(phase!("teardown"))))
     }
 
+    /// Makes the kernel's host port table match the store; returns whether it had
+    /// drifted (and was rewritten).
+    pub async fn sync_host_ports(&self) -> Result<bool, CniError> {
+        let held = self.ipam.held_ports().await.map_err(store_err)?;
+        let ports: Vec<PortMapping> = held.into_iter().map(|h| h.mapping).collect();
+        self.net.sync_host_ports(host_ports(&ports)).await.map_err(kernel_err)
+    }
+
     /// CHECK: compare the pod's networking with what weft set up.
     pub async fn check(&self, args: &CniArgs) -> Result<(), CniError> {
         let (conf, key) = decode(args, Cmd::Check)?;
@@ -376,10 +434,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         if att.netns != args.netns {
             return Err(CniError::new(
                 code::CHECK_FAILED,
-                format!(
-                    "attachment {key} was made in {}, CHECK names {}",
-                    att.netns, args.netns
-                ),
+                format!("attachment {key} was made in {}, CHECK names {}", att.netns, args.netns),
             ));
         }
         if let Some(prev) = &conf.prev_result {
@@ -403,26 +458,16 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// its address families is full.
     pub async fn status(&self, args: &CniArgs) -> Result<(), CniError> {
         let conf = NetworkConfig::parse(&args.stdin_data, Cmd::Status)?;
-        let usage = self
-            .ipam
-            .usage_of(conf.ranges.clone())
-            .await
-            .map_err(store_err)?;
+        let usage = self.ipam.usage_of(conf.ranges.clone()).await.map_err(store_err)?;
         for v6 in [false, true] {
-            let fam: Vec<_> = usage
-                .iter()
-                .filter(|u| u.range.addr().is_ipv6() == v6)
-                .collect();
+            let fam: Vec<_> = usage.iter().filter(|u| u.range.addr().is_ipv6() == v6).collect();
             if !fam.is_empty() && fam.iter().all(|u| u.is_full()) {
                 return Err(CniError::new(
                     code::NOT_AVAILABLE,
                     format!(
                         "every {} range is full: {}",
                         if v6 { "IPv6" } else { "IPv4" },
-                        fam.iter()
-                            .map(|u| u.range.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        fam.iter().map(|u| u.range.to_string()).collect::<Vec<_>>().join(", ")
                     ),
                 ));
             }
@@ -444,11 +489,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             .iter()
             .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
             .collect();
-        let all = self
-            .ipam
-            .list(Some(conf.name.clone()), None)
-            .await
-            .map_err(store_err)?;
+        let all = self.ipam.list(Some(conf.name.clone()), None).await.map_err(store_err)?;
         let mut removed = 0;
         for att in all {
             if valid.contains(&(att.key.container_id.as_str(), att.key.ifname.as_str())) {
@@ -459,12 +500,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 continue;
             }
             // Re-read under the lock: a DEL may have raced us.
-            let Some(current) = self
-                .ipam
-                .begin_del(att.key.clone())
-                .await
-                .map_err(store_err)?
-            else {
+            let Some(current) = self.ipam.begin_del(att.key.clone()).await.map_err(store_err)? else {
                 continue;
             };
             info!(attachment = %current.key, "GC removes an attachment the runtime no longer lists");

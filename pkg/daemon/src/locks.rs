@@ -64,10 +64,7 @@ impl Teardowns {
 
     /// Whether a teardown of `key` is in flight.
     pub fn pending(&self, key: &AttachmentKey) -> bool {
-        self.inflight
-            .lock()
-            .expect("teardown map lock")
-            .contains_key(key)
+        self.inflight.lock().expect("teardown map lock").contains_key(key)
     }
 
     /// How many teardowns are in flight.
@@ -82,12 +79,7 @@ impl Teardowns {
 
     /// Waits until no teardown of `key` is in flight.
     pub async fn wait(&self, key: &AttachmentKey) {
-        let rx = self
-            .inflight
-            .lock()
-            .expect("teardown map lock")
-            .get(key)
-            .cloned();
+        let rx = self.inflight.lock().expect("teardown map lock").get(key).cloned();
         if let Some(mut rx) = rx {
             let _ = rx.wait_for(|done| *done).await;
         }
@@ -110,11 +102,7 @@ impl Teardowns {
 
 impl Drop for TeardownTicket {
     fn drop(&mut self) {
-        self.owner
-            .inflight
-            .lock()
-            .expect("teardown map lock")
-            .remove(&self.key);
+        self.owner.inflight.lock().expect("teardown map lock").remove(&self.key);
         let _ = self.done.send(true);
     }
 }

@@ -29,10 +29,7 @@ pub fn macs(container_id: &str, ifname: &str) -> ([u8; 6], [u8; 6]) {
 
 /// `aa:bb:cc:dd:ee:ff`.
 pub fn mac_string(mac: &[u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
 #[cfg(test)]

@@ -23,10 +23,7 @@ pub async fn recover<I: Ipam, K: PodNetworking>(ipam: &I, net: &K) -> Result<Rec
         (State::Creating, "rolling back an interrupted ADD"),
         (State::Deleting, "finishing an interrupted DEL"),
     ] {
-        let list = ipam
-            .list(None, Some(state))
-            .await
-            .map_err(|e| e.to_string())?;
+        let list = ipam.list(None, Some(state)).await.map_err(|e| e.to_string())?;
         for att in list {
             info!(attachment = %att.key, host_ifname = %att.host_ifname, "{what}");
             if let Err(e) = net.remove(att.host_ifname.clone()).await {

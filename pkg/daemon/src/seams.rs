@@ -8,35 +8,21 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use weft_kernel::KernelError;
 use weft_kernel::ptp::PodNetwork;
-use weft_store::{
-    Attachment, AttachmentKey, BeginAdd, NewAttachment, RangeUsage, State, Store, StoreError,
-};
+use weft_portmap::HostPort;
+use weft_store::{Attachment, AttachmentKey, BeginAdd, HeldPort, NewAttachment, RangeUsage, State, Store, StoreError};
 
 /// Node state: attachments and the addresses they hold.
 pub trait Ipam: Send + Sync + 'static {
     /// Records intent to attach and allocates addresses, or returns the existing record.
-    fn begin_add(
-        &self,
-        spec: NewAttachment,
-    ) -> impl Future<Output = Result<BeginAdd, StoreError>> + Send;
+    fn begin_add(&self, spec: NewAttachment) -> impl Future<Output = Result<BeginAdd, StoreError>> + Send;
     /// Marks an attachment ready with its result.
-    fn finish_add(
-        &self,
-        id: i64,
-        result_json: String,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn finish_add(&self, id: i64, result_json: String) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Removes an attachment and releases its addresses.
     fn remove(&self, id: i64) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Marks the attachment of `key` as being torn down and returns it.
-    fn begin_del(
-        &self,
-        key: AttachmentKey,
-    ) -> impl Future<Output = Result<Option<Attachment>, StoreError>> + Send;
+    fn begin_del(&self, key: AttachmentKey) -> impl Future<Output = Result<Option<Attachment>, StoreError>> + Send;
     /// The attachment of `key`.
-    fn get(
-        &self,
-        key: AttachmentKey,
-    ) -> impl Future<Output = Result<Option<Attachment>, StoreError>> + Send;
+    fn get(&self, key: AttachmentKey) -> impl Future<Output = Result<Option<Attachment>, StoreError>> + Send;
     /// Attachments, filtered by network and state.
     fn list(
         &self,
@@ -44,10 +30,9 @@ pub trait Ipam: Send + Sync + 'static {
         state: Option<State>,
     ) -> impl Future<Output = Result<Vec<Attachment>, StoreError>> + Send;
     /// Usage of the given ranges.
-    fn usage_of(
-        &self,
-        ranges: Vec<IpNet>,
-    ) -> impl Future<Output = Result<Vec<RangeUsage>, StoreError>> + Send;
+    fn usage_of(&self, ranges: Vec<IpNet>) -> impl Future<Output = Result<Vec<RangeUsage>, StoreError>> + Send;
+    /// Every host port held on the node.
+    fn held_ports(&self) -> impl Future<Output = Result<Vec<HeldPort>, StoreError>> + Send;
 }
 
 impl Ipam for Store {
@@ -66,41 +51,53 @@ impl Ipam for Store {
     async fn get(&self, key: AttachmentKey) -> Result<Option<Attachment>, StoreError> {
         self.run(move |db| db.get(&key)).await
     }
-    async fn list(
-        &self,
-        network: Option<String>,
-        state: Option<State>,
-    ) -> Result<Vec<Attachment>, StoreError> {
+    async fn list(&self, network: Option<String>, state: Option<State>) -> Result<Vec<Attachment>, StoreError> {
         self.run(move |db| db.list(network.as_deref(), state)).await
     }
     async fn usage_of(&self, ranges: Vec<IpNet>) -> Result<Vec<RangeUsage>, StoreError> {
         self.run(move |db| db.usage_of(&ranges)).await
+    }
+    async fn held_ports(&self) -> Result<Vec<HeldPort>, StoreError> {
+        self.run(|db| db.ports()).await
     }
 }
 
 /// The kernel side of pod networking.
 pub trait PodNetworking: Send + Sync + 'static {
     /// Checks that `path` names a network namespace, before anything is touched.
-    fn validate_netns(&self, path: PathBuf)
-    -> impl Future<Output = Result<(), KernelError>> + Send;
+    fn validate_netns(&self, path: PathBuf) -> impl Future<Output = Result<(), KernelError>> + Send;
     /// Builds a pod's networking, all or nothing.
     fn setup(&self, net: PodNetwork) -> impl Future<Output = Result<(), KernelError>> + Send;
     /// Compares a pod's networking with the kernel.
     fn check(&self, net: PodNetwork) -> impl Future<Output = Result<(), KernelError>> + Send;
     /// Cuts a pod off (fast); returns whether its host end existed.
-    fn disconnect(
-        &self,
-        host_ifname: String,
-    ) -> impl Future<Output = Result<bool, KernelError>> + Send;
+    fn disconnect(&self, host_ifname: String) -> impl Future<Output = Result<bool, KernelError>> + Send;
     /// Removes a pod's veth pair (slow: waits for RCU); returns whether it existed.
-    fn remove(&self, host_ifname: String)
-    -> impl Future<Output = Result<bool, KernelError>> + Send;
+    fn remove(&self, host_ifname: String) -> impl Future<Output = Result<bool, KernelError>> + Send;
+    /// Makes host ports reach their pods.
+    fn add_host_ports(&self, ports: Vec<HostPort>) -> impl Future<Output = Result<(), KernelError>> + Send;
+    /// Stops host ports from reaching pods.
+    fn remove_host_ports(&self, ports: Vec<HostPort>) -> impl Future<Output = Result<(), KernelError>> + Send;
+    /// Makes the host port table hold exactly `ports`; returns whether it had to be
+    /// rewritten.
+    fn sync_host_ports(&self, ports: Vec<HostPort>) -> impl Future<Output = Result<bool, KernelError>> + Send;
 }
 
-/// [`PodNetworking`] on the real kernel, through the ptp driver. Every call runs on the
-/// blocking pool; work inside a pod's namespace gets a thread of its own there.
+/// [`PodNetworking`] on the real kernel, through the ptp driver and weft's nftables
+/// table. Every call runs on the blocking pool; work inside a pod's namespace gets a
+/// thread of its own there.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct KernelNetworking;
+pub struct KernelNetworking {
+    /// How the host port table is built.
+    pub host_ports: weft_portmap::Options,
+}
+
+fn portmap_err(e: weft_portmap::PortmapError) -> KernelError {
+    match e {
+        weft_portmap::PortmapError::Netlink { step, source } => KernelError::os(step, source),
+        weft_portmap::PortmapError::Nft(m) => KernelError::os("nft", std::io::Error::other(m)),
+    }
+}
 
 /// Runs kernel work on the blocking pool, inside the caller's span so its phase
 /// spans belong to the call.
@@ -110,12 +107,7 @@ async fn blocking<R: Send + 'static>(
     let span = tracing::Span::current();
     tokio::task::spawn_blocking(move || span.in_scope(f))
         .await
-        .unwrap_or_else(|e| {
-            Err(KernelError::os(
-                "kernel task",
-                std::io::Error::other(e.to_string()),
-            ))
-        })
+        .unwrap_or_else(|e| Err(KernelError::os("kernel task", std::io::Error::other(e.to_string()))))
 }
 
 impl PodNetworking for KernelNetworking {
@@ -133,5 +125,33 @@ impl PodNetworking for KernelNetworking {
     }
     async fn remove(&self, host_ifname: String) -> Result<bool, KernelError> {
         blocking(move || weft_kernel::ptp::remove(&host_ifname)).await
+    }
+    async fn add_host_ports(&self, ports: Vec<HostPort>) -> Result<(), KernelError> {
+        blocking(move || {
+            weft_portmap::add(&ports).map_err(portmap_err)?;
+            // Flows to these ports from before the mapping would keep missing the pod.
+            weft_portmap::flush_udp_conntrack(&ports);
+            Ok(())
+        })
+        .await
+    }
+    async fn remove_host_ports(&self, ports: Vec<HostPort>) -> Result<(), KernelError> {
+        blocking(move || {
+            weft_portmap::remove(&ports).map_err(portmap_err)?;
+            weft_portmap::flush_udp_conntrack(&ports);
+            Ok(())
+        })
+        .await
+    }
+    async fn sync_host_ports(&self, ports: Vec<HostPort>) -> Result<bool, KernelError> {
+        let opts = self.host_ports;
+        blocking(move || {
+            if weft_portmap::matches(&ports, opts).map_err(portmap_err)? {
+                return Ok(false);
+            }
+            weft_portmap::install(&ports, opts).map_err(portmap_err)?;
+            Ok(true)
+        })
+        .await
     }
 }

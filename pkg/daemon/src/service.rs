@@ -11,12 +11,11 @@ use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
 use weft_cni::{CniError, code};
 use weft_rpc::admin::admin_server::Admin;
 use weft_rpc::admin::{
-    Call, CallsReply, CallsRequest, RangeUsage as RangeUsageMsg, StatusReply, StatusRequest,
+    Call, CallsReply, CallsRequest, HostPort as HostPortMsg, PortsReply, PortsRequest, RangeUsage as RangeUsageMsg,
+    StatusReply, StatusRequest,
 };
 use weft_rpc::cnirpc::cni_server::Cni;
-use weft_rpc::cnirpc::{
-    AddResponse, CheckResponse, CniArgs, DelResponse, GcResponse, StatusResponse,
-};
+use weft_rpc::cnirpc::{AddResponse, CheckResponse, CniArgs, DelResponse, GcResponse, StatusResponse};
 use weft_store::{SCHEMA_VERSION, Store};
 use weft_telemetry::{CallInfo, CallLog, CniCallFields};
 
@@ -63,10 +62,7 @@ async fn detached<T: Send + 'static>(
 ) -> Result<T, Status> {
     let outcome = match tokio::spawn(fut.in_current_span()).await {
         Ok(r) => r,
-        Err(join) => Err(CniError::new(
-            code::INTERNAL,
-            format!("the call's task failed: {join}"),
-        )),
+        Err(join) => Err(CniError::new(code::INTERNAL, format!("the call's task failed: {join}"))),
     };
     if let Some(c) = call {
         match &outcome {
@@ -180,10 +176,7 @@ impl AdminService {
 
 #[tonic::async_trait]
 impl Admin for AdminService {
-    async fn status(
-        &self,
-        _request: Request<StatusRequest>,
-    ) -> Result<Response<StatusReply>, Status> {
+    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
         let (usage, counts) = self
             .store
             .run(|db| Ok((db.range_usage()?, db.counts()?)))
@@ -233,5 +226,27 @@ impl Admin for AdminService {
             })
             .collect();
         Ok(Response::new(CallsReply { calls }))
+    }
+
+    async fn ports(&self, _request: Request<PortsRequest>) -> Result<Response<PortsReply>, Status> {
+        let held = self
+            .store
+            .run(|db| db.ports())
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let ports = held
+            .into_iter()
+            .map(|h| HostPortMsg {
+                host_ip: h.mapping.host_ip.map(|ip| ip.to_string()).unwrap_or_default(),
+                host_port: u32::from(h.mapping.host_port),
+                protocol: h.mapping.protocol,
+                container_ip: h.mapping.container_ip.to_string(),
+                container_port: u32::from(h.mapping.container_port),
+                pod_namespace: h.pod.namespace,
+                pod_name: h.pod.name,
+                container_id: h.key.container_id,
+            })
+            .collect();
+        Ok(Response::new(PortsReply { ports }))
     }
 }

@@ -11,6 +11,7 @@ use weft_cni::code;
 use weft_daemon::{Handler, NodeInfo, PodNetworking};
 use weft_kernel::KernelError;
 use weft_kernel::ptp::PodNetwork;
+use weft_portmap::HostPort;
 use weft_rpc::cnirpc::CniArgs;
 use weft_store::Store;
 
@@ -20,6 +21,7 @@ type Failure = fn() -> KernelError;
 /// A kernel that keeps "links" in a set.
 #[derive(Default, Clone)]
 struct FakeNet {
+    ports: Arc<Mutex<HashSet<HostPort>>>,
     links: Arc<Mutex<HashSet<String>>>,
     fail_setup: Arc<Mutex<Option<Failure>>>,
     drift: Arc<Mutex<Option<String>>>,
@@ -55,6 +57,24 @@ impl PodNetworking for FakeNet {
     async fn disconnect(&self, host_ifname: String) -> Result<bool, KernelError> {
         Ok(self.links.lock().unwrap().contains(&host_ifname))
     }
+    async fn add_host_ports(&self, ports: Vec<HostPort>) -> Result<(), KernelError> {
+        self.ports.lock().unwrap().extend(ports);
+        Ok(())
+    }
+    async fn remove_host_ports(&self, ports: Vec<HostPort>) -> Result<(), KernelError> {
+        let mut p = self.ports.lock().unwrap();
+        for x in ports {
+            p.remove(&x);
+        }
+        Ok(())
+    }
+    async fn sync_host_ports(&self, ports: Vec<HostPort>) -> Result<bool, KernelError> {
+        let want: HashSet<HostPort> = ports.into_iter().collect();
+        let mut p = self.ports.lock().unwrap();
+        let drift = *p != want;
+        *p = want;
+        Ok(drift)
+    }
     async fn remove(&self, host_ifname: String) -> Result<bool, KernelError> {
         let d = *self.remove_delay.lock().unwrap();
         tokio::time::sleep(d).await;
@@ -74,11 +94,7 @@ fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("weft.db")).unwrap();
     let net = FakeNet::default();
-    let h = Arc::new(Handler::new(
-        store.clone(),
-        net.clone(),
-        NodeInfo { name: "n1".into() },
-    ));
+    let h = Arc::new(Handler::new(store.clone(), net.clone(), NodeInfo { name: "n1".into() }));
     Env {
         _dir: dir,
         store,
@@ -87,7 +103,8 @@ fn env() -> Env {
     }
 }
 
-const CONF: &str = r#"{"cniVersion":"1.1.0","name":"weft","type":"weft","ranges":["10.1.0.0/29","fd01::/64"],"mtu":1450}"#;
+const CONF: &str =
+    r#"{"cniVersion":"1.1.0","name":"weft","type":"weft","ranges":["10.1.0.0/29","fd01::/64"],"mtu":1450}"#;
 
 fn args(cid: &str, conf: &str) -> CniArgs {
     CniArgs {
@@ -104,11 +121,7 @@ fn args(cid: &str, conf: &str) -> CniArgs {
 }
 
 async fn allocated(store: &Store) -> usize {
-    store
-        .run(|db| db.allocated_addresses())
-        .await
-        .unwrap()
-        .len()
+    store.run(|db| db.allocated_addresses()).await.unwrap().len()
 }
 
 #[tokio::test]
@@ -120,12 +133,7 @@ async fn add_builds_the_result_and_repeats_return_it() {
     assert_eq!(v["interfaces"][1]["name"], "eth0");
     assert_eq!(v["interfaces"][1]["sandbox"], "/ok/c1");
     assert_eq!(v["interfaces"][1]["mtu"], 1450);
-    assert!(
-        v["interfaces"][0]["name"]
-            .as_str()
-            .unwrap()
-            .starts_with("weft")
-    );
+    assert!(v["interfaces"][0]["name"].as_str().unwrap().starts_with("weft"));
     assert_eq!(v["ips"][0]["address"], "10.1.0.2/32");
     assert_eq!(v["ips"][0]["gateway"], "10.1.0.1");
     assert_eq!(v["ips"][0]["interface"], 1);
@@ -147,31 +155,15 @@ async fn add_builds_the_result_and_repeats_return_it() {
 #[tokio::test]
 async fn a_failed_kernel_setup_leaves_nothing() {
     let e = env();
-    *e.net.fail_setup.lock().unwrap() = Some(|| {
-        KernelError::os(
-            "creating the veth pair",
-            std::io::Error::from_raw_os_error(libc::EPERM),
-        )
-    });
+    *e.net.fail_setup.lock().unwrap() =
+        Some(|| KernelError::os("creating the veth pair", std::io::Error::from_raw_os_error(libc::EPERM)));
     let err = e.h.add(&args("c1", CONF)).await.unwrap_err();
     assert_eq!(err.code, code::KERNEL);
-    assert!(
-        err.details.contains("creating the veth pair"),
-        "{}",
-        err.details
-    );
+    assert!(err.details.contains("creating the veth pair"), "{}", err.details);
     assert_eq!(allocated(&e.store).await, 0);
-    assert!(
-        e.store
-            .run(|db| db.list(None, None))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(e.store.run(|db| db.list(None, None)).await.unwrap().is_empty());
 
-    *e.net.fail_setup.lock().unwrap() = Some(|| KernelError::InterfaceExists {
-        ifname: "eth0".into(),
-    });
+    *e.net.fail_setup.lock().unwrap() = Some(|| KernelError::InterfaceExists { ifname: "eth0".into() });
     assert_eq!(
         e.h.add(&args("c1", CONF)).await.unwrap_err().code,
         code::INTERFACE_EXISTS
@@ -196,10 +188,7 @@ async fn bad_input_is_refused_before_anything_is_touched() {
     a.netns = "/missing/ns".into();
     cases.push((a, code::INVALID_NETNS));
     cases.push((args("c1", "{nope"), code::DECODE));
-    cases.push((
-        args("c1", &CONF.replace("1.1.0", "9.9.9")),
-        code::INCOMPATIBLE_VERSION,
-    ));
+    cases.push((args("c1", &CONF.replace("1.1.0", "9.9.9")), code::INCOMPATIBLE_VERSION));
     cases.push((
         args("c1", &CONF.replace(r#""cniVersion":"1.1.0","#, "")),
         code::INCOMPATIBLE_VERSION,
@@ -212,13 +201,7 @@ async fn bad_input_is_refused_before_anything_is_touched() {
         let err = e.h.add(&a).await.unwrap_err();
         assert_eq!(err.code, want, "{err}");
     }
-    assert!(
-        e.store
-            .run(|db| db.list(None, None))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(e.store.run(|db| db.list(None, None)).await.unwrap().is_empty());
     assert!(e.net.links.lock().unwrap().is_empty());
 }
 
@@ -249,11 +232,7 @@ async fn del_is_idempotent_and_releases_addresses_after_teardown() {
     e.h.add(&args("c1", CONF)).await.unwrap();
     *e.net.remove_delay.lock().unwrap() = Duration::from_millis(50);
     e.h.del(&args("c1", CONF)).await.unwrap();
-    assert_eq!(
-        allocated(&e.store).await,
-        2,
-        "held until the teardown finishes"
-    );
+    assert_eq!(allocated(&e.store).await, 2, "held until the teardown finishes");
     let mut no_netns = args("c1", CONF);
     no_netns.netns = String::new();
     e.h.del(&no_netns).await.unwrap();
@@ -262,11 +241,7 @@ async fn del_is_idempotent_and_releases_addresses_after_teardown() {
     assert!(e.net.links.lock().unwrap().is_empty());
     e.h.del(&no_netns).await.unwrap();
     e.h.del(&args("never-added", CONF)).await.unwrap();
-    assert_eq!(
-        *e.net.removes.lock().unwrap(),
-        1,
-        "the veth was removed exactly once"
-    );
+    assert_eq!(*e.net.removes.lock().unwrap(), 1, "the veth was removed exactly once");
     // A DEL with a config that has gone bad still works.
     e.h.del(&args("c1", &CONF.replace("10.1.0.0/29", "garbage")))
         .await
@@ -280,11 +255,7 @@ async fn add_after_del_waits_for_the_teardown_and_gets_a_new_address() {
     *e.net.remove_delay.lock().unwrap() = Duration::from_millis(100);
     e.h.del(&args("c1", CONF)).await.unwrap();
     let second: Value = serde_json::from_slice(&e.h.add(&args("c1", CONF)).await.unwrap()).unwrap();
-    assert_eq!(
-        *e.net.removes.lock().unwrap(),
-        1,
-        "ADD waited for the old teardown"
-    );
+    assert_eq!(*e.net.removes.lock().unwrap(), 1, "ADD waited for the old teardown");
     assert_ne!(
         first["ips"][0]["address"], second["ips"][0]["address"],
         "the address is not reused at once"
@@ -296,10 +267,7 @@ async fn add_after_del_waits_for_the_teardown_and_gets_a_new_address() {
 async fn check_reports_unknown_and_drift() {
     let e = env();
     let mut a = args("c1", CONF);
-    assert_eq!(
-        e.h.check(&a).await.unwrap_err().code,
-        code::UNKNOWN_CONTAINER
-    );
+    assert_eq!(e.h.check(&a).await.unwrap_err().code, code::UNKNOWN_CONTAINER);
     e.h.add(&a).await.unwrap();
     e.h.check(&a).await.unwrap();
     *e.net.drift.lock().unwrap() = Some("default route via 10.1.0.1 is missing in the pod".into());
@@ -308,16 +276,16 @@ async fn check_reports_unknown_and_drift() {
     assert!(err.details.contains("default route"));
     *e.net.drift.lock().unwrap() = None;
     a.stdin_data = CONF
-        .replace("\"mtu\":1450", "\"mtu\":1450,\"prevResult\":{\"cniVersion\":\"1.1.0\",\"ips\":[{\"address\":\"10.9.9.9/32\"}]}")
+        .replace(
+            "\"mtu\":1450",
+            "\"mtu\":1450,\"prevResult\":{\"cniVersion\":\"1.1.0\",\"ips\":[{\"address\":\"10.9.9.9/32\"}]}",
+        )
         .into_bytes();
     let err = e.h.check(&a).await.unwrap_err();
     assert_eq!(err.code, code::CHECK_FAILED);
     assert!(err.details.contains("prevResult"), "{}", err.details);
     let old = args("c1", &CONF.replace("1.1.0", "0.3.1"));
-    assert_eq!(
-        e.h.check(&old).await.unwrap_err().code,
-        code::INCOMPATIBLE_VERSION
-    );
+    assert_eq!(e.h.check(&old).await.unwrap_err().code, code::INCOMPATIBLE_VERSION);
 }
 
 #[tokio::test]
@@ -336,10 +304,7 @@ async fn gc_removes_what_the_runtime_no_longer_lists() {
     assert_eq!(left[0].key.container_id, "keep");
     assert_eq!(allocated(&e.store).await, 2);
     assert_eq!(e.h.gc(&args("", &gc_conf)).await.unwrap(), 0);
-    assert_eq!(
-        e.h.gc(&args("", CONF)).await.unwrap_err().code,
-        code::INVALID_CONFIG
-    );
+    assert_eq!(e.h.gc(&args("", CONF)).await.unwrap_err().code, code::INVALID_CONFIG);
 }
 
 #[tokio::test]
@@ -386,4 +351,40 @@ async fn parallel_adds_and_dels_never_share_an_address() {
     }
     e.h.drain_teardowns().await;
     assert_eq!(allocated(&e.store).await, live.len());
+}
+
+#[tokio::test]
+async fn host_ports_are_held_refused_when_taken_and_released_by_del() {
+    let e = env();
+    let with_ports = CONF.replace(
+        "\"mtu\":1450",
+        "\"mtu\":1450,\"runtimeConfig\":{\"portMappings\":[{\"HostPort\":8080,\"ContainerPort\":80,\"Protocol\":\"TCP\"}]}",
+    );
+    e.h.add(&args("c1", &with_ports)).await.unwrap();
+    assert_eq!(e.net.ports.lock().unwrap().len(), 2, "one element per family");
+    let taken = e.h.add(&args("c2", &with_ports)).await.unwrap_err();
+    assert_eq!(taken.code, code::HOST_PORT_IN_USE);
+    assert!(
+        taken.details.contains("0.0.0.0:8080/tcp") && taken.details.contains("pod default/pod-c1"),
+        "{}",
+        taken.details
+    );
+    assert_eq!(allocated(&e.store).await, 2, "the refused ADD left nothing");
+    assert_eq!(e.net.links.lock().unwrap().len(), 1);
+    // Someone drops the kernel's elements: the sync puts them back.
+    e.net.ports.lock().unwrap().clear();
+    assert!(e.h.sync_host_ports().await.unwrap());
+    assert_eq!(e.net.ports.lock().unwrap().len(), 2);
+    assert!(!e.h.sync_host_ports().await.unwrap(), "nothing to repair");
+    // DEL frees the port before answering: the second pod gets it now.
+    e.h.del(&args("c1", &with_ports)).await.unwrap();
+    assert!(e.net.ports.lock().unwrap().is_empty());
+    e.h.add(&args("c2", &with_ports)).await.unwrap();
+    assert_eq!(e.net.ports.lock().unwrap().len(), 2);
+    // A bad mapping is an invalid config.
+    let bad = CONF.replace(
+        "\"mtu\":1450",
+        "\"mtu\":1450,\"runtimeConfig\":{\"portMappings\":[{\"hostPort\":0,\"containerPort\":80}]}",
+    );
+    assert_eq!(e.h.add(&args("c3", &bad)).await.unwrap_err().code, code::INVALID_CONFIG);
 }

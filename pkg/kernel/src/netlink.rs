@@ -6,15 +6,10 @@ use std::io;
 use std::net::IpAddr;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
-use netlink_packet_route::address::{
-    AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope,
-};
-use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
-};
+use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope};
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
@@ -112,12 +107,7 @@ impl Netlink {
             let mut off = 0;
             while off < n {
                 let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[off..n])
-                    .map_err(|e| {
-                        io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            format!("decoding netlink reply: {e}"),
-                        )
-                    })?;
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("decoding netlink reply: {e}")))?;
                 let len = msg.header.length as usize;
                 off += if len == 0 { n } else { (len + 3) & !3 };
                 if msg.header.sequence_number != seq {
@@ -216,11 +206,7 @@ impl Netlink {
     pub fn set_up(&mut self, index: u32, up: bool) -> io::Result<()> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
-        msg.header.flags = if up {
-            LinkFlags::Up
-        } else {
-            LinkFlags::empty()
-        };
+        msg.header.flags = if up { LinkFlags::Up } else { LinkFlags::empty() };
         msg.header.change_mask = LinkFlags::Up;
         self.execute(RouteNetlinkMessage::SetLink(msg), 0)
     }
@@ -248,17 +234,11 @@ impl Netlink {
         // IPv4 wants IFA_LOCAL (the address) as well as IFA_ADDRESS (the peer, the same
         // on a non-point-to-point link); IPv6 only IFA_ADDRESS.
         msg.attributes = if addr.is_ipv4() {
-            vec![
-                AddressAttribute::Local(addr),
-                AddressAttribute::Address(addr),
-            ]
+            vec![AddressAttribute::Local(addr), AddressAttribute::Address(addr)]
         } else {
             vec![AddressAttribute::Address(addr)]
         };
-        self.execute(
-            RouteNetlinkMessage::NewAddress(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-        )
+        self.execute(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_EXCL)
     }
 
     /// The addresses on a link, with their prefix lengths.
@@ -301,36 +281,24 @@ impl Netlink {
             RouteScope::Universe
         };
         if let Some(d) = dst {
-            msg.attributes
-                .push(RouteAttribute::Destination(RouteAddress::from(d)));
+            msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(d)));
         }
         if let Some(g) = gateway {
-            msg.attributes
-                .push(RouteAttribute::Gateway(RouteAddress::from(g)));
+            msg.attributes.push(RouteAttribute::Gateway(RouteAddress::from(g)));
         }
         msg.attributes.push(RouteAttribute::Oif(oif));
-        self.execute(
-            RouteNetlinkMessage::NewRoute(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-        )
+        self.execute(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL)
     }
 
     /// Deletes a route of the main table; returns whether it existed.
-    pub fn delete_route(
-        &mut self,
-        dst: Option<IpAddr>,
-        prefix_len: u8,
-        oif: u32,
-        v6: bool,
-    ) -> io::Result<bool> {
+    pub fn delete_route(&mut self, dst: Option<IpAddr>, prefix_len: u8, oif: u32, v6: bool) -> io::Result<bool> {
         let mut msg = RouteMessage::default();
         msg.header = route_header(v6, prefix_len);
         msg.header.protocol = RouteProtocol::Unspec;
         msg.header.kind = RouteType::Unspec;
         msg.header.scope = RouteScope::NoWhere;
         if let Some(d) = dst {
-            msg.attributes
-                .push(RouteAttribute::Destination(RouteAddress::from(d)));
+            msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(d)));
         }
         msg.attributes.push(RouteAttribute::Oif(oif));
         match self.execute(RouteNetlinkMessage::DelRoute(msg), 0) {
@@ -343,11 +311,7 @@ impl Netlink {
     /// Routes of the main table of one family.
     pub fn routes(&mut self, v6: bool) -> io::Result<Vec<RouteEntry>> {
         let mut msg = RouteMessage::default();
-        msg.header.address_family = if v6 {
-            AddressFamily::Inet6
-        } else {
-            AddressFamily::Inet
-        };
+        msg.header.address_family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
         Ok(self
             .dump(RouteNetlinkMessage::GetRoute(msg))?
             .into_iter()
@@ -361,11 +325,7 @@ impl Netlink {
 
 fn route_header(v6: bool, prefix_len: u8) -> RouteHeader {
     RouteHeader {
-        address_family: if v6 {
-            AddressFamily::Inet6
-        } else {
-            AddressFamily::Inet
-        },
+        address_family: if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet },
         destination_prefix_length: prefix_len,
         table: RouteHeader::RT_TABLE_MAIN,
         protocol: RouteProtocol::from(crate::ROUTE_PROTOCOL),

@@ -42,12 +42,9 @@ impl NetNs {
             )));
         }
         // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd.
-        let kind = unsafe { ns_get_nstype(file.as_raw_fd()) }
-            .map_err(|e| invalid(format!("NS_GET_NSTYPE: {e}")))?;
+        let kind = unsafe { ns_get_nstype(file.as_raw_fd()) }.map_err(|e| invalid(format!("NS_GET_NSTYPE: {e}")))?;
         if kind != libc::CLONE_NEWNET {
-            return Err(invalid(
-                "is a namespace, but not a network namespace".to_string(),
-            ));
+            return Err(invalid("is a namespace, but not a network namespace".to_string()));
         }
         Ok(Self {
             fd: file.into(),
@@ -73,12 +70,8 @@ impl NetNs {
     /// Moves the calling thread into this namespace. Only for threads that will exit
     /// afterwards (see [`in_netns`]).
     fn enter(&self) -> Result<(), KernelError> {
-        setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| {
-            KernelError::os(
-                format!("entering network namespace {}", self.path.display()),
-                e.into(),
-            )
-        })
+        setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET)
+            .map_err(|e| KernelError::os(format!("entering network namespace {}", self.path.display()), e.into()))
     }
 
     /// Whether two handles name the same namespace (same nsfs inode).
@@ -105,11 +98,6 @@ where
             })
             .map_err(|e| KernelError::os("spawning a namespace thread", e))?
             .join()
-            .unwrap_or_else(|_| {
-                Err(KernelError::os(
-                    "namespace thread",
-                    std::io::Error::other("panicked"),
-                ))
-            })
+            .unwrap_or_else(|_| Err(KernelError::os("namespace thread", std::io::Error::other("panicked"))))
     })
 }

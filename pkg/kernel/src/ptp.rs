@@ -67,10 +67,8 @@ impl PodNetwork {
             let _phase = tracing::info_span!(target: "weft::phase", "veth").entered();
             self.create_veth(&mut host, &ns)?;
         }
-        let outcome = in_netns(&ns, || {
-            Netlink::new().map_err(os("opening netlink in the pod"))
-        })
-        .and_then(|mut pod| self.configure(&mut host, &mut pod));
+        let outcome = in_netns(&ns, || Netlink::new().map_err(os("opening netlink in the pod")))
+            .and_then(|mut pod| self.configure(&mut host, &mut pod));
         if outcome.is_err() {
             let _ = host.delete_link(&self.host_ifname);
         }
@@ -119,12 +117,8 @@ impl PodNetwork {
     }
 
     fn configure(&self, host: &mut Netlink, pod: &mut Netlink) -> Result<(), KernelError> {
-        let missing = |what: &str| {
-            KernelError::os(
-                format!("looking up {what}"),
-                io::Error::from_raw_os_error(libc::ENODEV),
-            )
-        };
+        let missing =
+            |what: &str| KernelError::os(format!("looking up {what}"), io::Error::from_raw_os_error(libc::ENODEV));
         let link = host
             .link_by_name(&self.host_ifname)
             .map_err(os("looking up the host end"))?
@@ -138,10 +132,7 @@ impl PodNetwork {
             if self.has_v6() {
                 // The host end must answer neighbour discovery from its link-local
                 // address at once, not after a second of duplicate address detection.
-                sysctl::write(
-                    &format!("net/ipv6/conf/{}/accept_dad", self.host_ifname),
-                    "0",
-                )?;
+                sysctl::write(&format!("net/ipv6/conf/{}/accept_dad", self.host_ifname), "0")?;
             }
             for a in &self.addresses {
                 host.add_address(link.index, a.gateway, host_prefix(&a.gateway))
@@ -149,35 +140,21 @@ impl PodNetwork {
                 pod.add_address(eth.index, a.address, host_prefix(&a.address))
                     .map_err(os("adding the pod address"))?;
             }
-            host.set_up(link.index, true)
-                .map_err(os("setting the host end up"))?;
+            host.set_up(link.index, true).map_err(os("setting the host end up"))?;
             if let Some(lo) = pod.link_by_name("lo").map_err(os("looking up lo"))?
                 && !lo.up
             {
                 pod.set_up(lo.index, true).map_err(os("setting lo up"))?;
             }
-            pod.set_up(eth.index, true)
-                .map_err(os("setting the pod end up"))?;
+            pod.set_up(eth.index, true).map_err(os("setting the pod end up"))?;
         }
         let _phase = tracing::info_span!(target: "weft::phase", "routes").entered();
         for a in &self.addresses {
             let v6 = a.address.is_ipv6();
-            host.add_route(
-                Some(a.address),
-                host_prefix(&a.address),
-                None,
-                link.index,
-                v6,
-            )
-            .map_err(os("adding the host route to the pod"))?;
-            pod.add_route(
-                Some(a.gateway),
-                host_prefix(&a.gateway),
-                None,
-                eth.index,
-                v6,
-            )
-            .map_err(os("adding the pod route to the gateway"))?;
+            host.add_route(Some(a.address), host_prefix(&a.address), None, link.index, v6)
+                .map_err(os("adding the host route to the pod"))?;
+            pod.add_route(Some(a.gateway), host_prefix(&a.gateway), None, eth.index, v6)
+                .map_err(os("adding the pod route to the gateway"))?;
             pod.add_route(None, 0, Some(a.gateway), eth.index, v6)
                 .map_err(os("adding the pod default route"))?;
         }
@@ -197,9 +174,7 @@ impl PodNetwork {
         if !link.up {
             return drift(format!("host interface {} is down", self.host_ifname));
         }
-        let host_addrs = host
-            .addresses(link.index)
-            .map_err(os("listing host addresses"))?;
+        let host_addrs = host.addresses(link.index).map_err(os("listing host addresses"))?;
         for a in &self.addresses {
             if !host_addrs.contains(&(a.gateway, host_prefix(&a.gateway))) {
                 return drift(format!(
@@ -207,9 +182,7 @@ impl PodNetwork {
                     a.gateway, self.host_ifname
                 ));
             }
-            let routes = host
-                .routes(a.address.is_ipv6())
-                .map_err(os("listing host routes"))?;
+            let routes = host.routes(a.address.is_ipv6()).map_err(os("listing host routes"))?;
             if !routes
                 .iter()
                 .any(|r| r.dst == Some(a.address) && r.oif == Some(link.index))
@@ -221,32 +194,22 @@ impl PodNetwork {
             }
         }
         let ns = NetNs::open(&self.netns)?;
-        let mut pod = in_netns(&ns, || {
-            Netlink::new().map_err(os("opening netlink in the pod"))
-        })?;
+        let mut pod = in_netns(&ns, || Netlink::new().map_err(os("opening netlink in the pod")))?;
         self.check_pod(&mut pod)
     }
 
     fn check_pod(&self, pod: &mut Netlink) -> Result<(), KernelError> {
         let drift = |m: String| Err(KernelError::Drift(m));
-        let Some(eth) = pod
-            .link_by_name(&self.ifname)
-            .map_err(os("looking up the pod end"))?
-        else {
+        let Some(eth) = pod.link_by_name(&self.ifname).map_err(os("looking up the pod end"))? else {
             return drift(format!("interface {} is missing in the pod", self.ifname));
         };
         if !eth.up {
             return drift(format!("interface {} is down in the pod", self.ifname));
         }
         if eth.mac != self.pod_mac {
-            return drift(format!(
-                "interface {} has another MAC than weft gave it",
-                self.ifname
-            ));
+            return drift(format!("interface {} has another MAC than weft gave it", self.ifname));
         }
-        let addrs = pod
-            .addresses(eth.index)
-            .map_err(os("listing pod addresses"))?;
+        let addrs = pod.addresses(eth.index).map_err(os("listing pod addresses"))?;
         for a in &self.addresses {
             if !addrs.contains(&(a.address, host_prefix(&a.address))) {
                 return drift(format!(
@@ -256,9 +219,7 @@ impl PodNetwork {
                     self.ifname
                 ));
             }
-            let routes = pod
-                .routes(a.address.is_ipv6())
-                .map_err(os("listing pod routes"))?;
+            let routes = pod.routes(a.address.is_ipv6()).map_err(os("listing pod routes"))?;
             if !routes
                 .iter()
                 .any(|r| r.dst == Some(a.gateway) && r.oif == Some(eth.index))
@@ -268,14 +229,8 @@ impl PodNetwork {
                     a.gateway, self.ifname
                 ));
             }
-            if !routes
-                .iter()
-                .any(|r| r.dst.is_none() && r.gateway == Some(a.gateway))
-            {
-                return drift(format!(
-                    "default route via {} is missing in the pod",
-                    a.gateway
-                ));
+            if !routes.iter().any(|r| r.dst.is_none() && r.gateway == Some(a.gateway)) {
+                return drift(format!("default route via {} is missing in the pod", a.gateway));
             }
         }
         Ok(())
@@ -287,13 +242,9 @@ impl PodNetwork {
 /// grace period (about 20 ms).
 pub fn disconnect(host_ifname: &str) -> Result<bool, KernelError> {
     let mut host = Netlink::new().map_err(os("opening netlink"))?;
-    match host
-        .link_by_name(host_ifname)
-        .map_err(os("looking up the host end"))?
-    {
+    match host.link_by_name(host_ifname).map_err(os("looking up the host end"))? {
         Some(l) => {
-            host.set_up(l.index, false)
-                .map_err(os("setting the host end down"))?;
+            host.set_up(l.index, false).map_err(os("setting the host end down"))?;
             Ok(true)
         }
         None => Ok(false),
@@ -304,6 +255,5 @@ pub fn disconnect(host_ifname: &str) -> Result<bool, KernelError> {
 /// it). Returns whether it existed.
 pub fn remove(host_ifname: &str) -> Result<bool, KernelError> {
     let mut host = Netlink::new().map_err(os("opening netlink"))?;
-    host.delete_link(host_ifname)
-        .map_err(os("deleting the veth pair"))
+    host.delete_link(host_ifname).map_err(os("deleting the veth pair"))
 }

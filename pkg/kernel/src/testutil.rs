@@ -21,11 +21,8 @@ impl TempNetns {
         let thread = std::thread::spawn(move || {
             unshare(CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET): tests need root");
             let tid = nix::unistd::gettid();
-            tx.send(PathBuf::from(format!(
-                "/proc/{}/task/{tid}/ns/net",
-                std::process::id()
-            )))
-            .unwrap();
+            tx.send(PathBuf::from(format!("/proc/{}/task/{tid}/ns/net", std::process::id())))
+                .unwrap();
             let _ = stop_rx.recv();
         });
         let path = rx.recv().expect("namespace thread started");
@@ -73,7 +70,5 @@ pub fn privileged() -> bool {
         eprintln!("skipping a privileged test: not root and WEFT_SKIP_PRIVILEGED=1");
         return false;
     }
-    panic!(
-        "this test needs root (network namespaces, netlink); set WEFT_SKIP_PRIVILEGED=1 to skip it explicitly"
-    );
+    panic!("this test needs root (network namespaces, netlink); set WEFT_SKIP_PRIVILEGED=1 to skip it explicitly");
 }

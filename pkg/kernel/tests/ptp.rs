@@ -65,11 +65,7 @@ fn dual_stack_pod_is_built_checked_and_reachable() {
     }
     let node = TempNetns::new();
     let p = TempNetns::new();
-    let spec = pod(
-        &p,
-        "weftt1",
-        &[("10.9.0.5", "10.9.0.1"), ("fd09::5", "fd09::1")],
-    );
+    let spec = pod(&p, "weftt1", &[("10.9.0.5", "10.9.0.1"), ("fd09::5", "fd09::1")]);
     node.run(|| spec.setup()).unwrap();
     node.run(|| spec.check()).unwrap();
 
@@ -92,10 +88,7 @@ fn dual_stack_pod_is_built_checked_and_reachable() {
         tcp_reachable(&p, &node, "10.9.0.5".parse().unwrap()),
         "IPv4 unreachable"
     );
-    assert!(
-        tcp_reachable(&p, &node, "fd09::5".parse().unwrap()),
-        "IPv6 unreachable"
-    );
+    assert!(tcp_reachable(&p, &node, "fd09::5".parse().unwrap()), "IPv6 unreachable");
 
     // Removal takes the pair, addresses and routes; repeating it is harmless.
     assert!(node.run(|| ptp::remove("weftt1")).unwrap());
@@ -211,9 +204,7 @@ fn disconnect_cuts_traffic_before_removal() {
     assert!(node.run(|| ptp::disconnect("weftt6")).unwrap());
     let routes = node.run(|| Netlink::new().unwrap().routes(false).unwrap());
     assert!(
-        !routes
-            .iter()
-            .any(|r| r.dst == Some("10.9.4.5".parse().unwrap())),
+        !routes.iter().any(|r| r.dst == Some("10.9.4.5".parse().unwrap())),
         "route withdrawn"
     );
     assert!(node.run(|| ptp::remove("weftt6")).unwrap());
@@ -247,8 +238,5 @@ fn namespace_paths_are_validated() {
         other => panic!("{other:?}"),
     }
     let links = node.run(|| Netlink::new().unwrap().links().unwrap());
-    assert!(
-        links.iter().all(|l| l.name == "lo"),
-        "nothing created: {links:?}"
-    );
+    assert!(links.iter().all(|l| l.name == "lo"), "nothing created: {links:?}");
 }

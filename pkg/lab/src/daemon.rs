@@ -52,8 +52,7 @@ impl NodeDaemon {
         env: &[(String, String)],
     ) -> Result<Self, LabError> {
         if let Some(dir) = paths.log.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| LabError::io(format!("creating {}", dir.display()), e))?;
+            std::fs::create_dir_all(dir).map_err(|e| LabError::io(format!("creating {}", dir.display()), e))?;
         }
         let log = File::options()
             .create(true)

@@ -39,10 +39,7 @@ impl ExecOutcome {
 impl CniExec {
     /// A plugin at `plugin`, with `CNI_PATH` set to its directory.
     pub fn new(plugin: &Path) -> Self {
-        let cni_path = plugin
-            .parent()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default();
+        let cni_path = plugin.parent().map(|p| p.display().to_string()).unwrap_or_default();
         Self {
             plugin: plugin.to_path_buf(),
             cni_path,

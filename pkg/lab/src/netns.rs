@@ -62,17 +62,11 @@ impl NamedNetns {
         let file = self.open()?;
         let bind_addr = addr.to_string();
         std::thread::spawn(move || {
-            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(std::io::Error::from)?;
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
             std::net::TcpListener::bind(&bind_addr)
         })
         .join()
-        .map_err(|_| {
-            LabError::io(
-                "binding in a namespace",
-                std::io::Error::other("thread panicked"),
-            )
-        })?
+        .map_err(|_| LabError::io("binding in a namespace", std::io::Error::other("thread panicked")))?
         .map_err(|e| LabError::io(format!("binding {addr} in {}", self.name), e))
     }
 
@@ -98,8 +92,7 @@ pub fn enter_in_child(cmd: &mut Command, ns: &NamedNetns) -> Result<(), LabError
     // which is async-signal-safe.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(cmd, move || {
-            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(std::io::Error::from)
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
         });
     }
     Ok(())

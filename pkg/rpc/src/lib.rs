@@ -91,10 +91,7 @@ impl Default for DialOptions {
 /// Connection failures that a restarting daemon produces (socket missing, connection
 /// refused) are retried for `opts.connect_window`; the error returned afterwards is
 /// the last one seen.
-pub async fn dial_unix(
-    path: &Path,
-    opts: &DialOptions,
-) -> Result<Channel, tonic::transport::Error> {
+pub async fn dial_unix(path: &Path, opts: &DialOptions) -> Result<Channel, tonic::transport::Error> {
     let path: PathBuf = path.to_path_buf();
     let window = opts.connect_window;
     // The URI is required by the API but never resolved: the connector ignores it.
@@ -115,10 +112,7 @@ pub async fn dial_unix(
         .await
 }
 
-async fn connect_with_retry(
-    path: &Path,
-    window: Duration,
-) -> std::io::Result<tokio::net::UnixStream> {
+async fn connect_with_retry(path: &Path, window: Duration) -> std::io::Result<tokio::net::UnixStream> {
     let deadline = tokio::time::Instant::now() + window;
     let mut backoff = Duration::from_millis(20);
     loop {

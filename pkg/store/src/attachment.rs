@@ -125,6 +125,50 @@ pub struct Attachment {
     pub result: Option<String>,
     /// Held addresses, IPv4 first.
     pub addresses: Vec<Allocation>,
+    /// Held host ports (released when DEL begins).
+    pub ports: Vec<PortMapping>,
+}
+
+/// A host port a pod asks for (`runtimeConfig.portMappings`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortRequest {
+    /// The node address to bind, `None` for every address (of each family the pod has,
+    /// or only of `family`).
+    pub host_ip: Option<IpAddr>,
+    /// With no `host_ip`: bind only this family's addresses.
+    pub family: Option<Family>,
+    /// The port on the node.
+    pub host_port: u16,
+    /// `tcp`, `udp` or `sctp`.
+    pub protocol: String,
+    /// The port in the pod.
+    pub container_port: u16,
+}
+
+/// A host port held by an attachment.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PortMapping {
+    /// The node address bound, `None` for every address of the family.
+    pub host_ip: Option<IpAddr>,
+    /// The port on the node.
+    pub host_port: u16,
+    /// `tcp`, `udp` or `sctp`.
+    pub protocol: String,
+    /// The pod's address (its family is the mapping's).
+    pub container_ip: IpAddr,
+    /// The port in the pod.
+    pub container_port: u16,
+}
+
+/// A host port with the pod that holds it (for listings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldPort {
+    /// The mapping.
+    pub mapping: PortMapping,
+    /// The attachment holding it.
+    pub key: AttachmentKey,
+    /// Its pod.
+    pub pod: PodRef,
 }
 
 /// What ADD asks the store to record.
@@ -142,6 +186,8 @@ pub struct NewAttachment {
     pub mtu: u32,
     /// Ranges to allocate from, in config order.
     pub ranges: Vec<IpNet>,
+    /// Host ports to hold.
+    pub ports: Vec<PortRequest>,
 }
 
 /// The outcome of [`crate::db::Db::begin_add`].

@@ -56,9 +56,7 @@ impl Db {
     }
 
     fn immediate(&mut self) -> Result<Transaction<'_>, StoreError> {
-        Ok(self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?)
+        Ok(self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?)
     }
 
     /// Records the intent to attach a pod and allocates its addresses, one per address
@@ -90,11 +88,7 @@ impl Db {
         let id = tx.last_insert_rowid();
         let mut addresses = Vec::new();
         for family in [Family::V4, Family::V6] {
-            let ranges: Vec<&IpNet> = spec
-                .ranges
-                .iter()
-                .filter(|r| Family::of(r) == family)
-                .collect();
+            let ranges: Vec<&IpNet> = spec.ranges.iter().filter(|r| Family::of(r) == family).collect();
             if ranges.is_empty() {
                 continue;
             }
@@ -120,6 +114,7 @@ impl Db {
                 }
             }
         }
+        let ports = hold_ports(&tx, id, &spec.ports, &addresses)?;
         let att = Attachment {
             id,
             key: spec.key.clone(),
@@ -130,9 +125,36 @@ impl Db {
             state: State::Creating,
             result: None,
             addresses,
+            ports,
         };
         tx.commit()?;
         Ok(BeginAdd::Created(att))
+    }
+
+    /// Every host port held on the node, with the pod holding it.
+    pub fn ports(&mut self) -> Result<Vec<HeldPort>, StoreError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT p.host_ip, p.host_port, p.protocol, p.container_ip, p.container_port,
+                    a.network, a.container_id, a.ifname, a.pod_namespace, a.pod_name, a.pod_uid
+             FROM port_mappings p JOIN attachments a ON p.attachment_id = a.id
+             ORDER BY p.host_port, p.protocol, p.family, p.host_ip",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(HeldPort {
+                mapping: port_row(r)?,
+                key: AttachmentKey {
+                    network: r.get(5)?,
+                    container_id: r.get(6)?,
+                    ifname: r.get(7)?,
+                },
+                pod: PodRef {
+                    namespace: r.get(8)?,
+                    name: r.get(9)?,
+                    uid: r.get(10)?,
+                },
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// Marks an attachment ready and stores its ADD result.
@@ -143,11 +165,7 @@ impl Db {
             params![id, result_json, now_ms()],
         )?;
         tx.commit()?;
-        if n == 0 {
-            Err(StoreError::Missing(id))
-        } else {
-            Ok(())
-        }
+        if n == 0 { Err(StoreError::Missing(id)) } else { Ok(()) }
     }
 
     /// Removes an attachment and releases its addresses (abort of an ADD, or the end of
@@ -166,6 +184,9 @@ impl Db {
         let Some(mut att) = load(&tx, key)? else {
             return Ok(None);
         };
+        // Host ports are released at once: DEL removes them from the kernel before it
+        // answers, unlike the veth, whose removal finishes afterwards.
+        tx.execute("DELETE FROM port_mappings WHERE attachment_id = ?1", params![att.id])?;
         if att.state != State::Deleting {
             tx.execute(
                 "UPDATE attachments SET state = 'deleting', updated_at = ?2 WHERE id = ?1",
@@ -186,11 +207,7 @@ impl Db {
     }
 
     /// Every attachment, optionally only those of `network` and/or in `state`.
-    pub fn list(
-        &mut self,
-        network: Option<&str>,
-        state: Option<State>,
-    ) -> Result<Vec<Attachment>, StoreError> {
+    pub fn list(&mut self, network: Option<&str>, state: Option<State>) -> Result<Vec<Attachment>, StoreError> {
         let tx = self.conn.transaction()?;
         let keys: Vec<AttachmentKey> = {
             let mut stmt = tx.prepare(
@@ -284,9 +301,7 @@ impl Db {
         let mut stmt = self.conn.prepare(
             "SELECT a.address, r.cidr FROM allocations a JOIN ranges r ON a.range_id = r.id ORDER BY a.address",
         )?;
-        let rows = stmt.query_map([], |r| {
-            Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?))
-        })?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?)))?;
         let mut out = Vec::new();
         for row in rows {
             let (b, cidr) = row?;
@@ -298,14 +313,120 @@ impl Db {
     }
 }
 
+fn port_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PortMapping> {
+    let host: String = r.get(0)?;
+    let container: String = r.get(3)?;
+    Ok(PortMapping {
+        host_ip: host.parse().ok(),
+        host_port: r.get(1)?,
+        protocol: r.get(2)?,
+        container_ip: container.parse().map_err(|_| rusqlite::Error::InvalidQuery)?,
+        container_port: r.get(4)?,
+    })
+}
+
+fn holder(
+    tx: &Transaction<'_>,
+    family: i64,
+    host_ip: &str,
+    port: u16,
+    proto: &str,
+) -> Result<Option<String>, StoreError> {
+    Ok(tx
+        .query_row(
+            "SELECT a.pod_namespace, a.pod_name, a.container_id FROM port_mappings p
+             JOIN attachments a ON p.attachment_id = a.id
+             WHERE p.family = ?1 AND p.host_port = ?2 AND p.protocol = ?3
+               AND (p.host_ip = ?4 OR p.host_ip = '' OR ?4 = '')
+             LIMIT 1",
+            params![family, port, proto, host_ip],
+            |r| {
+                let (ns, name, cid): (String, String, String) = (r.get(0)?, r.get(1)?, r.get(2)?);
+                Ok(if name.is_empty() {
+                    format!("container {cid}")
+                } else {
+                    format!("pod {ns}/{name}")
+                })
+            },
+        )
+        .optional()?)
+}
+
+/// Holds the requested host ports for attachment `id`, one row per family: a request
+/// without a host IP binds every family the pod has an address in. A port is taken
+/// when another mapping of the same family, port and protocol binds the same address
+/// or binds all addresses.
+fn hold_ports(
+    tx: &Transaction<'_>,
+    id: i64,
+    requests: &[PortRequest],
+    addresses: &[Allocation],
+) -> Result<Vec<PortMapping>, StoreError> {
+    let mut held = Vec::new();
+    for req in requests {
+        let targets: Vec<&Allocation> = match req.host_ip {
+            Some(ip) => {
+                let a = addresses
+                    .iter()
+                    .find(|a| a.address.is_ipv6() == ip.is_ipv6())
+                    .ok_or_else(|| {
+                        StoreError::PortInvalid(format!(
+                            "{ip}:{}/{}: the pod has no {} address",
+                            req.host_port,
+                            req.protocol,
+                            if ip.is_ipv6() { "IPv6" } else { "IPv4" }
+                        ))
+                    })?;
+                vec![a]
+            }
+            None => {
+                let t: Vec<&Allocation> = addresses
+                    .iter()
+                    .filter(|a| req.family.is_none_or(|f| (f == Family::V6) == a.address.is_ipv6()))
+                    .collect();
+                if t.is_empty() {
+                    return Err(StoreError::PortInvalid(format!(
+                        "{}/{}: the pod has no {} address",
+                        req.host_port,
+                        req.protocol,
+                        req.family.map_or("matching".to_string(), |f| f.to_string())
+                    )));
+                }
+                t
+            }
+        };
+        for a in targets {
+            let family = if a.address.is_ipv6() { 6 } else { 4 };
+            let host = req.host_ip.map(|h| h.to_string()).unwrap_or_default();
+            let shown = match (&req.host_ip, family) {
+                (Some(h), _) => format!("{h}:{}/{}", req.host_port, req.protocol),
+                (None, 4) => format!("0.0.0.0:{}/{}", req.host_port, req.protocol),
+                (None, _) => format!("[::]:{}/{}", req.host_port, req.protocol),
+            };
+            if let Some(holder) = holder(tx, family, &host, req.host_port, &req.protocol)? {
+                return Err(StoreError::PortTaken { mapping: shown, holder });
+            }
+            tx.execute(
+                "INSERT INTO port_mappings (attachment_id, family, host_ip, host_port, protocol, container_ip, container_port)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![id, family, host, req.host_port, req.protocol, a.address.to_string(), req.container_port],
+            )?;
+            held.push(PortMapping {
+                host_ip: req.host_ip,
+                host_port: req.host_port,
+                protocol: req.protocol.clone(),
+                container_ip: a.address,
+                container_port: req.container_port,
+            });
+        }
+    }
+    Ok(held)
+}
+
 fn ensure_range(tx: &Transaction<'_>, range: &IpNet) -> Result<i64, StoreError> {
     let cidr = range.to_string();
     if let Some(id) = tx
-        .query_row(
-            "SELECT id FROM ranges WHERE cidr = ?1",
-            params![cidr],
-            |r| r.get(0),
-        )
+        .query_row("SELECT id FROM ranges WHERE cidr = ?1", params![cidr], |r| r.get(0))
         .optional()?
     {
         return Ok(id);
@@ -322,11 +443,9 @@ fn allocate_in(
     attachment: i64,
 ) -> Result<Option<IpAddr>, StoreError> {
     let (lo, hi) = addr::pool(range);
-    let cursor: Option<Vec<u8>> = tx.query_row(
-        "SELECT cursor FROM ranges WHERE id = ?1",
-        params![range_id],
-        |r| r.get(0),
-    )?;
+    let cursor: Option<Vec<u8>> = tx.query_row("SELECT cursor FROM ranges WHERE id = ?1", params![range_id], |r| {
+        r.get(0)
+    })?;
     let start = cursor
         .map(|c| blob_key(&c).saturating_add(1))
         .filter(|s| (lo..=hi).contains(s))
@@ -352,9 +471,8 @@ fn allocate_in(
 /// addresses in order from `from`, so the cost is the length of the allocated run
 /// starting there: usually none, because the cursor points just past the last one.
 fn first_gap(tx: &Transaction<'_>, from: u128, to: u128) -> Result<Option<u128>, StoreError> {
-    let mut stmt = tx.prepare_cached(
-        "SELECT address FROM allocations WHERE address >= ?1 AND address <= ?2 ORDER BY address",
-    )?;
+    let mut stmt =
+        tx.prepare_cached("SELECT address FROM allocations WHERE address >= ?1 AND address <= ?2 ORDER BY address")?;
     let mut rows = stmt.query(params![key_blob(from), key_blob(to)])?;
     let mut candidate = from;
     while let Some(row) = rows.next()? {
@@ -401,9 +519,7 @@ fn load(tx: &Transaction<'_>, key: &AttachmentKey) -> Result<Option<Attachment>,
          WHERE a.attachment_id = ?1 ORDER BY a.address",
     )?;
     let mut addresses = stmt
-        .query_map(params![id], |r| {
-            Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?))
-        })?
+        .query_map(params![id], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?)))?
         .filter_map(|row| {
             let (b, cidr) = row.ok()?;
             let range: IpNet = cidr.parse().ok()?;
@@ -415,6 +531,11 @@ fn load(tx: &Transaction<'_>, key: &AttachmentKey) -> Result<Option<Attachment>,
         })
         .collect::<Vec<_>>();
     addresses.sort_by_key(|a| matches!(a.range, IpNet::V6(_)));
+    let mut stmt = tx.prepare_cached(
+        "SELECT host_ip, host_port, protocol, container_ip, container_port FROM port_mappings
+         WHERE attachment_id = ?1 ORDER BY id",
+    )?;
+    let ports = stmt.query_map(params![id], port_row)?.collect::<Result<Vec<_>, _>>()?;
     Ok(Some(Attachment {
         id,
         key: key.clone(),
@@ -425,5 +546,6 @@ fn load(tx: &Transaction<'_>, key: &AttachmentKey) -> Result<Option<Attachment>,
         state: State::parse(&state),
         result,
         addresses,
+        ports,
     }))
 }

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 pub use addr::{capacity, gateway, pool};
 pub use attachment::{
-    Allocation, Attachment, AttachmentKey, BeginAdd, Family, NewAttachment, PodRef, RangeUsage,
-    State,
+    Allocation, Attachment, AttachmentKey, BeginAdd, Family, HeldPort, NewAttachment, PodRef, PortMapping, PortRequest,
+    RangeUsage, State,
 };
 pub use db::Db;
 pub use schema::CURRENT_VERSION as SCHEMA_VERSION;
@@ -30,9 +30,7 @@ pub enum StoreError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
     /// The database was written by a newer weft.
-    #[error(
-        "state database has schema version {found}, this weft knows only up to {known}; refusing to touch it"
-    )]
+    #[error("state database has schema version {found}, this weft knows only up to {known}; refusing to touch it")]
     TooNew {
         /// Version found in the file.
         found: u32,
@@ -47,6 +45,17 @@ pub enum StoreError {
         /// The ranges of that family that were tried.
         ranges: Vec<String>,
     },
+    /// A host port is held by another pod.
+    #[error("host port {mapping} is already held by {holder}")]
+    PortTaken {
+        /// The mapping asked for (`host:port/proto`).
+        mapping: String,
+        /// Who holds it (`namespace/pod`, or the container id).
+        holder: String,
+    },
+    /// A host port cannot be set up for this pod.
+    #[error("host port {0}")]
+    PortInvalid(String),
     /// An attachment row vanished under an operation that needed it.
     #[error("attachment {0} does not exist")]
     Missing(i64),

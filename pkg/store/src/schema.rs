@@ -49,6 +49,23 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX allocations_by_attachment ON allocations(attachment_id);
     CREATE INDEX attachments_by_state ON attachments(state);
     ",
+    // 2: host ports.
+    r"
+    CREATE TABLE port_mappings (
+        id             INTEGER PRIMARY KEY,
+        attachment_id  INTEGER NOT NULL REFERENCES attachments(id) ON DELETE CASCADE,
+        family         INTEGER NOT NULL CHECK (family IN (4, 6)),
+        -- '' binds every address of the family
+        host_ip        TEXT NOT NULL,
+        host_port      INTEGER NOT NULL CHECK (host_port BETWEEN 1 AND 65535),
+        protocol       TEXT NOT NULL CHECK (protocol IN ('tcp', 'udp', 'sctp')),
+        container_ip   TEXT NOT NULL,
+        container_port INTEGER NOT NULL CHECK (container_port BETWEEN 1 AND 65535),
+        UNIQUE (family, host_ip, host_port, protocol)
+    );
+    CREATE INDEX port_mappings_by_port ON port_mappings(family, host_port, protocol);
+    CREATE INDEX port_mappings_by_attachment ON port_mappings(attachment_id);
+    ",
 ];
 
 /// The schema version this binary writes.

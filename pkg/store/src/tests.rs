@@ -19,7 +19,81 @@ fn spec(cid: &str, ranges: &[&str]) -> NewAttachment {
         host_ifname: format!("h{cid}"),
         mtu: 1500,
         ranges: ranges.iter().map(|r| r.parse().unwrap()).collect(),
+        ports: Vec::new(),
     }
+}
+
+fn port(host: Option<&str>, p: u16, proto: &str) -> PortRequest {
+    PortRequest {
+        host_ip: host.map(|h| h.parse().unwrap()),
+        family: None,
+        host_port: p,
+        protocol: proto.into(),
+        container_port: 80,
+    }
+}
+
+#[test]
+fn host_ports_are_held_per_family_and_conflicts_are_refused() {
+    let (_d, mut db) = open();
+    let r = ["10.0.0.0/24", "fd00::/64"];
+    let mut a = spec("a", &r);
+    a.ports = vec![port(None, 8080, "tcp"), port(Some("10.1.1.1"), 53, "udp")];
+    let a = created(db.begin_add(&a).unwrap());
+    assert_eq!(
+        a.ports.len(),
+        3,
+        "wildcard on both families plus one specific: {:?}",
+        a.ports
+    );
+    assert_eq!(db.ports().unwrap().len(), 3);
+
+    // Same port, other protocol or other specific address: fine.
+    let mut b = spec("b", &r);
+    b.ports = vec![port(None, 8080, "udp"), port(Some("10.1.1.2"), 53, "udp")];
+    created(db.begin_add(&b).unwrap());
+
+    // A wildcard against a specific, and a specific against a wildcard: taken.
+    for (cid, req) in [("c", port(None, 53, "udp")), ("d", port(Some("10.9.9.9"), 8080, "tcp"))] {
+        let mut c = spec(cid, &r);
+        c.ports = vec![req];
+        match db.begin_add(&c) {
+            Err(StoreError::PortTaken { holder, .. }) => assert!(holder.starts_with("pod default/"), "{holder}"),
+            other => panic!("expected PortTaken, got {other:?}"),
+        }
+        assert!(db.get(&c.key).unwrap().is_none(), "nothing left behind");
+    }
+    assert_eq!(
+        db.allocated_addresses().unwrap().len(),
+        4,
+        "the refused ADDs released their addresses"
+    );
+
+    // A specific IPv6 host IP for a pod without IPv6 is refused.
+    let mut e = spec("e", &["10.0.0.0/24"]);
+    e.ports = vec![port(Some("fd00::1"), 9000, "tcp")];
+    assert!(matches!(db.begin_add(&e), Err(StoreError::PortInvalid(_))));
+
+    // 0.0.0.0 (IPv4 only) for a pod with only IPv6 is refused; restricted to IPv6 it works.
+    let mut g = spec("g", &["fd00::/64"]);
+    g.ports = vec![PortRequest {
+        family: Some(Family::V4),
+        ..port(None, 9001, "tcp")
+    }];
+    assert!(matches!(db.begin_add(&g), Err(StoreError::PortInvalid(_))));
+    g.ports = vec![PortRequest {
+        family: Some(Family::V6),
+        ..port(None, 9001, "tcp")
+    }];
+    assert_eq!(created(db.begin_add(&g).unwrap()).ports.len(), 1);
+
+    // DEL releases the ports at once, the addresses only when removed.
+    let d = db.begin_del(&a.key).unwrap().unwrap();
+    assert_eq!(d.ports.len(), 3, "DEL learns which ports to remove from the kernel");
+    assert_eq!(db.ports().unwrap().len(), 4, "b's three and g's one remain");
+    let mut f = spec("f", &r);
+    f.ports = vec![port(None, 8080, "tcp")];
+    created(db.begin_add(&f).unwrap());
 }
 
 fn created(b: BeginAdd) -> Attachment {
@@ -38,20 +112,11 @@ fn open() -> (tempfile::TempDir, Db) {
 #[test]
 fn dual_stack_allocation_gives_one_address_per_family() {
     let (_d, mut db) = open();
-    let a = created(
-        db.begin_add(&spec("c1", &["10.0.0.0/24", "fd00::/64"]))
-            .unwrap(),
-    );
+    let a = created(db.begin_add(&spec("c1", &["10.0.0.0/24", "fd00::/64"])).unwrap());
     assert_eq!(a.state, State::Creating);
     assert_eq!(a.addresses.len(), 2);
-    assert_eq!(
-        a.addresses[0].address,
-        "10.0.0.2".parse::<IpAddr>().unwrap()
-    );
-    assert_eq!(
-        a.addresses[0].gateway,
-        "10.0.0.1".parse::<IpAddr>().unwrap()
-    );
+    assert_eq!(a.addresses[0].address, "10.0.0.2".parse::<IpAddr>().unwrap());
+    assert_eq!(a.addresses[0].gateway, "10.0.0.1".parse::<IpAddr>().unwrap());
     assert_eq!(a.addresses[1].address, "fd00::2".parse::<IpAddr>().unwrap());
 }
 
@@ -89,10 +154,7 @@ fn released_addresses_are_not_reused_immediately_and_allocation_wraps() {
     let _d1 = created(db.begin_add(&spec("d", &r)).unwrap()); // .5
     let _e = created(db.begin_add(&spec("e", &r)).unwrap()); // .6
     let f = created(db.begin_add(&spec("f", &r)).unwrap()); // wraps to .2 (freed by a)
-    assert_eq!(
-        f.addresses[0].address,
-        "10.0.0.2".parse::<IpAddr>().unwrap()
-    );
+    assert_eq!(f.addresses[0].address, "10.0.0.2".parse::<IpAddr>().unwrap());
     match db.begin_add(&spec("g", &r)) {
         Err(StoreError::Exhausted {
             family: Family::V4,
@@ -113,15 +175,9 @@ fn a_second_range_is_used_when_the_first_is_full() {
     let b = created(db.begin_add(&spec("b", &r)).unwrap());
     assert_eq!(a.addresses[0].range.to_string(), "10.0.0.0/30");
     assert_eq!(b.addresses[0].range.to_string(), "10.0.1.0/30");
-    assert_eq!(
-        b.addresses[0].gateway,
-        "10.0.1.1".parse::<IpAddr>().unwrap()
-    );
+    assert_eq!(b.addresses[0].gateway, "10.0.1.1".parse::<IpAddr>().unwrap());
     let err = db.begin_add(&spec("c", &r)).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "no free IPv4 address in 10.0.0.0/30, 10.0.1.0/30"
-    );
+    assert_eq!(err.to_string(), "no free IPv4 address in 10.0.0.0/30, 10.0.1.0/30");
 }
 
 #[test]
@@ -157,10 +213,7 @@ fn usage_counts_allocations() {
     let (_d, mut db) = open();
     created(db.begin_add(&spec("a", &["10.0.0.0/30"])).unwrap());
     let u = db
-        .usage_of(&[
-            "10.0.0.0/30".parse().unwrap(),
-            "10.9.0.0/24".parse().unwrap(),
-        ])
+        .usage_of(&["10.0.0.0/30".parse().unwrap(), "10.9.0.0/24".parse().unwrap()])
         .unwrap();
     assert!(u[0].is_full());
     assert_eq!(u[1].allocated, 0);
@@ -185,10 +238,7 @@ fn state_survives_reopen_and_schema_is_versioned() {
     assert_eq!(a.state, State::Creating);
     // The cursor persisted: the next address follows.
     let b = created(db.begin_add(&spec("b", &["10.0.0.0/24"])).unwrap());
-    assert_eq!(
-        b.addresses[0].address,
-        "10.0.0.3".parse::<IpAddr>().unwrap()
-    );
+    assert_eq!(b.addresses[0].address, "10.0.0.3".parse::<IpAddr>().unwrap());
 }
 
 #[test]
@@ -197,8 +247,7 @@ fn newer_schema_is_refused() {
     let path = dir.path().join("weft.db");
     {
         let c = rusqlite::Connection::open(&path).unwrap();
-        c.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
-            .unwrap();
+        c.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
     }
     assert!(matches!(Db::open(&path), Err(StoreError::TooNew { .. })));
 }
@@ -225,10 +274,6 @@ async fn concurrent_adds_through_the_writer_never_share_an_address() {
         }
     }
     assert_eq!(seen.len(), 400);
-    let n = store
-        .run(|db| db.allocated_addresses())
-        .await
-        .unwrap()
-        .len();
+    let n = store.run(|db| db.allocated_addresses()).await.unwrap().len();
     assert_eq!(n, 400);
 }

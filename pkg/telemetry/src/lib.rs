@@ -50,11 +50,7 @@ fn ours(meta: &tracing::Metadata<'_>) -> bool {
 /// Installs the global subscriber: logs (filtered by `RUST_LOG`, default `info`),
 /// OpenTelemetry spans for weft's own spans through `provider`, and phase metrics
 /// into `metrics`. Returns the provider to shut down at exit.
-pub fn init(
-    format: LogFormat,
-    provider: SdkTracerProvider,
-    metrics: Arc<Metrics>,
-) -> SdkTracerProvider {
+pub fn init(format: LogFormat, provider: SdkTracerProvider, metrics: Arc<Metrics>) -> SdkTracerProvider {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = match format {
         LogFormat::Json => logs::JsonLogLayer.with_filter(filter).boxed(),
@@ -69,14 +65,8 @@ pub fn init(
         .with_filter(LevelFilter::INFO)
         .with_filter(filter_fn(ours));
     let phases = phases::PhaseLayer::new(metrics).with_filter(filter_fn(ours));
-    let _ = Registry::default()
-        .with(otel)
-        .with(phases)
-        .with(logs)
-        .try_init();
-    opentelemetry::global::set_text_map_propagator(
-        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
-    );
+    let _ = Registry::default().with(otel).with(phases).with(logs).try_init();
+    opentelemetry::global::set_text_map_propagator(opentelemetry_sdk::propagation::TraceContextPropagator::new());
     provider
 }
 
@@ -115,8 +105,7 @@ impl Readiness {
 }
 
 /// Refreshes gauges that are read from elsewhere (the store) just before a scrape.
-pub type Refresh =
-    Arc<dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+pub type Refresh = Arc<dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// The HTTP router: `/metrics`, `/healthz` (alive) and `/readyz` (ready).
 pub fn router(ready: Readiness, metrics: Arc<Metrics>, refresh: Option<Refresh>) -> Router {
@@ -143,10 +132,7 @@ pub fn router(ready: Readiness, metrics: Arc<Metrics>, refresh: Option<Refresh>)
                     if let Some(r) = refresh {
                         r().await;
                     }
-                    let accept = headers
-                        .get(header::ACCEPT)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("");
+                    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
                     let (content_type, body) = metrics.render(accept);
                     ([(header::CONTENT_TYPE, content_type)], body)
                 }
@@ -165,9 +151,7 @@ pub async fn serve_http(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
 }
 
 #[cfg(test)]
@@ -186,9 +170,7 @@ mod tests {
             .await
             .unwrap();
         let status = res.status();
-        let body = axum::body::to_bytes(res.into_body(), 1 << 20)
-            .await
-            .unwrap();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 20).await.unwrap();
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
@@ -198,19 +180,11 @@ mod tests {
         let m = Metrics::new("v", "c");
         let r = || router(ready.clone(), m.clone(), None);
         assert_eq!(get_path(r(), "/healthz", "").await.0, StatusCode::OK);
-        assert_eq!(
-            get_path(r(), "/readyz", "").await.0,
-            StatusCode::SERVICE_UNAVAILABLE
-        );
+        assert_eq!(get_path(r(), "/readyz", "").await.0, StatusCode::SERVICE_UNAVAILABLE);
         ready.set(true);
         assert_eq!(get_path(r(), "/readyz", "").await.0, StatusCode::OK);
         assert_eq!(get_path(r(), "/nope", "").await.0, StatusCode::NOT_FOUND);
-        let (_, om) = get_path(
-            r(),
-            "/metrics",
-            "application/openmetrics-text;version=1.0.0",
-        )
-        .await;
+        let (_, om) = get_path(r(), "/metrics", "application/openmetrics-text;version=1.0.0").await;
         assert!(om.ends_with("# EOF\n"));
         let (_, classic) = get_path(r(), "/metrics", "text/plain").await;
         assert!(classic.contains("weft_build_info"));

@@ -37,12 +37,10 @@ impl Visit for JsonVisitor<'_> {
         self.0.insert(f.name().to_string(), Value::from(v));
     }
     fn record_error(&mut self, f: &Field, v: &(dyn std::error::Error + 'static)) {
-        self.0
-            .insert(f.name().to_string(), Value::from(v.to_string()));
+        self.0.insert(f.name().to_string(), Value::from(v.to_string()));
     }
     fn record_debug(&mut self, f: &Field, v: &dyn std::fmt::Debug) {
-        self.0
-            .insert(f.name().to_string(), Value::from(format!("{v:?}")));
+        self.0.insert(f.name().to_string(), Value::from(format!("{v:?}")));
     }
 }
 
@@ -81,10 +79,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for JsonLogLayer {
         let mut ts = String::new();
         let _ = SystemTime.format_time(&mut Writer::new(&mut ts));
         line.insert("timestamp".into(), Value::from(ts));
-        line.insert(
-            "level".into(),
-            Value::from(event.metadata().level().as_str()),
-        );
+        line.insert("level".into(), Value::from(event.metadata().level().as_str()));
         line.insert("target".into(), Value::from(event.metadata().target()));
         let mut leaf = None;
         if let Some(scope) = ctx.event_scope(event) {
@@ -109,10 +104,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for JsonLogLayer {
 
 /// The OpenTelemetry span id of `id` (16 hex digits), when the OpenTelemetry layer
 /// is installed.
-fn otel_span_id<S: Subscriber + for<'a> LookupSpan<'a>>(
-    id: &Id,
-    ctx: &Context<'_, S>,
-) -> Option<String> {
+fn otel_span_id<S: Subscriber + for<'a> LookupSpan<'a>>(id: &Id, ctx: &Context<'_, S>) -> Option<String> {
     let span = ctx.span(id)?;
     if let Some(OtelSpanId(s)) = span.extensions().get::<OtelSpanId>() {
         return Some(s.clone());

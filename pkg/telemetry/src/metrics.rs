@@ -109,6 +109,8 @@ pub struct Metrics {
     pub ipam_addresses: Family<RangeLabels, Gauge>,
     /// `weft_pods`.
     pub pods: Gauge,
+    /// `weft_hostports`.
+    pub hostports: Gauge,
     /// `weft_store_transaction_seconds`.
     pub store_transaction: Histogram,
     registry: Registry,
@@ -130,6 +132,7 @@ impl Metrics {
             cni_phase: Family::new_with_constructor(make_latency),
             ipam_addresses: Family::default(),
             pods: Gauge::default(),
+            hostports: Gauge::default(),
             store_transaction: Histogram::new(exponential_buckets(0.00001, 2.0, 18)),
             registry: Registry::default(),
         };
@@ -173,10 +176,11 @@ impl Metrics {
             "Pod addresses per range, allocated and free",
             m.ipam_addresses.clone(),
         );
+        registry.register("weft_pods", "Pod attachments set up on this node", m.pods.clone());
         registry.register(
-            "weft_pods",
-            "Pod attachments set up on this node",
-            m.pods.clone(),
+            "weft_hostports",
+            "Host ports held on this node (one per address family)",
+            m.hostports.clone(),
         );
         registry.register(
             "weft_store_transaction_seconds",
@@ -203,15 +207,9 @@ impl Metrics {
             om = "# EOF\n".into();
         }
         if accept.contains("application/openmetrics-text") {
-            (
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                om,
-            )
+            ("application/openmetrics-text; version=1.0.0; charset=utf-8", om)
         } else {
-            (
-                "text/plain; version=0.0.4; charset=utf-8",
-                openmetrics_to_classic(&om),
-            )
+            ("text/plain; version=0.0.4; charset=utf-8", openmetrics_to_classic(&om))
         }
     }
 }
@@ -299,10 +297,7 @@ mod tests {
             classic.contains("grpc_server_started_total{grpc_type=\"unary\""),
             "{classic}"
         );
-        assert!(
-            classic.contains("# TYPE weft_build_info gauge\n"),
-            "{classic}"
-        );
+        assert!(classic.contains("# TYPE weft_build_info gauge\n"), "{classic}");
         assert!(
             classic.contains("weft_build_info{version=\"0.1.0\",commit=\"abc\"} 1"),
             "{classic}"

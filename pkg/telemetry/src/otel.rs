@@ -14,12 +14,9 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 
 /// Whether the environment asks for OTLP export.
 pub fn export_configured() -> bool {
-    [
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-    ]
-    .iter()
-    .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
+    ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
 }
 
 /// The tracer provider for weftd on `node_name`. Must be called inside a tokio runtime

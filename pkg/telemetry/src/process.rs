@@ -39,9 +39,7 @@ fn read() -> Option<Sample> {
         .ok()?
         .lines()
         .find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse().ok()))?;
-    let open_fds = std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0) as f64;
+    let open_fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0) as f64;
     let max_fds = std::fs::read_to_string("/proc/self/limits")
         .ok()
         .and_then(|s| {
@@ -81,16 +79,8 @@ impl Collector for ProcessCollector {
                 "Virtual memory size in bytes.",
                 s.vsize_bytes,
             ),
-            (
-                "process_open_fds",
-                "Number of open file descriptors.",
-                s.open_fds,
-            ),
-            (
-                "process_max_fds",
-                "Maximum number of open file descriptors.",
-                s.max_fds,
-            ),
+            ("process_open_fds", "Number of open file descriptors.", s.open_fds),
+            ("process_max_fds", "Maximum number of open file descriptors.", s.max_fds),
             (
                 "process_start_time_seconds",
                 "Start time of the process since unix epoch in seconds.",

@@ -36,8 +36,7 @@ struct Call {
 
 /// RFC 3339 UTC time of a Unix-milliseconds instant.
 fn rfc3339(ms: i64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
-        .to_string()
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)).to_string()
 }
 
 /// Prints the calls.
@@ -104,10 +103,7 @@ mod tests {
     #[test]
     fn rfc3339_formats_utc() {
         assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(
-            super::rfc3339(1_795_305_600_123),
-            "2026-11-22T00:00:00.123Z"
-        );
+        assert_eq!(super::rfc3339(1_795_305_600_123), "2026-11-22T00:00:00.123Z");
         assert_eq!(super::rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod calls;
+pub mod ports;
 pub mod status;
 
 use std::path::Path;

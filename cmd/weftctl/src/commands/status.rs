@@ -79,10 +79,7 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
         human_duration(status.uptime_seconds),
         if status.ready { "ready" } else { "NOT READY" }
     );
-    println!(
-        "state        {} (schema {})",
-        status.state_path, status.schema_version
-    );
+    println!("state        {} (schema {})", status.state_path, status.schema_version);
     println!(
         "attachments  {} ({} teardowns pending)",
         status.attachments, status.pending_teardowns
