@@ -9,6 +9,7 @@
 //! weft against Debian's reference `ptp` + `host-local`, and weft with OTLP trace
 //! export against weft without it (the cost of observability).
 
+mod hostports;
 mod otlp;
 mod stats;
 
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use weft_lab::{CniExec, DaemonPaths, LabError, NamedNetns, NodeDaemon};
 
+pub use hostports::{HostportOptions, HostportReport, around, run_hostports};
 pub use stats::{Percentiles, median};
 
 /// What is compared.

@@ -60,7 +60,10 @@ impl CniExec {
         config: &[u8],
     ) -> Result<ExecOutcome, LabError> {
         let mut cmd = Command::new(&self.plugin);
+        // Runtimes pass their own environment; PATH is what plugins rely on (the
+        // reference portmap execs iptables through it).
         cmd.env_clear()
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", container_id)
             .env("CNI_IFNAME", ifname)

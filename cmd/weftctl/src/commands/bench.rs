@@ -23,9 +23,14 @@ pub struct BenchArgs {
     #[arg(long)]
     bin_dir: Option<PathBuf>,
     /// What weft is compared with: the reference plugins, or itself without OTLP
-    /// trace export (with export on, spans go to a receiver inside the node).
+    /// trace export (with export on, spans go to a receiver inside the node), or the
+    /// reference ptp + portmap chain with host ports.
     #[arg(long, value_enum, default_value = "reference")]
     compare: Compare,
+    /// With `--compare hostports`: pods attached through the reference chain (its
+    /// cost grows with every mapping).
+    #[arg(long, default_value_t = 400)]
+    reference_pods: usize,
 }
 
 /// What `weftctl bench` compares weft with.
@@ -35,6 +40,8 @@ enum Compare {
     Reference,
     /// weft without OTLP export (weft runs with export on).
     Otlp,
+    /// ptp + portmap, each pod with one host port, as mappings accumulate.
+    Hostports,
 }
 
 /// Runs the benchmark and prints the report.
@@ -47,6 +54,25 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
             .to_path_buf(),
     };
     let work_dir = std::env::temp_dir().join(format!("weft-bench-{}", std::process::id()));
+    if let Compare::Hostports = args.compare {
+        let opts = weft_bench::HostportOptions {
+            weft: bin_dir.join("weft"),
+            weftd: bin_dir.join("weftd"),
+            reference_dir: args.reference_dir,
+            weft_pods: args.pods,
+            reference_pods: args.reference_pods,
+            work_dir: work_dir.clone(),
+        };
+        let report = weft_bench::run_hostports(&opts).map_err(|e| anyhow::anyhow!(e));
+        let _ = std::fs::remove_dir_all(&work_dir);
+        let report = report?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", report.markdown());
+        }
+        return Ok(());
+    }
     let opts = weft_bench::Options {
         weft: bin_dir.join("weft"),
         weftd: bin_dir.join("weftd"),
@@ -58,6 +84,7 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
         comparison: match args.compare {
             Compare::Reference => weft_bench::Comparison::Reference,
             Compare::Otlp => weft_bench::Comparison::Otlp,
+            Compare::Hostports => unreachable!("handled above"),
         },
     };
     let report = weft_bench::run(&opts).map_err(|e| anyhow::anyhow!(e));
