@@ -15,6 +15,7 @@ packages=(
   prometheus                     # promtool and a real Prometheus for the metrics, dashboard and alert tests
   python3-venv                   # the venv for the rotel collector
   nftables conntrack             # host ports: weftd writes its table with nft and flushes UDP flows
+  busybox-static                 # the httpd workload image of the CRI host-port test
 )
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

@@ -9,6 +9,11 @@
 //! `k8s-cri` crate's build), `iproute2`, `iputils-ping` and `util-linux` (`nsenter`).
 //! Nothing is pulled: the sandbox ("pause") image is built here from `fixtures/pause.c`.
 //!
+//! A second test gives weft the `portMappings` capability, runs a busybox `httpd` in a
+//! pod with a host port and reaches it through the node's addresses. Its workload image
+//! is packed here from the static `/bin/busybox` of Debian's `busybox-static` package
+//! (also needed).
+//!
 //! Everything containerd makes lives in one temporary directory (root, state, runc's
 //! state, sockets, mounts), except each pod's network namespace, which containerd 1.6
 //! mounts under `/var/run/netns/cni-*` and removes when the sandbox stops, and the
@@ -30,13 +35,21 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tonic::transport::{Channel, Endpoint};
-use weft_tests::{Daemon, TempDir, bin, privileged, run, sh};
+use weft_tests::{Daemon, Netns, TempDir, bin, privileged, run, sh};
 
 /// The pod range weft allocates from in this test.
 const POD_NET: Ipv4Addr = Ipv4Addr::new(10, 244, 77, 0);
 const POD_PREFIX: u32 = 24;
 /// The sandbox image containerd is told to use; it exists only as imported here.
 const PAUSE_IMAGE: &str = "localhost/weft/pause:test";
+/// The workload image of the host port test: static busybox with an index page.
+const BUSYBOX_IMAGE: &str = "localhost/weft/busybox:test";
+/// The host port the pod asks for through CRI, and the port its httpd listens on.
+const HOST_PORT: u16 = 18082;
+const CONTAINER_PORT: u16 = 8080;
+/// A node address that outlives the pod (on the node's `lo`): the pod's gateway goes away
+/// with its veth, so only this address shows that the port itself was closed.
+const NODE_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 /// How long one CRI call may take before the test fails.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// `PATH` for containerd, which looks up `runc` and `containerd-shim-runc-v2` there.
@@ -49,45 +62,19 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
     }
     let t0 = Instant::now();
     let daemon = Daemon::start("ctrd");
-    let ctrd = Containerd::start(&daemon);
+    let ctrd = Containerd::start(&daemon, CniSetup::default());
     eprintln!("containerd answering after {:.1?}", t0.elapsed());
 
     let image = pause_image(ctrd.dir());
     ctrd.import(&image);
     let cri = Cri::connect(&ctrd.socket());
-    cri.wait_ready(&ctrd, &daemon);
+    cri.wait_ready(&ctrd, &daemon, &[PAUSE_IMAGE]);
     eprintln!("CRI ready, pause image imported after {:.1?}", t0.elapsed());
 
     // RunPodSandbox: containerd makes the pod's netns and runs CNI ADD through weft.
     let uid = random_uid();
     let name = "weft-ctrd-pod";
-    let log_dir = ctrd.dir().join("pods").join(&uid);
-    std::fs::create_dir_all(&log_dir).unwrap();
-    let config = cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata {
-            name: name.to_string(),
-            uid: uid.clone(),
-            namespace: "default".to_string(),
-            attempt: 0,
-        }),
-        hostname: name.to_string(),
-        log_directory: log_dir.to_str().unwrap().to_string(),
-        labels: HashMap::from([("app".to_string(), name.to_string())]),
-        linux: Some(cri::LinuxPodSandboxConfig {
-            cgroup_parent: ctrd.cgroup_parent(),
-            security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(cri::NamespaceOption {
-                    network: cri::NamespaceMode::Pod as i32,
-                    pid: cri::NamespaceMode::Pod as i32,
-                    ipc: cri::NamespaceMode::Pod as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let config = sandbox_config(&ctrd, name, &uid);
     let t_run = Instant::now();
     let mut pod =
         Sandbox::run(&cri, config).unwrap_or_else(|e| panic!("RunPodSandbox failed: {e}\n{}", diag(&ctrd, &daemon)));
@@ -198,6 +185,280 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
     eprintln!("pod sandbox run and removed; the whole test took {:.1?}", t0.elapsed());
 }
 
+#[test]
+fn containerd_passes_host_ports_to_weft_and_they_reach_the_pod() {
+    if !privileged() {
+        return;
+    }
+    let t0 = Instant::now();
+    let daemon = Daemon::start("ctrdhp");
+    sh(daemon
+        .node
+        .cmd("ip")
+        .args(["addr", "add", &format!("{NODE_ADDR}/32"), "dev", "lo"]));
+    let ctrd = Containerd::start(
+        &daemon,
+        CniSetup {
+            port_mappings: true,
+            record_calls: true,
+        },
+    );
+    // The page httpd serves, unique to this run.
+    let page = format!("weft host port test {}\n", random_uid());
+    ctrd.import(&pause_image(ctrd.dir()));
+    ctrd.import(&busybox_image(ctrd.dir(), &page));
+    let cri = Cri::connect(&ctrd.socket());
+    cri.wait_ready(&ctrd, &daemon, &[PAUSE_IMAGE, BUSYBOX_IMAGE]);
+    eprintln!(
+        "CRI ready, pause and busybox images imported after {:.1?}",
+        t0.elapsed()
+    );
+
+    // RunPodSandbox with a host port. The conflist only declares the capability, so a
+    // mapping weft gets can only have come from containerd.
+    let uid = random_uid();
+    let name = "weft-ctrd-hostport";
+    let mut config = sandbox_config(&ctrd, name, &uid);
+    config.port_mappings = vec![cri::PortMapping {
+        protocol: cri::Protocol::Tcp as i32,
+        container_port: i32::from(CONTAINER_PORT),
+        host_port: i32::from(HOST_PORT),
+        host_ip: String::new(),
+    }];
+    let mut pod = Sandbox::run(&cri, config.clone())
+        .unwrap_or_else(|e| panic!("RunPodSandbox failed: {e}\n{}", diag(&ctrd, &daemon)));
+    let status = pod
+        .status()
+        .unwrap_or_else(|e| panic!("PodSandboxStatus failed: {e}\n{}", diag(&ctrd, &daemon)));
+    let netns = netns_of(&status.info);
+    pod.netns = Some(netns.clone());
+    let ip: Ipv4Addr = status
+        .status
+        .as_ref()
+        .and_then(|s| s.network.as_ref())
+        .and_then(|n| n.ip.parse().ok())
+        .unwrap_or_else(|| panic!("CRI reports no IPv4 address for the pod: {status:?}"));
+    eprintln!("sandbox {} at {ip} after {:.1?}", pod.id, t0.elapsed());
+
+    // What containerd passed weft on ADD, and what weftd holds and wrote because of it.
+    let adds = ctrd.cni_calls("ADD");
+    assert_eq!(adds.len(), 1, "containerd should have run weft's ADD once: {adds:?}");
+    let sent = &adds[0]["runtimeConfig"]["portMappings"];
+    let sent_ports: Vec<(Value, Value, String)> = sent
+        .as_array()
+        .unwrap_or_else(|| panic!("containerd passed weft no runtimeConfig.portMappings: {}", adds[0]))
+        .iter()
+        .map(|m| {
+            let protocol = field(m, "protocol").as_str().unwrap_or_default().to_ascii_lowercase();
+            (
+                field(m, "hostPort").clone(),
+                field(m, "containerPort").clone(),
+                protocol,
+            )
+        })
+        .collect();
+    assert_eq!(
+        sent_ports,
+        vec![(json!(HOST_PORT), json!(CONTAINER_PORT), "tcp".to_string())],
+        "containerd passed weft other port mappings than CRI was given: {sent}"
+    );
+    let ports = held_ports(&daemon);
+    let want = json!({
+        "host_ip": "",
+        "host_port": HOST_PORT,
+        "protocol": "tcp",
+        "container_ip": ip.to_string(),
+        "container_port": CONTAINER_PORT,
+        "pod_namespace": "default",
+        "pod": name,
+        "container_id": pod.id,
+    });
+    assert_eq!(ports, vec![want], "weftctl ports should list exactly the pod's mapping");
+    let element = format!("tcp . {HOST_PORT} : {ip} . {CONTAINER_PORT}");
+    let table = nft_table(&daemon);
+    assert!(
+        table.contains(&element),
+        "no element {element:?} in weft's table:\n{table}"
+    );
+
+    // The workload: busybox httpd in the pod, first reached directly.
+    let mut web = Container::create(&cri, &pod.id, &config, httpd_container())
+        .unwrap_or_else(|e| panic!("CreateContainer failed: {e}\n{}", diag(&ctrd, &daemon)));
+    web.start().unwrap_or_else(|e| {
+        panic!(
+            "StartContainer failed: {e}\n{}\n{}",
+            web.describe(),
+            diag(&ctrd, &daemon)
+        )
+    });
+    let direct = format!("http://{ip}:{CONTAINER_PORT}/");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let served = loop {
+        match curl(&daemon.node, &direct) {
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            other => break other,
+        }
+    };
+    let served =
+        served.unwrap_or_else(|e| panic!("httpd in the pod does not answer at {direct}: {e}\n{}", web.describe()));
+    assert_eq!(served, page, "httpd served another page at {direct}");
+    eprintln!("httpd answers after {:.1?}", t0.elapsed());
+
+    // Through the host port, on the node's own addresses (the output hook).
+    let gateway = Ipv4Addr::from(u32::from(POD_NET) + 1);
+    let urls = [gateway, NODE_ADDR].map(|a| format!("http://{a}:{HOST_PORT}/"));
+    for url in &urls {
+        let body = curl(&daemon.node, url).unwrap_or_else(|e| {
+            panic!(
+                "the host port does not answer at {url} though httpd does at {direct}: {e}\n\
+                 --- nft list table inet weft:\n{}\n{}",
+                nft_table(&daemon),
+                diag(&ctrd, &daemon)
+            )
+        });
+        assert_eq!(body, page, "{url} served another page");
+    }
+
+    // Tear down as the kubelet does: the container, then the sandbox (CNI DEL).
+    web.stop()
+        .unwrap_or_else(|e| panic!("StopContainer failed: {e}\n{}", web.describe()));
+    let state = web.status().map(|s| s.state);
+    assert_eq!(
+        state,
+        Ok(cri::ContainerState::ContainerExited as i32),
+        "httpd not exited after StopContainer: {}",
+        web.describe()
+    );
+    pod.stop()
+        .unwrap_or_else(|e| panic!("StopPodSandbox failed: {e}\n{}", diag(&ctrd, &daemon)));
+    assert!(!netns.exists(), "containerd left the pod's netns {}", netns.display());
+    pod.remove()
+        .unwrap_or_else(|e| panic!("RemovePodSandbox failed: {e}\n{}", diag(&ctrd, &daemon)));
+    web.removed = true;
+    let containers = cri
+        .runtime(|mut c| async move { c.list_containers(cri::ListContainersRequest { filter: None }).await })
+        .unwrap_or_else(|e| panic!("ListContainers failed: {e}"));
+    assert!(
+        containers.containers.is_empty(),
+        "containers left after RemovePodSandbox: {:?}",
+        containers.containers
+    );
+
+    // The port is closed and weft holds nothing of it.
+    for url in &urls {
+        if let Ok(body) = curl(&daemon.node, url) {
+            panic!("{url} still answers after the pod was removed: {body:?}");
+        }
+    }
+    let ports = held_ports(&daemon);
+    assert!(ports.is_empty(), "host ports left after RemovePodSandbox: {ports:?}");
+    let table = nft_table(&daemon);
+    assert!(
+        !table.contains(&HOST_PORT.to_string()),
+        "weft's table still mentions port {HOST_PORT}:\n{table}"
+    );
+    daemon.assert_clean();
+    eprintln!("host port served and closed; the whole test took {:.1?}", t0.elapsed());
+}
+
+/// `key` of a port mapping as containerd spells it (`HostPort`) or as the CNI
+/// conventions do (`hostPort`).
+fn field<'v>(mapping: &'v Value, key: &str) -> &'v Value {
+    let upper = format!("{}{}", key[..1].to_ascii_uppercase(), &key[1..]);
+    mapping.get(key).or_else(|| mapping.get(&upper)).unwrap_or(&Value::Null)
+}
+
+/// `weftctl --json ports` for the daemon.
+fn held_ports(daemon: &Daemon) -> Vec<Value> {
+    let out = sh(Command::new(bin("weftctl"))
+        .arg("--socket")
+        .arg(daemon.socket())
+        .args(["--json", "ports"]));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("weftctl --json ports printed no JSON list ({e}): {out}"))
+}
+
+/// `nft list table inet weft` in the node namespace.
+fn nft_table(daemon: &Daemon) -> String {
+    sh(daemon.node.cmd("nft").args(["list", "table", "inet", "weft"]))
+}
+
+/// The body `url` answers with from `ns`, or why there is none.
+fn curl(ns: &Netns, url: &str) -> Result<String, String> {
+    let out = run(ns.cmd("curl").args(["-sS", "-f", "--max-time", "3", url]));
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "curl {url}: {} ({})",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            out.status
+        ))
+    }
+}
+
+/// The namespaces of the pods and containers here: network, PIDs and IPC of the pod.
+fn pod_namespaces() -> cri::NamespaceOption {
+    cri::NamespaceOption {
+        network: cri::NamespaceMode::Pod as i32,
+        pid: cri::NamespaceMode::Pod as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    }
+}
+
+/// A pod sandbox config as the kubelet sends it, logging under the containerd directory.
+fn sandbox_config(ctrd: &Containerd, name: &str, uid: &str) -> cri::PodSandboxConfig {
+    let log_dir = ctrd.dir().join("pods").join(uid);
+    std::fs::create_dir_all(&log_dir).unwrap();
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.to_string(),
+            uid: uid.to_string(),
+            namespace: "default".to_string(),
+            attempt: 0,
+        }),
+        hostname: name.to_string(),
+        log_directory: log_dir.to_str().unwrap().to_string(),
+        labels: HashMap::from([("app".to_string(), name.to_string())]),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: ctrd.cgroup_parent(),
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(pod_namespaces()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// busybox httpd serving the image's `/www` on [`CONTAINER_PORT`].
+fn httpd_container() -> cri::ContainerConfig {
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: "httpd".to_string(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: BUSYBOX_IMAGE.to_string(),
+            ..Default::default()
+        }),
+        command: vec!["/bin/httpd".to_string()],
+        args: ["-f", "-p", &CONTAINER_PORT.to_string(), "-h", "/www"]
+            .map(String::from)
+            .to_vec(),
+        log_path: "httpd.log".to_string(),
+        linux: Some(cri::LinuxContainerConfig {
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(pod_namespaces()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 fn in_pod_range(ip: Ipv4Addr) -> bool {
     let mask = u32::MAX << (32 - POD_PREFIX);
     let (a, net) = (u32::from(ip), u32::from(POD_NET));
@@ -254,6 +515,17 @@ fn tail(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// How containerd's CNI network is set up.
+#[derive(Default)]
+struct CniSetup {
+    /// Declares weft's `portMappings` capability, so containerd passes a sandbox's
+    /// port mappings in `runtimeConfig`.
+    port_mappings: bool,
+    /// Runs weft through a wrapper that keeps what each call got on stdin, in
+    /// `cni/calls/<command>-<pid>.json` (see [`Containerd::cni_calls`]).
+    record_calls: bool,
+}
+
 /// A private containerd in the node namespace. Dropping it stops containerd, ends what
 /// it started (containers, shims), unmounts what it mounted and removes its directory.
 struct Containerd {
@@ -265,7 +537,7 @@ struct Containerd {
 }
 
 impl Containerd {
-    fn start(daemon: &Daemon) -> Self {
+    fn start(daemon: &Daemon, cni: CniSetup) -> Self {
         let dir = TempDir::new("ctrd");
         let p = dir.path();
         let made = ["/run/containerd", "/run/containerd/s"]
@@ -284,18 +556,34 @@ impl Containerd {
             "{} is missing: install containernetworking-plugins",
             loopback.display()
         );
-        symlink(bin("weft"), p.join("cni/bin/weft")).unwrap();
+        if cni.record_calls {
+            let calls = p.join("cni/calls");
+            std::fs::create_dir_all(&calls).unwrap();
+            let wrapper = format!(
+                "#!/bin/sh\nin='{}'/\"$CNI_COMMAND-$$.json\"\ncat > \"$in\" && exec '{}' < \"$in\"\n",
+                calls.display(),
+                bin("weft").display()
+            );
+            std::fs::write(p.join("cni/bin/weft"), wrapper).unwrap();
+            std::fs::set_permissions(p.join("cni/bin/weft"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        } else {
+            symlink(bin("weft"), p.join("cni/bin/weft")).unwrap();
+        }
         symlink(loopback, p.join("cni/bin/loopback")).unwrap();
+        let mut weft = json!({
+            "type": "weft",
+            "socket": daemon.socket(),
+            "ranges": [format!("{POD_NET}/{POD_PREFIX}")],
+            "mtu": 1500,
+        });
+        if cni.port_mappings {
+            weft["capabilities"] = json!({"portMappings": true});
+        }
         // containerd 1.6's libcni speaks at most CNI 1.0.0.
         let conflist = json!({
             "cniVersion": "1.0.0",
             "name": "weft",
-            "plugins": [{
-                "type": "weft",
-                "socket": daemon.socket(),
-                "ranges": [format!("{POD_NET}/{POD_PREFIX}")],
-                "mtu": 1500,
-            }],
+            "plugins": [weft],
         });
         std::fs::write(p.join("cni/conf/10-weft.conflist"), conflist.to_string()).unwrap();
 
@@ -417,6 +705,27 @@ disabled_plugins = [
             &std::fs::read_to_string(self.dir().join("containerd.log")).unwrap_or_default(),
             60,
         )
+    }
+
+    /// What weft got on stdin in each `command` call, oldest first, when the calls are
+    /// recorded ([`CniSetup::record_calls`]).
+    fn cni_calls(&self, command: &str) -> Vec<Value> {
+        let dir = self.dir().join("cni/calls");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("{command}-")))
+            .map(|e| e.path())
+            .collect();
+        files.sort_by_key(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok());
+        files
+            .iter()
+            .map(|f| {
+                let raw = std::fs::read_to_string(f).unwrap();
+                serde_json::from_str(&raw).unwrap_or_else(|e| panic!("{} is not JSON ({e}): {raw}", f.display()))
+            })
+            .collect()
     }
 
     /// Imports an OCI image-layout tar into the CRI plugin's namespace.
@@ -602,36 +911,43 @@ impl Cri {
     }
 
     /// Waits until the runtime and its network are ready (the CNI config is loaded) and
-    /// the CRI plugin sees the imported sandbox image.
-    fn wait_ready(&self, ctrd: &Containerd, daemon: &Daemon) {
+    /// the CRI plugin sees the imported `images`.
+    fn wait_ready(&self, ctrd: &Containerd, daemon: &Daemon, images: &[&str]) {
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut last = String::new();
         while Instant::now() < deadline {
             let status = self.runtime(|mut c| async move { c.status(cri::StatusRequest { verbose: false }).await });
-            let image = self.images(|mut c| async move {
-                c.image_status(cri::ImageStatusRequest {
-                    image: Some(cri::ImageSpec {
-                        image: PAUSE_IMAGE.to_string(),
-                        ..Default::default()
-                    }),
-                    verbose: false,
-                })
-                .await
-            });
-            match (status, image) {
-                (Ok(s), Ok(i)) => {
+            let known: Result<Vec<bool>, String> = images.iter().map(|i| self.image_known(i)).collect();
+            match (status, known) {
+                (Ok(s), Ok(known)) => {
                     let conds = s.status.map(|s| s.conditions).unwrap_or_default();
                     let ready = |t: &str| conds.iter().any(|c| c.r#type == t && c.status);
-                    if ready("RuntimeReady") && ready("NetworkReady") && i.image.is_some() {
+                    if ready("RuntimeReady") && ready("NetworkReady") && known.iter().all(|k| *k) {
                         return;
                     }
-                    last = format!("conditions {conds:?}, image {PAUSE_IMAGE} known: {}", i.image.is_some());
+                    last = format!("conditions {conds:?}, images {images:?} known: {known:?}");
                 }
                 (s, i) => last = format!("Status: {:?}, ImageStatus: {:?}", s.err(), i.err()),
             }
             std::thread::sleep(Duration::from_millis(100));
         }
         panic!("containerd's CRI did not become ready ({last})\n{}", diag(ctrd, daemon));
+    }
+
+    /// Whether the CRI plugin knows `image`.
+    fn image_known(&self, image: &str) -> Result<bool, String> {
+        let image = image.to_string();
+        let r = self.images(|mut c| async move {
+            c.image_status(cri::ImageStatusRequest {
+                image: Some(cri::ImageSpec {
+                    image,
+                    ..Default::default()
+                }),
+                verbose: false,
+            })
+            .await
+        })?;
+        Ok(r.image.is_some())
     }
 }
 
@@ -658,6 +974,18 @@ impl<'a> Sandbox<'a> {
             id: r.pod_sandbox_id,
             netns: None,
             removed: false,
+        })
+    }
+
+    /// The verbose PodSandboxStatus.
+    fn status(&self) -> Result<cri::PodSandboxStatusResponse, String> {
+        let id = self.id.clone();
+        self.cri.runtime(|mut c| async move {
+            c.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: id,
+                verbose: true,
+            })
+            .await
         })
     }
 
@@ -695,6 +1023,105 @@ impl Drop for Sandbox<'_> {
     }
 }
 
+/// A container created through CRI in a sandbox. Dropping it before it was removed
+/// stops and removes it.
+struct Container<'a> {
+    cri: &'a Cri,
+    id: String,
+    /// Where containerd writes the container's output.
+    log: PathBuf,
+    /// Removed, by RemoveContainer or with its sandbox.
+    removed: bool,
+}
+
+impl<'a> Container<'a> {
+    fn create(
+        cri: &'a Cri,
+        sandbox_id: &str,
+        sandbox: &cri::PodSandboxConfig,
+        config: cri::ContainerConfig,
+    ) -> Result<Self, String> {
+        let log = Path::new(&sandbox.log_directory).join(&config.log_path);
+        let request = cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+            config: Some(config),
+            sandbox_config: Some(sandbox.clone()),
+        };
+        let r = cri.runtime(|mut c| async move { c.create_container(request).await })?;
+        Ok(Self {
+            cri,
+            id: r.container_id,
+            log,
+            removed: false,
+        })
+    }
+
+    fn start(&self) -> Result<(), String> {
+        let id = self.id.clone();
+        self.cri
+            .runtime(|mut c| async move { c.start_container(cri::StartContainerRequest { container_id: id }).await })?;
+        Ok(())
+    }
+
+    fn status(&self) -> Result<cri::ContainerStatus, String> {
+        let id = self.id.clone();
+        let r = self.cri.runtime(|mut c| async move {
+            c.container_status(cri::ContainerStatusRequest {
+                container_id: id,
+                verbose: false,
+            })
+            .await
+        })?;
+        r.status.ok_or_else(|| "ContainerStatus carries no status".to_string())
+    }
+
+    /// StopContainer, giving the process 10 s after SIGTERM.
+    fn stop(&self) -> Result<(), String> {
+        let id = self.id.clone();
+        self.cri.runtime(|mut c| async move {
+            c.stop_container(cri::StopContainerRequest {
+                container_id: id,
+                timeout: 10,
+            })
+            .await
+        })?;
+        Ok(())
+    }
+
+    /// The container's state and output, for failure messages.
+    fn describe(&self) -> String {
+        let state = match self.status() {
+            Ok(s) => format!(
+                "state {:?}, exit code {}, reason {:?}, message {:?}",
+                cri::ContainerState::try_from(s.state),
+                s.exit_code,
+                s.reason,
+                s.message
+            ),
+            Err(e) => format!("no status: {e}"),
+        };
+        let output = std::fs::read_to_string(&self.log).unwrap_or_default();
+        format!(
+            "--- container {}: {state}\n--- its output:\n{}",
+            self.id,
+            tail(&output, 20)
+        )
+    }
+}
+
+impl Drop for Container<'_> {
+    fn drop(&mut self) {
+        if !self.removed {
+            let _ = self.stop();
+            let id = self.id.clone();
+            let _ = self.cri.runtime(|mut c| async move {
+                c.remove_container(cri::RemoveContainerRequest { container_id: id })
+                    .await
+            });
+        }
+    }
+}
+
 /// Builds the sandbox image: `fixtures/pause.c` compiled statically, packed as an OCI
 /// image layout (one uncompressed layer) in a tar for `ctr images import`.
 fn pause_image(dir: &Path) -> PathBuf {
@@ -711,20 +1138,99 @@ fn pause_image(dir: &Path) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     let pause = std::fs::read(&exe).unwrap();
+    let layer = [
+        Entry::Dir("dev", 0o755),
+        Entry::Dir("etc", 0o755),
+        Entry::Dir("proc", 0o555),
+        Entry::Dir("sys", 0o555),
+        Entry::Dir("tmp", 0o1777),
+        Entry::File("pause", 0o755, &pause),
+    ];
+    let config = json!({
+        "Entrypoint": ["/pause"],
+        "User": "65535:65535",
+        "WorkingDir": "/",
+        "Env": ["PATH=/"],
+    });
+    oci_image(&dir.join("pause-oci.tar"), PAUSE_IMAGE, &layer, config)
+}
 
-    let mut layer = tar::Builder::new(Vec::new());
-    for (d, mode) in [
-        ("dev", 0o755),
-        ("etc", 0o755),
-        ("proc", 0o555),
-        ("sys", 0o555),
-        ("tmp", 0o1777),
-    ] {
-        let mut h = tar_header(tar::EntryType::Directory, mode, 0);
-        layer.append_data(&mut h, format!("{d}/"), std::io::empty()).unwrap();
+/// Builds the workload image: the static busybox of Debian's `busybox-static`, with
+/// `/bin/sh` and `/bin/httpd` linked to it, and `page` as `/www/index.html`.
+fn busybox_image(dir: &Path, page: &str) -> PathBuf {
+    let src = Path::new("/bin/busybox");
+    let busybox = std::fs::read(src)
+        .unwrap_or_else(|e| panic!("reading {} ({e}): install the busybox-static package", src.display()));
+    assert!(
+        !elf_has_interpreter(&busybox),
+        "{} is dynamically linked and cannot run in an image without libc: install busybox-static",
+        src.display()
+    );
+    let layer = [
+        Entry::Dir("bin", 0o755),
+        Entry::Dir("dev", 0o755),
+        Entry::Dir("etc", 0o755),
+        Entry::Dir("proc", 0o555),
+        Entry::Dir("sys", 0o555),
+        Entry::Dir("tmp", 0o1777),
+        Entry::Dir("www", 0o755),
+        Entry::File("bin/busybox", 0o755, &busybox),
+        Entry::Link("bin/sh", "busybox"),
+        Entry::Link("bin/httpd", "busybox"),
+        Entry::File("www/index.html", 0o644, page.as_bytes()),
+    ];
+    let config = json!({
+        "Entrypoint": ["/bin/sh"],
+        "WorkingDir": "/",
+        "Env": ["PATH=/bin"],
+    });
+    oci_image(&dir.join("busybox-oci.tar"), BUSYBOX_IMAGE, &layer, config)
+}
+
+/// Whether a 64-bit little-endian ELF executable names a program interpreter, that
+/// is, is dynamically linked (anything else is taken as static).
+fn elf_has_interpreter(elf: &[u8]) -> bool {
+    const PT_INTERP: u32 = 3;
+    if elf.len() < 64 || !elf.starts_with(b"\x7fELF\x02\x01") {
+        return false;
     }
-    let mut h = tar_header(tar::EntryType::Regular, 0o755, pause.len() as u64);
-    layer.append_data(&mut h, "pause", pause.as_slice()).unwrap();
+    let le16 = |o: usize| usize::from(u16::from_le_bytes([elf[o], elf[o + 1]]));
+    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+    let (size, count) = (le16(0x36), le16(0x38));
+    (0..count).any(|i| {
+        let at = phoff + i * size;
+        elf.get(at..at + 4)
+            .is_some_and(|t| u32::from_le_bytes(t.try_into().unwrap()) == PT_INTERP)
+    })
+}
+
+/// One entry of an image layer: a directory, a file or a symbolic link (path, target).
+enum Entry<'a> {
+    Dir(&'a str, u32),
+    File(&'a str, u32, &'a [u8]),
+    Link(&'a str, &'a str),
+}
+
+/// Packs `entries` as the one uncompressed layer of an image named `reference` with
+/// the image config's `config` section, as an OCI image layout in a tar at `path`.
+fn oci_image(path: &Path, reference: &str, entries: &[Entry], config: Value) -> PathBuf {
+    let mut layer = tar::Builder::new(Vec::new());
+    for e in entries {
+        match e {
+            Entry::Dir(name, mode) => {
+                let mut h = tar_header(tar::EntryType::Directory, *mode, 0);
+                layer.append_data(&mut h, format!("{name}/"), std::io::empty()).unwrap();
+            }
+            Entry::File(name, mode, data) => {
+                let mut h = tar_header(tar::EntryType::Regular, *mode, data.len() as u64);
+                layer.append_data(&mut h, name, *data).unwrap();
+            }
+            Entry::Link(name, target) => {
+                let mut h = tar_header(tar::EntryType::Symlink, 0o777, 0);
+                layer.append_link(&mut h, name, target).unwrap();
+            }
+        }
+    }
     let layer = layer.into_inner().unwrap();
 
     let arch = match std::env::consts::ARCH {
@@ -735,12 +1241,7 @@ fn pause_image(dir: &Path) -> PathBuf {
     let config = json!({
         "architecture": arch,
         "os": "linux",
-        "config": {
-            "Entrypoint": ["/pause"],
-            "User": "65535:65535",
-            "WorkingDir": "/",
-            "Env": ["PATH=/"],
-        },
+        "config": config,
         "rootfs": {"type": "layers", "diff_ids": [digest(&layer)]},
     })
     .to_string()
@@ -770,8 +1271,8 @@ fn pause_image(dir: &Path) -> PathBuf {
             "size": manifest.len(),
             "platform": {"architecture": arch, "os": "linux"},
             "annotations": {
-                "io.containerd.image.name": PAUSE_IMAGE,
-                "org.opencontainers.image.ref.name": PAUSE_IMAGE,
+                "io.containerd.image.name": reference,
+                "org.opencontainers.image.ref.name": reference,
             },
         }],
     })
@@ -788,10 +1289,9 @@ fn pause_image(dir: &Path) -> PathBuf {
     for blob in [&layer, &config, &manifest] {
         add(format!("blobs/sha256/{}", &digest(blob)["sha256:".len()..]), blob);
     }
-    let path = dir.join("pause-oci.tar");
-    std::fs::write(&path, archive.into_inner().unwrap()).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    path
+    std::fs::write(path, archive.into_inner().unwrap()).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    path.to_path_buf()
 }
 
 fn tar_header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {

@@ -76,7 +76,9 @@ fn weft_side(opts: &HostportOptions, out: &mut Vec<f64>) -> Result<usize, String
             "runtimeConfig": {"portMappings": mapping(i)},
         });
         let (cid, a) = args(i, &tag);
-        let o = exec.call(&node, "ADD", &cid, &pod.path(), "eth0", &a, conf.to_string().as_bytes()).map_err(lab)?;
+        let o = exec
+            .call(&node, "ADD", &cid, &pod.path(), "eth0", &a, conf.to_string().as_bytes())
+            .map_err(lab)?;
         if o.ok() {
             out.push(ms(o.elapsed));
         } else {
@@ -108,7 +110,17 @@ fn reference_side(opts: &HostportOptions, out: &mut Vec<f64>) -> Result<usize, S
             "ipam": {"type": "host-local", "dataDir": dir.join("ipam"),
                      "ranges": [[{"subnet": "10.244.0.0/16"}]], "routes": [{"dst": "0.0.0.0/0"}]},
         });
-        let first = ptp.call(&node, "ADD", &cid, &pod.path(), "eth0", &a, ptp_conf.to_string().as_bytes()).map_err(lab)?;
+        let first = ptp
+            .call(
+                &node,
+                "ADD",
+                &cid,
+                &pod.path(),
+                "eth0",
+                &a,
+                ptp_conf.to_string().as_bytes(),
+            )
+            .map_err(lab)?;
         if !first.ok() {
             errors += 1;
             pods.push(pod);
@@ -121,7 +133,17 @@ fn reference_side(opts: &HostportOptions, out: &mut Vec<f64>) -> Result<usize, S
             "runtimeConfig": {"portMappings": mapping(i)},
             "prevResult": prev,
         });
-        let second = portmap.call(&node, "ADD", &cid, &pod.path(), "eth0", &a, pm_conf.to_string().as_bytes()).map_err(lab)?;
+        let second = portmap
+            .call(
+                &node,
+                "ADD",
+                &cid,
+                &pod.path(),
+                "eth0",
+                &a,
+                pm_conf.to_string().as_bytes(),
+            )
+            .map_err(lab)?;
         if second.ok() {
             out.push(ms(first.elapsed + second.elapsed));
         } else {
@@ -151,7 +173,11 @@ pub fn run_hostports(opts: &HostportOptions) -> Result<HostportReport, String> {
     let (mut w, mut r) = (Vec::new(), Vec::new());
     let re = reference_side(opts, &mut r)?;
     let we = weft_side(opts, &mut w)?;
-    Ok(HostportReport { weft_add_ms: w, reference_add_ms: r, errors: (we, re) })
+    Ok(HostportReport {
+        weft_add_ms: w,
+        reference_add_ms: r,
+        errors: (we, re),
+    })
 }
 
 impl HostportReport {
@@ -170,7 +196,8 @@ impl HostportReport {
             if w.is_none() && r.is_none() {
                 continue;
             }
-            let f = |p: Option<Percentiles>, q: fn(&Percentiles) -> f64| p.map_or("-".into(), |p| format!("{:.2}", q(&p)));
+            let f =
+                |p: Option<Percentiles>, q: fn(&Percentiles) -> f64| p.map_or("-".into(), |p| format!("{:.2}", q(&p)));
             let ratio = match (w, r) {
                 (Some(w), Some(r)) if r.p50 > 0.0 => format!("{:.3}", w.p50 / r.p50),
                 _ => "-".into(),
@@ -183,7 +210,10 @@ impl HostportReport {
                 f(r, |p| p.p90)
             ));
         }
-        out.push_str(&format!("\nfailed calls: weft {}, reference {}\n", self.errors.0, self.errors.1));
+        out.push_str(&format!(
+            "\nfailed calls: weft {}, reference {}\n",
+            self.errors.0, self.errors.1
+        ));
         out
     }
 }
