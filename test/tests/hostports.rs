@@ -1,6 +1,6 @@
 //! Host ports through the real plugin and daemon: a client namespace reaches a pod
 //! through the node's address, the node reaches it through its own address and
-//! 127.0.0.1, a taken port is refused cleanly, DEL closes the port, and a flushed table
+//! 127.0.0.1, the pod reaches itself through its own host port, a taken port is refused cleanly, DEL closes the port, and a flushed table
 //! comes back.
 
 use std::net::UdpSocket;
@@ -104,6 +104,10 @@ fn host_ports_reach_the_pod_and_go_away_with_it() {
     );
     assert!(http_ok(&d.node, "http://192.168.77.1:18080/"), "node -> own address");
     assert!(http_ok(&d.node, "http://127.0.0.1:18080/"), "node -> 127.0.0.1");
+    assert!(
+        http_ok(&pod, "http://192.168.77.1:18080/"),
+        "the pod -> its own host port (hairpin)"
+    );
 
     // UDP, from the client.
     let pod_udp = pod.within(|| UdpSocket::bind("0.0.0.0:5353").unwrap());

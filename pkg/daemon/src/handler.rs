@@ -11,7 +11,7 @@ use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
 use weft_cni::{CNIResult, Cmd, CniError, HostIp, Interface, IpConfig, NetworkConfig, Route, code, result, validate};
 use weft_kernel::KernelError;
 use weft_kernel::ptp::{PodAddress, PodNetwork};
-use weft_portmap::{HostPort, Protocol};
+use weft_portmap::{Entries, Hairpin, HostPort, Protocol};
 use weft_rpc::cnirpc::CniArgs;
 use weft_store::{
     Attachment, AttachmentKey, BeginAdd, Family, NewAttachment, PodRef, PortMapping, PortRequest, State, StoreError,
@@ -110,20 +110,31 @@ fn port_requests(conf: &NetworkConfig) -> Vec<PortRequest> {
         .collect()
 }
 
-/// The kernel's form of stored host ports.
-pub fn host_ports(ports: &[PortMapping]) -> Vec<HostPort> {
-    ports
-        .iter()
-        .filter_map(|p| {
-            Some(HostPort {
-                host_ip: p.host_ip,
-                host_port: p.host_port,
-                protocol: Protocol::parse(&p.protocol)?,
-                container_ip: p.container_ip,
-                container_port: p.container_port,
-            })
-        })
-        .collect()
+/// The kernel's form of one attachment's host ports: the map elements, and a hairpin
+/// element for each pod address that is a target (so the pod reaches itself through
+/// its own host port).
+pub fn host_port_entries(host_ifname: &str, ports: &[PortMapping]) -> Entries {
+    let mut e = Entries::default();
+    for p in ports {
+        let Some(protocol) = Protocol::parse(&p.protocol) else {
+            continue;
+        };
+        e.ports.push(HostPort {
+            host_ip: p.host_ip,
+            host_port: p.host_port,
+            protocol,
+            container_ip: p.container_ip,
+            container_port: p.container_port,
+        });
+        let h = Hairpin {
+            ifname: host_ifname.to_string(),
+            addr: p.container_ip,
+        };
+        if !e.hairpins.contains(&h) {
+            e.hairpins.push(h);
+        }
+    }
+    e
 }
 
 /// The kernel description of a stored attachment.
@@ -299,11 +310,14 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         if !att.ports.is_empty() {
             let added = self
                 .net
-                .add_host_ports(host_ports(&att.ports))
+                .add_host_ports(host_port_entries(&att.host_ifname, &att.ports))
                 .instrument(phase!("nftables"))
                 .await;
             if let Err(e) = added {
-                let _ = self.net.remove_host_ports(host_ports(&att.ports)).await;
+                let _ = self
+                    .net
+                    .remove_host_ports(host_port_entries(&att.host_ifname, &att.ports))
+                    .await;
                 let _ = self.net.remove(att.host_ifname.clone()).await;
                 self.undo_add(&att).await;
                 return Err(kernel_err(e));
@@ -370,7 +384,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         if !att.ports.is_empty() {
             let removed = self
                 .net
-                .remove_host_ports(host_ports(&att.ports))
+                .remove_host_ports(host_port_entries(&att.host_ifname, &att.ports))
                 .instrument(phase!("nftables"))
                 .await;
             if let Err(e) = removed {
@@ -408,8 +422,17 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// drifted (and was rewritten).
     pub async fn sync_host_ports(&self) -> Result<bool, CniError> {
         let held = self.ipam.held_ports().await.map_err(store_err)?;
-        let ports: Vec<PortMapping> = held.into_iter().map(|h| h.mapping).collect();
-        self.net.sync_host_ports(host_ports(&ports)).await.map_err(kernel_err)
+        let mut all = Entries::default();
+        for h in held {
+            let e = host_port_entries(&h.host_ifname, std::slice::from_ref(&h.mapping));
+            all.ports.extend(e.ports);
+            for hp in e.hairpins {
+                if !all.hairpins.contains(&hp) {
+                    all.hairpins.push(hp);
+                }
+            }
+        }
+        self.net.sync_host_ports(all).await.map_err(kernel_err)
     }
 
     /// CHECK: compare the pod's networking with what weft set up.

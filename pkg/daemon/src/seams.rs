@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use weft_kernel::KernelError;
 use weft_kernel::ptp::PodNetwork;
-use weft_portmap::HostPort;
+use weft_portmap::Entries;
 use weft_store::{Attachment, AttachmentKey, BeginAdd, HeldPort, NewAttachment, RangeUsage, State, Store, StoreError};
 
 /// Node state: attachments and the addresses they hold.
@@ -75,12 +75,12 @@ pub trait PodNetworking: Send + Sync + 'static {
     /// Removes a pod's veth pair (slow: waits for RCU); returns whether it existed.
     fn remove(&self, host_ifname: String) -> impl Future<Output = Result<bool, KernelError>> + Send;
     /// Makes host ports reach their pods.
-    fn add_host_ports(&self, ports: Vec<HostPort>) -> impl Future<Output = Result<(), KernelError>> + Send;
+    fn add_host_ports(&self, entries: Entries) -> impl Future<Output = Result<(), KernelError>> + Send;
     /// Stops host ports from reaching pods.
-    fn remove_host_ports(&self, ports: Vec<HostPort>) -> impl Future<Output = Result<(), KernelError>> + Send;
-    /// Makes the host port table hold exactly `ports`; returns whether it had to be
+    fn remove_host_ports(&self, entries: Entries) -> impl Future<Output = Result<(), KernelError>> + Send;
+    /// Makes the host port table hold exactly `entries`; returns whether it had to be
     /// rewritten.
-    fn sync_host_ports(&self, ports: Vec<HostPort>) -> impl Future<Output = Result<bool, KernelError>> + Send;
+    fn sync_host_ports(&self, entries: Entries) -> impl Future<Output = Result<bool, KernelError>> + Send;
 }
 
 /// [`PodNetworking`] on the real kernel, through the ptp driver and weft's nftables
@@ -126,30 +126,30 @@ impl PodNetworking for KernelNetworking {
     async fn remove(&self, host_ifname: String) -> Result<bool, KernelError> {
         blocking(move || weft_kernel::ptp::remove(&host_ifname)).await
     }
-    async fn add_host_ports(&self, ports: Vec<HostPort>) -> Result<(), KernelError> {
+    async fn add_host_ports(&self, entries: Entries) -> Result<(), KernelError> {
         blocking(move || {
-            weft_portmap::add(&ports).map_err(portmap_err)?;
+            weft_portmap::add(&entries).map_err(portmap_err)?;
             // Flows to these ports from before the mapping would keep missing the pod.
-            weft_portmap::flush_udp_conntrack(&ports);
+            weft_portmap::flush_udp_conntrack(&entries.ports);
             Ok(())
         })
         .await
     }
-    async fn remove_host_ports(&self, ports: Vec<HostPort>) -> Result<(), KernelError> {
+    async fn remove_host_ports(&self, entries: Entries) -> Result<(), KernelError> {
         blocking(move || {
-            weft_portmap::remove(&ports).map_err(portmap_err)?;
-            weft_portmap::flush_udp_conntrack(&ports);
+            weft_portmap::remove(&entries).map_err(portmap_err)?;
+            weft_portmap::flush_udp_conntrack(&entries.ports);
             Ok(())
         })
         .await
     }
-    async fn sync_host_ports(&self, ports: Vec<HostPort>) -> Result<bool, KernelError> {
+    async fn sync_host_ports(&self, entries: Entries) -> Result<bool, KernelError> {
         let opts = self.host_ports;
         blocking(move || {
-            if weft_portmap::matches(&ports, opts).map_err(portmap_err)? {
+            if weft_portmap::matches(&entries, opts).map_err(portmap_err)? {
                 return Ok(false);
             }
-            weft_portmap::install(&ports, opts).map_err(portmap_err)?;
+            weft_portmap::install(&entries, opts).map_err(portmap_err)?;
             Ok(true)
         })
         .await

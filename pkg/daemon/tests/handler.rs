@@ -11,7 +11,7 @@ use weft_cni::code;
 use weft_daemon::{Handler, NodeInfo, PodNetworking};
 use weft_kernel::KernelError;
 use weft_kernel::ptp::PodNetwork;
-use weft_portmap::HostPort;
+use weft_portmap::{Entries, HostPort};
 use weft_rpc::cnirpc::CniArgs;
 use weft_store::Store;
 
@@ -57,19 +57,19 @@ impl PodNetworking for FakeNet {
     async fn disconnect(&self, host_ifname: String) -> Result<bool, KernelError> {
         Ok(self.links.lock().unwrap().contains(&host_ifname))
     }
-    async fn add_host_ports(&self, ports: Vec<HostPort>) -> Result<(), KernelError> {
-        self.ports.lock().unwrap().extend(ports);
+    async fn add_host_ports(&self, entries: Entries) -> Result<(), KernelError> {
+        self.ports.lock().unwrap().extend(entries.ports);
         Ok(())
     }
-    async fn remove_host_ports(&self, ports: Vec<HostPort>) -> Result<(), KernelError> {
+    async fn remove_host_ports(&self, entries: Entries) -> Result<(), KernelError> {
         let mut p = self.ports.lock().unwrap();
-        for x in ports {
+        for x in entries.ports {
             p.remove(&x);
         }
         Ok(())
     }
-    async fn sync_host_ports(&self, ports: Vec<HostPort>) -> Result<bool, KernelError> {
-        let want: HashSet<HostPort> = ports.into_iter().collect();
+    async fn sync_host_ports(&self, entries: Entries) -> Result<bool, KernelError> {
+        let want: HashSet<HostPort> = entries.ports.into_iter().collect();
         let mut p = self.ports.lock().unwrap();
         let drift = *p != want;
         *p = want;

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
-use crate::{HostPort, PortmapError, TABLE};
+use crate::{Entries, Hairpin, HostPort, PortmapError, TABLE};
 
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;
@@ -97,19 +97,49 @@ pub(crate) fn data(m: &HostPort) -> Vec<u8> {
     d
 }
 
-fn element(m: &HostPort, with_data: bool) -> Vec<u8> {
-    let mut parts = vec![nested(NFTA_SET_ELEM_KEY, &[attr(NFTA_DATA_VALUE, &key(m))])];
-    if with_data {
-        parts.push(nested(NFTA_SET_ELEM_DATA, &[attr(NFTA_DATA_VALUE, &data(m))]));
+/// The key of a hairpin element: `ifname . address`, the name NUL-padded to IFNAMSIZ.
+pub(crate) fn hairpin_key(h: &Hairpin) -> Vec<u8> {
+    let mut k = vec![0u8; 16];
+    let n = h.ifname.len().min(15);
+    k[..n].copy_from_slice(&h.ifname.as_bytes()[..n]);
+    k.extend(ip_bytes(h.addr));
+    k
+}
+
+/// One element: which set or map, its key and (for maps) its data.
+struct Elem {
+    set: &'static str,
+    key: Vec<u8>,
+    data: Option<Vec<u8>>,
+}
+
+fn elems(entries: &Entries, add: bool) -> Vec<Elem> {
+    let ports = entries.ports.iter().map(|m| Elem {
+        set: m.map(),
+        key: key(m),
+        data: add.then(|| data(m)),
+    });
+    let hairpins = entries.hairpins.iter().map(|h| Elem {
+        set: h.set(),
+        key: hairpin_key(h),
+        data: None,
+    });
+    ports.chain(hairpins).collect()
+}
+
+fn element(e: &Elem) -> Vec<u8> {
+    let mut parts = vec![nested(NFTA_SET_ELEM_KEY, &[attr(NFTA_DATA_VALUE, &e.key)])];
+    if let Some(d) = &e.data {
+        parts.push(nested(NFTA_SET_ELEM_DATA, &[attr(NFTA_DATA_VALUE, d)]));
     }
     nested(NFTA_LIST_ELEM, &parts)
 }
 
-/// One batch (begin, a message per map, end) and the sequence numbers that are acked.
-fn batch(mappings: &[HostPort], add: bool, first_seq: u32) -> (Vec<u8>, Vec<u32>) {
-    let mut by_map: BTreeMap<&'static str, Vec<&HostPort>> = BTreeMap::new();
-    for m in mappings {
-        by_map.entry(m.map()).or_default().push(m);
+/// One batch (begin, a message per set, end) and the sequence numbers that are acked.
+fn batch(elements: &[Elem], add: bool, first_seq: u32) -> (Vec<u8>, Vec<u32>) {
+    let mut by_map: BTreeMap<&'static str, Vec<&Elem>> = BTreeMap::new();
+    for e in elements {
+        by_map.entry(e.set).or_default().push(e);
     }
     let mut seq = first_seq;
     let mut buf = message(
@@ -123,7 +153,7 @@ fn batch(mappings: &[HostPort], add: bool, first_seq: u32) -> (Vec<u8>, Vec<u32>
     let mut acked = Vec::new();
     for (map, ms) in by_map {
         seq += 1;
-        let elems: Vec<Vec<u8>> = ms.iter().map(|m| element(m, add)).collect();
+        let elems: Vec<Vec<u8>> = ms.iter().map(|e| element(e)).collect();
         let attrs = [
             attr(NFTA_SET_ELEM_LIST_TABLE, &strz(TABLE)),
             attr(NFTA_SET_ELEM_LIST_SET, &strz(map)),
@@ -159,8 +189,8 @@ fn batch(mappings: &[HostPort], add: bool, first_seq: u32) -> (Vec<u8>, Vec<u32>
 
 /// Sends one batch and waits for every message's acknowledgement; the first error
 /// wins (the kernel then aborts the whole batch).
-fn transact(mappings: &[HostPort], add: bool) -> io::Result<()> {
-    if mappings.is_empty() {
+fn transact(elements: &[Elem], add: bool) -> io::Result<()> {
+    if elements.is_empty() {
         return Ok(());
     }
     let mut sock = Socket::new(NETLINK_NETFILTER)?;
@@ -172,7 +202,7 @@ fn transact(mappings: &[HostPort], add: bool) -> io::Result<()> {
         &nix::sys::time::TimeVal::new(10, 0),
     )
     .map_err(io::Error::from)?;
-    let (buf, mut pending) = batch(mappings, add, 1);
+    let (buf, mut pending) = batch(elements, add, 1);
     sock.send(&buf, 0)?;
     let mut rx = vec![0u8; 16 * 1024];
     let mut first_error = None;
@@ -202,27 +232,28 @@ fn transact(mappings: &[HostPort], add: bool) -> io::Result<()> {
     first_error.map_or(Ok(()), Err)
 }
 
-/// Adds the mappings' elements to the maps (adding one that is there already, with the
-/// same target, is not an error).
-pub fn add(mappings: &[HostPort]) -> Result<(), PortmapError> {
-    transact(mappings, true).map_err(|source| PortmapError::Netlink {
-        step: "adding host port map elements",
+/// Adds the elements (adding one that is there already, with the same data, is not an
+/// error).
+pub fn add(entries: &Entries) -> Result<(), PortmapError> {
+    transact(&elems(entries, true), true).map_err(|source| PortmapError::Netlink {
+        step: "adding host port elements",
         source,
     })
 }
 
-/// Removes the mappings' elements. Elements that are already gone are not an error.
-pub fn remove(mappings: &[HostPort]) -> Result<(), PortmapError> {
+/// Removes the elements. Elements that are already gone are not an error.
+pub fn remove(entries: &Entries) -> Result<(), PortmapError> {
     let err = |source| PortmapError::Netlink {
-        step: "removing host port map elements",
+        step: "removing host port elements",
         source,
     };
-    match transact(mappings, false) {
+    let all = elems(entries, false);
+    match transact(&all, false) {
         Ok(()) => Ok(()),
         // One missing element aborts the batch: remove them one by one instead.
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-            for m in mappings {
-                match transact(std::slice::from_ref(m), false) {
+            for one in all {
+                match transact(std::slice::from_ref(&one), false) {
                     Ok(()) => {}
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
                     Err(e) => return Err(err(e)),
@@ -270,8 +301,8 @@ mod tests {
             container_ip: "10.244.1.5".parse().unwrap(),
             container_port: 80,
         };
-        let (buf, acked) = batch(
-            &[
+        let entries = Entries {
+            ports: vec![
                 m(1),
                 m(2),
                 HostPort {
@@ -279,10 +310,13 @@ mod tests {
                     ..m(3)
                 },
             ],
-            true,
-            1,
-        );
-        assert_eq!(acked, vec![2, 3]);
+            hairpins: vec![Hairpin {
+                ifname: "weftabc".into(),
+                addr: "10.244.1.5".parse().unwrap(),
+            }],
+        };
+        let (buf, acked) = batch(&elems(&entries, true), true, 1);
+        assert_eq!(acked, vec![2, 3, 4]);
         // Walk the messages: begin, two element messages, end.
         let mut types = Vec::new();
         let mut off = 0;
@@ -291,6 +325,9 @@ mod tests {
             types.push(u16::from_ne_bytes(buf[off + 4..off + 6].try_into().unwrap()));
             off += len;
         }
-        assert_eq!(types, vec![0x10, (10 << 8) | 12, (10 << 8) | 12, 0x11]);
+        assert_eq!(types, vec![0x10, (10 << 8) | 12, (10 << 8) | 12, (10 << 8) | 12, 0x11]);
+        let h = hairpin_key(&entries.hairpins[0]);
+        assert_eq!(h.len(), 20);
+        assert_eq!(&h[..8], b"weftabc\0");
     }
 }

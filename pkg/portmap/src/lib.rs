@@ -15,7 +15,9 @@
 //!   chain prerouting (nat, dstnat)  fib daddr type local  jump hostports
 //!   chain output     (nat, dstnat)  fib daddr type local  jump hostports
 //!   chain hostports  dnat to <daddr . proto . dport> via the maps, specific host IP first
-//!   chain postrouting (nat, srcnat) masquerade DNATed traffic from 127.0.0.0/8
+//!   set hairpin_v4 / hairpin_v6  ifname . address of every pod that has host ports
+//!   chain postrouting (nat, srcnat) masquerade DNATed traffic from 127.0.0.0/8, and
+//!                    DNATed traffic that goes back to the pod it came from (hairpin)
 //! ```
 
 mod elements;
@@ -23,7 +25,7 @@ mod mapping;
 mod table;
 
 pub use elements::{add, remove};
-pub use mapping::{HostPort, Protocol};
+pub use mapping::{Entries, Hairpin, HostPort, Protocol};
 pub use table::{TABLE, flush_udp_conntrack, install, matches, script};
 
 /// A failed host-port operation.

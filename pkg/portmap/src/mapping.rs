@@ -110,3 +110,42 @@ impl fmt::Display for HostPort {
         )
     }
 }
+
+/// A pod that is the target of host ports, by its host-side interface and address:
+/// traffic the pod sends to its own host port comes back to it from its own address
+/// unless it is masqueraded, so such "hairpin" traffic (arriving on this interface,
+/// translated to this address) is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Hairpin {
+    /// The pod's host-side interface.
+    pub ifname: String,
+    /// One of the pod's addresses.
+    pub addr: IpAddr,
+}
+
+impl Hairpin {
+    /// The set the element lives in.
+    pub fn set(&self) -> &'static str {
+        if self.addr.is_ipv6() {
+            "hairpin_v6"
+        } else {
+            "hairpin_v4"
+        }
+    }
+}
+
+/// Everything of the table's elements that one pod (or the whole node) accounts for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Entries {
+    /// Host port map elements.
+    pub ports: Vec<HostPort>,
+    /// Hairpin set elements.
+    pub hairpins: Vec<Hairpin>,
+}
+
+impl Entries {
+    /// Whether there is nothing.
+    pub fn is_empty(&self) -> bool {
+        self.ports.is_empty() && self.hairpins.is_empty()
+    }
+}

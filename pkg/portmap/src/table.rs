@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-use crate::{HostPort, Options, PortmapError, Protocol};
+use crate::{Entries, Hairpin, HostPort, Options, PortmapError, Protocol};
 
 /// Name of weft's table (family `inet`).
 pub const TABLE: &str = "weft";
@@ -40,11 +40,19 @@ fn element_text(m: &HostPort) -> String {
     format!("{key} : {} . {}", m.container_ip, m.container_port)
 }
 
-/// The nft script that replaces the table with one holding `mappings`, atomically.
-pub fn script(mappings: &[HostPort], opts: Options) -> String {
+const SETS: [(&str, &str); 2] = [
+    ("hairpin_v4", "ifname . ipv4_addr"),
+    ("hairpin_v6", "ifname . ipv6_addr"),
+];
+
+/// The nft script that replaces the table with one holding `entries`, atomically.
+pub fn script(entries: &Entries, opts: Options) -> String {
     let mut s = format!("table inet {TABLE} {{}}\ndelete table inet {TABLE}\ntable inet {TABLE} {{\n");
     for (name, ty) in MAPS {
         s.push_str(&format!("  map {name} {{ type {ty} ; }}\n"));
+    }
+    for (name, ty) in SETS {
+        s.push_str(&format!("  set {name} {{ type {ty} ; }}\n"));
     }
     s.push_str(
         "  chain hostports {\n\
@@ -63,10 +71,28 @@ pub fn script(mappings: &[HostPort], opts: Options) -> String {
     s.push_str("  chain output {\n    type nat hook output priority -100; policy accept;\n    fib daddr type local jump hostports\n  }\n");
     s.push_str(
         "  chain postrouting {\n    type nat hook postrouting priority 100; policy accept;\n\
-         \x20   ct status dnat ip saddr 127.0.0.0/8 masquerade\n  }\n}\n",
+         \x20   ct status dnat ip saddr 127.0.0.0/8 masquerade\n\
+         \x20   ct status dnat iifname . ip daddr @hairpin_v4 masquerade\n\
+         \x20   ct status dnat iifname . ip6 daddr @hairpin_v6 masquerade\n  }\n}\n",
     );
     for (name, _) in MAPS {
-        let elems: Vec<String> = mappings.iter().filter(|m| m.map() == name).map(element_text).collect();
+        let elems: Vec<String> = entries
+            .ports
+            .iter()
+            .filter(|m| m.map() == name)
+            .map(element_text)
+            .collect();
+        if !elems.is_empty() {
+            s.push_str(&format!("add element inet {TABLE} {name} {{ {} }}\n", elems.join(", ")));
+        }
+    }
+    for (name, _) in SETS {
+        let elems: Vec<String> = entries
+            .hairpins
+            .iter()
+            .filter(|h| h.set() == name)
+            .map(|h| format!("\"{}\" . {}", h.ifname, h.addr))
+            .collect();
         if !elems.is_empty() {
             s.push_str(&format!("add element inet {TABLE} {name} {{ {} }}\n", elems.join(", ")));
         }
@@ -96,9 +122,9 @@ fn nft(args: &[&str], stdin: Option<&str>) -> Result<String, PortmapError> {
     }
 }
 
-/// Replaces the table with one holding exactly `mappings`, in one transaction.
-pub fn install(mappings: &[HostPort], opts: Options) -> Result<(), PortmapError> {
-    nft(&["-f", "-"], Some(&script(mappings, opts)))?;
+/// Replaces the table with one holding exactly `entries`, in one transaction.
+pub fn install(entries: &Entries, opts: Options) -> Result<(), PortmapError> {
+    nft(&["-f", "-"], Some(&script(entries, opts)))?;
     Ok(())
 }
 
@@ -139,9 +165,18 @@ fn parse_elem(map: &str, elem: &Value) -> Option<HostPort> {
     })
 }
 
+/// Parses one hairpin set element of `nft -j` output.
+fn parse_hairpin(elem: &Value) -> Option<Hairpin> {
+    let c = elem.get("concat")?.as_array()?;
+    Some(Hairpin {
+        ifname: c.first()?.as_str()?.to_string(),
+        addr: c.get(1)?.as_str()?.parse().ok()?,
+    })
+}
+
 /// Whether the kernel's table has every chain and rule weft writes and exactly the
-/// elements `mappings` call for.
-pub fn matches(mappings: &[HostPort], opts: Options) -> Result<bool, PortmapError> {
+/// elements `entries` call for.
+pub fn matches(entries: &Entries, opts: Options) -> Result<bool, PortmapError> {
     let out = match nft(&["-j", "list", "table", "inet", TABLE], None) {
         Ok(o) => o,
         Err(PortmapError::Nft(e)) if e.contains("No such file") => return Ok(false),
@@ -153,6 +188,8 @@ pub fn matches(mappings: &[HostPort], opts: Options) -> Result<bool, PortmapErro
     let mut chains = BTreeSet::new();
     let mut maps = BTreeSet::new();
     let mut found = BTreeSet::new();
+    let mut sets = BTreeSet::new();
+    let mut found_hairpins = BTreeSet::new();
     for o in &objects {
         if let Some(c) = o.get("chain") {
             chains.insert(c["name"].as_str().unwrap_or_default().to_string());
@@ -174,19 +211,32 @@ pub fn matches(mappings: &[HostPort], opts: Options) -> Result<bool, PortmapErro
             }
             maps.insert(name);
         }
+        if let Some(m) = o.get("set") {
+            for e in m["elem"].as_array().into_iter().flatten() {
+                match parse_hairpin(e) {
+                    Some(h) => {
+                        found_hairpins.insert(h);
+                    }
+                    None => return Ok(false),
+                }
+            }
+            sets.insert(m["name"].as_str().unwrap_or_default().to_string());
+        }
     }
     let want_rules = [
         ("hostports", 4),
         ("prerouting", 1 + usize::from(opts.localhost)),
         ("output", 1),
-        ("postrouting", 1),
+        ("postrouting", 3),
     ];
     let structure = MAPS.iter().all(|(n, _)| maps.contains(*n))
+        && SETS.iter().all(|(n, _)| sets.contains(*n))
         && want_rules
             .iter()
             .all(|(c, n)| chains.contains(*c) && rules.get(*c) == Some(n));
-    let want: BTreeSet<HostPort> = mappings.iter().cloned().collect();
-    Ok(structure && found == want)
+    let want: BTreeSet<HostPort> = entries.ports.iter().cloned().collect();
+    let want_hairpins: BTreeSet<Hairpin> = entries.hairpins.iter().cloned().collect();
+    Ok(structure && found == want && found_hairpins == want_hairpins)
 }
 
 /// Deletes UDP conntrack entries to the mappings' host ports, so flows created before a
@@ -225,11 +275,21 @@ mod tests {
     #[test]
     fn script_replaces_the_table_and_lists_elements_per_map() {
         let s = script(
-            &[
-                hp(Some("10.0.0.1"), 8080, Protocol::Tcp, "10.244.1.5"),
-                hp(None, 53, Protocol::Udp, "fd00::5"),
-            ],
+            &Entries {
+                ports: vec![
+                    hp(Some("10.0.0.1"), 8080, Protocol::Tcp, "10.244.1.5"),
+                    hp(None, 53, Protocol::Udp, "fd00::5"),
+                ],
+                hairpins: vec![Hairpin {
+                    ifname: "weftabc".into(),
+                    addr: "10.244.1.5".parse().unwrap(),
+                }],
+            },
             Options::default(),
+        );
+        assert!(
+            s.contains("add element inet weft hairpin_v4 { \"weftabc\" . 10.244.1.5 }"),
+            "{s}"
         );
         assert!(s.starts_with("table inet weft {}\ndelete table inet weft\n"));
         assert!(
@@ -241,7 +301,10 @@ mod tests {
             "{s}"
         );
         assert!(!s.contains("127.0.0.0/8 drop"));
-        assert!(script(&[], Options { localhost: true }).contains("iifname != \"lo\" ip daddr 127.0.0.0/8 drop"));
+        assert!(
+            script(&Entries::default(), Options { localhost: true })
+                .contains("iifname != \"lo\" ip daddr 127.0.0.0/8 drop")
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use weft_kernel::ptp::{PodAddress, PodNetwork};
 use weft_kernel::testutil::{TempNetns, privileged};
-use weft_portmap::{HostPort, Options, Protocol};
+use weft_portmap::{Entries, Hairpin, HostPort, Options, Protocol};
 
 fn pod(ns: &TempNetns) -> PodNetwork {
     PodNetwork {
@@ -31,6 +31,13 @@ fn mapping(host: Option<&str>, port: u16) -> HostPort {
         protocol: Protocol::Tcp,
         container_ip: "10.9.0.5".parse().unwrap(),
         container_port: 8080,
+    }
+}
+
+fn ports(list: &[&HostPort]) -> Entries {
+    Entries {
+        ports: list.iter().map(|m| (*m).clone()).collect(),
+        hairpins: Vec::new(),
     }
 }
 
@@ -75,32 +82,28 @@ fn elements_steer_connections_and_the_table_is_checked() {
     let p = TempNetns::new();
     node.run(|| pod(&p).setup()).unwrap();
     let opts = Options::default();
-    node.run(|| weft_portmap::install(&[], opts)).unwrap();
-    assert!(node.run(|| weft_portmap::matches(&[], opts)).unwrap());
+    node.run(|| weft_portmap::install(&Entries::default(), opts)).unwrap();
+    assert!(node.run(|| weft_portmap::matches(&Entries::default(), opts)).unwrap());
     assert!(!reaches_pod(&node, &p, "10.9.0.1:18080"), "no mapping, no connection");
 
     let any = mapping(None, 18080);
     let specific = mapping(Some("10.9.0.1"), 18081);
-    node.run(|| weft_portmap::add(&[any.clone(), specific.clone()]))
-        .unwrap();
-    node.run(|| weft_portmap::add(std::slice::from_ref(&any))).unwrap(); // adding again is fine
+    node.run(|| weft_portmap::add(&ports(&[&any, &specific]))).unwrap();
+    node.run(|| weft_portmap::add(&ports(&[&any]))).unwrap(); // adding again is fine
     assert!(
-        node.run(|| weft_portmap::matches(&[any.clone(), specific.clone()], opts))
+        node.run(|| weft_portmap::matches(&ports(&[&any, &specific]), opts))
             .unwrap()
     );
     assert!(
-        !node
-            .run(|| weft_portmap::matches(std::slice::from_ref(&any), opts))
-            .unwrap(),
+        !node.run(|| weft_portmap::matches(&ports(&[&any]), opts)).unwrap(),
         "an extra element is drift"
     );
     assert!(reaches_pod(&node, &p, "10.9.0.1:18080"), "wildcard mapping");
     assert!(reaches_pod(&node, &p, "10.9.0.1:18081"), "host-IP mapping");
 
-    node.run(|| weft_portmap::remove(std::slice::from_ref(&any))).unwrap();
-    node.run(|| weft_portmap::remove(&[any.clone(), specific.clone()]))
-        .unwrap(); // one already gone
-    assert!(node.run(|| weft_portmap::matches(&[], opts)).unwrap());
+    node.run(|| weft_portmap::remove(&ports(&[&any]))).unwrap();
+    node.run(|| weft_portmap::remove(&ports(&[&any, &specific]))).unwrap(); // one already gone
+    assert!(node.run(|| weft_portmap::matches(&Entries::default(), opts)).unwrap());
     assert!(!reaches_pod(&node, &p, "10.9.0.1:18080"), "removed mapping");
 
     // Someone flushes the table: it no longer matches, and install brings it back.
@@ -112,16 +115,62 @@ fn elements_steer_connections_and_the_table_is_checked() {
         })
         .unwrap();
     assert!(st.success());
-    assert!(
-        !node
-            .run(|| weft_portmap::matches(std::slice::from_ref(&specific), opts))
-            .unwrap()
-    );
-    node.run(|| weft_portmap::install(std::slice::from_ref(&specific), opts))
-        .unwrap();
-    assert!(
-        node.run(|| weft_portmap::matches(std::slice::from_ref(&specific), opts))
-            .unwrap()
-    );
+    assert!(!node.run(|| weft_portmap::matches(&ports(&[&specific]), opts)).unwrap());
+    node.run(|| weft_portmap::install(&ports(&[&specific]), opts)).unwrap();
+    assert!(node.run(|| weft_portmap::matches(&ports(&[&specific]), opts)).unwrap());
     assert!(reaches_pod(&node, &p, "10.9.0.1:18081"));
+}
+
+/// The pod connects to `target` (a host port mapped to itself) and serves itself.
+fn pod_reaches_itself(p: &TempNetns, target: &str) -> bool {
+    let target: SocketAddr = target.parse().unwrap();
+    p.run(|| {
+        let l = TcpListener::bind("0.0.0.0:8080").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let Ok(mut c) = TcpStream::connect_timeout(&target, Duration::from_secs(2)) else {
+            return false;
+        };
+        let Ok((mut served, _)) = l.accept() else { return false };
+        let _ = served.write_all(b"pod");
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut b = [0u8; 3];
+        c.read_exact(&mut b).is_ok() && &b == b"pod"
+    })
+}
+
+#[test]
+fn a_pod_reaches_its_own_host_port_through_hairpin_masquerade() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let p = TempNetns::new();
+    node.run(|| pod(&p).setup()).unwrap();
+    node.run(weft_kernel::enable_forwarding).unwrap();
+    let opts = Options::default();
+    let m = mapping(None, 18080);
+    node.run(|| weft_portmap::install(&ports(&[&m]), opts)).unwrap();
+    assert!(
+        !pod_reaches_itself(&p, "10.9.0.1:18080"),
+        "without hairpin masquerade the reply never comes back"
+    );
+    let hairpin = Entries {
+        ports: Vec::new(),
+        hairpins: vec![Hairpin {
+            ifname: "weftpm0".into(),
+            addr: "10.9.0.5".parse().unwrap(),
+        }],
+    };
+    node.run(|| weft_portmap::add(&hairpin)).unwrap();
+    assert!(
+        pod_reaches_itself(&p, "10.9.0.1:18080"),
+        "hairpin through the node's address"
+    );
+    let all = Entries {
+        ports: vec![m.clone()],
+        hairpins: hairpin.hairpins.clone(),
+    };
+    assert!(node.run(|| weft_portmap::matches(&all, opts)).unwrap());
+    node.run(|| weft_portmap::remove(&hairpin)).unwrap();
+    assert!(node.run(|| weft_portmap::matches(&ports(&[&m]), opts)).unwrap());
 }

@@ -169,6 +169,8 @@ pub struct HeldPort {
     pub key: AttachmentKey,
     /// Its pod.
     pub pod: PodRef,
+    /// The attachment's host-side interface.
+    pub host_ifname: String,
 }
 
 /// What ADD asks the store to record.

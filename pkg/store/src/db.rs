@@ -135,7 +135,7 @@ impl Db {
     pub fn ports(&mut self) -> Result<Vec<HeldPort>, StoreError> {
         let mut stmt = self.conn.prepare(
             "SELECT p.host_ip, p.host_port, p.protocol, p.container_ip, p.container_port,
-                    a.network, a.container_id, a.ifname, a.pod_namespace, a.pod_name, a.pod_uid
+                    a.network, a.container_id, a.ifname, a.pod_namespace, a.pod_name, a.pod_uid, a.host_ifname
              FROM port_mappings p JOIN attachments a ON p.attachment_id = a.id
              ORDER BY p.host_port, p.protocol, p.family, p.host_ip",
         )?;
@@ -152,6 +152,7 @@ impl Db {
                     name: r.get(9)?,
                     uid: r.get(10)?,
                 },
+                host_ifname: r.get(11)?,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
