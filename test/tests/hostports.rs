@@ -149,18 +149,15 @@ fn host_ports_reach_the_pod_and_go_away_with_it() {
     assert_eq!(d.allocated(), 2, "only the first pod's addresses");
 
     // Someone flushes weft's table: the reconcile loop writes it back from the store.
+    // (Whether a connection between the flush and the repair fails is a race with the
+    // one-second loop; the logged repair proves the flush was seen.)
     sh(d.node.cmd("nft").args(["flush", "table", "inet", "weft"]));
-    assert!(
-        !http_ok(&client, "http://192.168.77.1:18080/"),
-        "the flush took the mapping away"
-    );
+    eventually("the table repair was not logged", || {
+        d.log().contains("the host port table had drifted")
+    });
     eventually("the host port table was not restored", || {
         http_ok(&client, "http://192.168.77.1:18080/")
     });
-    assert!(
-        d.log().contains("the host port table had drifted"),
-        "the repair is logged"
-    );
 
     // DEL closes the port at once; the other pod can then have it.
     Call::new("DEL", "ctr-hp", &pod.path(), &conf).run().ok();
