@@ -33,6 +33,9 @@ pub struct HostportOptions {
 pub struct HostportReport {
     /// weft.
     pub weft_add_ms: Vec<f64>,
+    /// weft with the same pods but no host ports: what the pods alone cost as they
+    /// accumulate, to tell it from what the host ports cost.
+    pub weft_no_ports_add_ms: Vec<f64>,
     /// The reference chain (ptp + portmap, both execs).
     pub reference_add_ms: Vec<f64>,
     /// Failed calls, weft and reference.
@@ -42,10 +45,10 @@ pub struct HostportReport {
 /// Latency percentiles of the pods that found about `existing` mappings on the node:
 /// the window of up to 21 pods around that count.
 pub fn around(samples: &[f64], existing: usize) -> Option<Percentiles> {
-    if samples.is_empty() || existing >= samples.len() {
+    let lo = existing.saturating_sub(10);
+    if lo >= samples.len() {
         return None;
     }
-    let lo = existing.saturating_sub(10);
     let hi = (existing + 11).min(samples.len());
     Some(Percentiles::of(&samples[lo..hi]))
 }
@@ -60,8 +63,8 @@ fn mapping(i: usize) -> serde_json::Value {
     serde_json::json!([{"hostPort": 20000 + i, "containerPort": 80, "protocol": "tcp"}])
 }
 
-fn weft_side(opts: &HostportOptions, out: &mut Vec<f64>) -> Result<usize, String> {
-    let tag = format!("wbh{}-w", std::process::id());
+fn weft_side(opts: &HostportOptions, with_ports: bool, out: &mut Vec<f64>) -> Result<usize, String> {
+    let tag = format!("wbh{}-{}", std::process::id(), if with_ports { "w" } else { "n" });
     let dir = opts.work_dir.join(&tag);
     let node = NamedNetns::create(&format!("{tag}-node")).map_err(lab)?;
     let daemon = NodeDaemon::start(&node, DaemonPaths::under(&opts.weftd, &dir), "bench", &[], &[]).map_err(lab)?;
@@ -70,11 +73,14 @@ fn weft_side(opts: &HostportOptions, out: &mut Vec<f64>) -> Result<usize, String
     let mut pods = Vec::with_capacity(opts.weft_pods);
     for i in 0..opts.weft_pods {
         let pod = NamedNetns::create(&format!("{tag}-p{i}")).map_err(lab)?;
-        let conf = serde_json::json!({
+        let mut conf = serde_json::json!({
             "cniVersion": "1.0.0", "name": "bench", "type": "weft", "socket": daemon.paths.socket,
             "ranges": ["10.244.0.0/16"], "capabilities": {"portMappings": true},
             "runtimeConfig": {"portMappings": mapping(i)},
         });
+        if !with_ports {
+            conf["runtimeConfig"] = serde_json::json!({});
+        }
         let (cid, a) = args(i, &tag);
         let o = exec
             .call(&node, "ADD", &cid, &pod.path(), "eth0", &a, conf.to_string().as_bytes())
@@ -170,11 +176,12 @@ pub fn run_hostports(opts: &HostportOptions) -> Result<HostportReport, String> {
             return Err(format!("{what} not found at {}", p.display()));
         }
     }
-    let (mut w, mut r) = (Vec::new(), Vec::new());
+    let (mut w, mut n, mut r) = (Vec::new(), Vec::new(), Vec::new());
     let re = reference_side(opts, &mut r)?;
-    let we = weft_side(opts, &mut w)?;
+    let we = weft_side(opts, true, &mut w)? + weft_side(opts, false, &mut n)?;
     Ok(HostportReport {
         weft_add_ms: w,
+        weft_no_ports_add_ms: n,
         reference_add_ms: r,
         errors: (we, re),
     })
@@ -186,12 +193,13 @@ impl HostportReport {
     pub fn markdown(&self) -> String {
         let mut out = format!(
             "CNI ADD of a pod with one host port, by host ports already on the node; weft {} pods, reference (ptp + portmap) {} pods\n\n\
-             | existing mappings | weft p50 (ms) | weft p90 (ms) | reference p50 (ms) | reference p90 (ms) | weft / reference (p50) |\n|---:|---:|---:|---:|---:|---:|\n",
+             | existing mappings | weft p50 (ms) | weft p90 (ms) | weft without ports p50 (ms) | reference p50 (ms) | reference p90 (ms) | weft / reference (p50) |\n|---:|---:|---:|---:|---:|---:|---:|\n",
             self.weft_add_ms.len(),
             self.reference_add_ms.len()
         );
         for n in [1usize, 100, 400, 1000] {
             let w = around(&self.weft_add_ms, n);
+            let np = around(&self.weft_no_ports_add_ms, n);
             let r = around(&self.reference_add_ms, n);
             if w.is_none() && r.is_none() {
                 continue;
@@ -203,9 +211,10 @@ impl HostportReport {
                 _ => "-".into(),
             };
             out.push_str(&format!(
-                "| {n} | {} | {} | {} | {} | {ratio} |\n",
+                "| {n} | {} | {} | {} | {} | {} | {ratio} |\n",
                 f(w, |p| p.p50),
                 f(w, |p| p.p90),
+                f(np, |p| p.p50),
                 f(r, |p| p.p50),
                 f(r, |p| p.p90)
             ));
@@ -229,6 +238,7 @@ mod tests {
         assert_eq!(p.n, 21);
         assert_eq!(p.p50, 50.0);
         assert_eq!(around(&v, 1).unwrap().n, 12);
-        assert!(around(&v, 100).is_none());
+        assert_eq!(around(&v, 100).unwrap().n, 10, "the last pods, when the count is the total");
+        assert!(around(&v, 110).is_none());
     }
 }
