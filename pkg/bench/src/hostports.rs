@@ -238,7 +238,11 @@ mod tests {
         assert_eq!(p.n, 21);
         assert_eq!(p.p50, 50.0);
         assert_eq!(around(&v, 1).unwrap().n, 12);
-        assert_eq!(around(&v, 100).unwrap().n, 10, "the last pods, when the count is the total");
+        assert_eq!(
+            around(&v, 100).unwrap().n,
+            10,
+            "the last pods, when the count is the total"
+        );
         assert!(around(&v, 110).is_none());
     }
 }
