@@ -17,9 +17,11 @@ mod netlink;
 mod netns;
 pub mod ptp;
 pub mod sysctl;
+pub mod tap;
+pub mod wire;
 
 pub use error::KernelError;
-pub use netlink::{Link, Netlink, RouteEntry};
+pub use netlink::{Link, LinkStats, Netlink, RouteEntry};
 pub use netns::{NetNs, in_netns};
 
 /// The route protocol number weft marks its routes with (`proto 74` in `ip route`),

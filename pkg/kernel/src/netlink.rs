@@ -9,7 +9,12 @@ use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope};
-use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVeth, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, Stats64,
+};
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
+};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
@@ -29,6 +34,36 @@ pub struct Link {
     pub mac: Vec<u8>,
     /// MTU.
     pub mtu: u32,
+}
+
+/// Traffic counters of a link, from the kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Frames received.
+    pub rx_packets: u64,
+    /// Frames sent.
+    pub tx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Frames dropped on receive.
+    pub rx_dropped: u64,
+    /// Frames dropped on send.
+    pub tx_dropped: u64,
+}
+
+impl From<&Stats64> for LinkStats {
+    fn from(s: &Stats64) -> Self {
+        Self {
+            rx_packets: s.rx_packets,
+            tx_packets: s.tx_packets,
+            rx_bytes: s.rx_bytes,
+            tx_bytes: s.tx_bytes,
+            rx_dropped: s.rx_dropped,
+            tx_dropped: s.tx_dropped,
+        }
+    }
 }
 
 /// A route as weft sees it (main table only).
@@ -173,6 +208,213 @@ impl Netlink {
             ]),
         ];
         self.execute(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
+    }
+
+    /// Creates a veth pair whose two ends are born in two other namespaces (a wire
+    /// between two pods on this node): `name` in `ns_fd`, `peer` in `peer_ns_fd`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_veth_between(
+        &mut self,
+        name: &str,
+        mac: [u8; 6],
+        ns_fd: i32,
+        peer: &str,
+        peer_mac: [u8; 6],
+        peer_ns_fd: i32,
+        mtu: u32,
+    ) -> io::Result<()> {
+        let mut peer_msg = LinkMessage::default();
+        peer_msg.attributes = vec![
+            LinkAttribute::IfName(peer.to_string()),
+            LinkAttribute::Address(peer_mac.to_vec()),
+            LinkAttribute::Mtu(mtu),
+            LinkAttribute::NetNsFd(peer_ns_fd),
+        ];
+        let mut msg = LinkMessage::default();
+        msg.attributes = vec![
+            LinkAttribute::IfName(name.to_string()),
+            LinkAttribute::Address(mac.to_vec()),
+            LinkAttribute::Mtu(mtu),
+            LinkAttribute::NetNsFd(ns_fd),
+            LinkAttribute::LinkInfo(vec![
+                LinkInfo::Kind(InfoKind::Veth),
+                LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
+            ]),
+        ];
+        self.execute(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
+    }
+
+    /// Creates a VXLAN device `name` that lives in namespace `ns_fd` while its UDP socket
+    /// stays in this socket's namespace (the node's underlay). No learning, no remote:
+    /// where frames go is programmed as unicast FDB entries.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_vxlan_into(
+        &mut self,
+        name: &str,
+        mac: [u8; 6],
+        ns_fd: i32,
+        vni: u32,
+        local: IpAddr,
+        port: u16,
+        mtu: u32,
+    ) -> io::Result<()> {
+        let mut data = vec![InfoVxlan::Id(vni), InfoVxlan::Port(port), InfoVxlan::Learning(false)];
+        data.push(match local {
+            IpAddr::V4(v4) => InfoVxlan::Local(v4),
+            IpAddr::V6(v6) => InfoVxlan::Local6(v6),
+        });
+        let mut msg = LinkMessage::default();
+        msg.attributes = vec![
+            LinkAttribute::IfName(name.to_string()),
+            LinkAttribute::Address(mac.to_vec()),
+            LinkAttribute::Mtu(mtu),
+            LinkAttribute::NetNsFd(ns_fd),
+            LinkAttribute::LinkInfo(vec![
+                LinkInfo::Kind(InfoKind::Vxlan),
+                LinkInfo::Data(InfoData::Vxlan(data)),
+            ]),
+        ];
+        self.execute(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
+    }
+
+    fn fdb_message(index: u32, mac: [u8; 6], dst: IpAddr) -> NeighbourMessage {
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = AddressFamily::Bridge;
+        msg.header.ifindex = index;
+        msg.header.state = NeighbourState::Permanent;
+        msg.header.flags = NeighbourFlags::Own;
+        msg.attributes = vec![
+            NeighbourAttribute::LinkLayerAddress(mac.to_vec()),
+            NeighbourAttribute::Destination(match dst {
+                IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+                IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+            }),
+        ];
+        msg
+    }
+
+    /// Makes `dst` the only VTEP of the unicast FDB entry for `mac` on a VXLAN device
+    /// (the all-zeros MAC is the entry for every other destination). VXLAN does not
+    /// support replacing an entry, so a stale one is deleted first.
+    pub fn set_fdb(&mut self, index: u32, mac: [u8; 6], dst: IpAddr) -> io::Result<()> {
+        let existing: Vec<IpAddr> = self
+            .fdb(index)?
+            .into_iter()
+            .filter(|(m, _)| *m == mac)
+            .map(|(_, d)| d)
+            .collect();
+        if existing == [dst] {
+            return Ok(());
+        }
+        for old in existing {
+            match self.execute(RouteNetlinkMessage::DelNeighbour(Self::fdb_message(index, mac, old)), 0) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.execute(
+            RouteNetlinkMessage::NewNeighbour(Self::fdb_message(index, mac, dst)),
+            NLM_F_CREATE | NLM_F_EXCL,
+        )
+    }
+
+    /// The FDB entries of a VXLAN device: (MAC, VTEP).
+    pub fn fdb(&mut self, index: u32) -> io::Result<Vec<([u8; 6], IpAddr)>> {
+        // Dumped unfiltered (a pod holds few links) and filtered here: the kernel's
+        // ifindex filter applies to bridge ports, which a VXLAN end is not.
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = AddressFamily::Bridge;
+        Ok(self
+            .dump(RouteNetlinkMessage::GetNeighbour(msg))?
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewNeighbour(n) if n.header.ifindex == index => {
+                    let mut mac = None;
+                    let mut dst = None;
+                    for a in n.attributes {
+                        match a {
+                            NeighbourAttribute::LinkLayerAddress(l) if l.len() == 6 => {
+                                mac = Some([l[0], l[1], l[2], l[3], l[4], l[5]]);
+                            }
+                            NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => dst = Some(IpAddr::V4(v4)),
+                            NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => dst = Some(IpAddr::V6(v6)),
+                            // A bridge-family message carries the VTEP as raw bytes.
+                            NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
+                                dst = match b.len() {
+                                    4 => Some(IpAddr::from(<[u8; 4]>::try_from(b.as_slice()).expect("4 bytes"))),
+                                    16 => Some(IpAddr::from(<[u8; 16]>::try_from(b.as_slice()).expect("16 bytes"))),
+                                    _ => None,
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    Some((mac?, dst?))
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Sets (replacing) a permanent neighbour entry: `ip` is at `mac` on the link.
+    pub fn set_neighbour(&mut self, index: u32, ip: IpAddr, mac: [u8; 6]) -> io::Result<()> {
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = family_of(&ip);
+        msg.header.ifindex = index;
+        msg.header.state = NeighbourState::Permanent;
+        msg.attributes = vec![
+            NeighbourAttribute::Destination(match ip {
+                IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+                IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+            }),
+            NeighbourAttribute::LinkLayerAddress(mac.to_vec()),
+        ];
+        self.execute(
+            RouteNetlinkMessage::NewNeighbour(msg),
+            NLM_F_CREATE | netlink_packet_core::NLM_F_REPLACE,
+        )
+    }
+
+    /// Sets a link's MAC address.
+    pub fn set_mac(&mut self, index: u32, mac: [u8; 6]) -> io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes = vec![LinkAttribute::Address(mac.to_vec())];
+        self.execute(RouteNetlinkMessage::SetLink(msg), 0)
+    }
+
+    /// Sets a link's MTU.
+    pub fn set_mtu(&mut self, index: u32, mtu: u32) -> io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes = vec![LinkAttribute::Mtu(mtu)];
+        self.execute(RouteNetlinkMessage::SetLink(msg), 0)
+    }
+
+    /// A link's traffic counters; `None` when there is no such link.
+    pub fn stats(&mut self, name: &str) -> io::Result<Option<(Link, LinkStats)>> {
+        let mut msg = LinkMessage::default();
+        msg.attributes = vec![LinkAttribute::IfName(name.to_string())];
+        let seq = self.send(RouteNetlinkMessage::GetLink(msg), NLM_F_REQUEST | NLM_F_ACK)?;
+        match self.receive(seq) {
+            Ok(msgs) => Ok(msgs.into_iter().find_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => {
+                    let stats = l
+                        .attributes
+                        .iter()
+                        .find_map(|a| match a {
+                            LinkAttribute::Stats64(s) => Some(LinkStats::from(s)),
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    Some((to_link(l), stats))
+                }
+                _ => None,
+            })),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Looks a link up by name; `None` when there is none.

@@ -1,0 +1,167 @@
+//! The kernel side of wires (point-to-point links between pods): a veth pair between
+//! two pods of this node, a VXLAN end living in a pod with its socket on the node's
+//! underlay, the unicast FDB and neighbour entries a VXLAN end needs, and the per-end
+//! operations (configure, state, counters, removal) run through a netlink socket
+//! opened inside the pod's namespace.
+
+use std::net::IpAddr;
+
+use crate::netlink::LinkStats;
+use crate::{KernelError, Link, NetNs, Netlink, in_netns};
+
+/// UDP port of weft's VXLAN ends (the IANA VXLAN port).
+pub const VXLAN_PORT: u16 = 4789;
+
+fn os(step: &str) -> impl FnOnce(std::io::Error) -> KernelError + '_ {
+    move |e| KernelError::os(step, e)
+}
+
+/// A netlink socket inside `ns`, usable from the calling thread.
+pub fn socket_in(ns: &NetNs) -> Result<Netlink, KernelError> {
+    in_netns(ns, || {
+        Netlink::new().map_err(|e| KernelError::os("opening netlink in the pod", e))
+    })
+}
+
+/// Creates a veth pair straight between two pods of this node: `a_name` in `a`,
+/// `b_name` in `b`. A name that exists already in either pod is `InterfaceExists`.
+#[allow(clippy::too_many_arguments)]
+pub fn veth_between(
+    a: &NetNs,
+    a_name: &str,
+    a_mac: [u8; 6],
+    b: &NetNs,
+    b_name: &str,
+    b_mac: [u8; 6],
+    mtu: u32,
+) -> Result<(), KernelError> {
+    let mut node = Netlink::new().map_err(os("opening netlink"))?;
+    node.create_veth_between(a_name, a_mac, a.raw_fd(), b_name, b_mac, b.raw_fd(), mtu)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::EEXIST) {
+                KernelError::InterfaceExists {
+                    ifname: format!("{a_name} or {b_name}"),
+                }
+            } else {
+                KernelError::os("creating the wire's veth pair", e)
+            }
+        })
+}
+
+/// Creates a VXLAN end `name` (VNI `vni`) inside `pod`; its UDP socket stays in the
+/// calling thread's namespace, bound to the node's address `local`.
+pub fn vxlan_into(pod: &NetNs, name: &str, mac: [u8; 6], vni: u32, local: IpAddr, mtu: u32) -> Result<(), KernelError> {
+    let mut node = Netlink::new().map_err(os("opening netlink"))?;
+    node.create_vxlan_into(name, mac, pod.raw_fd(), vni, local, VXLAN_PORT, mtu)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::EEXIST) {
+                KernelError::InterfaceExists {
+                    ifname: name.to_string(),
+                }
+            } else {
+                KernelError::os(format!("creating VXLAN end {name} (VNI {vni})"), e)
+            }
+        })
+}
+
+/// Looks up an end inside a pod.
+pub fn find(pod: &mut Netlink, name: &str) -> Result<Option<Link>, KernelError> {
+    pod.link_by_name(name).map_err(os("looking up the wire end"))
+}
+
+/// Gives an end its MAC, MTU and address and sets it up or down.
+pub fn configure(
+    pod: &mut Netlink,
+    name: &str,
+    mac: [u8; 6],
+    mtu: u32,
+    address: Option<(IpAddr, u8)>,
+    up: bool,
+) -> Result<(), KernelError> {
+    let link = find(pod, name)?.ok_or_else(|| {
+        KernelError::os(
+            format!("wire end {name}"),
+            std::io::Error::from_raw_os_error(libc::ENODEV),
+        )
+    })?;
+    if link.mac != mac {
+        pod.set_mac(link.index, mac).map_err(os("setting the wire end's MAC"))?;
+    }
+    if link.mtu != mtu {
+        pod.set_mtu(link.index, mtu).map_err(os("setting the wire end's MTU"))?;
+    }
+    if let Some((ip, prefix)) = address {
+        let have = pod
+            .addresses(link.index)
+            .map_err(os("listing the wire end's addresses"))?;
+        if !have.contains(&(ip, prefix)) {
+            pod.add_address(link.index, ip, prefix)
+                .map_err(os("adding the wire end's address"))?;
+        }
+    }
+    if link.up != up {
+        pod.set_up(link.index, up).map_err(os("setting the wire end's state"))?;
+    }
+    Ok(())
+}
+
+/// Points a VXLAN end at its peer: every frame (the all-zeros FDB entry) and the peer's
+/// MAC go unicast to the peer node's VTEP `vtep`, and the peer's address resolves to
+/// its MAC without ARP, so the underlay never needs broadcast or multicast.
+pub fn point_vxlan(
+    pod: &mut Netlink,
+    name: &str,
+    vtep: IpAddr,
+    peer_mac: [u8; 6],
+    peer_ip: Option<IpAddr>,
+) -> Result<(), KernelError> {
+    let link = find(pod, name)?.ok_or_else(|| {
+        KernelError::os(
+            format!("VXLAN end {name}"),
+            std::io::Error::from_raw_os_error(libc::ENODEV),
+        )
+    })?;
+    pod.set_fdb(link.index, [0; 6], vtep)
+        .map_err(os("setting the VXLAN default FDB entry"))?;
+    pod.set_fdb(link.index, peer_mac, vtep)
+        .map_err(os("setting the VXLAN peer FDB entry"))?;
+    if let Some(ip) = peer_ip {
+        pod.set_neighbour(link.index, ip, peer_mac)
+            .map_err(os("setting the peer's neighbour entry"))?;
+    }
+    Ok(())
+}
+
+/// The VTEP every frame of a VXLAN end goes to (its all-zeros FDB entry), if set.
+pub fn vxlan_vtep(pod: &mut Netlink, name: &str) -> Result<Option<IpAddr>, KernelError> {
+    let Some(link) = find(pod, name)? else { return Ok(None) };
+    Ok(pod
+        .fdb(link.index)
+        .map_err(os("listing FDB entries"))?
+        .into_iter()
+        .find(|(m, _)| *m == [0; 6])
+        .map(|(_, d)| d))
+}
+
+/// Sets an end up or down; returns whether it exists.
+pub fn set_state(pod: &mut Netlink, name: &str, up: bool) -> Result<bool, KernelError> {
+    match find(pod, name)? {
+        Some(l) => {
+            if l.up != up {
+                pod.set_up(l.index, up).map_err(os("setting the wire end's state"))?;
+            }
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// An end's counters; `None` when it does not exist.
+pub fn stats(pod: &mut Netlink, name: &str) -> Result<Option<(Link, LinkStats)>, KernelError> {
+    pod.stats(name).map_err(os("reading the wire end's counters"))
+}
+
+/// Removes an end; returns whether it existed.
+pub fn remove(pod: &mut Netlink, name: &str) -> Result<bool, KernelError> {
+    pod.delete_link(name).map_err(os("removing the wire end"))
+}

@@ -1,0 +1,217 @@
+//! Wire ends against the real kernel: veth between pods, VXLAN across routed "nodes"
+//! with unicast FDB entries only, and persistent TAP ends.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::time::Duration;
+
+use weft_kernel::testutil::{TempNetns, privileged};
+use weft_kernel::{NetNs, tap, wire};
+
+fn ns(t: &TempNetns) -> NetNs {
+    NetNs::open(t.path()).unwrap()
+}
+
+/// Runs `ip args` inside the namespace.
+fn ip(t: &TempNetns, args: &[&str]) {
+    let net = format!("--net={}", t.path().display());
+    let out = Command::new("nsenter").arg(net).arg("ip").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn tcp_echo(server: &TempNetns, client: &TempNetns, addr: &str) -> bool {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            server.run(|| {
+                let l = TcpListener::bind(addr).unwrap();
+                tx.send(()).unwrap();
+                if let Ok((mut c, _)) = l.accept() {
+                    let mut b = [0u8; 4];
+                    if c.read_exact(&mut b).is_ok() {
+                        let _ = c.write_all(&b);
+                    }
+                }
+            })
+        });
+        rx.recv().unwrap();
+        client.run(|| {
+            let Ok(mut c) = TcpStream::connect_timeout(&addr, Duration::from_secs(3)) else {
+                return false;
+            };
+            c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            c.write_all(b"wire").unwrap();
+            let mut b = [0u8; 4];
+            c.read_exact(&mut b).is_ok() && &b == b"wire"
+        })
+    })
+}
+
+#[test]
+fn a_veth_wire_joins_two_pods() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let (a, b) = (TempNetns::new(), TempNetns::new());
+    node.run(|| {
+        wire::veth_between(
+            &ns(&a),
+            "e1",
+            [2, 0, 0, 0, 1, 1],
+            &ns(&b),
+            "e2",
+            [2, 0, 0, 0, 2, 1],
+            1500,
+        )
+    })
+    .unwrap();
+    for (t, name, mac, ip) in [
+        (&a, "e1", [2, 0, 0, 0, 1, 1], "12.0.0.1"),
+        (&b, "e2", [2, 0, 0, 0, 2, 1], "12.0.0.2"),
+    ] {
+        let mut s = wire::socket_in(&ns(t)).unwrap();
+        wire::configure(&mut s, name, mac, 1500, Some((ip.parse().unwrap(), 24)), true).unwrap();
+    }
+    assert!(tcp_echo(&b, &a, "12.0.0.2:7000"));
+    // Counters come from the kernel.
+    let mut s = wire::socket_in(&ns(&a)).unwrap();
+    let (link, stats) = wire::stats(&mut s, "e1").unwrap().unwrap();
+    assert!(link.up && stats.tx_packets > 0 && stats.rx_packets > 0, "{stats:?}");
+    // A name that exists is refused; removal takes both ends.
+    let err = node.run(|| {
+        wire::veth_between(
+            &ns(&a),
+            "e1",
+            [2, 0, 0, 0, 1, 2],
+            &ns(&b),
+            "e9",
+            [2, 0, 0, 0, 2, 2],
+            1500,
+        )
+    });
+    assert!(
+        matches!(err, Err(weft_kernel::KernelError::InterfaceExists { .. })),
+        "{err:?}"
+    );
+    assert!(wire::remove(&mut s, "e1").unwrap());
+    let mut sb = wire::socket_in(&ns(&b)).unwrap();
+    assert!(wire::find(&mut sb, "e2").unwrap().is_none());
+    assert!(!wire::remove(&mut s, "e1").unwrap());
+}
+
+#[test]
+fn a_vxlan_wire_crosses_a_routed_underlay_with_unicast_fdb() {
+    if !privileged() {
+        return;
+    }
+    // Two nodes in different subnets joined by a router: no shared broadcast domain.
+    let (router, n1, n2) = (TempNetns::new(), TempNetns::new(), TempNetns::new());
+    let (p1, p2) = (TempNetns::new(), TempNetns::new());
+    for (n, r_if, n_if, r_ip, n_ip, gw) in [
+        (&n1, "r1", "u1", "10.91.0.1/24", "10.91.0.2/24", "10.91.0.1"),
+        (&n2, "r2", "u2", "10.92.0.1/24", "10.92.0.2/24", "10.92.0.1"),
+    ] {
+        ip(
+            &router,
+            &[
+                "link",
+                "add",
+                r_if,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                n_if,
+                "netns",
+                &n.path().display().to_string(),
+            ],
+        );
+        ip(&router, &["addr", "add", r_ip, "dev", r_if]);
+        ip(&router, &["link", "set", r_if, "up"]);
+        ip(n, &["addr", "add", n_ip, "dev", n_if]);
+        ip(n, &["link", "set", n_if, "up"]);
+        ip(n, &["route", "add", "default", "via", gw]);
+    }
+    router.run(weft_kernel::enable_forwarding).unwrap();
+    let (m1, m2) = ([2, 0, 0, 9, 1, 1], [2, 0, 0, 9, 2, 1]);
+    let (v1, v2): (IpAddr, IpAddr) = ("10.91.0.2".parse().unwrap(), "10.92.0.2".parse().unwrap());
+    n1.run(|| wire::vxlan_into(&ns(&p1), "e1", m1, 424_242, v1, 1450))
+        .unwrap();
+    n2.run(|| wire::vxlan_into(&ns(&p2), "e1", m2, 424_242, v2, 1450))
+        .unwrap();
+    for (p, mac, ip_, peer_mac, vtep, peer_ip) in [
+        (&p1, m1, "12.1.0.1", m2, v2, "12.1.0.2"),
+        (&p2, m2, "12.1.0.2", m1, v1, "12.1.0.1"),
+    ] {
+        let mut s = wire::socket_in(&ns(p)).unwrap();
+        wire::configure(&mut s, "e1", mac, 1450, Some((ip_.parse().unwrap(), 24)), true).unwrap();
+        wire::point_vxlan(&mut s, "e1", vtep, peer_mac, Some(peer_ip.parse().unwrap())).unwrap();
+        assert_eq!(wire::vxlan_vtep(&mut s, "e1").unwrap(), Some(vtep));
+    }
+    assert!(tcp_echo(&p2, &p1, "12.1.0.2:7000"), "traffic over the VXLAN wire");
+    // The peer moves: re-pointing replaces the VTEP.
+    let mut s = wire::socket_in(&ns(&p1)).unwrap();
+    let moved: IpAddr = "10.93.0.2".parse().unwrap();
+    wire::point_vxlan(&mut s, "e1", moved, m2, None).unwrap();
+    assert_eq!(wire::vxlan_vtep(&mut s, "e1").unwrap(), Some(moved));
+}
+
+#[test]
+fn a_tap_end_persists_and_is_reattached_by_name() {
+    if !privileged() {
+        return;
+    }
+    let p = TempNetns::new();
+    let pod = ns(&p);
+    let fd = tap::open(&pod, "e7").unwrap();
+    let mut s = wire::socket_in(&pod).unwrap();
+    wire::configure(
+        &mut s,
+        "e7",
+        [2, 0, 0, 7, 7, 7],
+        1500,
+        Some(("12.7.0.1".parse().unwrap(), 24)),
+        true,
+    )
+    .unwrap();
+    drop(fd);
+    // The device outlives the descriptor (weftd restarting) ...
+    let link = wire::find(&mut s, "e7")
+        .unwrap()
+        .expect("persistent TAP survives its descriptor");
+    assert_eq!(link.mac, vec![2, 0, 0, 7, 7, 7]);
+    // ... and a new descriptor attaches to it and sees what the pod sends.
+    let fd = tap::open(&pod, "e7").unwrap();
+    p.run(|| {
+        let sock = std::net::UdpSocket::bind("12.7.0.1:0").unwrap();
+        // A neighbour entry avoids waiting on ARP: the frame is sent at once.
+        let _ = sock.send_to(b"hello", "12.7.0.2:9");
+    });
+    let mut buf = [0u8; 2048];
+    let mut got = 0;
+    for _ in 0..200 {
+        // SAFETY: reading into a local buffer from an open descriptor.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            got = n as usize;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        got > tap::VNET_HDR_LEN + 14,
+        "a frame (ARP or IPv4) with its virtio-net header came out of the TAP"
+    );
+    assert!(
+        wire::remove(&mut s, "e7").unwrap(),
+        "a persistent TAP is removed by deleting the link"
+    );
+}
