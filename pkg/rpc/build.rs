@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "weft/cnirpc/v1/cni.proto",
         "weft/admin/v1/admin.proto",
+        "weft/wire/v1/wire.proto",
         "google/rpc/status.proto",
     ];
     for f in &files {
@@ -16,6 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .build_transport(false)
+        // Frame payloads are reference-counted slices: no copy per frame on decode.
+        .bytes(".weft.wire.v1.Frame.data")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -619,15 +619,17 @@ fn dashboard_matches_the_grafana_schema() {
         workspace().join("test/grafana/node_modules/@grafana/schema").exists(),
         "test/grafana/node_modules is missing: run test/install-deps.sh (npm ci in test/grafana)"
     );
-    let out = run(std::process::Command::new("node")
-        .arg(&validator)
-        .arg(workspace().join("dashboards/weft.json")));
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for dashboard in ["dashboards/weft.json", "dashboards/weft-wires.json"] {
+        let out = run(std::process::Command::new("node")
+            .arg(&validator)
+            .arg(workspace().join(dashboard)));
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     // The validator can fail: a dashboard with a wrong type is refused.
     let bad = weft_tests::TempDir::new("dash");
     let mut d: Value =

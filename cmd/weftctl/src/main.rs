@@ -33,6 +33,12 @@ enum Command {
     /// Benchmark weft beside the reference plugins (ptp + host-local), in namespaces
     /// it creates and removes. Needs root.
     Bench(commands::bench::BenchArgs),
+    /// A multi-node lab on this machine out of network namespaces: nodes in different
+    /// subnets behind a router, a weftd per node, pods wired from Topology objects.
+    /// Needs root.
+    Lab(commands::lab::LabArgs),
+    /// Prints the CustomResourceDefinitions (Topology, WireState) as YAML.
+    Crds,
 }
 
 fn main() -> ExitCode {
@@ -40,6 +46,8 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         // The benchmark drives processes and runtimes of its own: it runs outside ours.
         Command::Bench(args) => commands::bench::run(args, cli.json),
+        Command::Lab(args) => commands::lab::run(args, cli.json),
+        Command::Crds => commands::crds::run(),
         command => async_command(command, &cli.socket, cli.json),
     };
     match outcome {
@@ -59,7 +67,7 @@ fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyh
             Command::Status => commands::status::run(socket, json).await,
             Command::Calls(args) => commands::calls::run(socket, args, json).await,
             Command::Ports => commands::ports::run(socket, json).await,
-            Command::Bench(_) => unreachable!("run outside the runtime"),
+            Command::Bench(_) | Command::Lab(_) | Command::Crds => unreachable!("run outside the runtime"),
         }
     })
 }

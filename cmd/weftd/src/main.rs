@@ -2,7 +2,7 @@
 //! recovery, the CNI and admin services on the UNIX socket, the HTTP endpoints, and
 //! an orderly shutdown.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,12 +13,14 @@ use clap::Parser;
 use tokio::sync::watch;
 use tracing::{error, info};
 use weft_daemon::service::{AdminService, CniService};
-use weft_daemon::{Handler, KernelNetworking, NodeInfo, recover, server};
+use weft_daemon::{Handler, KernelNetworking, NodeInfo, WiredPod, Wiring, recover, server};
 use weft_rpc::admin::admin_server::AdminServer;
 use weft_rpc::cnirpc::cni_server::CniServer;
 use weft_store::Store;
 use weft_telemetry::metrics::RangeLabels;
 use weft_telemetry::{CallLog, GrpcLayer, LogFormat, Metrics, Readiness};
+use weft_topology::{LinkKind, TopologySource};
+use weft_wires::{Engine, EngineConfig, LocalPod, WireService};
 
 /// The weft node daemon: serves CNI calls relayed by the `weft` plugin.
 #[derive(Debug, Parser)]
@@ -49,6 +51,72 @@ struct Args {
     /// How many finished CNI calls to keep for `weftctl calls`.
     #[arg(long, env = "WEFT_CALLS_HISTORY", default_value_t = 256)]
     calls_history: usize,
+    /// Read Topology objects from YAML/JSON files in this directory instead of the
+    /// Kubernetes API (labs outside a cluster; several daemons may share it).
+    #[arg(long, env = "WEFT_TOPOLOGY_DIR")]
+    topology_dir: Option<PathBuf>,
+    /// Read Topology objects from the Kubernetes API (the default inside a cluster,
+    /// where KUBERNETES_SERVICE_HOST is set).
+    #[arg(long, env = "WEFT_KUBERNETES")]
+    kubernetes: Option<bool>,
+    /// TCP address of the node-to-node wire service (same port on every node).
+    #[arg(long, env = "WEFT_WIRE_ADDR", default_value = "0.0.0.0:9385")]
+    wire_addr: SocketAddr,
+    /// This node's underlay address, the one peers reach it on (default: the Node's
+    /// InternalIP, or the wire address when it is not a wildcard).
+    #[arg(long, env = "WEFT_NODE_ADDRESS")]
+    node_address: Option<IpAddr>,
+    /// How links between pods on different nodes are carried unless the link says.
+    #[arg(long, env = "WEFT_INTER_NODE_LINK", value_enum, default_value = "vxlan")]
+    inter_node_link: InterNodeLink,
+    /// MTU of wire ends (VXLAN ends get this minus the encapsulation).
+    #[arg(long, env = "WEFT_WIRE_MTU", default_value_t = 1500)]
+    wire_mtu: u32,
+}
+
+/// `--inter-node-link` values.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum InterNodeLink {
+    /// Kernel VXLAN with unicast FDB entries.
+    Vxlan,
+    /// Frames carried by weftd over batched gRPC streams.
+    Grpc,
+}
+
+/// The wire engine as the handler's wiring seam.
+struct EngineWiring(Arc<Engine>);
+
+impl Wiring for EngineWiring {
+    fn pod_added(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let local = LocalPod {
+                netns: pod.netns,
+                container_id: pod.container_id,
+            };
+            self.0.pod_added(&pod.namespace, &pod.name, local).await
+        })
+    }
+    fn pod_removed(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async move { self.0.pod_removed(&pod.namespace, &pod.name, &pod.container_id).await })
+    }
+}
+
+/// The topology source the flags ask for, if any.
+async fn topology_source(args: &Args, node_name: &str) -> anyhow::Result<Option<Arc<dyn TopologySource>>> {
+    if let Some(dir) = &args.topology_dir {
+        let src = weft_topology::DirSource::start(dir.clone(), node_name.to_string())
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("reading topologies from {}", dir.display()))?;
+        return Ok(Some(src));
+    }
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    if args.kubernetes.unwrap_or(in_cluster) {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the Kubernetes API")?;
+        return Ok(Some(weft_topology::KubeSource::start(client, node_name.to_string())));
+    }
+    Ok(None)
 }
 
 /// The version and commit weftd reports.
@@ -128,13 +196,56 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
         "start-up recovery done"
     );
 
-    let handler = Arc::new(Handler::new(
+    let source = topology_source(&args, &node_name).await?;
+    let engine = match &source {
+        Some(source) => {
+            let pods = store
+                .run(|db| db.list(None, Some(weft_store::State::Ready)))
+                .await
+                .context("listing attachments")?
+                .into_iter()
+                .filter(|a| !a.pod.name.is_empty())
+                .map(|a| {
+                    let ns = if a.pod.namespace.is_empty() {
+                        "default".to_string()
+                    } else {
+                        a.pod.namespace
+                    };
+                    let pod = LocalPod {
+                        netns: a.netns,
+                        container_id: a.key.container_id,
+                    };
+                    ((ns, a.pod.name), pod)
+                })
+                .collect();
+            let cfg = EngineConfig {
+                node_name: node_name.clone(),
+                node_address: args
+                    .node_address
+                    .or_else(|| (!args.wire_addr.ip().is_unspecified()).then(|| args.wire_addr.ip())),
+                wire_port: args.wire_addr.port(),
+                default_kind: match args.inter_node_link {
+                    InterNodeLink::Vxlan => LinkKind::Vxlan,
+                    InterNodeLink::Grpc => LinkKind::Grpc,
+                },
+                mtu: args.wire_mtu,
+                resync: Duration::from_secs(args.reconcile_interval.max(1)),
+            };
+            Some(Engine::start(cfg, source.clone(), store.clone(), metrics.clone(), pods).await)
+        }
+        None => None,
+    };
+    let mut handler = Handler::new(
         store.clone(),
         kernel,
         NodeInfo {
             name: node_name.clone(),
         },
-    ));
+    );
+    if let Some(engine) = &engine {
+        handler = handler.with_wiring(Arc::new(EngineWiring(engine.clone())));
+    }
+    let handler = Arc::new(handler);
     let repaired = handler
         .sync_host_ports()
         .await
@@ -169,7 +280,7 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
         weft_telemetry::router(
             ready.clone(),
             metrics.clone(),
-            Some(refresh_gauges(store.clone(), metrics.clone())),
+            Some(refresh_gauges(store.clone(), metrics.clone(), engine.clone())),
         ),
         stopped(stop_rx.clone()),
     ));
@@ -187,7 +298,36 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
         Duration::from_secs(args.reconcile_interval.max(1)),
         stopped(stop_rx.clone()),
     ));
-    ready.set(true);
+    let wire_task = match &engine {
+        Some(engine) => {
+            let wire = tokio::net::TcpListener::bind(args.wire_addr)
+                .await
+                .with_context(|| format!("binding the wire service on {}", args.wire_addr))?;
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(wire);
+            let serve = tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .initial_stream_window_size(Some(4 << 20))
+                .initial_connection_window_size(Some(8 << 20))
+                .add_service(WireService::server(engine.clone()))
+                .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+            Some(tokio::spawn(serve))
+        }
+        None => None,
+    };
+    match source {
+        // Not ready before the caches are filled: an ADD must find its topology.
+        Some(source) => {
+            let ready = ready.clone();
+            tokio::spawn(async move {
+                while !source.ready() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                ready.set(true);
+                info!("topology caches synced");
+            });
+        }
+        None => ready.set(true),
+    }
     info!(socket = %args.socket.display(), http = %args.metrics_addr, "weftd ready");
 
     shutdown.await;
@@ -196,6 +336,9 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
     let _ = stop_tx.send(true);
     let _ = grpc_task.await;
     let _ = reconcile_task.await;
+    if let Some(t) = wire_task {
+        let _ = t.await;
+    }
     let _ = std::fs::remove_file(&args.socket);
     if tokio::time::timeout(Duration::from_secs(10), handler.drain_teardowns())
         .await
@@ -232,11 +375,15 @@ async fn reconcile<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
     }
 }
 
-/// Sets the gauges read from the store (addresses per range, pods) before a scrape.
-fn refresh_gauges(store: Store, metrics: Arc<Metrics>) -> weft_telemetry::Refresh {
+/// Sets the gauges read from the store (addresses per range, pods) and the kernel
+/// wires' counters before a scrape.
+fn refresh_gauges(store: Store, metrics: Arc<Metrics>, engine: Option<Arc<Engine>>) -> weft_telemetry::Refresh {
     Arc::new(move || {
-        let (store, metrics) = (store.clone(), metrics.clone());
+        let (store, metrics, engine) = (store.clone(), metrics.clone(), engine.clone());
         Box::pin(async move {
+            if let Some(engine) = engine {
+                engine.sample_counters().await;
+            }
             let read = store.run(|db| Ok((db.range_usage()?, db.counts()?, db.ports()?.len())));
             if let Ok((usage, counts, ports)) = read.await {
                 metrics.hostports.set(i64::try_from(ports).unwrap_or(i64::MAX));

@@ -19,7 +19,7 @@ use weft_store::{
 
 use crate::locks::{KeyedLocks, Teardowns};
 use crate::naming;
-use crate::seams::{Ipam, PodNetworking};
+use crate::seams::{Ipam, PodNetworking, WiredPod, Wiring};
 
 /// A span for one phase of a call; closed phases become
 /// `weft_cni_phase_duration_seconds{phase=...}` observations and trace spans.
@@ -43,6 +43,7 @@ pub struct Handler<I, K> {
     locks: KeyedLocks,
     teardowns: Arc<Teardowns>,
     node: NodeInfo,
+    wiring: Option<Arc<dyn Wiring>>,
 }
 
 fn store_err(e: StoreError) -> CniError {
@@ -222,7 +223,27 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             locks: KeyedLocks::new(256),
             teardowns: Arc::new(Teardowns::default()),
             node,
+            wiring: None,
         }
+    }
+
+    /// Adds the wiring seam (pods with a Topology get their links after `eth0`).
+    pub fn with_wiring(mut self, wiring: Arc<dyn Wiring>) -> Self {
+        self.wiring = Some(wiring);
+        self
+    }
+
+    fn wired_pod(att: &Attachment) -> Option<WiredPod> {
+        (!att.pod.name.is_empty()).then(|| WiredPod {
+            namespace: if att.pod.namespace.is_empty() {
+                "default".into()
+            } else {
+                att.pod.namespace.clone()
+            },
+            name: att.pod.name.clone(),
+            netns: att.netns.clone(),
+            container_id: att.key.container_id.clone(),
+        })
     }
 
     /// The node this handler serves.
@@ -336,6 +357,9 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             return Err(store_err(e));
         }
         info!(attachment = %key, host_ifname = %att.host_ifname, addresses = ?att.addresses.iter().map(|a| a.address).collect::<Vec<_>>(), "pod attached");
+        if let (Some(w), Some(pod)) = (&self.wiring, Self::wired_pod(&att)) {
+            w.pod_added(pod).instrument(phase!("wires")).await;
+        }
         Ok(result::render(
             conf.version,
             &result::merge_prev(conf.prev_result.as_ref(), &ours),
@@ -372,6 +396,9 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         let Some(att) = begun.map_err(store_err)? else {
             return Ok(());
         };
+        if let (Some(w), Some(pod)) = (&self.wiring, Self::wired_pod(&att)) {
+            w.pod_removed(pod).instrument(phase!("wires")).await;
+        }
         self.start_teardown(att).await;
         Ok(())
     }

@@ -16,4 +16,4 @@ pub mod server;
 pub mod service;
 
 pub use handler::{Handler, NodeInfo};
-pub use seams::{Ipam, KernelNetworking, PodNetworking};
+pub use seams::{Ipam, KernelNetworking, PodNetworking, WiredPod, Wiring};

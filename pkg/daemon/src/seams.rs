@@ -155,3 +155,26 @@ impl PodNetworking for KernelNetworking {
         .await
     }
 }
+
+/// A pod the wiring seam hears about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WiredPod {
+    /// Its namespace (`K8S_POD_NAMESPACE`).
+    pub namespace: String,
+    /// Its name (`K8S_POD_NAME`).
+    pub name: String,
+    /// Its network namespace path.
+    pub netns: String,
+    /// Its sandbox's container id.
+    pub container_id: String,
+}
+
+/// Point-to-point wires between pods (the third seam, optional): told when a pod of
+/// this node is attached or detached; it builds or removes the pod's wires. Wiring
+/// problems never fail a CNI call: the wiring retries on its own.
+pub trait Wiring: Send + Sync + 'static {
+    /// The pod is attached (its `eth0` is up): wire it.
+    fn pod_added(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()>;
+    /// The pod is being detached: remove its wire ends and tell their peers.
+    fn pod_removed(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()>;
+}

@@ -3,10 +3,12 @@
 //! (environment, config on stdin, stdout captured, exit status). Used by
 //! `weftctl bench` and, later, `weftctl lab`.
 
+pub mod cluster;
 mod daemon;
 mod exec;
 mod netns;
 
+pub use cluster::{Lab, LabSpec, LinkCheck, NodeSpec};
 pub use daemon::{DaemonPaths, NodeDaemon};
 pub use exec::{CniExec, ExecOutcome};
 pub use netns::NamedNetns;

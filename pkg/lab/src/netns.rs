@@ -41,6 +41,14 @@ impl NamedNetns {
         Ok(ns)
     }
 
+    /// A handle on an existing namespace `name`, which drop leaves in place.
+    pub fn existing(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            keep: true,
+        }
+    }
+
     /// Its name.
     pub fn name(&self) -> &str {
         &self.name

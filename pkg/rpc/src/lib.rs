@@ -20,6 +20,12 @@ pub mod admin {
     tonic::include_proto!("weft.admin.v1");
 }
 
+/// The node-to-node wire service (`weft.wire.v1`).
+pub mod wire {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("weft.wire.v1");
+}
+
 /// The standard gRPC rich-error envelope (`google.rpc.Status`).
 pub mod rpc_status {
     #![allow(missing_docs, clippy::all)]

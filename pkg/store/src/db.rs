@@ -131,6 +131,89 @@ impl Db {
         Ok(BeginAdd::Created(att))
     }
 
+    /// Records a wire end, or updates the one with the same id. Fails with
+    /// [`StoreError::VniTaken`] when its VNI is held by another end of the node.
+    pub fn put_wire(&mut self, w: &WireRecord) -> Result<(), StoreError> {
+        let tx = self.immediate()?;
+        if let Some(vni) = w.vni {
+            let holder: Option<i64> = tx
+                .query_row(
+                    "SELECT id FROM wires WHERE vni = ?1 AND id != ?2",
+                    params![vni, w.id as i64],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if let Some(h) = holder {
+                return Err(StoreError::VniTaken { vni, holder: h as u64 });
+            }
+        }
+        tx.execute(
+            "INSERT INTO wires (id, namespace, link_uid, local_pod, local_intf, peer_pod, peer_intf, peer_id, kind,
+                                peer_node, vni, netns, state, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+             ON CONFLICT (id) DO UPDATE SET local_intf = ?5, peer_pod = ?6, peer_intf = ?7, peer_id = ?8, kind = ?9,
+                 peer_node = ?10, vni = ?11, netns = ?12, state = ?13, updated_at = ?14",
+            params![
+                w.id as i64,
+                w.namespace,
+                w.link_uid,
+                w.local_pod,
+                w.local_intf,
+                w.peer_pod,
+                w.peer_intf,
+                w.peer_id as i64,
+                w.kind,
+                w.peer_node,
+                w.vni.map(i64::from),
+                w.netns,
+                w.state,
+                now_ms()
+            ],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The wire end with this id.
+    pub fn wire(&mut self, id: u64) -> Result<Option<WireRecord>, StoreError> {
+        Ok(self
+            .conn
+            .query_row(
+                &format!("SELECT {WIRE_COLUMNS} FROM wires WHERE id = ?1"),
+                params![id as i64],
+                wire_row,
+            )
+            .optional()?)
+    }
+
+    /// Every wire end of the node.
+    pub fn wires(&mut self) -> Result<Vec<WireRecord>, StoreError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {WIRE_COLUMNS} FROM wires ORDER BY namespace, link_uid, local_pod"
+        ))?;
+        let rows = stmt.query_map([], wire_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Which wire end holds `vni`, if any.
+    pub fn vni_holder(&mut self, vni: u32) -> Result<Option<u64>, StoreError> {
+        Ok(self
+            .conn
+            .query_row("SELECT id FROM wires WHERE vni = ?1", params![vni], |r| {
+                r.get::<_, i64>(0)
+            })
+            .optional()?
+            .map(|v| v as u64))
+    }
+
+    /// Forgets a wire end.
+    pub fn remove_wire(&mut self, id: u64) -> Result<(), StoreError> {
+        let tx = self.immediate()?;
+        tx.execute("DELETE FROM wires WHERE id = ?1", params![id as i64])?;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Every host port held on the node, with the pod holding it.
     pub fn ports(&mut self) -> Result<Vec<HeldPort>, StoreError> {
         let mut stmt = self.conn.prepare(
@@ -203,6 +286,31 @@ impl Db {
     pub fn get(&mut self, key: &AttachmentKey) -> Result<Option<Attachment>, StoreError> {
         let tx = self.conn.transaction()?;
         let a = load(&tx, key)?;
+        tx.commit()?;
+        Ok(a)
+    }
+
+    /// The ready attachment of Kubernetes pod `namespace/name`, if it runs on this node.
+    pub fn attachment_of_pod(&mut self, namespace: &str, name: &str) -> Result<Option<Attachment>, StoreError> {
+        let tx = self.conn.transaction()?;
+        let key = tx
+            .query_row(
+                "SELECT network, container_id, ifname FROM attachments
+                 WHERE pod_namespace = ?1 AND pod_name = ?2 AND state = 'ready' ORDER BY id LIMIT 1",
+                params![namespace, name],
+                |r| {
+                    Ok(AttachmentKey {
+                        network: r.get(0)?,
+                        container_id: r.get(1)?,
+                        ifname: r.get(2)?,
+                    })
+                },
+            )
+            .optional()?;
+        let a = match key {
+            Some(k) => load(&tx, &k)?,
+            None => None,
+        };
         tx.commit()?;
         Ok(a)
     }
@@ -312,6 +420,27 @@ impl Db {
         }
         Ok(out)
     }
+}
+
+const WIRE_COLUMNS: &str =
+    "id, namespace, link_uid, local_pod, local_intf, peer_pod, peer_intf, peer_id, kind, peer_node, vni, netns, state";
+
+fn wire_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<WireRecord> {
+    Ok(WireRecord {
+        id: r.get::<_, i64>(0)? as u64,
+        namespace: r.get(1)?,
+        link_uid: r.get(2)?,
+        local_pod: r.get(3)?,
+        local_intf: r.get(4)?,
+        peer_pod: r.get(5)?,
+        peer_intf: r.get(6)?,
+        peer_id: r.get::<_, i64>(7)? as u64,
+        kind: r.get(8)?,
+        peer_node: r.get(9)?,
+        vni: r.get::<_, Option<i64>>(10)?.map(|v| v as u32),
+        netns: r.get(11)?,
+        state: r.get(12)?,
+    })
 }
 
 fn port_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PortMapping> {

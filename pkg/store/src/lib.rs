@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 pub use addr::{capacity, gateway, pool};
 pub use attachment::{
     Allocation, Attachment, AttachmentKey, BeginAdd, Family, HeldPort, NewAttachment, PodRef, PortMapping, PortRequest,
-    RangeUsage, State,
+    RangeUsage, State, WireRecord,
 };
 pub use db::Db;
 pub use schema::CURRENT_VERSION as SCHEMA_VERSION;
@@ -52,6 +52,14 @@ pub enum StoreError {
         mapping: String,
         /// Who holds it (`namespace/pod`, or the container id).
         holder: String,
+    },
+    /// A VXLAN network id is held by another wire end of the node.
+    #[error("VNI {vni} is held by wire {holder:#x}")]
+    VniTaken {
+        /// The VNI.
+        vni: u32,
+        /// The wire id holding it.
+        holder: u64,
     },
     /// A host port cannot be set up for this pod.
     #[error("host port {0}")]

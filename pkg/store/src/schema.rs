@@ -66,6 +66,33 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX port_mappings_by_port ON port_mappings(family, host_port, protocol);
     CREATE INDEX port_mappings_by_attachment ON port_mappings(attachment_id);
     ",
+    // 3: wire ends.
+    r"
+    CREATE TABLE wires (
+        -- this end's wire id: derived from (namespace, link uid, pod), stable forever
+        id          INTEGER PRIMARY KEY,
+        namespace   TEXT NOT NULL,
+        link_uid    INTEGER NOT NULL,
+        local_pod   TEXT NOT NULL,
+        local_intf  TEXT NOT NULL,
+        peer_pod    TEXT NOT NULL,
+        peer_intf   TEXT NOT NULL,
+        peer_id     INTEGER NOT NULL,
+        kind        TEXT NOT NULL CHECK (kind IN ('veth', 'vxlan', 'grpc')),
+        -- the peer's node address; '' when the peer is on this node or not known yet
+        peer_node   TEXT NOT NULL DEFAULT '',
+        -- VXLAN network id agreed with the peer node; unique on the node
+        vni         INTEGER UNIQUE,
+        -- the local pod's network namespace, to find the end again after a restart
+        netns       TEXT NOT NULL,
+        -- up | down | pending
+        state       TEXT NOT NULL,
+        updated_at  INTEGER NOT NULL,
+        UNIQUE (namespace, link_uid, local_pod)
+    );
+    CREATE INDEX wires_by_pod ON wires(namespace, local_pod);
+    CREATE INDEX attachments_by_pod ON attachments(pod_namespace, pod_name);
+    ",
 ];
 
 /// The schema version this binary writes.

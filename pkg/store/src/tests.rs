@@ -277,3 +277,49 @@ async fn concurrent_adds_through_the_writer_never_share_an_address() {
     let n = store.run(|db| db.allocated_addresses()).await.unwrap().len();
     assert_eq!(n, 400);
 }
+
+fn wire(id: u64, uid: i64, vni: Option<u32>) -> WireRecord {
+    WireRecord {
+        id,
+        namespace: "lab".into(),
+        link_uid: uid,
+        local_pod: "r1".into(),
+        local_intf: format!("eth{uid}"),
+        peer_pod: "r2".into(),
+        peer_intf: "eth1".into(),
+        peer_id: id + 1000,
+        kind: if vni.is_some() { "vxlan".into() } else { "grpc".into() },
+        peer_node: "10.2.0.2".into(),
+        vni,
+        netns: "/run/netns/r1".into(),
+        state: "up".into(),
+    }
+}
+
+#[test]
+fn wires_are_kept_with_unique_vnis_and_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weft.db");
+    {
+        let mut db = Db::open(&path).unwrap();
+        db.put_wire(&wire(1, 1, Some(5001))).unwrap();
+        db.put_wire(&wire(2, 2, None)).unwrap();
+        match db.put_wire(&wire(3, 3, Some(5001))) {
+            Err(StoreError::VniTaken { vni: 5001, holder: 1 }) => {}
+            other => panic!("expected VniTaken, got {other:?}"),
+        }
+        // Updating a wire keeps its own VNI.
+        let mut w1 = wire(1, 1, Some(5001));
+        w1.state = "down".into();
+        db.put_wire(&w1).unwrap();
+        assert_eq!(db.vni_holder(5001).unwrap(), Some(1));
+    }
+    let mut db = Db::open(&path).unwrap();
+    let all = db.wires().unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].state, "down");
+    assert_eq!(db.wire(2).unwrap().unwrap().peer_id, 1002);
+    db.remove_wire(1).unwrap();
+    assert_eq!(db.vni_holder(5001).unwrap(), None);
+    db.put_wire(&wire(3, 3, Some(5001))).unwrap();
+}

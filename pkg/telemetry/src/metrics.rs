@@ -69,6 +69,50 @@ pub struct RangeLabels {
     pub state: &'static str,
 }
 
+/// Identity of one wire end (bounded by the node's wires).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WireLabels {
+    /// Topology namespace.
+    pub namespace: String,
+    /// The link's uid.
+    pub link_uid: String,
+    /// The local pod.
+    pub pod: String,
+    /// The interface in the pod.
+    pub intf: String,
+    /// The peer's node address (empty on the same node).
+    pub peer_node: String,
+    /// `veth`, `vxlan` or `grpc`.
+    pub kind: String,
+}
+
+/// [`WireLabels`] plus a direction (`rx`, `tx`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WireDirLabels {
+    /// The wire.
+    #[prometheus(flatten)]
+    pub wire: WireLabels,
+    /// `rx` (into the pod) or `tx` (out of the pod).
+    pub direction: &'static str,
+}
+
+/// [`WireLabels`] plus a drop reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WireDropLabels {
+    /// The wire.
+    #[prometheus(flatten)]
+    pub wire: WireLabels,
+    /// `queue_full`, `no_stream`, `pod_busy`, `kernel_rx`, `kernel_tx`.
+    pub reason: &'static str,
+}
+
+/// A peer node.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabels {
+    /// The peer's node address.
+    pub peer_node: String,
+}
+
 /// The exemplar attached to latency observations: the trace that was slow.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TraceExemplar {
@@ -113,6 +157,22 @@ pub struct Metrics {
     pub hostports: Gauge,
     /// `weft_store_transaction_seconds`.
     pub store_transaction: Histogram,
+    /// `weft_wire_frames_total`.
+    pub wire_frames: Family<WireDirLabels, Counter>,
+    /// `weft_wire_bytes_total`.
+    pub wire_bytes: Family<WireDirLabels, Counter>,
+    /// `weft_wire_drops_total`.
+    pub wire_drops: Family<WireDropLabels, Counter>,
+    /// `weft_wire_up`.
+    pub wire_up: Family<WireLabels, Gauge>,
+    /// `weft_peer_stream_up`.
+    pub peer_stream_up: Family<PeerLabels, Gauge>,
+    /// `weft_peer_stream_reconnects_total`.
+    pub peer_reconnects: Family<PeerLabels, Counter>,
+    /// `weft_peer_batch_frames`.
+    pub peer_batch_frames: Family<PeerLabels, Histogram>,
+    /// `weft_peer_queue_depth`.
+    pub peer_queue_depth: Family<PeerLabels, Gauge>,
     registry: Registry,
 }
 
@@ -134,6 +194,14 @@ impl Metrics {
             pods: Gauge::default(),
             hostports: Gauge::default(),
             store_transaction: Histogram::new(exponential_buckets(0.00001, 2.0, 18)),
+            wire_frames: Family::default(),
+            wire_bytes: Family::default(),
+            wire_drops: Family::default(),
+            wire_up: Family::default(),
+            peer_stream_up: Family::default(),
+            peer_reconnects: Family::default(),
+            peer_batch_frames: Family::new_with_constructor(|| Histogram::new(exponential_buckets(1.0, 2.0, 10))),
+            peer_queue_depth: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -186,6 +254,46 @@ impl Metrics {
             "weft_store_transaction_seconds",
             "Time the state store spent on each transaction",
             m.store_transaction.clone(),
+        );
+        registry.register(
+            "weft_wire_frames",
+            "Frames carried by a wire end, by direction",
+            m.wire_frames.clone(),
+        );
+        registry.register(
+            "weft_wire_bytes",
+            "Bytes carried by a wire end, by direction",
+            m.wire_bytes.clone(),
+        );
+        registry.register(
+            "weft_wire_drops",
+            "Frames a wire end dropped, by reason",
+            m.wire_drops.clone(),
+        );
+        registry.register(
+            "weft_wire_up",
+            "Whether a wire end is up (1) or waiting for its peer (0)",
+            m.wire_up.clone(),
+        );
+        registry.register(
+            "weft_peer_stream_up",
+            "Whether the frame stream to a peer node is established",
+            m.peer_stream_up.clone(),
+        );
+        registry.register(
+            "weft_peer_stream_reconnects",
+            "Times the frame stream to a peer node was re-established",
+            m.peer_reconnects.clone(),
+        );
+        registry.register(
+            "weft_peer_batch_frames",
+            "Frames per batch sent to a peer node",
+            m.peer_batch_frames.clone(),
+        );
+        registry.register(
+            "weft_peer_queue_depth",
+            "Frames waiting to be sent to a peer node",
+            m.peer_queue_depth.clone(),
         );
         registry.register(
             "weft_build",

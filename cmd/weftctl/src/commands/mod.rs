@@ -2,6 +2,8 @@
 
 pub mod bench;
 pub mod calls;
+pub mod crds;
+pub mod lab;
 pub mod ports;
 pub mod status;
 

@@ -1,0 +1,299 @@
+//! Topologies from the Kubernetes API, through watch caches (reflectors): reads never
+//! call the API server.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::future::BoxFuture;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::dir::internal_ip;
+use crate::{SourceError, Topology, TopologySource, TopologyStatus, WireEnd, WireState, validate};
+
+/// The field manager weftd writes as (server-side apply, status patches).
+pub const FIELD_MANAGER: &str = "weftd";
+
+/// A [`TopologySource`] backed by two watch caches: every `Topology` in the cluster and
+/// this node's `Node`. Writes go to the API server.
+pub struct KubeSource {
+    client: Client,
+    node_name: String,
+    topologies: Store<Topology>,
+    nodes: Store<Node>,
+    shared: Arc<Shared>,
+    /// Whether the node's `WireState` object is known to exist (see `set_wire_state`).
+    wire_state_exists: AtomicBool,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+struct Shared {
+    tx: watch::Sender<u64>,
+    topologies_synced: AtomicBool,
+    node_synced: AtomicBool,
+    address: std::sync::Mutex<Option<IpAddr>>,
+}
+
+impl Shared {
+    fn bump(&self) {
+        self.tx.send_modify(|g| *g += 1);
+    }
+}
+
+impl KubeSource {
+    /// Starts watching (in tasks of the current Tokio runtime, which must exist; they end
+    /// when the source is dropped). The caches fill in the background: see
+    /// [`TopologySource::ready`].
+    pub fn start(client: Client, node_name: String) -> Arc<KubeSource> {
+        let shared = Arc::new(Shared {
+            tx: watch::channel(0).0,
+            topologies_synced: AtomicBool::new(false),
+            node_synced: AtomicBool::new(false),
+            address: std::sync::Mutex::new(None),
+        });
+
+        let (topologies, writer) = reflector::store::<Topology>();
+        let stream = watcher(Api::<Topology>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .filter_map(|ev| futures::future::ready(screen(ev)))
+            .reflect(writer);
+        let s = shared.clone();
+        let topo_task = tokio::spawn(drive(stream, "Topology", move |ev| match ev {
+            watcher::Event::InitDone => {
+                s.topologies_synced.store(true, Ordering::Release);
+                s.bump();
+            }
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) => s.bump(),
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }));
+
+        let (nodes, writer) = reflector::store::<Node>();
+        let config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+        let stream = watcher(Api::<Node>::all(client.clone()), config)
+            .default_backoff()
+            .map(|ev| {
+                // Kubelets rewrite their Node often; only the address matters here, so
+                // keep the cache small.
+                ev.map(|ev| {
+                    ev.modify(|n| {
+                        n.metadata.managed_fields = None;
+                        if let Some(st) = n.status.as_mut() {
+                            st.images = None;
+                        }
+                    })
+                })
+            })
+            .reflect(writer);
+        let (s, store) = (shared.clone(), nodes.clone());
+        let node_task = tokio::spawn(drive(stream, "Node", move |ev| {
+            if matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                return;
+            }
+            let address = store.state().first().and_then(|n| internal_ip(n));
+            let first_sync = matches!(ev, watcher::Event::InitDone) && !s.node_synced.swap(true, Ordering::AcqRel);
+            let moved = {
+                let mut a = s.address.lock().expect("lock");
+                std::mem::replace(&mut *a, address) != address
+            };
+            if first_sync || moved {
+                s.bump();
+            }
+        }));
+
+        Arc::new(KubeSource {
+            client,
+            node_name,
+            topologies,
+            nodes,
+            shared,
+            wire_state_exists: AtomicBool::new(false),
+            tasks: vec![topo_task.abort_handle(), node_task.abort_handle()],
+        })
+    }
+
+    /// Writes the node's `WireState` status, creating the object when needed.
+    async fn apply_wire_state(&self, wires: &[WireEnd]) -> Result<(), kube::Error> {
+        let api: Api<WireState> = Api::all(self.client.clone());
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        if !self.wire_state_exists.load(Ordering::Acquire) {
+            let mut metadata = json!({ "name": self.node_name });
+            // Owned by the Node, so the garbage collector removes it with the node.
+            if let Some(uid) = self.nodes.state().first().and_then(|n| n.metadata.uid.clone()) {
+                metadata["ownerReferences"] =
+                    json!([{ "apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid }]);
+            }
+            let body = json!({
+                "apiVersion": WireState::api_version(&()),
+                "kind": WireState::kind(&()),
+                "metadata": metadata,
+                "spec": {},
+            });
+            api.patch(&self.node_name, &pp, &Patch::Apply(&body)).await?;
+            self.wire_state_exists.store(true, Ordering::Release);
+        }
+        let body = json!({
+            "apiVersion": WireState::api_version(&()),
+            "kind": WireState::kind(&()),
+            "metadata": { "name": self.node_name },
+            "status": { "wires": wires },
+        });
+        api.patch_status(&self.node_name, &pp, &Patch::Apply(&body)).await?;
+        Ok(())
+    }
+}
+
+impl Drop for KubeSource {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Keeps invalid Topologies out of the cache: an invalid update removes the object (the
+/// previous valid version is stale too), an invalid object in a (re)list is left out.
+fn screen(ev: watcher::Result<watcher::Event<Topology>>) -> Option<watcher::Result<watcher::Event<Topology>>> {
+    let ev = match ev {
+        Ok(ev) => ev.modify(|t| t.metadata.managed_fields = None),
+        Err(e) => return Some(Err(e)),
+    };
+    let invalid = |t: &Topology| match validate(t) {
+        Ok(()) => false,
+        Err(errors) => {
+            let ns = t.metadata.namespace.as_deref().unwrap_or_default();
+            let name = t.metadata.name.as_deref().unwrap_or_default();
+            tracing::warn!(topology = %format!("{ns}/{name}"), reason = %errors.join("; "), "invalid Topology left out");
+            true
+        }
+    };
+    match ev {
+        watcher::Event::Apply(t) if invalid(&t) => Some(Ok(watcher::Event::Delete(t))),
+        watcher::Event::InitApply(t) if invalid(&t) => None,
+        ev => Some(Ok(ev)),
+    }
+}
+
+/// Runs a reflector stream for ever, calling `on_event` after each event is in the cache.
+async fn drive<K, S>(stream: S, what: &'static str, mut on_event: impl FnMut(&watcher::Event<K>))
+where
+    S: Stream<Item = watcher::Result<watcher::Event<K>>>,
+{
+    let mut stream = std::pin::pin!(stream);
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(ev) => on_event(&ev),
+            // The history moved past us: the watcher relists, nothing is wrong.
+            Err(watcher::Error::WatchError(s)) if s.code == 410 => {
+                tracing::debug!(resource = what, "watch expired (410 Gone); relisting")
+            }
+            Err(e) => tracing::warn!(resource = what, error = %e, "watch failed; retrying with backoff"),
+        }
+    }
+}
+
+/// A merge patch of the whole status: empty fields are sent as `null` so that clearing
+/// a status (pod gone) removes what was there, which a plain serialization (empty fields
+/// skipped) would leave in place.
+fn status_patch(status: &TopologyStatus) -> Value {
+    let s = |v: &str| if v.is_empty() { Value::Null } else { v.into() };
+    json!({
+        "status": {
+            "src_ip": s(&status.src_ip),
+            "net_ns": s(&status.net_ns),
+            "container_id": s(&status.container_id),
+            "skipped": if status.skipped.is_empty() { Value::Null } else { json!(status.skipped) },
+        }
+    })
+}
+
+fn kube_err(e: kube::Error) -> SourceError {
+    SourceError::Kube(e.to_string())
+}
+
+impl TopologySource for KubeSource {
+    fn topology(&self, namespace: &str, pod: &str) -> Option<Arc<Topology>> {
+        self.topologies.get(&ObjectRef::new(pod).within(namespace))
+    }
+
+    fn topologies(&self) -> Vec<Arc<Topology>> {
+        self.topologies.state()
+    }
+
+    fn node_address(&self) -> Option<IpAddr> {
+        *self.shared.address.lock().expect("lock")
+    }
+
+    fn set_status<'a>(
+        &'a self,
+        namespace: &'a str,
+        pod: &'a str,
+        status: TopologyStatus,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let api: Api<Topology> = Api::namespaced(self.client.clone(), namespace);
+            let pp = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            };
+            api.patch_status(pod, &pp, &Patch::Merge(status_patch(&status)))
+                .await
+                .map_err(kube_err)?;
+            Ok(())
+        })
+    }
+
+    /// Server-side apply, as field manager `weftd` with force: the node's daemon is the
+    /// only writer of its `WireState`, so there is nothing to read first, no conflict to
+    /// retry, and the wire list is replaced whole. Because `status` is a subresource, the
+    /// object is created (by an apply of its metadata, once per process, owned by the
+    /// Node when the node is known) before its status is applied; if it was deleted since,
+    /// the status apply answers 404 and both steps run again.
+    fn set_wire_state(&self, wires: Vec<WireEnd>) -> BoxFuture<'_, Result<(), SourceError>> {
+        Box::pin(async move {
+            match self.apply_wire_state(&wires).await {
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    self.wire_state_exists.store(false, Ordering::Release);
+                    self.apply_wire_state(&wires).await.map_err(kube_err)
+                }
+                r => r.map_err(kube_err),
+            }
+        })
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.shared.tx.subscribe()
+    }
+
+    fn ready(&self) -> bool {
+        self.shared.topologies_synced.load(Ordering::Acquire) && self.shared.node_synced.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clearing_a_status_nulls_every_field() {
+        assert_eq!(
+            status_patch(&TopologyStatus::default()),
+            json!({"status": {"src_ip": null, "net_ns": null, "container_id": null, "skipped": null}})
+        );
+        let st = TopologyStatus {
+            src_ip: "10.0.0.1".into(),
+            net_ns: "/var/run/netns/x".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            status_patch(&st),
+            json!({"status": {"src_ip": "10.0.0.1", "net_ns": "/var/run/netns/x", "container_id": null, "skipped": null}})
+        );
+    }
+}

@@ -1,0 +1,24 @@
+//! Where wires come from: meshnet-compatible `Topology` objects (one per pod) and
+//! this node's address, behind one trait ([`TopologySource`]) with two implementations:
+//! [`KubeSource`] reads Kubernetes watch caches (reflectors) in a cluster, [`DirSource`]
+//! reads YAML/JSON files in a directory for labs outside one. The daemon reads only the
+//! cache on the hot path; it writes the pod's status (where it runs) and the node's
+//! `WireState` mirror back through the same trait. Topologies that fail [`validate`] are
+//! never served. [`crds_yaml`] renders the CRDs; the `test-util` feature adds an
+//! in-process fake API server (`testing`) for tests.
+
+pub mod crds;
+pub mod dir;
+pub mod kube;
+pub mod source;
+#[cfg(feature = "test-util")]
+pub mod testing;
+pub mod types;
+pub mod validate;
+
+pub use self::kube::{FIELD_MANAGER, KubeSource};
+pub use crds::crds_yaml;
+pub use dir::{DirSource, LoadProblem};
+pub use source::{MemorySource, SourceError, TopologySource};
+pub use types::*;
+pub use validate::validate;

@@ -1,0 +1,164 @@
+//! The objects wires are described by.
+//!
+//! `Topology` is meshnet's (`networkop.co.uk/v1beta1`): one object per pod, named after
+//! the pod, listing the pod's links. Existing meshnet and KNE topology files load
+//! unchanged; weft adds optional fields (`local_mac`, `peer_mac`, `kind`) that meshnet
+//! ignores. `WireState` is weft's own (`weft.dev/v1alpha1`, one per node, named after
+//! the node): a mirror of the node's wire ends for a cluster-wide view (the node's
+//! SQLite store stays the source of truth for its own ends).
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How a link between two pods on different nodes is carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkKind {
+    /// A veth pair straight between two pods (same node only).
+    Veth,
+    /// A kernel VXLAN tunnel with unicast FDB and neighbour entries.
+    Vxlan,
+    /// Frames carried by weftd over a gRPC stream between the nodes.
+    Grpc,
+}
+
+impl LinkKind {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkKind::Veth => "veth",
+            LinkKind::Vxlan => "vxlan",
+            LinkKind::Grpc => "grpc",
+        }
+    }
+}
+
+/// One link of a pod: a point-to-point wire to an interface of a peer pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Link {
+    /// The link's id; the same on both ends, unique within the namespace.
+    pub uid: i64,
+    /// The peer pod (same namespace).
+    pub peer_pod: String,
+    /// The interface name inside this pod.
+    pub local_intf: String,
+    /// The interface name inside the peer pod.
+    pub peer_intf: String,
+    /// Address (CIDR) for the local interface, if any.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub local_ip: String,
+    /// Address (CIDR) of the peer interface, if any.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub peer_ip: String,
+    /// weft: MAC address for the local interface.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_mac: Option<String>,
+    /// weft: MAC address of the peer interface.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_mac: Option<String>,
+    /// weft: how to carry the link when the pods are on different nodes (default: the
+    /// daemon's `--inter-node-link`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<LinkKind>,
+}
+
+/// A link meshnet's protocol marked as skipped (kept for compatibility; weft decides
+/// who builds a link deterministically and does not use it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SkippedLink {
+    /// The pod that skipped.
+    pub pod_name: String,
+    /// The link.
+    pub link_id: i64,
+}
+
+/// The links of one pod.
+#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "networkop.co.uk",
+    version = "v1beta1",
+    kind = "Topology",
+    namespaced,
+    status = "TopologyStatus",
+    shortname = "topo",
+    derive = "PartialEq",
+    printcolumn = r#"{"name":"Node IP","type":"string","jsonPath":".status.src_ip"}"#
+)]
+pub struct TopologySpec {
+    /// The pod's links.
+    #[serde(default)]
+    pub links: Vec<Link>,
+}
+
+/// Where the pod runs, written by the daemon of its node when it is attached.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct TopologyStatus {
+    /// Links skipped by meshnet's protocol (unused by weft).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedLink>,
+    /// The address of the node the pod runs on (meshnet's name for it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub src_ip: String,
+    /// The pod's network namespace path.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub net_ns: String,
+    /// The pod sandbox's container id.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub container_id: String,
+}
+
+impl TopologyStatus {
+    /// Whether the pod is up somewhere (meshnet's rule: node address and netns known).
+    pub fn alive(&self) -> bool {
+        !self.src_ip.is_empty() && !self.net_ns.is_empty()
+    }
+}
+
+/// One wire end on a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WireEnd {
+    /// Topology namespace.
+    pub namespace: String,
+    /// The link's uid.
+    pub link_uid: i64,
+    /// The local pod.
+    pub local_pod: String,
+    /// The interface in the local pod.
+    pub local_intf: String,
+    /// The peer pod.
+    pub peer_pod: String,
+    /// The interface in the peer pod.
+    pub peer_intf: String,
+    /// The node the peer pod runs on.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub peer_node: String,
+    /// How the link is carried.
+    pub kind: LinkKind,
+    /// This end's wire id (stable across restarts).
+    pub local_id: u64,
+    /// The peer end's wire id.
+    pub peer_id: u64,
+    /// `up`, `down` (peer away), `pending`.
+    pub state: String,
+}
+
+/// The wire ends of one node (status only; spec is empty).
+#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "weft.dev",
+    version = "v1alpha1",
+    kind = "WireState",
+    status = "WireStateStatus",
+    shortname = "ws",
+    derive = "PartialEq"
+)]
+pub struct WireStateSpec {}
+
+/// The mirrored wire ends.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct WireStateStatus {
+    /// Every wire end on the node.
+    #[serde(default)]
+    pub wires: Vec<WireEnd>,
+}
