@@ -606,3 +606,134 @@ impl Call {
 pub fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
+
+/// A real Prometheus (Debian's `prometheus`) running inside a network namespace,
+/// scraping targets there every second; killed on drop.
+pub struct Prometheus {
+    netns: String,
+    port: u16,
+    _proc: Proc,
+}
+
+impl Prometheus {
+    /// Starts Prometheus in namespace `netns` (a name under /run/netns) with its data in
+    /// `dir`, listening on 127.0.0.1:`port`, scraping `targets` (`host:port`, each with a
+    /// `node` label) and evaluating `rules` (a rules file, if any) every second.
+    pub fn start(netns: &str, dir: &Path, port: u16, targets: &[(&str, &str)], rules: Option<&Path>) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut config = String::from("global: {scrape_interval: 1s, evaluation_interval: 1s}\n");
+        if let Some(r) = rules {
+            config += &format!("rule_files: ['{}']\n", r.display());
+        }
+        config += "scrape_configs:\n  - job_name: weft\n    static_configs:\n";
+        for (target, node) in targets {
+            config += &format!("      - targets: ['{target}']\n        labels: {{node: '{node}'}}\n");
+        }
+        std::fs::write(dir.join("prometheus.yml"), config).unwrap();
+        let log = dir.join("prometheus.log");
+        let out = std::fs::File::create(&log).expect("log file");
+        let child = Command::new("ip")
+            .args(["netns", "exec", netns, "prometheus"])
+            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .expect("starting prometheus");
+        let p = Prometheus {
+            netns: netns.to_string(),
+            port,
+            _proc: Proc(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !run(p.curl().arg(format!("http://127.0.0.1:{port}/-/ready")))
+            .status
+            .success()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "prometheus not ready: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        p
+    }
+
+    fn curl(&self) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.netns, "curl", "-sf", "--max-time", "10"]);
+        c
+    }
+
+    /// Evaluates a PromQL expression now; returns the result vector.
+    pub fn query(&self, expr: &str) -> Vec<Value> {
+        let out = sh(self
+            .curl()
+            .arg("-G")
+            .arg(format!("http://127.0.0.1:{}/api/v1/query", self.port))
+            .arg("--data-urlencode")
+            .arg(format!("query={expr}")));
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["status"], "success", "{expr}: {v}");
+        v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Polls `expr` until it returns a series (or panics after `limit`).
+    pub fn wait_for(&self, expr: &str, limit: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let r = self.query(expr);
+            if !r.is_empty() {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "nothing for {expr} within {limit:?}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+/// One query of a dashboard panel, ready for Prometheus (Grafana's variables replaced).
+pub struct PanelQuery {
+    /// The row the panel sits under.
+    pub row: String,
+    /// The panel's title.
+    pub title: String,
+    /// The expression, with `$node` matching every node and the interval variables set.
+    pub expr: String,
+}
+
+/// Every panel query of the Grafana dashboard `dashboards/<name>`, in order.
+pub fn dashboard_queries(name: &str) -> Vec<PanelQuery> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards").join(name);
+    let dash: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut row = String::new();
+    let mut out = Vec::new();
+    for panel in dash["panels"].as_array().unwrap() {
+        if panel["type"] == "row" {
+            row = panel["title"].as_str().unwrap_or_default().to_string();
+            continue;
+        }
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$node", ".*")
+                .replace("$__rate_interval", "1m")
+                .replace("$__range", "5m");
+            out.push(PanelQuery {
+                row: row.clone(),
+                title: panel["title"].as_str().unwrap_or_default().to_string(),
+                expr,
+            });
+        }
+    }
+    out
+}
+
+/// Whether a dashboard row charts wires (evaluated by the lab test, where wires exist).
+pub fn is_wire_row(row: &str) -> bool {
+    row.starts_with("Wires") || row.starts_with("Peer node streams")
+}

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use weft_lab::{Lab, LinkCheck};
-use weft_tests::{TempDir, bin, privileged};
+use weft_tests::{Prometheus, TempDir, bin, dashboard_queries, is_wire_row, privileged};
 
 /// Takes the lab down whatever happens to the test.
 struct Down(Lab);
@@ -44,6 +44,18 @@ fn is_up(lab: &Lab, pod: &str, intf: &str) -> bool {
     flags.split(',').any(|f| f == "UP")
 }
 
+/// A node daemon's metrics page.
+fn metrics_of(lab: &Lab, node: &str) -> String {
+    weft_tests::sh(Command::new("ip").args([
+        "netns",
+        "exec",
+        &lab.node_ns(node),
+        "curl",
+        "-sf",
+        "http://127.0.0.1:9384/metrics",
+    ]))
+}
+
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !f() {
@@ -58,13 +70,13 @@ fn lab_wires_survive_crashes_deletes_and_moves() {
         return;
     }
     let dir = TempDir::new("lab");
-    let topology = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/lab-topology.yaml");
+    let topologies = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/topologies");
     let example =
         std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/lab.yaml")).unwrap();
     let name = format!("wt{}lab", std::process::id());
     let spec = example.replace("name: wl", &format!("name: {name}")).replace(
-        "topology: lab-topology.yaml",
-        &format!("topology: {}", topology.display()),
+        "topology_dir: topologies",
+        &format!("topology_dir: {}", topologies.display()),
     );
     assert!(spec.contains(&name), "the example lab is named `wl`");
     let file = dir.path().join("lab.yaml");
@@ -112,49 +124,55 @@ fn lab_wires_survive_crashes_deletes_and_moves() {
         failed(&after)
     );
 
-    // Every metric the wires dashboard charts is exported by a node holding every kind
-    // of wire end (n1: veth, VXLAN, gRPC), with per-wire series for each kind.
-    let metrics = weft_tests::sh(Command::new("ip").args([
-        "netns",
-        "exec",
+    // The wire rows of the dashboard, in a real Prometheus scraping n1 (which holds every
+    // kind of wire end: veth, VXLAN, gRPC): every panel query returns a series, and
+    // frames are counted on every kind.
+    let prom = Prometheus::start(
         &lab.0.node_ns("n1"),
-        "curl",
-        "-sf",
-        "http://127.0.0.1:9384/metrics",
-    ]));
-    let dash: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../dashboards/weft-wires.json"))
-            .unwrap(),
-    )
-    .unwrap();
-    let mut charted = std::collections::BTreeSet::new();
-    for p in dash["panels"].as_array().unwrap() {
-        for t in p["targets"].as_array().into_iter().flatten() {
-            let expr = t["expr"].as_str().unwrap();
-            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-                if word.starts_with("weft_") {
-                    charted.insert(word.to_string());
-                }
-            }
-        }
-    }
-    assert!(charted.len() >= 6, "the wires dashboard charts {charted:?}");
-    for m in &charted {
-        assert!(metrics.lines().any(|l| l.starts_with(m.as_str())), "n1 exports no {m}");
+        &dir.path().join("prom"),
+        19091,
+        &[("127.0.0.1:9384", "n1")],
+        None,
+    );
+    prom.wait_for("count_over_time(weft_wire_up[1m]) >= 3", Duration::from_secs(30));
+    // Traffic between scrapes, so the rates have two samples that differ.
+    let _ = lab.0.check(Duration::from_secs(2));
+    prom.wait_for("count_over_time(weft_wire_up[1m]) >= 5", Duration::from_secs(30));
+    let wire_queries: Vec<_> = dashboard_queries("weft.json")
+        .into_iter()
+        .filter(|q| is_wire_row(&q.row))
+        .collect();
+    assert!(
+        wire_queries.len() >= 9,
+        "only {} wire panel queries",
+        wire_queries.len()
+    );
+    for q in &wire_queries {
+        let r = prom.query(&q.expr);
+        assert!(!r.is_empty(), "wire panel {:?} returns nothing: {}", q.title, q.expr);
     }
     for kind in ["veth", "vxlan", "grpc"] {
-        let frames = metrics
-            .lines()
-            .filter(|l| l.starts_with("weft_wire_frames_total{") && l.contains(&format!("kind=\"{kind}\"")))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
-        assert!(frames > 0.0, "no frames counted on n1's {kind} wires:\n{metrics}");
+        let frames = prom.query(&format!("sum(weft_wire_frames_total{{kind=\"{kind}\"}}) > 0"));
+        assert!(!frames.is_empty(), "no frames counted on n1's {kind} wires");
     }
+    drop(prom);
 
     // A deleted pod: its remote peers' ends go down, and come back with it.
     lab.0.remove_pod("r3").unwrap();
     wait_for("r1:e2 (VXLAN to r3) going down", || !is_up(&lab.0, "r1", "e2"));
     wait_for("r5:e1 (gRPC to r3) going down", || !is_up(&lab.0, "r5", "e1"));
+    // r3's own ends are gone, and their series with them.
+    let n2 = metrics_of(&lab.0, "n2");
+    let left: Vec<&str> = n2
+        .lines()
+        .filter(|l| l.starts_with("weft_wire_") && l.contains("pod=\"r3\""))
+        .collect();
+    assert!(left.is_empty(), "series of r3's removed wire ends remain: {left:?}");
+    assert!(
+        n2.lines()
+            .any(|l| l.starts_with("weft_wire_up{") && l.contains("pod=\"r4\"")),
+        "n2 lost the series of its other pod"
+    );
     lab.0.up().unwrap();
     let back = lab.0.check(Duration::from_secs(2));
     assert!(failed(&back).is_empty(), "links not back with r3: {:?}", failed(&back));
@@ -163,8 +181,7 @@ fn lab_wires_survive_crashes_deletes_and_moves() {
     lab.0.remove_pod("r4").unwrap();
     let mut moved = Down(lab.0.clone());
     std::mem::forget(lab);
-    moved.0.spec.nodes[1].pods.retain(|p| p != "r4");
-    moved.0.spec.nodes[2].pods.push("r4".into());
+    moved.0.place("r4", "n3");
     moved.0.up().unwrap();
     let after_move = moved.0.check(Duration::from_secs(2));
     assert!(

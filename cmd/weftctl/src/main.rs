@@ -30,13 +30,16 @@ enum Command {
     Calls(commands::calls::CallsArgs),
     /// The host ports held on the node and the pods they lead to.
     Ports,
+    /// The node's wire ends (links between pods) with their state and counters.
+    Wires,
     /// Benchmark weft beside the reference plugins (ptp + host-local), in namespaces
     /// it creates and removes. Needs root.
     Bench(commands::bench::BenchArgs),
     /// A multi-node lab on this machine out of network namespaces: nodes in different
     /// subnets behind a router, a weftd per node, pods wired from Topology objects.
     /// Needs root.
-    Lab(commands::lab::LabArgs),
+    #[command(subcommand)]
+    Lab(commands::lab::LabAction),
     /// Prints the CustomResourceDefinitions (Topology, WireState) as YAML.
     Crds,
 }
@@ -67,6 +70,7 @@ fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyh
             Command::Status => commands::status::run(socket, json).await,
             Command::Calls(args) => commands::calls::run(socket, args, json).await,
             Command::Ports => commands::ports::run(socket, json).await,
+            Command::Wires => commands::wires::run(socket, json).await,
             Command::Bench(_) | Command::Lab(_) | Command::Crds => unreachable!("run outside the runtime"),
         }
     })

@@ -13,7 +13,7 @@ use clap::Parser;
 use tokio::sync::watch;
 use tracing::{error, info};
 use weft_daemon::service::{AdminService, CniService};
-use weft_daemon::{Handler, KernelNetworking, NodeInfo, WiredPod, Wiring, recover, server};
+use weft_daemon::{Handler, KernelNetworking, NodeInfo, WireCounters, WireInfo, WiredPod, Wiring, recover, server};
 use weft_rpc::admin::admin_server::AdminServer;
 use weft_rpc::cnirpc::cni_server::CniServer;
 use weft_store::Store;
@@ -98,6 +98,41 @@ impl Wiring for EngineWiring {
     }
     fn pod_removed(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()> {
         Box::pin(async move { self.0.pod_removed(&pod.namespace, &pod.name, &pod.container_id).await })
+    }
+    fn wires(&self) -> futures::future::BoxFuture<'_, Vec<WireInfo>> {
+        Box::pin(async move {
+            let report = match self.0.report().await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list the wire ends");
+                    return Vec::new();
+                }
+            };
+            report
+                .into_iter()
+                .map(|(r, st)| WireInfo {
+                    id: r.id,
+                    peer_id: r.peer_id,
+                    namespace: r.namespace,
+                    link_uid: r.link_uid,
+                    pod: r.local_pod,
+                    intf: r.local_intf,
+                    peer_pod: r.peer_pod,
+                    peer_intf: r.peer_intf,
+                    peer_node: r.peer_node,
+                    kind: r.kind,
+                    state: r.state,
+                    vni: r.vni.unwrap_or(0),
+                    counters: st.map(|s| WireCounters {
+                        tx_frames: s.tx_packets,
+                        tx_bytes: s.tx_bytes,
+                        rx_frames: s.rx_packets,
+                        rx_bytes: s.rx_bytes,
+                        dropped: s.rx_dropped + s.tx_dropped,
+                    }),
+                })
+                .collect()
+        })
     }
 }
 
@@ -242,8 +277,11 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
             name: node_name.clone(),
         },
     );
-    if let Some(engine) = &engine {
-        handler = handler.with_wiring(Arc::new(EngineWiring(engine.clone())));
+    let wiring = engine
+        .as_ref()
+        .map(|e| Arc::new(EngineWiring(e.clone())) as Arc<dyn Wiring>);
+    if let Some(w) = &wiring {
+        handler = handler.with_wiring(w.clone());
     }
     let handler = Arc::new(handler);
     let repaired = handler
@@ -258,7 +296,7 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
         Arc::new(move || h.pending_teardowns()) as Arc<dyn Fn() -> usize + Send + Sync>
     };
     let calls = Arc::new(CallLog::new(args.calls_history));
-    let admin = AdminService::new(
+    let mut admin = AdminService::new(
         store.clone(),
         node_name,
         started_at,
@@ -266,6 +304,9 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
         pending,
         calls.clone(),
     );
+    if let Some(w) = wiring {
+        admin = admin.with_wiring(w);
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {

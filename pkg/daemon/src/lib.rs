@@ -16,4 +16,4 @@ pub mod server;
 pub mod service;
 
 pub use handler::{Handler, NodeInfo};
-pub use seams::{Ipam, KernelNetworking, PodNetworking, WiredPod, Wiring};
+pub use seams::{Ipam, KernelNetworking, PodNetworking, WireCounters, WireInfo, WiredPod, Wiring};

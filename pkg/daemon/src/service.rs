@@ -12,7 +12,7 @@ use weft_cni::{CniError, code};
 use weft_rpc::admin::admin_server::Admin;
 use weft_rpc::admin::{
     Call, CallsReply, CallsRequest, HostPort as HostPortMsg, PortsReply, PortsRequest, RangeUsage as RangeUsageMsg,
-    StatusReply, StatusRequest,
+    StatusReply, StatusRequest, WireEnd as WireEndMsg, WiresReply, WiresRequest,
 };
 use weft_rpc::cnirpc::cni_server::Cni;
 use weft_rpc::cnirpc::{AddResponse, CheckResponse, CniArgs, DelResponse, GcResponse, StatusResponse};
@@ -20,7 +20,7 @@ use weft_store::{SCHEMA_VERSION, Store};
 use weft_telemetry::{CallInfo, CallLog, CniCallFields};
 
 use crate::handler::Handler;
-use crate::seams::{Ipam, PodNetworking};
+use crate::seams::{Ipam, PodNetworking, Wiring};
 
 /// The gRPC code a CNI error travels under (tooling sees it; the plugin reads the
 /// CNI error detail).
@@ -151,6 +151,7 @@ pub struct AdminService {
     ready: Arc<AtomicBool>,
     pending: Arc<dyn Fn() -> usize + Send + Sync>,
     calls: Arc<CallLog>,
+    wiring: Option<Arc<dyn Wiring>>,
 }
 
 impl AdminService {
@@ -170,7 +171,14 @@ impl AdminService {
             ready,
             pending,
             calls,
+            wiring: None,
         }
+    }
+
+    /// Reports the wire ends of `wiring` too.
+    pub fn with_wiring(mut self, wiring: Arc<dyn Wiring>) -> Self {
+        self.wiring = Some(wiring);
+        self
     }
 }
 
@@ -248,5 +256,40 @@ impl Admin for AdminService {
             })
             .collect();
         Ok(Response::new(PortsReply { ports }))
+    }
+
+    async fn wires(&self, _request: Request<WiresRequest>) -> Result<Response<WiresReply>, Status> {
+        let Some(wiring) = &self.wiring else {
+            return Ok(Response::new(WiresReply::default()));
+        };
+        let wires = wiring
+            .wires()
+            .await
+            .into_iter()
+            .map(|w| {
+                let c = w.counters.unwrap_or_default();
+                WireEndMsg {
+                    id: w.id,
+                    peer_id: w.peer_id,
+                    namespace: w.namespace,
+                    link_uid: w.link_uid,
+                    pod: w.pod,
+                    intf: w.intf,
+                    peer_pod: w.peer_pod,
+                    peer_intf: w.peer_intf,
+                    peer_node: w.peer_node,
+                    kind: w.kind,
+                    state: w.state,
+                    vni: w.vni,
+                    counted: w.counters.is_some(),
+                    tx_frames: c.tx_frames,
+                    tx_bytes: c.tx_bytes,
+                    rx_frames: c.rx_frames,
+                    rx_bytes: c.rx_bytes,
+                    dropped: c.dropped,
+                }
+            })
+            .collect();
+        Ok(Response::new(WiresReply { wires }))
     }
 }

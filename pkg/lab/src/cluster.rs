@@ -27,28 +27,80 @@ pub struct LabSpec {
     /// How links between nodes are carried unless a link says (`vxlan` or `grpc`).
     #[serde(default = "default_kind")]
     pub inter_node_link: String,
-    /// The nodes.
+    /// The nodes: names, or objects naming their subnet and pod range too.
     pub nodes: Vec<NodeSpec>,
-    /// Topology objects (meshnet/KNE files, unchanged), relative to the lab file.
-    pub topology: PathBuf,
+    /// The pods and the node each runs on.
+    pub pods: Vec<PodSpec>,
+    /// Topology objects written inline (meshnet/KNE objects, unchanged).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topologies: Vec<serde_json::Value>,
+    /// A directory of Topology files (YAML or JSON), relative to the lab file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_dir: Option<PathBuf>,
 }
 
 fn default_kind() -> String {
     "vxlan".into()
 }
 
-/// One node of a lab.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+/// One node of a lab: just its name (`- n1`), or its name with the addresses to use.
+#[derive(Debug, Clone, Serialize)]
 pub struct NodeSpec {
     /// Node name.
     pub name: String,
-    /// The node's underlay subnet: the router takes the first address, the node the second.
+    /// The node's underlay subnet: the router takes the first address, the node the
+    /// second (default `172.30.<i>.0/24` for the i-th node, from 1).
     pub subnet: Ipv4Net,
-    /// The range the node's pods get their `eth0` address from.
+    /// The range the node's pods get their `eth0` address from (default
+    /// `10.244.<i>.0/24`).
     pub pod_range: String,
-    /// The pods that run on the node (Topology names).
-    pub pods: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NodeForm {
+    Name(String),
+    Full {
+        name: String,
+        #[serde(default)]
+        subnet: Option<Ipv4Net>,
+        #[serde(default)]
+        pod_range: Option<String>,
+    },
+}
+
+impl<'de> Deserialize<'de> for NodeSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // The defaults depend on the node's position, filled in by `Lab::load`; an
+        // unspecified subnet is marked by the unspecified network until then.
+        let unset: Ipv4Net = "0.0.0.0/32".parse().expect("literal");
+        Ok(match NodeForm::deserialize(d)? {
+            NodeForm::Name(name) => NodeSpec {
+                name,
+                subnet: unset,
+                pod_range: String::new(),
+            },
+            NodeForm::Full {
+                name,
+                subnet,
+                pod_range,
+            } => NodeSpec {
+                name,
+                subnet: subnet.unwrap_or(unset),
+                pod_range: pod_range.unwrap_or_default(),
+            },
+        })
+    }
+}
+
+/// One pod of a lab.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PodSpec {
+    /// The pod's name (its Topology's name).
+    pub name: String,
+    /// The node it runs on.
+    pub node: String,
 }
 
 /// A lab loaded from its file, with where its state lives.
@@ -58,7 +110,6 @@ pub struct Lab {
     pub spec: LabSpec,
     /// The Topology objects.
     pub topologies: Vec<Topology>,
-    topology_text: String,
     state: PathBuf,
     weftd: PathBuf,
     plugin: PathBuf,
@@ -75,8 +126,10 @@ pub struct LinkCheck {
     pub kind: String,
     /// Whether the peer answered.
     pub ok: bool,
-    /// How long until it did (or until giving up), milliseconds.
-    pub millis: u64,
+    /// The round-trip time of the echo that was answered, milliseconds.
+    pub rtt_ms: Option<f64>,
+    /// How long until the peer answered (or until giving up), milliseconds.
+    pub waited_ms: u64,
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<String, LabError> {
@@ -95,6 +148,21 @@ fn ip(args: &[&str]) -> Result<String, LabError> {
     run(Command::new("ip").args(args), &format!("ip {}", args.join(" ")))
 }
 
+/// One echo from namespace `ns` to `addr`: its round-trip time, if answered in a second.
+fn ping(ns: &str, addr: &str) -> Option<f64> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "ping", "-n", "-c1", "-W1", addr])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rtt = text.split("time=").nth(1)?.split_whitespace().next()?;
+    rtt.parse().ok()
+}
+
 fn netns_exists(name: &str) -> bool {
     Path::new("/run/netns").join(name).exists()
 }
@@ -106,30 +174,81 @@ fn alive(pid: u32) -> bool {
 impl Lab {
     /// Loads a lab file; the binaries are looked for next to the running executable.
     pub fn load(path: &Path) -> Result<Lab, LabError> {
+        let bad = |detail: String| LabError::Command {
+            what: format!("lab {}", path.display()),
+            detail,
+        };
         let text = fs::read_to_string(path).map_err(|e| LabError::io(format!("reading {}", path.display()), e))?;
-        let spec: LabSpec = serde_yaml_ng::from_str(&text).map_err(|e| LabError::Command {
-            what: format!("parsing {}", path.display()),
-            detail: e.to_string(),
-        })?;
-        if spec.name.is_empty()
-            || spec.name.len() > 24
-            || !spec.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        {
-            return Err(LabError::Command {
-                what: "lab name".into(),
-                detail: format!("{:?}: 1-24 letters, digits or '-'", spec.name),
-            });
+        let mut spec: LabSpec = serde_yaml_ng::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let name_ok = |n: &str, max: usize| {
+            !n.is_empty() && n.len() <= max && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        };
+        if !name_ok(&spec.name, 24) {
+            return Err(bad(format!("name {:?}: 1-24 letters, digits or '-'", spec.name)));
         }
-        let topo_path = path.parent().unwrap_or(Path::new(".")).join(&spec.topology);
-        let topology_text =
-            fs::read_to_string(&topo_path).map_err(|e| LabError::io(format!("reading {}", topo_path.display()), e))?;
-        let mut topologies = Vec::new();
-        for doc in serde_yaml_ng::Deserializer::from_str(&topology_text) {
-            let t = Topology::deserialize(doc).map_err(|e| LabError::Command {
-                what: format!("parsing {}", topo_path.display()),
-                detail: e.to_string(),
-            })?;
-            topologies.push(t);
+        if !["vxlan", "grpc"].contains(&spec.inter_node_link.as_str()) {
+            return Err(bad(format!(
+                "inter_node_link {:?}: vxlan or grpc",
+                spec.inter_node_link
+            )));
+        }
+        if spec.nodes.is_empty() || spec.nodes.len() > 250 {
+            return Err(bad("nodes: 1 to 250 node names".into()));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, n) in spec.nodes.iter_mut().enumerate() {
+            // Network namespace names are the lab's name plus the node's: keep them short.
+            if !name_ok(&n.name, 12) || !seen.insert(n.name.clone()) {
+                return Err(bad(format!(
+                    "node {:?}: names are unique, 1-12 letters, digits or '-'",
+                    n.name
+                )));
+            }
+            if n.subnet.addr().is_unspecified() {
+                n.subnet = format!("172.30.{}.0/24", i + 1).parse().expect("valid");
+            }
+            if n.subnet.hosts().nth(1).is_none() {
+                return Err(bad(format!(
+                    "node {}: subnet {} has no room for two hosts",
+                    n.name, n.subnet
+                )));
+            }
+            if n.pod_range.is_empty() {
+                n.pod_range = format!("10.244.{}.0/24", i + 1);
+            }
+        }
+        for p in &spec.pods {
+            if !name_ok(&p.name, 40) || !seen.insert(p.name.clone()) {
+                return Err(bad(format!(
+                    "pod {:?}: names are unique among pods and nodes, letters, digits or '-'",
+                    p.name
+                )));
+            }
+            if !spec.nodes.iter().any(|n| n.name == p.node) {
+                return Err(bad(format!("pod {}: node {:?} is not in `nodes`", p.name, p.node)));
+            }
+        }
+        let (mut topologies, mut problems) = (Vec::new(), Vec::new());
+        if !spec.topologies.is_empty() {
+            let inline = serde_json::to_vec(&spec.topologies).map_err(|e| bad(e.to_string()))?;
+            let (t, p) = weft_topology::parse_topologies(Path::new("topologies.json"), &inline);
+            topologies.extend(t);
+            problems.extend(p);
+        }
+        if let Some(dir) = &spec.topology_dir {
+            let dir = path.parent().unwrap_or(Path::new(".")).join(dir);
+            let (t, p) = weft_topology::read_topologies(&dir).map_err(|e| bad(e.to_string()))?;
+            topologies.extend(t);
+            problems.extend(p);
+        }
+        if let Some(p) = problems.first() {
+            return Err(bad(format!("topology: {p}")));
+        }
+        for t in &topologies {
+            let pod = t.metadata.name.clone().unwrap_or_default();
+            if !spec.pods.iter().any(|p| p.name == pod) {
+                return Err(bad(format!("topology {pod}: no pod of that name in `pods`")));
+            }
         }
         let exe = std::env::current_exe().map_err(|e| LabError::io("finding weftctl", e))?;
         let bin = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
@@ -140,11 +259,41 @@ impl Lab {
         Ok(Lab {
             spec,
             topologies,
-            topology_text,
             state,
             weftd: bin.join("weftd"),
             plugin: bin.join("weft"),
         })
+    }
+
+    /// The pods that run on node `node`.
+    pub fn pods_of(&self, node: &str) -> Vec<String> {
+        self.spec
+            .pods
+            .iter()
+            .filter(|p| p.node == node)
+            .map(|p| p.name.clone())
+            .collect()
+    }
+
+    /// Moves pod `pod` to node `node` in this description (the next `up` attaches it
+    /// there; detach it from the old node first).
+    pub fn place(&mut self, pod: &str, node: &str) {
+        for p in &mut self.spec.pods {
+            if p.name == pod {
+                p.node = node.to_string();
+            }
+        }
+    }
+
+    /// The namespace of node `name`, or of pod `name`.
+    pub fn namespace_named(&self, name: &str) -> Option<String> {
+        if self.spec.nodes.iter().any(|n| n.name == name) {
+            Some(self.node_ns(name))
+        } else if self.spec.pods.iter().any(|p| p.name == name) {
+            Some(self.pod_ns(name))
+        } else {
+            None
+        }
     }
 
     /// Uses these binaries instead of the ones next to weftctl.
@@ -152,6 +301,17 @@ impl Lab {
         self.weftd = weftd;
         self.plugin = plugin;
         self
+    }
+
+    fn node(&self, name: &str) -> Result<&NodeSpec, LabError> {
+        self.spec
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| LabError::Command {
+                what: format!("node {name}"),
+                detail: "not in the lab".into(),
+            })
     }
 
     fn router(&self) -> String {
@@ -214,8 +374,20 @@ impl Lab {
     pub fn up(&self) -> Result<Vec<String>, LabError> {
         let topo_dir = self.topology_dir();
         fs::create_dir_all(&topo_dir).map_err(|e| LabError::io("creating the lab directory", e))?;
-        fs::write(topo_dir.join("topology.yaml"), &self.topology_text)
-            .map_err(|e| LabError::io("writing the topology", e))?;
+        let mut text = String::new();
+        for t in &self.topologies {
+            let doc = serde_yaml_ng::to_string(t).map_err(|e| LabError::Command {
+                what: "writing the topology".into(),
+                detail: e.to_string(),
+            })?;
+            text.push_str("---\n");
+            text.push_str(&doc);
+        }
+        // Written only when it changed: every write makes each daemon reload.
+        let file = topo_dir.join("topology.yaml");
+        if fs::read_to_string(&file).ok().as_deref() != Some(text.as_str()) {
+            fs::write(&file, text).map_err(|e| LabError::io("writing the topology", e))?;
+        }
         let router = self.router();
         if !netns_exists(&router) {
             NamedNetns::create(&router)?.keep();
@@ -253,10 +425,8 @@ impl Lab {
         for n in &self.spec.nodes {
             self.wait_for_socket(&n.name)?;
         }
-        for n in &self.spec.nodes {
-            for pod in &n.pods {
-                self.attach(n, pod)?;
-            }
+        for p in &self.spec.pods {
+            self.attach(self.node(&p.node)?, &p.name)?;
         }
         Ok(started)
     }
@@ -380,15 +550,17 @@ impl Lab {
     /// Detaches a pod (CNI DEL on its node) and removes its namespace, as a runtime
     /// does when a pod is deleted.
     pub fn remove_pod(&self, pod: &str) -> Result<(), LabError> {
-        let n = self
+        let node = self
             .spec
-            .nodes
+            .pods
             .iter()
-            .find(|n| n.pods.iter().any(|p| p == pod))
+            .find(|p| p.name == pod)
+            .map(|p| p.node.clone())
             .ok_or_else(|| LabError::Command {
                 what: format!("removing {pod}"),
-                detail: "no node runs it".into(),
+                detail: "no such pod in the lab".into(),
             })?;
+        let n = self.node(&node)?;
         self.cni(n, pod, "DEL")?;
         ip(&["netns", "del", &self.pod_ns(pod)])?;
         Ok(())
@@ -435,35 +607,44 @@ impl Lab {
     /// Pings the peer address of every link with one from its pod, each until it
     /// answers or `within` has passed.
     pub fn check(&self, within: Duration) -> Vec<LinkCheck> {
-        let mut out = Vec::new();
-        for t in &self.topologies {
-            let pod = t.metadata.name.clone().unwrap_or_default();
-            for l in &t.spec.links {
-                let Some(peer_ip) = l.peer_ip.split('/').next().filter(|s| !s.is_empty()) else {
-                    continue;
-                };
-                let start = Instant::now();
-                let mut ok = false;
-                while !ok && start.elapsed() < within {
-                    ok = Command::new("ip")
-                        .args(["netns", "exec", &self.pod_ns(&pod), "ping", "-c1", "-W1", "-q", peer_ip])
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .status()
-                        .is_ok_and(|s| s.success());
-                    if !ok {
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                }
-                out.push(LinkCheck {
-                    kind: String::new(),
-                    from: format!("{pod}:{}", l.local_intf),
-                    to: format!("{}:{}", l.peer_pod, l.peer_intf),
-                    ok,
-                    millis: start.elapsed().as_millis() as u64,
-                });
-            }
-        }
+        let links: Vec<(String, &weft_topology::Link, &str)> = self
+            .topologies
+            .iter()
+            .flat_map(|t| {
+                let pod = t.metadata.name.clone().unwrap_or_default();
+                t.spec.links.iter().filter_map(move |l| {
+                    let peer_ip = l.peer_ip.split('/').next().filter(|s| !s.is_empty())?;
+                    Some((pod.clone(), l, peer_ip))
+                })
+            })
+            .collect();
+        // All links at once, so "within" runs from the same moment for every one.
+        let start = Instant::now();
+        let mut out: Vec<LinkCheck> = std::thread::scope(|scope| {
+            let handles: Vec<_> = links
+                .iter()
+                .map(|(pod, l, peer_ip)| {
+                    scope.spawn(move || {
+                        let mut rtt = None;
+                        while rtt.is_none() && start.elapsed() < within {
+                            rtt = ping(&self.pod_ns(pod), peer_ip);
+                            if rtt.is_none() {
+                                std::thread::sleep(Duration::from_millis(100));
+                            }
+                        }
+                        LinkCheck {
+                            kind: String::new(),
+                            from: format!("{pod}:{}", l.local_intf),
+                            to: format!("{}:{}", l.peer_pod, l.peer_intf),
+                            ok: rtt.is_some(),
+                            rtt_ms: rtt,
+                            waited_ms: start.elapsed().as_millis() as u64,
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("ping thread")).collect()
+        });
         // Read after the traffic: a link that answered has been mirrored by now, or
         // its other end has.
         let kinds = self.kinds();
@@ -477,10 +658,14 @@ impl Lab {
         out
     }
 
-    /// Runs a command inside a pod.
-    pub fn exec(&self, pod: &str, argv: &[String]) -> Result<std::process::ExitStatus, LabError> {
+    /// Runs a command inside the namespace of a node or a pod.
+    pub fn exec(&self, name: &str, argv: &[String]) -> Result<std::process::ExitStatus, LabError> {
+        let ns = self.namespace_named(name).ok_or_else(|| LabError::Command {
+            what: format!("exec in {name}"),
+            detail: "no node or pod of that name in the lab".into(),
+        })?;
         Command::new("ip")
-            .args(["netns", "exec", &self.pod_ns(pod)])
+            .args(["netns", "exec", &ns])
             .args(argv)
             .status()
             .map_err(|e| LabError::io("running the command", e))
@@ -490,7 +675,7 @@ impl Lab {
     pub fn down(&self) -> Result<(), LabError> {
         for n in &self.spec.nodes {
             if self.daemon_pid(&n.name).is_some() {
-                for pod in &n.pods {
+                for pod in &self.pods_of(&n.name) {
                     if netns_exists(&self.pod_ns(pod))
                         && let Err(e) = self.cni(n, pod, "DEL")
                     {
@@ -517,12 +702,7 @@ impl Lab {
                 }
             }
         }
-        let mut names: Vec<String> = self
-            .spec
-            .nodes
-            .iter()
-            .flat_map(|n| n.pods.iter().map(|p| self.pod_ns(p)))
-            .collect();
+        let mut names: Vec<String> = self.spec.pods.iter().map(|p| self.pod_ns(&p.name)).collect();
         names.extend(self.spec.nodes.iter().map(|n| self.node_ns(&n.name)));
         names.push(self.router());
         for ns in names {

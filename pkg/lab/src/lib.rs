@@ -8,7 +8,7 @@ mod daemon;
 mod exec;
 mod netns;
 
-pub use cluster::{Lab, LabSpec, LinkCheck, NodeSpec};
+pub use cluster::{Lab, LabSpec, LinkCheck, NodeSpec, PodSpec};
 pub use daemon::{DaemonPaths, NodeDaemon};
 pub use exec::{CniExec, ExecOutcome};
 pub use netns::NamedNetns;

@@ -102,9 +102,21 @@ pub struct WireDropLabels {
     /// The wire.
     #[prometheus(flatten)]
     pub wire: WireLabels,
-    /// `queue_full`, `no_stream`, `pod_busy`, `kernel_rx`, `kernel_tx`.
+    /// One of [`WIRE_DROP_REASONS`].
     pub reason: &'static str,
 }
+
+/// Why a wire end drops frames: its queue to the peer node is full, no stream to the
+/// peer node is up, the peer end is down, the pod's interface refused a frame, or the
+/// kernel dropped it on the interface (veth and VXLAN ends).
+pub const WIRE_DROP_REASONS: [&str; 6] = [
+    "queue_full",
+    "no_stream",
+    "peer_down",
+    "pod_busy",
+    "kernel_rx",
+    "kernel_tx",
+];
 
 /// A peer node.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -177,6 +189,25 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Removes every series of a wire end (it was removed: its series go with it).
+    pub fn remove_wire(&self, wire: &WireLabels) {
+        self.wire_up.remove(wire);
+        for direction in ["rx", "tx"] {
+            let l = WireDirLabels {
+                wire: wire.clone(),
+                direction,
+            };
+            self.wire_frames.remove(&l);
+            self.wire_bytes.remove(&l);
+        }
+        for reason in WIRE_DROP_REASONS {
+            self.wire_drops.remove(&WireDropLabels {
+                wire: wire.clone(),
+                reason,
+            });
+        }
+    }
+
     /// Creates and registers every family. `version` and `commit` go into
     /// `weft_build_info`.
     pub fn new(version: &str, commit: &str) -> Arc<Self> {

@@ -536,6 +536,38 @@ fn is_topology_file(name: &str) -> bool {
         .any(|ext| lower.ends_with(ext) && lower.len() > ext.len())
 }
 
+/// Reads every Topology of the topology files directly in `dir` (the files a
+/// [`DirSource`] would serve, without its status overlay): for tools that describe a lab
+/// with such a directory. Returns the valid ones and what was left out.
+pub fn read_topologies(dir: &Path) -> Result<(Vec<Topology>, Vec<LoadProblem>), SourceError> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| file_err(dir, e))?
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| !n.starts_with('.') && is_topology_file(n))
+        })
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    let (mut topologies, mut problems) = (Vec::new(), Vec::new());
+    for path in files {
+        let bytes = std::fs::read(&path).map_err(|e| file_err(&path, e))?;
+        let objects = parse_file(&path, &bytes, "");
+        topologies.extend(objects.topologies);
+        problems.extend(objects.problems);
+    }
+    Ok((topologies, problems))
+}
+
+/// Parses the Topology objects of one YAML or JSON document stream (`path` names it in
+/// problems and tells JSON from YAML by its extension).
+pub fn parse_topologies(path: &Path, bytes: &[u8]) -> (Vec<Topology>, Vec<LoadProblem>) {
+    let objects = parse_file(path, bytes, "");
+    (objects.topologies, objects.problems)
+}
+
 /// Parses one file into the objects weft cares about; what cannot be used is reported
 /// and skipped, document by document.
 fn parse_file(path: &Path, bytes: &[u8], node_name: &str) -> FileObjects {

@@ -290,23 +290,7 @@ impl Engine {
             return;
         };
         let kernel: Vec<WireRecord> = records.into_iter().filter(|r| r.kind != "grpc").collect();
-        let ends: Vec<(u64, String, String)> = kernel
-            .iter()
-            .map(|r| (r.id, r.netns.clone(), r.local_intf.clone()))
-            .collect();
-        let Ok(stats) = blocking(move || {
-            Ok(ends
-                .into_iter()
-                .filter_map(|(id, netns, intf)| {
-                    let ns = NetNs::open(Path::new(&netns)).ok()?;
-                    let mut nl = kwire::socket_in(&ns).ok()?;
-                    let (_, st) = kwire::stats(&mut nl, &intf).ok()??;
-                    Some((id, st))
-                })
-                .collect::<HashMap<_, _>>())
-        })
-        .await
-        else {
+        let Ok(stats) = interface_stats(&kernel).await else {
             return;
         };
         let mut sampled = self.sampled.lock().expect("sampled lock");
@@ -352,6 +336,21 @@ impl Engine {
     /// The wire ends this node holds.
     pub async fn wires(&self) -> Result<Vec<WireRecord>, StoreError> {
         self.store.run(|db| db.wires()).await
+    }
+
+    /// The wire ends this node holds, each with its interface's kernel counters (read
+    /// now; `None` when the interface cannot be read). The kernel keeps them across
+    /// daemon restarts, TAP devices included, so they never start again from zero.
+    pub async fn report(&self) -> Result<Vec<(WireRecord, Option<weft_kernel::LinkStats>)>, StoreError> {
+        let records = self.wires().await?;
+        let mut stats = interface_stats(&records).await.unwrap_or_default();
+        Ok(records
+            .into_iter()
+            .map(|r| {
+                let st = stats.remove(&r.id);
+                (r, st)
+            })
+            .collect())
     }
 
     async fn run(self: Arc<Self>) {
@@ -527,9 +526,16 @@ impl Engine {
     async fn put(&self, r: WireRecord, records: &mut HashMap<u64, WireRecord>) -> Result<(), String> {
         let stored = r.clone();
         self.store.run(move |db| db.put_wire(&stored)).await.map_err(serr)?;
+        let labels = self.labels(&r);
+        // Re-pointed (another peer node, kind or interface): the old series end here.
+        if let Some(old) = records.get(&r.id).map(|o| self.labels(o))
+            && old != labels
+        {
+            self.metrics.remove_wire(&old);
+        }
         self.metrics
             .wire_up
-            .get_or_create(&self.labels(&r))
+            .get_or_create(&labels)
             .set(i64::from(r.state == "up"));
         records.insert(r.id, r);
         Ok(())
@@ -835,7 +841,7 @@ impl Engine {
         if let Err(e) = self.store.run(move |db| db.remove_wire(id)).await {
             warn!(wire = r.id, error = %e, "could not forget a wire end");
         }
-        self.metrics.wire_up.remove(&self.labels(r));
+        self.metrics.remove_wire(&self.labels(r));
         info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, kind = %r.kind, "wire end removed");
         if tell_peer && let Ok(node) = r.peer_node.parse::<IpAddr>() {
             let end = End {
@@ -969,6 +975,26 @@ impl Engine {
     pub fn topology_keys(&self) -> Vec<PodKey> {
         self.source.topologies().iter().map(|t| key_of(t)).collect()
     }
+}
+
+/// Reads the kernel counters of the interfaces of `ends` (those that can be found).
+async fn interface_stats(ends: &[WireRecord]) -> Result<HashMap<u64, weft_kernel::LinkStats>, String> {
+    let ends: Vec<(u64, String, String)> = ends
+        .iter()
+        .map(|r| (r.id, r.netns.clone(), r.local_intf.clone()))
+        .collect();
+    blocking(move || {
+        Ok(ends
+            .into_iter()
+            .filter_map(|(id, netns, intf)| {
+                let ns = NetNs::open(Path::new(&netns)).ok()?;
+                let mut nl = kwire::socket_in(&ns).ok()?;
+                let (_, st) = kwire::stats(&mut nl, &intf).ok()??;
+                Some((id, st))
+            })
+            .collect())
+    })
+    .await
 }
 
 fn weft_tap_open(ns: &NetNs, intf: &str) -> Result<std::os::fd::OwnedFd, String> {

@@ -5,57 +5,64 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 use weft_lab::Lab;
 
-/// `weftctl lab` arguments.
-#[derive(Debug, Args)]
-pub struct LabArgs {
-    /// The lab file.
-    #[arg(long, short = 'f', default_value = "examples/lab.yaml")]
-    file: PathBuf,
-    #[command(subcommand)]
-    action: Action,
-}
-
+/// `weftctl lab` actions; each names the lab file first.
 #[derive(Debug, Subcommand)]
-enum Action {
+pub enum LabAction {
     /// Builds what is missing (namespaces, daemons, pods); restarts crashed daemons.
-    Up,
-    /// Pings across every link; fails when one does not answer in time.
+    Up {
+        /// The lab file.
+        file: PathBuf,
+    },
+    /// Pings across every link, from both ends; fails when one does not answer in time.
     Check {
+        /// The lab file.
+        file: PathBuf,
         /// Seconds each link may take to answer.
         #[arg(long, default_value_t = 10)]
         within: u64,
     },
-    /// SIGKILLs a node's weftd (pods and kernel wires stay).
+    /// SIGKILLs a node's weftd (pods and kernel wires stay; `up` restarts it).
     Crash {
+        /// The lab file.
+        file: PathBuf,
         /// The node.
         node: String,
     },
-    /// Runs a command inside a pod.
+    /// Runs a command inside a node's or a pod's network namespace.
     Exec {
-        /// The pod.
-        pod: String,
-        /// The command.
-        #[arg(trailing_var_arg = true, required = true)]
+        /// The lab file.
+        file: PathBuf,
+        /// The node or pod.
+        name: String,
+        /// The command (after `--`).
+        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
         argv: Vec<String>,
     },
     /// Removes everything the lab made.
-    Down,
+    Down {
+        /// The lab file.
+        file: PathBuf,
+    },
+}
+
+fn load(file: &PathBuf) -> anyhow::Result<Lab> {
+    Lab::load(file).with_context(|| format!("loading {}", file.display()))
 }
 
 /// Runs a lab action.
-pub fn run(args: LabArgs, json: bool) -> anyhow::Result<()> {
-    let lab = Lab::load(&args.file).with_context(|| format!("loading {}", args.file.display()))?;
-    match args.action {
-        Action::Up => {
+pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
+    match action {
+        LabAction::Up { file } => {
+            let lab = load(&file)?;
             let started = lab.up()?;
             println!(
                 "lab {} up: {} nodes, {} pods; weftd started on: {}",
                 lab.spec.name,
                 lab.spec.nodes.len(),
-                lab.spec.nodes.iter().map(|n| n.pods.len()).sum::<usize>(),
+                lab.spec.pods.len(),
                 if started.is_empty() {
                     "none (all running)".to_string()
                 } else {
@@ -63,25 +70,30 @@ pub fn run(args: LabArgs, json: bool) -> anyhow::Result<()> {
                 }
             );
         }
-        Action::Check { within } => {
+        LabAction::Check { file, within } => {
+            let lab = load(&file)?;
             let checks = lab.check(Duration::from_secs(within));
             if json {
                 println!("{}", serde_json::to_string_pretty(&checks)?);
             } else {
-                println!("{:<20} {:<20} {:<6} {:<5} {:>8}", "FROM", "TO", "KIND", "OK", "MS");
+                println!("{:<24} {:<24} {:<6} {:<5} {:>9}", "FROM", "TO", "KIND", "OK", "RTT(ms)");
                 for c in &checks {
-                    println!("{:<20} {:<20} {:<6} {:<5} {:>8}", c.from, c.to, c.kind, c.ok, c.millis);
+                    let rtt = c.rtt_ms.map_or_else(|| "-".to_string(), |r| format!("{r:.3}"));
+                    let ok = if c.ok { "ok" } else { "FAIL" };
+                    println!("{:<24} {:<24} {:<6} {:<5} {:>9}", c.from, c.to, c.kind, ok, rtt);
                 }
             }
             let failed = checks.iter().filter(|c| !c.ok).count();
-            anyhow::ensure!(failed == 0, "{failed} of {} links did not answer", checks.len());
+            anyhow::ensure!(failed == 0, "{failed} of {} link ends did not answer", checks.len());
         }
-        Action::Crash { node } => lab.crash(&node)?,
-        Action::Exec { pod, argv } => {
-            let status = lab.exec(&pod, &argv)?;
-            anyhow::ensure!(status.success(), "{status}");
+        LabAction::Crash { file, node } => load(&file)?.crash(&node)?,
+        LabAction::Exec { file, name, argv } => {
+            let status = load(&file)?.exec(&name, &argv)?;
+            if !status.success() {
+                std::process::exit(status.code().unwrap_or(1));
+            }
         }
-        Action::Down => lab.down()?,
+        LabAction::Down { file } => load(&file)?.down()?,
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ pub mod crds;
 pub mod lab;
 pub mod ports;
 pub mod status;
+pub mod wires;
 
 use std::path::Path;
 use std::time::Duration;
