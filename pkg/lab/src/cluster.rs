@@ -167,8 +167,20 @@ fn netns_exists(name: &str) -> bool {
     Path::new("/run/netns").join(name).exists()
 }
 
-fn alive(pid: u32) -> bool {
-    fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.windows(5).any(|w| w == b"weftd"))
+/// A process's state letter and start time (in clock ticks since boot), from
+/// `/proc/<pid>/stat`; the start time tells a process from a later one with its pid.
+fn proc_stat(pid: u32) -> Option<(char, u64)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some((fields.first()?.chars().next()?, fields.get(19)?.parse().ok()?))
+}
+
+/// Whether the process recorded as `pid` (started at `started`) still runs. Its command
+/// line is no help: between fork and exec the child still shows its parent's.
+fn alive(pid: u32, started: u64) -> bool {
+    proc_stat(pid).is_some_and(|(state, start)| start == started && state != 'Z' && state != 'X')
 }
 
 impl Lab {
@@ -361,12 +373,11 @@ impl Lab {
 
     /// The pid of a node's weftd, if it runs.
     pub fn daemon_pid(&self, node: &str) -> Option<u32> {
-        let pid: u32 = fs::read_to_string(self.node_dir(node).join("weftd.pid"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
-        alive(pid).then_some(pid)
+        let text = fs::read_to_string(self.node_dir(node).join("weftd.pid")).ok()?;
+        let mut parts = text.split_whitespace();
+        let pid: u32 = parts.next()?.parse().ok()?;
+        let started: u64 = parts.next()?.parse().ok()?;
+        alive(pid, started).then_some(pid)
     }
 
     /// Builds what is missing: namespaces, underlay, daemons (restarting crashed
@@ -476,7 +487,9 @@ impl Lab {
             });
         }
         let child = cmd.spawn().map_err(|e| LabError::io("starting weftd", e))?;
-        fs::write(dir.join("weftd.pid"), child.id().to_string()).map_err(|e| LabError::io("writing the pid", e))?;
+        let started = proc_stat(child.id()).map(|(_, t)| t).unwrap_or_default();
+        fs::write(dir.join("weftd.pid"), format!("{} {started}", child.id()))
+            .map_err(|e| LabError::io("writing the pid", e))?;
         Ok(())
     }
 
@@ -492,9 +505,12 @@ impl Lab {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        let log = self.node_dir(node).join("weftd.log");
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect();
         Err(LabError::Command {
             what: format!("starting weftd on {node}"),
-            detail: format!("not serving; see {}", self.node_dir(node).join("weftd.log").display()),
+            detail: format!("not serving; {} ends with:\n{}", log.display(), tail.join("\n")),
         })
     }
 
@@ -578,7 +594,7 @@ impl Lab {
         )
         .map_err(|e| LabError::io("killing weftd", e.into()))?;
         let deadline = Instant::now() + Duration::from_secs(5);
-        while alive(pid) && Instant::now() < deadline {
+        while self.daemon_pid(node).is_some() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(())
@@ -691,10 +707,10 @@ impl Lab {
                     nix::sys::signal::Signal::SIGTERM,
                 );
                 let deadline = Instant::now() + Duration::from_secs(10);
-                while alive(pid) && Instant::now() < deadline {
+                while self.daemon_pid(&n.name).is_some() && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                if alive(pid) {
+                if self.daemon_pid(&n.name).is_some() {
                     let _ = nix::sys::signal::kill(
                         nix::unistd::Pid::from_raw(pid as i32),
                         nix::sys::signal::Signal::SIGKILL,

@@ -29,7 +29,8 @@ pub struct KubeSource {
     topologies: Store<Topology>,
     nodes: Store<Node>,
     shared: Arc<Shared>,
-    /// Whether the node's `WireState` object is known to exist (see `set_wire_state`).
+    /// Whether the node's `WireState` object is known to exist, owned by the Node (see
+    /// `set_wire_state`).
     wire_state_exists: AtomicBool,
     tasks: Vec<tokio::task::AbortHandle>,
 }
@@ -125,7 +126,8 @@ impl KubeSource {
         if !self.wire_state_exists.load(Ordering::Acquire) {
             let mut metadata = json!({ "name": self.node_name });
             // Owned by the Node, so the garbage collector removes it with the node.
-            if let Some(uid) = self.nodes.state().first().and_then(|n| n.metadata.uid.clone()) {
+            let owner = self.nodes.state().first().and_then(|n| n.metadata.uid.clone());
+            if let Some(uid) = &owner {
                 metadata["ownerReferences"] =
                     json!([{ "apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid }]);
             }
@@ -136,7 +138,11 @@ impl KubeSource {
                 "spec": {},
             });
             api.patch(&self.node_name, &pp, &Patch::Apply(&body)).await?;
-            self.wire_state_exists.store(true, Ordering::Release);
+            // Done only once applied with its owner: a WireState first written before the
+            // Node was in the cache (the daemon mirrors wires as soon as it knows its own
+            // address, which can be configured) would otherwise never get one, and would
+            // outlive its node. Until then, every call applies the metadata again.
+            self.wire_state_exists.store(owner.is_some(), Ordering::Release);
         }
         let body = json!({
             "apiVersion": WireState::api_version(&()),
@@ -252,9 +258,9 @@ impl TopologySource for KubeSource {
     /// Server-side apply, as field manager `weftd` with force: the node's daemon is the
     /// only writer of its `WireState`, so there is nothing to read first, no conflict to
     /// retry, and the wire list is replaced whole. Because `status` is a subresource, the
-    /// object is created (by an apply of its metadata, once per process, owned by the
-    /// Node when the node is known) before its status is applied; if it was deleted since,
-    /// the status apply answers 404 and both steps run again.
+    /// object is created (by an apply of its metadata, owned by the Node: once per process
+    /// when the Node is cached, on every call until then) before its status is applied;
+    /// if it was deleted since, the status apply answers 404 and both steps run again.
     fn set_wire_state(&self, wires: Vec<WireEnd>) -> BoxFuture<'_, Result<(), SourceError>> {
         Box::pin(async move {
             match self.apply_wire_state(&wires).await {

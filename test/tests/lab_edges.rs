@@ -1,0 +1,143 @@
+//! Topology edge cases in a two-node lab: links whose lower-named pod (the one that
+//! builds or proposes) arrives first and arrives second, for every link kind; a link
+//! removed from the Topology while both pods run; a malformed Topology, which is left
+//! out with a clear log line while every other pod keeps its links.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use weft_lab::{Lab, LinkCheck};
+use weft_tests::{TempDir, bin, privileged};
+
+struct Down(Lab);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = self.0.down();
+    }
+}
+
+fn failed(checks: &[LinkCheck]) -> Vec<String> {
+    checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| format!("{} -> {} ({})", c.from, c.to, c.kind))
+        .collect()
+}
+
+fn has_link(lab: &Lab, pod: &str, intf: &str) -> bool {
+    Command::new("ip")
+        .args(["-n", &lab.pod_ns(pod), "link", "show", "dev", intf])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn link(uid: i64, peer: &str, local: &str, remote: &str, ip: (&str, &str), kind: &str) -> String {
+    let kind = if kind.is_empty() { String::new() } else { format!(", kind: {kind}") };
+    format!(
+        "      - {{uid: {uid}, peer_pod: {peer}, local_intf: {local}, peer_intf: {remote}, local_ip: {}, peer_ip: {}{kind}}}\n",
+        ip.0, ip.1
+    )
+}
+
+fn topology(pod: &str, links: &[String]) -> String {
+    format!(
+        "  - apiVersion: networkop.co.uk/v1beta1\n    kind: Topology\n    metadata: {{name: {pod}, namespace: edge}}\n    spec:\n      links:\n{}",
+        links.concat()
+    )
+}
+
+#[test]
+fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
+    if !privileged() {
+        return;
+    }
+    let dir = TempDir::new("edge");
+    let name = format!("wt{}edge", std::process::id());
+    let a = ("10.9.1.1/30", "10.9.1.2/30");
+    let b = ("10.9.1.2/30", "10.9.1.1/30");
+    // Link 1 (veth): b1 arrives before a1, which builds it. Link 2 (VXLAN): x2 arrives
+    // before c1, which proposes its VNI. Link 3 (gRPC): g1 arrives before h2. Link 4
+    // (veth) is removed later. `lone` has no Topology until a malformed one appears.
+    let topologies = [
+        topology(
+            "a1",
+            &[
+                link(1, "b1", "e1", "e1", a, ""),
+                link(4, "c1", "e4", "e4", ("10.9.4.1/30", "10.9.4.2/30"), ""),
+            ],
+        ),
+        topology("b1", &[link(1, "a1", "e1", "e1", b, "")]),
+        topology(
+            "c1",
+            &[
+                link(2, "x2", "e2", "e2", ("10.9.2.1/30", "10.9.2.2/30"), "vxlan"),
+                link(4, "a1", "e4", "e4", ("10.9.4.2/30", "10.9.4.1/30"), ""),
+            ],
+        ),
+        topology("x2", &[link(2, "c1", "e2", "e2", ("10.9.2.2/30", "10.9.2.1/30"), "vxlan")]),
+        topology("g1", &[link(3, "h2", "e3", "e3", ("10.9.3.1/30", "10.9.3.2/30"), "grpc")]),
+        topology("h2", &[link(3, "g1", "e3", "e3", ("10.9.3.2/30", "10.9.3.1/30"), "grpc")]),
+    ];
+    let spec = format!(
+        "name: {name}\nnodes: [n1, n2]\npods:\n  - {{name: b1, node: n1}}\n  - {{name: x2, node: n2}}\n  - {{name: a1, node: n1}}\n  - {{name: c1, node: n1}}\n  - {{name: g1, node: n1}}\n  - {{name: h2, node: n2}}\n  - {{name: lone, node: n1}}\ntopologies:\n{}",
+        topologies.concat()
+    );
+    let file = dir.path().join("lab.yaml");
+    std::fs::write(&file, spec).unwrap();
+    let lab = Lab::load(&file)
+        .unwrap()
+        .with_binaries(bin("weftd"), bin("weft"))
+        .with_state_dir(dir.path().join("state"));
+    let mut lab = Down(lab);
+
+    lab.0.up().expect("lab up");
+    let checks = lab.0.check(Duration::from_secs(5));
+    assert_eq!(checks.len(), 8, "4 links, both ends");
+    assert!(failed(&checks).is_empty(), "links down: {:?}", failed(&checks));
+    let kind = |from: &str| checks.iter().find(|c| c.from == from).unwrap().kind.clone();
+    assert_eq!(
+        [kind("a1:e1"), kind("c1:e2"), kind("g1:e3"), kind("a1:e4")],
+        ["veth", "vxlan", "grpc", "veth"]
+    );
+
+    // Link 4 leaves both Topologies while both pods run: both ends go, nothing else.
+    for t in &mut lab.0.topologies {
+        t.spec.links.retain(|l| l.uid != 4);
+    }
+    lab.0.up().unwrap();
+    wait_for("a1:e4 and c1:e4 removed", || {
+        !has_link(&lab.0, "a1", "e4") && !has_link(&lab.0, "c1", "e4")
+    });
+    let checks = lab.0.check(Duration::from_secs(5));
+    assert_eq!(checks.len(), 6);
+    assert!(failed(&checks).is_empty(), "links down after the edit: {:?}", failed(&checks));
+
+    // A malformed Topology (the same interface twice) for `lone`: left out, with a log
+    // line that names it and says why; the others keep their links.
+    let bad = "apiVersion: networkop.co.uk/v1beta1\nkind: Topology\nmetadata: {name: lone, namespace: edge}\nspec:\n  links:\n    - {uid: 7, peer_pod: a1, local_intf: e7, peer_intf: e7}\n    - {uid: 8, peer_pod: b1, local_intf: e7, peer_intf: e8}\n";
+    std::fs::write(lab.0.topology_dir().join("bad.yaml"), bad).unwrap();
+    let log = Path::new(&dir.path().join("state/nodes/n1/weftd.log")).to_path_buf();
+    wait_for("the malformed Topology to be reported", || {
+        std::fs::read_to_string(&log).unwrap_or_default().lines().any(|l| {
+            l.contains("topology left out") && l.contains("edge/lone") && l.contains("already used")
+        })
+    });
+    lab.0.up().unwrap();
+    let checks = lab.0.check(Duration::from_secs(5));
+    assert!(failed(&checks).is_empty(), "links down after a bad Topology: {:?}", failed(&checks));
+    assert!(!has_link(&lab.0, "a1", "e7") && !has_link(&lab.0, "lone", "e7"));
+
+    lab.0.down().unwrap();
+}
