@@ -44,7 +44,11 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 fn link(uid: i64, peer: &str, local: &str, remote: &str, ip: (&str, &str), kind: &str) -> String {
-    let kind = if kind.is_empty() { String::new() } else { format!(", kind: {kind}") };
+    let kind = if kind.is_empty() {
+        String::new()
+    } else {
+        format!(", kind: {kind}")
+    };
     format!(
         "      - {{uid: {uid}, peer_pod: {peer}, local_intf: {local}, peer_intf: {remote}, local_ip: {}, peer_ip: {}{kind}}}\n",
         ip.0, ip.1
@@ -86,9 +90,18 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
                 link(4, "a1", "e4", "e4", ("10.9.4.2/30", "10.9.4.1/30"), ""),
             ],
         ),
-        topology("x2", &[link(2, "c1", "e2", "e2", ("10.9.2.2/30", "10.9.2.1/30"), "vxlan")]),
-        topology("g1", &[link(3, "h2", "e3", "e3", ("10.9.3.1/30", "10.9.3.2/30"), "grpc")]),
-        topology("h2", &[link(3, "g1", "e3", "e3", ("10.9.3.2/30", "10.9.3.1/30"), "grpc")]),
+        topology(
+            "x2",
+            &[link(2, "c1", "e2", "e2", ("10.9.2.2/30", "10.9.2.1/30"), "vxlan")],
+        ),
+        topology(
+            "g1",
+            &[link(3, "h2", "e3", "e3", ("10.9.3.1/30", "10.9.3.2/30"), "grpc")],
+        ),
+        topology(
+            "h2",
+            &[link(3, "g1", "e3", "e3", ("10.9.3.2/30", "10.9.3.1/30"), "grpc")],
+        ),
     ];
     let spec = format!(
         "name: {name}\nnodes: [n1, n2]\npods:\n  - {{name: b1, node: n1}}\n  - {{name: x2, node: n2}}\n  - {{name: a1, node: n1}}\n  - {{name: c1, node: n1}}\n  - {{name: g1, node: n1}}\n  - {{name: h2, node: n2}}\n  - {{name: lone, node: n1}}\ntopologies:\n{}",
@@ -122,7 +135,11 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
     });
     let checks = lab.0.check(Duration::from_secs(5));
     assert_eq!(checks.len(), 6);
-    assert!(failed(&checks).is_empty(), "links down after the edit: {:?}", failed(&checks));
+    assert!(
+        failed(&checks).is_empty(),
+        "links down after the edit: {:?}",
+        failed(&checks)
+    );
 
     // A malformed Topology (the same interface twice) for `lone`: left out, with a log
     // line that names it and says why; the others keep their links.
@@ -130,13 +147,18 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
     std::fs::write(lab.0.topology_dir().join("bad.yaml"), bad).unwrap();
     let log = Path::new(&dir.path().join("state/nodes/n1/weftd.log")).to_path_buf();
     wait_for("the malformed Topology to be reported", || {
-        std::fs::read_to_string(&log).unwrap_or_default().lines().any(|l| {
-            l.contains("topology left out") && l.contains("edge/lone") && l.contains("already used")
-        })
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("topology left out") && l.contains("edge/lone") && l.contains("already used"))
     });
     lab.0.up().unwrap();
     let checks = lab.0.check(Duration::from_secs(5));
-    assert!(failed(&checks).is_empty(), "links down after a bad Topology: {:?}", failed(&checks));
+    assert!(
+        failed(&checks).is_empty(),
+        "links down after a bad Topology: {:?}",
+        failed(&checks)
+    );
     assert!(!has_link(&lab.0, "a1", "e7") && !has_link(&lab.0, "lone", "e7"));
 
     lab.0.down().unwrap();

@@ -507,7 +507,14 @@ impl Lab {
         }
         let log = self.node_dir(node).join("weftd.log");
         let text = fs::read_to_string(&log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: Vec<&str> = text
+            .lines()
+            .rev()
+            .take(5)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         Err(LabError::Command {
             what: format!("starting weftd on {node}"),
             detail: format!("not serving; {} ends with:\n{}", log.display(), tail.join("\n")),
