@@ -16,6 +16,7 @@ packages=(
   python3-venv                   # the venv for the rotel collector
   nftables conntrack             # host ports: weftd writes its table with nft and flushes UDP flows
   busybox-static                 # the httpd workload image of the CRI host-port test
+  iperf3                         # weftctl bench --compare wires: TCP throughput across wires
 )
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

@@ -209,8 +209,17 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
     let observer: weft_store::Observer = Arc::new(move |d: Duration| store_seconds.observe(d.as_secs_f64()));
     let store = Store::open_observed(&db_path, Some(observer))
         .with_context(|| format!("opening the state store {}", db_path.display()))?;
-    let first_start = store.schema_found() == 0;
-    info!(node = %node_name, state = %db_path.display(), first_start, version = VERSION, commit = COMMIT, tracing_export = weft_telemetry::otel::export_configured(), "weftd starting");
+    let version = format!("{VERSION} ({COMMIT})");
+    let (run_id, previous) = store
+        .run(move |db| db.begin_run(&version))
+        .await
+        .context("recording the start")?;
+    let previous_run = match &previous {
+        weft_store::PreviousRun::None => "none (first start)",
+        weft_store::PreviousRun::Stopped { .. } => "stopped cleanly",
+        weft_store::PreviousRun::Crashed { .. } => "did not stop cleanly (killed or crashed)",
+    };
+    info!(node = %node_name, state = %db_path.display(), first_start = matches!(previous, weft_store::PreviousRun::None), previous_run, version = VERSION, commit = COMMIT, tracing_export = weft_telemetry::otel::export_configured(), "weftd starting");
 
     weft_kernel::enable_forwarding().context("enabling IP forwarding")?;
     if args.hostports_localhost {
@@ -284,12 +293,15 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
         handler = handler.with_wiring(w.clone());
     }
     let handler = Arc::new(handler);
+    // Before serving: the kernel is made to match the store again (what went while
+    // weftd was away is repaired, pods whose namespace is gone are collected).
     let repaired = handler
-        .sync_host_ports()
+        .reconcile()
         .await
         .map_err(|e| anyhow::anyhow!(e))
-        .context("writing the host port table")?;
-    info!(rewritten = repaired, "host port table in place");
+        .context("start-up reconciliation")?;
+    count_repairs(&metrics, &repaired);
+    info!(?repaired, "start-up reconciliation done");
     let ready = Readiness::default();
     let pending = {
         let h = handler.clone();
@@ -336,6 +348,7 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
     let grpc_task = tokio::spawn(grpc);
     let reconcile_task = tokio::spawn(reconcile(
         handler.clone(),
+        metrics.clone(),
         Duration::from_secs(args.reconcile_interval.max(1)),
         stopped(stop_rx.clone()),
     ));
@@ -388,14 +401,18 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
         info!("teardowns still running at exit; the next start finishes them");
     }
     let _ = http_task.await;
+    if let Err(e) = store.run(move |db| db.end_run(run_id)).await {
+        tracing::warn!(error = %e, "could not record the clean stop");
+    }
     info!("weftd stopped");
     Ok(())
 }
 
-/// Checks the kernel against the store every `every` until `stop`: the host port table
-/// is rewritten when it drifted (someone flushed it, a crash left stale elements).
+/// Checks the kernel against the store every `every` until `stop` (see
+/// [`Handler::reconcile`]), counting what it repaired.
 async fn reconcile<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
     handler: Arc<Handler<I, K>>,
+    metrics: Arc<Metrics>,
     every: Duration,
     stop: impl Future<Output = ()>,
 ) {
@@ -408,11 +425,33 @@ async fn reconcile<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
             _ = &mut stop => return,
             _ = tick.tick() => {}
         }
-        match handler.sync_host_ports().await {
-            Ok(true) => tracing::warn!("the host port table had drifted from the store and was rewritten"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "checking the host port table failed"),
+        reconcile_once(&handler, &metrics).await;
+    }
+}
+
+/// Adds what a reconcile pass repaired to `weft_reconcile_repairs_total`.
+fn count_repairs(metrics: &Metrics, repaired: &std::collections::BTreeMap<&'static str, u64>) {
+    for (kind, n) in repaired {
+        metrics
+            .reconcile_repairs
+            .get_or_create(&weft_telemetry::metrics::RepairLabels { kind })
+            .inc_by(*n);
+    }
+}
+
+/// One reconcile pass; what it repaired goes into `weft_reconcile_repairs_total`.
+async fn reconcile_once<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
+    handler: &Handler<I, K>,
+    metrics: &Metrics,
+) {
+    match handler.reconcile().await {
+        Ok(repaired) => {
+            count_repairs(metrics, &repaired);
+            if !repaired.is_empty() {
+                info!(?repaired, "reconcile pass repaired kernel state");
+            }
         }
+        Err(e) => tracing::warn!(error = %e, "reconcile pass failed"),
     }
 }
 

@@ -8,10 +8,22 @@
 //! side and round (weftd runs inside it), and one namespace per pod. Two comparisons:
 //! weft against Debian's reference `ptp` + `host-local`, and weft with OTLP trace
 //! export against weft without it (the cost of observability).
+//!
+//! Three more measure weft against its targets beside the nearest reference: the
+//! plugin's exec cost beside the Go plugins' (`exec`), weftd's resident memory as a node
+//! fills with pods and gRPC wires (`memory`, against the target: no reference daemon
+//! exists), and the throughput of each kind of wire beside a kernel link of that kind
+//! (`wires`). `smoke` runs everything small, for CI.
 
+mod exec;
 mod hostports;
+mod memory;
 mod otlp;
+mod smoke;
 mod stats;
+mod udp;
+mod util;
+mod wires;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,8 +31,15 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use weft_lab::{CniExec, DaemonPaths, LabError, NamedNetns, NodeDaemon};
 
+pub use exec::{EXEC_TARGET_P50_MS, ExecOptions, ExecReport, ExecSide, run_exec};
 pub use hostports::{HostportOptions, HostportReport, around, run_hostports};
+pub use memory::{MEMORY_TARGET_MIB, MemoryOptions, MemoryReport, MemoryState, run_memory};
+pub use smoke::{SmokeOptions, SmokeReport, run_smoke};
 pub use stats::{Percentiles, median};
+pub use udp::Flood;
+pub use wires::{
+    GRPC_FPS_TARGET, GRPC_TCP_TARGET_RATIO, Wire, WireRatio, WireResult, WiresOptions, WiresReport, run_wires,
+};
 
 /// What is compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -133,15 +133,15 @@ pub fn parse_port_mappings(v: Option<&Value>) -> Result<Vec<PortMappingConf>, Cn
 /// the config can still be reported under it, as the spec asks. Falls back to weft's
 /// own version when the config declares none or is not JSON.
 pub fn declared_version(bytes: &[u8]) -> String {
-    #[derive(serde::Deserialize)]
-    struct Only {
-        #[serde(rename = "cniVersion")]
-        cni_version: Option<String>,
-    }
-    serde_json::from_slice::<Only>(bytes)
+    // Read through a `Value`, as `decode` does: a key given twice then resolves the same
+    // way (the last one wins) here as there, so an error is reported under the version
+    // the config is handled as.
+    serde_json::from_slice::<Value>(bytes)
         .ok()
-        .and_then(|o| o.cni_version)
-        .filter(|v| !v.is_empty())
+        .and_then(|v| match v.get("cniVersion") {
+            Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+            _ => None,
+        })
         .unwrap_or_else(|| version::CURRENT.to_string())
 }
 
@@ -477,5 +477,22 @@ mod tests {
         assert_eq!(declared_version(br#"{"cniVersion":"0.4.0"}"#), "0.4.0");
         assert_eq!(declared_version(br#"{"cniVersion":"7.0.0"}"#), "7.0.0");
         assert_eq!(declared_version(br#"{"name":"x"}"#), "1.1.0");
+    }
+
+    /// Found by the `cni_config` fuzz target: with `cniVersion` given twice, errors were
+    /// reported under 1.1.0 (the typed reader refused the duplicate) while the config was
+    /// handled as the last one given.
+    #[test]
+    fn a_repeated_cni_version_is_read_as_the_config_is() {
+        let bytes = br#"{"name":"weft","type":"weft","ranges":["10.0.0.0/24"],"cniVersion":"1","cniVersion":"1.0.0"}"#;
+        let c = NetworkConfig::parse(bytes, Cmd::Del).unwrap();
+        assert_eq!(c.version.to_string(), "1.0.0");
+        assert_eq!(declared_version(bytes), "1.0.0");
+        let bad = br#"{"name":"weft","type":"weft","cniVersion":"1.1.0","ranges":["x"],"cniVersion":"0.3.1"}"#;
+        assert_eq!(declared_version(bad), "0.3.1");
+        assert_eq!(
+            NetworkConfig::parse(bad, Cmd::Add).unwrap_err().code,
+            code::INVALID_CONFIG
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! [`PodNetworking`] seams. Every input is validated before anything is touched; a
 //! failed ADD undoes what it did; DEL and GC are idempotent.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -443,6 +443,64 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             drop(ticket);
         };
         Some(tokio::spawn(work.instrument(phase!("teardown"))))
+    }
+
+    /// Compares every attachment with the kernel and repairs what drifted (a deleted
+    /// route, address or veth pair comes back), collects attachments whose network
+    /// namespace is gone (their addresses are released and their wires removed), and
+    /// rewrites the host port table if it differs from the store. Returns how many items
+    /// of each kind it repaired (`veth`, `link_up`, `address`, `route`, `collected`,
+    /// `hostports`). Runs at start, before serving, and every reconcile interval; each
+    /// attachment is handled under its container's lock, so it never races a call.
+    pub async fn reconcile(&self) -> Result<BTreeMap<&'static str, u64>, CniError> {
+        let mut repaired: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let ready = self.ipam.list(None, Some(State::Ready)).await.map_err(store_err)?;
+        for att in ready {
+            let _guard = self.locks.lock(&att.key.container_id).await;
+            if self.teardowns.pending(&att.key) {
+                continue;
+            }
+            // Re-read under the lock: a DEL or an ADD may have come first.
+            let current = self.ipam.get(att.key.clone()).await.map_err(store_err)?;
+            let Some(att) = current.filter(|c| c.id == att.id && c.state == State::Ready) else {
+                continue;
+            };
+            match self.net.validate_netns(PathBuf::from(&att.netns)).await {
+                Ok(()) => {}
+                Err(KernelError::InvalidNetns { reason, .. }) => {
+                    warn!(attachment = %att.key, netns = %att.netns, reason = %reason, "the pod's network namespace is gone: collecting the attachment");
+                    let Some(gone) = self.ipam.begin_del(att.key.clone()).await.map_err(store_err)? else {
+                        continue;
+                    };
+                    if let (Some(w), Some(pod)) = (&self.wiring, Self::wired_pod(&gone)) {
+                        w.pod_removed(pod).await;
+                    }
+                    if let Some(task) = self.start_teardown(gone).await {
+                        let _ = task.await;
+                    }
+                    *repaired.entry("collected").or_default() += 1;
+                    continue;
+                }
+                Err(e) => {
+                    warn!(attachment = %att.key, error = %e, "cannot check the pod's network namespace");
+                    continue;
+                }
+            }
+            match self.net.repair(pod_network(&att)).await {
+                Ok(kinds) => {
+                    for kind in kinds {
+                        warn!(attachment = %att.key, kind, "kernel state had drifted from the store: repaired");
+                        *repaired.entry(kind).or_default() += 1;
+                    }
+                }
+                Err(e) => warn!(attachment = %att.key, error = %e, "could not repair the pod's networking"),
+            }
+        }
+        if self.sync_host_ports().await? {
+            warn!("the host port table had drifted from the store and was rewritten");
+            *repaired.entry("hostports").or_default() += 1;
+        }
+        Ok(repaired)
     }
 
     /// Makes the kernel's host port table match the store; returns whether it had

@@ -70,6 +70,8 @@ pub trait PodNetworking: Send + Sync + 'static {
     fn setup(&self, net: PodNetwork) -> impl Future<Output = Result<(), KernelError>> + Send;
     /// Compares a pod's networking with the kernel.
     fn check(&self, net: PodNetwork) -> impl Future<Output = Result<(), KernelError>> + Send;
+    /// Brings a pod's networking back to what it should be; names what was repaired.
+    fn repair(&self, net: PodNetwork) -> impl Future<Output = Result<Vec<&'static str>, KernelError>> + Send;
     /// Cuts a pod off (fast); returns whether its host end existed.
     fn disconnect(&self, host_ifname: String) -> impl Future<Output = Result<bool, KernelError>> + Send;
     /// Removes a pod's veth pair (slow: waits for RCU); returns whether it existed.
@@ -119,6 +121,9 @@ impl PodNetworking for KernelNetworking {
     }
     async fn check(&self, net: PodNetwork) -> Result<(), KernelError> {
         blocking(move || net.check()).await
+    }
+    async fn repair(&self, net: PodNetwork) -> Result<Vec<&'static str>, KernelError> {
+        blocking(move || net.repair()).await
     }
     async fn disconnect(&self, host_ifname: String) -> Result<bool, KernelError> {
         blocking(move || weft_kernel::ptp::disconnect(&host_ifname)).await

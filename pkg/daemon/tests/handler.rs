@@ -25,13 +25,14 @@ struct FakeNet {
     links: Arc<Mutex<HashSet<String>>>,
     fail_setup: Arc<Mutex<Option<Failure>>>,
     drift: Arc<Mutex<Option<String>>>,
+    gone: Arc<Mutex<HashSet<PathBuf>>>,
     removes: Arc<Mutex<usize>>,
     remove_delay: Arc<Mutex<Duration>>,
 }
 
 impl PodNetworking for FakeNet {
     async fn validate_netns(&self, path: PathBuf) -> Result<(), KernelError> {
-        if path.starts_with("/ok") {
+        if path.starts_with("/ok") && !self.gone.lock().unwrap().contains(&path) {
             Ok(())
         } else {
             Err(KernelError::InvalidNetns {
@@ -53,6 +54,14 @@ impl PodNetworking for FakeNet {
         }
         assert!(self.links.lock().unwrap().contains(&net.host_ifname));
         Ok(())
+    }
+    async fn repair(&self, net: PodNetwork) -> Result<Vec<&'static str>, KernelError> {
+        // A missing link is rebuilt whole, as the ptp driver does.
+        Ok(if self.links.lock().unwrap().insert(net.host_ifname) {
+            vec!["veth"]
+        } else {
+            Vec::new()
+        })
     }
     async fn disconnect(&self, host_ifname: String) -> Result<bool, KernelError> {
         Ok(self.links.lock().unwrap().contains(&host_ifname))
@@ -387,4 +396,33 @@ async fn host_ports_are_held_refused_when_taken_and_released_by_del() {
         "\"mtu\":1450,\"runtimeConfig\":{\"portMappings\":[{\"hostPort\":0,\"containerPort\":80}]}",
     );
     assert_eq!(e.h.add(&args("c3", &bad)).await.unwrap_err().code, code::INVALID_CONFIG);
+}
+
+#[tokio::test]
+async fn reconcile_repairs_drift_and_collects_pods_whose_namespace_is_gone() {
+    let e = env();
+    for c in ["c1", "c2", "c3"] {
+        e.h.add(&args(c, CONF)).await.unwrap();
+    }
+    assert!(e.h.reconcile().await.unwrap().is_empty(), "nothing drifted yet");
+
+    // c1's veth vanished; c2's namespace is gone.
+    let c1_link = e.net.links.lock().unwrap().iter().next().cloned().unwrap();
+    e.net.links.lock().unwrap().clear();
+    e.net.links.lock().unwrap().insert(c1_link);
+    e.net.gone.lock().unwrap().insert(PathBuf::from("/ok/c2"));
+    let before = allocated(&e.store).await;
+    let repaired = e.h.reconcile().await.unwrap();
+    assert_eq!(repaired.get("collected"), Some(&1), "{repaired:?}");
+    assert_eq!(
+        repaired.get("veth"),
+        Some(&1),
+        "one of c1/c3 lost its link: {repaired:?}"
+    );
+    assert_eq!(allocated(&e.store).await, before - 2, "c2's two addresses released");
+    let left = e.store.run(|db| db.list(None, None)).await.unwrap();
+    let cids: Vec<_> = left.iter().map(|a| a.key.container_id.as_str()).collect();
+    assert_eq!(cids, ["c1", "c3"]);
+    assert_eq!(e.net.links.lock().unwrap().len(), 2);
+    assert!(e.h.reconcile().await.unwrap().is_empty(), "repaired for good");
 }

@@ -161,6 +161,95 @@ impl PodNetwork {
         Ok(())
     }
 
+    /// Brings the kernel back to this description and names what it repaired, one
+    /// entry per item (`veth`: the pair was rebuilt whole, `link_up`, `address`,
+    /// `route`); empty when nothing had drifted. The pod must still exist. An interface
+    /// of the pod's name that is not weft's (another MAC) is reported, never touched.
+    pub fn repair(&self) -> Result<Vec<&'static str>, KernelError> {
+        let ns = NetNs::open(&self.netns)?;
+        let mut host = Netlink::new().map_err(os("opening netlink"))?;
+        let mut pod = in_netns(&ns, || Netlink::new().map_err(os("opening netlink in the pod")))?;
+        let link = host
+            .link_by_name(&self.host_ifname)
+            .map_err(os("looking up the host end"))?;
+        let eth = pod.link_by_name(&self.ifname).map_err(os("looking up the pod end"))?;
+        if let Some(e) = &eth
+            && e.mac != self.pod_mac
+        {
+            return Err(KernelError::Drift(format!(
+                "interface {} in the pod is not the one weft made (another MAC); left alone",
+                self.ifname
+            )));
+        }
+        let (Some(mut link), Some(mut eth)) = (link, eth) else {
+            // A veth pair lives and dies whole; a lone host end is a leftover.
+            if host
+                .link_by_name(&self.host_ifname)
+                .map_err(os("looking up the host end"))?
+                .is_some()
+            {
+                host.delete_link(&self.host_ifname)
+                    .map_err(os("removing a lone host end"))?;
+            }
+            self.create_veth(&mut host, &ns)?;
+            if let Err(e) = self.configure(&mut host, &mut pod) {
+                let _ = host.delete_link(&self.host_ifname);
+                return Err(e);
+            }
+            return Ok(vec!["veth"]);
+        };
+        let mut repaired = Vec::new();
+        for (nl, l, what) in [(&mut host, &mut link, "host end"), (&mut pod, &mut eth, "pod end")] {
+            if !l.up {
+                nl.set_up(l.index, true)
+                    .map_err(os(&format!("setting the {what} up")))?;
+                l.up = true;
+                repaired.push("link_up");
+            }
+        }
+        let host_addrs = host.addresses(link.index).map_err(os("listing host addresses"))?;
+        let pod_addrs = pod.addresses(eth.index).map_err(os("listing pod addresses"))?;
+        for a in &self.addresses {
+            if !host_addrs.contains(&(a.gateway, host_prefix(&a.gateway))) {
+                host.add_address(link.index, a.gateway, host_prefix(&a.gateway))
+                    .map_err(os("adding the gateway address to the host end"))?;
+                repaired.push("address");
+            }
+            if !pod_addrs.contains(&(a.address, host_prefix(&a.address))) {
+                pod.add_address(eth.index, a.address, host_prefix(&a.address))
+                    .map_err(os("adding the pod address"))?;
+                repaired.push("address");
+            }
+        }
+        for a in &self.addresses {
+            let v6 = a.address.is_ipv6();
+            let routes = host.routes(v6).map_err(os("listing host routes"))?;
+            if !routes
+                .iter()
+                .any(|r| r.dst == Some(a.address) && r.oif == Some(link.index))
+            {
+                host.add_route(Some(a.address), host_prefix(&a.address), None, link.index, v6)
+                    .map_err(os("adding the host route to the pod"))?;
+                repaired.push("route");
+            }
+            let routes = pod.routes(v6).map_err(os("listing pod routes"))?;
+            if !routes
+                .iter()
+                .any(|r| r.dst == Some(a.gateway) && r.oif == Some(eth.index))
+            {
+                pod.add_route(Some(a.gateway), host_prefix(&a.gateway), None, eth.index, v6)
+                    .map_err(os("adding the pod route to the gateway"))?;
+                repaired.push("route");
+            }
+            if !routes.iter().any(|r| r.dst.is_none() && r.gateway == Some(a.gateway)) {
+                pod.add_route(None, 0, Some(a.gateway), eth.index, v6)
+                    .map_err(os("adding the pod default route"))?;
+                repaired.push("route");
+            }
+        }
+        Ok(repaired)
+    }
+
     /// Compares the kernel with this description and reports the first difference.
     pub fn check(&self) -> Result<(), KernelError> {
         let drift = |m: String| Err(KernelError::Drift(m));

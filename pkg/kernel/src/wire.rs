@@ -132,6 +132,15 @@ pub fn point_vxlan(
     Ok(())
 }
 
+/// One FDB entry of a VXLAN end: frames for this MAC go to this VTEP.
+pub type FdbEntry = ([u8; 6], IpAddr);
+
+/// The FDB entries of the VXLAN end `name`; `None` when it does not exist.
+pub fn vxlan_fdb(pod: &mut Netlink, name: &str) -> Result<Option<Vec<FdbEntry>>, KernelError> {
+    let Some(link) = find(pod, name)? else { return Ok(None) };
+    Ok(Some(pod.fdb(link.index).map_err(os("listing FDB entries"))?))
+}
+
 /// The VTEP every frame of a VXLAN end goes to (its all-zeros FDB entry), if set.
 pub fn vxlan_vtep(pod: &mut Netlink, name: &str) -> Result<Option<IpAddr>, KernelError> {
     let Some(link) = find(pod, name)? else { return Ok(None) };

@@ -21,6 +21,29 @@ pub use attachment::{
     RangeUsage, State, WireRecord,
 };
 pub use db::Db;
+
+/// How the daemon's previous run ended, as the store remembers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PreviousRun {
+    /// None: this is the node's first start (or its state was wiped).
+    None,
+    /// It stopped cleanly.
+    Stopped {
+        /// Its version.
+        version: String,
+        /// When it started (Unix ms).
+        started_at_ms: i64,
+        /// When it stopped (Unix ms).
+        stopped_at_ms: i64,
+    },
+    /// It never recorded a clean stop: killed, crashed, or the node went down.
+    Crashed {
+        /// Its version.
+        version: String,
+        /// When it started (Unix ms).
+        started_at_ms: i64,
+    },
+}
 pub use schema::CURRENT_VERSION as SCHEMA_VERSION;
 
 /// What can go wrong in the store.

@@ -93,6 +93,17 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX wires_by_pod ON wires(namespace, local_pod);
     CREATE INDEX attachments_by_pod ON attachments(pod_namespace, pod_name);
     ",
+    // 4: daemon runs, so a start tells a first start from a restart after a clean stop
+    // or a crash.
+    r"
+    CREATE TABLE daemon_runs (
+        id          INTEGER PRIMARY KEY,
+        version     TEXT NOT NULL,
+        started_at  INTEGER NOT NULL,
+        -- NULL while running, or when the run ended without stopping cleanly
+        stopped_at  INTEGER
+    );
+    ",
 ];
 
 /// The schema version this binary writes.

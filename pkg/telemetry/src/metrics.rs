@@ -125,6 +125,13 @@ pub struct PeerLabels {
     pub peer_node: String,
 }
 
+/// What the reconcile loop repaired.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RepairLabels {
+    /// `veth`, `link_up`, `address`, `route`, `collected`, `hostports`, `wire`, `fdb`.
+    pub kind: &'static str,
+}
+
 /// The exemplar attached to latency observations: the trace that was slow.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TraceExemplar {
@@ -167,6 +174,8 @@ pub struct Metrics {
     pub pods: Gauge,
     /// `weft_hostports`.
     pub hostports: Gauge,
+    /// `weft_reconcile_repairs_total`.
+    pub reconcile_repairs: Family<RepairLabels, Counter>,
     /// `weft_store_transaction_seconds`.
     pub store_transaction: Histogram,
     /// `weft_wire_frames_total`.
@@ -224,6 +233,7 @@ impl Metrics {
             ipam_addresses: Family::default(),
             pods: Gauge::default(),
             hostports: Gauge::default(),
+            reconcile_repairs: Family::default(),
             store_transaction: Histogram::new(exponential_buckets(0.00001, 2.0, 18)),
             wire_frames: Family::default(),
             wire_bytes: Family::default(),
@@ -280,6 +290,11 @@ impl Metrics {
             "weft_hostports",
             "Host ports held on this node (one per address family)",
             m.hostports.clone(),
+        );
+        registry.register(
+            "weft_reconcile_repairs",
+            "Kernel state found drifted from the store and repaired (or attachments collected), by kind",
+            m.reconcile_repairs.clone(),
         );
         registry.register(
             "weft_store_transaction_seconds",

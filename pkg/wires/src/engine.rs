@@ -709,12 +709,30 @@ impl Engine {
             .filter(|r| r.kind == "vxlan" && r.netns == pod.netns && r.vni.is_some() && r.peer_node == node.to_string())
         {
             let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
-            let vtep = blocking(move || {
+            let fdb = blocking(move || {
                 let ns = NetNs::open(Path::new(&netns)).map_err(kerr)?;
-                kwire::vxlan_vtep(&mut kwire::socket_in(&ns).map_err(kerr)?, &intf).map_err(kerr)
+                kwire::vxlan_fdb(&mut kwire::socket_in(&ns).map_err(kerr)?, &intf).map_err(kerr)
             })
             .await?;
-            if vtep == Some(node) && r.state == "up" {
+            if let Some(fdb) = fdb.filter(|_| r.state == "up") {
+                if fdb.contains(&([0; 6], node)) && fdb.contains(&(peer_mac, node)) {
+                    return Ok(());
+                }
+                // The end is there but someone removed or changed its unicast entries
+                // (the record says where they point): put them back in place rather
+                // than rebuilding the end under the pod.
+                let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
+                blocking(move || {
+                    let ns = NetNs::open(Path::new(&netns)).map_err(kerr)?;
+                    let mut nl = kwire::socket_in(&ns).map_err(kerr)?;
+                    kwire::point_vxlan(&mut nl, &intf, node, peer_mac, peer_ip).map_err(kerr)
+                })
+                .await?;
+                self.metrics
+                    .reconcile_repairs
+                    .get_or_create(&weft_telemetry::metrics::RepairLabels { kind: "fdb" })
+                    .inc();
+                warn!(wire = id, pod = %name, intf = %link.local_intf, peer = %node, "VXLAN FDB entries had drifted and were restored");
                 return Ok(());
             }
         }

@@ -13,7 +13,8 @@ pub struct BenchArgs {
     /// Concurrent workers issuing calls.
     #[arg(long, default_value_t = 1)]
     workers: usize,
-    /// Rounds per plugin (alternating which goes first).
+    /// Rounds per plugin (alternating which goes first); with `--compare memory` fresh
+    /// labs, with `--compare wires` passes over every wire.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Directory of the reference plugins.
@@ -24,13 +25,34 @@ pub struct BenchArgs {
     bin_dir: Option<PathBuf>,
     /// What weft is compared with: the reference plugins, or itself without OTLP
     /// trace export (with export on, spans go to a receiver inside the node), or the
-    /// reference ptp + portmap chain with host ports.
+    /// reference ptp + portmap chain with host ports; or the plugin's exec cost beside
+    /// the Go plugins', weftd's memory against its target, wire throughput beside
+    /// kernel links.
     #[arg(long, value_enum, default_value = "reference")]
     compare: Compare,
     /// With `--compare hostports`: pods attached through the reference chain (its
     /// cost grows with every mapping).
     #[arg(long, default_value_t = 400)]
     reference_pods: usize,
+    /// With `--compare exec`: timed execs per binary.
+    #[arg(long, default_value_t = 300)]
+    execs: usize,
+    /// With `--compare memory`: pods on the measured node.
+    #[arg(long, default_value_t = 250)]
+    memory_pods: usize,
+    /// With `--compare memory`: gRPC wires from the measured node to the other.
+    #[arg(long, default_value_t = 100)]
+    grpc_wires: usize,
+    /// With `--compare wires`: seconds of each iperf3 TCP run.
+    #[arg(long, default_value_t = 5)]
+    tcp_seconds: u64,
+    /// With `--compare wires`: seconds of each 64-byte UDP flood.
+    #[arg(long, default_value_t = 3.0)]
+    udp_seconds: f64,
+    /// Every comparison, tiny and once (for CI; timings mean nothing); ignores the
+    /// other options.
+    #[arg(long)]
+    smoke: bool,
 }
 
 /// What `weftctl bench` compares weft with.
@@ -42,6 +64,31 @@ enum Compare {
     Otlp,
     /// ptp + portmap, each pod with one host port, as mappings accumulate.
     Hostports,
+    /// CNI_COMMAND=VERSION of weft beside host-local and ptp: the cost of an exec.
+    Exec,
+    /// weftd's RSS idle, with pods, with pods and gRPC wires (against the target).
+    Memory,
+    /// TCP and 64-byte UDP across weft's veth, VXLAN and gRPC wires beside kernel veth
+    /// and VXLAN.
+    Wires,
+}
+
+fn print<T: serde::Serialize>(report: &T, markdown: impl FnOnce(&T) -> String, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        print!("{}", markdown(report));
+    }
+    Ok(())
+}
+
+/// Removes the scratch directory however the run ends.
+struct WorkDir(PathBuf);
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Runs the benchmark and prints the report.
@@ -53,47 +100,79 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
             .context("weftctl's directory")?
             .to_path_buf(),
     };
-    let work_dir = std::env::temp_dir().join(format!("weft-bench-{}", std::process::id()));
-    if let Compare::Hostports = args.compare {
-        let opts = weft_bench::HostportOptions {
-            weft: bin_dir.join("weft"),
-            weftd: bin_dir.join("weftd"),
+    let work = WorkDir(std::env::temp_dir().join(format!("weft-bench-{}", std::process::id())));
+    let work_dir = work.0.clone();
+    let (weft, weftd) = (bin_dir.join("weft"), bin_dir.join("weftd"));
+    let fail = |e: String| anyhow::anyhow!(e);
+    if args.smoke {
+        let report = weft_bench::run_smoke(&weft_bench::SmokeOptions {
+            weft,
+            weftd,
             reference_dir: args.reference_dir,
-            weft_pods: args.pods,
-            reference_pods: args.reference_pods,
-            work_dir: work_dir.clone(),
-        };
-        let report = weft_bench::run_hostports(&opts).map_err(|e| anyhow::anyhow!(e));
-        let _ = std::fs::remove_dir_all(&work_dir);
-        let report = report?;
-        if json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        } else {
-            print!("{}", report.markdown());
-        }
-        return Ok(());
+            work_dir,
+        })
+        .map_err(fail)?;
+        return print(&report, weft_bench::SmokeReport::markdown, json);
     }
+    let comparison = match args.compare {
+        Compare::Hostports => {
+            let opts = weft_bench::HostportOptions {
+                weft,
+                weftd,
+                reference_dir: args.reference_dir,
+                weft_pods: args.pods,
+                reference_pods: args.reference_pods,
+                work_dir,
+            };
+            let report = weft_bench::run_hostports(&opts).map_err(fail)?;
+            return print(&report, weft_bench::HostportReport::markdown, json);
+        }
+        Compare::Exec => {
+            let opts = weft_bench::ExecOptions {
+                weft,
+                reference_dir: args.reference_dir,
+                execs: args.execs,
+            };
+            let report = weft_bench::run_exec(&opts).map_err(fail)?;
+            return print(&report, weft_bench::ExecReport::markdown, json);
+        }
+        Compare::Memory => {
+            let opts = weft_bench::MemoryOptions {
+                weft,
+                weftd,
+                pods: args.memory_pods,
+                wires: args.grpc_wires,
+                rounds: args.rounds,
+                work_dir,
+            };
+            let report = weft_bench::run_memory(&opts).map_err(fail)?;
+            return print(&report, weft_bench::MemoryReport::markdown, json);
+        }
+        Compare::Wires => {
+            let opts = weft_bench::WiresOptions {
+                weft,
+                weftd,
+                rounds: args.rounds,
+                tcp_seconds: args.tcp_seconds,
+                udp_seconds: args.udp_seconds,
+                work_dir,
+            };
+            let report = weft_bench::run_wires(&opts).map_err(fail)?;
+            return print(&report, weft_bench::WiresReport::markdown, json);
+        }
+        Compare::Reference => weft_bench::Comparison::Reference,
+        Compare::Otlp => weft_bench::Comparison::Otlp,
+    };
     let opts = weft_bench::Options {
-        weft: bin_dir.join("weft"),
-        weftd: bin_dir.join("weftd"),
+        weft,
+        weftd,
         reference_dir: args.reference_dir,
         pods: args.pods,
         workers: args.workers,
         rounds: args.rounds,
-        work_dir: work_dir.clone(),
-        comparison: match args.compare {
-            Compare::Reference => weft_bench::Comparison::Reference,
-            Compare::Otlp => weft_bench::Comparison::Otlp,
-            Compare::Hostports => unreachable!("handled above"),
-        },
+        work_dir,
+        comparison,
     };
-    let report = weft_bench::run(&opts).map_err(|e| anyhow::anyhow!(e));
-    let _ = std::fs::remove_dir_all(&work_dir);
-    let report = report?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.markdown());
-    }
-    Ok(())
+    let report = weft_bench::run(&opts).map_err(fail)?;
+    print(&report, weft_bench::Report::markdown, json)
 }

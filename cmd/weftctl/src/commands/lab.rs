@@ -48,7 +48,7 @@ pub enum LabAction {
     },
 }
 
-fn load(file: &PathBuf) -> anyhow::Result<Lab> {
+fn load(file: &std::path::Path) -> anyhow::Result<Lab> {
     Lab::load(file).with_context(|| format!("loading {}", file.display()))
 }
 

@@ -1,0 +1,205 @@
+//! The plugin's own exec cost: `CNI_COMMAND=VERSION` of weft beside the Go reference
+//! plugins, each run as a runtime runs a plugin (a fresh process with the `CNI_*`
+//! environment, the config on stdin, stdout captured), timed from spawn to exit.
+//! VERSION does no work in either, so what is left is what every call pays before it
+//! starts: exec, dynamic loading, runtime start-up, reading stdin, printing.
+//!
+//! The binaries take turns in blocks, each round in the opposite order, so that drift
+//! on a shared machine hits all of them.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::{Percentiles, ms};
+
+/// Execs per binary and block: small enough that drift between blocks is shared.
+const BLOCK: usize = 25;
+/// Untimed execs per binary first, so the binaries are in the page cache.
+const WARMUP: usize = 10;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ExecOptions {
+    /// The weft plugin binary.
+    pub weft: PathBuf,
+    /// Directory of the reference plugins (host-local, ptp).
+    pub reference_dir: PathBuf,
+    /// Timed execs per binary.
+    pub execs: usize,
+}
+
+/// One binary's exec latency.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExecSide {
+    /// `weft`, `host-local` or `ptp`.
+    pub binary: String,
+    /// Its path.
+    pub path: PathBuf,
+    /// Its size in bytes (what has to be mapped).
+    pub bytes: u64,
+    /// Spawn-to-exit percentiles (ms).
+    pub latency: Percentiles,
+    /// Mean (ms).
+    pub mean_ms: f64,
+    /// Calls that did not exit 0 or printed no version.
+    pub errors: usize,
+    /// Every sample (ms), in the order taken.
+    pub samples_ms: Vec<f64>,
+}
+
+/// The exec comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExecReport {
+    /// Timed execs per binary.
+    pub execs: usize,
+    /// Execs per block.
+    pub block: usize,
+    /// weft first, then the references.
+    pub sides: Vec<ExecSide>,
+    /// weft p50 / host-local p50.
+    pub weft_over_host_local_p50: f64,
+    /// weft p50 / ptp p50.
+    pub weft_over_ptp_p50: f64,
+    /// The target for weft's p50 (ms).
+    pub target_p50_ms: f64,
+    /// weft p50 / target.
+    pub weft_p50_over_target: f64,
+}
+
+/// The ceiling for weft's p50: near the floor of any exec on this kind of machine.
+pub const EXEC_TARGET_P50_MS: f64 = 1.0;
+
+/// One VERSION call as a runtime makes it; its latency (ms) and whether it answered.
+fn version_call(binary: &Path, config: &[u8]) -> Result<(f64, bool), String> {
+    let mut cmd = Command::new(binary);
+    cmd.env_clear()
+        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", "VERSION")
+        .env("CNI_PATH", binary.parent().unwrap_or(Path::new("/")))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let start = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| format!("starting {}: {e}", binary.display()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(config);
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for {}: {e}", binary.display()))?;
+    let elapsed = start.elapsed();
+    let ok = out.status.success() && out.stdout.windows(17).any(|w| w == b"supportedVersions");
+    Ok((ms(elapsed), ok))
+}
+
+/// Runs the exec comparison.
+pub fn run_exec(opts: &ExecOptions) -> Result<ExecReport, String> {
+    let bins = [
+        ("weft", opts.weft.clone()),
+        ("host-local", opts.reference_dir.join("host-local")),
+        ("ptp", opts.reference_dir.join("ptp")),
+    ];
+    for (what, p) in &bins {
+        if !p.exists() {
+            return Err(format!("{what} not found at {}", p.display()));
+        }
+    }
+    // What a runtime hands every plugin for VERSION: the network config.
+    let config = br#"{"cniVersion":"1.0.0","name":"bench","type":"weft"}"#;
+    let mut samples = vec![Vec::with_capacity(opts.execs); bins.len()];
+    let mut errors = vec![0usize; bins.len()];
+    for (_, p) in &bins {
+        for _ in 0..WARMUP {
+            version_call(p, config)?;
+        }
+    }
+    let mut round = 0;
+    while samples.iter().any(|s| s.len() < opts.execs) {
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..bins.len()).collect()
+        } else {
+            (0..bins.len()).rev().collect()
+        };
+        for i in order {
+            let n = BLOCK.min(opts.execs - samples[i].len());
+            for _ in 0..n {
+                let (t, ok) = version_call(&bins[i].1, config)?;
+                samples[i].push(t);
+                if !ok {
+                    errors[i] += 1;
+                }
+            }
+        }
+        round += 1;
+    }
+    let sides: Vec<ExecSide> = bins
+        .iter()
+        .zip(samples)
+        .zip(errors)
+        .map(|(((name, path), s), errors)| ExecSide {
+            binary: (*name).to_string(),
+            bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+            path: path.clone(),
+            latency: Percentiles::of(&s),
+            mean_ms: if s.is_empty() {
+                0.0
+            } else {
+                s.iter().sum::<f64>() / s.len() as f64
+            },
+            errors,
+            samples_ms: s,
+        })
+        .collect();
+    let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let w = sides[0].latency.p50;
+    Ok(ExecReport {
+        execs: opts.execs,
+        block: BLOCK,
+        weft_over_host_local_p50: div(w, sides[1].latency.p50),
+        weft_over_ptp_p50: div(w, sides[2].latency.p50),
+        target_p50_ms: EXEC_TARGET_P50_MS,
+        weft_p50_over_target: div(w, EXEC_TARGET_P50_MS),
+        sides,
+    })
+}
+
+pub(crate) fn met(ok: bool) -> &'static str {
+    if ok { "met" } else { "missed" }
+}
+
+impl ExecReport {
+    /// The report as markdown tables.
+    pub fn markdown(&self) -> String {
+        let mut out = format!(
+            "Plugin exec cost: CNI_COMMAND=VERSION, {} execs per binary in alternating blocks of {}, spawn to exit with stdin written and stdout captured\n\n\
+             | binary | size (MB) | p50 (ms) | p90 (ms) | p99 (ms) | mean (ms) | weft / this (p50) | failed |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+            self.execs, self.block
+        );
+        let w = self.sides[0].latency.p50;
+        for s in &self.sides {
+            let r = if s.latency.p50 > 0.0 { w / s.latency.p50 } else { 0.0 };
+            out.push_str(&format!(
+                "| {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {r:.2} | {} |\n",
+                s.binary,
+                s.bytes as f64 / 1e6,
+                s.latency.p50,
+                s.latency.p90,
+                s.latency.p99,
+                s.mean_ms,
+                s.errors
+            ));
+        }
+        out.push_str(&format!(
+            "\ntarget: weft p50 <= {:.1} ms: {:.2} ms = {:.2}x the target, {}\n",
+            self.target_p50_ms,
+            w,
+            self.weft_p50_over_target,
+            met(w <= self.target_p50_ms)
+        ));
+        out
+    }
+}

@@ -1,0 +1,114 @@
+//! Every comparison at a size that runs in well under a minute, so CI exercises all of
+//! the benchmark code (namespaces, labs, iperf3, the floods, the reports) and it
+//! cannot rot between the runs that measure. Nothing about the timings is asserted.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::{
+    Comparison, ExecOptions, ExecReport, HostportOptions, HostportReport, MemoryOptions, MemoryReport, Options, Report,
+    WiresOptions, WiresReport,
+};
+
+/// Where the binaries are.
+#[derive(Debug, Clone)]
+pub struct SmokeOptions {
+    /// The weft plugin binary.
+    pub weft: PathBuf,
+    /// The weftd binary.
+    pub weftd: PathBuf,
+    /// Directory of the reference plugins.
+    pub reference_dir: PathBuf,
+    /// Scratch directory.
+    pub work_dir: PathBuf,
+}
+
+/// Every comparison, tiny.
+#[derive(Debug, Clone, Serialize)]
+pub struct SmokeReport {
+    /// weft beside ptp + host-local.
+    pub reference: Report,
+    /// weft with OTLP export beside weft without.
+    pub otlp: Report,
+    /// Host ports beside ptp + portmap.
+    pub hostports: HostportReport,
+    /// Exec cost beside the Go plugins.
+    pub exec: ExecReport,
+    /// weftd's RSS.
+    pub memory: MemoryReport,
+    /// Wire throughput beside kernel links.
+    pub wires: WiresReport,
+}
+
+/// Runs every comparison once, small.
+pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
+    let cni = |comparison| Options {
+        weft: o.weft.clone(),
+        weftd: o.weftd.clone(),
+        reference_dir: o.reference_dir.clone(),
+        pods: 3,
+        workers: 1,
+        rounds: 1,
+        work_dir: o.work_dir.clone(),
+        comparison,
+    };
+    let reference = crate::run(&cni(Comparison::Reference)).map_err(|e| format!("reference: {e}"))?;
+    let otlp = crate::run(&cni(Comparison::Otlp)).map_err(|e| format!("otlp: {e}"))?;
+    let hostports = crate::run_hostports(&HostportOptions {
+        weft: o.weft.clone(),
+        weftd: o.weftd.clone(),
+        reference_dir: o.reference_dir.clone(),
+        weft_pods: 3,
+        reference_pods: 3,
+        work_dir: o.work_dir.clone(),
+    })
+    .map_err(|e| format!("hostports: {e}"))?;
+    let exec = crate::run_exec(&ExecOptions {
+        weft: o.weft.clone(),
+        reference_dir: o.reference_dir.clone(),
+        execs: 20,
+    })
+    .map_err(|e| format!("exec: {e}"))?;
+    let memory = crate::run_memory(&MemoryOptions {
+        weft: o.weft.clone(),
+        weftd: o.weftd.clone(),
+        pods: 4,
+        wires: 2,
+        rounds: 1,
+        work_dir: o.work_dir.clone(),
+    })
+    .map_err(|e| format!("memory: {e}"))?;
+    let wires = crate::run_wires(&WiresOptions {
+        weft: o.weft.clone(),
+        weftd: o.weftd.clone(),
+        rounds: 1,
+        tcp_seconds: 1,
+        udp_seconds: 0.5,
+        work_dir: o.work_dir.clone(),
+    })
+    .map_err(|e| format!("wires: {e}"))?;
+    Ok(SmokeReport {
+        reference,
+        otlp,
+        hostports,
+        exec,
+        memory,
+        wires,
+    })
+}
+
+impl SmokeReport {
+    /// Every report's markdown, one after the other.
+    pub fn markdown(&self) -> String {
+        [
+            self.reference.markdown(),
+            self.otlp.markdown(),
+            self.hostports.markdown(),
+            self.exec.markdown(),
+            self.memory.markdown(),
+            self.wires.markdown(),
+        ]
+        .join("\n")
+    }
+}

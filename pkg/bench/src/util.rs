@@ -1,0 +1,291 @@
+//! What the exec, memory and wire benchmarks share: guards that remove what they made
+//! (child processes, labs) however a run ends, work done inside a namespace from one
+//! thread, and small probes (ping, `/proc`, a node's metrics).
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use weft_lab::Lab;
+
+/// A child process that is killed and reaped on drop, so an error or a panic in the
+/// middle of a measurement leaves no iperf3 behind.
+pub(crate) struct ChildGuard(pub(crate) Option<Child>);
+
+impl ChildGuard {
+    /// Waits for the child until `limit`, then kills it; returns its stdout.
+    pub(crate) fn output_within(mut self, limit: Duration) -> Result<Vec<u8>, String> {
+        let Some(mut child) = self.0.take() else {
+            return Err("no child".into());
+        };
+        let deadline = Instant::now() + limit;
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("timed out after {limit:?}"));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        if let Some(mut s) = child.stdout.take() {
+            let _ = std::io::Read::read_to_end(&mut s, &mut out);
+        }
+        Ok(out)
+    }
+
+    /// The child's pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.0.as_ref().map_or(0, Child::id)
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts `argv` inside namespace `ns` (through `ip netns exec`, which execs in place,
+/// so the pid is the program's), stdout piped.
+pub(crate) fn spawn_in(ns: &str, argv: &[&str]) -> Result<ChildGuard, String> {
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {} in {ns}: {e}", argv.join(" ")))?;
+    Ok(ChildGuard(Some(child)))
+}
+
+/// Runs `ip args` and fails with its stderr.
+pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("running ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Runs `f` on a fresh thread that has entered namespace `ns`; sockets it makes stay
+/// in that namespace wherever they are used afterwards.
+pub(crate) fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<Result<T, String>> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).map_err(|e| format!("opening {path}: {e}"))?;
+        nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("entering {path}: {e}"))?;
+        Ok(f())
+    })
+}
+
+/// One echo from `ns` to `addr`, answered within a second.
+pub(crate) fn ping(ns: &str, addr: &str) -> bool {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "ping", "-n", "-q", "-c1", "-W1", addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Pings until answered or `within` has passed.
+pub(crate) fn wait_reachable(ns: &str, addr: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if ping(ns, addr) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).
+pub(crate) fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether a process in some namespace listens on TCP `port`: its own view of the
+/// namespace's sockets (`/proc/<pid>/net/tcp*`) shows it in state LISTEN.
+pub(crate) fn listening(pid: u32, port: u16) -> bool {
+    let needle = format!(":{port:04X} ");
+    ["tcp", "tcp6"].iter().any(|f| {
+        std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&needle) && cols[3] == "0A"
+            })
+        })
+    })
+}
+
+/// The metrics page of the weftd serving on 127.0.0.1:9384 inside namespace `ns`.
+pub(crate) fn metrics_in(ns: &str) -> Result<String, String> {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "curl",
+            "-sf",
+            "--max-time",
+            "5",
+            "http://127.0.0.1:9384/metrics",
+        ])
+        .output()
+        .map_err(|e| format!("running curl in {ns}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!("fetching the metrics in {ns} failed"))
+    }
+}
+
+/// The sum of the samples of metric `name` whose label set contains every one of
+/// `labels` (`key="value"` strings).
+pub(crate) fn metric_sum(page: &str, name: &str, labels: &[&str]) -> f64 {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            (metric == name && labels.iter().all(|want| rest.contains(want))).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// A lab built from a file this run writes, taken down (pods, daemons, namespaces,
+/// state) on drop whatever happened in between.
+pub(crate) struct LabGuard {
+    /// The lab as last loaded.
+    pub(crate) lab: Lab,
+    file: PathBuf,
+    weftd: PathBuf,
+    weft: PathBuf,
+    state: PathBuf,
+}
+
+impl LabGuard {
+    /// Writes `spec` (a lab file as JSON, which is YAML) under `dir`, loads it with the
+    /// given binaries, and builds it.
+    pub(crate) fn up(dir: &Path, spec: &serde_json::Value, weftd: &Path, weft: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let file = dir.join("lab.yaml");
+        let state = dir.join("state");
+        let lab = Self::load(&file, spec, weftd, weft, &state)?;
+        let guard = Self {
+            lab,
+            file,
+            weftd: weftd.to_path_buf(),
+            weft: weft.to_path_buf(),
+            state,
+        };
+        guard.lab.up().map_err(|e| format!("lab up: {e}"))?;
+        Ok(guard)
+    }
+
+    fn load(file: &Path, spec: &serde_json::Value, weftd: &Path, weft: &Path, state: &Path) -> Result<Lab, String> {
+        std::fs::write(file, serde_json::to_vec_pretty(spec).expect("spec serializes"))
+            .map_err(|e| format!("writing {}: {e}", file.display()))?;
+        Ok(Lab::load(file)
+            .map_err(|e| e.to_string())?
+            .with_binaries(weftd.to_path_buf(), weft.to_path_buf())
+            .with_state_dir(state.to_path_buf()))
+    }
+
+    /// Rewrites the lab file as `spec` (same name) and brings the lab up to it: new
+    /// pods are attached, changed topologies reach the daemons.
+    pub(crate) fn update(&mut self, spec: &serde_json::Value) -> Result<(), String> {
+        self.lab = Self::load(&self.file, spec, &self.weftd, &self.weft, &self.state)?;
+        self.lab.up().map_err(|e| format!("lab up: {e}"))?;
+        Ok(())
+    }
+}
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        if let Err(e) = self.lab.down() {
+            eprintln!("weftctl bench: taking the lab down: {e}");
+        }
+    }
+}
+
+/// A meshnet Topology object for `pod` with `links`, in the namespace the lab gives
+/// pods that were attached before any Topology named them ("default").
+pub(crate) fn topology(pod: &str, links: Vec<serde_json::Value>) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "networkop.co.uk/v1beta1", "kind": "Topology",
+        "metadata": {"name": pod, "namespace": "default"},
+        "spec": {"links": links},
+    })
+}
+
+/// One end of a point-to-point link: `uid`, this end's and the peer's interface and
+/// /30 address, and how it is carried across nodes (`None`: veth on one node).
+pub(crate) struct End<'a> {
+    pub(crate) uid: u64,
+    pub(crate) peer_pod: &'a str,
+    pub(crate) local: (&'a str, &'a str),
+    pub(crate) peer: (&'a str, &'a str),
+    pub(crate) kind: Option<&'a str>,
+}
+
+impl End<'_> {
+    /// The link as it appears in the Topology's `spec.links`.
+    pub(crate) fn json(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "uid": self.uid, "peer_pod": self.peer_pod,
+            "local_intf": self.local.0, "local_ip": format!("{}/30", self.local.1),
+            "peer_intf": self.peer.0, "peer_ip": format!("{}/30", self.peer.1),
+        });
+        if let Some(k) = self.kind {
+            v["kind"] = k.into();
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_matching_series() {
+        let page = "# TYPE weft_wire_up gauge\n\
+                    weft_wire_up{pod=\"a\",kind=\"grpc\"} 1\n\
+                    weft_wire_up{pod=\"b\",kind=\"grpc\"} 0\n\
+                    weft_wire_up{pod=\"c\",kind=\"veth\"} 1\n\
+                    weft_wire_up_other{kind=\"grpc\"} 5\n";
+        assert_eq!(metric_sum(page, "weft_wire_up", &["kind=\"grpc\""]), 1.0);
+        assert_eq!(metric_sum(page, "weft_wire_up", &[]), 2.0);
+    }
+}

@@ -1,0 +1,531 @@
+//! Wire throughput per link kind, weft's wires beside plain kernel links of the same
+//! kind in the same run: TCP (iperf3, one stream) and a 64-byte UDP flood (frames per
+//! second received at the far end).
+//!
+//! weft's wires are built by a two-node lab (`weft_lab::Lab`) from a file this run
+//! writes: a veth wire between two pods of node 1, and a VXLAN and a gRPC wire between
+//! pods of node 1 and node 2. The references live in namespaces of their own: a kernel
+//! veth pair, and a kernel VXLAN tunnel whose sockets sit in the lab's node namespaces
+//! (as weft's VXLAN ends' do), so it crosses the same routed underlay. Rounds go
+//! through the five wires in alternating order.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+use weft_lab::NamedNetns;
+
+use crate::exec::met;
+use crate::median;
+use crate::udp::{Flood, PAYLOAD, flood};
+use crate::util::{End, LabGuard, ip, listening, metric_sum, metrics_in, spawn_in, topology, wait_reachable};
+
+/// gRPC wire TCP throughput over the kernel VXLAN's, at least.
+pub const GRPC_TCP_TARGET_RATIO: f64 = 0.5;
+/// gRPC wire 64-byte frames per second received, at least.
+pub const GRPC_FPS_TARGET: f64 = 100_000.0;
+/// The reference VXLAN's UDP port (weft's ends use 4789 in the same node namespaces).
+const REF_VXLAN_PORT: &str = "4799";
+const IPERF_PORT: u16 = 5201;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct WiresOptions {
+    /// The weft plugin binary.
+    pub weft: PathBuf,
+    /// The weftd binary.
+    pub weftd: PathBuf,
+    /// Rounds over all five wires.
+    pub rounds: usize,
+    /// Seconds of each iperf3 TCP run.
+    pub tcp_seconds: u64,
+    /// Seconds of each UDP flood.
+    pub udp_seconds: f64,
+    /// Scratch directory (lab file and state).
+    pub work_dir: PathBuf,
+}
+
+/// A wire measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Wire {
+    /// weft's veth wire, two pods on one node.
+    WeftVeth,
+    /// weft's VXLAN wire between nodes.
+    WeftVxlan,
+    /// weft's gRPC wire between nodes.
+    WeftGrpc,
+    /// A kernel veth pair between two namespaces.
+    KernelVeth,
+    /// A kernel VXLAN tunnel over the lab's underlay.
+    KernelVxlan,
+}
+
+const WIRES: [Wire; 5] = [
+    Wire::WeftVeth,
+    Wire::KernelVeth,
+    Wire::WeftVxlan,
+    Wire::KernelVxlan,
+    Wire::WeftGrpc,
+];
+
+impl Wire {
+    fn label(self) -> &'static str {
+        match self {
+            Wire::WeftVeth => "weft veth",
+            Wire::WeftVxlan => "weft VXLAN",
+            Wire::WeftGrpc => "weft gRPC",
+            Wire::KernelVeth => "kernel veth",
+            Wire::KernelVxlan => "kernel VXLAN",
+        }
+    }
+
+    /// The /30 each wire's ends are numbered from (10.251.0.<4i+1>, <4i+2>).
+    fn addresses(self) -> (Ipv4Addr, Ipv4Addr) {
+        let i = self as u8;
+        (
+            Ipv4Addr::new(10, 251, 0, 4 * i + 1),
+            Ipv4Addr::new(10, 251, 0, 4 * i + 2),
+        )
+    }
+}
+
+/// One wire's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct WireResult {
+    /// Which wire.
+    pub wire: Wire,
+    /// TCP throughput per round (Gbit/s, at the receiver).
+    pub tcp_gbps: Vec<f64>,
+    /// TCP retransmissions per round.
+    pub tcp_retransmits: Vec<u64>,
+    /// The UDP floods, per round.
+    pub udp: Vec<Flood>,
+    /// Median TCP throughput (Gbit/s).
+    pub tcp_gbps_median: f64,
+    /// Median 64-byte frames per second received.
+    pub udp_fps_median: f64,
+    /// Median 64-byte frames per second sent.
+    pub udp_sent_fps_median: f64,
+}
+
+/// A ratio between two wires' medians.
+#[derive(Debug, Clone, Serialize)]
+pub struct WireRatio {
+    /// The wire measured.
+    pub a: Wire,
+    /// The wire it is set beside.
+    pub b: Wire,
+    /// TCP a / b.
+    pub tcp: f64,
+    /// 64-byte frames/s a / b.
+    pub fps: f64,
+}
+
+/// The wire benchmark.
+#[derive(Debug, Clone, Serialize)]
+pub struct WiresReport {
+    /// Rounds.
+    pub rounds: usize,
+    /// Seconds per TCP run.
+    pub tcp_seconds: u64,
+    /// Seconds per UDP flood.
+    pub udp_seconds: f64,
+    /// UDP payload bytes.
+    pub udp_payload: usize,
+    /// Every wire.
+    pub wires: Vec<WireResult>,
+    /// weft's wires over the kernel's of the same kind, and gRPC over kernel VXLAN.
+    pub ratios: Vec<WireRatio>,
+    /// The gRPC TCP target (ratio to kernel VXLAN).
+    pub grpc_tcp_target_ratio: f64,
+    /// The gRPC 64-byte frames/s target.
+    pub grpc_fps_target: f64,
+    /// Frames the gRPC wire ends dropped during the run, by reason, both nodes.
+    pub grpc_drops: BTreeMap<String, f64>,
+    /// Mean frames per batch on the gRPC streams (both directions).
+    pub grpc_mean_batch_frames: f64,
+}
+
+/// Where a wire's traffic goes: from the first namespace to the address in the second.
+struct Traffic {
+    client: String,
+    server: String,
+    dst: Ipv4Addr,
+}
+
+fn lab_spec(name: &str) -> serde_json::Value {
+    let pods = [
+        ("va", "n1"),
+        ("vb", "n1"),
+        ("xa", "n1"),
+        ("xb", "n2"),
+        ("ga", "n1"),
+        ("gb", "n2"),
+    ];
+    let mut topologies = Vec::new();
+    for (wire, a, b, kind) in [
+        (Wire::WeftVeth, "va", "vb", None),
+        (Wire::WeftVxlan, "xa", "xb", Some("vxlan")),
+        (Wire::WeftGrpc, "ga", "gb", Some("grpc")),
+    ] {
+        let (ia, ib) = wire.addresses();
+        let (ia, ib) = (ia.to_string(), ib.to_string());
+        let uid = wire as u64 + 1;
+        topologies.push(topology(
+            a,
+            vec![
+                End {
+                    uid,
+                    peer_pod: b,
+                    local: ("e1", &ia),
+                    peer: ("e1", &ib),
+                    kind,
+                }
+                .json(),
+            ],
+        ));
+        topologies.push(topology(
+            b,
+            vec![
+                End {
+                    uid,
+                    peer_pod: a,
+                    local: ("e1", &ib),
+                    peer: ("e1", &ia),
+                    kind,
+                }
+                .json(),
+            ],
+        ));
+    }
+    serde_json::json!({
+        "name": name,
+        "nodes": ["n1", "n2"],
+        "pods": pods.iter().map(|(p, n)| serde_json::json!({"name": p, "node": n})).collect::<Vec<_>>(),
+        "topologies": topologies,
+    })
+}
+
+/// The kernel references: namespaces that go away on drop, and with them the links.
+struct References {
+    _veth: (NamedNetns, NamedNetns),
+    _vxlan: (NamedNetns, NamedNetns),
+}
+
+impl References {
+    fn build(name: &str, lab: &weft_lab::Lab) -> Result<Self, String> {
+        let err = |e: weft_lab::LabError| e.to_string();
+        let veth = (
+            NamedNetns::create(&format!("{name}-kv1")).map_err(err)?,
+            NamedNetns::create(&format!("{name}-kv2")).map_err(err)?,
+        );
+        let vxlan = (
+            NamedNetns::create(&format!("{name}-kx1")).map_err(err)?,
+            NamedNetns::create(&format!("{name}-kx2")).map_err(err)?,
+        );
+        let refs = Self {
+            _veth: veth,
+            _vxlan: vxlan,
+        };
+        let (kv1, kv2, kx1, kx2) = (
+            format!("{name}-kv1"),
+            format!("{name}-kv2"),
+            format!("{name}-kx1"),
+            format!("{name}-kx2"),
+        );
+        ip(&[
+            "-n", &kv1, "link", "add", "e1", "type", "veth", "peer", "name", "e1", "netns", &kv2,
+        ])?;
+        let u1 = lab.address_of("n1").ok_or("no address for n1")?;
+        let u2 = lab.address_of("n2").ok_or("no address for n2")?;
+        // Created from the node's namespace into the reference's: the device lives
+        // there, its UDP socket on the node, as with weft's VXLAN ends.
+        for (node, ns, local, remote) in [("n1", &kx1, &u1, &u2), ("n2", &kx2, &u2, &u1)] {
+            ip(&[
+                "-n",
+                &lab.node_ns(node),
+                "link",
+                "add",
+                "e1",
+                "netns",
+                ns,
+                "mtu",
+                "1450",
+                "type",
+                "vxlan",
+                "id",
+                "4242",
+                "local",
+                local,
+                "remote",
+                remote,
+                "dstport",
+                REF_VXLAN_PORT,
+            ])?;
+        }
+        for (wire, a, b) in [(Wire::KernelVeth, &kv1, &kv2), (Wire::KernelVxlan, &kx1, &kx2)] {
+            let (ia, ib) = wire.addresses();
+            for (ns, addr) in [(a, ia), (b, ib)] {
+                ip(&["-n", ns, "addr", "add", &format!("{addr}/30"), "dev", "e1"])?;
+                ip(&["-n", ns, "link", "set", "e1", "up"])?;
+            }
+        }
+        Ok(refs)
+    }
+}
+
+fn path(name: &str, lab: &weft_lab::Lab, wire: Wire) -> Traffic {
+    let (client, server) = match wire {
+        Wire::WeftVeth => (lab.pod_ns("va"), lab.pod_ns("vb")),
+        Wire::WeftVxlan => (lab.pod_ns("xa"), lab.pod_ns("xb")),
+        Wire::WeftGrpc => (lab.pod_ns("ga"), lab.pod_ns("gb")),
+        Wire::KernelVeth => (format!("{name}-kv1"), format!("{name}-kv2")),
+        Wire::KernelVxlan => (format!("{name}-kx1"), format!("{name}-kx2")),
+    };
+    Traffic {
+        client,
+        server,
+        dst: wire.addresses().1,
+    }
+}
+
+/// One iperf3 TCP run: (Gbit/s at the receiver, retransmissions).
+fn tcp(p: &Traffic, seconds: u64) -> Result<(f64, u64), String> {
+    let dst = p.dst.to_string();
+    let port = IPERF_PORT.to_string();
+    let server = spawn_in(&p.server, &["iperf3", "-s", "-1", "-J", "-B", &dst, "-p", &port])?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !listening(server.pid(), IPERF_PORT) {
+        if std::time::Instant::now() > deadline {
+            return Err(format!("iperf3 -s in {} did not listen", p.server));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let secs = seconds.to_string();
+    let client = spawn_in(
+        &p.client,
+        &[
+            "iperf3",
+            "-c",
+            &dst,
+            "-p",
+            &port,
+            "-t",
+            &secs,
+            "-J",
+            "--connect-timeout",
+            "3000",
+        ],
+    )?;
+    let out = client.output_within(Duration::from_secs(seconds + 20))?;
+    let _ = server.output_within(Duration::from_secs(5));
+    let v: serde_json::Value =
+        serde_json::from_slice(&out).map_err(|e| format!("iperf3 output from {}: {e}", p.client))?;
+    if let Some(e) = v["error"].as_str() {
+        return Err(format!("iperf3 from {}: {e}", p.client));
+    }
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .ok_or_else(|| format!("iperf3 from {} reported no throughput", p.client))?;
+    Ok((bps / 1e9, v["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0)))
+}
+
+/// The gRPC wire ends' drops by reason, and the mean batch size, from both nodes.
+fn grpc_counters(lab: &weft_lab::Lab) -> (BTreeMap<String, f64>, f64) {
+    let mut drops = BTreeMap::new();
+    let (mut sum, mut count) = (0.0, 0.0);
+    for node in ["n1", "n2"] {
+        let Ok(page) = metrics_in(&lab.node_ns(node)) else {
+            continue;
+        };
+        for reason in ["queue_full", "no_stream", "peer_down", "pod_busy"] {
+            let r = format!("reason=\"{reason}\"");
+            let n = metric_sum(&page, "weft_wire_drops_total", &["kind=\"grpc\"", &r])
+                + metric_sum(&page, "weft_wire_drops", &["kind=\"grpc\"", &r]);
+            *drops.entry(reason.to_string()).or_insert(0.0) += n;
+        }
+        sum += metric_sum(&page, "weft_peer_batch_frames_sum", &[]);
+        count += metric_sum(&page, "weft_peer_batch_frames_count", &[]);
+    }
+    (drops, if count > 0.0 { sum / count } else { 0.0 })
+}
+
+/// Runs the wire benchmark.
+pub fn run_wires(opts: &WiresOptions) -> Result<WiresReport, String> {
+    for (what, p) in [("weft", &opts.weft), ("weftd", &opts.weftd)] {
+        if !p.exists() {
+            return Err(format!("{what} not found at {}", p.display()));
+        }
+    }
+    if std::process::Command::new("iperf3").arg("--version").output().is_err() {
+        return Err("iperf3 is not installed (test/install-deps.sh installs it)".into());
+    }
+    let name = format!("wb{}w", std::process::id());
+    let dir = opts.work_dir.join(&name);
+    let lab = LabGuard::up(&dir, &lab_spec(&name), &opts.weftd, &opts.weft)?;
+    let refs = References::build(&name, &lab.lab)?;
+    let checks = lab.lab.check(Duration::from_secs(20));
+    let down: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| format!("{} -> {}", c.from, c.to))
+        .collect();
+    if !down.is_empty() {
+        return Err(format!("weft wires not passing traffic: {}", down.join(", ")));
+    }
+    for (pod, want) in [("va", "veth"), ("xa", "vxlan"), ("ga", "grpc")] {
+        let from = format!("{pod}:e1");
+        if let Some(c) = checks.iter().find(|c| c.from == from)
+            && c.kind != want
+        {
+            return Err(format!("{from} is carried by {}, not {want}", c.kind));
+        }
+    }
+    for wire in [Wire::KernelVeth, Wire::KernelVxlan] {
+        let p = path(&name, &lab.lab, wire);
+        if !wait_reachable(&p.client, &p.dst.to_string(), Duration::from_secs(10)) {
+            return Err(format!("{} does not pass traffic", wire.label()));
+        }
+    }
+    let mut results: BTreeMap<Wire, WireResult> = WIRES
+        .iter()
+        .map(|&w| {
+            (
+                w,
+                WireResult {
+                    wire: w,
+                    tcp_gbps: Vec::new(),
+                    tcp_retransmits: Vec::new(),
+                    udp: Vec::new(),
+                    tcp_gbps_median: 0.0,
+                    udp_fps_median: 0.0,
+                    udp_sent_fps_median: 0.0,
+                },
+            )
+        })
+        .collect();
+    for round in 0..opts.rounds {
+        let mut order = WIRES.to_vec();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for wire in order {
+            let p = path(&name, &lab.lab, wire);
+            let (gbps, retransmits) = tcp(&p, opts.tcp_seconds).map_err(|e| format!("{}: {e}", wire.label()))?;
+            let f =
+                flood(&p.client, &p.server, p.dst, opts.udp_seconds).map_err(|e| format!("{}: {e}", wire.label()))?;
+            let r = results.get_mut(&wire).expect("every wire");
+            r.tcp_gbps.push(gbps);
+            r.tcp_retransmits.push(retransmits);
+            r.udp.push(f);
+        }
+    }
+    let (grpc_drops, grpc_mean_batch_frames) = grpc_counters(&lab.lab);
+    drop(refs);
+    drop(lab);
+    let _ = std::fs::remove_dir_all(&dir);
+    for r in results.values_mut() {
+        r.tcp_gbps_median = median(&r.tcp_gbps);
+        r.udp_fps_median = median(&r.udp.iter().map(Flood::received_per_s).collect::<Vec<_>>());
+        r.udp_sent_fps_median = median(&r.udp.iter().map(Flood::sent_per_s).collect::<Vec<_>>());
+    }
+    let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let ratio = |a: Wire, b: Wire| WireRatio {
+        a,
+        b,
+        tcp: div(results[&a].tcp_gbps_median, results[&b].tcp_gbps_median),
+        fps: div(results[&a].udp_fps_median, results[&b].udp_fps_median),
+    };
+    let ratios = vec![
+        ratio(Wire::WeftVeth, Wire::KernelVeth),
+        ratio(Wire::WeftVxlan, Wire::KernelVxlan),
+        ratio(Wire::WeftGrpc, Wire::KernelVxlan),
+    ];
+    Ok(WiresReport {
+        rounds: opts.rounds,
+        tcp_seconds: opts.tcp_seconds,
+        udp_seconds: opts.udp_seconds,
+        udp_payload: PAYLOAD,
+        wires: WIRES.iter().map(|w| results[w].clone()).collect(),
+        ratios,
+        grpc_tcp_target_ratio: GRPC_TCP_TARGET_RATIO,
+        grpc_fps_target: GRPC_FPS_TARGET,
+        grpc_drops,
+        grpc_mean_batch_frames,
+    })
+}
+
+impl WiresReport {
+    /// The wire's results.
+    pub fn wire(&self, w: Wire) -> Option<&WireResult> {
+        self.wires.iter().find(|r| r.wire == w)
+    }
+
+    /// The report as markdown tables.
+    pub fn markdown(&self) -> String {
+        let mut out = format!(
+            "Wire throughput, medians of {} round(s) in alternating order: iperf3 TCP one stream {} s, UDP flood of {}-byte datagrams {} s (sendmmsg/recvmmsg, frames/s received at the far end)\n\n\
+             | wire | TCP (Gbit/s) | TCP retransmits (median) | 64-byte frames/s received | frames/s sent | received / sent |\n|---|---:|---:|---:|---:|---:|\n",
+            self.rounds, self.tcp_seconds, self.udp_payload, self.udp_seconds
+        );
+        for r in &self.wires {
+            let retr = median(&r.tcp_retransmits.iter().map(|&x| x as f64).collect::<Vec<_>>());
+            let share = if r.udp_sent_fps_median > 0.0 {
+                r.udp_fps_median / r.udp_sent_fps_median
+            } else {
+                0.0
+            };
+            out.push_str(&format!(
+                "| {} | {:.2} | {retr:.0} | {:.0} | {:.0} | {share:.2} |\n",
+                r.wire.label(),
+                r.tcp_gbps_median,
+                r.udp_fps_median,
+                r.udp_sent_fps_median
+            ));
+        }
+        out.push_str("\n| ratio | TCP | 64-byte frames/s |\n|---|---:|---:|\n");
+        for q in &self.ratios {
+            out.push_str(&format!(
+                "| {} / {} | {:.2} | {:.2} |\n",
+                q.a.label(),
+                q.b.label(),
+                q.tcp,
+                q.fps
+            ));
+        }
+        if let (Some(g), Some(q)) = (
+            self.wire(Wire::WeftGrpc),
+            self.ratios.iter().find(|q| q.a == Wire::WeftGrpc),
+        ) {
+            out.push_str(&format!(
+                "\ntargets: gRPC / kernel VXLAN TCP >= {:.1}: {:.2}, {}; gRPC 64-byte frames/s >= {:.0}: {:.0} ({:.2}x), {}\n",
+                self.grpc_tcp_target_ratio,
+                q.tcp,
+                met(q.tcp >= self.grpc_tcp_target_ratio),
+                self.grpc_fps_target,
+                g.udp_fps_median,
+                g.udp_fps_median / self.grpc_fps_target,
+                met(g.udp_fps_median >= self.grpc_fps_target)
+            ));
+        }
+        let drops: Vec<String> = self
+            .grpc_drops
+            .iter()
+            .filter(|(_, n)| **n > 0.0)
+            .map(|(r, n)| format!("{r} {n:.0}"))
+            .collect();
+        out.push_str(&format!(
+            "gRPC wire drops over the run (both nodes): {}; mean frames per batch: {:.1}\n",
+            if drops.is_empty() {
+                "none".to_string()
+            } else {
+                drops.join(", ")
+            },
+            self.grpc_mean_batch_frames
+        ));
+        out
+    }
+}

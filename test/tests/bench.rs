@@ -1,0 +1,129 @@
+//! `weftctl bench --smoke`: every comparison runs end to end at a tiny size (the CNI
+//! benchmarks, host ports, exec cost, weftd's memory in a lab with gRPC wires, wire
+//! throughput with iperf3 and UDP floods), reports numbers in every section, and
+//! leaves no namespace or process behind. Timings are not asserted.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use weft_tests::{bin, privileged};
+
+fn positive(v: &Value, what: &str) {
+    let x = v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x > 0.0, "{what} is {x}");
+}
+
+#[test]
+fn smoke_runs_every_comparison() {
+    if !privileged() {
+        return;
+    }
+    let start = Instant::now();
+    let mut child = Command::new(bin("weftctl"))
+        .args(["--json", "bench", "--smoke"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting weftctl bench");
+    let pid = child.id();
+    // Read in threads so a full pipe cannot stall the child while it is timed out.
+    let mut out_pipe = child.stdout.take().unwrap();
+    let mut err_pipe = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut out_pipe, &mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err_pipe, &mut s);
+        s
+    });
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(240) {
+            // SIGINT is not enough to be sure; the guards inside run on error paths,
+            // so this only happens when the run hangs.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("weftctl bench --smoke still running after 240 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    eprintln!("weftctl bench --smoke took {:.1} s", start.elapsed().as_secs_f64());
+    assert!(status.success(), "weftctl bench --smoke failed: {err}");
+    let r: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+
+    for section in ["reference", "otlp"] {
+        for side in ["a", "b"] {
+            positive(&r[section][side]["add"]["p50"], &format!("{section}.{side} ADD p50"));
+            positive(&r[section][side]["del"]["p50"], &format!("{section}.{side} DEL p50"));
+        }
+    }
+    positive(&r["otlp"]["a"]["spans_exported"], "spans exported");
+    for side in ["weft_add_ms", "weft_no_ports_add_ms", "reference_add_ms"] {
+        let v = r["hostports"][side].as_array().expect("host port samples");
+        assert!(!v.is_empty(), "no {side}");
+        v.iter().for_each(|x| positive(x, side));
+    }
+
+    let sides = r["exec"]["sides"].as_array().expect("exec sides");
+    let names: Vec<&str> = sides.iter().map(|s| s["binary"].as_str().unwrap()).collect();
+    assert_eq!(names, ["weft", "host-local", "ptp"]);
+    for s in sides {
+        positive(&s["latency"]["p50"], &format!("{} exec p50", s["binary"]));
+        assert_eq!(s["errors"], 0, "{} VERSION failed", s["binary"]);
+    }
+    positive(&r["exec"]["weft_over_host_local_p50"], "exec ratio");
+
+    let states = r["memory"]["states"].as_array().expect("memory states");
+    assert_eq!(states.len(), 3, "idle, pods, pods + wires");
+    for s in states {
+        positive(&s["rss_mib"], &format!("RSS {}", s["state"]));
+        positive(&s["rss_over_target"], &format!("RSS ratio {}", s["state"]));
+    }
+    assert_eq!(r["memory"]["wire_ping_failures"], 0, "every gRPC wire answers");
+
+    let wires = r["wires"]["wires"].as_array().expect("wires");
+    let kinds: Vec<&str> = wires.iter().map(|w| w["wire"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["weft_veth", "kernel_veth", "weft_vxlan", "kernel_vxlan", "weft_grpc"]
+    );
+    for w in wires {
+        positive(&w["tcp_gbps_median"], &format!("{} TCP", w["wire"]));
+        positive(&w["udp_fps_median"], &format!("{} frames/s", w["wire"]));
+    }
+    let ratios = r["wires"]["ratios"].as_array().expect("wire ratios");
+    assert_eq!(ratios.len(), 3);
+    for q in ratios {
+        positive(&q["tcp"], "TCP ratio");
+        positive(&q["fps"], "frames/s ratio");
+    }
+
+    // Everything the run made is gone: its namespaces are named after its pid, and
+    // its daemons run from its scratch directory.
+    let prefixes = [format!("wb{pid}"), format!("wbh{pid}")];
+    let left: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    let scratch = format!("weft-bench-{pid}");
+    let procs: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&scratch))
+        .collect();
+    assert!(procs.is_empty(), "processes left behind: {procs:?}");
+}
