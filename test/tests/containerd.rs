@@ -1,7 +1,8 @@
 //! weft through a real container runtime: a private containerd 1.6 (CRI plugin, runc,
 //! overlayfs) runs in a node namespace beside weftd, with weft as its only CNI network.
-//! A pod sandbox is run, inspected, stopped and removed through CRI as the kubelet does
-//! it, and the node must be left holding nothing of weft's.
+//! A pod sandbox is run, inspected, survives a crash and restart of weftd, and is
+//! stopped and removed through CRI as the kubelet does it; the node must be left holding
+//! nothing of weft's.
 //!
 //! Needs root and these Debian packages beyond Rust: `containerd` (with `ctr`), `runc`,
 //! `containernetworking-plugins` (for `loopback`, which containerd runs for every pod's
@@ -61,7 +62,7 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
         return;
     }
     let t0 = Instant::now();
-    let daemon = Daemon::start("ctrd");
+    let mut daemon = Daemon::start("ctrd");
     let ctrd = Containerd::start(&daemon, CniSetup::default());
     eprintln!("containerd answering after {:.1?}", t0.elapsed());
 
@@ -156,6 +157,31 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
     assert!(
         daemon.node.ping(&ip.to_string()),
         "the pod at {ip} does not answer a ping from the node"
+    );
+
+    // weftd crashes (SIGKILL) under the running sandbox: the pod keeps its network (all
+    // kernel state) while the daemon is away, and the restarted daemon takes the
+    // attachment over from its store without disturbing it.
+    daemon.kill();
+    assert!(
+        daemon.node.ping(&ip.to_string()),
+        "the pod at {ip} lost its network while weftd was down"
+    );
+    daemon.start_again();
+    let s = daemon.status();
+    assert_eq!(
+        s["attachments"], 1,
+        "the restarted weftd lost the pod's attachment: {s}"
+    );
+    assert!(
+        daemon.node.ping(&ip.to_string()),
+        "the pod at {ip} does not answer after weftd's restart"
+    );
+    let eth0_after = in_netns(&netns, &["-4", "addr", "show", "eth0"]);
+    assert_eq!(
+        eth0_after[0]["addr_info"][0]["local"].as_str(),
+        Some(ip.to_string().as_str()),
+        "the pod's address changed across weftd's restart: {eth0_after}"
     );
 
     // StopPodSandbox: CNI DEL with the netns, then containerd removes the netns.

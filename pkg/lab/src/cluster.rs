@@ -37,10 +37,19 @@ pub struct LabSpec {
     /// A directory of Topology files (YAML or JSON), relative to the lab file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology_dir: Option<PathBuf>,
+    /// Each daemon's `--reconcile-interval` in seconds: how soon kernel drift (a
+    /// deleted route, veth or FDB entry) is repaired. Shorter than a node's default of
+    /// 60 s, because a lab is where drift is made on purpose.
+    #[serde(default = "default_reconcile_interval")]
+    pub reconcile_interval: u64,
 }
 
 fn default_kind() -> String {
     "vxlan".into()
+}
+
+fn default_reconcile_interval() -> u64 {
+    10
 }
 
 /// One node of a lab: just its name (`- n1`), or its name with the addresses to use.
@@ -474,7 +483,7 @@ impl Lab {
                 "--inter-node-link",
                 &self.spec.inter_node_link,
                 "--reconcile-interval",
-                "10",
+                &self.spec.reconcile_interval.to_string(),
             ])
             .stdin(Stdio::null())
             .stdout(log)

@@ -212,19 +212,41 @@ impl Engine {
             let fd = blocking(move || {
                 let ns = NetNs::open(Path::new(&netns)).map_err(kerr)?;
                 let mut nl = kwire::socket_in(&ns).map_err(kerr)?;
-                if kwire::find(&mut nl, &intf).map_err(kerr)?.is_none() {
+                let Some((_, stats)) = kwire::stats(&mut nl, &intf).map_err(kerr)? else {
                     return Err("its TAP is gone".into());
-                }
-                weft_tap_open(&ns, &intf)
+                };
+                Ok((weft_tap_open(&ns, &intf)?, stats))
             })
             .await;
             match fd {
-                Ok(fd) => match dp.attach(r.id, r.peer_id, peer, fd, self.labels(&r), r.state == "up") {
-                    Ok(()) => info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, "gRPC wire end re-attached"),
-                    Err(e) => warn!(wire = r.id, error = %e, "could not re-attach a gRPC wire end"),
-                },
+                Ok((fd, stats)) => {
+                    // The worker counts in memory, which died with the last process; the
+                    // TAP's kernel counters did not, so the wire's series continue from
+                    // them instead of dropping to zero.
+                    self.seed_counters(&r, &stats);
+                    match dp.attach(r.id, r.peer_id, peer, fd, self.labels(&r), r.state == "up") {
+                        Ok(()) => {
+                            info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, "gRPC wire end re-attached")
+                        }
+                        Err(e) => warn!(wire = r.id, error = %e, "could not re-attach a gRPC wire end"),
+                    }
+                }
                 Err(e) => debug!(wire = r.id, error = %e, "gRPC wire end not restored; the next pass rebuilds it"),
             }
+        }
+    }
+
+    /// Starts a re-attached gRPC end's frame and byte counters at its TAP's kernel
+    /// counters (rx: written into the pod, tx: sent by the pod).
+    fn seed_counters(&self, r: &WireRecord, st: &weft_kernel::LinkStats) {
+        let labels = self.labels(r);
+        for (direction, frames, bytes) in [("rx", st.rx_packets, st.rx_bytes), ("tx", st.tx_packets, st.tx_bytes)] {
+            let l = weft_telemetry::metrics::WireDirLabels {
+                wire: labels.clone(),
+                direction,
+            };
+            self.metrics.wire_frames.get_or_create(&l).inc_by(frames);
+            self.metrics.wire_bytes.get_or_create(&l).inc_by(bytes);
         }
     }
 
