@@ -4,7 +4,8 @@
 //! while node 2's daemon is SIGKILLed and restarted. A raw packet socket on every wire
 //! end sees every frame that arrives there. Afterwards every link passes again within
 //! 2 s of the restart, traffic flows again on every wire, not one frame arrived on a
-//! wire other than its own, and the wires' frame counters went on from where they were.
+//! wire other than its own, the wires' frame counters went on from where they were,
+//! and the node's wire-state mirror was written again from the store.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
@@ -316,6 +317,10 @@ fn grpc_wires_carry_tagged_traffic_through_a_daemon_crash_without_crossing() {
     let before = frame_counters(&lab.0, "n2");
     assert_eq!(before.len(), 18, "9 gRPC ends on n2, two directions each: {before:?}");
     lab.0.crash("n2").unwrap();
+    // The node's wire-state mirror is lost while its daemon is away: the restart must
+    // write it again from the store, though no wire changed.
+    let mirror = lab.0.topology_dir().join(".wires/n2.json");
+    std::fs::remove_file(&mirror).unwrap_or_else(|e| panic!("{}: {e}", mirror.display()));
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(lab.0.up().unwrap(), vec!["n2".to_string()]);
     let restarted = Instant::now();
@@ -359,6 +364,15 @@ fn grpc_wires_carry_tagged_traffic_through_a_daemon_crash_without_crossing() {
             r.own
         );
     }
+
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&mirror).expect("the wire-state mirror rewritten"))
+            .expect("wire-state JSON");
+    assert_eq!(
+        state["status"]["wires"].as_array().map(Vec::len),
+        Some(9),
+        "n2's mirrored wire state: {state}"
+    );
 
     // The restarted daemon's counters go on from the kernel's, not from zero.
     for (key, was) in &before {

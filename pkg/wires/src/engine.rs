@@ -74,6 +74,10 @@ pub struct Engine {
     done: watch::Sender<u64>,
     /// Set by a pass that left work waiting on a peer, so the next comes sooner.
     retry: AtomicBool,
+    /// Whether the wire-state resource holds what the store says: false at start (the
+    /// resource may predate a crash) and after a failed write, so the next pass writes
+    /// it even when no end changed.
+    mirrored: AtomicBool,
     /// Kernel counters of veth and VXLAN ends as last sampled (counters grow by the
     /// difference, so a re-created interface never makes them go back).
     sampled: Mutex<HashMap<u64, weft_kernel::LinkStats>>,
@@ -175,6 +179,7 @@ impl Engine {
             requested: AtomicU64::new(0),
             done: watch::channel(0).0,
             retry: AtomicBool::new(false),
+            mirrored: AtomicBool::new(false),
             sampled: Mutex::default(),
         });
         engine.restore_grpc_ends().await;
@@ -482,10 +487,11 @@ impl Engine {
             .values()
             .map(|r| (r.id, r.state.clone(), r.peer_node.clone()))
             .collect();
-        if before != after {
+        if before != after || !self.mirrored.swap(true, Ordering::AcqRel) {
             let ends = records.values().map(wire_end).collect();
             if let Err(e) = self.source.set_wire_state(ends).await {
                 debug!(error = %e, "could not mirror the wire state");
+                self.mirrored.store(false, Ordering::Release);
             }
         }
         Ok(())
