@@ -390,6 +390,20 @@ impl Daemon {
         self.spawn();
     }
 
+    /// Replaces the extra environment weftd gets from its next start on (a crash test
+    /// arms a failpoint for one run, then starts it again without).
+    pub fn set_env(&mut self, env: &[(&str, &str)]) {
+        self.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    }
+
+    /// Waits up to `limit` for the daemon to exit on its own (a failpoint, a crash) and
+    /// reaps it; `None` when it is still running then.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let st = wait_exit(self.child.as_mut()?, limit)?;
+        self.child = None;
+        Some(st)
+    }
+
     /// Starts the daemon again after it was stopped or killed.
     pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "daemon still running");
@@ -411,6 +425,23 @@ impl Daemon {
             .iter()
             .map(|r| r["allocated"].as_u64().unwrap())
             .sum()
+    }
+
+    /// Every attachment in the daemon's store, in any state, read straight from its
+    /// database (the daemon may be running: SQLite's WAL lets a reader in beside it).
+    pub fn store_attachments(&self) -> Vec<weft_store::Attachment> {
+        self.store(|db| db.list(None, None))
+    }
+
+    /// Every address allocated in the daemon's store, read straight from its database.
+    pub fn store_allocated(&self) -> Vec<std::net::IpAddr> {
+        self.store(|db| db.allocated_addresses())
+    }
+
+    fn store<R>(&self, f: impl FnOnce(&mut weft_store::Db) -> Result<R, weft_store::StoreError>) -> R {
+        let path = self.state_dir().join("weft.db");
+        let mut db = weft_store::Db::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+        f(&mut db).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
     }
 
     /// Waits until no teardown is pending (DEL finishes removing veths after answering).

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tracing::{Instrument, info, warn};
 use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
 use weft_cni::{CNIResult, Cmd, CniError, HostIp, Interface, IpConfig, NetworkConfig, Route, code, result, validate};
+use weft_failpoint::failpoint;
 use weft_kernel::KernelError;
 use weft_kernel::ptp::{PodAddress, PodNetwork};
 use weft_portmap::{Entries, Hairpin, HostPort, Protocol};
@@ -282,6 +283,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         }
         .instrument(phase!("lock_wait"))
         .await;
+        failpoint!("add.lock");
 
         let spec = NewAttachment {
             key: key.clone(),
@@ -322,6 +324,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             }
             BeginAdd::Created(att) => att,
         };
+        failpoint!("add.ipam");
 
         let net = pod_network(&att);
         if let Err(e) = self.net.setup(net.clone()).await {
@@ -343,9 +346,11 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 self.undo_add(&att).await;
                 return Err(kernel_err(e));
             }
+            failpoint!("add.hostports");
         }
         let ours = cni_result(&att, &net);
         let json = serde_json::to_string(&ours).expect("CNI results serialize");
+        failpoint!("add.commit");
         if let Err(e) = self
             .ipam
             .finish_add(att.id, json)
@@ -356,6 +361,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             self.undo_add(&att).await;
             return Err(store_err(e));
         }
+        failpoint!("add.done");
         info!(attachment = %key, host_ifname = %att.host_ifname, addresses = ?att.addresses.iter().map(|a| a.address).collect::<Vec<_>>(), "pod attached");
         if let (Some(w), Some(pod)) = (&self.wiring, Self::wired_pod(&att)) {
             w.pod_added(pod).instrument(phase!("wires")).await;
@@ -389,6 +395,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             .lock(&args.container_id)
             .instrument(phase!("lock_wait"))
             .await;
+        failpoint!("del.lock");
         if self.teardowns.pending(&key) {
             return Ok(());
         }
@@ -396,6 +403,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         let Some(att) = begun.map_err(store_err)? else {
             return Ok(());
         };
+        failpoint!("del.intent");
         if let (Some(w), Some(pod)) = (&self.wiring, Self::wired_pod(&att)) {
             w.pod_removed(pod).instrument(phase!("wires")).await;
         }
@@ -417,6 +425,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             if let Err(e) = removed {
                 warn!(attachment = %att.key, error = %e, "could not remove host ports; the table sync will");
             }
+            failpoint!("del.hostports");
         }
         if let Err(e) = self
             .net
@@ -426,16 +435,23 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         {
             warn!(attachment = %att.key, error = %e, "could not set the host end down; removing it anyway");
         }
+        failpoint!("del.disconnect");
         let (net, ipam) = (self.net.clone(), self.ipam.clone());
         let key = att.key.clone();
         let work = async move {
             match net.remove(att.host_ifname.clone()).await {
-                Ok(_) => match ipam.remove(att.id).await {
-                    Ok(()) => info!(attachment = %key, "pod detached"),
-                    Err(e) => {
-                        warn!(attachment = %key, error = %e, "veth removed but the row stays; retried at next start")
+                Ok(_) => {
+                    failpoint!("del.veth");
+                    match ipam.remove(att.id).await {
+                        Ok(()) => {
+                            failpoint!("del.release");
+                            info!(attachment = %key, "pod detached")
+                        }
+                        Err(e) => {
+                            warn!(attachment = %key, error = %e, "veth removed but the row stays; retried at next start")
+                        }
                     }
-                },
+                }
                 Err(e) => {
                     warn!(attachment = %key, error = %e, "could not remove the veth pair; retried at next start")
                 }

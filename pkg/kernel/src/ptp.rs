@@ -47,6 +47,14 @@ pub struct PodNetwork {
     pub alias: String,
 }
 
+/// Who builds a pod's networking: an ADD passes the `add.*` failpoints on the way,
+/// a repair (which only rebuilds what an ADD once made) does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Add,
+    Repair,
+}
+
 fn os(step: &str) -> impl FnOnce(io::Error) -> KernelError + '_ {
     move |e| KernelError::os(step, e)
 }
@@ -67,8 +75,9 @@ impl PodNetwork {
             let _phase = tracing::info_span!(target: "weft::phase", "veth").entered();
             self.create_veth(&mut host, &ns)?;
         }
+        weft_failpoint::failpoint!("add.veth");
         let outcome = in_netns(&ns, || Netlink::new().map_err(os("opening netlink in the pod")))
-            .and_then(|mut pod| self.configure(&mut host, &mut pod));
+            .and_then(|mut pod| self.configure(&mut host, &mut pod, Step::Add));
         if outcome.is_err() {
             let _ = host.delete_link(&self.host_ifname);
         }
@@ -116,7 +125,7 @@ impl PodNetwork {
         }
     }
 
-    fn configure(&self, host: &mut Netlink, pod: &mut Netlink) -> Result<(), KernelError> {
+    fn configure(&self, host: &mut Netlink, pod: &mut Netlink, step: Step) -> Result<(), KernelError> {
         let missing =
             |what: &str| KernelError::os(format!("looking up {what}"), io::Error::from_raw_os_error(libc::ENODEV));
         let link = host
@@ -148,6 +157,9 @@ impl PodNetwork {
             }
             pod.set_up(eth.index, true).map_err(os("setting the pod end up"))?;
         }
+        if step == Step::Add {
+            weft_failpoint::failpoint!("add.addresses");
+        }
         let _phase = tracing::info_span!(target: "weft::phase", "routes").entered();
         for a in &self.addresses {
             let v6 = a.address.is_ipv6();
@@ -157,6 +169,9 @@ impl PodNetwork {
                 .map_err(os("adding the pod route to the gateway"))?;
             pod.add_route(None, 0, Some(a.gateway), eth.index, v6)
                 .map_err(os("adding the pod default route"))?;
+        }
+        if step == Step::Add {
+            weft_failpoint::failpoint!("add.routes");
         }
         Ok(())
     }
@@ -192,7 +207,7 @@ impl PodNetwork {
                     .map_err(os("removing a lone host end"))?;
             }
             self.create_veth(&mut host, &ns)?;
-            if let Err(e) = self.configure(&mut host, &mut pod) {
+            if let Err(e) = self.configure(&mut host, &mut pod, Step::Repair) {
                 let _ = host.delete_link(&self.host_ifname);
                 return Err(e);
             }
