@@ -1,7 +1,8 @@
 //! `weftctl bench --smoke`: every comparison runs end to end at a tiny size (the CNI
 //! benchmarks, host ports, exec cost, weftd's memory in a lab with gRPC wires, wire
-//! throughput with iperf3 and UDP floods), reports numbers in every section, and
-//! leaves no namespace or process behind. Timings are not asserted.
+//! throughput with iperf3 and UDP floods, pods attached to one node and removed under
+//! load), reports numbers in every section, and leaves no namespace or process
+//! behind. Timings are not asserted.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -104,6 +105,20 @@ fn smoke_runs_every_comparison() {
         positive(&q["tcp"], "TCP ratio");
         positive(&q["fps"], "frames/s ratio");
     }
+
+    let load = &r["load"];
+    assert_eq!(load["failures"].as_array().map(Vec::len), Some(0), "load: {load}");
+    for cmd in ["add", "del"] {
+        for w in ["first", "last"] {
+            positive(&load[cmd][w]["latency"]["p50"], &format!("load {cmd} {w} p50"));
+            positive(&load[cmd][w]["daemon_ms"], &format!("load {cmd} {w} weftd time"));
+        }
+        positive(&load[cmd]["p50_ratio"], &format!("load {cmd} ratio"));
+    }
+    positive(&load["rss_after_add_mib"], "load RSS");
+    assert_eq!(load["pods_after_add"], 20.0, "load: {load}");
+    assert_eq!(load["pods_after_del"], 0.0, "load: {load}");
+    assert_eq!(load["links_left"], 0, "load: {load}");
 
     // Everything the run made is gone: its namespaces are named after its pid, and
     // its daemons run from its scratch directory.

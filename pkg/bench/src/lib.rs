@@ -13,10 +13,13 @@
 //! plugin's exec cost beside the Go plugins' (`exec`), weftd's resident memory as a node
 //! fills with pods and gRPC wires (`memory`, against the target: no reference daemon
 //! exists), and the throughput of each kind of wire beside a kernel link of that kind
-//! (`wires`). `smoke` runs everything small, for CI.
+//! (`wires`). `load` attaches a thousand pods to one node and then removes them, and
+//! sets the last calls beside the first (against the target: no reference keeps node
+//! state that grows). `smoke` runs everything small, for CI.
 
 mod exec;
 mod hostports;
+mod load;
 mod memory;
 mod otlp;
 mod smoke;
@@ -33,6 +36,9 @@ use weft_lab::{CniExec, DaemonPaths, LabError, NamedNetns, NodeDaemon};
 
 pub use exec::{EXEC_TARGET_P50_MS, ExecOptions, ExecReport, ExecSide, run_exec};
 pub use hostports::{HostportOptions, HostportReport, around, run_hostports};
+pub use load::{
+    CallFailure, LOAD_TARGET_RATIO, LOAD_WINDOW, LoadCommand, LoadOptions, LoadReport, LoadWindow, run_load,
+};
 pub use memory::{MEMORY_TARGET_MIB, MemoryOptions, MemoryReport, MemoryState, run_memory};
 pub use smoke::{SmokeOptions, SmokeReport, run_smoke};
 pub use stats::{Percentiles, median};

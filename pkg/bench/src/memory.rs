@@ -76,7 +76,7 @@ pub struct MemoryReport {
 
 /// The median of a few samples of `pid`'s VmRSS and its VmHWM (KiB): RSS moves a
 /// little as allocator arenas are trimmed.
-fn sample(pid: u32) -> Result<(u64, u64), String> {
+pub(crate) fn sample(pid: u32) -> Result<(u64, u64), String> {
     let mut rss = Vec::new();
     for i in 0..5 {
         if i > 0 {

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::{
-    Comparison, ExecOptions, ExecReport, HostportOptions, HostportReport, MemoryOptions, MemoryReport, Options, Report,
-    WiresOptions, WiresReport,
+    Comparison, ExecOptions, ExecReport, HostportOptions, HostportReport, LoadOptions, LoadReport, MemoryOptions,
+    MemoryReport, Options, Report, WiresOptions, WiresReport,
 };
 
 /// Where the binaries are.
@@ -39,6 +39,8 @@ pub struct SmokeReport {
     pub memory: MemoryReport,
     /// Wire throughput beside kernel links.
     pub wires: WiresReport,
+    /// Pods attached to one node and removed, the last calls beside the first.
+    pub load: LoadReport,
 }
 
 /// Runs every comparison once, small.
@@ -88,6 +90,15 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         work_dir: o.work_dir.clone(),
     })
     .map_err(|e| format!("wires: {e}"))?;
+    // Two workers, so the smoke run goes through the concurrent path too.
+    let load = crate::run_load(&LoadOptions {
+        weft: o.weft.clone(),
+        weftd: o.weftd.clone(),
+        pods: 20,
+        workers: 2,
+        work_dir: o.work_dir.clone(),
+    })
+    .map_err(|e| format!("load: {e}"))?;
     Ok(SmokeReport {
         reference,
         otlp,
@@ -95,6 +106,7 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         exec,
         memory,
         wires,
+        load,
     })
 }
 
@@ -108,6 +120,7 @@ impl SmokeReport {
             self.exec.markdown(),
             self.memory.markdown(),
             self.wires.markdown(),
+            self.load.markdown(),
         ]
         .join("\n")
     }

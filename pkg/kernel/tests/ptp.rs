@@ -114,6 +114,33 @@ fn two_pods_reach_each_other_through_the_node() {
     assert!(tcp_reachable(&b, &a, "10.9.0.3".parse().unwrap()));
 }
 
+/// The host end of an IPv4-only pod has IPv6 off (otherwise each one adds routes the
+/// kernel walks at every veth event on the node); a dual-stack pod's keeps it.
+#[test]
+fn ipv6_is_off_on_the_host_end_of_an_ipv4_pod() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    node.run(weft_kernel::enable_forwarding).unwrap();
+    let (a, b) = (TempNetns::new(), TempNetns::new());
+    let v4 = pod(&a, "weftt6a", &[("10.9.6.2", "10.9.6.1")]);
+    let mut dual = pod(&b, "weftt6b", &[("10.9.6.3", "10.9.6.1"), ("fd09:6::3", "fd09:6::1")]);
+    dual.host_mac = [0x02, 0, 0, 0, 1, 1];
+    node.run(|| v4.setup()).unwrap();
+    node.run(|| dual.setup()).unwrap();
+    let ipv6_off = |ifname: &str| {
+        let key = format!("net/ipv6/conf/{ifname}/disable_ipv6");
+        node.run(move || weft_kernel::sysctl::read(&key)).unwrap()
+    };
+    assert_eq!(ipv6_off("weftt6a"), "1");
+    assert_eq!(ipv6_off("weftt6b"), "0");
+    node.run(|| v4.check()).unwrap();
+    node.run(|| dual.check()).unwrap();
+    assert!(tcp_reachable(&a, &node, "10.9.6.2".parse().unwrap()));
+    assert!(tcp_reachable(&b, &node, "fd09:6::3".parse().unwrap()));
+}
+
 #[test]
 fn check_reports_missing_routes_and_interfaces() {
     if !privileged() {

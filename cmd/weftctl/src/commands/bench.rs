@@ -7,9 +7,10 @@ use anyhow::Context;
 /// Options of `weftctl bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Pods attached and detached per round.
-    #[arg(long, default_value_t = 100)]
-    pods: usize,
+    /// Pods attached and detached per round (default 100); with `--compare load`,
+    /// pods attached to the one node and then removed (default 1000).
+    #[arg(long)]
+    pods: Option<usize>,
     /// Concurrent workers issuing calls.
     #[arg(long, default_value_t = 1)]
     workers: usize,
@@ -27,7 +28,8 @@ pub struct BenchArgs {
     /// trace export (with export on, spans go to a receiver inside the node), or the
     /// reference ptp + portmap chain with host ports; or the plugin's exec cost beside
     /// the Go plugins', weftd's memory against its target, wire throughput beside
-    /// kernel links.
+    /// kernel links; or itself, its last calls beside its first as a node fills up
+    /// (`load`).
     #[arg(long, value_enum, default_value = "reference")]
     compare: Compare,
     /// With `--compare hostports`: pods attached through the reference chain (its
@@ -71,6 +73,9 @@ enum Compare {
     /// TCP and 64-byte UDP across weft's veth, VXLAN and gRPC wires beside kernel veth
     /// and VXLAN.
     Wires,
+    /// `--pods` pods attached to one node, then removed: the last 100 ADDs and DELs
+    /// beside the first 100 (against the target), weftd's RSS, failed calls.
+    Load,
 }
 
 fn print<T: serde::Serialize>(report: &T, markdown: impl FnOnce(&T) -> String, json: bool) -> anyhow::Result<()> {
@@ -104,6 +109,10 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
     let work_dir = work.0.clone();
     let (weft, weftd) = (bin_dir.join("weft"), bin_dir.join("weftd"));
     let fail = |e: String| anyhow::anyhow!(e);
+    let pods = args.pods.unwrap_or(match args.compare {
+        Compare::Load => 1000,
+        _ => 100,
+    });
     if args.smoke {
         let report = weft_bench::run_smoke(&weft_bench::SmokeOptions {
             weft,
@@ -120,7 +129,7 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
                 weft,
                 weftd,
                 reference_dir: args.reference_dir,
-                weft_pods: args.pods,
+                weft_pods: pods,
                 reference_pods: args.reference_pods,
                 work_dir,
             };
@@ -160,6 +169,17 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
             let report = weft_bench::run_wires(&opts).map_err(fail)?;
             return print(&report, weft_bench::WiresReport::markdown, json);
         }
+        Compare::Load => {
+            let opts = weft_bench::LoadOptions {
+                weft,
+                weftd,
+                pods,
+                workers: args.workers,
+                work_dir,
+            };
+            let report = weft_bench::run_load(&opts).map_err(fail)?;
+            return print(&report, weft_bench::LoadReport::markdown, json);
+        }
         Compare::Reference => weft_bench::Comparison::Reference,
         Compare::Otlp => weft_bench::Comparison::Otlp,
     };
@@ -167,7 +187,7 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
         weft,
         weftd,
         reference_dir: args.reference_dir,
-        pods: args.pods,
+        pods,
         workers: args.workers,
         rounds: args.rounds,
         work_dir,
