@@ -6,19 +6,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "weft/cnirpc/v1/cni.proto",
         "weft/admin/v1/admin.proto",
-        "weft/wire/v1/wire.proto",
         "google/rpc/status.proto",
     ];
-    for f in &files {
+    let wire = "weft/wire/v1/wire.proto";
+    for f in files.iter().chain([&wire]) {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }
-    let fds = protox::compile(files, [&root])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
         .build_transport(false)
+        .compile_fds(protox::compile(files, [&root])?)?;
+    // The wire service on its own: its codec sizes buffers for batches of frames.
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .build_transport(false)
+        .codec_path("crate::codec::WireCodec")
         // Frame payloads are reference-counted slices: no copy per frame on decode.
         .bytes(".weft.wire.v1.Frame.data")
-        .compile_fds(fds)?;
+        .compile_fds(protox::compile([wire], [&root])?)?;
     Ok(())
 }

@@ -362,9 +362,11 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
                 .tcp_nodelay(true)
                 .initial_stream_window_size(Some(4 << 20))
                 .initial_connection_window_size(Some(8 << 20))
+                .max_frame_size(Some(weft_wires::dataplane::H2_MAX_FRAME))
                 .add_service(WireService::server(engine.clone()))
                 .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
-            Some(tokio::spawn(serve))
+            // On the wire data plane's own thread, beside the TAP readers.
+            Some(weft_wires::dataplane::spawn(serve))
         }
         None => None,
     };

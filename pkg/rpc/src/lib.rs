@@ -20,7 +20,9 @@ pub mod admin {
     tonic::include_proto!("weft.admin.v1");
 }
 
-/// The node-to-node wire service (`weft.wire.v1`).
+pub mod codec;
+
+/// The node-to-node wire service (`weft.wire.v1`), on [`codec::WireCodec`].
 pub mod wire {
     #![allow(missing_docs, clippy::all)]
     tonic::include_proto!("weft.wire.v1");
