@@ -74,12 +74,23 @@ fn smoke_runs_every_comparison() {
 
     let sides = r["exec"]["sides"].as_array().expect("exec sides");
     let names: Vec<&str> = sides.iter().map(|s| s["binary"].as_str().unwrap()).collect();
-    assert_eq!(names, ["weft", "host-local", "ptp"]);
+    assert_eq!(names, ["weft", "host-local", "ptp", "true (floor)"]);
     for s in sides {
         positive(&s["latency"]["p50"], &format!("{} exec p50", s["binary"]));
         assert_eq!(s["errors"], 0, "{} VERSION failed", s["binary"]);
+        let linking = s["linking"].as_str().expect("linking");
+        assert!(
+            ["static", "dynamic"].contains(&linking),
+            "{} linking {linking}",
+            s["binary"]
+        );
     }
     positive(&r["exec"]["weft_over_host_local_p50"], "exec ratio");
+    assert!(
+        r["exec"]["weft_above_floor_p50_ms"].is_f64(),
+        "weft above floor: {}",
+        r["exec"]["weft_above_floor_p50_ms"]
+    );
 
     let states = r["memory"]["states"].as_array().expect("memory states");
     assert_eq!(states.len(), 3, "idle, pods, pods + wires");
