@@ -31,6 +31,10 @@ use weft_telemetry::metrics::{PeerLabels, WireDirLabels, WireDropLabels, WireLab
 
 /// Frames a wire end may have queued for its peer before it drops.
 pub const WIRE_QUEUE: usize = 1024;
+/// Bytes a wire end may have queued for its peer before it drops: 1024 GSO super-frames
+/// would be 64 MiB per wire, so the bytes are bounded too (8 MiB is some 7 ms at
+/// 10 Gbit/s, more than TCP keeps queued here: the bench's TCP runs never reach it).
+pub const WIRE_QUEUE_BYTES: usize = 8 << 20;
 /// At most this many frames go into one batch.
 pub const BATCH_FRAMES: usize = 256;
 /// A batch takes no further frame once it holds this many bytes: four GSO super-frames,
@@ -179,6 +183,8 @@ impl Counters {
 /// The frames of one wire end waiting for the stream to its peer node.
 struct WireQueue {
     frames: VecDeque<Frame>,
+    /// Bytes of the frames queued.
+    bytes: usize,
     counters: Arc<Counters>,
 }
 
@@ -255,6 +261,7 @@ impl Outbox {
             for q in st.queues.values_mut() {
                 q.counters.dropped(DropReason::NoStream, q.frames.len() as u64);
                 q.frames.clear();
+                q.bytes = 0;
             }
             st.ready.clear();
             st.queued = 0;
@@ -274,6 +281,7 @@ impl Outbox {
             id,
             WireQueue {
                 frames: VecDeque::new(),
+                bytes: 0,
                 counters,
             },
         ) {
@@ -307,7 +315,15 @@ impl Outbox {
                 return;
             }
             let was_empty = q.frames.is_empty();
-            let taken = frames.len().min(WIRE_QUEUE.saturating_sub(q.frames.len()));
+            let room = WIRE_QUEUE.saturating_sub(q.frames.len());
+            let mut taken = 0;
+            for f in frames.iter() {
+                if taken == room || q.bytes + f.data.len() > WIRE_QUEUE_BYTES {
+                    break;
+                }
+                q.bytes += f.data.len();
+                taken += 1;
+            }
             q.counters.dropped(DropReason::QueueFull, (frames.len() - taken) as u64);
             frames.truncate(taken);
             q.frames.extend(frames.drain(..));
@@ -355,6 +371,7 @@ impl Stream for OutboundBatches {
             let Some(id) = st.ready.pop_front() else { break };
             let Some(q) = st.queues.get_mut(&id) else { continue };
             let Some(f) = q.frames.pop_front() else { continue };
+            q.bytes -= f.data.len();
             bytes += f.data.len();
             frames.push(f);
             if !q.frames.is_empty() {
@@ -772,6 +789,26 @@ mod tests {
         ob.offer(1, &mut frames(11, WIRE_QUEUE + 5, 60));
         assert_eq!(drops(&c, DropReason::QueueFull), 5);
         assert_eq!(ob.lock().queued, WIRE_QUEUE);
+    }
+
+    /// Large frames are bounded by bytes before the frame count is reached, and the
+    /// room comes back as the stream takes them.
+    #[tokio::test]
+    async fn queues_are_bounded_in_bytes() {
+        let m = metrics();
+        let ob = outbox(&m);
+        let c = counters(&m, "a");
+        ob.add(1, c.clone());
+        let mut stream = ob.open();
+        let fit = WIRE_QUEUE_BYTES / 65_546;
+        assert!(fit < WIRE_QUEUE, "the byte bound is the tighter one for GSO frames");
+        ob.offer(1, &mut frames(11, fit + 3, 65_546));
+        assert_eq!(drops(&c, DropReason::QueueFull), 3);
+        assert_eq!(ob.lock().queued, fit);
+        let sent = stream.next().await.unwrap().frames.len();
+        ob.offer(1, &mut frames(11, sent + 1, 65_546));
+        assert_eq!(drops(&c, DropReason::QueueFull), 4, "room for what was sent, no more");
+        assert_eq!(ob.lock().queues[&1].bytes, fit * 65_546);
     }
 
     /// Batches take one frame per wire in turn, keep each wire's order, and stop at
