@@ -15,9 +15,9 @@
 mod error;
 mod netlink;
 mod netns;
+pub mod packet;
 pub mod ptp;
 pub mod sysctl;
-pub mod tap;
 pub mod wire;
 
 pub use error::KernelError;

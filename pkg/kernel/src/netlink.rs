@@ -392,6 +392,15 @@ impl Netlink {
         self.execute(RouteNetlinkMessage::SetLink(msg), 0)
     }
 
+    /// Sets the largest GSO super-frame the stack may hand a link, for IPv6 and (since
+    /// Linux 6.3, BIG TCP) IPv4 alike.
+    pub fn set_gso_max_size(&mut self, index: u32, size: u32) -> io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes = vec![LinkAttribute::GsoMaxSize(size), LinkAttribute::GsoIpv4MaxSize(size)];
+        self.execute(RouteNetlinkMessage::SetLink(msg), 0)
+    }
+
     /// A link's traffic counters; `None` when there is no such link.
     pub fn stats(&mut self, name: &str) -> io::Result<Option<(Link, LinkStats)>> {
         let mut msg = LinkMessage::default();

@@ -1,5 +1,6 @@
 //! Wire ends against the real kernel: veth between pods, VXLAN across routed "nodes"
-//! with unicast FDB entries only, and persistent TAP ends.
+//! with unicast FDB entries only, and the veth ends of gRPC wires read through packet
+//! sockets.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -8,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use weft_kernel::testutil::{TempNetns, privileged};
-use weft_kernel::{NetNs, tap, wire};
+use weft_kernel::{NetNs, in_netns, packet, wire};
 
 fn ns(t: &TempNetns) -> NetNs {
     NetNs::open(t.path()).unwrap()
@@ -165,13 +166,14 @@ fn a_vxlan_wire_crosses_a_routed_underlay_with_unicast_fdb() {
 }
 
 #[test]
-fn a_tap_end_persists_and_is_reattached_by_name() {
+fn a_grpc_end_offers_big_tcp_and_survives_its_socket() {
     if !privileged() {
         return;
     }
-    let p = TempNetns::new();
-    let pod = ns(&p);
-    let fd = tap::open(&pod, "e7").unwrap();
+    let (n, p) = (TempNetns::new(), TempNetns::new());
+    let (node, pod) = (ns(&n), ns(&p));
+    let id = 0x1234_5678_9abc_def0;
+    in_netns(&node, || packet::create(&pod, "e7", [2, 0, 0, 7, 7, 7], 1500, id)).unwrap();
     let mut s = wire::socket_in(&pod).unwrap();
     wire::configure(
         &mut s,
@@ -182,20 +184,32 @@ fn a_tap_end_persists_and_is_reattached_by_name() {
         true,
     )
     .unwrap();
-    drop(fd);
-    // The device outlives the descriptor (weftd restarting) ...
-    let link = wire::find(&mut s, "e7")
-        .unwrap()
-        .expect("persistent TAP survives its descriptor");
-    assert_eq!(link.mac, vec![2, 0, 0, 7, 7, 7]);
-    // ... and a new descriptor attaches to it and sees what the pod sends.
-    let fd = tap::open(&pod, "e7").unwrap();
+    // A second pair under the same names is refused, not half made.
+    let again = in_netns(&node, || Ok(packet::create(&pod, "e7", [2, 0, 0, 7, 7, 7], 1500, id))).unwrap();
+    assert!(
+        matches!(again, Err(weft_kernel::KernelError::InterfaceExists { .. })),
+        "{again:?}"
+    );
+    // The pod end offers BIG TCP super-frames (iproute2 prints gso_max_size).
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", p.path().display()))
+        .args(["ip", "-d", "link", "show", "e7"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("gso_max_size {}", packet::GSO_MAX)),
+        "pod end: {text}"
+    );
+    // A socket is dropped (weftd restarting) and a new one bound to the node end, by
+    // the wire id alone, sees what the pod sends, behind a virtio-net header.
+    drop(in_netns(&node, || packet::open(id)).unwrap());
+    let fd = in_netns(&node, || packet::open(id)).unwrap();
     p.run(|| {
         let sock = std::net::UdpSocket::bind("12.7.0.1:0").unwrap();
-        // A neighbour entry avoids waiting on ARP: the frame is sent at once.
         let _ = sock.send_to(b"hello", "12.7.0.2:9");
     });
-    let mut buf = [0u8; 2048];
+    let mut buf = vec![0u8; packet::MAX_FRAME];
     let mut got = 0;
     for _ in 0..200 {
         // SAFETY: reading into a local buffer from an open descriptor.
@@ -207,11 +221,18 @@ fn a_tap_end_persists_and_is_reattached_by_name() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(
-        got > tap::VNET_HDR_LEN + 14,
-        "a frame (ARP or IPv4) with its virtio-net header came out of the TAP"
+        got > packet::VNET_HDR_LEN + 14,
+        "a frame (ARP or IPv4) with its virtio-net header came out of the node end"
     );
+    assert_eq!(
+        &buf[packet::VNET_HDR_LEN..packet::VNET_HDR_LEN + 6],
+        &[0xff; 6],
+        "an ARP broadcast first"
+    );
+    // Removing the pod end removes the pair: nothing is left in the node.
+    assert!(wire::remove(&mut s, "e7").unwrap());
     assert!(
-        wire::remove(&mut s, "e7").unwrap(),
-        "a persistent TAP is removed by deleting the link"
+        !in_netns(&node, || packet::exists(id)).unwrap(),
+        "the node end went with the pod end"
     );
 }

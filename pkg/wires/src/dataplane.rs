@@ -1,10 +1,11 @@
-//! The data plane of gRPC wires. Each wire end is a TAP device in its pod, read by a
+//! The data plane of gRPC wires. Each wire end is a veth pair into its pod whose node
+//! end is read and written through a packet socket (see `weft_kernel::packet`) by a
 //! worker task that queues the frames (bounded, drops counted) for the wire's peer
 //! node; per peer node, the frames of all its wires are taken round-robin into
 //! `FrameBatch` messages on ONE bidirectional stream, by the stream itself whenever
 //! HTTP/2 is ready for the next message (so batches grow while the connection is busy,
 //! and no task or channel sits in between). Frames carry the receiving end's wire id;
-//! the receiver writes each into the TAP of that id, and drops frames for ids it does
+//! the receiver writes each into the end of that id, and drops frames for ids it does
 //! not hold, so no frame can reach another wire. The node with the lower address opens
 //! the stream and reconnects with backoff; the other accepts it.
 
@@ -24,6 +25,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::io::unix::AsyncFd;
 use tracing::{debug, info, warn};
+use weft_kernel::packet;
 use weft_rpc::wire::wire_client::WireClient;
 use weft_rpc::wire::{Frame, FrameBatch};
 use weft_telemetry::Metrics;
@@ -45,15 +47,15 @@ pub const BATCH_BYTES: usize = 256 * 1024;
 pub const H2_MAX_FRAME: u32 = 1 << 20;
 /// Metadata key naming the calling node on a frame stream.
 pub const NODE_HEADER: &str = "x-weft-node";
-/// Largest frame read from a TAP: a GSO super-frame plus its virtio-net header.
-const MAX_FRAME: usize = 65_536 + weft_kernel::tap::VNET_HDR_LEN;
+/// Largest frame read from an end: a GSO super-frame plus its headers.
+const MAX_FRAME: usize = packet::MAX_FRAME;
 /// A reader hands what it read to the peer's queue after this many frames or bytes
-/// (or when the TAP is empty): one lock and at most one wake-up per burst, not per frame.
+/// (or when the end has nothing more): one lock and at most one wake-up per burst, not per frame.
 const BURST_FRAMES: usize = 32;
 const BURST_BYTES: usize = 64 * 1024;
 
 /// The runtime every task of the data plane runs on: one thread of its own, so that a
-/// frame goes from TAP to stream to socket (and back) without crossing threads. On the
+/// frame goes from pod to stream to socket (and back) without crossing threads. On the
 /// daemon's work-stealing pool each hand-off between reader, HTTP/2 stream and
 /// connection task could wake the other worker (a futex and a context switch); on one
 /// thread the daemons spent some 15% less CPU per gigabyte in the two-node lab, and a
@@ -78,7 +80,7 @@ pub fn runtime() -> &'static tokio::runtime::Handle {
     })
 }
 
-/// Frames move through buffers of 64 KiB to 1 MiB (TAP reads, encoded batches, HTTP/2
+/// Frames move through buffers of 64 KiB to 1 MiB (pod-end reads, encoded batches, HTTP/2
 /// reads) that live for microseconds. glibc serves such sizes from `mmap`, or gives the
 /// top of the heap back once 128 KiB-2 MiB are free, so many came back as fresh pages:
 /// 30-40 thousand page faults a second in the receiving daemon at 4 Gbit/s, about a
@@ -96,7 +98,7 @@ fn keep_freed_memory() {
 }
 
 /// Runs `task` on the data plane's [`runtime`]; the wire server goes there too, so that
-/// its connections and streams share the thread with the TAP readers.
+/// its connections and streams share the thread with the ends' readers.
 pub fn spawn<F>(task: F) -> tokio::task::JoinHandle<F::Output>
 where
     F: Future + Send + 'static,
@@ -114,7 +116,7 @@ enum DropReason {
     NoStream,
     /// The wire's queue to the peer node is full.
     QueueFull,
-    /// The pod's TAP refused the frame.
+    /// The pod's end refused the frame.
     PodBusy,
 }
 
@@ -385,8 +387,8 @@ impl Stream for OutboundBatches {
     }
 }
 
-/// One gRPC wire end: its TAP, its peer, and its counters.
-pub struct TapEnd {
+/// One gRPC wire end: the packet socket on its node end, its peer, and its counters.
+pub struct PacketEnd {
     /// This end's wire id (frames for it carry this id).
     pub id: u64,
     /// The peer end's wire id (frames from here carry that id).
@@ -399,10 +401,10 @@ pub struct TapEnd {
     outbox: Arc<Outbox>,
 }
 
-impl TapEnd {
+impl PacketEnd {
     /// Writes a frame that came from the peer into the pod.
     fn deliver(&self, data: &[u8]) {
-        // SAFETY: writing from a live buffer to the TAP this end owns.
+        // SAFETY: writing from a live buffer to the socket this end owns.
         let n = unsafe { libc::write(self.fd.get_ref().as_raw_fd(), data.as_ptr().cast(), data.len()) };
         if n < 0 {
             self.counters.dropped(DropReason::PodBusy, 1);
@@ -410,7 +412,7 @@ impl TapEnd {
             self.counters.rx_frames.inc();
             self.counters
                 .rx_bytes
-                .inc_by(data.len().saturating_sub(weft_kernel::tap::VNET_HDR_LEN) as u64);
+                .inc_by(data.len().saturating_sub(packet::VNET_HDR_LEN) as u64);
         }
     }
 
@@ -434,7 +436,7 @@ impl TapEnd {
         self.outbox.offer(self.id, burst);
     }
 
-    /// Reads frames from the pod and queues them for the peer until the TAP goes away.
+    /// Reads frames from the pod and queues them for the peer until the end goes away.
     async fn read_loop(self: Arc<Self>) {
         let mut buf = BytesMut::with_capacity(MAX_FRAME * 4);
         let mut burst = Vec::with_capacity(BURST_FRAMES);
@@ -459,7 +461,7 @@ impl TapEnd {
                         guard.clear_ready();
                         break;
                     }
-                    debug!(wire = self.id, error = %e, "TAP read ended");
+                    debug!(wire = self.id, error = %e, "wire end read ended");
                     return;
                 }
                 let n = n as usize;
@@ -468,7 +470,7 @@ impl TapEnd {
                 self.counters.tx_frames.inc();
                 self.counters
                     .tx_bytes
-                    .inc_by(n.saturating_sub(weft_kernel::tap::VNET_HDR_LEN) as u64);
+                    .inc_by(n.saturating_sub(packet::VNET_HDR_LEN) as u64);
                 burst.push(Frame {
                     wire_id: self.peer_id,
                     data: buf.split().freeze(),
@@ -495,7 +497,7 @@ pub enum Route<'a, E> {
 }
 
 /// Decides where a frame for `wire_id` from node `from` goes, given this node's ends by
-/// id and how to read an end's peer node. Kept apart from the TAP writes so that the
+/// id and how to read an end's peer node. Kept apart from the writes into pods so that the
 /// rule "no frame crosses wires" can be tested and fuzzed without devices.
 pub fn route<'a, E>(
     ends: &'a HashMap<u64, E>,
@@ -531,7 +533,7 @@ pub struct DataPlane {
     local: IpAddr,
     port: u16,
     metrics: Arc<Metrics>,
-    ends: RwLock<HashMap<u64, Arc<TapEnd>>>,
+    ends: RwLock<HashMap<u64, Arc<PacketEnd>>>,
     peers: Mutex<HashMap<IpAddr, Peer>>,
     readers: Mutex<HashMap<u64, tokio::task::JoinHandle<()>>>,
 }
@@ -560,7 +562,7 @@ impl DataPlane {
         self.local < peer
     }
 
-    /// Starts (or replaces) the worker of a gRPC wire end over the TAP `fd`.
+    /// Starts (or replaces) the worker of a gRPC wire end over its packet socket `fd`.
     pub fn attach(
         self: &Arc<Self>,
         id: u64,
@@ -574,10 +576,10 @@ impl DataPlane {
         let _rt = runtime().enter();
         // SAFETY: the AsyncFd owns the descriptor for its whole life and nothing else
         // closes or reuses it while it is registered.
-        let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| format!("registering the TAP: {e}"))?;
+        let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| format!("registering the wire end's socket: {e}"))?;
         let outbox = self.peer(peer);
         let counters = Arc::new(Counters::new(labels, self.metrics.clone()));
-        let end = Arc::new(TapEnd {
+        let end = Arc::new(PacketEnd {
             id,
             peer_id,
             peer,
@@ -605,7 +607,7 @@ impl DataPlane {
         }
     }
 
-    /// Stops a wire end's worker (its TAP is closed; the caller removes the device).
+    /// Stops a wire end's worker (its socket is closed; the caller removes the pair).
     pub fn detach(&self, id: u64) {
         if let Some(r) = self.readers.lock().expect("readers lock").remove(&id) {
             r.abort();

@@ -11,7 +11,8 @@
 //! - VXLAN across nodes: the pod with the lower name proposes the VNI to the peer's
 //!   node (`Ends`), which holds it (unique per node in the store) or refuses it; the
 //!   proposer then tries the next one;
-//! - gRPC across nodes: each side builds its own TAP end; frames carry derived ids.
+//! - gRPC across nodes: each side builds its own veth end, read through a packet
+//!   socket; frames carry derived ids.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -22,7 +23,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
-use weft_kernel::{KernelError, NetNs, wire as kwire};
+use weft_kernel::{KernelError, NetNs, packet, wire as kwire};
 use weft_rpc::wire::wire_client::WireClient;
 use weft_rpc::wire::{End, EndResult, EndsReply, EndsRequest, Hello};
 use weft_store::{Store, StoreError, WireRecord};
@@ -202,8 +203,8 @@ impl Engine {
         dp.clone()
     }
 
-    /// Re-attaches every gRPC end the store holds to its TAP (kept by the kernel while
-    /// weftd was away) under the same wire id, so frames resume where they stopped.
+    /// Re-attaches every gRPC end the store holds to its veth pair (kept by the kernel
+    /// while weftd was away) under the same wire id, so frames resume where they stopped.
     async fn restore_grpc_ends(&self) {
         let Ok(records) = self.store.run(|db| db.wires()).await else {
             return;
@@ -213,20 +214,20 @@ impl Engine {
             let Ok(peer) = r.peer_node.parse::<IpAddr>() else {
                 continue;
             };
-            let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
+            let (netns, intf, id) = (r.netns.clone(), r.local_intf.clone(), r.id);
             let fd = blocking(move || {
                 let ns = NetNs::open(Path::new(&netns)).map_err(kerr)?;
                 let mut nl = kwire::socket_in(&ns).map_err(kerr)?;
                 let Some((_, stats)) = kwire::stats(&mut nl, &intf).map_err(kerr)? else {
-                    return Err("its TAP is gone".into());
+                    return Err("its pod end is gone".into());
                 };
-                Ok((weft_tap_open(&ns, &intf)?, stats))
+                Ok((packet::open(id).map_err(kerr)?, stats))
             })
             .await;
             match fd {
                 Ok((fd, stats)) => {
                     // The worker counts in memory, which died with the last process; the
-                    // TAP's kernel counters did not, so the wire's series continue from
+                    // pod end's kernel counters did not, so the wire's series continue from
                     // them instead of dropping to zero.
                     self.seed_counters(&r, &stats);
                     match dp.attach(r.id, r.peer_id, peer, fd, self.labels(&r), r.state == "up") {
@@ -241,7 +242,7 @@ impl Engine {
         }
     }
 
-    /// Starts a re-attached gRPC end's frame and byte counters at its TAP's kernel
+    /// Starts a re-attached gRPC end's frame and byte counters at its pod end's kernel
     /// counters (rx: written into the pod, tx: sent by the pod).
     fn seed_counters(&self, r: &WireRecord, st: &weft_kernel::LinkStats) {
         let labels = self.labels(r);
@@ -367,7 +368,7 @@ impl Engine {
 
     /// The wire ends this node holds, each with its interface's kernel counters (read
     /// now; `None` when the interface cannot be read). The kernel keeps them across
-    /// daemon restarts, TAP devices included, so they never start again from zero.
+    /// daemon restarts, gRPC ends' pairs included, so they never start again from zero.
     pub async fn report(&self) -> Result<Vec<(WireRecord, Option<weft_kernel::LinkStats>)>, StoreError> {
         let records = self.wires().await?;
         let mut stats = interface_stats(&records).await.unwrap_or_default();
@@ -696,10 +697,19 @@ impl Engine {
                 );
                 let fd = blocking(move || {
                     let ns = NetNs::open(Path::new(&netns)).map_err(kerr)?;
-                    let fd = weft_tap_open(&ns, &intf)?;
-                    kwire::configure(&mut kwire::socket_in(&ns).map_err(kerr)?, &intf, mac, mtu, ip, true)
-                        .map_err(kerr)?;
-                    Ok(fd)
+                    let mut nl = kwire::socket_in(&ns).map_err(kerr)?;
+                    let pod_end = kwire::find(&mut nl, &intf).map_err(kerr)?.is_some();
+                    // A pair left by an earlier pass is taken over; anything else under
+                    // either name (half a pair, a TAP of an older weft) is replaced.
+                    if !(pod_end && packet::exists(id).map_err(kerr)?) {
+                        if pod_end {
+                            kwire::remove(&mut nl, &intf).map_err(kerr)?;
+                        }
+                        packet::remove(id).map_err(kerr)?;
+                        packet::create(&ns, &intf, mac, mtu, id).map_err(kerr)?;
+                    }
+                    kwire::configure(&mut nl, &intf, mac, mtu, ip, true).map_err(kerr)?;
+                    packet::open(id).map_err(kerr)
                 })
                 .await?;
                 let r = self.record(ns, name, pod, link, LinkKind::Grpc, node.to_string());
@@ -1041,10 +1051,6 @@ async fn interface_stats(ends: &[WireRecord]) -> Result<HashMap<u64, weft_kernel
             .collect())
     })
     .await
-}
-
-fn weft_tap_open(ns: &NetNs, intf: &str) -> Result<std::os::fd::OwnedFd, String> {
-    weft_kernel::tap::open(ns, intf).map_err(kerr)
 }
 
 fn wire_end(r: &WireRecord) -> WireEnd {

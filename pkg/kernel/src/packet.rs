@@ -1,0 +1,235 @@
+//! The kernel side of a gRPC wire end: a veth pair whose pod end is the link the pod
+//! sees and whose node end weftd reads and writes as raw frames through an AF_PACKET
+//! socket, with the virtio-net header so GSO super-frames cross the wire whole.
+//!
+//! Why a veth and not a TAP: a TAP cannot take GSO super-frames above 64 KiB, a veth
+//! can (BIG TCP, Linux 6.3 and later for IPv4). Both ends offer [`GSO_MAX`], so a pod's
+//! TCP hands the wire a quarter as many frames for the same bytes, and every per-frame
+//! cost on the way (the reads and writes, the batches, the receiving pod's ACKs) falls
+//! with it: in an AF_PACKET relay between two pods on this machine, 256 KiB frames
+//! carried about twice what 64 KiB frames did. A receiving pod that forwards such a
+//! frame onto a link with a smaller limit has the kernel segment it as usual.
+//!
+//! The pair lives as long as the pod's namespace: the pod keeps its link while weftd
+//! restarts, and a new socket is bound to the node end, whose name derives from the
+//! wire id. Written on libc directly: the packet-socket crates either lack the
+//! virtio-net header or bring their own I/O model, while a wire needs only a
+//! non-blocking descriptor for its own event loop.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use crate::netlink::Netlink;
+use crate::{KernelError, NetNs, sysctl, wire};
+
+/// Size of the virtio-net header in front of every frame (`struct virtio_net_hdr`).
+pub const VNET_HDR_LEN: usize = 10;
+
+/// Largest GSO super-frame either end of the pair accepts (`gso_max_size` and
+/// `gso_ipv4_max_size`). Half of what the kernel allows, so a frame never comes near
+/// the limit on fragments a socket buffer can hold.
+pub const GSO_MAX: u32 = 256 * 1024;
+
+/// Room one read needs: a super-frame of [`GSO_MAX`], its link header and the
+/// virtio-net header, with slack (a frame longer than the buffer would be cut short).
+pub const MAX_FRAME: usize = GSO_MAX as usize + VNET_HDR_LEN + 256;
+
+/// Kernel buffer of the socket in each direction: frames wait here while the wire's
+/// thread is busy. Bounded, as everything on a wire is: beyond it frames are dropped
+/// and the pod's TCP backs off, as on a full link.
+const SOCKET_BUFFER: libc::c_int = 8 << 20;
+
+// From <linux/if_packet.h>; not in the libc crate for every target.
+const PACKET_VNET_HDR: libc::c_int = 15;
+const PACKET_QDISC_BYPASS: libc::c_int = 20;
+const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+
+/// Name of the node end of wire end `id` (15 characters, within `IFNAMSIZ`).
+pub fn node_end_name(id: u64) -> String {
+    format!("wg{:013x}", id & ((1 << 52) - 1))
+}
+
+/// A locally administered, unicast MAC for a node end, from its wire id: never one a
+/// pod's frame is addressed to, so the node's own stack drops what it sees there.
+fn node_end_mac(id: u64) -> [u8; 6] {
+    let b = id.to_be_bytes();
+    [0x06, 0x77, b[4], b[5], b[6], b[7]]
+}
+
+fn os(step: &str) -> impl FnOnce(std::io::Error) -> KernelError + '_ {
+    move |e| KernelError::os(step, e)
+}
+
+/// Creates the pair for wire end `id`: the pod end `name` inside `pod` (with `mac` and
+/// `mtu`, left down for the caller to configure), the node end in the calling thread's
+/// namespace, up, without IPv6, both offering [`GSO_MAX`]. Whatever was created is
+/// removed again when a later step fails. A name that exists already is
+/// `InterfaceExists`.
+pub fn create(pod: &NetNs, name: &str, mac: [u8; 6], mtu: u32, id: u64) -> Result<(), KernelError> {
+    let node_end = node_end_name(id);
+    let mut node = Netlink::new().map_err(os("opening netlink"))?;
+    node.create_veth(
+        &node_end,
+        node_end_mac(id),
+        name,
+        mac,
+        pod.raw_fd(),
+        mtu,
+        "weft gRPC wire end",
+    )
+    .map_err(|e| {
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            KernelError::InterfaceExists {
+                ifname: format!("{name} or {node_end}"),
+            }
+        } else {
+            KernelError::os("creating the gRPC wire end's veth pair", e)
+        }
+    })?;
+    let mut finish = || -> Result<(), KernelError> {
+        // The node end carries the pod's frames only; router solicitations or MLD from
+        // the node's own stack have no business on the wire.
+        if let Err(e) = sysctl::write(&format!("net/ipv6/conf/{node_end}/disable_ipv6"), "1") {
+            tracing::debug!(node_end, error = %e, "could not turn IPv6 off on a gRPC wire's node end");
+        }
+        let link = node
+            .link_by_name(&node_end)
+            .map_err(os("looking up the node end"))?
+            .ok_or_else(|| KernelError::os(node_end.clone(), std::io::Error::from_raw_os_error(libc::ENODEV)))?;
+        let mut in_pod = wire::socket_in(pod)?;
+        let pod_end = wire::find(&mut in_pod, name)?
+            .ok_or_else(|| KernelError::os(name.to_string(), std::io::Error::from_raw_os_error(libc::ENODEV)))?;
+        // Kernels before 6.3 refuse BIG TCP for IPv4; the wire then carries 64 KiB
+        // super-frames, as a TAP would.
+        if let Err(e) = node
+            .set_gso_max_size(link.index, GSO_MAX)
+            .and_then(|()| in_pod.set_gso_max_size(pod_end.index, GSO_MAX))
+        {
+            tracing::info!(node_end, error = %e, "gRPC wire end without BIG TCP: super-frames stay at 64 KiB");
+        }
+        node.set_up(link.index, true).map_err(os("setting the node end up"))
+    };
+    let done = finish();
+    if done.is_err() {
+        let _ = node.delete_link(&node_end);
+    }
+    done
+}
+
+/// Whether the node end of wire end `id` exists in the calling thread's namespace.
+pub fn exists(id: u64) -> Result<bool, KernelError> {
+    let mut node = Netlink::new().map_err(os("opening netlink"))?;
+    Ok(node
+        .link_by_name(&node_end_name(id))
+        .map_err(os("looking up the node end"))?
+        .is_some())
+}
+
+/// Removes the node end of wire end `id` (and so the pair); returns whether it existed.
+pub fn remove(id: u64) -> Result<bool, KernelError> {
+    let mut node = Netlink::new().map_err(os("opening netlink"))?;
+    node.delete_link(&node_end_name(id))
+        .map_err(os("removing the node end"))
+}
+
+fn setsockopt(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    value: libc::c_int,
+    what: &str,
+) -> Result<(), KernelError> {
+    // SAFETY: the option value is a live c_int of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        Err(KernelError::os(what.to_string(), std::io::Error::last_os_error()))
+    } else {
+        Ok(())
+    }
+}
+
+/// Opens a non-blocking packet socket on the node end of wire end `id` (in the calling
+/// thread's namespace): a read returns one frame the pod sent, behind its virtio-net
+/// header; a write hands one frame, behind its header, to the pod.
+pub fn open(id: u64) -> Result<OwnedFd, KernelError> {
+    let node_end = node_end_name(id);
+    let cname = std::ffi::CString::new(node_end.clone()).expect("no NUL in a generated name");
+    // SAFETY: if_nametoindex reads a NUL-terminated string that outlives the call.
+    let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    if index == 0 {
+        return Err(KernelError::os(
+            format!("node end {node_end}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // Protocol 0 until bound: a socket opened for ETH_P_ALL would see every interface's
+    // frames until `bind` narrows it to this one.
+    // SAFETY: plain socket(2); the descriptor is owned right below.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if raw < 0 {
+        return Err(KernelError::os(
+            "opening a packet socket",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: `raw` is a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    setsockopt(&fd, libc::SOL_PACKET, PACKET_VNET_HDR, 1, "PACKET_VNET_HDR")?;
+    // Frames go straight to the veth: a qdisc on a point-to-point end only adds a queue.
+    setsockopt(&fd, libc::SOL_PACKET, PACKET_QDISC_BYPASS, 1, "PACKET_QDISC_BYPASS")?;
+    // What goes out of the node end into the pod is not the pod's to send back.
+    setsockopt(
+        &fd,
+        libc::SOL_PACKET,
+        PACKET_IGNORE_OUTGOING,
+        1,
+        "PACKET_IGNORE_OUTGOING",
+    )?;
+    setsockopt(
+        &fd,
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        SOCKET_BUFFER,
+        "SO_RCVBUFFORCE",
+    )?;
+    setsockopt(
+        &fd,
+        libc::SOL_SOCKET,
+        libc::SO_SNDBUFFORCE,
+        SOCKET_BUFFER,
+        "SO_SNDBUFFORCE",
+    )?;
+    // SAFETY: sockaddr_ll is plain data; all-zeros is a valid start.
+    let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sa.sll_family = libc::AF_PACKET as libc::c_ushort;
+    sa.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+    sa.sll_ifindex = index as libc::c_int;
+    // SAFETY: binding to a live sockaddr_ll of the size passed.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(KernelError::os(
+            format!("binding to node end {node_end}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(fd)
+}
