@@ -16,17 +16,25 @@ mod error;
 mod netlink;
 mod netns;
 pub mod packet;
+pub mod nft;
 pub mod ptp;
+mod routing;
 pub mod sysctl;
 pub mod wire;
 
 pub use error::KernelError;
 pub use netlink::{Link, LinkStats, Netlink, RouteEntry};
+pub use routing::{ProtoRoute, RouteLookup, VxlanParams};
 pub use netns::{NetNs, in_netns};
 
 /// The route protocol number weft marks its routes with (`proto 74` in `ip route`),
 /// so its routes can be told from everyone else's.
 pub const ROUTE_PROTOCOL: u8 = 74;
+
+/// The route protocol number of weft's routes to other nodes' pod ranges (`proto 75`):
+/// apart from the pods' own routes (74), so the node network and the pod driver each
+/// reconcile only their own.
+pub const NODE_ROUTE_PROTOCOL: u8 = 75;
 
 /// Turns on IPv4 and IPv6 forwarding in the calling thread's network namespace, which
 /// point-to-point pod routing needs. IPv6 is skipped when the namespace has it disabled.

@@ -169,6 +169,13 @@ impl Netlink {
         self.receive(seq).map(|_| ())
     }
 
+    /// Sends a request that is answered with messages (a `GET` of one object) and
+    /// collects them until its ACK.
+    pub fn request(&mut self, msg: RouteNetlinkMessage) -> io::Result<Vec<RouteNetlinkMessage>> {
+        let seq = self.send(msg, NLM_F_REQUEST | NLM_F_ACK)?;
+        self.receive(seq)
+    }
+
     /// Sends a dump request and collects every message of the answer.
     pub fn dump(&mut self, msg: RouteNetlinkMessage) -> io::Result<Vec<RouteNetlinkMessage>> {
         let seq = self.send(msg, NLM_F_REQUEST | NLM_F_DUMP)?;

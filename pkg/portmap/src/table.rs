@@ -2,7 +2,6 @@
 //! should hold, and UDP conntrack entries flushed for ports that change owner.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
 
@@ -101,25 +100,7 @@ pub fn script(entries: &Entries, opts: Options) -> String {
 }
 
 fn nft(args: &[&str], stdin: Option<&str>) -> Result<String, PortmapError> {
-    let mut child = Command::new("nft")
-        .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| PortmapError::Nft(format!("running nft (package nftables): {e}")))?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input.as_bytes())
-            .map_err(|e| PortmapError::Nft(e.to_string()))?;
-    }
-    let out = child.wait_with_output().map_err(|e| PortmapError::Nft(e.to_string()))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(PortmapError::Nft(
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        ))
-    }
+    weft_kernel::nft::run(args, stdin).map_err(PortmapError::Nft)
 }
 
 /// Replaces the table with one holding exactly `entries`, in one transaction.

@@ -132,6 +132,29 @@ pub struct RepairLabels {
     pub kind: &'static str,
 }
 
+/// How pod traffic reaches a peer node.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeModeLabels {
+    /// `direct`, `vxlan`, `mixed`, `none` or `unreachable`.
+    pub mode: &'static str,
+}
+
+/// A change weft made to the node's pod routing.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeChangeLabels {
+    /// `route`, `fdb`, `neighbour`, `device`, `address` or `masquerade`.
+    pub kind: &'static str,
+    /// `add` or `delete`.
+    pub op: &'static str,
+}
+
+/// A kernel refusal while programming pod routing.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeFailureLabels {
+    /// `route`, `fdb`, `neighbour`, `device`, `address`, `masquerade` or `lookup`.
+    pub kind: &'static str,
+}
+
 /// The exemplar attached to latency observations: the trace that was slow.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TraceExemplar {
@@ -194,6 +217,16 @@ pub struct Metrics {
     pub peer_batch_frames: Family<PeerLabels, Histogram>,
     /// `weft_peer_queue_depth`.
     pub peer_queue_depth: Family<PeerLabels, Gauge>,
+    /// `weft_node_peers`.
+    pub node_peers: Family<NodeModeLabels, Gauge>,
+    /// `weft_node_network_changes_total`.
+    pub node_changes: Family<NodeChangeLabels, Counter>,
+    /// `weft_node_network_failures_total`.
+    pub node_failures: Family<NodeFailureLabels, Counter>,
+    /// `weft_node_pod_cidr_changes_total`.
+    pub node_pod_cidr_changes: Counter,
+    /// `weft_node_pod_mtu`.
+    pub node_pod_mtu: Gauge,
     registry: Registry,
 }
 
@@ -243,6 +276,11 @@ impl Metrics {
             peer_reconnects: Family::default(),
             peer_batch_frames: Family::new_with_constructor(|| Histogram::new(exponential_buckets(1.0, 2.0, 10))),
             peer_queue_depth: Family::default(),
+            node_peers: Family::default(),
+            node_changes: Family::default(),
+            node_failures: Family::default(),
+            node_pod_cidr_changes: Counter::default(),
+            node_pod_mtu: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -340,6 +378,31 @@ impl Metrics {
             "weft_peer_queue_depth",
             "Frames waiting to be sent to a peer node",
             m.peer_queue_depth.clone(),
+        );
+        registry.register(
+            "weft_node_peers",
+            "Peer nodes by how pod traffic reaches them (direct route, VXLAN, none)",
+            m.node_peers.clone(),
+        );
+        registry.register(
+            "weft_node_network_changes",
+            "Changes made to the node's pod routing (routes, FDB and neighbour entries, the VXLAN device, masquerade sets)",
+            m.node_changes.clone(),
+        );
+        registry.register(
+            "weft_node_network_failures",
+            "Kernel refusals while programming the node's pod routing",
+            m.node_failures.clone(),
+        );
+        registry.register(
+            "weft_node_pod_cidr_changes",
+            "Times this node's podCIDRs changed while weftd ran",
+            m.node_pod_cidr_changes.clone(),
+        );
+        registry.register(
+            "weft_node_pod_mtu",
+            "The MTU pods get when their network config sets none (0 while unknown)",
+            m.node_pod_mtu.clone(),
         );
         registry.register(
             "weft_build",

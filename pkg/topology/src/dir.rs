@@ -4,8 +4,9 @@
 //! Layout of the directory:
 //! - `*.yaml`, `*.yml`, `*.json` (top level only, hidden files skipped): Kubernetes
 //!   objects, several per file (`---` in YAML, a stream or a `List` in JSON). `Topology`
-//!   objects (`networkop.co.uk/v1beta1`) are served; the `Node` (`v1`) named after this
-//!   node gives its address (its `InternalIP`); other kinds are ignored. meshnet and KNE
+//!   objects (`networkop.co.uk/v1beta1`) are served; `Node` objects (`v1`) say where
+//!   each node is and which pod ranges it holds (the one named after this node gives
+//!   its address, its first `InternalIP`); other kinds are ignored. meshnet and KNE
 //!   topology files load unchanged.
 //! - `.status/<namespace>/<pod>.json`: the pod's `TopologyStatus`, written by whichever
 //!   daemon runs the pod and merged into the served objects, so several daemons sharing
@@ -34,7 +35,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::{SourceError, Topology, TopologySource, TopologyStatus, WireEnd, WireState, WireStateStatus, validate};
+use crate::{ClusterNode, SourceError, Topology, TopologySource, TopologyStatus, WireEnd, WireState, WireStateStatus, validate};
 
 /// How often the directory is rescanned whatever inotify says.
 const RESCAN: Duration = Duration::from_secs(2);
@@ -93,6 +94,7 @@ struct Inner {
 struct Served {
     topologies: BTreeMap<(String, String), Arc<Topology>>,
     address: Option<IpAddr>,
+    nodes: BTreeMap<String, ClusterNode>,
     problems: BTreeSet<LoadProblem>,
 }
 
@@ -146,8 +148,8 @@ impl Stamp {
 #[derive(Clone, Default)]
 struct FileObjects {
     topologies: Vec<Topology>,
-    /// `Node` objects: name and `InternalIP`.
-    nodes: Vec<(String, Option<IpAddr>)>,
+    /// `Node` objects.
+    nodes: Vec<ClusterNode>,
     problems: Vec<LoadProblem>,
 }
 
@@ -281,7 +283,8 @@ impl Inner {
     /// served changed.
     fn reload(&self) -> Result<(), SourceError> {
         let mut cache = self.cache.lock().expect("lock");
-        let (mut topologies, address, problems) = self.load(&mut cache)?;
+        let (mut topologies, nodes, problems) = self.load(&mut cache)?;
+        let address = nodes.get(&self.node_name).and_then(|n| n.addresses.first().copied());
         drop(cache);
         let mut served = self.served.lock().expect("lock");
         for p in problems.difference(&served.problems) {
@@ -295,7 +298,7 @@ impl Inner {
         served.problems = problems;
         let same_keys = topologies.len() == served.topologies.len()
             && topologies.keys().zip(served.topologies.keys()).all(|(a, b)| a == b);
-        let mut changed = !same_keys || address != served.address;
+        let mut changed = !same_keys || address != served.address || nodes != served.nodes;
         for (key, t) in topologies.iter_mut() {
             match served.topologies.get(key) {
                 // Keep the old Arc when nothing changed, so holders can compare cheaply.
@@ -306,6 +309,7 @@ impl Inner {
         if changed {
             served.topologies = topologies;
             served.address = address;
+            served.nodes = nodes;
         }
         drop(served);
         self.ready.store(true, Ordering::Release);
@@ -322,7 +326,7 @@ impl Inner {
     ) -> Result<
         (
             BTreeMap<(String, String), Arc<Topology>>,
-            Option<IpAddr>,
+            BTreeMap<String, ClusterNode>,
             BTreeSet<LoadProblem>,
         ),
         SourceError,
@@ -342,13 +346,13 @@ impl Inner {
         files.sort();
 
         let mut topologies: BTreeMap<(String, String), (Topology, PathBuf)> = BTreeMap::new();
-        let mut address = None;
+        let mut nodes: BTreeMap<String, ClusterNode> = BTreeMap::new();
         let mut seen = HashSet::new();
         for path in files {
             // Follows symlinks: a ConfigMap mounted as the directory is all symlinks.
             let objects = match std::fs::metadata(&path) {
                 Ok(m) if m.is_file() => cached(&mut cache.objects, &path, &m, now, |bytes| {
-                    parse_file(&path, bytes, &self.node_name)
+                    parse_file(&path, bytes)
                 }),
                 Ok(_) => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -367,10 +371,16 @@ impl Inner {
             };
             seen.insert(path.clone());
             problems.extend(objects.problems.iter().cloned());
-            for (name, addr) in &objects.nodes {
-                if *name == self.node_name && address.is_none() {
-                    address = *addr;
+            for n in &objects.nodes {
+                if nodes.contains_key(&n.name) {
+                    problems.insert(LoadProblem {
+                        file: path.clone(),
+                        object: Some(format!("Node {}", n.name)),
+                        reason: "a Node of that name was read before; this one is ignored".into(),
+                    });
+                    continue;
                 }
+                nodes.insert(n.name.clone(), n.clone());
             }
             for t in &objects.topologies {
                 let key = (
@@ -400,7 +410,7 @@ impl Inner {
                 (key, Arc::new(t))
             })
             .collect();
-        Ok((topologies, address, problems))
+        Ok((topologies, nodes, problems))
     }
 
     /// Reads `.status/<namespace>/<pod>.json`.
@@ -554,7 +564,7 @@ pub fn read_topologies(dir: &Path) -> Result<(Vec<Topology>, Vec<LoadProblem>), 
     let (mut topologies, mut problems) = (Vec::new(), Vec::new());
     for path in files {
         let bytes = std::fs::read(&path).map_err(|e| file_err(&path, e))?;
-        let objects = parse_file(&path, &bytes, "");
+        let objects = parse_file(&path, &bytes);
         topologies.extend(objects.topologies);
         problems.extend(objects.problems);
     }
@@ -564,13 +574,13 @@ pub fn read_topologies(dir: &Path) -> Result<(Vec<Topology>, Vec<LoadProblem>), 
 /// Parses the Topology objects of one YAML or JSON document stream (`path` names it in
 /// problems and tells JSON from YAML by its extension).
 pub fn parse_topologies(path: &Path, bytes: &[u8]) -> (Vec<Topology>, Vec<LoadProblem>) {
-    let objects = parse_file(path, bytes, "");
+    let objects = parse_file(path, bytes);
     (objects.topologies, objects.problems)
 }
 
 /// Parses one file into the objects weft cares about; what cannot be used is reported
 /// and skipped, document by document.
-fn parse_file(path: &Path, bytes: &[u8], node_name: &str) -> FileObjects {
+fn parse_file(path: &Path, bytes: &[u8]) -> FileObjects {
     let mut out = FileObjects::default();
     let problem = |object: Option<String>, reason: String| LoadProblem {
         file: path.to_path_buf(),
@@ -597,7 +607,7 @@ fn parse_file(path: &Path, bytes: &[u8], node_name: &str) -> FileObjects {
                 None => break,
                 Some(Ok(v)) => {
                     n += 1;
-                    add_object(v, &format!("object {n}"), node_name, &mut out, path);
+                    add_object(v, &format!("object {n}"), &mut out, path);
                 }
                 Some(Err(e)) => {
                     // A syntax error leaves no way to find where the next value starts.
@@ -615,7 +625,7 @@ fn parse_file(path: &Path, bytes: &[u8], node_name: &str) -> FileObjects {
             // Padding keeps the parser's line numbers those of the file.
             let padded = format!("{}{doc}", "\n".repeat(line - 1));
             match serde_yaml_ng::from_str::<Value>(&padded) {
-                Ok(v) => add_object(v, &format!("document at line {line}"), node_name, &mut out, path),
+                Ok(v) => add_object(v, &format!("document at line {line}"), &mut out, path),
                 Err(e) => out.problems.push(problem(
                     Some(format!("document at line {line}")),
                     format!("does not parse: {e}"),
@@ -651,7 +661,7 @@ fn yaml_documents(text: &str) -> Vec<(usize, &str)> {
     docs
 }
 
-fn add_object(v: Value, what: &str, node_name: &str, out: &mut FileObjects, path: &Path) {
+fn add_object(v: Value, what: &str, out: &mut FileObjects, path: &Path) {
     let problem = |object: String, reason: String| LoadProblem {
         file: path.to_path_buf(),
         object: Some(object),
@@ -661,7 +671,7 @@ fn add_object(v: Value, what: &str, node_name: &str, out: &mut FileObjects, path
         Value::Null => return,
         Value::Array(items) => {
             for (i, item) in items.into_iter().enumerate() {
-                add_object(item, &format!("{what}, item {}", i + 1), node_name, out, path);
+                add_object(item, &format!("{what}, item {}", i + 1), out, path);
             }
             return;
         }
@@ -687,7 +697,7 @@ fn add_object(v: Value, what: &str, node_name: &str, out: &mut FileObjects, path
         "List" => {
             if let Some(Value::Array(items)) = v.get("items") {
                 for (i, item) in items.iter().enumerate() {
-                    add_object(item.clone(), &format!("{what}, item {}", i + 1), node_name, out, path);
+                    add_object(item.clone(), &format!("{what}, item {}", i + 1), out, path);
                 }
             }
         }
@@ -728,11 +738,8 @@ fn add_object(v: Value, what: &str, node_name: &str, out: &mut FileObjects, path
             }
         }
         "Node" if api_version == "v1" => {
-            if name != node_name {
-                return;
-            }
             match Node::deserialize(&v) {
-                Ok(node) => out.nodes.push((name, internal_ip(&node))),
+                Ok(node) => out.nodes.extend(ClusterNode::from_node(&node)),
                 Err(e) => out
                     .problems
                     .push(problem(format!("Node {name}"), format!("not a valid Node: {e}"))),
@@ -740,17 +747,6 @@ fn add_object(v: Value, what: &str, node_name: &str, out: &mut FileObjects, path
         }
         _ => tracing::debug!(file = %path.display(), kind, api_version, "ignoring an object weft does not use"),
     }
-}
-
-/// A node's first `InternalIP` (the primary one on dual-stack nodes).
-pub(crate) fn internal_ip(node: &Node) -> Option<IpAddr> {
-    node.status
-        .as_ref()?
-        .addresses
-        .as_ref()?
-        .iter()
-        .filter(|a| a.type_ == "InternalIP")
-        .find_map(|a| a.address.parse().ok())
 }
 
 /// Writes through a temporary file in the same directory and a rename, so a reader (or
@@ -807,6 +803,10 @@ impl TopologySource for DirSource {
 
     fn node_address(&self) -> Option<IpAddr> {
         self.inner.served.lock().expect("lock").address
+    }
+
+    fn nodes(&self) -> Vec<ClusterNode> {
+        self.inner.served.lock().expect("lock").nodes.values().cloned().collect()
     }
 
     fn set_status<'a>(

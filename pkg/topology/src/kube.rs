@@ -15,14 +15,13 @@ use kube::{Api, Client, Resource};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::dir::internal_ip;
-use crate::{SourceError, Topology, TopologySource, TopologyStatus, WireEnd, WireState, validate};
+use crate::{ClusterNode, SourceError, Topology, TopologySource, TopologyStatus, WireEnd, WireState, validate};
 
 /// The field manager weftd writes as (server-side apply, status patches).
 pub const FIELD_MANAGER: &str = "weftd";
 
-/// A [`TopologySource`] backed by two watch caches: every `Topology` in the cluster and
-/// this node's `Node`. Writes go to the API server.
+/// A [`TopologySource`] backed by two watch caches: every `Topology` and every `Node` in
+/// the cluster. Writes go to the API server.
 pub struct KubeSource {
     client: Client,
     node_name: String,
@@ -40,6 +39,8 @@ struct Shared {
     topologies_synced: AtomicBool,
     node_synced: AtomicBool,
     address: std::sync::Mutex<Option<IpAddr>>,
+    /// Every node as pod networking sees it, sorted by name.
+    nodes: std::sync::Mutex<Vec<ClusterNode>>,
 }
 
 impl Shared {
@@ -58,6 +59,7 @@ impl KubeSource {
             topologies_synced: AtomicBool::new(false),
             node_synced: AtomicBool::new(false),
             address: std::sync::Mutex::new(None),
+            nodes: std::sync::Mutex::default(),
         });
 
         let (topologies, writer) = reflector::store::<Topology>();
@@ -75,35 +77,41 @@ impl KubeSource {
             watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }));
 
+        // Every Node, not just this one: pod routes to the other nodes come from their
+        // addresses and podCIDRs. Kubelets rewrite their Node often; only those fields
+        // matter, so the cache keeps nothing else and a change is announced only when
+        // what pod networking sees changed.
         let (nodes, writer) = reflector::store::<Node>();
-        let config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-        let stream = watcher(Api::<Node>::all(client.clone()), config)
+        let stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
-            .map(|ev| {
-                // Kubelets rewrite their Node often; only the address matters here, so
-                // keep the cache small.
-                ev.map(|ev| {
-                    ev.modify(|n| {
-                        n.metadata.managed_fields = None;
-                        if let Some(st) = n.status.as_mut() {
-                            st.images = None;
-                        }
-                    })
-                })
-            })
+            .map(|ev| ev.map(|ev| ev.modify(slim_node)))
             .reflect(writer);
-        let (s, store) = (shared.clone(), nodes.clone());
+        let (s, store, me) = (shared.clone(), nodes.clone(), node_name.clone());
         let node_task = tokio::spawn(drive(stream, "Node", move |ev| {
             if matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
                 return;
             }
-            let address = store.state().first().and_then(|n| internal_ip(n));
+            let mut view: Vec<ClusterNode> = store.state().iter().filter_map(|n| ClusterNode::from_node(n)).collect();
+            view.sort();
+            let address = view
+                .iter()
+                .find(|n| n.name == me)
+                .and_then(|n| n.addresses.first().copied());
             let first_sync = matches!(ev, watcher::Event::InitDone) && !s.node_synced.swap(true, Ordering::AcqRel);
             let moved = {
                 let mut a = s.address.lock().expect("lock");
                 std::mem::replace(&mut *a, address) != address
             };
-            if first_sync || moved {
+            let changed = {
+                let mut cur = s.nodes.lock().expect("lock");
+                if *cur == view {
+                    false
+                } else {
+                    *cur = view;
+                    true
+                }
+            };
+            if first_sync || moved || changed {
                 s.bump();
             }
         }));
@@ -126,7 +134,10 @@ impl KubeSource {
         if !self.wire_state_exists.load(Ordering::Acquire) {
             let mut metadata = json!({ "name": self.node_name });
             // Owned by the Node, so the garbage collector removes it with the node.
-            let owner = self.nodes.state().first().and_then(|n| n.metadata.uid.clone());
+            let owner = self
+                .nodes
+                .get(&ObjectRef::new(&self.node_name))
+                .and_then(|n| n.metadata.uid.clone());
             if let Some(uid) = &owner {
                 metadata["ownerReferences"] =
                     json!([{ "apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid }]);
@@ -160,6 +171,29 @@ impl Drop for KubeSource {
         for t in &self.tasks {
             t.abort();
         }
+    }
+}
+
+/// Keeps only what pod networking reads of a Node (name, uid, podCIDRs, addresses):
+/// a cluster's Nodes carry images, conditions and labels that would otherwise fill the
+/// cache of every daemon.
+fn slim_node(n: &mut Node) {
+    use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus};
+    n.metadata.managed_fields = None;
+    n.metadata.annotations = None;
+    n.metadata.labels = None;
+    if let Some(sp) = n.spec.as_mut() {
+        *sp = NodeSpec {
+            pod_cidr: sp.pod_cidr.take(),
+            pod_cidrs: sp.pod_cidrs.take(),
+            ..NodeSpec::default()
+        };
+    }
+    if let Some(st) = n.status.as_mut() {
+        *st = NodeStatus {
+            addresses: st.addresses.take(),
+            ..NodeStatus::default()
+        };
     }
 }
 
@@ -234,6 +268,10 @@ impl TopologySource for KubeSource {
 
     fn node_address(&self) -> Option<IpAddr> {
         *self.shared.address.lock().expect("lock")
+    }
+
+    fn nodes(&self) -> Vec<ClusterNode> {
+        self.shared.nodes.lock().expect("lock").clone()
     }
 
     fn set_status<'a>(

@@ -1,5 +1,6 @@
-//! Where wires come from: meshnet-compatible `Topology` objects (one per pod) and
-//! this node's address, behind one trait ([`TopologySource`]) with two implementations:
+//! What the cluster says: meshnet-compatible `Topology` objects (one per pod, where
+//! wires come from) and the cluster's nodes (addresses and pod ranges, where pod
+//! routes come from), behind one trait ([`TopologySource`]) with two implementations:
 //! [`KubeSource`] reads Kubernetes watch caches (reflectors) in a cluster, [`DirSource`]
 //! reads YAML/JSON files in a directory for labs outside one. The daemon reads only the
 //! cache on the hot path; it writes the pod's status (where it runs) and the node's
@@ -10,6 +11,7 @@
 pub mod crds;
 pub mod dir;
 pub mod kube;
+pub mod node;
 pub mod source;
 #[cfg(feature = "test-util")]
 pub mod testing;
@@ -18,6 +20,7 @@ pub mod validate;
 
 pub use self::kube::{FIELD_MANAGER, KubeSource};
 pub use crds::crds_yaml;
+pub use node::ClusterNode;
 pub use dir::{DirSource, LoadProblem, parse_topologies, read_topologies};
 pub use source::{MemorySource, SourceError, TopologySource};
 pub use types::*;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
-use crate::{Topology, TopologyStatus, WireEnd};
+use crate::{ClusterNode, Topology, TopologyStatus, WireEnd};
 
 /// What can go wrong talking to a source.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +38,9 @@ pub trait TopologySource: Send + Sync + 'static {
     fn topologies(&self) -> Vec<Arc<Topology>>;
     /// This node's address (its `InternalIP`), once known.
     fn node_address(&self) -> Option<IpAddr>;
+    /// Every node known (this one included), sorted by name: where each is and which
+    /// pod ranges it holds.
+    fn nodes(&self) -> Vec<ClusterNode>;
     /// Records where a pod of this node runs (or, with an empty status, that it is gone).
     fn set_status<'a>(
         &'a self,
@@ -58,6 +61,7 @@ pub trait TopologySource: Send + Sync + 'static {
 pub struct MemorySource {
     topologies: Mutex<BTreeMap<(String, String), Arc<Topology>>>,
     address: Mutex<Option<IpAddr>>,
+    nodes: Mutex<BTreeMap<String, ClusterNode>>,
     wires: Mutex<Vec<WireEnd>>,
     tx: watch::Sender<u64>,
 }
@@ -67,6 +71,7 @@ impl Default for MemorySource {
         Self {
             topologies: Mutex::default(),
             address: Mutex::default(),
+            nodes: Mutex::default(),
             wires: Mutex::default(),
             tx: watch::channel(0).0,
         }
@@ -101,6 +106,18 @@ impl MemorySource {
         self.bump();
     }
 
+    /// Adds or replaces a node.
+    pub fn put_node(&self, node: ClusterNode) {
+        self.nodes.lock().expect("lock").insert(node.name.clone(), node);
+        self.bump();
+    }
+
+    /// Removes a node.
+    pub fn remove_node(&self, name: &str) {
+        self.nodes.lock().expect("lock").remove(name);
+        self.bump();
+    }
+
     /// The wire ends last mirrored.
     pub fn wires(&self) -> Vec<WireEnd> {
         self.wires.lock().expect("lock").clone()
@@ -120,6 +137,9 @@ impl TopologySource for MemorySource {
     }
     fn node_address(&self) -> Option<IpAddr> {
         *self.address.lock().expect("lock")
+    }
+    fn nodes(&self) -> Vec<ClusterNode> {
+        self.nodes.lock().expect("lock").values().cloned().collect()
     }
     fn set_status<'a>(
         &'a self,
