@@ -105,7 +105,8 @@ impl Netlink {
         let mut msg = RouteMessage::default();
         msg.header.address_family = family(addr.is_ipv6());
         msg.header.destination_prefix_length = if addr.is_ipv4() { 32 } else { 128 };
-        msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(addr)));
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(addr)));
         match self.request(RouteNetlinkMessage::GetRoute(msg)) {
             Ok(msgs) => Ok(msgs.into_iter().find_map(|m| match m {
                 RouteNetlinkMessage::NewRoute(r) => Some(RouteLookup {
@@ -184,7 +185,8 @@ impl Netlink {
             scope: RouteScope::Universe,
             ..RouteHeader::default()
         };
-        msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(dst.network())));
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(dst.network())));
         if let Some(g) = gateway {
             msg.attributes.push(RouteAttribute::Gateway(RouteAddress::from(g)));
         }
@@ -288,7 +290,9 @@ impl Netlink {
         for a in link.attributes {
             let LinkAttribute::LinkInfo(infos) = a else { continue };
             for info in infos {
-                let LinkInfo::Data(InfoData::Vxlan(data)) = info else { continue };
+                let LinkInfo::Data(InfoData::Vxlan(data)) = info else {
+                    continue;
+                };
                 for d in data {
                     match d {
                         InfoVxlan::Id(v) => p.vni = Some(v),
@@ -311,7 +315,9 @@ impl Netlink {
             let mut msg = NeighbourMessage::default();
             msg.header.family = family(v6);
             for m in self.dump(RouteNetlinkMessage::GetNeighbour(msg))? {
-                let RouteNetlinkMessage::NewNeighbour(n) = m else { continue };
+                let RouteNetlinkMessage::NewNeighbour(n) = m else {
+                    continue;
+                };
                 if n.header.ifindex != index || n.header.state != NeighbourState::Permanent {
                     continue;
                 }
@@ -367,9 +373,9 @@ impl Netlink {
             .into_iter()
             .find_map(|m| match m {
                 RouteNetlinkMessage::NewAddress(a)
-                    if a.attributes.iter().any(|at| {
-                        matches!(at, AddressAttribute::Address(ip) | AddressAttribute::Local(ip) if *ip == addr)
-                    }) =>
+                    if a.attributes.iter().any(
+                        |at| matches!(at, AddressAttribute::Address(ip) | AddressAttribute::Local(ip) if *ip == addr),
+                    ) =>
                 {
                     Some(a.header.index)
                 }

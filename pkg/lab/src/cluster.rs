@@ -42,11 +42,52 @@ pub struct LabSpec {
     /// 60 s, because a lab is where drift is made on purpose.
     #[serde(default = "default_reconcile_interval")]
     pub reconcile_interval: u64,
+    /// How the nodes are joined: `routed` (each node in its own subnet behind the
+    /// router: no shared broadcast domain, so pod traffic between nodes goes through
+    /// VXLAN) or `shared` (every node on one segment, a bridge in the router namespace:
+    /// direct routes).
+    #[serde(default)]
+    pub underlay: Underlay,
+    /// MTU of every underlay link (the nodes' uplinks and the router's ends).
+    #[serde(default = "default_underlay_mtu")]
+    pub underlay_mtu: u32,
+    /// Gives every node an IPv6 pod range too (`fd00:10:244:<i>::/64` unless a node
+    /// names its own).
+    #[serde(default)]
+    pub ipv6: bool,
+    /// Each daemon's `--pod-routing` (`auto`, `direct`, `vxlan`, `none`).
+    #[serde(default = "default_pod_routing")]
+    pub pod_routing: String,
+}
+
+/// How the nodes of a lab are joined.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Underlay {
+    /// Each node in its own subnet behind the router.
+    #[default]
+    Routed,
+    /// Every node on one segment.
+    Shared,
 }
 
 fn default_kind() -> String {
     "vxlan".into()
 }
+
+fn default_underlay_mtu() -> u32 {
+    1500
+}
+
+fn default_pod_routing() -> String {
+    "auto".into()
+}
+
+/// The address of the lab's "outside" namespace, standing for the internet: it routes
+/// back to the nodes' underlay, never to pod ranges, so it answers pods only through
+/// masquerade.
+pub const OUTSIDE_ADDRESS: &str = "198.51.100.2";
+const OUTSIDE_GATEWAY: &str = "198.51.100.1/24";
 
 fn default_reconcile_interval() -> u64 {
     10
@@ -61,8 +102,14 @@ pub struct NodeSpec {
     /// second (default `172.30.<i>.0/24` for the i-th node, from 1).
     pub subnet: Ipv4Net,
     /// The range the node's pods get their `eth0` address from (default
-    /// `10.244.<i>.0/24`).
+    /// `10.244.<i>.0/24`): its Node's first podCIDR.
     pub pod_range: String,
+    /// Its IPv6 pod range, when the lab has IPv6 (default `fd00:10:244:<i>::/64`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_range6: String,
+    /// Its position in the lab (from 0), which places it on a shared segment.
+    #[serde(skip)]
+    pub index: usize,
 }
 
 #[derive(Deserialize)]
@@ -75,6 +122,8 @@ enum NodeForm {
         subnet: Option<Ipv4Net>,
         #[serde(default)]
         pod_range: Option<String>,
+        #[serde(default)]
+        pod_range6: Option<String>,
     },
 }
 
@@ -88,15 +137,20 @@ impl<'de> Deserialize<'de> for NodeSpec {
                 name,
                 subnet: unset,
                 pod_range: String::new(),
+                pod_range6: String::new(),
+                index: 0,
             },
             NodeForm::Full {
                 name,
                 subnet,
                 pod_range,
+                pod_range6,
             } => NodeSpec {
                 name,
                 subnet: subnet.unwrap_or(unset),
                 pod_range: pod_range.unwrap_or_default(),
+                pod_range6: pod_range6.unwrap_or_default(),
+                index: 0,
             },
         })
     }
@@ -225,7 +279,11 @@ impl Lab {
                     n.name
                 )));
             }
-            if n.subnet.addr().is_unspecified() {
+            n.index = i;
+            if spec.underlay == Underlay::Shared {
+                // One segment: the router first, then the nodes in order.
+                n.subnet = "172.30.0.0/24".parse().expect("valid");
+            } else if n.subnet.addr().is_unspecified() {
                 n.subnet = format!("172.30.{}.0/24", i + 1).parse().expect("valid");
             }
             if n.subnet.hosts().nth(1).is_none() {
@@ -237,6 +295,23 @@ impl Lab {
             if n.pod_range.is_empty() {
                 n.pod_range = format!("10.244.{}.0/24", i + 1);
             }
+            if spec.ipv6 && n.pod_range6.is_empty() {
+                n.pod_range6 = format!("fd00:10:244:{:x}::/64", i + 1);
+            }
+            for r in [&n.pod_range, &n.pod_range6] {
+                if !r.is_empty() && r.parse::<ipnet::IpNet>().is_err() {
+                    return Err(bad(format!("node {}: pod range {r:?} is not a CIDR", n.name)));
+                }
+            }
+        }
+        if !(576..=65535).contains(&spec.underlay_mtu) {
+            return Err(bad(format!("underlay_mtu {}: 576 to 65535", spec.underlay_mtu)));
+        }
+        if !["auto", "direct", "vxlan", "none"].contains(&spec.pod_routing.as_str()) {
+            return Err(bad(format!(
+                "pod_routing {:?}: auto, direct, vxlan or none",
+                spec.pod_routing
+            )));
         }
         for p in &spec.pods {
             if !name_ok(&p.name, 40) || !seen.insert(p.name.clone()) {
@@ -339,6 +414,62 @@ impl Lab {
         format!("{}-rt", self.spec.name)
     }
 
+    /// The name of the "outside" namespace (the internet, reached only by masquerade).
+    pub fn outside_ns(&self) -> String {
+        format!("{}-out", self.spec.name)
+    }
+
+    /// Every node as a Node object would describe it: its underlay address and its pod
+    /// ranges.
+    pub fn node_objects(&self) -> Vec<weft_topology::ClusterNode> {
+        self.spec
+            .nodes
+            .iter()
+            .map(|n| weft_topology::ClusterNode {
+                name: n.name.clone(),
+                addresses: self
+                    .address_of(&n.name)
+                    .and_then(|a| a.parse().ok())
+                    .into_iter()
+                    .collect(),
+                pod_cidrs: [&n.pod_range, &n.pod_range6]
+                    .into_iter()
+                    .filter_map(|r| r.parse().ok())
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Writes the lab's Node objects (what the daemons know of the cluster's nodes),
+    /// only when they changed: every write makes each daemon reload. Tests pass other
+    /// objects to readdress or remove a node.
+    pub fn publish_nodes(&self, nodes: &[weft_topology::ClusterNode]) -> Result<(), LabError> {
+        let dir = self.topology_dir();
+        fs::create_dir_all(&dir).map_err(|e| LabError::io("creating the lab directory", e))?;
+        let mut text = String::new();
+        for n in nodes {
+            let mut v = serde_json::to_value(n.to_node()).map_err(|e| LabError::Command {
+                what: "writing the Node objects".into(),
+                detail: e.to_string(),
+            })?;
+            v["apiVersion"] = "v1".into();
+            v["kind"] = "Node".into();
+            text.push_str("---\n");
+            text.push_str(&serde_yaml_ng::to_string(&v).map_err(|e| LabError::Command {
+                what: "writing the Node objects".into(),
+                detail: e.to_string(),
+            })?);
+        }
+        let file = dir.join("nodes.yaml");
+        if fs::read_to_string(&file).ok().as_deref() != Some(text.as_str()) {
+            // Through a rename, so a daemon never reads half of it.
+            let tmp = dir.join(".nodes.yaml.tmp");
+            fs::write(&tmp, &text).map_err(|e| LabError::io("writing the Node objects", e))?;
+            fs::rename(&tmp, &file).map_err(|e| LabError::io("writing the Node objects", e))?;
+        }
+        Ok(())
+    }
+
     /// The name of the namespace of node `node`.
     pub fn node_ns(&self, node: &str) -> String {
         format!("{}-{node}", self.spec.name)
@@ -363,16 +494,25 @@ impl Lab {
         self.node_dir(node).join("weftd.sock")
     }
 
-    fn node_address(n: &NodeSpec) -> (String, String) {
-        let hosts: Vec<_> = n.subnet.hosts().take(2).collect();
+    /// The router's and the node's underlay addresses (with prefix): the router takes the
+    /// subnet's first address; a node takes the second, or on a shared segment the
+    /// `index + 2`-th.
+    fn node_address(&self, n: &NodeSpec) -> (String, String) {
+        let nth = match self.spec.underlay {
+            Underlay::Routed => 1,
+            Underlay::Shared => n.index + 1,
+        };
+        let mut hosts = n.subnet.hosts();
+        let gw = hosts.next().expect("validated");
+        let addr = hosts.nth(nth - 1).unwrap_or(gw);
         let p = n.subnet.prefix_len();
-        (format!("{}/{p}", hosts[0]), format!("{}/{p}", hosts[1]))
+        (format!("{gw}/{p}"), format!("{addr}/{p}"))
     }
 
     /// The underlay address of node `node`.
     pub fn address_of(&self, node: &str) -> Option<String> {
         let n = self.spec.nodes.iter().find(|n| n.name == node)?;
-        Some(Self::node_address(n).1.split('/').next()?.to_string())
+        Some(self.node_address(n).1.split('/').next()?.to_string())
     }
 
     /// The directory the daemons read topologies from.
@@ -408,25 +548,76 @@ impl Lab {
         if fs::read_to_string(&file).ok().as_deref() != Some(text.as_str()) {
             fs::write(&file, text).map_err(|e| LabError::io("writing the topology", e))?;
         }
+        // Every node as a Node object, read by each daemon through the same directory
+        // source a standalone node uses: the lab runs the code a cluster runs.
+        let nodes = self.node_objects();
+        self.publish_nodes(&nodes)?;
         let router = self.router();
+        let mtu = self.spec.underlay_mtu.to_string();
         if !netns_exists(&router) {
             NamedNetns::create(&router)?.keep();
             ip(&["netns", "exec", &router, "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+            if self.spec.underlay == Underlay::Shared {
+                let gw = self.node_address(&self.spec.nodes[0]).0;
+                ip(&["-n", &router, "link", "add", "seg", "mtu", &mtu, "type", "bridge"])?;
+                ip(&["-n", &router, "addr", "add", &gw, "dev", "seg"])?;
+                ip(&["-n", &router, "link", "set", "seg", "up"])?;
+            }
+        }
+        let outside = self.outside_ns();
+        if !netns_exists(&outside) {
+            // The internet: one address behind the router, a route back to the nodes'
+            // underlay and none to pod ranges.
+            NamedNetns::create(&outside)?.keep();
+            ip(&[
+                "-n", &router, "link", "add", "out", "type", "veth", "peer", "name", "eth0", "netns", &outside,
+            ])?;
+            ip(&["-n", &router, "addr", "add", OUTSIDE_GATEWAY, "dev", "out"])?;
+            ip(&["-n", &router, "link", "set", "out", "up"])?;
+            ip(&[
+                "-n",
+                &outside,
+                "addr",
+                "add",
+                &format!("{OUTSIDE_ADDRESS}/24"),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&["-n", &outside, "link", "set", "eth0", "up"])?;
+            ip(&["-n", &outside, "link", "set", "lo", "up"])?;
+            let mut subnets: Vec<String> = self.spec.nodes.iter().map(|n| n.subnet.trunc().to_string()).collect();
+            subnets.dedup();
+            for net in subnets {
+                ip(&[
+                    "-n",
+                    &outside,
+                    "route",
+                    "add",
+                    &net,
+                    "via",
+                    OUTSIDE_GATEWAY.split('/').next().unwrap_or_default(),
+                ])?;
+            }
         }
         let mut started = Vec::new();
         for n in &self.spec.nodes {
             let ns = self.node_ns(&n.name);
-            let (gw, addr) = Self::node_address(n);
+            let (gw, addr) = self.node_address(n);
             if !netns_exists(&ns) {
                 NamedNetns::create(&ns)?.keep();
                 let rt_if = format!("u-{}", n.name);
                 ip(&[
-                    "-n", &router, "link", "add", &rt_if, "type", "veth", "peer", "name", "uplink", "netns", &ns,
+                    "-n", &router, "link", "add", &rt_if, "mtu", &mtu, "type", "veth", "peer", "name", "uplink", "mtu",
+                    &mtu, "netns", &ns,
                 ])?;
-                ip(&["-n", &router, "addr", "add", &gw, "dev", &rt_if])?;
+                match self.spec.underlay {
+                    Underlay::Routed => ip(&["-n", &router, "addr", "add", &gw, "dev", &rt_if])?,
+                    Underlay::Shared => ip(&["-n", &router, "link", "set", &rt_if, "master", "seg"])?,
+                };
                 ip(&["-n", &router, "link", "set", &rt_if, "up"])?;
                 ip(&["-n", &ns, "addr", "add", &addr, "dev", "uplink"])?;
                 ip(&["-n", &ns, "link", "set", "uplink", "up"])?;
+                ip(&["-n", &ns, "link", "set", "lo", "up"])?;
                 ip(&[
                     "-n",
                     &ns,
@@ -484,6 +675,8 @@ impl Lab {
                 &self.spec.inter_node_link,
                 "--reconcile-interval",
                 &self.spec.reconcile_interval.to_string(),
+                "--pod-routing",
+                &self.spec.pod_routing,
             ])
             .stdin(Stdio::null())
             .stdout(log)
@@ -538,10 +731,13 @@ impl Lab {
             .unwrap_or_else(|| "default".into())
     }
 
+    /// The node's network config: like a cluster's, without `ranges` (the node's
+    /// daemon serves ADDs from its Node's podCIDRs) and without `mtu` (from the
+    /// underlay).
     fn config(&self, n: &NodeSpec) -> Vec<u8> {
         serde_json::json!({
             "cniVersion": "1.1.0", "name": "weft", "type": "weft",
-            "socket": self.socket(&n.name), "ranges": [n.pod_range],
+            "socket": self.socket(&n.name),
         })
         .to_string()
         .into_bytes()
@@ -598,7 +794,9 @@ impl Lab {
         Ok(())
     }
 
-    /// Sends SIGKILL to a node's weftd (pods and wires stay; `up` restarts it).
+    /// Sends SIGKILL to a node's weftd (pods and wires stay; `up` restarts it), and
+    /// returns once it is gone: its process has exited and its state directory's lock
+    /// is free, so an `up` right after starts the next daemon cleanly.
     pub fn crash(&self, node: &str) -> Result<(), LabError> {
         let pid = self.daemon_pid(node).ok_or_else(|| LabError::Command {
             what: format!("crashing {node}"),
@@ -609,11 +807,107 @@ impl Lab {
             nix::sys::signal::Signal::SIGKILL,
         )
         .map_err(|e| LabError::io("killing weftd", e.into()))?;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.daemon_pid(node).is_some() && Instant::now() < deadline {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.daemon_pid(node).is_some() || !self.state_unlocked(node) {
+            if Instant::now() > deadline {
+                return Err(LabError::Command {
+                    what: format!("crashing {node}"),
+                    detail: format!("weftd (pid {pid}) still holds its state 30 s after SIGKILL"),
+                });
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(())
+    }
+
+    /// Whether nobody holds the lock of a node's state directory (tried and released).
+    fn state_unlocked(&self, node: &str) -> bool {
+        let path = self.node_dir(node).join("state").join("weftd.lock");
+        let Ok(file) = fs::OpenOptions::new().write(true).open(&path) else {
+            return true;
+        };
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
+    }
+
+    /// The addresses of a pod's `eth0` (global scope, IPv4 first).
+    pub fn pod_addresses(&self, pod: &str) -> Vec<std::net::IpAddr> {
+        let Ok(out) = Command::new("ip")
+            .args(["-j", "-n", &self.pod_ns(pod), "addr", "show", "dev", "eth0"])
+            .output()
+        else {
+            return Vec::new();
+        };
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let mut addrs: Vec<std::net::IpAddr> = v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+            .filter(|a| a["scope"] == "global")
+            .filter_map(|a| a["local"].as_str().and_then(|s| s.parse().ok()))
+            .collect();
+        addrs.sort_by_key(|a| a.is_ipv6());
+        addrs
+    }
+
+    /// Pings over the pod network rather than the wires, each until it answers or
+    /// `within` has passed: from every pod, every pod on another node over `eth0` (every
+    /// address family they share; kind `eth0`), every other node's address (`node`), and
+    /// the outside namespace (`outside`, which answers only through masquerade).
+    pub fn check_network(&self, within: Duration) -> Vec<LinkCheck> {
+        let mut probes: Vec<(String, String, String, &'static str)> = Vec::new();
+        let addrs: BTreeMap<String, Vec<std::net::IpAddr>> = self
+            .spec
+            .pods
+            .iter()
+            .map(|p| (p.name.clone(), self.pod_addresses(&p.name)))
+            .collect();
+        for p in &self.spec.pods {
+            for q in self.spec.pods.iter().filter(|q| q.node != p.node) {
+                for a in &addrs[&q.name] {
+                    if addrs[&p.name].iter().any(|b| b.is_ipv6() == a.is_ipv6()) {
+                        probes.push((p.name.clone(), format!("{}:eth0 {a}", q.name), a.to_string(), "eth0"));
+                    }
+                }
+            }
+            for n in self.spec.nodes.iter().filter(|n| n.name != p.node) {
+                if let Some(a) = self.address_of(&n.name) {
+                    probes.push((p.name.clone(), format!("node {} {a}", n.name), a, "node"));
+                }
+            }
+            probes.push((
+                p.name.clone(),
+                format!("outside {OUTSIDE_ADDRESS}"),
+                OUTSIDE_ADDRESS.to_string(),
+                "outside",
+            ));
+        }
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = probes
+                .iter()
+                .map(|(pod, to, addr, kind)| {
+                    scope.spawn(move || {
+                        let mut rtt = None;
+                        while rtt.is_none() && start.elapsed() < within {
+                            rtt = ping(&self.pod_ns(pod), addr);
+                            if rtt.is_none() {
+                                std::thread::sleep(Duration::from_millis(100));
+                            }
+                        }
+                        LinkCheck {
+                            kind: (*kind).to_string(),
+                            from: format!("{pod}:eth0"),
+                            to: to.clone(),
+                            ok: rtt.is_some(),
+                            rtt_ms: rtt,
+                            waited_ms: start.elapsed().as_millis() as u64,
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("ping thread")).collect()
+        })
     }
 
     /// The wire kinds the nodes report, by `pod:intf`.
@@ -736,6 +1030,7 @@ impl Lab {
         }
         let mut names: Vec<String> = self.spec.pods.iter().map(|p| self.pod_ns(&p.name)).collect();
         names.extend(self.spec.nodes.iter().map(|n| self.node_ns(&n.name)));
+        names.push(self.outside_ns());
         names.push(self.router());
         for ns in names {
             if netns_exists(&ns) {

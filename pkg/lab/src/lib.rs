@@ -8,7 +8,7 @@ mod daemon;
 mod exec;
 mod netns;
 
-pub use cluster::{Lab, LabSpec, LinkCheck, NodeSpec, PodSpec};
+pub use cluster::{Lab, LabSpec, LinkCheck, NodeSpec, OUTSIDE_ADDRESS, PodSpec, Underlay};
 pub use daemon::{DaemonPaths, NodeDaemon};
 pub use exec::{CniExec, ExecOutcome};
 pub use netns::NamedNetns;

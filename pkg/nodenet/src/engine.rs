@@ -121,6 +121,11 @@ impl<K: NodeKernel> NodeNetwork<K> {
 
     /// Runs one pass: plan from the nodes known now, apply the difference, publish.
     pub async fn pass(&self) -> PassOutcome {
+        // Before the caches are filled, "no nodes" means "not known yet", not "every
+        // peer is gone": planning then would tear down every route at each restart.
+        if self.source.as_ref().is_some_and(|s| !s.ready()) {
+            return PassOutcome::default();
+        }
         let nodes: Vec<ClusterNode> = self.source.as_ref().map(|s| s.nodes()).unwrap_or_default();
         let local_ranges = (self.local_ranges)().await;
         let mut last = self.last.lock().await;
@@ -190,17 +195,16 @@ impl<K: NodeKernel> NodeNetwork<K> {
             let drift = previous.is_some_and(|p| p.masquerade == desired.masquerade);
             if drift {
                 warn!("the masquerade table had drifted: repaired");
-                m.reconcile_repairs.get_or_create(&RepairLabels { kind: "masquerade" }).inc();
+                m.reconcile_repairs
+                    .get_or_create(&RepairLabels { kind: "masquerade" })
+                    .inc();
             } else {
                 info!(added, deleted, "masquerade sets changed");
             }
             for (op, n) in [("add", added), ("delete", deleted)] {
                 if n > 0 {
                     m.node_changes
-                        .get_or_create(&NodeChangeLabels {
-                            kind: "masquerade",
-                            op,
-                        })
+                        .get_or_create(&NodeChangeLabels { kind: "masquerade", op })
                         .inc_by(n);
                 }
             }
@@ -286,9 +290,11 @@ pub fn run_pass<K: NodeKernel + ?Sized>(
     if let Some(local) = local_address(cfg, nodes) {
         match k.underlay_mtu(local) {
             Ok(m) => facts.underlay_mtu = m,
-            Err(e) => outcome
-                .failures
-                .push(Failure::new("lookup", format!("look up the underlay link of {local}"), e)),
+            Err(e) => outcome.failures.push(Failure::new(
+                "lookup",
+                format!("look up the underlay link of {local}"),
+                e,
+            )),
         }
     }
     for a in addresses_to_look_up(cfg, nodes) {

@@ -96,7 +96,11 @@ impl NodeKernel for HostKernel {
                 Err(e) => return Err(KernelError::os("listing weft's node routes", e)),
             }
         }
-        let Some(link) = self.nl.link_by_name(VXLAN_DEVICE).map_err(os("looking up the VXLAN device"))? else {
+        let Some(link) = self
+            .nl
+            .link_by_name(VXLAN_DEVICE)
+            .map_err(os("looking up the VXLAN device"))?
+        else {
             return Ok(o);
         };
         let params = self
@@ -113,7 +117,9 @@ impl NodeKernel for HostKernel {
             .addresses(link.index)
             .map_err(os("listing the VXLAN device's addresses"))?
             .into_iter()
-            .filter(|(a, p)| *p == host_prefix(a) && !matches!(a, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
+            .filter(|(a, p)| {
+                *p == host_prefix(a) && !matches!(a, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+            })
             .map(|(a, _)| a)
             .collect();
         o.fdb = self.nl.fdb(link.index).map_err(os("listing the VXLAN device's FDB"))?;
@@ -218,7 +224,10 @@ impl NodeKernel for HostKernel {
         match weft_kernel::nft::run(&["-j", "list", "table", "inet", masq::TABLE], None) {
             Ok(json) => Ok(masq::parse(&json)),
             Err(e) if e.contains("No such file or directory") => Ok(MasqFound::Absent),
-            Err(e) => Err(KernelError::os("reading the masquerade table", std::io::Error::other(e))),
+            Err(e) => Err(KernelError::os(
+                "reading the masquerade table",
+                std::io::Error::other(e),
+            )),
         }
     }
 

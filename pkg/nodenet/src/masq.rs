@@ -97,7 +97,10 @@ fn element_lines(verb: &str, sets: &MasqSets) -> String {
     for (name, pods, v6) in SETS {
         let elems: Vec<String> = members(sets, pods, v6).map(ToString::to_string).collect();
         if !elems.is_empty() {
-            s.push_str(&format!("{verb} element inet {TABLE} {name} {{ {} }}\n", elems.join(", ")));
+            s.push_str(&format!(
+                "{verb} element inet {TABLE} {name} {{ {} }}\n",
+                elems.join(", ")
+            ));
         }
     }
     s
@@ -230,10 +233,22 @@ mod tests {
             &["10.244.0.0/16", "fd00:10:244::/56"],
             &["192.0.2.0/24"],
         )));
-        assert!(s.starts_with("table inet weft-egress {}\ndelete table inet weft-egress\n"), "{s}");
-        assert!(s.contains("add element inet weft-egress pods_v4 { 10.244.0.0/16 }"), "{s}");
-        assert!(s.contains("add element inet weft-egress pods_v6 { fd00:10:244::/56 }"), "{s}");
-        assert!(s.contains("add element inet weft-egress keep_v4 { 192.0.2.0/24 }"), "{s}");
+        assert!(
+            s.starts_with("table inet weft-egress {}\ndelete table inet weft-egress\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("add element inet weft-egress pods_v4 { 10.244.0.0/16 }"),
+            "{s}"
+        );
+        assert!(
+            s.contains("add element inet weft-egress pods_v6 { fd00:10:244::/56 }"),
+            "{s}"
+        );
+        assert!(
+            s.contains("add element inet weft-egress keep_v4 { 192.0.2.0/24 }"),
+            "{s}"
+        );
         assert!(!s.contains("keep_v6 {  }"), "no empty element lists: {s}");
     }
 
@@ -254,8 +269,14 @@ mod tests {
     #[test]
     fn a_missing_or_foreign_table_is_installed_and_off_means_removed() {
         let want = sets(&["10.244.1.0/24"], &[]);
-        assert!(matches!(masq_diff(Some(&want), &MasqFound::Absent), Some(MasqChange::Install(_))));
-        assert!(matches!(masq_diff(Some(&want), &MasqFound::Malformed), Some(MasqChange::Install(_))));
+        assert!(matches!(
+            masq_diff(Some(&want), &MasqFound::Absent),
+            Some(MasqChange::Install(_))
+        ));
+        assert!(matches!(
+            masq_diff(Some(&want), &MasqFound::Malformed),
+            Some(MasqChange::Install(_))
+        ));
         assert_eq!(masq_diff(None, &MasqFound::Malformed), Some(MasqChange::Remove));
         assert_eq!(masq_diff(None, &MasqFound::Absent), None);
     }

@@ -22,7 +22,11 @@ pub fn vxlan_mac(node_name: &str) -> Mac {
 
 /// The encapsulation overhead of VXLAN over an underlay of `local`'s family.
 pub fn vxlan_overhead(local: IpAddr) -> u32 {
-    if local.is_ipv4() { VXLAN_OVERHEAD_V4 } else { VXLAN_OVERHEAD_V6 }
+    if local.is_ipv4() {
+        VXLAN_OVERHEAD_V4
+    } else {
+        VXLAN_OVERHEAD_V6
+    }
 }
 
 /// This node's underlay address: the flag's, else its Node's first `InternalIP`.
@@ -106,7 +110,9 @@ pub fn plan(cfg: &Config, nodes: &[ClusterNode], local_ranges: &[IpNet], facts: 
                 }
             }
             let Some(local) = local else {
-                problems.push(format!("{cidr}: this node's own address is unknown, so VXLAN has no source"));
+                problems.push(format!(
+                    "{cidr}: this node's own address is unknown, so VXLAN has no source"
+                ));
                 continue;
             };
             let Some(vtep) = peer.address_of_family(local.is_ipv6()) else {
@@ -141,9 +147,9 @@ pub fn plan(cfg: &Config, nodes: &[ClusterNode], local_ranges: &[IpNet], facts: 
     }
     let uses_vxlan = d.routes.iter().any(|r| r.over_vxlan);
     if let (true, Some(local)) = (uses_vxlan, local) {
-        let mtu = facts
-            .underlay_mtu
-            .map_or(1500 - vxlan_overhead(local), |m| m.saturating_sub(vxlan_overhead(local)));
+        let mtu = facts.underlay_mtu.map_or(1500 - vxlan_overhead(local), |m| {
+            m.saturating_sub(vxlan_overhead(local))
+        });
         d.vxlan = Some(VxlanSpec {
             vni: cfg.vxlan_vni,
             port: cfg.vxlan_port,

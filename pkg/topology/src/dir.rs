@@ -35,7 +35,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::{ClusterNode, SourceError, Topology, TopologySource, TopologyStatus, WireEnd, WireState, WireStateStatus, validate};
+use crate::{
+    ClusterNode, SourceError, Topology, TopologySource, TopologyStatus, WireEnd, WireState, WireStateStatus, validate,
+};
 
 /// How often the directory is rescanned whatever inotify says.
 const RESCAN: Duration = Duration::from_secs(2);
@@ -351,9 +353,7 @@ impl Inner {
         for path in files {
             // Follows symlinks: a ConfigMap mounted as the directory is all symlinks.
             let objects = match std::fs::metadata(&path) {
-                Ok(m) if m.is_file() => cached(&mut cache.objects, &path, &m, now, |bytes| {
-                    parse_file(&path, bytes)
-                }),
+                Ok(m) if m.is_file() => cached(&mut cache.objects, &path, &m, now, |bytes| parse_file(&path, bytes)),
                 Ok(_) => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => Err(e.to_string()),
@@ -737,14 +737,12 @@ fn add_object(v: Value, what: &str, out: &mut FileObjects, path: &Path) {
                 }
             }
         }
-        "Node" if api_version == "v1" => {
-            match Node::deserialize(&v) {
-                Ok(node) => out.nodes.extend(ClusterNode::from_node(&node)),
-                Err(e) => out
-                    .problems
-                    .push(problem(format!("Node {name}"), format!("not a valid Node: {e}"))),
-            }
-        }
+        "Node" if api_version == "v1" => match Node::deserialize(&v) {
+            Ok(node) => out.nodes.extend(ClusterNode::from_node(&node)),
+            Err(e) => out
+                .problems
+                .push(problem(format!("Node {name}"), format!("not a valid Node: {e}"))),
+        },
         _ => tracing::debug!(file = %path.display(), kind, api_version, "ignoring an object weft does not use"),
     }
 }
@@ -806,7 +804,14 @@ impl TopologySource for DirSource {
     }
 
     fn nodes(&self) -> Vec<ClusterNode> {
-        self.inner.served.lock().expect("lock").nodes.values().cloned().collect()
+        self.inner
+            .served
+            .lock()
+            .expect("lock")
+            .nodes
+            .values()
+            .cloned()
+            .collect()
     }
 
     fn set_status<'a>(

@@ -20,8 +20,8 @@ pub mod validate;
 
 pub use self::kube::{FIELD_MANAGER, KubeSource};
 pub use crds::crds_yaml;
-pub use node::ClusterNode;
 pub use dir::{DirSource, LoadProblem, parse_topologies, read_topologies};
+pub use node::ClusterNode;
 pub use source::{MemorySource, SourceError, TopologySource};
 pub use types::*;
 pub use validate::validate;

@@ -119,7 +119,10 @@ mod tests {
         })))
         .unwrap();
         assert_eq!(n.name, "n1");
-        assert_eq!(n.addresses, vec!["172.30.1.2".parse::<IpAddr>().unwrap(), "fd00::2".parse().unwrap()]);
+        assert_eq!(
+            n.addresses,
+            vec!["172.30.1.2".parse::<IpAddr>().unwrap(), "fd00::2".parse().unwrap()]
+        );
         assert_eq!(n.pod_cidrs.len(), 2);
         assert_eq!(n.address_of_family(true), Some("fd00::2".parse().unwrap()));
     }
@@ -139,7 +142,11 @@ mod tests {
             "spec": {"podCIDRs": ["10.244.3.1/24", "10.244.4.0/24"]}
         })))
         .unwrap();
-        assert_eq!(bad.pod_cidrs, vec!["10.244.4.0/24".parse::<IpNet>().unwrap()], "host bits set: left out");
+        assert_eq!(
+            bad.pod_cidrs,
+            vec!["10.244.4.0/24".parse::<IpNet>().unwrap()],
+            "host bits set: left out"
+        );
     }
 
     #[test]

@@ -22,6 +22,12 @@
 //! reads them back with [`FakeApiServer::get`], cuts the watches of one resource with
 //! [`FakeApiServer::disconnect`], and checks what clients asked with
 //! [`FakeApiServer::count`].
+//!
+//! A client in the test process gets the router itself ([`FakeApiServer::client`]); a
+//! process the test starts (weftd in a container, say) reaches it as a pod reaches the
+//! real API server, over HTTPS with a bearer token, through
+//! [`FakeApiServer::serve_https`]: a certificate from a fresh test CA, whose PEM goes
+//! into the pod's `ca.crt`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::convert::Infallible;
@@ -312,6 +318,155 @@ impl FakeApiServer {
     pub fn log(&self) -> Vec<String> {
         self.shared.store().log.clone()
     }
+
+    /// Serves this server over HTTPS on `listener` until the returned endpoint is
+    /// dropped, as a real API server is reached from a pod: TLS with a server
+    /// certificate for the listener's address (and the `kubernetes.default.svc` names)
+    /// issued by a fresh test CA, and every request carrying `Authorization: Bearer
+    /// <token>`; one without is answered `401` and logged as `unauthorized`.
+    ///
+    /// Bind the listener to the address clients use (not a wildcard): it may live in any
+    /// network namespace. Must be called within a Tokio runtime, which serves it.
+    pub fn serve_https(&self, listener: std::net::TcpListener, token: &str) -> std::io::Result<HttpsEndpoint> {
+        let addr = listener.local_addr()?;
+        let (ca_pem, cert, key) = test_certificates(addr.ip()).map_err(std::io::Error::other)?;
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .map_err(std::io::Error::other)?
+                .with_no_client_auth()
+                .with_single_cert(vec![cert], key)
+                .map_err(std::io::Error::other)?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let auth = Auth {
+            shared: self.shared.clone(),
+            expected: format!("Bearer {token}"),
+        };
+        let app = self
+            .router()
+            .layer(axum::middleware::from_fn_with_state(auth, authorize));
+        let task = tokio::spawn(async move {
+            // Dropped with the task: every open connection (and watch) ends with it.
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let tcp = match listener.accept().await {
+                    Ok((tcp, _)) => tcp,
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                connections.spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+                // Reap the finished ones so a long test does not pile them up.
+                while connections.try_join_next().is_some() {}
+            }
+        });
+        Ok(HttpsEndpoint {
+            addr,
+            ca_pem,
+            token: token.to_string(),
+            task,
+        })
+    }
+}
+
+/// The fake API server served over HTTPS ([`FakeApiServer::serve_https`]); dropping it
+/// stops serving and closes every connection.
+pub struct HttpsEndpoint {
+    /// Where it listens (a pod's `KUBERNETES_SERVICE_HOST` and `_PORT`).
+    pub addr: std::net::SocketAddr,
+    /// The test CA's certificate, PEM: a pod's service-account `ca.crt`.
+    pub ca_pem: String,
+    /// The bearer token requests must carry: a pod's service-account `token`.
+    pub token: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HttpsEndpoint {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A CA (self-signed) and a server certificate it issued for `ip` and the in-cluster
+/// names of the API service: (CA PEM, server certificate DER, server key DER).
+fn test_certificates(
+    ip: std::net::IpAddr,
+) -> Result<
+    (
+        String,
+        rustls::pki_types::CertificateDer<'static>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    ),
+    rcgen::Error,
+> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, "weft test CA");
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = KeyPair::generate()?;
+    let ca_pem = ca.self_signed(&ca_key)?.pem();
+    let issuer = Issuer::new(ca, ca_key);
+
+    let names = [
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+    ];
+    let mut server = CertificateParams::new(names.map(String::from).to_vec())?;
+    server.subject_alt_names.push(rcgen::SanType::IpAddress(ip));
+    server.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    server.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    let key = KeyPair::generate()?;
+    let cert = server.signed_by(&key, &issuer)?;
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    Ok((ca_pem, cert.der().clone(), key))
+}
+
+/// What [`authorize`] checks requests against.
+#[derive(Clone)]
+struct Auth {
+    shared: Arc<Shared>,
+    expected: String,
+}
+
+/// Lets a request through only with the expected bearer token, as the API server's
+/// authentication does.
+async fn authorize(
+    AxumState(auth): AxumState<Auth>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if given != Some(auth.expected.as_str()) {
+        auth.shared.store().log.push("unauthorized".to_string());
+        return failure(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+    }
+    next.run(request).await
 }
 
 fn object_key(kind: &'static Kind, namespace: Option<&str>, name: &str) -> Key {
@@ -721,4 +876,58 @@ fn not_found(t: &Target, name: &str) -> Response {
         .unwrap_or_default();
     let message = format!("{}{group} \"{name}\" not found", t.kind.plural);
     failure(StatusCode::NOT_FOUND, "NotFound", &message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, ListParams};
+
+    /// A kube client for `endpoint` configured as a kubeconfig would: the CA file and a token.
+    async fn client(endpoint: &HttpsEndpoint, token: &str, dir: &std::path::Path) -> kube::Client {
+        let ca = dir.join("ca.crt");
+        std::fs::write(&ca, &endpoint.ca_pem).unwrap();
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: t\n\
+             clusters: [{{name: t, cluster: {{server: 'https://{}', certificate-authority: '{}'}}}}]\n\
+             users: [{{name: t, user: {{token: '{token}'}}}}]\n\
+             contexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n",
+            endpoint.addr,
+            ca.display()
+        );
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn serves_over_https_with_the_token_and_refuses_without() {
+        let server = FakeApiServer::new();
+        let mut node = Node::default();
+        node.metadata.name = Some("n1".into());
+        server.put(&node);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = server.serve_https(listener, "s3cret").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+
+        let nodes: Api<Node> = Api::all(client(&endpoint, "s3cret", dir.path()).await);
+        let list = nodes.list(&ListParams::default()).await.unwrap();
+        assert_eq!(list.items.len(), 1);
+        assert_eq!(server.count("list nodes"), 1);
+
+        let wrong: Api<Node> = Api::all(client(&endpoint, "guess", dir.path()).await);
+        let err = wrong.list(&ListParams::default()).await.unwrap_err();
+        assert!(matches!(&err, kube::Error::Api(s) if s.code == 401), "{err:?}");
+        assert_eq!(server.count("unauthorized"), 1);
+        assert_eq!(server.count("list nodes"), 1);
+
+        // Dropping the endpoint stops serving.
+        let addr = endpoint.addr;
+        drop(endpoint);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
 }

@@ -16,7 +16,9 @@ pub enum LabAction {
         /// The lab file.
         file: PathBuf,
     },
-    /// Pings across every link, from both ends; fails when one does not answer in time.
+    /// Pings across every link, from both ends, and over the pod network (every pod to
+    /// the pods of other nodes on `eth0`, to the other nodes, and to the outside);
+    /// fails when one does not answer in time.
     Check {
         /// The lab file.
         file: PathBuf,
@@ -72,19 +74,20 @@ pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
         }
         LabAction::Check { file, within } => {
             let lab = load(&file)?;
-            let checks = lab.check(Duration::from_secs(within));
+            let mut checks = lab.check(Duration::from_secs(within));
+            checks.extend(lab.check_network(Duration::from_secs(within)));
             if json {
                 println!("{}", serde_json::to_string_pretty(&checks)?);
             } else {
-                println!("{:<24} {:<24} {:<6} {:<5} {:>9}", "FROM", "TO", "KIND", "OK", "RTT(ms)");
+                println!("{:<16} {:<34} {:<7} {:<5} {:>9}", "FROM", "TO", "KIND", "OK", "RTT(ms)");
                 for c in &checks {
                     let rtt = c.rtt_ms.map_or_else(|| "-".to_string(), |r| format!("{r:.3}"));
                     let ok = if c.ok { "ok" } else { "FAIL" };
-                    println!("{:<24} {:<24} {:<6} {:<5} {:>9}", c.from, c.to, c.kind, ok, rtt);
+                    println!("{:<16} {:<34} {:<7} {:<5} {:>9}", c.from, c.to, c.kind, ok, rtt);
                 }
             }
             let failed = checks.iter().filter(|c| !c.ok).count();
-            anyhow::ensure!(failed == 0, "{failed} of {} link ends did not answer", checks.len());
+            anyhow::ensure!(failed == 0, "{failed} of {} checks did not answer", checks.len());
         }
         LabAction::Crash { file, node } => load(&file)?.crash(&node)?,
         LabAction::Exec { file, name, argv } => {

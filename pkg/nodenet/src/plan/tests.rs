@@ -43,7 +43,9 @@ fn cluster() -> Vec<ClusterNode> {
 fn facts(mtu: u32) -> Facts {
     Facts {
         underlay_mtu: Some(mtu),
-        on_link: [(ip("172.30.1.3"), true), (ip("172.30.3.2"), false)].into_iter().collect(),
+        on_link: [(ip("172.30.1.3"), true), (ip("172.30.3.2"), false)]
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -67,7 +69,10 @@ fn auto_routes_on_link_peers_directly_and_the_rest_through_vxlan() {
     assert_eq!(spec.mtu, 1450);
     assert_eq!(spec.mac, vxlan_mac("n1"));
     assert_eq!(d.fdb, [(vxlan_mac("n3"), ip("172.30.3.2"))].into_iter().collect());
-    assert_eq!(d.neighbours, [(ip("10.244.3.0"), vxlan_mac("n3"))].into_iter().collect());
+    assert_eq!(
+        d.neighbours,
+        [(ip("10.244.3.0"), vxlan_mac("n3"))].into_iter().collect()
+    );
     assert_eq!(d.vxlan_addresses, [ip("10.244.1.0")].into_iter().collect());
     let modes: Vec<_> = d.peers.iter().map(|p| (p.name.as_str(), p.mode)).collect();
     assert_eq!(modes, vec![("n2", PeerMode::Direct), ("n3", PeerMode::Vxlan)]);
@@ -158,7 +163,12 @@ fn peers_without_ranges_or_overlapping_ours_are_left_out() {
 
 #[test]
 fn masquerade_sets_cover_every_pod_range_and_the_exceptions() {
-    let d = plan(&cfg(PodRouting::Auto), &cluster(), &[net("10.250.0.0/24")], &facts(1500));
+    let d = plan(
+        &cfg(PodRouting::Auto),
+        &cluster(),
+        &[net("10.250.0.0/24")],
+        &facts(1500),
+    );
     let m = d.masquerade.unwrap();
     assert_eq!(m.exceptions, [net("192.0.2.0/24")].into_iter().collect());
     assert!(m.pods.contains(&net("10.250.0.0/24")));

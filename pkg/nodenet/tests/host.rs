@@ -1,0 +1,344 @@
+//! The node network on a real kernel: a node namespace with an uplink, peers on-link
+//! and behind a gateway, passes of the engine, and the kernel inspected with `ip`,
+//! `bridge` and `nft` after each: routes, the VXLAN device, its FDB and neighbour
+//! entries, the masquerade sets; drift repaired; routes of others never touched.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use weft_kernel::testutil::{TempNetns, privileged};
+use weft_nodenet::*;
+use weft_topology::ClusterNode;
+
+/// Runs a command inside the namespace at `ns` and returns its stdout; panics on failure.
+pub fn sh(ns: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", ns.display()))
+        .args(args)
+        .output()
+        .expect("nsenter runs");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json(ns: &std::path::Path, args: &[&str]) -> Value {
+    let text = sh(ns, args);
+    if text.trim().is_empty() {
+        return Value::Array(vec![]);
+    }
+    serde_json::from_str(&text).unwrap()
+}
+
+fn node(name: &str, addr: &str, cidrs: &[&str]) -> ClusterNode {
+    ClusterNode {
+        name: name.into(),
+        addresses: vec![addr.parse().unwrap()],
+        pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+    }
+}
+
+/// A node namespace whose uplink (172.30.1.2/24, MTU `mtu`) faces a "router"
+/// namespace (172.30.1.1), with every other subnet behind the router.
+struct Node {
+    ns: TempNetns,
+    _router: TempNetns,
+}
+
+impl Node {
+    fn new(mtu: u32) -> Self {
+        let ns = TempNetns::new();
+        let router = TempNetns::new();
+        let m = mtu.to_string();
+        sh(
+            ns.path(),
+            &[
+                "ip", "link", "add", "uplink", "mtu", &m, "type", "veth", "peer", "name", "rt0", "mtu", &m,
+            ],
+        );
+        // Move the far end into the router namespace: `ip` names a namespace by a pid,
+        // and the thread that owns it has one (/proc/<pid>/task/<tid>/ns/net).
+        let tid = router
+            .path()
+            .components()
+            .nth(4)
+            .unwrap()
+            .as_os_str()
+            .to_str()
+            .unwrap()
+            .to_string();
+        sh(ns.path(), &["ip", "link", "set", "dev", "rt0", "netns", &tid]);
+        sh(ns.path(), &["ip", "addr", "add", "172.30.1.2/24", "dev", "uplink"]);
+        sh(ns.path(), &["ip", "link", "set", "uplink", "up"]);
+        sh(ns.path(), &["ip", "link", "set", "lo", "up"]);
+        sh(router.path(), &["ip", "addr", "add", "172.30.1.1/24", "dev", "rt0"]);
+        sh(router.path(), &["ip", "link", "set", "rt0", "up"]);
+        sh(ns.path(), &["ip", "route", "add", "default", "via", "172.30.1.1"]);
+        Node { ns, _router: router }
+    }
+
+    fn kernel(&self) -> HostKernel {
+        self.ns.run(|| HostKernel::new().unwrap())
+    }
+
+    /// One pass inside the namespace (sysctls and nft run there too).
+    fn pass(&self, cfg: &Config, nodes: &[ClusterNode], previous: Option<&Desired>) -> (Desired, PassOutcome) {
+        let mut k = self.kernel();
+        let (cfg, nodes, previous) = (cfg.clone(), nodes.to_vec(), previous.cloned());
+        self.ns
+            .run(move || run_pass(&cfg, &nodes, &[], previous.as_ref(), &mut k))
+    }
+
+    fn routes(&self) -> Vec<(String, String, String)> {
+        let v = json(self.ns.path(), &["ip", "-j", "route", "show", "proto", "75"]);
+        let mut out: Vec<_> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["dst"].as_str().unwrap_or_default().to_string(),
+                    r["gateway"].as_str().unwrap_or_default().to_string(),
+                    r["dev"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn fdb(&self) -> Vec<(String, String)> {
+        let v = json(self.ns.path(), &["bridge", "-j", "fdb", "show", "dev", VXLAN_DEVICE]);
+        let mut out: Vec<_> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["dst"].is_string())
+            .map(|e| {
+                (
+                    e["mac"].as_str().unwrap().to_string(),
+                    e["dst"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn neighbours(&self) -> Vec<(String, String)> {
+        let v = json(
+            self.ns.path(),
+            &["ip", "-j", "neigh", "show", "dev", VXLAN_DEVICE, "nud", "permanent"],
+        );
+        let mut out: Vec<_> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["dst"].as_str().unwrap().to_string(),
+                    e["lladdr"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn link(&self, name: &str) -> Option<Value> {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", self.ns.path().display()))
+            .args(["ip", "-j", "-d", "link", "show", name])
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| serde_json::from_slice::<Value>(&out.stdout).unwrap()[0].clone())
+    }
+
+    fn masquerade_sets(&self) -> String {
+        sh(self.ns.path(), &["nft", "list", "table", "inet", "weft-egress"])
+    }
+}
+
+fn cfg(routing: PodRouting) -> Config {
+    Config {
+        node_name: "n1".into(),
+        node_address: None,
+        routing,
+        vxlan_port: DEFAULT_VXLAN_PORT,
+        vxlan_vni: 42,
+        masquerade: true,
+        no_masquerade: vec!["192.0.2.0/24".parse().unwrap()],
+        resync: Duration::from_secs(60),
+    }
+}
+
+fn cluster() -> Vec<ClusterNode> {
+    vec![
+        node("n1", "172.30.1.2", &["10.244.1.0/24"]),
+        node("n2", "172.30.1.3", &["10.244.2.0/24"]),
+        node("n3", "172.30.3.2", &["10.244.3.0/24"]),
+    ]
+}
+
+fn mac(name: &str) -> String {
+    mac_string(&vxlan_mac(name))
+}
+
+#[test]
+fn programs_direct_and_vxlan_peers_follows_changes_and_repairs_drift() {
+    if !privileged() {
+        return;
+    }
+    let n = Node::new(9000);
+    // A route of someone else's: never to be touched.
+    sh(
+        n.ns.path(),
+        &[
+            "ip",
+            "route",
+            "add",
+            "10.99.0.0/24",
+            "via",
+            "172.30.1.1",
+            "proto",
+            "static",
+        ],
+    );
+
+    let (d, out) = n.pass(&cfg(PodRouting::Auto), &cluster(), None);
+    assert!(out.failures.is_empty(), "{:?}", out.failures);
+    assert_eq!(
+        n.routes(),
+        vec![
+            ("10.244.2.0/24".into(), "172.30.1.3".into(), "uplink".into()),
+            ("10.244.3.0/24".into(), "10.244.3.0".into(), VXLAN_DEVICE.into()),
+        ]
+    );
+    let link = n.link(VXLAN_DEVICE).expect("the VXLAN device");
+    let info = &link["linkinfo"]["info_data"];
+    assert_eq!(info["id"], 42);
+    assert_eq!(info["port"], DEFAULT_VXLAN_PORT);
+    assert_eq!(info["local"], "172.30.1.2");
+    assert_eq!(info["learning"], false);
+    assert_eq!(link["mtu"], 8950, "underlay 9000 minus VXLAN");
+    assert_eq!(link["address"], mac("n1"));
+    assert_eq!(d.pod_mtu, Some(8950));
+    assert_eq!(n.fdb(), vec![(mac("n3"), "172.30.3.2".into())]);
+    assert_eq!(n.neighbours(), vec![("10.244.3.0".into(), mac("n3"))]);
+    let table = n.masquerade_sets();
+    assert!(
+        table.contains("10.244.1.0/24") || table.contains("10.244.0.0/22"),
+        "{table}"
+    );
+    assert!(table.contains("192.0.2.0/24"), "{table}");
+
+    // Nothing to do the second time.
+    let (d2, out) = n.pass(&cfg(PodRouting::Auto), &cluster(), Some(&d));
+    assert_eq!(out, PassOutcome::default());
+
+    // n3 readdressed, n2 gets another podCIDR, n4 arrives: one pass follows.
+    let mut nodes = cluster();
+    nodes[2].addresses = vec!["172.30.9.2".parse().unwrap()];
+    nodes[1].pod_cidrs = vec!["10.244.22.0/24".parse().unwrap()];
+    nodes.push(node("n4", "172.30.4.2", &["10.244.4.0/24"]));
+    let (d3, out) = n.pass(&cfg(PodRouting::Auto), &nodes, Some(&d2));
+    assert!(out.failures.is_empty(), "{:?}", out.failures);
+    assert!(out.repairs.is_empty(), "changes, not repairs: {out:?}");
+    assert_eq!(
+        n.routes(),
+        vec![
+            ("10.244.22.0/24".into(), "172.30.1.3".into(), "uplink".into()),
+            ("10.244.3.0/24".into(), "10.244.3.0".into(), VXLAN_DEVICE.into()),
+            ("10.244.4.0/24".into(), "10.244.4.0".into(), VXLAN_DEVICE.into()),
+        ]
+    );
+    assert_eq!(n.fdb(), {
+        let mut v = vec![
+            (mac("n3"), "172.30.9.2".to_string()),
+            (mac("n4"), "172.30.4.2".to_string()),
+        ];
+        v.sort();
+        v
+    });
+
+    // Drift behind weft's back: a route, an FDB entry and a neighbour entry deleted.
+    sh(n.ns.path(), &["ip", "route", "del", "10.244.22.0/24"]);
+    sh(
+        n.ns.path(),
+        &[
+            "bridge",
+            "fdb",
+            "del",
+            &mac("n4"),
+            "dev",
+            VXLAN_DEVICE,
+            "dst",
+            "172.30.4.2",
+        ],
+    );
+    sh(n.ns.path(), &["ip", "neigh", "del", "10.244.3.0", "dev", VXLAN_DEVICE]);
+    let (d4, out) = n.pass(&cfg(PodRouting::Auto), &nodes, Some(&d3));
+    assert_eq!(out.repairs.len(), 3, "{out:?}");
+    assert!(out.changes.is_empty());
+    assert_eq!(n.routes().len(), 3);
+    assert_eq!(n.fdb().len(), 2);
+    assert_eq!(n.neighbours().len(), 2);
+
+    // Every peer gone: routes, entries and the device go; the foreign route stays.
+    let (_, out) = n.pass(&cfg(PodRouting::Auto), &nodes[..1], Some(&d4));
+    assert!(out.failures.is_empty(), "{:?}", out.failures);
+    assert!(n.routes().is_empty());
+    assert!(n.link(VXLAN_DEVICE).is_none(), "no device without VXLAN peers");
+    let foreign = sh(n.ns.path(), &["ip", "route", "show", "10.99.0.0/24"]);
+    assert!(foreign.contains("proto static"), "{foreign}");
+}
+
+#[test]
+fn masquerade_off_removes_the_table_and_none_mode_programs_nothing() {
+    if !privileged() {
+        return;
+    }
+    let n = Node::new(1500);
+    let (d, _) = n.pass(&cfg(PodRouting::None), &cluster(), None);
+    assert!(n.routes().is_empty());
+    assert!(n.link(VXLAN_DEVICE).is_none());
+    assert_eq!(d.pod_mtu, Some(1500));
+    assert!(n.masquerade_sets().contains("masquerade"));
+    let mut off = cfg(PodRouting::None);
+    off.masquerade = false;
+    let (_, out) = n.pass(&off, &cluster(), Some(&d));
+    assert_eq!(out.masquerade, Some(MasqChange::Remove));
+    let listed = Command::new("nsenter")
+        .arg(format!("--net={}", n.ns.path().display()))
+        .args(["nft", "list", "table", "inet", "weft-egress"])
+        .output()
+        .unwrap();
+    assert!(!listed.status.success(), "the table is gone");
+}
+
+#[test]
+fn masquerade_sets_change_element_by_element() {
+    if !privileged() {
+        return;
+    }
+    let n = Node::new(1500);
+    let (d, _) = n.pass(&cfg(PodRouting::None), &cluster(), None);
+    // A handle of the table tells a rebuild from an update.
+    let handle = |n: &Node| {
+        let v = json(n.ns.path(), &["nft", "-j", "list", "table", "inet", "weft-egress"]);
+        v["nftables"][1]["table"]["handle"].as_u64().unwrap()
+    };
+    let before = handle(&n);
+    let mut nodes = cluster();
+    nodes.push(node("n9", "172.30.9.2", &["10.250.9.0/24"]));
+    let (_, out) = n.pass(&cfg(PodRouting::None), &nodes, Some(&d));
+    assert!(matches!(out.masquerade, Some(MasqChange::Update { .. })), "{out:?}");
+    assert_eq!(handle(&n), before, "updated in place, not rebuilt");
+    assert!(n.masquerade_sets().contains("10.250.9.0/24"));
+}
