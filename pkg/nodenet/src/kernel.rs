@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use weft_kernel::{KernelError, NODE_ROUTE_PROTOCOL, Netlink};
+use weft_kernel::{KernelError, NODE_ROUTE_PROTOCOL, NetNs, Netlink, in_netns};
 
 use crate::masq::{self, MasqChange, MasqFound};
 use crate::model::*;
@@ -25,9 +25,12 @@ pub trait NodeKernel: Send + 'static {
     fn set_masquerade(&mut self, change: &MasqChange) -> Result<(), KernelError>;
 }
 
-/// [`NodeKernel`] on the real kernel: the namespace of the thread that made it.
+/// [`NodeKernel`] on the real kernel: the namespace of the thread that made it, whichever
+/// thread uses it later (its netlink socket keeps that namespace; `nft` and sysctls are
+/// run inside it).
 pub struct HostKernel {
     nl: Netlink,
+    ns: NetNs,
 }
 
 fn os(step: &str) -> impl FnOnce(std::io::Error) -> KernelError + '_ {
@@ -43,7 +46,18 @@ impl HostKernel {
     pub fn new() -> Result<Self, KernelError> {
         Ok(Self {
             nl: Netlink::new().map_err(os("opening netlink"))?,
+            ns: NetNs::current()?,
         })
+    }
+
+    /// Runs `f` in this kernel's namespace: on this thread when it is there already (as
+    /// in weftd), else on a thread of its own that enters it.
+    fn inside<R: Send>(&self, f: impl FnOnce() -> Result<R, KernelError> + Send) -> Result<R, KernelError> {
+        if NetNs::current()?.same_as(&self.ns) {
+            f()
+        } else {
+            in_netns(&self.ns, f)
+        }
     }
 
     fn vxlan_index(&mut self) -> Result<u32, KernelError> {
@@ -149,7 +163,7 @@ impl NodeKernel for HostKernel {
                 // Only weft's permanent entries decide where frames go; the kernel's own
                 // IPv6 link-local address and its neighbour discovery have nothing to do
                 // on this device.
-                let _ = weft_kernel::sysctl::write(&format!("net/ipv6/conf/{VXLAN_DEVICE}/accept_dad"), "0");
+                let _ = self.inside(|| weft_kernel::sysctl::write(&format!("net/ipv6/conf/{VXLAN_DEVICE}/accept_dad"), "0"));
                 self.nl.set_up(index, true).map_err(os("setting the VXLAN device up"))
             }
             Change::DeleteVxlan => self
@@ -232,8 +246,11 @@ impl NodeKernel for HostKernel {
     }
 
     fn set_masquerade(&mut self, change: &MasqChange) -> Result<(), KernelError> {
-        weft_kernel::nft::run(&["-f", "-"], Some(&masq::script(change)))
-            .map(|_| ())
-            .map_err(|e| KernelError::os("writing the masquerade table", std::io::Error::other(e)))
+        let script = masq::script(change);
+        self.inside(|| {
+            weft_kernel::nft::run(&["-f", "-"], Some(&script))
+                .map(|_| ())
+                .map_err(|e| KernelError::os("writing the masquerade table", std::io::Error::other(e)))
+        })
     }
 }
