@@ -13,7 +13,9 @@ use clap::Parser;
 use tokio::sync::watch;
 use tracing::{error, info};
 use weft_daemon::service::{AdminService, CniService};
-use weft_daemon::{Handler, KernelNetworking, NodeInfo, WireCounters, WireInfo, WiredPod, Wiring, recover, server};
+use weft_daemon::{
+    Handler, KernelNetworking, NodeInfo, PodDefaults, WireCounters, WireInfo, WiredPod, Wiring, recover, server,
+};
 use weft_rpc::admin::admin_server::AdminServer;
 use weft_rpc::cnirpc::cni_server::CniServer;
 use weft_store::Store;
@@ -72,6 +74,30 @@ struct Args {
     /// MTU of wire ends (VXLAN ends get this minus the encapsulation).
     #[arg(long, env = "WEFT_WIRE_MTU", default_value_t = 1500)]
     wire_mtu: u32,
+    /// How pod traffic reaches pods on other nodes: `auto` (a direct route where the
+    /// node is on-link, VXLAN elsewhere), `direct`, `vxlan`, or `none` (an external
+    /// router carries pod ranges; weft only reports).
+    #[arg(long, env = "WEFT_POD_ROUTING", value_enum, default_value = "auto")]
+    pod_routing: weft_nodenet::PodRouting,
+    /// UDP port of the VXLAN device that carries pod traffic between nodes (not the
+    /// wire VXLANs' 4789).
+    #[arg(long, env = "WEFT_POD_VXLAN_PORT", default_value_t = weft_nodenet::DEFAULT_VXLAN_PORT)]
+    pod_vxlan_port: u16,
+    /// VNI of that VXLAN device (the same on every node).
+    #[arg(long, env = "WEFT_POD_VXLAN_VNI", default_value_t = weft_nodenet::DEFAULT_VXLAN_VNI,
+          value_parser = clap::value_parser!(u32).range(1..16_777_216))]
+    pod_vxlan_vni: u32,
+    /// Masquerade pod traffic to anything outside every node's pod ranges (and the
+    /// `--no-masquerade-cidr`s) to the node's address.
+    #[arg(long, env = "WEFT_MASQUERADE", default_value_t = true, action = clap::ArgAction::Set)]
+    masquerade: bool,
+    /// A destination never masqueraded (repeatable; comma-separated in the variable).
+    #[arg(long = "no-masquerade-cidr", env = "WEFT_NO_MASQUERADE_CIDRS", value_delimiter = ',')]
+    no_masquerade_cidrs: Vec<ipnet::IpNet>,
+    /// How long to wait at start for a previous weftd (still exiting) to release the
+    /// state directory, seconds.
+    #[arg(long, env = "WEFT_LOCK_WAIT", default_value_t = 30)]
+    lock_wait: u64,
 }
 
 /// `--inter-node-link` values.
@@ -136,20 +162,34 @@ impl Wiring for EngineWiring {
     }
 }
 
-/// The topology source the flags ask for, if any.
-async fn topology_source(args: &Args, node_name: &str) -> anyhow::Result<Option<Arc<dyn TopologySource>>> {
+/// Where the cluster's objects (Topologies, Nodes) come from.
+enum SourceKind {
+    /// A directory of files (labs, standalone nodes).
+    Dir,
+    /// The Kubernetes API: pod ranges must come from this node's Node.
+    Kube,
+}
+
+/// The source of Topology and Node objects the flags ask for, if any.
+async fn topology_source(
+    args: &Args,
+    node_name: &str,
+) -> anyhow::Result<Option<(Arc<dyn TopologySource>, SourceKind)>> {
     if let Some(dir) = &args.topology_dir {
         let src = weft_topology::DirSource::start(dir.clone(), node_name.to_string())
             .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(|| format!("reading topologies from {}", dir.display()))?;
-        return Ok(Some(src));
+        return Ok(Some((src, SourceKind::Dir)));
     }
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
     if args.kubernetes.unwrap_or(in_cluster) {
         let client = kube::Client::try_default()
             .await
             .context("connecting to the Kubernetes API")?;
-        return Ok(Some(weft_topology::KubeSource::start(client, node_name.to_string())));
+        return Ok(Some((
+            weft_topology::KubeSource::start(client, node_name.to_string()),
+            SourceKind::Kube,
+        )));
     }
     Ok(None)
 }
@@ -200,7 +240,7 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
     std::fs::set_permissions(&args.state_dir, std::fs::Permissions::from_mode(0o700))?;
     // One daemon per state directory, held for the process's life: a second weftd on
     // the same state would "recover" the first one's calls in flight.
-    let _state_lock = lock_state_dir(&args.state_dir)?;
+    let _state_lock = lock_state_dir(&args.state_dir, Duration::from_secs(args.lock_wait)).await?;
     // Claim the socket before touching state, for the same reason; calls that arrive
     // now wait in the backlog until recovery is done.
     let listener = server::bind_unix(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
@@ -240,7 +280,36 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
         "start-up recovery done"
     );
 
-    let source = topology_source(&args, &node_name).await?;
+    if args.pod_vxlan_port == weft_kernel::wire::VXLAN_PORT {
+        anyhow::bail!(
+            "--pod-vxlan-port {} is the port wire VXLANs use; pick another (default {})",
+            args.pod_vxlan_port,
+            weft_nodenet::DEFAULT_VXLAN_PORT
+        );
+    }
+    let (source, source_kind) = match topology_source(&args, &node_name).await? {
+        Some((s, k)) => (Some(s), Some(k)),
+        None => (None, None),
+    };
+    // Routes to the other nodes' pod ranges, masquerade and the pod MTU: one pass before
+    // serving, so the first ADD already gets this node's pod ranges.
+    let nodenet = Arc::new(weft_nodenet::NodeNetwork::new(
+        weft_nodenet::Config {
+            node_name: node_name.clone(),
+            node_address: args.node_address,
+            routing: args.pod_routing,
+            vxlan_port: args.pod_vxlan_port,
+            vxlan_vni: args.pod_vxlan_vni,
+            masquerade: args.masquerade,
+            no_masquerade: args.no_masquerade_cidrs.clone(),
+            resync: Duration::from_secs(args.reconcile_interval.max(1)),
+        },
+        source.clone(),
+        weft_nodenet::HostKernel::new().context("opening netlink for pod routing")?,
+        metrics.clone(),
+        local_ranges(store.clone()),
+    ));
+    nodenet.pass().await;
     let engine = match &source {
         Some(source) => {
             let pods = store
@@ -292,6 +361,11 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
     if let Some(w) = &wiring {
         handler = handler.with_wiring(w.clone());
     }
+    // With a source of Node objects, a network config may leave `ranges` and `mtu` to
+    // the node; without one (a standalone node), the config must give its ranges.
+    if source.is_some() {
+        handler = handler.with_pod_defaults(pod_defaults(nodenet.view()));
+    }
     let handler = Arc::new(handler);
     // Before serving: the kernel is made to match the store again (what went while
     // weftd was away is repaired, pods whose namespace is gone are collected).
@@ -310,7 +384,7 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
     let calls = Arc::new(CallLog::new(args.calls_history));
     let mut admin = AdminService::new(
         store.clone(),
-        node_name,
+        node_name.clone(),
         started_at,
         ready.flag(),
         pending,
@@ -352,6 +426,7 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
         Duration::from_secs(args.reconcile_interval.max(1)),
         stopped(stop_rx.clone()),
     ));
+    let nodenet_task = tokio::spawn(nodenet.clone().run(stopped(stop_rx.clone())));
     let wire_task = match &engine {
         Some(engine) => {
             let wire = tokio::net::TcpListener::bind(args.wire_addr)
@@ -371,15 +446,34 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
         None => None,
     };
     match source {
-        // Not ready before the caches are filled: an ADD must find its topology.
+        // Not ready before the caches are filled (an ADD must find its topology) and, in
+        // a cluster, before this node has its podCIDRs (an ADD needs addresses to give).
         Some(source) => {
             let ready = ready.clone();
+            let mut view = nodenet.view();
+            let need_ranges = matches!(source_kind, Some(SourceKind::Kube));
+            let node = node_name.clone();
             tokio::spawn(async move {
                 while !source.ready() {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+                info!("topology and node caches synced");
+                if need_ranges {
+                    let mut said = false;
+                    loop {
+                        if !view.borrow_and_update().ranges.is_empty() {
+                            break;
+                        }
+                        if !said {
+                            info!(node = %node, "waiting for this node's podCIDRs (spec.podCIDRs of its Node) before serving ADDs");
+                            said = true;
+                        }
+                        if view.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                }
                 ready.set(true);
-                info!("topology caches synced");
             });
         }
         None => ready.set(true),
@@ -392,6 +486,7 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
     let _ = stop_tx.send(true);
     let _ = grpc_task.await;
     let _ = reconcile_task.await;
+    let _ = nodenet_task.await;
     if let Some(t) = wire_task {
         let _ = t.await;
     }
@@ -488,16 +583,84 @@ fn refresh_gauges(store: Store, metrics: Arc<Metrics>, engine: Option<Arc<Engine
     })
 }
 
-fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+/// Takes the state directory's lock. A weftd that is still exiting (seconds after a
+/// SIGKILL, while the kernel tears its sockets down) holds it a little longer: wait for
+/// it, up to `wait`, saying so once, rather than fail a restart that would succeed.
+async fn lock_state_dir(dir: &std::path::Path, wait: Duration) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
     let path = dir.join("weftd.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-        .map_err(|(_, e)| anyhow::anyhow!("another weftd is running on state directory {} ({e})", dir.display()))
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut said = false;
+    loop {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => {
+                if said {
+                    info!(state = %dir.display(), "the previous weftd released the state directory");
+                }
+                return Ok(lock);
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) if tokio::time::Instant::now() < deadline => {
+                if !said {
+                    info!(state = %dir.display(), wait_seconds = wait.as_secs(), "another weftd holds the state directory; waiting for it to exit");
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err((_, e)) => {
+                anyhow::bail!(
+                    "another weftd is running on state directory {} ({e}); waited {} s for it to exit",
+                    dir.display(),
+                    wait.as_secs()
+                )
+            }
+        }
+    }
+}
+
+/// The pod ranges of this node's network configs (every range the store has seen):
+/// the masquerade keeps them inside the pod network too.
+fn local_ranges(store: Store) -> weft_nodenet::LocalRanges {
+    Arc::new(move || {
+        let store = store.clone();
+        Box::pin(async move {
+            store
+                .run(|db| db.range_usage())
+                .await
+                .map(|u| u.into_iter().map(|r| r.range).collect())
+                .unwrap_or_default()
+        })
+    })
+}
+
+/// Follows the node network's decisions with the defaults ADDs are served with.
+fn pod_defaults(mut view: watch::Receiver<weft_nodenet::NodeView>) -> watch::Receiver<PodDefaults> {
+    let of = |v: &weft_nodenet::NodeView| PodDefaults {
+        ranges: v.ranges.clone(),
+        mtu: v.pod_mtu,
+    };
+    let (tx, rx) = watch::channel(of(&view.borrow_and_update()));
+    tokio::spawn(async move {
+        while view.changed().await.is_ok() {
+            let next = of(&view.borrow_and_update());
+            tx.send_if_modified(|d| {
+                if *d == next {
+                    false
+                } else {
+                    *d = next;
+                    true
+                }
+            });
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// Resolves at the first SIGTERM or SIGINT; the handlers are in place once this returns.
