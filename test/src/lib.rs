@@ -768,3 +768,9 @@ pub fn dashboard_queries(name: &str) -> Vec<PanelQuery> {
 pub fn is_wire_row(row: &str) -> bool {
     row.starts_with("Wires") || row.starts_with("Peer node streams")
 }
+
+/// Whether a dashboard row charts pod traffic between nodes (evaluated by the cluster
+/// lab test, where there are several nodes).
+pub fn is_node_network_row(row: &str) -> bool {
+    row.starts_with("Pod network between nodes")
+}

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use weft_lab::{Lab, LinkCheck};
-use weft_tests::{TempDir, bin, privileged};
+use weft_tests::{Prometheus, TempDir, bin, dashboard_queries, is_node_network_row, privileged};
 
 /// Takes the lab down whatever happens to the test.
 struct Down(Lab);
@@ -122,7 +122,7 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     if !privileged() {
         return;
     }
-    let (lab, _dir) = lab("cr", &format!("{NODES}underlay: routed\nunderlay_mtu: 9000\nipv6: true\n"));
+    let (lab, dir) = lab("cr", &format!("{NODES}underlay: routed\nunderlay_mtu: 9000\nipv6: true\n"));
     let lab = &lab.0;
     lab.up().expect("lab up");
     let checks = lab.check_network(Duration::from_secs(10));
@@ -199,6 +199,25 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     assert!(metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_neighbour\"}") >= 1.0);
     let again = lab.check_network(Duration::from_secs(5));
     assert!(failed(&again).is_empty(), "after the repair: {:?}", failed(&again));
+
+    // The dashboard's pod network row, in a real Prometheus scraping n1: every panel
+    // query returns a series.
+    let prom = Prometheus::start(
+        &lab.node_ns("n1"),
+        &dir.path().join("prom"),
+        19092,
+        &[("127.0.0.1:9384", "n1")],
+        None,
+    );
+    prom.wait_for("count_over_time(weft_node_peers[1m]) >= 2", Duration::from_secs(30));
+    let queries: Vec<_> = dashboard_queries("weft.json")
+        .into_iter()
+        .filter(|q| is_node_network_row(&q.row))
+        .collect();
+    assert!(queries.len() >= 6, "only {} pod network panel queries", queries.len());
+    for q in &queries {
+        assert!(!prom.query(&q.expr).is_empty(), "panel {:?} returns nothing: {}", q.title, q.expr);
+    }
 }
 
 #[test]
