@@ -871,7 +871,7 @@ mod tests {
     #[test]
     fn a_broken_document_costs_only_itself() {
         let text = "apiVersion: networkop.co.uk/v1beta1\nkind: Topology\nmetadata: {name: r1}\nspec: {links: []}\n---\nkind: [\n---\napiVersion: networkop.co.uk/v1beta1\nkind: Topology\nmetadata: {name: r2}\n";
-        let out = parse_file(Path::new("x.yaml"), text.as_bytes(), "n1");
+        let out = parse_file(Path::new("x.yaml"), text.as_bytes());
         let names: Vec<_> = out
             .topologies
             .iter()
@@ -890,17 +890,29 @@ mod tests {
         let text = r#"{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"networkop.co.uk/v1beta1","kind":"Topology","metadata":{"name":"r1","namespace":"x"},"spec":{"links":[]}}]}
         {"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"},"status":{"addresses":[{"type":"Hostname","address":"n1"},{"type":"InternalIP","address":"10.1.0.1"}]}}
         {"apiVersion":"v1","kind":"Node","metadata":{"name":"n2"},"status":{"addresses":[{"type":"InternalIP","address":"10.1.0.2"}]}}"#;
-        let out = parse_file(Path::new("x.json"), text.as_bytes(), "n1");
+        let out = parse_file(Path::new("x.json"), text.as_bytes());
         assert!(out.problems.is_empty(), "{:?}", out.problems);
         assert_eq!(out.topologies.len(), 1);
         assert_eq!(out.topologies[0].metadata.namespace.as_deref(), Some("x"));
-        assert_eq!(out.nodes, vec![("n1".to_string(), Some("10.1.0.1".parse().unwrap()))]);
+        // Every Node is read (pod routes need the others too), with its InternalIP.
+        let nodes: Vec<_> = out
+            .nodes
+            .iter()
+            .map(|n| (n.name.as_str(), n.addresses.clone()))
+            .collect();
+        assert_eq!(
+            nodes,
+            vec![
+                ("n1", vec!["10.1.0.1".parse::<IpAddr>().unwrap()]),
+                ("n2", vec!["10.1.0.2".parse::<IpAddr>().unwrap()])
+            ]
+        );
     }
 
     #[test]
     fn unknown_kinds_are_ignored_and_bad_ones_reported() {
         let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\napiVersion: networkop.co.uk/v1alpha1\nkind: Topology\nmetadata: {name: r1}\n---\napiVersion: networkop.co.uk/v1beta1\nkind: Topology\nmetadata: {name: r2}\nspec: {links: [{uid: x}]}\n---\n42\n";
-        let out = parse_file(Path::new("x.yml"), text.as_bytes(), "n1");
+        let out = parse_file(Path::new("x.yml"), text.as_bytes());
         assert!(out.topologies.is_empty());
         let objects: Vec<_> = out.problems.iter().map(|p| p.object.clone().unwrap()).collect();
         assert_eq!(
