@@ -293,10 +293,10 @@ impl Daemon {
     }
 
     fn command(&self) -> Command {
-        self.command_with(&self.socket(), &self.state_dir())
+        self.command_with(&self.socket(), &self.state_dir(), "127.0.0.1:9384")
     }
 
-    fn command_with(&self, socket: &Path, state: &Path) -> Command {
+    fn command_with(&self, socket: &Path, state: &Path, http: &str) -> Command {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -305,7 +305,7 @@ impl Daemon {
         let mut c = self.node.cmd(bin("weftd").to_str().unwrap());
         c.args(["--socket", socket.to_str().unwrap()])
             .args(["--state-dir", state.to_str().unwrap()])
-            .args(["--metrics-addr", "127.0.0.1:9384"])
+            .args(["--metrics-addr", http])
             .args(["--node-name", &self.node_name])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -318,13 +318,27 @@ impl Daemon {
     /// its own socket) or the socket (with its own state); returns its exit status (it
     /// is expected to refuse). Its log goes to the same file.
     pub fn start_second(&self, share_state: bool) -> ExitStatus {
-        let mut c = if share_state {
-            self.command_with(&self.dir.path().join("second.sock"), &self.state_dir())
-        } else {
-            self.command_with(&self.socket(), &self.dir.path().join("second-state"))
-        };
-        let mut child = c.spawn().unwrap();
+        let mut child = self.spawn_second(share_state, Duration::from_secs(1));
         wait_exit(&mut child, Duration::from_secs(10)).expect("a second weftd exits")
+    }
+
+    /// Spawns a second weftd beside this one (as [`Daemon::start_second`]) that waits up
+    /// to `lock_wait` for this one to release the state directory; its socket is
+    /// [`Daemon::second_socket`] when it shares the state. Killed with the returned guard.
+    pub fn spawn_second(&self, share_state: bool, lock_wait: Duration) -> Child {
+        let mut c = if share_state {
+            // Its own HTTP port: this one's is bound while it lives.
+            self.command_with(&self.second_socket(), &self.state_dir(), "127.0.0.1:9386")
+        } else {
+            self.command_with(&self.socket(), &self.dir.path().join("second-state"), "127.0.0.1:9386")
+        };
+        c.env("WEFT_LOCK_WAIT", lock_wait.as_secs().to_string());
+        c.spawn().unwrap()
+    }
+
+    /// The socket of a second weftd sharing this one's state.
+    pub fn second_socket(&self) -> PathBuf {
+        self.dir.path().join("second.sock")
     }
 
     fn spawn(&mut self) {
