@@ -163,7 +163,8 @@ impl NodeKernel for HostKernel {
                 // Only weft's permanent entries decide where frames go; the kernel's own
                 // IPv6 link-local address and its neighbour discovery have nothing to do
                 // on this device.
-                let _ = self.inside(|| weft_kernel::sysctl::write(&format!("net/ipv6/conf/{VXLAN_DEVICE}/accept_dad"), "0"));
+                let _ = self
+                    .inside(|| weft_kernel::sysctl::write(&format!("net/ipv6/conf/{VXLAN_DEVICE}/accept_dad"), "0"));
                 self.nl.set_up(index, true).map_err(os("setting the VXLAN device up"))
             }
             Change::DeleteVxlan => self

@@ -28,7 +28,10 @@ fn until<T: PartialEq + std::fmt::Debug>(what: &str, mut read: impl FnMut() -> T
         if got == want {
             return start.elapsed();
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "{what}: still {got:?}, want {want:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{what}: still {got:?}, want {want:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -81,7 +84,9 @@ async fn node_events_reach_the_kernel() {
         routes,
         vec![("10.244.2.0/24".into(), "172.30.1.3".into(), "uplink".into())],
     );
-    view.wait_for(|v| v.ranges == vec!["10.244.1.0/24".parse().unwrap()]).await.unwrap();
+    view.wait_for(|v| v.ranges == vec!["10.244.1.0/24".parse().unwrap()])
+        .await
+        .unwrap();
 
     // Added: n3 behind the router, through VXLAN.
     put(&server, &node("n3", "172.30.3.2", &["10.244.3.0/24"]));
@@ -139,7 +144,9 @@ async fn node_events_reach_the_kernel() {
 
     // This node's own podCIDRs changed: announced to the handler, counted.
     put(&server, &node("n1", "172.30.1.2", &["10.244.100.0/24"]));
-    view.wait_for(|v| v.ranges == vec!["10.244.100.0/24".parse().unwrap()]).await.unwrap();
+    view.wait_for(|v| v.ranges == vec!["10.244.100.0/24".parse().unwrap()])
+        .await
+        .unwrap();
     assert_eq!(metrics.node_pod_cidr_changes.get(), 1);
 
     let _ = stop_tx.send(());

@@ -166,4 +166,3 @@ impl Node {
         sh(self.ns.path(), &["nft", "list", "table", "inet", "weft-egress"])
     }
 }
-

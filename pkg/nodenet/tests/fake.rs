@@ -1,0 +1,240 @@
+//! The engine against a fake kernel, without root: for any sequence of cluster states
+//! (nodes coming, going, moving, changing podCIDRs; any routing mode), one pass brings
+//! the kernel to the plan, a second pass finds nothing to do, the next state is reached
+//! from wherever the last one left the kernel, and routes that are not weft's are never
+//! touched.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use proptest::prelude::*;
+use weft_kernel::KernelError;
+use weft_nodenet::*;
+use weft_topology::ClusterNode;
+
+/// A kernel in memory: weft's routes (with a foreign one beside them), the device and
+/// its entries, the masquerade table; answers on-link for 172.30.1.0/24 only.
+#[derive(Default)]
+struct Fake {
+    routes: Vec<ObservedRoute>,
+    foreign: Vec<ObservedRoute>,
+    vxlan: Option<ObservedVxlan>,
+    addresses: Vec<IpAddr>,
+    fdb: Vec<(Mac, IpAddr)>,
+    neighbours: BTreeMap<IpAddr, Mac>,
+    masq: Option<MasqSets>,
+    next_index: u32,
+}
+
+const UPLINK: u32 = 2;
+
+impl NodeKernel for Fake {
+    fn underlay_mtu(&mut self, _local: IpAddr) -> Result<Option<u32>, KernelError> {
+        Ok(Some(1500))
+    }
+    fn on_link(&mut self, addr: IpAddr) -> Result<bool, KernelError> {
+        Ok("172.30.1.0/24".parse::<IpNet>().unwrap().contains(&addr))
+    }
+    fn observe(&mut self) -> Result<Observed, KernelError> {
+        Ok(Observed {
+            routes: self.routes.clone(),
+            vxlan: self.vxlan.clone(),
+            vxlan_addresses: self.addresses.clone(),
+            fdb: self.fdb.clone(),
+            neighbours: self.neighbours.iter().map(|(a, b)| (*a, *b)).collect(),
+        })
+    }
+    fn apply(&mut self, change: &Change) -> Result<(), KernelError> {
+        let gone = || KernelError::os("fake", std::io::Error::from_raw_os_error(libc::ENODEV));
+        match change {
+            Change::CreateVxlan(s) => {
+                assert!(self.vxlan.is_none(), "device created twice");
+                self.next_index += 1;
+                self.vxlan = Some(ObservedVxlan {
+                    index: 100 + self.next_index,
+                    vni: Some(s.vni),
+                    port: Some(s.port),
+                    local: Some(s.local),
+                    mac: s.mac.to_vec(),
+                    mtu: s.mtu,
+                    up: true,
+                });
+            }
+            Change::DeleteVxlan => {
+                let v = self.vxlan.take().ok_or_else(gone)?;
+                // Its routes and entries go with it, as in the kernel.
+                self.routes.retain(|r| r.oif != Some(v.index));
+                self.addresses.clear();
+                self.fdb.clear();
+                self.neighbours.clear();
+            }
+            Change::SetVxlanMac(m) => self.vxlan.as_mut().ok_or_else(gone)?.mac = m.to_vec(),
+            Change::SetVxlanMtu(m) => self.vxlan.as_mut().ok_or_else(gone)?.mtu = *m,
+            Change::SetVxlanUp => self.vxlan.as_mut().ok_or_else(gone)?.up = true,
+            Change::AddAddress(a) => {
+                self.vxlan.as_ref().ok_or_else(gone)?;
+                assert!(!self.addresses.contains(a), "address added twice");
+                self.addresses.push(*a);
+            }
+            Change::DeleteAddress(a) => self.addresses.retain(|x| x != a),
+            Change::AddFdb(m, d) => {
+                self.vxlan.as_ref().ok_or_else(gone)?;
+                self.fdb.retain(|(mm, _)| mm != m);
+                self.fdb.push((*m, *d));
+            }
+            Change::DeleteFdb(m, d) => self.fdb.retain(|e| e != &(*m, *d)),
+            Change::AddNeighbour(ip, m) => {
+                self.vxlan.as_ref().ok_or_else(gone)?;
+                self.neighbours.insert(*ip, *m);
+            }
+            Change::DeleteNeighbour(ip) => {
+                self.neighbours.remove(ip);
+            }
+            Change::AddRoute(r) => {
+                let oif = if r.over_vxlan {
+                    Some(self.vxlan.as_ref().ok_or_else(gone)?.index)
+                } else {
+                    Some(UPLINK)
+                };
+                assert!(
+                    !self.routes.iter().chain(&self.foreign).any(|x| x.dst == r.dst),
+                    "route {} added over an existing one",
+                    r.dst
+                );
+                self.routes.push(ObservedRoute {
+                    dst: r.dst,
+                    gateway: Some(r.gateway),
+                    oif,
+                });
+            }
+            Change::DeleteRoute(r) => {
+                let before = self.routes.len();
+                self.routes.retain(|x| x != r);
+                assert_eq!(
+                    before,
+                    self.routes.len() + 1,
+                    "deleted a route that was not weft's: {r:?}"
+                );
+            }
+        }
+        Ok(())
+    }
+    fn masquerade(&mut self) -> Result<MasqFound, KernelError> {
+        Ok(match &self.masq {
+            None => MasqFound::Absent,
+            Some(s) => MasqFound::Sets(s.clone()),
+        })
+    }
+    fn set_masquerade(&mut self, change: &MasqChange) -> Result<(), KernelError> {
+        match change {
+            MasqChange::Install(s) => self.masq = Some(s.clone()),
+            MasqChange::Remove => self.masq = None,
+            MasqChange::Update { add, delete } => {
+                let m = self.masq.as_mut().expect("updated a missing table");
+                for d in &delete.pods {
+                    assert!(m.pods.remove(d), "deleted a missing element");
+                }
+                for d in &delete.exceptions {
+                    assert!(m.exceptions.remove(d));
+                }
+                for a in &add.pods {
+                    assert!(m.pods.insert(*a), "added an element twice");
+                }
+                for a in &add.exceptions {
+                    assert!(m.exceptions.insert(*a));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A cluster state: each of up to five peers absent or present with an address on-link
+/// or behind a router, and one or two podCIDRs.
+fn cluster() -> impl Strategy<Value = Vec<ClusterNode>> {
+    proptest::collection::vec((0u8..4, any::<bool>(), 0u8..3), 5).prop_map(|peers| {
+        let mut nodes = vec![ClusterNode {
+            name: "n0".into(),
+            addresses: vec!["172.30.1.10".parse().unwrap()],
+            pod_cidrs: vec!["10.244.0.0/24".parse().unwrap()],
+        }];
+        for (i, (place, two, shift)) in peers.into_iter().enumerate() {
+            let i = i as u8 + 1;
+            let address: IpAddr = match place {
+                0 => continue,
+                1 => format!("172.30.1.{}", 10 + i).parse().unwrap(),
+                2 => format!("172.30.{}.2", 10 + i).parse().unwrap(),
+                _ => format!("172.30.{}.3", 20 + i).parse().unwrap(),
+            };
+            let base = i * 10 + shift;
+            let mut pod_cidrs: Vec<IpNet> = vec![format!("10.244.{base}.0/24").parse().unwrap()];
+            if two {
+                pod_cidrs.push(format!("fd00:10:244:{base:x}::/64").parse().unwrap());
+            }
+            nodes.push(ClusterNode {
+                name: format!("n{i}"),
+                addresses: vec![address],
+                pod_cidrs,
+            });
+        }
+        nodes
+    })
+}
+
+fn routing() -> impl Strategy<Value = PodRouting> {
+    prop_oneof![
+        Just(PodRouting::Auto),
+        Just(PodRouting::Direct),
+        Just(PodRouting::Vxlan),
+        Just(PodRouting::None)
+    ]
+}
+
+fn config(routing: PodRouting, masquerade: bool) -> Config {
+    Config {
+        node_name: "n0".into(),
+        node_address: None,
+        routing,
+        vxlan_port: DEFAULT_VXLAN_PORT,
+        vxlan_vni: 1,
+        masquerade,
+        no_masquerade: vec![],
+        resync: Duration::from_secs(60),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn every_state_is_reached_in_one_pass_and_kept(
+        states in proptest::collection::vec((cluster(), routing(), any::<bool>()), 1..6)
+    ) {
+        let mut k = Fake {
+            foreign: vec![ObservedRoute { dst: "10.99.0.0/24".parse().unwrap(), gateway: Some("172.30.1.1".parse().unwrap()), oif: Some(UPLINK) }],
+            ..Fake::default()
+        };
+        let mut previous: Option<Desired> = None;
+        for (nodes, routing, masquerade) in states {
+            let cfg = config(routing, masquerade);
+            let (d, out) = run_pass(&cfg, &nodes, &[], previous.as_ref(), &mut k);
+            prop_assert!(out.failures.is_empty(), "{:?}", out.failures);
+            // The kernel holds the plan.
+            let routes: std::collections::BTreeSet<_> = k.routes.iter().map(|r| (r.dst, r.gateway)).collect();
+            let want: std::collections::BTreeSet<_> = d.routes.iter().map(|r| (r.dst, Some(r.gateway))).collect();
+            prop_assert_eq!(routes, want);
+            prop_assert_eq!(k.vxlan.is_some(), d.vxlan.is_some());
+            let fdb: std::collections::BTreeSet<_> = k.fdb.iter().copied().collect();
+            prop_assert_eq!(&fdb, &d.fdb);
+            prop_assert_eq!(&k.masq, &d.masquerade);
+            // A second pass has nothing to do.
+            let (d2, again) = run_pass(&cfg, &nodes, &[], Some(&d), &mut k);
+            prop_assert_eq!(&d2, &d);
+            prop_assert_eq!(again, PassOutcome::default());
+            previous = Some(d);
+        }
+        prop_assert_eq!(k.foreign.len(), 1, "the foreign route is untouched");
+    }
+}
