@@ -17,6 +17,7 @@ packages=(
   nftables conntrack             # host ports: weftd writes its table with nft and flushes UDP flows
   busybox-static                 # the httpd workload image of the CRI host-port test
   iperf3                         # weftctl bench --compare wires: TCP throughput across wires
+  buildah                        # the weft image, built offline from the Containerfile (test/tests/install.rs)
 )
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
@@ -35,6 +36,11 @@ systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || t
 if ! ls .venv/lib/python3*/site-packages/rotel/rotel-agent >/dev/null 2>&1; then
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check rotel==0.0.1a15
+fi
+# kubernetes-validate: the rendered manifests checked offline against the Kubernetes
+# schemas it ships (test/tests/install.rs).
+if [ "$(.venv/bin/pip show kubernetes-validate 2>/dev/null | sed -n 's/^Version: //p')" != 1.37.0 ]; then
+  .venv/bin/pip install -q --disable-pip-version-check kubernetes-validate==1.37.0
 fi
 # @grafana/schema and a JSON Schema validator, pinned by test/grafana/package-lock.json.
 if [ ! -d test/grafana/node_modules/@grafana/schema ]; then

@@ -43,7 +43,11 @@ fn failed(checks: &[LinkCheck]) -> Vec<String> {
 }
 
 fn in_ns(ns: &str, args: &[&str]) -> String {
-    let out = Command::new("ip").args(["netns", "exec", ns]).args(args).output().unwrap();
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{args:?} in {ns}: {}",
@@ -75,14 +79,22 @@ fn metric(lab: &Lab, node: &str, series: &str) -> f64 {
 }
 
 fn fdb(lab: &Lab, node: &str) -> Vec<(String, String)> {
-    let text = in_ns(&lab.node_ns(node), &["bridge", "-j", "fdb", "show", "dev", "weft-vxlan"]);
+    let text = in_ns(
+        &lab.node_ns(node),
+        &["bridge", "-j", "fdb", "show", "dev", "weft-vxlan"],
+    );
     let v: Value = serde_json::from_str(&text).unwrap_or(Value::Array(vec![]));
     let mut out: Vec<_> = v
         .as_array()
         .unwrap()
         .iter()
         .filter(|e| e["dst"].is_string())
-        .map(|e| (e["mac"].as_str().unwrap().to_string(), e["dst"].as_str().unwrap().to_string()))
+        .map(|e| {
+            (
+                e["mac"].as_str().unwrap().to_string(),
+                e["dst"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     out.sort();
     out
@@ -92,7 +104,10 @@ fn fdb(lab: &Lab, node: &str) -> Vec<(String, String)> {
 fn routes(lab: &Lab, node: &str) -> Vec<String> {
     let mut out = Vec::new();
     for family in ["-4", "-6"] {
-        let text = in_ns(&lab.node_ns(node), &["ip", "-j", family, "route", "show", "proto", "75"]);
+        let text = in_ns(
+            &lab.node_ns(node),
+            &["ip", "-j", family, "route", "show", "proto", "75"],
+        );
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::Array(vec![]));
         out.extend(
             v.as_array()
@@ -122,7 +137,10 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     if !privileged() {
         return;
     }
-    let (lab, dir) = lab("cr", &format!("{NODES}underlay: routed\nunderlay_mtu: 9000\nipv6: true\n"));
+    let (lab, dir) = lab(
+        "cr",
+        &format!("{NODES}underlay: routed\nunderlay_mtu: 9000\nipv6: true\n"),
+    );
     let lab = &lab.0;
     lab.up().expect("lab up");
     let checks = lab.check_network(Duration::from_secs(10));
@@ -136,11 +154,22 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     // Nodes in different subnets: VXLAN, routes through weft's device, no NAT between
     // pods (c1 sees a1's own address).
     assert_eq!(metric(lab, "n1", "weft_node_peers{mode=\"vxlan\"}"), 2.0);
-    assert_eq!(routes(lab, "n1"), vec!["10.244.2.0/24", "10.244.3.0/24", "fd00:10:244:2::/64", "fd00:10:244:3::/64"]);
+    assert_eq!(
+        routes(lab, "n1"),
+        vec![
+            "10.244.2.0/24",
+            "10.244.3.0/24",
+            "fd00:10:244:2::/64",
+            "fd00:10:244:3::/64"
+        ]
+    );
     let a1 = lab.pod_addresses("a1")[0];
     let c1 = lab.pod_addresses("c1")[0];
     let sock = udp_in(&lab.pod_ns("c1"));
-    in_ns(&lab.pod_ns("a1"), &["bash", "-c", &format!("echo hello > /dev/udp/{c1}/7777")]);
+    in_ns(
+        &lab.pod_ns("a1"),
+        &["bash", "-c", &format!("echo hello > /dev/udp/{c1}/7777")],
+    );
     let mut buf = [0u8; 64];
     let (n, from) = sock.recv_from(&mut buf).expect("a datagram from a1");
     assert_eq!(&buf[..n], b"hello\n");
@@ -150,20 +179,30 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     let mtu = in_ns(&lab.pod_ns("a1"), &["cat", "/sys/class/net/eth0/mtu"]);
     assert_eq!(mtu.trim(), "8950");
     let c1 = c1.to_string();
-    in_ns(&lab.pod_ns("a1"), &["ping", "-c1", "-W2", "-M", "do", "-s", "8872", &c1]);
+    in_ns(
+        &lab.pod_ns("a1"),
+        &["ping", "-c1", "-W2", "-M", "do", "-s", "8872", &c1],
+    );
 
     // n3 readdressed: it answers on a second address, its Node object says so; n1 and
     // n2 move their FDB entries within 2 s, and pods still reach c1.
-    in_ns(&lab.node_ns("n3"), &["ip", "addr", "add", "172.30.3.3/24", "dev", "uplink"]);
+    in_ns(
+        &lab.node_ns("n3"),
+        &["ip", "addr", "add", "172.30.3.3/24", "dev", "uplink"],
+    );
     let mut nodes = lab.node_objects();
     nodes[2].addresses = vec!["172.30.3.3".parse().unwrap()];
     let start = Instant::now();
     lab.publish_nodes(&nodes).unwrap();
     for n in ["n1", "n2"] {
-        within(&format!("{n} follows n3's new address"), Duration::from_secs(2) - start.elapsed(), || {
-            fdb(lab, n).iter().any(|(_, dst)| dst == "172.30.3.3")
-                && !fdb(lab, n).iter().any(|(_, dst)| dst == "172.30.3.2")
-        });
+        within(
+            &format!("{n} follows n3's new address"),
+            Duration::from_secs(2) - start.elapsed(),
+            || {
+                fdb(lab, n).iter().any(|(_, dst)| dst == "172.30.3.3")
+                    && !fdb(lab, n).iter().any(|(_, dst)| dst == "172.30.3.2")
+            },
+        );
     }
     let took = start.elapsed();
     eprintln!("Node readdressed -> every other node's FDB in step: {took:?}");
@@ -173,11 +212,20 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     let start = Instant::now();
     lab.publish_nodes(&[nodes[0].clone(), nodes[2].clone()]).unwrap();
     for n in ["n1", "n3"] {
-        within(&format!("{n} drops n2's routes"), Duration::from_secs(2) - start.elapsed(), || {
-            !routes(lab, n).iter().any(|r| r.starts_with("10.244.2.") || r.starts_with("fd00:10:244:2:"))
-        });
+        within(
+            &format!("{n} drops n2's routes"),
+            Duration::from_secs(2) - start.elapsed(),
+            || {
+                !routes(lab, n)
+                    .iter()
+                    .any(|r| r.starts_with("10.244.2.") || r.starts_with("fd00:10:244:2:"))
+            },
+        );
     }
-    eprintln!("Node removed -> every other node's routes in step: {:?}", start.elapsed());
+    eprintln!(
+        "Node removed -> every other node's routes in step: {:?}",
+        start.elapsed()
+    );
     lab.publish_nodes(&lab.node_objects()).unwrap();
     within("n2 back", Duration::from_secs(2), || routes(lab, "n1").len() == 4);
 
@@ -185,7 +233,10 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     // masquerade table. The outside cannot answer pods without masquerade; the next
     // reconcile pass (the lab's interval is 10 s) repairs all of it and counts it.
     in_ns(&lab.node_ns("n1"), &["ip", "route", "del", "10.244.3.0/24"]);
-    in_ns(&lab.node_ns("n1"), &["ip", "neigh", "flush", "dev", "weft-vxlan", "nud", "permanent"]);
+    in_ns(
+        &lab.node_ns("n1"),
+        &["ip", "neigh", "flush", "dev", "weft-vxlan", "nud", "permanent"],
+    );
     in_ns(&lab.node_ns("n1"), &["nft", "delete", "table", "inet", "weft-egress"]);
     assert!(
         !try_in_ns(&lab.pod_ns("a1"), &["ping", "-c1", "-W1", weft_lab::OUTSIDE_ADDRESS]),
@@ -216,7 +267,12 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
         .collect();
     assert!(queries.len() >= 6, "only {} pod network panel queries", queries.len());
     for q in &queries {
-        assert!(!prom.query(&q.expr).is_empty(), "panel {:?} returns nothing: {}", q.title, q.expr);
+        assert!(
+            !prom.query(&q.expr).is_empty(),
+            "panel {:?} returns nothing: {}",
+            q.title,
+            q.expr
+        );
     }
 }
 

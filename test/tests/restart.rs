@@ -21,9 +21,16 @@ fn a_second_weftd_waits_for_the_state_lock_and_serves_once_it_is_free() {
     let mut second = d.spawn_second(true, Duration::from_secs(20));
     // It waits, and says so once.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !d.log().contains("another weftd holds the state directory; waiting for it to exit") {
+    while !d
+        .log()
+        .contains("another weftd holds the state directory; waiting for it to exit")
+    {
         assert!(Instant::now() < deadline, "no waiting line:\n{}", d.log());
-        assert!(second.try_wait().unwrap().is_none(), "the second weftd gave up at once:\n{}", d.log());
+        assert!(
+            second.try_wait().unwrap().is_none(),
+            "the second weftd gave up at once:\n{}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(500));
@@ -38,11 +45,22 @@ fn a_second_weftd_waits_for_the_state_lock_and_serves_once_it_is_free() {
     let deadline = Instant::now() + Duration::from_secs(15);
     while !serves(&d.second_socket()) {
         assert!(Instant::now() < deadline, "the second weftd never served:\n{}", d.log());
-        assert!(second.try_wait().unwrap().is_none(), "the second weftd exited:\n{}", d.log());
+        assert!(
+            second.try_wait().unwrap().is_none(),
+            "the second weftd exited:\n{}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(d.log().contains("the previous weftd released the state directory"), "{}", d.log());
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(second.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        d.log().contains("the previous weftd released the state directory"),
+        "{}",
+        d.log()
+    );
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     assert!(wait_exit(&mut second, Duration::from_secs(15)).is_some());
 }
 

@@ -42,6 +42,9 @@ enum Command {
     Lab(commands::lab::LabAction),
     /// Prints the CustomResourceDefinitions (Topology, WireState) as YAML.
     Crds,
+    /// Installs the plugin and the network config on this node, each atomically (the
+    /// DaemonSet's init container runs it).
+    InstallCni(commands::install::InstallArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => commands::bench::run(args, cli.json),
         Command::Lab(args) => commands::lab::run(args, cli.json),
         Command::Crds => commands::crds::run(),
+        Command::InstallCni(args) => commands::install::run(args, cli.json),
         command => async_command(command, &cli.socket, cli.json),
     };
     match outcome {
@@ -71,7 +75,9 @@ fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyh
             Command::Calls(args) => commands::calls::run(socket, args, json).await,
             Command::Ports => commands::ports::run(socket, json).await,
             Command::Wires => commands::wires::run(socket, json).await,
-            Command::Bench(_) | Command::Lab(_) | Command::Crds => unreachable!("run outside the runtime"),
+            Command::Bench(_) | Command::Lab(_) | Command::Crds | Command::InstallCni(_) => {
+                unreachable!("run outside the runtime")
+            }
         }
     })
 }

@@ -12,6 +12,12 @@ pub const K8S_POD_NAMESPACE: &str = "K8S_POD_NAMESPACE";
 pub const K8S_POD_UID: &str = "K8S_POD_UID";
 /// `CNI_ARGS` key of the pod's sandbox (infra) container id.
 pub const K8S_POD_INFRA_CONTAINER_ID: &str = "K8S_POD_INFRA_CONTAINER_ID";
+/// `CNI_ARGS` key of the addresses a runtime asks for (podman's `--ip`): one per
+/// family, comma-separated, each with or without a prefix. See [`crate::request`].
+pub const IP: &str = "IP";
+/// `CNI_ARGS` key of the MAC a runtime asks for on the pod's interface (podman's
+/// `--mac-address`). See [`crate::request`].
+pub const MAC: &str = "MAC";
 
 /// Parses `CNI_ARGS` into a map. Unknown keys are kept (weft ignores what it does not
 /// use, as `IgnoreUnknown=1` asks); a pair without `=` or with an empty key is an
@@ -61,6 +67,13 @@ mod tests {
     #[test]
     fn value_may_contain_equals() {
         assert_eq!(parse_cni_args("A=b=c").unwrap()["A"], "b=c");
+    }
+
+    #[test]
+    fn podman_style_requests_are_kept_for_the_daemon() {
+        let m = parse_cni_args("IgnoreUnknown=1;IP=10.88.0.7;MAC=0a:58:0a:58:00:07").unwrap();
+        assert_eq!(m[IP], "10.88.0.7");
+        assert_eq!(m[MAC], "0a:58:0a:58:00:07");
     }
 
     #[test]

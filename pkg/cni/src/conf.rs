@@ -1,10 +1,12 @@
 //! The network configuration weft reads from stdin: the spec's keys plus weft's own
-//! (`socket`, `ranges`, `mtu`).
+//! (`socket`, `ranges`, `mtu`, `routes`, `defaultRoute`).
 //!
 //! ```json
 //! {"cniVersion":"1.1.0","name":"weft","type":"weft","socket":"/run/weft/weftd.sock",
 //!  "ranges":["10.244.1.0/24","fd00:10:244:1::/64"],"mtu":1500}
 //! ```
+
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use rscni_types::types::{CNIResult, Cmd, GcAttachment, NetConf, RuntimeConf};
@@ -16,8 +18,14 @@ use crate::{CniError, code};
 /// Largest network configuration accepted on stdin.
 pub const MAX_CONFIG_BYTES: usize = 1 << 20;
 
-/// MTU used when the config sets none.
+/// MTU used when neither the config nor the node sets one.
 pub const DEFAULT_MTU: u32 = 1500;
+
+/// The least MTU IPv6 allows on a link (RFC 8200).
+pub const MIN_MTU_V6: u32 = 1280;
+
+/// The least MTU IPv4 allows on a link (RFC 791).
+pub const MIN_MTU_V4: u32 = 68;
 
 /// Default path of the daemon socket (config key `socket`).
 pub const DEFAULT_SOCKET: &str = "/run/weft/weftd.sock";
@@ -177,6 +185,18 @@ fn socket_of(conf: &NetConf) -> Result<String, CniError> {
     }
 }
 
+/// A route the config asks weft to install in the pod (`routes[]`, as host-local
+/// spells them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteConf {
+    /// The destination; `0.0.0.0/0` or `::/0` is a default route.
+    pub dst: IpNet,
+    /// The next hop the config names. A weft pod has one neighbour, the host end, so
+    /// the only usable next hop is the gateway of the pod's range in `dst`'s family:
+    /// the daemon refuses any other. `None`: that gateway.
+    pub gw: Option<IpAddr>,
+}
+
 /// The whole configuration, validated for one command, as the daemon uses it.
 #[derive(Debug, Clone)]
 pub struct NetworkConfig {
@@ -184,11 +204,26 @@ pub struct NetworkConfig {
     pub version: SpecVersion,
     /// The network name (attachments are keyed by it).
     pub name: String,
-    /// Address ranges to allocate from, in the order given (validated for ADD and
-    /// STATUS; may be empty for other commands).
+    /// Address ranges to allocate from, in the order given; validated for ADD, CHECK
+    /// and STATUS. Empty when the config gives none: the node's pod ranges apply then
+    /// (the daemon decides; a standalone node has none).
     pub ranges: Vec<IpNet>,
-    /// MTU of both veth ends.
-    pub mtu: u32,
+    /// MTU of both veth ends, when the config sets one (checked against IPv6 only
+    /// where `ranges` are given; the daemon checks the MTU it uses against the ranges
+    /// it uses). `None`: the node's default.
+    pub mtu: Option<u32>,
+    /// ADD: routes to install in the pod besides the default route, in order.
+    pub routes: Vec<RouteConf>,
+    /// ADD: `defaultRoute`. `Some(true)`: a default route per family through this
+    /// network (it must not exist yet); `Some(false)`: none; `None`: one per family the
+    /// pod has no default route for yet (its first network gets them).
+    pub default_route: Option<bool>,
+    /// ADD: addresses the runtime asks for (`runtimeConfig.ips`, the `ips`
+    /// capability), at most one per family; a prefix given with one is dropped.
+    pub ips: Vec<IpAddr>,
+    /// ADD: the MAC the runtime asks for on the pod's interface (`runtimeConfig.mac`,
+    /// the `mac` capability).
+    pub mac: Option<[u8; 6]>,
     /// The previous plugin's result when weft is chained.
     pub prev_result: Option<CNIResult>,
     /// GC: the attachments the runtime still considers valid.
@@ -201,8 +236,9 @@ pub struct NetworkConfig {
 
 impl NetworkConfig {
     /// Decodes and validates `bytes` for `cmd`. Ranges and MTU are required to be valid
-    /// only where they are used (ADD, CHECK, STATUS), so a DEL or GC with a config that
-    /// has since gone bad can still clean up.
+    /// only where they are used (ADD, CHECK, STATUS), and routes and what the runtime
+    /// asks for only for ADD, so a DEL or GC with a config that has since gone bad can
+    /// still clean up.
     pub fn parse(bytes: &[u8], cmd: Cmd) -> Result<Self, CniError> {
         let (conf, mappings) = decode_split(bytes)?;
         let version = version::negotiate(&conf.cni_version, cmd)?;
@@ -224,18 +260,28 @@ impl NetworkConfig {
         let mtu = match parse_mtu(conf.custom.get("mtu"), &ranges) {
             Ok(m) => m,
             Err(e) if strict => return Err(e),
-            Err(_) => DEFAULT_MTU,
+            Err(_) => None,
         };
-        let port_mappings = if cmd == Cmd::Add {
-            parse_port_mappings(mappings.as_ref())?
+        let add = cmd == Cmd::Add;
+        let (routes, default_route, ips, mac, port_mappings) = if add {
+            let routes = parse_routes(conf.custom.get("routes"))?;
+            let default_route = parse_default_route(conf.custom.get("defaultRoute"), &routes)?;
+            let custom = conf.runtime_config.as_ref().map(|rc| &rc.custom);
+            let ips = parse_runtime_ips(custom.and_then(|c| c.get("ips")))?;
+            let mac = parse_runtime_mac(custom.and_then(|c| c.get("mac")))?;
+            (routes, default_route, ips, mac, parse_port_mappings(mappings.as_ref())?)
         } else {
-            Vec::new()
+            (Vec::new(), None, Vec::new(), None, Vec::new())
         };
         Ok(Self {
             version,
             name: conf.name,
             ranges,
             mtu,
+            routes,
+            default_route,
+            ips,
+            mac,
             prev_result: conf.prev_result,
             valid_attachments: conf.valid_attachments,
             runtime_config: conf.runtime_config,
@@ -252,12 +298,9 @@ pub const MAX_V6_PREFIX: u8 = 126;
 fn parse_ranges(v: Option<&Value>) -> Result<Vec<IpNet>, CniError> {
     let bad = |d: String| CniError::new(code::INVALID_CONFIG, d);
     let list = match v {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        Some(Value::Array(_)) | None | Some(Value::Null) => {
-            return Err(bad(
-                "`ranges` is missing or empty: give at least one CIDR, e.g. [\"10.244.1.0/24\"]".into(),
-            ));
-        }
+        Some(Value::Array(a)) => a,
+        // Left to the node: the daemon falls back to the node's pod ranges.
+        None | Some(Value::Null) => return Ok(Vec::new()),
         Some(other) => {
             return Err(bad(format!("`ranges` must be a list of CIDR strings, got {other}")));
         }
@@ -268,49 +311,172 @@ fn parse_ranges(v: Option<&Value>) -> Result<Vec<IpNet>, CniError> {
             return Err(bad(format!("range {item} is not a CIDR string")));
         };
         let net: IpNet = s.parse().map_err(|_| bad(format!("range {s:?} is not a valid CIDR")))?;
+        out.push(net);
+    }
+    check_ranges(&out).map_err(bad)?;
+    Ok(out)
+}
+
+/// Checks ranges as weft needs them: network addresses (no host bits), at most /30
+/// (IPv4) or /126 (IPv6) so a pod fits beside the gateway, none overlapping another.
+/// Used for the config's `ranges` and for the node's pod ranges alike; the error
+/// names the first bad range.
+pub fn check_ranges(ranges: &[IpNet]) -> Result<(), String> {
+    for (i, net) in ranges.iter().enumerate() {
         if net.network() != net.addr() {
-            return Err(bad(format!(
-                "range {s:?} has host bits set; did you mean {}?",
+            return Err(format!(
+                "range \"{net}\" has host bits set; did you mean {}?",
                 net.trunc()
-            )));
+            ));
         }
         let max = match net {
             IpNet::V4(_) => MAX_V4_PREFIX,
             IpNet::V6(_) => MAX_V6_PREFIX,
         };
         if net.prefix_len() > max {
+            return Err(format!(
+                "range \"{net}\" is too small: the prefix may be at most /{max}"
+            ));
+        }
+        if let Some(o) = ranges[..i].iter().find(|o| o.contains(net) || net.contains(*o)) {
+            return Err(format!("range \"{net}\" overlaps range {o}"));
+        }
+    }
+    Ok(())
+}
+
+/// The least MTU a pod with addresses from `ranges` may have: 1280 with an IPv6
+/// range, else 68.
+pub fn min_mtu(ranges: &[IpNet]) -> u32 {
+    if ranges.iter().any(|r| matches!(r, IpNet::V6(_))) {
+        MIN_MTU_V6
+    } else {
+        MIN_MTU_V4
+    }
+}
+
+fn parse_mtu(v: Option<&Value>, ranges: &[IpNet]) -> Result<Option<u32>, CniError> {
+    let mtu = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(_) => None,
+    };
+    let min = min_mtu(ranges);
+    match mtu {
+        Some(m) if (u64::from(min)..=65535).contains(&m) => Ok(Some(m as u32)),
+        _ => Err(CniError::new(
+            code::INVALID_CONFIG,
+            format!(
+                "`mtu` must be an integer between {min} and 65535{}, got {}",
+                if min == MIN_MTU_V6 { " (IPv6 needs 1280)" } else { "" },
+                v.map_or(String::new(), |v| v.to_string())
+            ),
+        )),
+    }
+}
+
+/// Parses `routes`: `[{"dst": CIDR, "gw": IP?}, ...]`. Keys other than `dst` and
+/// `gw` are refused rather than ignored (weft installs none of them), as are host
+/// bits, a `gw` of another family, and a destination listed twice.
+fn parse_routes(v: Option<&Value>) -> Result<Vec<RouteConf>, CniError> {
+    let bad = |d: String| CniError::new(code::INVALID_CONFIG, format!("`routes`: {d}"));
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(other) => {
             return Err(bad(format!(
-                "range {s:?} is too small: the prefix may be at most /{max}"
+                "expected a list of {{\"dst\": CIDR}} objects, got {other}"
             )));
         }
-        if let Some(o) = out.iter().find(|o| o.contains(&net) || net.contains(*o)) {
-            return Err(bad(format!("range {s:?} overlaps range {o}")));
+    };
+    let mut out: Vec<RouteConf> = Vec::with_capacity(list.len());
+    for entry in list {
+        let Value::Object(o) = entry else {
+            return Err(bad(format!("entry {entry} is not an object")));
+        };
+        if let Some(k) = o.keys().find(|k| !["dst", "gw"].contains(&k.as_str())) {
+            return Err(bad(format!(
+                "key `{k}` in {entry} is not supported: a weft route has `dst` and optionally `gw`"
+            )));
         }
-        out.push(net);
+        let dst: IpNet = match o.get("dst") {
+            Some(Value::String(s)) => s.parse().map_err(|_| bad(format!("dst {s:?} is not a CIDR")))?,
+            _ => return Err(bad(format!("{entry} has no `dst` CIDR string"))),
+        };
+        if dst.network() != dst.addr() {
+            return Err(bad(format!(
+                "dst \"{dst}\" has host bits set; did you mean {}?",
+                dst.trunc()
+            )));
+        }
+        let gw = match o.get("gw") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => {
+                let gw: IpAddr = s.parse().map_err(|_| bad(format!("gw {s:?} is not an IP address")))?;
+                if gw.is_ipv4() != dst.addr().is_ipv4() {
+                    return Err(bad(format!("gw {gw} is not of the family of dst {dst}")));
+                }
+                Some(gw)
+            }
+            Some(other) => return Err(bad(format!("gw {other} is not a string"))),
+        };
+        if out.iter().any(|r| r.dst == dst) {
+            return Err(bad(format!("dst {dst} is listed twice")));
+        }
+        out.push(RouteConf { dst, gw });
     }
     Ok(out)
 }
 
-fn parse_mtu(v: Option<&Value>, ranges: &[IpNet]) -> Result<u32, CniError> {
-    let mtu = match v {
-        None | Some(Value::Null) => return Ok(DEFAULT_MTU),
-        Some(Value::Number(n)) => n.as_u64(),
-        Some(_) => None,
+fn parse_default_route(v: Option<&Value>, routes: &[RouteConf]) -> Result<Option<bool>, CniError> {
+    let choice = match v {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(other) => {
+            return Err(CniError::new(
+                code::INVALID_CONFIG,
+                format!("`defaultRoute` must be true or false, got {other}"),
+            ));
+        }
     };
-    let min = if ranges.iter().any(|r| matches!(r, IpNet::V6(_))) {
-        1280
-    } else {
-        68
-    };
-    match mtu {
-        Some(m) if (min..=65535).contains(&m) => Ok(m as u32),
-        _ => Err(CniError::new(
+    if choice == Some(false)
+        && let Some(r) = routes.iter().find(|r| r.dst.prefix_len() == 0)
+    {
+        return Err(CniError::new(
             code::INVALID_CONFIG,
-            format!(
-                "`mtu` must be an integer between {min} and 65535, got {}",
-                v.map_or(String::new(), |v| v.to_string())
-            ),
-        )),
+            format!("`defaultRoute` is false but `routes` lists the default route {}", r.dst),
+        ));
+    }
+    Ok(choice)
+}
+
+/// Parses `runtimeConfig.ips` (the `ips` capability): a list of addresses, each with
+/// or without a prefix (podman sends `10.88.0.7/16`); the prefix is dropped, as pods
+/// hold a /32 or /128. At most one per family.
+fn parse_runtime_ips(v: Option<&Value>) -> Result<Vec<IpAddr>, CniError> {
+    let bad = |d: String| CniError::new(code::INVALID_CONFIG, format!("runtimeConfig.ips: {d}"));
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(other) => return Err(bad(format!("expected a list of addresses, got {other}"))),
+    };
+    let mut items = Vec::with_capacity(list.len());
+    for item in list {
+        let Value::String(s) = item else {
+            return Err(bad(format!("{item} is not an address string")));
+        };
+        items.push(s.as_str());
+    }
+    crate::request::parse_ips(items).map_err(bad)
+}
+
+/// Parses `runtimeConfig.mac` (the `mac` capability).
+fn parse_runtime_mac(v: Option<&Value>) -> Result<Option<[u8; 6]>, CniError> {
+    let bad = |d: String| CniError::new(code::INVALID_CONFIG, format!("runtimeConfig.mac: {d}"));
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => crate::request::parse_mac(s).map(Some).map_err(bad),
+        Some(other) => Err(bad(format!("{other} is not a MAC address string"))),
     }
 }
 
@@ -331,7 +497,93 @@ mod tests {
         .unwrap();
         assert_eq!(c.name, "weft");
         assert_eq!(c.ranges.len(), 2);
-        assert_eq!(c.mtu, 1400);
+        assert_eq!(c.mtu, Some(1400));
+        assert!(c.routes.is_empty() && c.default_route.is_none() && c.ips.is_empty() && c.mac.is_none());
+    }
+
+    #[test]
+    fn ranges_and_mtu_may_be_left_to_the_node() {
+        for cmd in [Cmd::Add, Cmd::Status, Cmd::Del] {
+            for none in ["", r#","ranges":[]"#, r#","ranges":null"#] {
+                let c = NetworkConfig::parse(&conf(none), cmd).unwrap();
+                assert!(c.ranges.is_empty(), "{none}");
+                assert_eq!(c.mtu, None);
+            }
+        }
+        // Without ranges, the IPv6 floor is the daemon's to check against the node's.
+        assert_eq!(
+            NetworkConfig::parse(&conf(r#","mtu":1000"#), Cmd::Add).unwrap().mtu,
+            Some(1000)
+        );
+        assert!(NetworkConfig::parse(&conf(r#","mtu":67"#), Cmd::Add).is_err());
+        assert_eq!(min_mtu(&["10.0.0.0/24".parse().unwrap()]), 68);
+        assert_eq!(
+            min_mtu(&["10.0.0.0/24".parse().unwrap(), "fd00::/64".parse().unwrap()]),
+            1280
+        );
+    }
+
+    #[test]
+    fn routes_and_default_route_parse() {
+        let c = NetworkConfig::parse(
+            &conf(r#","routes":[{"dst":"10.0.0.0/8"},{"dst":"::/0","gw":"fd00::1"}],"defaultRoute":true"#),
+            Cmd::Add,
+        )
+        .unwrap();
+        assert_eq!(
+            c.routes,
+            vec![
+                RouteConf {
+                    dst: "10.0.0.0/8".parse().unwrap(),
+                    gw: None
+                },
+                RouteConf {
+                    dst: "::/0".parse().unwrap(),
+                    gw: Some("fd00::1".parse().unwrap())
+                },
+            ]
+        );
+        assert_eq!(c.default_route, Some(true));
+        let c = NetworkConfig::parse(&conf(r#","defaultRoute":false"#), Cmd::Add).unwrap();
+        assert_eq!(c.default_route, Some(false));
+    }
+
+    #[test]
+    fn bad_routes_are_code_7_for_add_only() {
+        for bad in [
+            r#","routes":{"dst":"10.0.0.0/8"}"#,
+            r#","routes":["10.0.0.0/8"]"#,
+            r#","routes":[{"gw":"10.0.0.1"}]"#,
+            r#","routes":[{"dst":"10.0.0.1/8"}]"#,
+            r#","routes":[{"dst":"nonsense"}]"#,
+            r#","routes":[{"dst":"10.0.0.0/8","gw":"fd00::1"}]"#,
+            r#","routes":[{"dst":"10.0.0.0/8","gw":"x"}]"#,
+            r#","routes":[{"dst":"10.0.0.0/8","table":100}]"#,
+            r#","routes":[{"dst":"10.0.0.0/8"},{"dst":"10.0.0.0/8"}]"#,
+            r#","defaultRoute":"yes""#,
+            r#","defaultRoute":false,"routes":[{"dst":"0.0.0.0/0"}]"#,
+        ] {
+            let e = NetworkConfig::parse(&conf(bad), Cmd::Add).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}: {e}");
+            assert!(NetworkConfig::parse(&conf(bad), Cmd::Del).is_ok(), "{bad}");
+            assert!(NetworkConfig::parse(&conf(bad), Cmd::Check).is_ok(), "{bad}");
+        }
+        let e = NetworkConfig::parse(&conf(r#","routes":[{"dst":"10.0.0.0/8","table":100}]"#), Cmd::Add).unwrap_err();
+        assert!(e.details.contains("`table`"), "{}", e.details);
+    }
+
+    #[test]
+    fn runtime_config_ips_and_mac_parse() {
+        let c = NetworkConfig::parse(
+            &conf(r#","runtimeConfig":{"ips":["fd00::7/64","10.244.1.7/24"],"mac":"0a:58:0a:f4:01:07"}"#),
+            Cmd::Add,
+        )
+        .unwrap();
+        assert_eq!(
+            c.ips,
+            vec!["10.244.1.7".parse::<IpAddr>().unwrap(), "fd00::7".parse().unwrap()]
+        );
+        assert_eq!(c.mac, Some([0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x07]));
     }
 
     #[test]
@@ -364,10 +616,9 @@ mod tests {
             r#","ranges":["10.0.0.1/24"]"#,
             r#","ranges":["10.0.0.0/31"]"#,
             r#","ranges":["nonsense"]"#,
-            r#","ranges":[]"#,
             r#","ranges":"10.0.0.0/24""#,
             r#","ranges":["10.0.0.0/16","10.0.1.0/24"]"#,
-            "",
+            r#","ranges":["fd00::/64","fd00::/48"]"#,
         ] {
             let e = NetworkConfig::parse(&conf(bad), Cmd::Add).unwrap_err();
             assert_eq!(e.code, code::INVALID_CONFIG, "{bad}: {e}");

@@ -40,6 +40,11 @@ pub mod code {
     pub const INTERFACE_EXISTS: u32 = 105;
     /// A host port the pod asks for is held by another pod.
     pub const HOST_PORT_IN_USE: u32 = 106;
+    /// The address the runtime asks for is held by another attachment.
+    pub const ADDRESS_IN_USE: u32 = 107;
+    /// A route the attachment would install exists in the pod already (another
+    /// network of the pod installed it).
+    pub const ROUTE_EXISTS: u32 = 108;
 
     /// Every code above with its short name, in order: the source of `docs/errors.md`.
     pub const ALL: &[(u32, &str)] = &[
@@ -60,6 +65,8 @@ pub mod code {
         (CHECK_FAILED, "check failed"),
         (INTERFACE_EXISTS, "interface already exists"),
         (HOST_PORT_IN_USE, "host port in use"),
+        (ADDRESS_IN_USE, "requested address in use"),
+        (ROUTE_EXISTS, "route already exists"),
     ];
 
     /// The short name of `code`, or "error" for a code weft does not define.

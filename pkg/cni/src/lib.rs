@@ -9,12 +9,13 @@
 pub mod args;
 pub mod conf;
 pub mod error;
+pub mod request;
 pub mod result;
 pub mod validate;
 pub mod version;
 
 pub use args::parse_cni_args;
-pub use conf::{HostIp, NetworkConfig, PluginConfig, PortMappingConf};
+pub use conf::{HostIp, NetworkConfig, PluginConfig, PortMappingConf, RouteConf};
 pub use error::{CniError, code};
 pub use rscni_types::types::{CNIResult, Cmd, Dns, GcAttachment, Interface, IpConfig, Route};
 pub use version::SpecVersion;

@@ -10,7 +10,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use proptest::prelude::*;
 use rscni_types::types::CNIResultWithVersion;
 use serde_json::{Value, json};
-use weft_cni::conf::{DEFAULT_MTU, DEFAULT_SOCKET, declared_version};
+use weft_cni::conf::{DEFAULT_SOCKET, declared_version};
 use weft_cni::result::{merge_prev, render};
 use weft_cni::version::SUPPORTED;
 use weft_cni::{
@@ -110,14 +110,19 @@ fn check_accepted(bytes: &[u8], cmd: Cmd) {
             assert!(SUPPORTED.contains(&c.version.to_string().as_str()));
             assert!(!c.name.is_empty());
             if matches!(cmd, Cmd::Add | Cmd::Check | Cmd::Status) {
-                assert!(!c.ranges.is_empty());
+                // Ranges may be left to the node; those given are usable.
                 for (i, r) in c.ranges.iter().enumerate() {
                     assert_eq!(r.network(), r.addr(), "{r} has host bits");
                     for o in &c.ranges[i + 1..] {
                         assert!(!r.contains(o) && !o.contains(r), "{r} overlaps {o}");
                     }
                 }
-                assert!((68..=65535).contains(&c.mtu));
+                if let Some(m) = c.mtu {
+                    assert!((68..=65535).contains(&m));
+                    if c.ranges.iter().any(|r| matches!(r, IpNet::V6(_))) {
+                        assert!(m >= 1280, "an IPv6 range needs 1280, got {m}");
+                    }
+                }
             }
             if cmd != Cmd::Add {
                 assert!(c.port_mappings.is_empty());
@@ -297,7 +302,7 @@ proptest! {
         prop_assert_eq!(parsed.version.to_string(), c.version);
         prop_assert_eq!(&parsed.name, &c.name);
         prop_assert_eq!(&parsed.ranges, &c.ranges);
-        prop_assert_eq!(parsed.mtu, c.mtu.unwrap_or(DEFAULT_MTU));
+        prop_assert_eq!(parsed.mtu, c.mtu);
         prop_assert!(parsed.prev_result.is_none());
         prop_assert_eq!(parsed.port_mappings.len(), c.mappings.len());
         for (got, want) in parsed.port_mappings.iter().zip(&c.mappings) {

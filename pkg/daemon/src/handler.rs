@@ -6,18 +6,23 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use ipnet::IpNet;
+use tokio::sync::watch;
 use tracing::{Instrument, info, warn};
-use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
+use weft_cni::args::{IP, K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID, MAC};
+use weft_cni::request::{self, Requested};
 use weft_cni::{CNIResult, Cmd, CniError, HostIp, Interface, IpConfig, NetworkConfig, Route, code, result, validate};
 use weft_failpoint::failpoint;
 use weft_kernel::KernelError;
-use weft_kernel::ptp::{PodAddress, PodNetwork};
+use weft_kernel::ptp::{self, PodAddress, PodNetwork, PodRoute, RouteRequest};
 use weft_portmap::{Entries, Hairpin, HostPort, Protocol};
 use weft_rpc::cnirpc::CniArgs;
 use weft_store::{
-    Attachment, AttachmentKey, BeginAdd, Family, NewAttachment, PodRef, PortMapping, PortRequest, State, StoreError,
+    Attachment, AttachmentKey, BeginAdd, Family, InstalledRoute, NewAttachment, PodRef, PortMapping, PortRequest,
+    State, StoreError,
 };
 
+use crate::defaults::{self, PodDefaults};
 use crate::locks::{KeyedLocks, Teardowns};
 use crate::naming;
 use crate::seams::{Ipam, PodNetworking, WiredPod, Wiring};
@@ -45,6 +50,7 @@ pub struct Handler<I, K> {
     teardowns: Arc<Teardowns>,
     node: NodeInfo,
     wiring: Option<Arc<dyn Wiring>>,
+    defaults: Option<watch::Receiver<PodDefaults>>,
 }
 
 fn store_err(e: StoreError) -> CniError {
@@ -52,12 +58,26 @@ fn store_err(e: StoreError) -> CniError {
         StoreError::Exhausted { .. } => CniError::new(code::RANGE_EXHAUSTED, e.to_string()),
         StoreError::PortTaken { .. } => CniError::new(code::HOST_PORT_IN_USE, e.to_string()),
         StoreError::PortInvalid(_) => CniError::new(code::INVALID_CONFIG, e.to_string()),
+        StoreError::AddressTaken { .. } => CniError::new(code::ADDRESS_IN_USE, e.to_string()),
+        StoreError::AddressInvalid(_) => CniError::new(code::INVALID_CONFIG, e.to_string()),
         StoreError::Closed => CniError::new(code::TRY_AGAIN_LATER, "weftd is shutting down"),
         other => CniError::new(code::STORE, other.to_string()),
     }
 }
 
 fn kernel_err(e: KernelError) -> CniError {
+    if ptp::is_route_conflict(&e)
+        && let KernelError::Os { step, .. } = &e
+    {
+        return CniError::new(
+            code::ROUTE_EXISTS,
+            format!(
+                "{step}: the pod has a route to that destination already (another network of the pod, or its \
+                 runtime, installed it); leave it out of `routes`, leave `defaultRoute` unset, and give each \
+                 network of a pod its own ranges"
+            ),
+        );
+    }
     match e {
         KernelError::InvalidNetns { .. } => CniError::new(code::INVALID_NETNS, e.to_string()),
         KernelError::InterfaceExists { .. } => CniError::new(code::INTERFACE_EXISTS, e.to_string()),
@@ -141,7 +161,8 @@ pub fn host_port_entries(host_ifname: &str, ports: &[PortMapping]) -> Entries {
 
 /// The kernel description of a stored attachment.
 fn pod_network(att: &Attachment) -> PodNetwork {
-    let (host_mac, pod_mac) = naming::macs(&att.key.container_id, &att.key.ifname);
+    let (host_mac, derived) = naming::macs(&att.key.container_id, &att.key.ifname);
+    let pod_mac = att.pod_mac.unwrap_or(derived);
     PodNetwork {
         netns: PathBuf::from(&att.netns),
         ifname: att.key.ifname.clone(),
@@ -161,8 +182,183 @@ fn pod_network(att: &Attachment) -> PodNetwork {
     }
 }
 
-/// The CNI result (current layout) describing an attachment.
-fn cni_result(att: &Attachment, net: &PodNetwork) -> CNIResult {
+/// The kernel's form of a route the store keeps.
+fn pod_route(r: &InstalledRoute) -> PodRoute {
+    PodRoute {
+        dst: r.dst.network(),
+        prefix_len: r.dst.prefix_len(),
+        gateway: r.gateway,
+    }
+}
+
+/// The store's form of a route the kernel installed.
+fn installed_route(r: &PodRoute) -> InstalledRoute {
+    InstalledRoute {
+        dst: IpNet::new(r.dst, r.prefix_len).expect("routes are built from valid prefixes"),
+        gateway: r.gateway,
+    }
+}
+
+/// The routes of a stored attachment, as the kernel checks and repairs them.
+fn pod_routes(att: &Attachment) -> Vec<PodRoute> {
+    att.routes.iter().map(pod_route).collect()
+}
+
+/// Refuses a route `gw` that cannot be the pod's next hop before anything is touched:
+/// a weft pod has one neighbour, the host end, which holds the gateway of the pod's
+/// range of each family; so a `gw` must be the gateway of one of `ranges`.
+fn check_route_gateways(conf: &NetworkConfig, ranges: &[IpNet]) -> Result<(), CniError> {
+    for r in &conf.routes {
+        let Some(gw) = r.gw else { continue };
+        let family: Vec<&IpNet> = ranges.iter().filter(|n| n.addr().is_ipv4() == gw.is_ipv4()).collect();
+        if !family.iter().any(|n| weft_store::gateway(n) == gw) {
+            return Err(CniError::new(
+                code::INVALID_CONFIG,
+                format!(
+                    "`routes`: the route to {} names gw {gw}, but a pod's only next hop is the gateway of its range \
+                     (the first address: {}); leave `gw` out",
+                    r.dst,
+                    if family.is_empty() {
+                        "the network has no range of that family".to_string()
+                    } else {
+                        family
+                            .iter()
+                            .map(|n| format!("{} for {n}", weft_store::gateway(n)))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The routes an ADD asks the kernel for, through the pod's gateways: a default route
+/// per family with `defaultRoute: true`, then the config's `routes` (those of a family
+/// the pod has no address in are skipped: one config may serve single- and
+/// dual-stack nodes). With `defaultRoute` unset, the kernel adds a default route for
+/// each family the pod has none of yet, so a pod's first network gets them and a
+/// second one does not.
+fn route_request(conf: &NetworkConfig, att: &Attachment) -> Result<RouteRequest, CniError> {
+    let of_family = |v6: bool| att.addresses.iter().find(|a| a.address.is_ipv6() == v6);
+    let mut routes = Vec::new();
+    if conf.default_route == Some(true) {
+        for a in &att.addresses {
+            let listed = conf
+                .routes
+                .iter()
+                .any(|r| r.dst.prefix_len() == 0 && r.dst.addr().is_ipv6() == a.address.is_ipv6());
+            if !listed {
+                routes.push(PodRoute::default_via(a.gateway));
+            }
+        }
+    }
+    for r in &conf.routes {
+        let Some(a) = of_family(r.dst.addr().is_ipv6()) else {
+            continue;
+        };
+        if let Some(gw) = r.gw
+            && gw != a.gateway
+        {
+            return Err(CniError::new(
+                code::INVALID_CONFIG,
+                format!(
+                    "`routes`: the route to {} names gw {gw}, but the pod's address {} came from range {}, whose \
+                     gateway {} is its only next hop; leave `gw` out",
+                    r.dst, a.address, a.range, a.gateway
+                ),
+            ));
+        }
+        routes.push(PodRoute {
+            dst: r.dst.network(),
+            prefix_len: r.dst.prefix_len(),
+            gateway: a.gateway,
+        });
+    }
+    Ok(RouteRequest {
+        routes,
+        default_unless_present: conf.default_route.is_none(),
+    })
+}
+
+/// Refuses a requested address outside every range before anything is touched,
+/// naming where it was asked for and the ranges. (The store refuses the rest in the
+/// ADD's transaction: an address that is no pod address of its range, or is taken.)
+fn check_requested(req: &Requested, ranges: &[IpNet]) -> Result<(), CniError> {
+    for r in &req.ips {
+        if ranges.iter().any(|n| n.contains(&r.address)) {
+            continue;
+        }
+        let family = if r.address.is_ipv4() { Family::V4 } else { Family::V6 };
+        let same: Vec<String> = ranges
+            .iter()
+            .filter(|n| n.addr().is_ipv4() == r.address.is_ipv4())
+            .map(ToString::to_string)
+            .collect();
+        return Err(CniError::new(
+            code::INVALID_CONFIG,
+            if same.is_empty() {
+                format!(
+                    "{} asks for {}, but the network has no {family} range (ranges: {})",
+                    r.source,
+                    r.address,
+                    ranges.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                )
+            } else {
+                format!(
+                    "{} asks for {}, which is outside every {family} range of the network: {}",
+                    r.source,
+                    r.address,
+                    same.join(", ")
+                )
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses to return an attachment that exists already for an ADD asking for
+/// another address or MAC than it has: the runtime would believe the pod has them.
+fn check_existing_matches(att: &Attachment, req: &Requested) -> Result<(), CniError> {
+    let differs = |what: String| {
+        Err(CniError::new(
+            code::INVALID_CONFIG,
+            format!(
+                "attachment {} exists already with {what}; DEL it before asking for another",
+                att.key
+            ),
+        ))
+    };
+    for r in &req.ips {
+        if !att.addresses.iter().any(|a| a.address == r.address) {
+            let held: Vec<String> = att.addresses.iter().map(|a| a.address.to_string()).collect();
+            return differs(format!(
+                "address {} ({} asks for {})",
+                held.join(", "),
+                r.source,
+                r.address
+            ));
+        }
+    }
+    if let Some(mac) = req.mac {
+        let has = att
+            .pod_mac
+            .unwrap_or_else(|| naming::macs(&att.key.container_id, &att.key.ifname).1);
+        if has != mac {
+            return differs(format!(
+                "MAC {} (this ADD asks for {})",
+                naming::mac_string(&has),
+                naming::mac_string(&mac)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The CNI result (current layout) describing an attachment and the routes it
+/// installed.
+fn cni_result(att: &Attachment, net: &PodNetwork, installed: &[InstalledRoute]) -> CNIResult {
     let interfaces = vec![
         Interface {
             name: net.host_ifname.clone(),
@@ -190,16 +386,11 @@ fn cni_result(att: &Attachment, net: &PodNetwork) -> CNIResult {
             gateway: Some(a.gateway),
         })
         .collect();
-    let routes = att
-        .addresses
+    let routes = installed
         .iter()
-        .map(|a| Route {
-            dst: if a.address.is_ipv4() {
-                "0.0.0.0/0".parse().unwrap()
-            } else {
-                "::/0".parse().unwrap()
-            },
-            gw: Some(a.gateway),
+        .map(|r| Route {
+            dst: r.dst,
+            gw: Some(r.gateway),
             mtu: None,
             advmss: None,
             priority: None,
@@ -215,6 +406,22 @@ fn cni_result(att: &Attachment, net: &PodNetwork) -> CNIResult {
     }
 }
 
+impl<I, K> Handler<I, K> {
+    /// Lets network configs leave `ranges` and `mtu` to the node: ADD and STATUS then
+    /// use the node's pod ranges and pod MTU as `rx` holds them at the time of the
+    /// call. Without it (a standalone node), a config must give `ranges`.
+    pub fn with_pod_defaults(mut self, rx: watch::Receiver<PodDefaults>) -> Self {
+        self.defaults = Some(rx);
+        self
+    }
+
+    /// The ranges and MTU a config resolves to on this node for `cmd`.
+    fn effective(&self, conf: &NetworkConfig, cmd: Cmd) -> Result<defaults::Effective, CniError> {
+        let node = self.defaults.as_ref().map(|rx| rx.borrow().clone());
+        defaults::resolve(conf, node.as_ref(), cmd)
+    }
+}
+
 impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// A handler over `ipam` and `net`.
     pub fn new(ipam: I, net: K, node: NodeInfo) -> Self {
@@ -225,6 +432,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             teardowns: Arc::new(Teardowns::default()),
             node,
             wiring: None,
+            defaults: None,
         }
     }
 
@@ -275,6 +483,14 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// ADD: attach the pod, or return the stored result if it is attached already.
     pub async fn add(&self, args: &CniArgs) -> Result<Vec<u8>, CniError> {
         let (conf, key) = decode(args, Cmd::Add)?;
+        let eff = self.effective(&conf, Cmd::Add)?;
+        let asked = request::requested(
+            &conf,
+            args.args.get(IP).map(String::as_str),
+            args.args.get(MAC).map(String::as_str),
+        )?;
+        check_requested(&asked, &eff.ranges)?;
+        check_route_gateways(&conf, &eff.ranges)?;
         self.check_netns(&args.netns).await?;
         let _guard = async {
             let guard = self.locks.lock(&args.container_id).await;
@@ -290,13 +506,16 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             netns: args.netns.clone(),
             pod: pod_ref(args),
             host_ifname: naming::host_ifname(&key.container_id, &key.ifname),
-            mtu: conf.mtu,
-            ranges: conf.ranges.clone(),
+            mtu: eff.mtu,
+            ranges: eff.ranges,
             ports: port_requests(&conf),
+            requested: asked.ips.iter().map(|r| r.address).collect(),
+            pod_mac: asked.mac,
         };
-        let begun = self.ipam.begin_add(spec.clone()).instrument(phase!("ipam")).await;
-        let att = match begun.map_err(store_err)? {
+        let begun = self.begin_add(&spec).instrument(phase!("ipam")).await;
+        let att = match begun? {
             BeginAdd::Existing(att) if att.state == State::Ready => {
+                check_existing_matches(&att, &asked)?;
                 let stored: CNIResult = att
                     .result
                     .as_deref()
@@ -312,7 +531,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 // Left by an interrupted ADD or teardown: finish removing it, then start over.
                 warn!(attachment = %key, state = stale.state.as_str(), "replacing an unfinished attachment");
                 self.finish_teardown(&stale).await?;
-                match self.ipam.begin_add(spec).await.map_err(store_err)? {
+                match self.begin_add(&spec).await? {
                     BeginAdd::Created(att) => att,
                     BeginAdd::Existing(_) => {
                         return Err(CniError::new(
@@ -326,11 +545,21 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         };
         failpoint!("add.ipam");
 
+        let routes = match route_request(&conf, &att) {
+            Ok(r) => r,
+            Err(e) => {
+                self.undo_add(&att).await;
+                return Err(e);
+            }
+        };
         let net = pod_network(&att);
-        if let Err(e) = self.net.setup(net.clone()).await {
-            self.undo_add(&att).await;
-            return Err(kernel_err(e));
-        }
+        let installed: Vec<InstalledRoute> = match self.net.setup(net.clone(), routes).await {
+            Ok(r) => r.iter().map(installed_route).collect(),
+            Err(e) => {
+                self.undo_add(&att).await;
+                return Err(kernel_err(e));
+            }
+        };
         if !att.ports.is_empty() {
             let added = self
                 .net
@@ -348,12 +577,12 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             }
             failpoint!("add.hostports");
         }
-        let ours = cni_result(&att, &net);
+        let ours = cni_result(&att, &net, &installed);
         let json = serde_json::to_string(&ours).expect("CNI results serialize");
         failpoint!("add.commit");
         if let Err(e) = self
             .ipam
-            .finish_add(att.id, json)
+            .finish_add(att.id, json, installed)
             .instrument(phase!("store_commit"))
             .await
         {
@@ -370,6 +599,24 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             conf.version,
             &result::merge_prev(conf.prev_result.as_ref(), &ours),
         ))
+    }
+
+    /// Records the attachment and allocates its addresses. A requested address held by
+    /// an attachment being torn down (a pod deleted and made again with the same
+    /// address, as `podman run --ip` after `podman rm`) frees up within milliseconds:
+    /// that teardown is waited for and the allocation tried once more, instead of
+    /// refusing.
+    async fn begin_add(&self, spec: &NewAttachment) -> Result<BeginAdd, CniError> {
+        match self.ipam.begin_add(spec.clone()).await {
+            Err(StoreError::AddressTaken {
+                key, deleting: true, ..
+            }) if self.teardowns.pending(&key) => {
+                info!(attachment = %spec.key, holder = %key, "the requested address is being released: waiting for it");
+                self.teardowns.wait(&key).await;
+                self.ipam.begin_add(spec.clone()).await.map_err(store_err)
+            }
+            other => other.map_err(store_err),
+        }
     }
 
     async fn undo_add(&self, att: &Attachment) {
@@ -404,11 +651,25 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             return Ok(());
         };
         failpoint!("del.intent");
-        if let (Some(w), Some(pod)) = (&self.wiring, Self::wired_pod(&att)) {
+        if let (Some(w), Some(pod)) = (&self.wiring, Self::wired_pod(&att))
+            && self.is_last_of_pod(&att).await
+        {
             w.pod_removed(pod).instrument(phase!("wires")).await;
         }
         self.start_teardown(att).await;
         Ok(())
+    }
+
+    /// Whether `att` is the last network of its pod that is not being torn down: the
+    /// pod's wires go only with it (a DEL of `net1` leaves the pod and its links).
+    async fn is_last_of_pod(&self, att: &Attachment) -> bool {
+        match self.ipam.container_attachments(att.key.container_id.clone()).await {
+            Ok(all) => !all.iter().any(|o| o.id != att.id && o.state != State::Deleting),
+            Err(e) => {
+                warn!(attachment = %att.key, error = %e, "cannot tell whether the pod has other networks; removing its wires");
+                true
+            }
+        }
     }
 
     /// Cuts the pod off now and finishes its teardown in the background.
@@ -502,7 +763,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                     continue;
                 }
             }
-            match self.net.repair(pod_network(&att)).await {
+            match self.net.repair(pod_network(&att), pod_routes(&att)).await {
                 Ok(kinds) => {
                     for kind in kinds {
                         warn!(attachment = %att.key, kind, "kernel state had drifted from the store: repaired");
@@ -572,17 +833,19 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             }
         }
         self.net
-            .check(pod_network(&att))
+            .check(pod_network(&att), pod_routes(&att))
             .instrument(phase!("check"))
             .await
             .map_err(kernel_err)
     }
 
     /// STATUS: can ADD be served for this config? Code 50 when every range of one of
-    /// its address families is full.
+    /// its address families is full, or when it leaves the ranges to a node that has
+    /// none yet.
     pub async fn status(&self, args: &CniArgs) -> Result<(), CniError> {
         let conf = NetworkConfig::parse(&args.stdin_data, Cmd::Status)?;
-        let usage = self.ipam.usage_of(conf.ranges.clone()).await.map_err(store_err)?;
+        let eff = self.effective(&conf, Cmd::Status)?;
+        let usage = self.ipam.usage_of(eff.ranges).await.map_err(store_err)?;
         for v6 in [false, true] {
             let fam: Vec<_> = usage.iter().filter(|u| u.range.addr().is_ipv6() == v6).collect();
             if !fam.is_empty() && fam.iter().all(|u| u.is_full()) {

@@ -7,6 +7,7 @@
 //! kernel. [`server`] serves it on the UNIX socket; [`recover`] finishes what a
 //! crash interrupted before anything is served.
 
+pub mod defaults;
 pub mod handler;
 pub mod locks;
 pub mod naming;
@@ -15,5 +16,6 @@ pub mod seams;
 pub mod server;
 pub mod service;
 
+pub use defaults::PodDefaults;
 pub use handler::{Handler, NodeInfo};
 pub use seams::{Ipam, KernelNetworking, PodNetworking, WireCounters, WireInfo, WiredPod, Wiring};

@@ -7,22 +7,34 @@ use std::path::PathBuf;
 
 use ipnet::IpNet;
 use weft_kernel::KernelError;
-use weft_kernel::ptp::PodNetwork;
+use weft_kernel::ptp::{PodNetwork, PodRoute, RouteRequest};
 use weft_portmap::Entries;
-use weft_store::{Attachment, AttachmentKey, BeginAdd, HeldPort, NewAttachment, RangeUsage, State, Store, StoreError};
+use weft_store::{
+    Attachment, AttachmentKey, BeginAdd, HeldPort, InstalledRoute, NewAttachment, RangeUsage, State, Store, StoreError,
+};
 
 /// Node state: attachments and the addresses they hold.
 pub trait Ipam: Send + Sync + 'static {
     /// Records intent to attach and allocates addresses, or returns the existing record.
     fn begin_add(&self, spec: NewAttachment) -> impl Future<Output = Result<BeginAdd, StoreError>> + Send;
-    /// Marks an attachment ready with its result.
-    fn finish_add(&self, id: i64, result_json: String) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Marks an attachment ready with its result and the routes it installed.
+    fn finish_add(
+        &self,
+        id: i64,
+        result_json: String,
+        routes: Vec<InstalledRoute>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Removes an attachment and releases its addresses.
     fn remove(&self, id: i64) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Marks the attachment of `key` as being torn down and returns it.
     fn begin_del(&self, key: AttachmentKey) -> impl Future<Output = Result<Option<Attachment>, StoreError>> + Send;
     /// The attachment of `key`.
     fn get(&self, key: AttachmentKey) -> impl Future<Output = Result<Option<Attachment>, StoreError>> + Send;
+    /// Every attachment of a container (the networks of one pod), in any state.
+    fn container_attachments(
+        &self,
+        container_id: String,
+    ) -> impl Future<Output = Result<Vec<Attachment>, StoreError>> + Send;
     /// Attachments, filtered by network and state.
     fn list(
         &self,
@@ -39,8 +51,8 @@ impl Ipam for Store {
     async fn begin_add(&self, spec: NewAttachment) -> Result<BeginAdd, StoreError> {
         self.run(move |db| db.begin_add(&spec)).await
     }
-    async fn finish_add(&self, id: i64, result_json: String) -> Result<(), StoreError> {
-        self.run(move |db| db.finish_add(id, &result_json)).await
+    async fn finish_add(&self, id: i64, result_json: String, routes: Vec<InstalledRoute>) -> Result<(), StoreError> {
+        self.run(move |db| db.finish_add(id, &result_json, &routes)).await
     }
     async fn remove(&self, id: i64) -> Result<(), StoreError> {
         self.run(move |db| db.remove(id)).await
@@ -50,6 +62,9 @@ impl Ipam for Store {
     }
     async fn get(&self, key: AttachmentKey) -> Result<Option<Attachment>, StoreError> {
         self.run(move |db| db.get(&key)).await
+    }
+    async fn container_attachments(&self, container_id: String) -> Result<Vec<Attachment>, StoreError> {
+        self.run(move |db| db.container_attachments(&container_id)).await
     }
     async fn list(&self, network: Option<String>, state: Option<State>) -> Result<Vec<Attachment>, StoreError> {
         self.run(move |db| db.list(network.as_deref(), state)).await
@@ -66,12 +81,22 @@ impl Ipam for Store {
 pub trait PodNetworking: Send + Sync + 'static {
     /// Checks that `path` names a network namespace, before anything is touched.
     fn validate_netns(&self, path: PathBuf) -> impl Future<Output = Result<(), KernelError>> + Send;
-    /// Builds a pod's networking, all or nothing.
-    fn setup(&self, net: PodNetwork) -> impl Future<Output = Result<(), KernelError>> + Send;
-    /// Compares a pod's networking with the kernel.
-    fn check(&self, net: PodNetwork) -> impl Future<Output = Result<(), KernelError>> + Send;
-    /// Brings a pod's networking back to what it should be; names what was repaired.
-    fn repair(&self, net: PodNetwork) -> impl Future<Output = Result<Vec<&'static str>, KernelError>> + Send;
+    /// Builds a pod's networking with the routes `routes` asks for, all or nothing;
+    /// returns the routes it installed.
+    fn setup(
+        &self,
+        net: PodNetwork,
+        routes: RouteRequest,
+    ) -> impl Future<Output = Result<Vec<PodRoute>, KernelError>> + Send;
+    /// Compares a pod's networking, with the routes its setup installed, with the kernel.
+    fn check(&self, net: PodNetwork, routes: Vec<PodRoute>) -> impl Future<Output = Result<(), KernelError>> + Send;
+    /// Brings a pod's networking, with the routes its setup installed, back to what it
+    /// should be; names what was repaired.
+    fn repair(
+        &self,
+        net: PodNetwork,
+        routes: Vec<PodRoute>,
+    ) -> impl Future<Output = Result<Vec<&'static str>, KernelError>> + Send;
     /// Cuts a pod off (fast); returns whether its host end existed.
     fn disconnect(&self, host_ifname: String) -> impl Future<Output = Result<bool, KernelError>> + Send;
     /// Removes a pod's veth pair (slow: waits for RCU); returns whether it existed.
@@ -116,14 +141,14 @@ impl PodNetworking for KernelNetworking {
     async fn validate_netns(&self, path: PathBuf) -> Result<(), KernelError> {
         weft_kernel::NetNs::open(&path).map(|_| ())
     }
-    async fn setup(&self, net: PodNetwork) -> Result<(), KernelError> {
-        blocking(move || net.setup()).await
+    async fn setup(&self, net: PodNetwork, routes: RouteRequest) -> Result<Vec<PodRoute>, KernelError> {
+        blocking(move || net.setup_routes(&routes)).await
     }
-    async fn check(&self, net: PodNetwork) -> Result<(), KernelError> {
-        blocking(move || net.check()).await
+    async fn check(&self, net: PodNetwork, routes: Vec<PodRoute>) -> Result<(), KernelError> {
+        blocking(move || net.check(&routes)).await
     }
-    async fn repair(&self, net: PodNetwork) -> Result<Vec<&'static str>, KernelError> {
-        blocking(move || net.repair()).await
+    async fn repair(&self, net: PodNetwork, routes: Vec<PodRoute>) -> Result<Vec<&'static str>, KernelError> {
+        blocking(move || net.repair(&routes)).await
     }
     async fn disconnect(&self, host_ifname: String) -> Result<bool, KernelError> {
         blocking(move || weft_kernel::ptp::disconnect(&host_ifname)).await

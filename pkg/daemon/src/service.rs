@@ -36,7 +36,7 @@ fn grpc_code(cni: u32) -> tonic::Code {
         code::TRY_AGAIN_LATER | code::NOT_AVAILABLE => tonic::Code::Unavailable,
         code::RANGE_EXHAUSTED => tonic::Code::ResourceExhausted,
         code::CHECK_FAILED => tonic::Code::FailedPrecondition,
-        code::INTERFACE_EXISTS => tonic::Code::AlreadyExists,
+        code::INTERFACE_EXISTS | code::ADDRESS_IN_USE | code::ROUTE_EXISTS => tonic::Code::AlreadyExists,
         _ => tonic::Code::Internal,
     }
 }

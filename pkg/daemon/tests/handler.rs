@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use weft_cni::code;
-use weft_daemon::{Handler, NodeInfo, PodNetworking};
+use weft_daemon::{Handler, NodeInfo, PodDefaults, PodNetworking, WireInfo, WiredPod, Wiring};
 use weft_kernel::KernelError;
-use weft_kernel::ptp::PodNetwork;
+use weft_kernel::ptp::{PodNetwork, PodRoute, RouteRequest};
 use weft_portmap::{Entries, HostPort};
 use weft_rpc::cnirpc::CniArgs;
 use weft_store::Store;
@@ -18,9 +18,14 @@ use weft_store::Store;
 /// Makes the error a scripted setup fails with.
 type Failure = fn() -> KernelError;
 
-/// A kernel that keeps "links" in a set.
+/// A kernel that keeps "links" in a set, and the default route of each family of
+/// each pod with the host end that installed it.
 #[derive(Default, Clone)]
 struct FakeNet {
+    defaults: Arc<Mutex<HashMap<(PathBuf, bool), String>>>,
+    setups: Arc<Mutex<Vec<(PodNetwork, RouteRequest)>>>,
+    checked: Arc<Mutex<Vec<Vec<PodRoute>>>>,
+    repaired: Arc<Mutex<Vec<Vec<PodRoute>>>>,
     ports: Arc<Mutex<HashSet<HostPort>>>,
     links: Arc<Mutex<HashSet<String>>>,
     fail_setup: Arc<Mutex<Option<Failure>>>,
@@ -41,21 +46,49 @@ impl PodNetworking for FakeNet {
             })
         }
     }
-    async fn setup(&self, net: PodNetwork) -> Result<(), KernelError> {
+    async fn setup(&self, net: PodNetwork, req: RouteRequest) -> Result<Vec<PodRoute>, KernelError> {
+        self.setups.lock().unwrap().push((net.clone(), req.clone()));
         if let Some(f) = *self.fail_setup.lock().unwrap() {
             return Err(f());
         }
+        // As the ptp driver: the default routes left to it where the pod has none, then
+        // the routes asked for, refusing one the pod has (as the kernel's EEXIST).
+        let mut defaults = self.defaults.lock().unwrap();
+        let mut out = Vec::new();
+        if req.default_unless_present {
+            for a in &net.addresses {
+                let v6 = a.address.is_ipv6();
+                let listed = req.routes.iter().any(|r| r.is_default() && r.dst.is_ipv6() == v6);
+                if !listed && !defaults.contains_key(&(net.netns.clone(), v6)) {
+                    out.push(PodRoute::default_via(a.gateway));
+                }
+            }
+        }
+        out.extend(req.routes.iter().copied());
+        for r in out.iter().filter(|r| r.is_default()) {
+            if defaults.contains_key(&(net.netns.clone(), r.dst.is_ipv6())) {
+                return Err(KernelError::os(
+                    format!("adding the pod route {r} dev {}", net.ifname),
+                    std::io::Error::from_raw_os_error(libc::EEXIST),
+                ));
+            }
+        }
+        for r in out.iter().filter(|r| r.is_default()) {
+            defaults.insert((net.netns.clone(), r.dst.is_ipv6()), net.host_ifname.clone());
+        }
         self.links.lock().unwrap().insert(net.host_ifname);
-        Ok(())
+        Ok(out)
     }
-    async fn check(&self, net: PodNetwork) -> Result<(), KernelError> {
+    async fn check(&self, net: PodNetwork, routes: Vec<PodRoute>) -> Result<(), KernelError> {
+        self.checked.lock().unwrap().push(routes);
         if let Some(d) = self.drift.lock().unwrap().clone() {
             return Err(KernelError::Drift(d));
         }
         assert!(self.links.lock().unwrap().contains(&net.host_ifname));
         Ok(())
     }
-    async fn repair(&self, net: PodNetwork) -> Result<Vec<&'static str>, KernelError> {
+    async fn repair(&self, net: PodNetwork, routes: Vec<PodRoute>) -> Result<Vec<&'static str>, KernelError> {
+        self.repaired.lock().unwrap().push(routes);
         // A missing link is rebuilt whole, as the ptp driver does.
         Ok(if self.links.lock().unwrap().insert(net.host_ifname) {
             vec!["veth"]
@@ -88,6 +121,7 @@ impl PodNetworking for FakeNet {
         let d = *self.remove_delay.lock().unwrap();
         tokio::time::sleep(d).await;
         *self.removes.lock().unwrap() += 1;
+        self.defaults.lock().unwrap().retain(|_, owner| *owner != host_ifname);
         Ok(self.links.lock().unwrap().remove(&host_ifname))
     }
 }
@@ -100,15 +134,31 @@ struct Env {
 }
 
 fn env() -> Env {
+    env_with(|h| h)
+}
+
+/// An environment whose handler `f` finishes building (pod defaults, wiring).
+fn env_with(f: impl FnOnce(Handler<Store, FakeNet>) -> Handler<Store, FakeNet>) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("weft.db")).unwrap();
     let net = FakeNet::default();
-    let h = Arc::new(Handler::new(store.clone(), net.clone(), NodeInfo { name: "n1".into() }));
+    let h = Arc::new(f(Handler::new(
+        store.clone(),
+        net.clone(),
+        NodeInfo { name: "n1".into() },
+    )));
     Env {
         _dir: dir,
         store,
         net,
         h,
+    }
+}
+
+fn node_defaults(ranges: &[&str], mtu: Option<u32>) -> PodDefaults {
+    PodDefaults {
+        ranges: ranges.iter().map(|r| r.parse().unwrap()).collect(),
+        mtu,
     }
 }
 
@@ -424,4 +474,382 @@ async fn reconcile_repairs_drift_and_collects_pods_whose_namespace_is_gone() {
     assert_eq!(cids, ["c1", "c3"]);
     assert_eq!(e.net.links.lock().unwrap().len(), 2);
     assert!(e.h.reconcile().await.unwrap().is_empty(), "repaired for good");
+}
+
+/// A network config without `ranges` and `mtu` (both left to the node).
+const BARE: &str = r#"{"cniVersion":"1.1.0","name":"weft","type":"weft"}"#;
+
+fn json(out: Vec<u8>) -> Value {
+    serde_json::from_slice(&out).unwrap()
+}
+
+async fn attachment(store: &Store, cid: &str, network: &str, ifname: &str) -> Option<weft_store::Attachment> {
+    let key = weft_store::AttachmentKey {
+        network: network.into(),
+        container_id: cid.into(),
+        ifname: ifname.into(),
+    };
+    store.run(move |db| db.get(&key)).await.unwrap()
+}
+
+#[tokio::test]
+async fn the_node_gives_ranges_and_mtu_to_configs_that_leave_them_open() {
+    let (tx, rx) = tokio::sync::watch::channel(node_defaults(&["10.3.0.0/29", "fd03::/64"], Some(1450)));
+    let e = env_with(|h| h.with_pod_defaults(rx));
+    let v = json(e.h.add(&args("c1", BARE)).await.unwrap());
+    assert_eq!(v["ips"][0]["address"], "10.3.0.2/32");
+    assert_eq!(v["ips"][1]["address"], "fd03::2/128");
+    assert_eq!(v["interfaces"][0]["mtu"], 1450, "the host end");
+    assert_eq!(v["interfaces"][1]["mtu"], 1450, "the pod end");
+    assert_eq!(attachment(&e.store, "c1", "weft", "eth0").await.unwrap().mtu, 1450);
+    assert_eq!(e.net.setups.lock().unwrap()[0].0.mtu, 1450, "the kernel built it so");
+    // STATUS reads the node's ranges too.
+    e.h.status(&args("", BARE)).await.unwrap();
+
+    // What the config says wins over the node.
+    let own = r#"{"cniVersion":"1.1.0","name":"weft","type":"weft","ranges":["10.4.0.0/29"],"mtu":9000}"#;
+    let v = json(e.h.add(&args("c2", own)).await.unwrap());
+    assert_eq!(v["ips"][0]["address"], "10.4.0.2/32");
+    assert_eq!(v["ips"].as_array().unwrap().len(), 1);
+    assert_eq!(v["interfaces"][1]["mtu"], 9000);
+    // A config with ranges but no MTU takes the node's MTU.
+    let ranges_only = r#"{"cniVersion":"1.1.0","name":"weft","type":"weft","ranges":["10.5.0.0/29"]}"#;
+    assert_eq!(
+        json(e.h.add(&args("c3", ranges_only)).await.unwrap())["interfaces"][1]["mtu"],
+        1450
+    );
+
+    // The node's ranges change (another engineer's watch feeds them): the next ADD
+    // follows; without an MTU from the node, 1500.
+    tx.send(node_defaults(&["10.6.0.0/29"], None)).unwrap();
+    let v = json(e.h.add(&args("c4", BARE)).await.unwrap());
+    assert_eq!(v["ips"][0]["address"], "10.6.0.2/32");
+    assert_eq!(v["interfaces"][1]["mtu"], 1500);
+}
+
+#[tokio::test]
+async fn without_node_ranges_an_add_is_retried_later_and_leaves_nothing() {
+    let (tx, rx) = tokio::sync::watch::channel(PodDefaults::default());
+    let e = env_with(|h| h.with_pod_defaults(rx));
+    let err = e.h.add(&args("c1", BARE)).await.unwrap_err();
+    assert_eq!(err.code, code::TRY_AGAIN_LATER);
+    assert!(err.details.contains("no pod ranges yet"), "{}", err.details);
+    assert!(err.details.contains("spec.podCIDRs"), "{}", err.details);
+    let st = e.h.status(&args("", BARE)).await.unwrap_err();
+    assert_eq!(st.code, code::NOT_AVAILABLE);
+    assert!(e.store.run(|db| db.list(None, None)).await.unwrap().is_empty());
+    assert!(e.net.setups.lock().unwrap().is_empty());
+    // A config with its own ranges does not wait for the node.
+    e.h.add(&args("c2", CONF)).await.unwrap();
+    // Once the node has its ranges, the retry succeeds.
+    tx.send(node_defaults(&["10.7.0.0/29"], None)).unwrap();
+    e.h.add(&args("c1", BARE)).await.unwrap();
+
+    // A standalone node (no pod defaults at all): the config must say.
+    let standalone = env();
+    let err = standalone.h.add(&args("c1", BARE)).await.unwrap_err();
+    assert_eq!(err.code, code::INVALID_CONFIG);
+    assert!(err.details.contains("`ranges` is missing"), "{}", err.details);
+    assert_eq!(
+        standalone.h.status(&args("", BARE)).await.unwrap_err().code,
+        code::INVALID_CONFIG
+    );
+}
+
+#[tokio::test]
+async fn the_mtu_used_must_suit_the_ranges_used() {
+    let (_tx, rx) = tokio::sync::watch::channel(node_defaults(&["10.3.0.0/29", "fd03::/64"], Some(1230)));
+    let e = env_with(|h| h.with_pod_defaults(rx));
+    let err = e.h.add(&args("c1", BARE)).await.unwrap_err();
+    assert_eq!(err.code, code::INVALID_CONFIG);
+    assert!(
+        err.details.contains("1230") && err.details.contains("1280"),
+        "{}",
+        err.details
+    );
+    // Set in the config, the MTU is checked against the node's IPv6 range as well.
+    let small = r#"{"cniVersion":"1.1.0","name":"weft","type":"weft","mtu":1000}"#;
+    assert_eq!(
+        e.h.add(&args("c1", small)).await.unwrap_err().code,
+        code::INVALID_CONFIG
+    );
+    let fine = r#"{"cniVersion":"1.1.0","name":"weft","type":"weft","mtu":1280}"#;
+    e.h.add(&args("c1", fine)).await.unwrap();
+    assert_eq!(allocated(&e.store).await, 2, "only the good ADD holds addresses");
+}
+
+fn second(conf_extra: &str) -> String {
+    format!(
+        r#"{{"cniVersion":"1.1.0","name":"second","type":"weft","ranges":["10.20.0.0/29","fd20::/64"]{conf_extra}}}"#
+    )
+}
+
+fn net1(cid: &str, conf: &str) -> CniArgs {
+    let mut a = args(cid, conf);
+    a.ifname = "net1".into();
+    a
+}
+
+fn route_dsts(v: &Value) -> Vec<(String, String)> {
+    // An empty list is left out of the result.
+    v["routes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["dst"].as_str().unwrap().to_string(),
+                r["gw"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn pair(dst: &str, gw: &str) -> (String, String) {
+    (dst.to_string(), gw.to_string())
+}
+
+#[tokio::test]
+async fn a_second_network_gets_no_default_route_and_lists_what_it_installed() {
+    let e = env();
+    let first = json(e.h.add(&args("c1", CONF)).await.unwrap());
+    assert_eq!(
+        route_dsts(&first),
+        vec![pair("0.0.0.0/0", "10.1.0.1"), pair("::/0", "fd01::1")]
+    );
+    // The defect: the second network's ADD asked the kernel for another default route.
+    let out = json(e.h.add(&net1("c1", &second(""))).await.unwrap());
+    assert_eq!(out["interfaces"][1]["name"], "net1");
+    assert_eq!(out["ips"][0]["address"], "10.20.0.2/32");
+    assert!(route_dsts(&out).is_empty(), "no default route: {out}");
+    let req = e.net.setups.lock().unwrap()[1].1.clone();
+    assert!(req.default_unless_present && req.routes.is_empty(), "{req:?}");
+
+    // Stored as installed, and CHECK and repair get exactly that.
+    let att = attachment(&e.store, "c1", "second", "net1").await.unwrap();
+    assert!(att.routes.is_empty());
+    e.h.check(&net1("c1", &second(""))).await.unwrap();
+    assert_eq!(e.net.checked.lock().unwrap().last().unwrap(), &Vec::<PodRoute>::new());
+    e.h.check(&args("c1", CONF)).await.unwrap();
+    assert_eq!(e.net.checked.lock().unwrap().last().unwrap().len(), 2);
+    assert!(e.h.reconcile().await.unwrap().is_empty());
+    let repaired = e.net.repaired.lock().unwrap().clone();
+    assert_eq!(repaired.len(), 2);
+    assert!(repaired.contains(&Vec::new()) && repaired.iter().any(|r| r.len() == 2));
+
+    // A repeated ADD returns the stored result.
+    assert_eq!(json(e.h.add(&net1("c1", &second(""))).await.unwrap()), out);
+
+    // DEL of the second leaves the first intact.
+    e.h.del(&net1("c1", &second(""))).await.unwrap();
+    e.h.drain_teardowns().await;
+    assert!(attachment(&e.store, "c1", "second", "net1").await.is_none());
+    assert!(attachment(&e.store, "c1", "weft", "eth0").await.is_some());
+    e.h.check(&args("c1", CONF)).await.unwrap();
+    assert_eq!(allocated(&e.store).await, 2);
+}
+
+#[tokio::test]
+async fn routes_and_default_route_choose_what_a_network_installs() {
+    let e = env();
+    // `routes` through the range gateway; `gw`, when given, must be that gateway.
+    let conf = second(r#","routes":[{"dst":"10.0.0.0/8"},{"dst":"fd00::/8","gw":"fd20::1"}]"#);
+    let v = json(e.h.add(&net1("c1", &conf)).await.unwrap());
+    assert_eq!(
+        route_dsts(&v),
+        vec![
+            pair("0.0.0.0/0", "10.20.0.1"),
+            pair("::/0", "fd20::1"),
+            pair("10.0.0.0/8", "10.20.0.1"),
+            pair("fd00::/8", "fd20::1")
+        ],
+        "the pod's first network: default routes too"
+    );
+    let stored = attachment(&e.store, "c1", "second", "net1").await.unwrap();
+    assert_eq!(stored.routes.len(), 4);
+
+    // `defaultRoute: false`: none, even for a pod's only network.
+    let no_default = CONF.replace("\"mtu\":1450", "\"mtu\":1450,\"defaultRoute\":false");
+    assert!(route_dsts(&json(e.h.add(&args("c2", &no_default)).await.unwrap())).is_empty());
+
+    // `defaultRoute: true` on a pod that has default routes: refused (108), nothing left.
+    let before = allocated(&e.store).await;
+    let err =
+        e.h.add(&args(
+            "c1",
+            &CONF.replace("\"mtu\":1450", "\"mtu\":1450,\"defaultRoute\":true"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, code::ROUTE_EXISTS);
+    assert!(
+        err.details.contains("0.0.0.0/0 via 10.1.0.1 dev eth0"),
+        "{}",
+        err.details
+    );
+    assert_eq!(allocated(&e.store).await, before);
+    assert!(attachment(&e.store, "c1", "weft", "eth0").await.is_none());
+    assert_eq!(e.net.links.lock().unwrap().len(), 2);
+
+    // A route of a family the pod has no address in is skipped.
+    let v4_only = r#"{"cniVersion":"1.1.0","name":"v4","type":"weft","ranges":["10.30.0.0/29"],"routes":[{"dst":"fd00::/8"}],"defaultRoute":false}"#;
+    let mut a = args("c3", v4_only);
+    a.ifname = "net2".into();
+    assert!(route_dsts(&json(e.h.add(&a).await.unwrap())).is_empty());
+
+    // A `gw` that is not a gateway of the network: refused before anything is touched.
+    let bad = second(r#","routes":[{"dst":"10.0.0.0/8","gw":"10.20.0.3"}]"#);
+    let err = e.h.add(&net1("c4", &bad)).await.unwrap_err();
+    assert_eq!(err.code, code::INVALID_CONFIG);
+    assert!(err.details.contains("10.20.0.1 for 10.20.0.0/29"), "{}", err.details);
+    assert!(attachment(&e.store, "c4", "second", "net1").await.is_none());
+}
+
+fn with_cni_args(mut a: CniArgs, extra: &[(&str, &str)]) -> CniArgs {
+    for (k, v) in extra {
+        a.args.insert((*k).into(), (*v).into());
+    }
+    a
+}
+
+#[tokio::test]
+async fn a_requested_address_and_mac_are_honoured_or_refused_whole() {
+    let e = env();
+    // podman --ip / --mac-address: CNI_ARGS IP= and MAC=.
+    let a = with_cni_args(
+        args("c1", CONF),
+        &[("IgnoreUnknown", "1"), ("IP", "10.1.0.5"), ("MAC", "0a:58:0a:01:00:05")],
+    );
+    let v = json(e.h.add(&a).await.unwrap());
+    assert_eq!(v["ips"][0]["address"], "10.1.0.5/32");
+    assert_eq!(v["ips"][1]["address"], "fd01::2/128", "the other family as usual");
+    assert_eq!(v["interfaces"][1]["mac"], "0a:58:0a:01:00:05");
+    assert_eq!(
+        e.net.setups.lock().unwrap()[0].0.pod_mac,
+        [0x0a, 0x58, 0x0a, 0x01, 0x00, 0x05]
+    );
+    let stored = attachment(&e.store, "c1", "weft", "eth0").await.unwrap();
+    assert_eq!(stored.pod_mac, Some([0x0a, 0x58, 0x0a, 0x01, 0x00, 0x05]));
+    assert_eq!(json(e.h.add(&a).await.unwrap()), v, "a repeated ADD returns the same");
+
+    // The `ips` and `mac` capabilities: runtimeConfig.ips (with a prefix) and .mac.
+    let rc = CONF.replace(
+        "\"mtu\":1450",
+        "\"mtu\":1450,\"runtimeConfig\":{\"ips\":[\"10.1.0.6/29\",\"fd01::6/64\"],\"mac\":\"0a:58:0a:01:00:06\"}",
+    );
+    let v = json(e.h.add(&args("c2", &rc)).await.unwrap());
+    assert_eq!(v["ips"][0]["address"], "10.1.0.6/32");
+    assert_eq!(v["ips"][1]["address"], "fd01::6/128");
+    assert_eq!(v["interfaces"][1]["mac"], "0a:58:0a:01:00:06");
+
+    let before = allocated(&e.store).await;
+    let refused = |a: CniArgs, want: u32, says: &'static str| {
+        let h = e.h.clone();
+        async move {
+            let err = h.add(&a).await.unwrap_err();
+            assert_eq!(err.code, want, "{err}");
+            assert!(err.details.contains(says), "{}", err.details);
+        }
+    };
+    // Taken: 107, naming the holder.
+    refused(
+        with_cni_args(args("c3", CONF), &[("IP", "10.1.0.5")]),
+        code::ADDRESS_IN_USE,
+        "pod default/pod-c1",
+    )
+    .await;
+    // Outside every range: 7, naming the ranges.
+    refused(
+        with_cni_args(args("c3", CONF), &[("IP", "10.88.0.7")]),
+        code::INVALID_CONFIG,
+        "10.1.0.0/29",
+    )
+    .await;
+    // The gateway is no pod address.
+    refused(
+        with_cni_args(args("c3", CONF), &[("IP", "10.1.0.1")]),
+        code::INVALID_CONFIG,
+        "gateway",
+    )
+    .await;
+    // Malformed in CNI_ARGS: 4.
+    refused(
+        with_cni_args(args("c3", CONF), &[("IP", "10.1.0")]),
+        code::INVALID_ENV,
+        "CNI_ARGS IP",
+    )
+    .await;
+    refused(
+        with_cni_args(args("c3", CONF), &[("MAC", "01:00:5e:00:00:01")]),
+        code::INVALID_ENV,
+        "multicast",
+    )
+    .await;
+    // Two sources disagreeing: 7.
+    refused(
+        with_cni_args(args("c3", &rc), &[("IP", "10.1.0.4")]),
+        code::INVALID_CONFIG,
+        "one address per family",
+    )
+    .await;
+    // The same attachment asked for with another address: 7.
+    refused(
+        with_cni_args(args("c1", CONF), &[("IP", "10.1.0.4")]),
+        code::INVALID_CONFIG,
+        "DEL it",
+    )
+    .await;
+    assert_eq!(allocated(&e.store).await, before, "the refusals left no address");
+    assert!(attachment(&e.store, "c3", "weft", "eth0").await.is_none());
+    assert_eq!(e.net.links.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_requested_address_being_released_is_waited_for() {
+    let e = env();
+    let ip = |cid: &str| with_cni_args(args(cid, CONF), &[("IP", "10.1.0.5")]);
+    e.h.add(&ip("c1")).await.unwrap();
+    *e.net.remove_delay.lock().unwrap() = Duration::from_millis(100);
+    e.h.del(&ip("c1")).await.unwrap();
+    // The address is still held by c1's teardown when c2 asks for it.
+    let v = json(e.h.add(&ip("c2")).await.unwrap());
+    assert_eq!(v["ips"][0]["address"], "10.1.0.5/32");
+    assert_eq!(*e.net.removes.lock().unwrap(), 1);
+}
+
+/// Records what the wiring seam is told.
+#[derive(Default)]
+struct FakeWiring {
+    calls: Mutex<Vec<String>>,
+}
+
+impl Wiring for FakeWiring {
+    fn pod_added(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()> {
+        self.calls.lock().unwrap().push(format!("added {}", pod.name));
+        Box::pin(async {})
+    }
+    fn pod_removed(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()> {
+        self.calls.lock().unwrap().push(format!("removed {}", pod.name));
+        Box::pin(async {})
+    }
+    fn wires(&self) -> futures::future::BoxFuture<'_, Vec<WireInfo>> {
+        Box::pin(async { Vec::new() })
+    }
+}
+
+#[tokio::test]
+async fn the_pods_wires_go_with_its_last_network_only() {
+    let w = Arc::new(FakeWiring::default());
+    let wiring = w.clone();
+    let e = env_with(move |h| h.with_wiring(wiring));
+    e.h.add(&args("c1", CONF)).await.unwrap();
+    e.h.add(&net1("c1", &second(""))).await.unwrap();
+    e.h.del(&net1("c1", &second(""))).await.unwrap();
+    assert!(
+        !w.calls.lock().unwrap().iter().any(|c| c.starts_with("removed")),
+        "{:?}",
+        w.calls.lock().unwrap()
+    );
+    e.h.del(&args("c1", CONF)).await.unwrap();
+    assert_eq!(w.calls.lock().unwrap().last().unwrap(), "removed pod-c1");
 }

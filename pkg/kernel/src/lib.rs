@@ -15,8 +15,8 @@
 mod error;
 mod netlink;
 mod netns;
-pub mod packet;
 pub mod nft;
+pub mod packet;
 pub mod ptp;
 mod routing;
 pub mod sysctl;
@@ -24,8 +24,8 @@ pub mod wire;
 
 pub use error::KernelError;
 pub use netlink::{Link, LinkStats, Netlink, RouteEntry};
-pub use routing::{ProtoRoute, RouteLookup, VxlanParams};
 pub use netns::{NetNs, in_netns};
+pub use routing::{ProtoRoute, RouteLookup, VxlanParams};
 
 /// The route protocol number weft marks its routes with (`proto 74` in `ip route`),
 /// so its routes can be told from everyone else's.

@@ -9,13 +9,19 @@
 //!  10.244.1.1 dev eth0 scope link     10.244.1.5 dev weftXXXXXXXXXXX scope link
 //!  default via 10.244.1.1 dev eth0
 //! ```
+//!
+//! A pod may have several such attachments (one per network, as Multus or podman
+//! attach secondary networks: `eth0`, `net1`, ...). Which routes each installs
+//! through its gateway is the caller's to say ([`RouteRequest`]); by default only the
+//! pod's first attachment of a family installs the default route.
 
+use std::fmt;
 use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use crate::netlink::host_prefix;
-use crate::{KernelError, NetNs, Netlink, in_netns, sysctl};
+use crate::{KernelError, NetNs, Netlink, RouteEntry, in_netns, sysctl};
 
 /// One address of a pod with the gateway it routes through.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +30,98 @@ pub struct PodAddress {
     pub address: IpAddr,
     /// The range's gateway, held by the host end.
     pub gateway: IpAddr,
+}
+
+/// A route an attachment installs in the pod: to `dst`/`prefix_len` through
+/// `gateway` (the gateway of the pod's address of that family, on the host end) over
+/// the pod's interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodRoute {
+    /// The destination's network address (`0.0.0.0` or `::` for a default route).
+    pub dst: IpAddr,
+    /// The destination's prefix length (0 for a default route).
+    pub prefix_len: u8,
+    /// The next hop.
+    pub gateway: IpAddr,
+}
+
+impl PodRoute {
+    /// The default route of `gateway`'s family through it.
+    pub fn default_via(gateway: IpAddr) -> Self {
+        let dst = if gateway.is_ipv4() {
+            IpAddr::from([0u8; 4])
+        } else {
+            IpAddr::from([0u8; 16])
+        };
+        Self {
+            dst,
+            prefix_len: 0,
+            gateway,
+        }
+    }
+
+    /// Whether this is a default route.
+    pub fn is_default(&self) -> bool {
+        self.prefix_len == 0
+    }
+
+    fn v6(&self) -> bool {
+        self.dst.is_ipv6()
+    }
+
+    /// Whether the kernel's `r`, on interface `oif`, is this route.
+    fn is(&self, r: &RouteEntry, oif: u32) -> bool {
+        r.prefix_len == self.prefix_len
+            && (self.is_default() || r.dst == Some(self.dst))
+            && r.gateway == Some(self.gateway)
+            && r.oif == Some(oif)
+    }
+}
+
+impl fmt::Display for PodRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} via {}", self.dst, self.prefix_len, self.gateway)
+    }
+}
+
+/// Which routes [`PodNetwork::setup_routes`] installs in the pod besides the link
+/// route to each gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteRequest {
+    /// Installed as given. One the pod has already (another network of the pod
+    /// installed it) fails the setup: see [`is_route_conflict`].
+    pub routes: Vec<PodRoute>,
+    /// For each family the pod gets an address in and `routes` gives no default route:
+    /// the default route through that family's gateway, unless the pod has a default
+    /// route of that family already (its first network installed it).
+    pub default_unless_present: bool,
+}
+
+impl RouteRequest {
+    /// A default route per family, where the pod has none yet: what a pod's only (or
+    /// first) network wants.
+    pub fn default_route() -> Self {
+        Self {
+            routes: Vec::new(),
+            default_unless_present: true,
+        }
+    }
+}
+
+/// The step every failure to add a route in the pod is reported under.
+const POD_ROUTE_STEP: &str = "adding the pod route";
+
+/// Whether `e` is [`PodNetwork::setup_routes`] refusing a route the pod has already
+/// (another network of the pod, or its runtime, installed one to the same
+/// destination), rather than a kernel failure.
+pub fn is_route_conflict(e: &KernelError) -> bool {
+    matches!(e, KernelError::Os { step, .. } if step.starts_with(POD_ROUTE_STEP)) && e.errno() == Some(libc::EEXIST)
+}
+
+fn add_pod_route(pod: &mut Netlink, r: &PodRoute, oif: u32, ifname: &str) -> Result<(), KernelError> {
+    let dst = (!r.is_default()).then_some(r.dst);
+    pod.add_route(dst, r.prefix_len, Some(r.gateway), oif, r.v6())
+        .map_err(|e| KernelError::os(format!("{POD_ROUTE_STEP} {r} dev {ifname}"), e))
 }
 
 /// The desired networking of one pod attachment.
@@ -64,11 +162,19 @@ impl PodNetwork {
         self.addresses.iter().any(|a| a.address.is_ipv6())
     }
 
-    /// Builds everything, or nothing: on failure the veth pair (and with it every
-    /// address and route on it) is removed again. All of it runs on the calling thread:
-    /// a netlink socket for the pod's side is opened inside the pod's namespace by a
-    /// short-lived thread and used from here. Each step is a `weft::phase` span.
+    /// [`PodNetwork::setup_routes`] with [`RouteRequest::default_route`].
     pub fn setup(&self) -> Result<(), KernelError> {
+        self.setup_routes(&RouteRequest::default_route()).map(|_| ())
+    }
+
+    /// Builds everything, or nothing: on failure the veth pair (and with it every
+    /// address and route on it) is removed again. Returns the routes it installed
+    /// through the gateways (`routes`, and the default routes it chose to add), which
+    /// [`PodNetwork::check`] and [`PodNetwork::repair`] are given back later. All of it
+    /// runs on the calling thread: a netlink socket for the pod's side is opened inside
+    /// the pod's namespace by a short-lived thread and used from here. Each step is a
+    /// `weft::phase` span.
+    pub fn setup_routes(&self, routes: &RouteRequest) -> Result<Vec<PodRoute>, KernelError> {
         let ns = NetNs::open(&self.netns)?;
         let mut host = Netlink::new().map_err(os("opening netlink"))?;
         {
@@ -76,12 +182,40 @@ impl PodNetwork {
             self.create_veth(&mut host, &ns)?;
         }
         weft_failpoint::failpoint!("add.veth");
-        let outcome = in_netns(&ns, || Netlink::new().map_err(os("opening netlink in the pod")))
-            .and_then(|mut pod| self.configure(&mut host, &mut pod, Step::Add));
+        let outcome = in_netns(&ns, || Netlink::new().map_err(os("opening netlink in the pod"))).and_then(|mut pod| {
+            let routes = self.resolve(&mut pod, routes)?;
+            self.configure(&mut host, &mut pod, Step::Add, &routes)?;
+            Ok(routes)
+        });
         if outcome.is_err() {
             let _ = host.delete_link(&self.host_ifname);
         }
         outcome
+    }
+
+    /// The routes to install for `req`: the default route of each of the pod's
+    /// families it leaves to us and the pod lacks (decided before anything of ours is
+    /// in the pod), then `req.routes`.
+    fn resolve(&self, pod: &mut Netlink, req: &RouteRequest) -> Result<Vec<PodRoute>, KernelError> {
+        let mut out = Vec::with_capacity(req.routes.len() + self.addresses.len());
+        if req.default_unless_present {
+            for a in &self.addresses {
+                let v6 = a.address.is_ipv6();
+                if req.routes.iter().any(|r| r.is_default() && r.v6() == v6) {
+                    continue;
+                }
+                let present = pod
+                    .routes(v6)
+                    .map_err(os("listing pod routes"))?
+                    .iter()
+                    .any(|r| r.prefix_len == 0);
+                if !present {
+                    out.push(PodRoute::default_via(a.gateway));
+                }
+            }
+        }
+        out.extend(req.routes.iter().copied());
+        Ok(out)
     }
 
     fn create_veth(&self, host: &mut Netlink, ns: &NetNs) -> Result<(), KernelError> {
@@ -142,7 +276,24 @@ impl PodNetwork {
         }
     }
 
-    fn configure(&self, host: &mut Netlink, pod: &mut Netlink, step: Step) -> Result<(), KernelError> {
+    /// The link route to the gateway, which every route through it needs.
+    fn add_gateway_route(&self, pod: &mut Netlink, a: &PodAddress, oif: u32) -> Result<(), KernelError> {
+        pod.add_route(Some(a.gateway), host_prefix(&a.gateway), None, oif, a.address.is_ipv6())
+            .map_err(|e| {
+                KernelError::os(
+                    format!("{POD_ROUTE_STEP} to gateway {} dev {}", a.gateway, self.ifname),
+                    e,
+                )
+            })
+    }
+
+    fn configure(
+        &self,
+        host: &mut Netlink,
+        pod: &mut Netlink,
+        step: Step,
+        routes: &[PodRoute],
+    ) -> Result<(), KernelError> {
         let missing =
             |what: &str| KernelError::os(format!("looking up {what}"), io::Error::from_raw_os_error(libc::ENODEV));
         let link = host
@@ -184,10 +335,10 @@ impl PodNetwork {
             let v6 = a.address.is_ipv6();
             host.add_route(Some(a.address), host_prefix(&a.address), None, link.index, v6)
                 .map_err(os("adding the host route to the pod"))?;
-            pod.add_route(Some(a.gateway), host_prefix(&a.gateway), None, eth.index, v6)
-                .map_err(os("adding the pod route to the gateway"))?;
-            pod.add_route(None, 0, Some(a.gateway), eth.index, v6)
-                .map_err(os("adding the pod default route"))?;
+            self.add_gateway_route(pod, a, eth.index)?;
+        }
+        for r in routes {
+            add_pod_route(pod, r, eth.index, &self.ifname)?;
         }
         if step == Step::Add {
             weft_failpoint::failpoint!("add.routes");
@@ -195,11 +346,12 @@ impl PodNetwork {
         Ok(())
     }
 
-    /// Brings the kernel back to this description and names what it repaired, one
-    /// entry per item (`veth`: the pair was rebuilt whole, `link_up`, `address`,
-    /// `route`); empty when nothing had drifted. The pod must still exist. An interface
-    /// of the pod's name that is not weft's (another MAC) is reported, never touched.
-    pub fn repair(&self) -> Result<Vec<&'static str>, KernelError> {
+    /// Brings the kernel back to this description with `routes` (what
+    /// [`PodNetwork::setup_routes`] installed) and names what it repaired, one entry per
+    /// item (`veth`: the pair was rebuilt whole, `link_up`, `address`, `route`); empty
+    /// when nothing had drifted. The pod must still exist. An interface of the pod's
+    /// name that is not weft's (another MAC) is reported, never touched.
+    pub fn repair(&self, routes: &[PodRoute]) -> Result<Vec<&'static str>, KernelError> {
         let ns = NetNs::open(&self.netns)?;
         let mut host = Netlink::new().map_err(os("opening netlink"))?;
         let mut pod = in_netns(&ns, || Netlink::new().map_err(os("opening netlink in the pod")))?;
@@ -226,7 +378,7 @@ impl PodNetwork {
                     .map_err(os("removing a lone host end"))?;
             }
             self.create_veth(&mut host, &ns)?;
-            if let Err(e) = self.configure(&mut host, &mut pod, Step::Repair) {
+            if let Err(e) = self.configure(&mut host, &mut pod, Step::Repair, routes) {
                 let _ = host.delete_link(&self.host_ifname);
                 return Err(e);
             }
@@ -266,26 +418,35 @@ impl PodNetwork {
                     .map_err(os("adding the host route to the pod"))?;
                 repaired.push("route");
             }
-            let routes = pod.routes(v6).map_err(os("listing pod routes"))?;
-            if !routes
+            let in_pod = pod.routes(v6).map_err(os("listing pod routes"))?;
+            if !in_pod
                 .iter()
                 .any(|r| r.dst == Some(a.gateway) && r.oif == Some(eth.index))
             {
-                pod.add_route(Some(a.gateway), host_prefix(&a.gateway), None, eth.index, v6)
-                    .map_err(os("adding the pod route to the gateway"))?;
+                self.add_gateway_route(&mut pod, a, eth.index)?;
                 repaired.push("route");
             }
-            if !routes.iter().any(|r| r.dst.is_none() && r.gateway == Some(a.gateway)) {
-                pod.add_route(None, 0, Some(a.gateway), eth.index, v6)
-                    .map_err(os("adding the pod default route"))?;
-                repaired.push("route");
+        }
+        // Only the routes this attachment installed: another network's are its own.
+        for v6 in [false, true] {
+            let mine: Vec<&PodRoute> = routes.iter().filter(|r| r.v6() == v6).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let in_pod = pod.routes(v6).map_err(os("listing pod routes"))?;
+            for r in mine {
+                if !in_pod.iter().any(|k| r.is(k, eth.index)) {
+                    add_pod_route(&mut pod, r, eth.index, &self.ifname)?;
+                    repaired.push("route");
+                }
             }
         }
         Ok(repaired)
     }
 
-    /// Compares the kernel with this description and reports the first difference.
-    pub fn check(&self) -> Result<(), KernelError> {
+    /// Compares the kernel with this description and `routes` (what
+    /// [`PodNetwork::setup_routes`] installed) and reports the first difference.
+    pub fn check(&self, routes: &[PodRoute]) -> Result<(), KernelError> {
         let drift = |m: String| Err(KernelError::Drift(m));
         let mut host = Netlink::new().map_err(os("opening netlink"))?;
         let Some(link) = host
@@ -318,10 +479,10 @@ impl PodNetwork {
         }
         let ns = NetNs::open(&self.netns)?;
         let mut pod = in_netns(&ns, || Netlink::new().map_err(os("opening netlink in the pod")))?;
-        self.check_pod(&mut pod)
+        self.check_pod(&mut pod, routes)
     }
 
-    fn check_pod(&self, pod: &mut Netlink) -> Result<(), KernelError> {
+    fn check_pod(&self, pod: &mut Netlink, routes: &[PodRoute]) -> Result<(), KernelError> {
         let drift = |m: String| Err(KernelError::Drift(m));
         let Some(eth) = pod.link_by_name(&self.ifname).map_err(os("looking up the pod end"))? else {
             return drift(format!("interface {} is missing in the pod", self.ifname));
@@ -342,8 +503,8 @@ impl PodNetwork {
                     self.ifname
                 ));
             }
-            let routes = pod.routes(a.address.is_ipv6()).map_err(os("listing pod routes"))?;
-            if !routes
+            let in_pod = pod.routes(a.address.is_ipv6()).map_err(os("listing pod routes"))?;
+            if !in_pod
                 .iter()
                 .any(|r| r.dst == Some(a.gateway) && r.oif == Some(eth.index))
             {
@@ -352,8 +513,22 @@ impl PodNetwork {
                     a.gateway, self.ifname
                 ));
             }
-            if !routes.iter().any(|r| r.dst.is_none() && r.gateway == Some(a.gateway)) {
-                return drift(format!("default route via {} is missing in the pod", a.gateway));
+        }
+        for v6 in [false, true] {
+            let mine: Vec<&PodRoute> = routes.iter().filter(|r| r.v6() == v6).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let in_pod = pod.routes(v6).map_err(os("listing pod routes"))?;
+            if let Some(r) = mine.iter().find(|r| !in_pod.iter().any(|k| r.is(k, eth.index))) {
+                return drift(if r.is_default() {
+                    format!(
+                        "default route via {} dev {} is missing in the pod",
+                        r.gateway, self.ifname
+                    )
+                } else {
+                    format!("route {r} dev {} is missing in the pod", self.ifname)
+                });
             }
         }
         Ok(())

@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use weft_kernel::ptp::{self, PodAddress, PodNetwork};
+use weft_kernel::ptp::{self, PodAddress, PodNetwork, PodRoute, RouteRequest};
 use weft_kernel::testutil::{TempNetns, privileged};
 use weft_kernel::{KernelError, Netlink};
 
@@ -25,6 +25,47 @@ fn pod(ns: &TempNetns, host: &str, addrs: &[(&str, &str)]) -> PodNetwork {
             .collect(),
         alias: "weft:test/eth0".into(),
     }
+}
+
+/// Sets `spec` up as a pod's only network does and returns what it installed.
+fn setup(node: &TempNetns, spec: &PodNetwork) -> Vec<PodRoute> {
+    node.run(|| spec.setup_routes(&RouteRequest::default_route())).unwrap()
+}
+
+fn route(dst: &str, prefix_len: u8, gateway: &str) -> PodRoute {
+    PodRoute {
+        dst: dst.parse().unwrap(),
+        prefix_len,
+        gateway: gateway.parse().unwrap(),
+    }
+}
+
+/// The pod's main-table routes of one family as (dst, prefix, gateway, interface name).
+fn pod_routes(p: &TempNetns, v6: bool) -> Vec<(Option<IpAddr>, u8, Option<IpAddr>, String)> {
+    p.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        let links = nl.links().unwrap();
+        nl.routes(v6)
+            .unwrap()
+            .into_iter()
+            .filter(|r| !(v6 && r.dst.is_some_and(|d| d.to_string().starts_with("fe80"))))
+            .map(|r| {
+                let dev = links
+                    .iter()
+                    .find(|l| Some(l.index) == r.oif)
+                    .map_or(String::new(), |l| l.name.clone());
+                (r.dst, r.prefix_len, r.gateway, dev)
+            })
+            .collect()
+    })
+}
+
+fn defaults(p: &TempNetns, v6: bool) -> Vec<(Option<IpAddr>, String)> {
+    pod_routes(p, v6)
+        .into_iter()
+        .filter(|r| r.1 == 0)
+        .map(|r| (r.2, r.3))
+        .collect()
 }
 
 /// Accepts one TCP connection in `ns` on `addr` and echoes a byte, while the node side
@@ -66,8 +107,13 @@ fn dual_stack_pod_is_built_checked_and_reachable() {
     let node = TempNetns::new();
     let p = TempNetns::new();
     let spec = pod(&p, "weftt1", &[("10.9.0.5", "10.9.0.1"), ("fd09::5", "fd09::1")]);
-    node.run(|| spec.setup()).unwrap();
-    node.run(|| spec.check()).unwrap();
+    let routes = setup(&node, &spec);
+    assert_eq!(
+        routes,
+        vec![route("0.0.0.0", 0, "10.9.0.1"), route("::", 0, "fd09::1")],
+        "a pod's only network installs the default route of each family"
+    );
+    node.run(|| spec.check(&routes)).unwrap();
 
     // Inside the pod: eth0 with the MAC, MTU and both addresses, lo up.
     let (eth, addrs, lo_up) = p.run(|| {
@@ -127,16 +173,16 @@ fn ipv6_is_off_on_the_host_end_of_an_ipv4_pod() {
     let v4 = pod(&a, "weftt6a", &[("10.9.6.2", "10.9.6.1")]);
     let mut dual = pod(&b, "weftt6b", &[("10.9.6.3", "10.9.6.1"), ("fd09:6::3", "fd09:6::1")]);
     dual.host_mac = [0x02, 0, 0, 0, 1, 1];
-    node.run(|| v4.setup()).unwrap();
-    node.run(|| dual.setup()).unwrap();
+    let v4_routes = setup(&node, &v4);
+    let dual_routes = setup(&node, &dual);
     let ipv6_off = |ifname: &str| {
         let key = format!("net/ipv6/conf/{ifname}/disable_ipv6");
         node.run(move || weft_kernel::sysctl::read(&key)).unwrap()
     };
     assert_eq!(ipv6_off("weftt6a"), "1");
     assert_eq!(ipv6_off("weftt6b"), "0");
-    node.run(|| v4.check()).unwrap();
-    node.run(|| dual.check()).unwrap();
+    node.run(|| v4.check(&v4_routes)).unwrap();
+    node.run(|| dual.check(&dual_routes)).unwrap();
     assert!(tcp_reachable(&a, &node, "10.9.6.2".parse().unwrap()));
     assert!(tcp_reachable(&b, &node, "fd09:6::3".parse().unwrap()));
 }
@@ -149,7 +195,7 @@ fn check_reports_missing_routes_and_interfaces() {
     let node = TempNetns::new();
     let p = TempNetns::new();
     let spec = pod(&p, "weftt2", &[("10.9.1.5", "10.9.1.1")]);
-    node.run(|| spec.setup()).unwrap();
+    let routes = setup(&node, &spec);
 
     // Drop the pod's default route.
     p.run(|| {
@@ -157,14 +203,14 @@ fn check_reports_missing_routes_and_interfaces() {
         let eth = nl.link_by_name("eth0").unwrap().unwrap();
         assert!(nl.delete_route(None, 0, eth.index, false).unwrap());
     });
-    match node.run(|| spec.check()) {
+    match node.run(|| spec.check(&routes)) {
         Err(KernelError::Drift(m)) => assert!(m.contains("default route via 10.9.1.1"), "{m}"),
         other => panic!("expected drift, got {other:?}"),
     }
 
     // Drop the host route instead (after rebuilding).
     node.run(|| ptp::remove("weftt2")).unwrap();
-    node.run(|| spec.setup()).unwrap();
+    setup(&node, &spec);
     node.run(|| {
         let mut nl = Netlink::new().unwrap();
         let h = nl.link_by_name("weftt2").unwrap().unwrap();
@@ -173,13 +219,13 @@ fn check_reports_missing_routes_and_interfaces() {
                 .unwrap()
         );
     });
-    match node.run(|| spec.check()) {
+    match node.run(|| spec.check(&routes)) {
         Err(KernelError::Drift(m)) => assert!(m.contains("host route to 10.9.1.5"), "{m}"),
         other => panic!("expected drift, got {other:?}"),
     }
 
     node.run(|| ptp::remove("weftt2")).unwrap();
-    match node.run(|| spec.check()) {
+    match node.run(|| spec.check(&routes)) {
         Err(KernelError::Drift(m)) => assert!(m.contains("missing"), "{m}"),
         other => panic!("expected drift, got {other:?}"),
     }
@@ -215,8 +261,8 @@ fn a_stale_host_end_is_replaced() {
     node.run(|| pod(&old, "weftt5", &[("10.9.3.5", "10.9.3.1")]).setup())
         .unwrap();
     let spec = pod(&p, "weftt5", &[("10.9.3.6", "10.9.3.1")]);
-    node.run(|| spec.setup()).unwrap();
-    node.run(|| spec.check()).unwrap();
+    let routes = setup(&node, &spec);
+    node.run(|| spec.check(&routes)).unwrap();
 }
 
 #[test]
@@ -266,4 +312,123 @@ fn namespace_paths_are_validated() {
     }
     let links = node.run(|| Netlink::new().unwrap().links().unwrap());
     assert!(links.iter().all(|l| l.name == "lo"), "nothing created: {links:?}");
+}
+
+/// A second network in the same pod (`net1`, as Multus and podman attach them): before,
+/// it failed with "File exists" adding a second default route. Now it installs only
+/// what it is asked for, the pod keeps one default route per family (the first
+/// network's), and each attachment checks, repairs and removes only its own.
+#[test]
+fn a_second_network_in_a_pod_leaves_the_default_route_to_the_first() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    node.run(weft_kernel::enable_forwarding).unwrap();
+    let p = TempNetns::new();
+    let first = pod(&p, "weftt8a", &[("10.9.8.5", "10.9.8.1"), ("fd09:8::5", "fd09:8::1")]);
+    let mut second = pod(&p, "weftt8b", &[("10.9.9.5", "10.9.9.1"), ("fd09:9::5", "fd09:9::1")]);
+    second.ifname = "net1".into();
+    second.host_mac = [0x02, 0, 0, 0, 8, 1];
+    second.pod_mac = [0x02, 0, 0, 0, 8, 2];
+    let first_routes = setup(&node, &first);
+    let extra = route("10.99.0.0", 16, "10.9.9.1");
+    let second_routes = node
+        .run(|| {
+            second.setup_routes(&RouteRequest {
+                routes: vec![extra],
+                default_unless_present: true,
+            })
+        })
+        .unwrap();
+    assert_eq!(second_routes, vec![extra], "no default route: the pod has them");
+    let gw = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+    assert_eq!(defaults(&p, false), vec![(gw("10.9.8.1"), "eth0".to_string())]);
+    assert_eq!(defaults(&p, true), vec![(gw("fd09:8::1"), "eth0".to_string())]);
+    assert!(
+        pod_routes(&p, false).contains(&(gw("10.99.0.0"), 16, gw("10.9.9.1"), "net1".into())),
+        "{:?}",
+        pod_routes(&p, false)
+    );
+    node.run(|| first.check(&first_routes)).unwrap();
+    node.run(|| second.check(&second_routes)).unwrap();
+    assert!(tcp_reachable(&p, &node, "10.9.9.5".parse().unwrap()), "net1 over IPv4");
+    assert!(tcp_reachable(&p, &node, "fd09:9::5".parse().unwrap()), "net1 over IPv6");
+
+    // Repair restores exactly what each installed: the second gets its route back and
+    // no default route.
+    p.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        let net1 = nl.link_by_name("net1").unwrap().unwrap();
+        assert!(
+            nl.delete_route(Some("10.99.0.0".parse().unwrap()), 16, net1.index, false)
+                .unwrap()
+        );
+    });
+    match node.run(|| second.check(&second_routes)) {
+        Err(KernelError::Drift(m)) => assert!(m.contains("route 10.99.0.0/16 via 10.9.9.1 dev net1"), "{m}"),
+        other => panic!("expected drift, got {other:?}"),
+    }
+    assert_eq!(node.run(|| second.repair(&second_routes)).unwrap(), vec!["route"]);
+    assert!(node.run(|| second.repair(&second_routes)).unwrap().is_empty());
+    assert!(node.run(|| first.repair(&first_routes)).unwrap().is_empty());
+    assert_eq!(defaults(&p, false).len(), 1);
+
+    // Removing the first leaves the second whole.
+    assert!(node.run(|| ptp::remove("weftt8a")).unwrap());
+    node.run(|| second.check(&second_routes)).unwrap();
+    assert!(tcp_reachable(&p, &node, "10.9.9.5".parse().unwrap()));
+}
+
+/// A route the pod has already is refused as a conflict (the daemon answers code 108),
+/// and nothing of the refused attachment is left.
+#[test]
+fn a_route_the_pod_has_already_is_a_conflict_and_nothing_is_left() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let p = TempNetns::new();
+    let first = pod(&p, "weftt9a", &[("10.9.12.5", "10.9.12.1")]);
+    setup(&node, &first);
+    let mut second = pod(&p, "weftt9b", &[("10.9.13.5", "10.9.13.1")]);
+    second.ifname = "net1".into();
+    second.host_mac = [0x02, 0, 0, 0, 9, 1];
+    let explicit_default = RouteRequest {
+        routes: vec![PodRoute::default_via("10.9.13.1".parse().unwrap())],
+        default_unless_present: false,
+    };
+    match node.run(|| second.setup_routes(&explicit_default)) {
+        Err(e) => {
+            assert!(ptp::is_route_conflict(&e), "{e:?}");
+            assert!(e.to_string().contains("0.0.0.0/0 via 10.9.13.1 dev net1"), "{e}");
+        }
+        Ok(r) => panic!("a second default route was installed: {r:?}"),
+    }
+    assert!(
+        node.run(|| Netlink::new().unwrap().link_by_name("weftt9b").unwrap())
+            .is_none()
+    );
+    assert!(
+        p.run(|| Netlink::new().unwrap().link_by_name("net1").unwrap())
+            .is_none()
+    );
+    assert_eq!(defaults(&p, false).len(), 1);
+    // Other kernel failures are not conflicts.
+    let other = KernelError::os(
+        "adding the pod address",
+        std::io::Error::from_raw_os_error(libc::EEXIST),
+    );
+    assert!(!ptp::is_route_conflict(&other));
+
+    // Asked for no default route at all, a pod's only network installs none.
+    let lone = TempNetns::new();
+    let spec = pod(&lone, "weftt9c", &[("10.9.14.5", "10.9.14.1")]);
+    let none = RouteRequest {
+        routes: Vec::new(),
+        default_unless_present: false,
+    };
+    assert!(node.run(|| spec.setup_routes(&none)).unwrap().is_empty());
+    assert!(defaults(&lone, false).is_empty());
+    node.run(|| spec.check(&[])).unwrap();
 }

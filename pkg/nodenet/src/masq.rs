@@ -87,7 +87,7 @@ pub fn masq_diff(want: Option<&MasqSets>, found: &MasqFound) -> Option<MasqChang
     }
 }
 
-fn members<'a>(sets: &'a MasqSets, pods: bool, v6: bool) -> impl Iterator<Item = &'a IpNet> {
+fn members(sets: &MasqSets, pods: bool, v6: bool) -> impl Iterator<Item = &IpNet> {
     let set = if pods { &sets.pods } else { &sets.exceptions };
     set.iter().filter(move |n| n.addr().is_ipv6() == v6)
 }

@@ -228,19 +228,24 @@ pub fn diff(d: &Desired, o: &Observed) -> Vec<Change> {
         (None, Some(_)) => tail.push(Change::DeleteVxlan),
         (None, None) => {}
     }
-    let (routes, addresses, fdb, neighbours): (Vec<ObservedRoute>, &[IpAddr], &[(Mac, IpAddr)], &[(IpAddr, Mac)]) =
-        if fresh {
-            // Direct routes survive a device being recreated; the device's own do not.
-            let direct = o
-                .routes
-                .iter()
-                .filter(|r| o.vxlan.as_ref().is_none_or(|v| r.oif != Some(v.index)))
-                .cloned()
-                .collect();
-            (direct, &[], &[], &[])
-        } else {
-            (o.routes.clone(), &o.vxlan_addresses, &o.fdb, &o.neighbours)
-        };
+    // What is on the device now: nothing if it is being recreated.
+    type OnDevice<'a> = (&'a [IpAddr], &'a [(Mac, IpAddr)], &'a [(IpAddr, Mac)]);
+    let on_device: OnDevice = if fresh {
+        (&[], &[], &[])
+    } else {
+        (&o.vxlan_addresses, &o.fdb, &o.neighbours)
+    };
+    let (addresses, fdb, neighbours) = on_device;
+    let routes: Vec<ObservedRoute> = if fresh {
+        // Direct routes survive a device being recreated; the device's own do not.
+        o.routes
+            .iter()
+            .filter(|r| o.vxlan.as_ref().is_none_or(|v| r.oif != Some(v.index)))
+            .cloned()
+            .collect()
+    } else {
+        o.routes.clone()
+    };
 
     let matches = |r: &PeerRoute, found: &ObservedRoute| {
         found.dst == r.dst

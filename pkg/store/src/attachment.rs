@@ -104,6 +104,21 @@ pub struct Allocation {
     pub gateway: IpAddr,
 }
 
+/// A route an attachment installed in the pod, through its gateway of that family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstalledRoute {
+    /// The destination (`0.0.0.0/0`, `::/0` for a default route).
+    pub dst: IpNet,
+    /// The next hop: the gateway of the pod's range of `dst`'s family.
+    pub gateway: IpAddr,
+}
+
+impl fmt::Display for InstalledRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} via {}", self.dst, self.gateway)
+    }
+}
+
 /// A pod attachment as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attachment {
@@ -127,6 +142,13 @@ pub struct Attachment {
     pub addresses: Vec<Allocation>,
     /// Held host ports (released when DEL begins).
     pub ports: Vec<PortMapping>,
+    /// The routes the ADD installed in the pod (empty until it is ready). An
+    /// attachment made before weft recorded them has the default route through each
+    /// of its gateways, which is what weft installed then.
+    pub routes: Vec<InstalledRoute>,
+    /// The MAC the runtime asked for on the pod's interface; `None`: derived from the
+    /// key.
+    pub pod_mac: Option<[u8; 6]>,
 }
 
 /// A host port a pod asks for (`runtimeConfig.portMappings`).
@@ -190,6 +212,11 @@ pub struct NewAttachment {
     pub ranges: Vec<IpNet>,
     /// Host ports to hold.
     pub ports: Vec<PortRequest>,
+    /// Addresses the runtime asks for, at most one per family: each is allocated
+    /// exactly, from the range of `ranges` that holds it, instead of the next free one.
+    pub requested: Vec<IpAddr>,
+    /// The MAC the runtime asks for on the pod's interface.
+    pub pod_mac: Option<[u8; 6]>,
 }
 
 /// The outcome of [`crate::db::Db::begin_add`].

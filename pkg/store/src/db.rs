@@ -60,18 +60,31 @@ impl Db {
     }
 
     /// Records the intent to attach a pod and allocates its addresses, one per address
-    /// family present in `spec.ranges` (from the first range of that family with a free
-    /// address). Returns the existing attachment instead when the key already has one.
+    /// family present in `spec.ranges`: the requested one of that family, or else the
+    /// next free one of the first range of that family with room. Returns the existing
+    /// attachment instead when the key already has one. A requested address outside
+    /// the ranges or held by another attachment fails the whole transaction.
     pub fn begin_add(&mut self, spec: &NewAttachment) -> Result<BeginAdd, StoreError> {
         let tx = self.immediate()?;
         if let Some(existing) = load(&tx, &spec.key)? {
             return Ok(BeginAdd::Existing(existing));
         }
+        if let Some(stray) = spec
+            .requested
+            .iter()
+            .find(|a| !spec.ranges.iter().any(|r| r.addr().is_ipv4() == a.is_ipv4()))
+        {
+            return Err(StoreError::AddressInvalid(format!(
+                "requested address {stray} is outside every range of the network: the network has no {} range (ranges: {})",
+                if stray.is_ipv4() { Family::V4 } else { Family::V6 },
+                join(spec.ranges.iter())
+            )));
+        }
         let now = now_ms();
         tx.execute(
             "INSERT INTO attachments (network, container_id, ifname, netns, pod_namespace, pod_name,
-                 pod_uid, host_ifname, mtu, state, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'creating', ?10, ?10)",
+                 pod_uid, host_ifname, mtu, state, created_at, updated_at, routes, pod_mac)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'creating', ?10, ?10, '', ?11)",
             params![
                 spec.key.network,
                 spec.key.container_id,
@@ -82,7 +95,8 @@ impl Db {
                 spec.pod.uid,
                 spec.host_ifname,
                 spec.mtu,
-                now
+                now,
+                spec.pod_mac.as_ref().map(mac_text),
             ],
         )?;
         let id = tx.last_insert_rowid();
@@ -90,6 +104,10 @@ impl Db {
         for family in [Family::V4, Family::V6] {
             let ranges: Vec<&IpNet> = spec.ranges.iter().filter(|r| Family::of(r) == family).collect();
             if ranges.is_empty() {
+                continue;
+            }
+            if let Some(want) = spec.requested.iter().find(|a| a.is_ipv6() == (family == Family::V6)) {
+                addresses.push(allocate_exact(&tx, &ranges, *want, id)?);
                 continue;
             }
             let mut got = None;
@@ -126,6 +144,8 @@ impl Db {
             result: None,
             addresses,
             ports,
+            routes: Vec::new(),
+            pod_mac: spec.pod_mac,
         };
         tx.commit()?;
         Ok(BeginAdd::Created(att))
@@ -241,12 +261,12 @@ impl Db {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Marks an attachment ready and stores its ADD result.
-    pub fn finish_add(&mut self, id: i64, result_json: &str) -> Result<(), StoreError> {
+    /// Marks an attachment ready and stores its ADD result and the routes it installed.
+    pub fn finish_add(&mut self, id: i64, result_json: &str, routes: &[InstalledRoute]) -> Result<(), StoreError> {
         let tx = self.immediate()?;
         let n = tx.execute(
-            "UPDATE attachments SET state = 'ready', result = ?2, updated_at = ?3 WHERE id = ?1",
-            params![id, result_json, now_ms()],
+            "UPDATE attachments SET state = 'ready', result = ?2, routes = ?3, updated_at = ?4 WHERE id = ?1",
+            params![id, result_json, routes_text(routes), now_ms()],
         )?;
         tx.commit()?;
         if n == 0 { Err(StoreError::Missing(id)) } else { Ok(()) }
@@ -288,6 +308,32 @@ impl Db {
         let a = load(&tx, key)?;
         tx.commit()?;
         Ok(a)
+    }
+
+    /// Every attachment of container `container_id` (every network of one pod), in
+    /// any state, oldest first.
+    pub fn container_attachments(&mut self, container_id: &str) -> Result<Vec<Attachment>, StoreError> {
+        let tx = self.conn.transaction()?;
+        let keys: Vec<AttachmentKey> = {
+            let mut stmt = tx
+                .prepare("SELECT network, container_id, ifname FROM attachments WHERE container_id = ?1 ORDER BY id")?;
+            let rows = stmt.query_map(params![container_id], |r| {
+                Ok(AttachmentKey {
+                    network: r.get(0)?,
+                    container_id: r.get(1)?,
+                    ifname: r.get(2)?,
+                })
+            })?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            if let Some(a) = load(&tx, &k)? {
+                out.push(a);
+            }
+        }
+        tx.commit()?;
+        Ok(out)
     }
 
     /// The ready attachment of Kubernetes pod `namespace/name`, if it runs on this node.
@@ -592,6 +638,153 @@ fn hold_ports(
     Ok(held)
 }
 
+fn join<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
+    items.map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Allocates exactly `want`, which the runtime asked for, from the one of `ranges`
+/// (all of its family) that holds it. Refused when no range holds it, when it is no
+/// pod address of its range (network, gateway, IPv4 broadcast), or when another
+/// attachment holds it; the cursor of the range is left alone, so sequential
+/// allocation goes on where it was.
+fn allocate_exact(
+    tx: &Transaction<'_>,
+    ranges: &[&IpNet],
+    want: IpAddr,
+    attachment: i64,
+) -> Result<Allocation, StoreError> {
+    let Some(range) = ranges.iter().copied().find(|r| r.contains(&want)) else {
+        return Err(StoreError::AddressInvalid(format!(
+            "requested address {want} is outside every {} range of the network: {}",
+            Family::of(ranges[0]),
+            join(ranges.iter())
+        )));
+    };
+    let k = addr::to_key(want);
+    let (lo, hi) = addr::pool(range);
+    if !(lo..=hi).contains(&k) {
+        let what = if want == range.network() {
+            "the network address"
+        } else if want == addr::gateway(range) {
+            "the gateway (it sits on every host end)"
+        } else {
+            "the broadcast address"
+        };
+        return Err(StoreError::AddressInvalid(format!(
+            "requested address {want} is {what} of range {range}, not a pod address"
+        )));
+    }
+    let range_id = ensure_range(tx, range)?;
+    let holder = tx
+        .query_row(
+            "SELECT a.network, a.container_id, a.ifname, a.pod_namespace, a.pod_name, a.state
+             FROM allocations al JOIN attachments a ON al.attachment_id = a.id WHERE al.address = ?1",
+            params![key_blob(k)],
+            |r| {
+                Ok((
+                    AttachmentKey {
+                        network: r.get(0)?,
+                        container_id: r.get(1)?,
+                        ifname: r.get(2)?,
+                    },
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, String>(5)?,
+                ))
+            },
+        )
+        .optional()?;
+    if let Some((key, ns, name, state)) = holder {
+        let deleting = State::parse(&state) == State::Deleting;
+        let who = if name.is_empty() {
+            format!("container {}", key.container_id)
+        } else {
+            format!("pod {ns}/{name}")
+        };
+        return Err(StoreError::AddressTaken {
+            address: want,
+            holder: format!(
+                "{who} (network {}, interface {}{})",
+                key.network,
+                key.ifname,
+                if deleting { ", being deleted" } else { "" }
+            ),
+            key,
+            deleting,
+        });
+    }
+    tx.execute(
+        "INSERT INTO allocations (address, range_id, attachment_id) VALUES (?1, ?2, ?3)",
+        params![key_blob(k), range_id, attachment],
+    )?;
+    Ok(Allocation {
+        address: want,
+        range: *range,
+        gateway: addr::gateway(range),
+    })
+}
+
+/// The stored form of an attachment's routes: `dst via gw` entries joined by `,`.
+fn routes_text(routes: &[InstalledRoute]) -> String {
+    routes.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",")
+}
+
+fn bad_column(what: &str, value: &str) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        0,
+        rusqlite::types::Type::Text,
+        format!("unreadable {what} {value:?} in the attachments table").into(),
+    )
+}
+
+/// Reads [`routes_text`] back; `None` (a row from before schema 5) is what weft
+/// installed then: the default route through each gateway.
+fn parse_routes(text: Option<&str>, addresses: &[Allocation]) -> rusqlite::Result<Vec<InstalledRoute>> {
+    let Some(text) = text else {
+        return Ok(addresses
+            .iter()
+            .map(|a| InstalledRoute {
+                dst: IpNet::new(
+                    if a.address.is_ipv4() {
+                        IpAddr::from([0u8; 4])
+                    } else {
+                        IpAddr::from([0u8; 16])
+                    },
+                    0,
+                )
+                .expect("a zero prefix is valid"),
+                gateway: a.gateway,
+            })
+            .collect());
+    };
+    text.split(',')
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let (dst, gw) = e.split_once(" via ").ok_or_else(|| bad_column("route", e))?;
+            Ok(InstalledRoute {
+                dst: dst.parse().map_err(|_| bad_column("route", e))?,
+                gateway: gw.parse().map_err(|_| bad_column("route", e))?,
+            })
+        })
+        .collect()
+}
+
+fn mac_text(mac: &[u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+fn parse_mac(text: &str) -> rusqlite::Result<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let parts: Vec<&str> = text.split(':').collect();
+    if parts.len() != 6 {
+        return Err(bad_column("MAC", text));
+    }
+    for (b, p) in mac.iter_mut().zip(parts) {
+        *b = u8::from_str_radix(p, 16).map_err(|_| bad_column("MAC", text))?;
+    }
+    Ok(mac)
+}
+
 fn ensure_range(tx: &Transaction<'_>, range: &IpNet) -> Result<i64, StoreError> {
     let cidr = range.to_string();
     if let Some(id) = tx
@@ -660,7 +853,7 @@ fn first_gap(tx: &Transaction<'_>, from: u128, to: u128) -> Result<Option<u128>,
 fn load(tx: &Transaction<'_>, key: &AttachmentKey) -> Result<Option<Attachment>, StoreError> {
     let row = tx
         .query_row(
-            "SELECT id, netns, pod_namespace, pod_name, pod_uid, host_ifname, mtu, state, result
+            "SELECT id, netns, pod_namespace, pod_name, pod_uid, host_ifname, mtu, state, result, routes, pod_mac
              FROM attachments WHERE network = ?1 AND container_id = ?2 AND ifname = ?3",
             params![key.network, key.container_id, key.ifname],
             |r| {
@@ -676,11 +869,13 @@ fn load(tx: &Transaction<'_>, key: &AttachmentKey) -> Result<Option<Attachment>,
                     r.get::<_, u32>(6)?,
                     r.get::<_, String>(7)?,
                     r.get::<_, Option<String>>(8)?,
+                    r.get::<_, Option<String>>(9)?,
+                    r.get::<_, Option<String>>(10)?,
                 ))
             },
         )
         .optional()?;
-    let Some((id, netns, pod, host_ifname, mtu, state, result)) = row else {
+    let Some((id, netns, pod, host_ifname, mtu, state, result, routes, pod_mac)) = row else {
         return Ok(None);
     };
     let mut stmt = tx.prepare_cached(
@@ -705,6 +900,8 @@ fn load(tx: &Transaction<'_>, key: &AttachmentKey) -> Result<Option<Attachment>,
          WHERE attachment_id = ?1 ORDER BY id",
     )?;
     let ports = stmt.query_map(params![id], port_row)?.collect::<Result<Vec<_>, _>>()?;
+    let routes = parse_routes(routes.as_deref(), &addresses)?;
+    let pod_mac = pod_mac.as_deref().map(parse_mac).transpose()?;
     Ok(Some(Attachment {
         id,
         key: key.clone(),
@@ -716,5 +913,7 @@ fn load(tx: &Transaction<'_>, key: &AttachmentKey) -> Result<Option<Attachment>,
         result,
         addresses,
         ports,
+        routes,
+        pod_mac,
     }))
 }

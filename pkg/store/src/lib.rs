@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 pub use addr::{capacity, gateway, pool};
 pub use attachment::{
-    Allocation, Attachment, AttachmentKey, BeginAdd, Family, HeldPort, NewAttachment, PodRef, PortMapping, PortRequest,
-    RangeUsage, State, WireRecord,
+    Allocation, Attachment, AttachmentKey, BeginAdd, Family, HeldPort, InstalledRoute, NewAttachment, PodRef,
+    PortMapping, PortRequest, RangeUsage, State, WireRecord,
 };
 pub use db::Db;
 
@@ -76,6 +76,21 @@ pub enum StoreError {
         /// Who holds it (`namespace/pod`, or the container id).
         holder: String,
     },
+    /// A requested address is held by another attachment.
+    #[error("requested address {address} is held by {holder}")]
+    AddressTaken {
+        /// The address asked for.
+        address: std::net::IpAddr,
+        /// Who holds it, for people (`pod namespace/name (network ..., interface ...)`).
+        holder: String,
+        /// The holding attachment.
+        key: AttachmentKey,
+        /// Whether the holder is being torn down (the address frees up once it is).
+        deleting: bool,
+    },
+    /// A requested address is not one the network's ranges give to pods.
+    #[error("{0}")]
+    AddressInvalid(String),
     /// A VXLAN network id is held by another wire end of the node.
     #[error("VNI {vni} is held by wire {holder:#x}")]
     VniTaken {

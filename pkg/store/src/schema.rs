@@ -104,6 +104,17 @@ const MIGRATIONS: &[&str] = &[
         stopped_at  INTEGER
     );
     ",
+    // 5: what an attachment installed, so a pod can have several networks (each
+    // installs its own routes) and the runtime may pick the pod's MAC.
+    r"
+    -- 'dst via gw' entries separated by ','; '' installs none. NULL: the attachment
+    -- was made before version 5, when every attachment had the default route through
+    -- each of its gateways.
+    ALTER TABLE attachments ADD COLUMN routes TEXT;
+    -- the pod interface's MAC when the runtime asked for one; NULL: derived from the key
+    ALTER TABLE attachments ADD COLUMN pod_mac TEXT;
+    CREATE INDEX attachments_by_container ON attachments(container_id);
+    ",
 ];
 
 /// The schema version this binary writes.
@@ -111,6 +122,11 @@ pub const CURRENT_VERSION: u32 = MIGRATIONS.len() as u32;
 
 /// Brings the database up to [`CURRENT_VERSION`], returning the version found.
 pub fn migrate(conn: &mut Connection) -> Result<u32, StoreError> {
+    migrate_to(conn, CURRENT_VERSION)
+}
+
+/// Brings the database up to `target` (tests make databases as older weft wrote them).
+pub(crate) fn migrate_to(conn: &mut Connection, target: u32) -> Result<u32, StoreError> {
     let found: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if found > CURRENT_VERSION {
         return Err(StoreError::TooNew {
@@ -118,7 +134,7 @@ pub fn migrate(conn: &mut Connection) -> Result<u32, StoreError> {
             known: CURRENT_VERSION,
         });
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+    for (i, sql) in MIGRATIONS.iter().enumerate().take(target as usize).skip(found as usize) {
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", i as u32 + 1)?;

@@ -20,6 +20,19 @@ fn spec(cid: &str, ranges: &[&str]) -> NewAttachment {
         mtu: 1500,
         ranges: ranges.iter().map(|r| r.parse().unwrap()).collect(),
         ports: Vec::new(),
+        requested: Vec::new(),
+        pod_mac: None,
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn route(dst: &str, gw: &str) -> InstalledRoute {
+    InstalledRoute {
+        dst: dst.parse().unwrap(),
+        gateway: ip(gw),
     }
 }
 
@@ -124,7 +137,7 @@ fn dual_stack_allocation_gives_one_address_per_family() {
 fn repeated_add_returns_the_existing_attachment() {
     let (_d, mut db) = open();
     let a = created(db.begin_add(&spec("c1", &["10.0.0.0/24"])).unwrap());
-    db.finish_add(a.id, "{}").unwrap();
+    db.finish_add(a.id, "{}", &[]).unwrap();
     match db.begin_add(&spec("c1", &["10.0.0.0/24"])).unwrap() {
         BeginAdd::Existing(b) => {
             assert_eq!(b.id, a.id);
@@ -197,7 +210,7 @@ fn exhausting_one_family_releases_the_other() {
 fn delete_lifecycle_keeps_addresses_until_removed() {
     let (_d, mut db) = open();
     let a = created(db.begin_add(&spec("a", &["10.0.0.0/24"])).unwrap());
-    db.finish_add(a.id, "{}").unwrap();
+    db.finish_add(a.id, "{}", &[]).unwrap();
     let d = db.begin_del(&a.key).unwrap().unwrap();
     assert_eq!(d.state, State::Deleting);
     assert_eq!(db.allocated_addresses().unwrap().len(), 1);
@@ -322,4 +335,172 @@ fn wires_are_kept_with_unique_vnis_and_survive_reopen() {
     db.remove_wire(1).unwrap();
     assert_eq!(db.vni_holder(5001).unwrap(), None);
     db.put_wire(&wire(3, 3, Some(5001))).unwrap();
+}
+
+#[test]
+fn a_requested_address_is_allocated_exactly_and_leaves_the_cursor_alone() {
+    let (_d, mut db) = open();
+    let r = ["10.0.0.0/24", "10.0.1.0/24", "fd00::/64"];
+    let mut a = spec("a", &r);
+    a.requested = vec![ip("10.0.1.7")];
+    let a = created(db.begin_add(&a).unwrap());
+    assert_eq!(
+        a.addresses[0].address,
+        ip("10.0.1.7"),
+        "from the second range, which holds it"
+    );
+    assert_eq!(a.addresses[0].gateway, ip("10.0.1.1"));
+    assert_eq!(a.addresses[1].address, ip("fd00::2"), "the other family as usual");
+    let b = created(db.begin_add(&spec("b", &r)).unwrap());
+    assert_eq!(
+        b.addresses[0].address,
+        ip("10.0.0.2"),
+        "sequential allocation is unaffected"
+    );
+    // Sequential allocation steps over a requested address.
+    let mut c = spec("c", &["10.0.0.0/24"]);
+    c.requested = vec![ip("10.0.0.3")];
+    created(db.begin_add(&c).unwrap());
+    let d = created(db.begin_add(&spec("d", &["10.0.0.0/24"])).unwrap());
+    assert_eq!(d.addresses[0].address, ip("10.0.0.4"));
+}
+
+#[test]
+fn a_requested_address_that_is_taken_or_not_a_pod_address_is_refused_whole() {
+    let (_d, mut db) = open();
+    let r = ["10.0.0.0/24", "fd00::/64"];
+    let mut a = spec("a", &r);
+    a.requested = vec![ip("10.0.0.7")];
+    let a = created(db.begin_add(&a).unwrap());
+    let before = db.allocated_addresses().unwrap();
+
+    let mut b = spec("b", &r);
+    b.requested = vec![ip("fd00::9"), ip("10.0.0.7")];
+    match db.begin_add(&b) {
+        Err(StoreError::AddressTaken {
+            address,
+            holder,
+            key,
+            deleting,
+        }) => {
+            assert_eq!(address, ip("10.0.0.7"));
+            assert_eq!(holder, "pod default/a (network weft, interface eth0)");
+            assert_eq!(key, a.key);
+            assert!(!deleting);
+        }
+        other => panic!("expected AddressTaken, got {other:?}"),
+    }
+    for (want, says) in [
+        ("10.9.0.7", "outside every IPv4 range of the network: 10.0.0.0/24"),
+        ("10.0.0.0", "the network address of range 10.0.0.0/24"),
+        ("10.0.0.1", "the gateway"),
+        ("10.0.0.255", "the broadcast address"),
+        ("fd00::1", "the gateway"),
+    ] {
+        let mut b = spec("b", &r);
+        b.requested = vec![ip(want)];
+        match db.begin_add(&b) {
+            Err(StoreError::AddressInvalid(m)) => assert!(m.contains(says), "{want}: {m}"),
+            other => panic!("{want}: expected AddressInvalid, got {other:?}"),
+        }
+    }
+    let mut b = spec("b", &["10.0.0.0/24"]);
+    b.requested = vec![ip("fd00::9")];
+    match db.begin_add(&b) {
+        Err(StoreError::AddressInvalid(m)) => assert!(m.contains("no IPv6 range"), "{m}"),
+        other => panic!("expected AddressInvalid, got {other:?}"),
+    }
+    // Nothing of the refused ADDs remains: no row, no address (not even fd00::9).
+    assert!(db.get(&spec("b", &r).key).unwrap().is_none());
+    assert_eq!(db.allocated_addresses().unwrap(), before);
+
+    // A holder being torn down is reported as such, so the caller can wait for it.
+    db.begin_del(&a.key).unwrap();
+    let mut b = spec("b", &r);
+    b.requested = vec![ip("10.0.0.7")];
+    match db.begin_add(&b) {
+        Err(StoreError::AddressTaken { deleting, holder, .. }) => {
+            assert!(deleting);
+            assert!(holder.ends_with(", being deleted)"), "{holder}");
+        }
+        other => panic!("expected AddressTaken, got {other:?}"),
+    }
+    db.remove(a.id).unwrap();
+    assert_eq!(created(db.begin_add(&b).unwrap()).addresses[0].address, ip("10.0.0.7"));
+}
+
+#[test]
+fn routes_and_a_requested_mac_are_kept_with_the_attachment() {
+    let (_d, mut db) = open();
+    let mut a = spec("a", &["10.0.0.0/24", "fd00::/64"]);
+    a.pod_mac = Some([0x0a, 0x58, 0, 0, 0, 7]);
+    let a = created(db.begin_add(&a).unwrap());
+    assert!(a.routes.is_empty(), "nothing is installed yet");
+    assert_eq!(a.pod_mac, Some([0x0a, 0x58, 0, 0, 0, 7]));
+    let routes = vec![route("10.0.0.0/8", "10.0.0.1"), route("::/0", "fd00::1")];
+    db.finish_add(a.id, "{}", &routes).unwrap();
+    let got = db.get(&a.key).unwrap().unwrap();
+    assert_eq!(got.routes, routes);
+    assert_eq!(got.pod_mac, a.pod_mac);
+    // An attachment that installed no route at all says so (and is not mistaken for an
+    // old one, which had default routes).
+    let b = created(db.begin_add(&spec("b", &["10.0.0.0/24"])).unwrap());
+    db.finish_add(b.id, "{}", &[]).unwrap();
+    let got = db.get(&b.key).unwrap().unwrap();
+    assert!(got.routes.is_empty());
+    assert_eq!(got.pod_mac, None);
+}
+
+#[test]
+fn every_network_of_a_container_is_listed() {
+    let (_d, mut db) = open();
+    created(db.begin_add(&spec("a", &["10.0.0.0/24"])).unwrap());
+    let mut net1 = spec("a", &["10.1.0.0/24"]);
+    net1.key.network = "second".into();
+    net1.key.ifname = "net1".into();
+    net1.host_ifname = "ha1".into();
+    created(db.begin_add(&net1).unwrap());
+    created(db.begin_add(&spec("b", &["10.0.0.0/24"])).unwrap());
+    let of_a = db.container_attachments("a").unwrap();
+    let ifnames: Vec<_> = of_a.iter().map(|x| x.key.ifname.as_str()).collect();
+    assert_eq!(ifnames, ["eth0", "net1"]);
+    assert!(db.container_attachments("zz").unwrap().is_empty());
+}
+
+/// A database written by weft before schema 5 (no routes, no MAC column) is migrated,
+/// and its attachments read as what weft installed then: the default route through
+/// each gateway, the derived MAC.
+#[test]
+fn attachments_from_schema_4_read_as_what_they_installed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weft.db");
+    {
+        let mut c = rusqlite::Connection::open(&path).unwrap();
+        crate::schema::migrate_to(&mut c, 4).unwrap();
+        c.execute_batch(
+            "INSERT INTO ranges (id, cidr) VALUES (1, '10.0.0.0/24'), (2, 'fd00::/64');
+             INSERT INTO attachments (id, network, container_id, ifname, netns, host_ifname, mtu, state, result,
+                                      created_at, updated_at)
+                 VALUES (1, 'weft', 'old', 'eth0', '/run/netns/old', 'weftold', 1500, 'ready', '{}', 0, 0);
+             INSERT INTO allocations (address, range_id, attachment_id) VALUES
+                 (X'00000000000000000000ffff0a000002', 1, 1),
+                 (X'fd000000000000000000000000000002', 2, 1);",
+        )
+        .unwrap();
+    }
+    let mut db = Db::open(&path).unwrap();
+    assert_eq!(db.schema_found(), 4);
+    let old = db.get(&spec("old", &[]).key).unwrap().unwrap();
+    assert_eq!(old.addresses[0].address, ip("10.0.0.2"));
+    assert_eq!(
+        old.routes,
+        vec![route("0.0.0.0/0", "10.0.0.1"), route("::/0", "fd00::1")]
+    );
+    assert_eq!(old.pod_mac, None);
+    // And the migrated database takes new attachments as any other.
+    let mut n = spec("new", &["10.0.0.0/24"]);
+    n.requested = vec![ip("10.0.0.9")];
+    let n = created(db.begin_add(&n).unwrap());
+    db.finish_add(n.id, "{}", &[route("10.0.0.0/8", "10.0.0.1")]).unwrap();
+    assert_eq!(db.get(&n.key).unwrap().unwrap().routes.len(), 1);
 }

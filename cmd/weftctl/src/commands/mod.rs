@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod calls;
 pub mod crds;
+pub mod install;
 pub mod lab;
 pub mod ports;
 pub mod status;
