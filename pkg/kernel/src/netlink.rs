@@ -483,19 +483,9 @@ impl Netlink {
 
     /// Adds `addr/prefix_len` to a link, without duplicate address detection.
     pub fn add_address(&mut self, index: u32, addr: IpAddr, prefix_len: u8) -> io::Result<()> {
-        let mut msg = AddressMessage::default();
-        msg.header.family = family_of(&addr);
-        msg.header.prefix_len = prefix_len;
-        msg.header.index = index;
+        let mut msg = address_message(index, addr, prefix_len);
         msg.header.scope = AddressScope::Universe;
         msg.header.flags = AddressHeaderFlags::Nodad | AddressHeaderFlags::Permanent;
-        // IPv4 wants IFA_LOCAL (the address) as well as IFA_ADDRESS (the peer, the same
-        // on a non-point-to-point link); IPv6 only IFA_ADDRESS.
-        msg.attributes = if addr.is_ipv4() {
-            vec![AddressAttribute::Local(addr), AddressAttribute::Address(addr)]
-        } else {
-            vec![AddressAttribute::Address(addr)]
-        };
         self.execute(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_EXCL)
     }
 
@@ -579,6 +569,22 @@ impl Netlink {
             })
             .collect())
     }
+}
+
+/// The message naming `addr/prefix_len` on a link, for adding or deleting it. IPv4 wants
+/// IFA_LOCAL (the address) as well as IFA_ADDRESS (the peer, the same on a
+/// non-point-to-point link); IPv6 only IFA_ADDRESS.
+pub(crate) fn address_message(index: u32, addr: IpAddr, prefix_len: u8) -> AddressMessage {
+    let mut msg = AddressMessage::default();
+    msg.header.family = family_of(&addr);
+    msg.header.prefix_len = prefix_len;
+    msg.header.index = index;
+    msg.attributes = if addr.is_ipv4() {
+        vec![AddressAttribute::Local(addr), AddressAttribute::Address(addr)]
+    } else {
+        vec![AddressAttribute::Address(addr)]
+    };
+    msg
 }
 
 fn route_header(v6: bool, prefix_len: u8) -> RouteHeader {

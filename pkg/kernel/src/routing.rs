@@ -385,15 +385,7 @@ impl Netlink {
 
     /// Removes `addr/prefix_len` from a link; returns whether it was there.
     pub fn delete_address(&mut self, index: u32, addr: IpAddr, prefix_len: u8) -> io::Result<bool> {
-        let mut msg = AddressMessage::default();
-        msg.header.family = family(addr.is_ipv6());
-        msg.header.prefix_len = prefix_len;
-        msg.header.index = index;
-        msg.attributes = if addr.is_ipv4() {
-            vec![AddressAttribute::Local(addr), AddressAttribute::Address(addr)]
-        } else {
-            vec![AddressAttribute::Address(addr)]
-        };
+        let msg = crate::netlink::address_message(index, addr, prefix_len);
         match self.execute(RouteNetlinkMessage::DelAddress(msg), 0) {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => Ok(false),

@@ -313,27 +313,10 @@ impl Db {
     /// Every attachment of container `container_id` (every network of one pod), in
     /// any state, oldest first.
     pub fn container_attachments(&mut self, container_id: &str) -> Result<Vec<Attachment>, StoreError> {
-        let tx = self.conn.transaction()?;
-        let keys: Vec<AttachmentKey> = {
-            let mut stmt = tx
-                .prepare("SELECT network, container_id, ifname FROM attachments WHERE container_id = ?1 ORDER BY id")?;
-            let rows = stmt.query_map(params![container_id], |r| {
-                Ok(AttachmentKey {
-                    network: r.get(0)?,
-                    container_id: r.get(1)?,
-                    ifname: r.get(2)?,
-                })
-            })?;
-            rows.collect::<Result<_, _>>()?
-        };
-        let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
-            if let Some(a) = load(&tx, &k)? {
-                out.push(a);
-            }
-        }
-        tx.commit()?;
-        Ok(out)
+        self.load_where(
+            "SELECT network, container_id, ifname FROM attachments WHERE container_id = ?1 ORDER BY id",
+            params![container_id],
+        )
     }
 
     /// The ready attachment of Kubernetes pod `namespace/name`, if it runs on this node.
@@ -344,13 +327,7 @@ impl Db {
                 "SELECT network, container_id, ifname FROM attachments
                  WHERE pod_namespace = ?1 AND pod_name = ?2 AND state = 'ready' ORDER BY id LIMIT 1",
                 params![namespace, name],
-                |r| {
-                    Ok(AttachmentKey {
-                        network: r.get(0)?,
-                        container_id: r.get(1)?,
-                        ifname: r.get(2)?,
-                    })
-                },
+                key_of_row,
             )
             .optional()?;
         let a = match key {
@@ -363,19 +340,19 @@ impl Db {
 
     /// Every attachment, optionally only those of `network` and/or in `state`.
     pub fn list(&mut self, network: Option<&str>, state: Option<State>) -> Result<Vec<Attachment>, StoreError> {
+        self.load_where(
+            "SELECT network, container_id, ifname FROM attachments
+             WHERE (?1 IS NULL OR network = ?1) AND (?2 IS NULL OR state = ?2) ORDER BY id",
+            params![network, state.map(State::as_str)],
+        )
+    }
+
+    /// Loads, in one transaction, every attachment whose key `keys_sql` selects.
+    fn load_where(&mut self, keys_sql: &str, args: impl rusqlite::Params) -> Result<Vec<Attachment>, StoreError> {
         let tx = self.conn.transaction()?;
         let keys: Vec<AttachmentKey> = {
-            let mut stmt = tx.prepare(
-                "SELECT network, container_id, ifname FROM attachments
-                 WHERE (?1 IS NULL OR network = ?1) AND (?2 IS NULL OR state = ?2) ORDER BY id",
-            )?;
-            let rows = stmt.query_map(params![network, state.map(State::as_str)], |r| {
-                Ok(AttachmentKey {
-                    network: r.get(0)?,
-                    container_id: r.get(1)?,
-                    ifname: r.get(2)?,
-                })
-            })?;
+            let mut stmt = tx.prepare(keys_sql)?;
+            let rows = stmt.query_map(args, key_of_row)?;
             rows.collect::<Result<_, _>>()?
         };
         let mut out = Vec::with_capacity(keys.len());
@@ -916,4 +893,13 @@ fn load(tx: &Transaction<'_>, key: &AttachmentKey) -> Result<Option<Attachment>,
         routes,
         pod_mac,
     }))
+}
+
+/// An attachment's key from a row whose first columns are `network, container_id, ifname`.
+fn key_of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttachmentKey> {
+    Ok(AttachmentKey {
+        network: r.get(0)?,
+        container_id: r.get(1)?,
+        ifname: r.get(2)?,
+    })
 }
