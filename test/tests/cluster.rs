@@ -281,9 +281,26 @@ fn shared_segment_pods_reach_across_nodes_by_direct_routes() {
     if !privileged() {
         return;
     }
-    let (lab, _dir) = lab("cs", &format!("{NODES}underlay: shared\n"));
+    let (lab, dir) = lab("cs", &format!("{NODES}underlay: shared\n"));
     let lab = &lab.0;
     lab.up().expect("lab up");
+    // What an operator sees: `weftctl status` on n1.
+    let socket = dir.path().join("state/nodes/n1/weftd.sock");
+    let out = std::process::Command::new(bin("weftctl"))
+        .args(["--socket", socket.to_str().unwrap(), "--json", "status"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let n = &st["node_network"];
+    assert_eq!(n["routing"], "auto", "{st}");
+    assert_eq!(n["pod_cidrs"], serde_json::json!(["10.244.1.0/24"]));
+    assert_eq!(n["pod_mtu"], 1500);
+    assert_eq!(n["address"], "172.30.0.2");
+    assert_eq!(
+        n["peers"],
+        serde_json::json!([{"name": "n2", "mode": "direct"}, {"name": "n3", "mode": "direct"}])
+    );
     let checks = lab.check_network(Duration::from_secs(10));
     assert!(failed(&checks).is_empty(), "{:?}", failed(&checks));
     assert_eq!(checks.iter().filter(|c| c.kind == "eth0").count(), 10);

@@ -393,6 +393,7 @@ async fn run(args: Args, node_name: String, metrics: Arc<Metrics>) -> anyhow::Re
     if let Some(w) = wiring {
         admin = admin.with_wiring(w);
     }
+    admin = admin.with_node_network(node_network_report(&nodenet, args.masquerade));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -633,6 +634,34 @@ fn local_ranges(store: Store) -> weft_nodenet::LocalRanges {
                 .await
                 .map(|u| u.into_iter().map(|r| r.range).collect())
                 .unwrap_or_default()
+        })
+    })
+}
+
+/// What `weftctl status` shows of the pod network between nodes: the last pass's view.
+fn node_network_report(
+    nodenet: &weft_nodenet::NodeNetwork<weft_nodenet::HostKernel>,
+    masquerade: bool,
+) -> weft_daemon::service::NodeNetworkReport {
+    let view = nodenet.view();
+    let routing = nodenet.config().routing.as_str();
+    Arc::new(move || {
+        let v = view.borrow();
+        v.synced.then(|| weft_rpc::admin::NodeNetwork {
+            routing: routing.to_string(),
+            pod_cidrs: v.ranges.iter().map(ToString::to_string).collect(),
+            pod_mtu: v.pod_mtu.unwrap_or(0),
+            address: v.address.map(|a| a.to_string()).unwrap_or_default(),
+            masquerade,
+            peers: v
+                .peers
+                .iter()
+                .map(|p| weft_rpc::admin::PeerNode {
+                    name: p.name.clone(),
+                    mode: p.mode.as_str().to_string(),
+                    problem: p.problem.clone().unwrap_or_default(),
+                })
+                .collect(),
         })
     })
 }

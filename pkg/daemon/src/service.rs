@@ -152,7 +152,12 @@ pub struct AdminService {
     pending: Arc<dyn Fn() -> usize + Send + Sync>,
     calls: Arc<CallLog>,
     wiring: Option<Arc<dyn Wiring>>,
+    node_network: Option<NodeNetworkReport>,
 }
+
+/// Reports the pod network between nodes for `weftctl status` (the daemon knows it; the
+/// admin service only relays it).
+pub type NodeNetworkReport = Arc<dyn Fn() -> Option<weft_rpc::admin::NodeNetwork> + Send + Sync>;
 
 impl AdminService {
     /// Reports on `store` and the recent `calls`; `pending` counts teardowns in flight.
@@ -172,7 +177,14 @@ impl AdminService {
             pending,
             calls,
             wiring: None,
+            node_network: None,
         }
+    }
+
+    /// Adds the pod network between nodes to the status report.
+    pub fn with_node_network(mut self, report: NodeNetworkReport) -> Self {
+        self.node_network = Some(report);
+        self
     }
 
     /// Reports the wire ends of `wiring` too.
@@ -207,6 +219,7 @@ impl Admin for AdminService {
                 })
                 .collect(),
             state_path: self.store.path().display().to_string(),
+            node_network: self.node_network.as_ref().and_then(|r| r()),
             schema_version: SCHEMA_VERSION,
         }))
     }

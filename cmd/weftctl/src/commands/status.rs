@@ -1,4 +1,5 @@
-//! `weftctl status`: daemon health and per-range address usage.
+//! `weftctl status`: daemon health, per-range address usage, and how pods reach other
+//! nodes.
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -17,6 +18,24 @@ struct Range {
 }
 
 #[derive(Serialize)]
+struct Peer {
+    name: String,
+    mode: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    problem: String,
+}
+
+#[derive(Serialize)]
+struct NodeNetwork {
+    routing: String,
+    pod_cidrs: Vec<String>,
+    pod_mtu: Option<u32>,
+    address: String,
+    masquerade: bool,
+    peers: Vec<Peer>,
+}
+
+#[derive(Serialize)]
 struct Status {
     node: String,
     version: String,
@@ -27,6 +46,8 @@ struct Status {
     state_path: String,
     schema_version: u32,
     ranges: Vec<Range>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node_network: Option<NodeNetwork>,
 }
 
 fn human_duration(mut s: i64) -> String {
@@ -67,6 +88,22 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
                 allocated: g.allocated,
             })
             .collect(),
+        node_network: r.node_network.map(|n| NodeNetwork {
+            routing: n.routing,
+            pod_cidrs: n.pod_cidrs,
+            pod_mtu: (n.pod_mtu > 0).then_some(n.pod_mtu),
+            address: n.address,
+            masquerade: n.masquerade,
+            peers: n
+                .peers
+                .into_iter()
+                .map(|p| Peer {
+                    name: p.name,
+                    mode: p.mode,
+                    problem: p.problem,
+                })
+                .collect(),
+        }),
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&status)?);
@@ -102,6 +139,25 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
             "{:<28} {:<26} {:>10} {:>20} {:>6.1}%",
             g.cidr, g.gateway, g.allocated, g.capacity, pct
         );
+    }
+    if let Some(n) = &status.node_network {
+        println!();
+        let or_none = |v: &[String]| if v.is_empty() { "none".to_string() } else { v.join(", ") };
+        println!(
+            "pod network  routing {}, podCIDRs {}, pod MTU {}, address {}, masquerade {}",
+            n.routing,
+            or_none(&n.pod_cidrs),
+            n.pod_mtu.map_or_else(|| "unknown".to_string(), |m| m.to_string()),
+            if n.address.is_empty() { "unknown" } else { &n.address },
+            if n.masquerade { "on" } else { "off" }
+        );
+        if !n.peers.is_empty() {
+            println!();
+            println!("{:<24} {:<12} PROBLEM", "PEER NODE", "MODE");
+            for p in &n.peers {
+                println!("{:<24} {:<12} {}", p.name, p.mode, p.problem);
+            }
+        }
     }
     Ok(())
 }
