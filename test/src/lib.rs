@@ -16,6 +16,8 @@ use serde_json::Value;
 
 pub use weft_kernel::testutil::privileged;
 
+pub mod cri;
+
 /// Path of a workspace binary (`weft`, `weftd`, `weftctl`) built beside the tests.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");

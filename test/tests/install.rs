@@ -33,21 +33,21 @@
 //! Needs root, and beyond the containerd test's packages: `buildah`, `nftables`,
 //! `conntrack`, kubectl (`/usr/bin/kubectl`) and `.venv` from `test/install-deps.sh`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-use tonic::transport::{Channel, Endpoint};
+use weft_tests::cri::{
+    Container, Containerd, Cri, NETWORK_READY, RUNTIME_READY, Sandbox, digest, elf_has_interpreter, pause_image,
+    pod_sandbox_config, random_uid, sandbox_pid,
+};
 use weft_tests::{Netns, TempDir, bin, privileged, run, sh};
 use weft_topology::testing::FakeApiServer;
 
@@ -69,10 +69,6 @@ const CNI_BIN_DIR: &str = "/opt/cni/bin";
 const CNI_CONF_DIR: &str = "/etc/cni/net.d";
 /// The sandbox image containerd is told to use; it exists only as imported here.
 const PAUSE_IMAGE: &str = "localhost/weft/pause:install-test";
-/// How long one CRI call may take before the test fails.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// `PATH` for containerd, which looks up `runc` and `containerd-shim-runc-v2` there.
-const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 // ---------------------------------------------------------------------------------
 // (a) The manifests render and validate offline.
@@ -412,7 +408,11 @@ fn the_image_runs_weftd_as_the_daemonset_does() {
 
     // containerd on the node, the DaemonSet's hostPaths bound in its mount namespace.
     let host_paths = host_paths(&spec);
-    let ctrd = Containerd::start(&node, &host_paths);
+    let ctrd = Containerd::builder(&node, PAUSE_IMAGE)
+        .tag("instctrd")
+        .cni_dirs(CNI_BIN_DIR, CNI_CONF_DIR)
+        .bind_host_paths(&host_paths)
+        .start();
     let kubelet = Kubelet {
         node_name: NODE_NAME.to_string(),
         host_ip: NODE_ADDR.to_string(),
@@ -440,10 +440,13 @@ fn the_image_runs_weftd_as_the_daemonset_does() {
     std::fs::write(conf_dir.join("README"), "the node's own\n").unwrap();
     let before = (listing(&bin_dir), listing(&conf_dir));
 
-    ctrd.import(&pause_image(ctrd.dir()));
+    ctrd.import(&pause_image(ctrd.dir(), PAUSE_IMAGE));
     ctrd.import(&archive);
     let cri = Cri::connect(&ctrd.socket());
-    cri.wait_runtime_ready(&ctrd, &[PAUSE_IMAGE, &image]);
+    // The network is not ready before weft's config is installed, and need not be for a
+    // host-network pod.
+    cri.wait_ready(&[RUNTIME_READY], &[PAUSE_IMAGE, &image], Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("containerd's CRI did not become ready ({e})\n{}", ctrd.log_tail()));
     eprintln!("containerd ready, images imported after {:.1?}", t0.elapsed());
 
     // The DaemonSet's pod, as kubelet runs it: the sandbox, the init container to
@@ -451,8 +454,10 @@ fn the_image_runs_weftd_as_the_daemonset_does() {
     let mut weftd_pod = Sandbox::run(&cri, plan.sandbox.clone())
         .unwrap_or_else(|e| panic!("RunPodSandbox (weftd) failed: {e}\n{}", ctrd.log_tail()));
     for config in &plan.init {
-        let init = Container::create(&cri, &weftd_pod.id, &plan.sandbox, config.clone())
+        let mut init = Container::create(&cri, &weftd_pod.id, &plan.sandbox, config.clone())
             .unwrap_or_else(|e| panic!("CreateContainer (init) failed: {e}\n{}", ctrd.log_tail()));
+        // Kept, exited, until the pod goes, as kubelet keeps it.
+        init.leave_to_sandbox();
         init.start()
             .unwrap_or_else(|e| panic!("StartContainer (init) failed: {e}\n{}", init.describe()));
         let st = init.wait_exited(Duration::from_secs(60));
@@ -483,8 +488,10 @@ fn the_image_runs_weftd_as_the_daemonset_does() {
     assert_eq!(written, conflist, "the installed conflist is not the ConfigMap's");
 
     let weftd_config = plan.containers[0].clone();
-    let weftd = Container::create(&cri, &weftd_pod.id, &plan.sandbox, weftd_config)
+    let mut weftd = Container::create(&cri, &weftd_pod.id, &plan.sandbox, weftd_config)
         .unwrap_or_else(|e| panic!("CreateContainer (weftd) failed: {e}\n{}", ctrd.log_tail()));
+    // Stopped below as kubelet stops it, and removed with its pod.
+    weftd.leave_to_sandbox();
     weftd
         .start()
         .unwrap_or_else(|e| panic!("StartContainer (weftd) failed: {e}\n{}", weftd.describe()));
@@ -526,7 +533,13 @@ fn the_image_runs_weftd_as_the_daemonset_does() {
         "weftd never asked for Nodes: {:?}",
         api.log()
     );
-    cri.wait_network_ready(&ctrd, Duration::from_secs(30));
+    let limit = Duration::from_secs(30);
+    cri.wait_ready(&[NETWORK_READY], &[], limit).unwrap_or_else(|e| {
+        panic!(
+            "containerd did not load the installed CNI config within {limit:?} ({e})\n{}",
+            ctrd.log_tail()
+        )
+    });
 
     // A pod on the node: its address comes from the Node's podCIDRs.
     let socket = ctrd.node_path("/run/weft").join("weftd.sock");
@@ -589,34 +602,7 @@ fn the_image_runs_weftd_as_the_daemonset_does() {
 /// podCIDRs, and removes it again. An error says what went wrong (the test goes on to
 /// stop weftd, then fails with it).
 fn run_a_pod(cri: &Cri, ctrd: &Containerd, socket: &Path) -> Result<(), String> {
-    let uid = random_uid();
-    let log_dir = ctrd.dir().join("pods").join(&uid);
-    std::fs::create_dir_all(&log_dir).unwrap();
-    let namespaces = cri::NamespaceOption {
-        network: cri::NamespaceMode::Pod as i32,
-        pid: cri::NamespaceMode::Pod as i32,
-        ipc: cri::NamespaceMode::Pod as i32,
-        ..Default::default()
-    };
-    let config = cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata {
-            name: "weft-install-pod".to_string(),
-            uid: uid.clone(),
-            namespace: "default".to_string(),
-            attempt: 0,
-        }),
-        hostname: "weft-install-pod".to_string(),
-        log_directory: log_dir.to_str().unwrap().to_string(),
-        linux: Some(cri::LinuxPodSandboxConfig {
-            cgroup_parent: ctrd.cgroup_parent(),
-            security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(namespaces.clone()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let config = pod_sandbox_config(ctrd, "weft-install-pod", &random_uid());
     let mut pod = Sandbox::run(cri, config).map_err(|e| {
         format!(
             "RunPodSandbox on the node failed (weft should allocate from the Node's podCIDRs {POD_CIDR}): {e}\n\
@@ -668,7 +654,8 @@ fn run_a_pod(cri: &Cri, ctrd: &Containerd, socket: &Path) -> Result<(), String> 
 /// - the API service environment kubelet gives every container:
 ///   `KUBERNETES_SERVICE_HOST`/`_PORT` from `service`;
 /// - volumes: a `hostPath` is the same path on the node (the node's mount namespace
-///   holds the test's directories there, see [`Containerd::start`]); a `configMap` is
+///   holds the test's directories there, see
+///   [`weft_tests::cri::ContainerdBuilder::bind_host_paths`]); a `configMap` is
 ///   materialized under `dir/configmaps/<volume>` and mounted read-only; the service
 ///   account's token, CA and namespace (`dir/serviceaccount`) are mounted read-only at
 ///   [`SERVICE_ACCOUNT_DIR`], as automounting does;
@@ -1197,720 +1184,4 @@ fn weftctl(socket: &Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
-}
-
-// ---------------------------------------------------------------------------------
-// containerd in the node, and CRI (after tests/containerd.rs).
-
-/// A private containerd in the node: the node's network namespace and a mount
-/// namespace of its own, shared with everything it starts. Dropping it stops
-/// containerd, ends what it started, and removes its directory and the mount points it
-/// had to create on the host.
-struct Containerd {
-    child: Option<Child>,
-    dir: TempDir,
-    /// Directories created on the host (mount points, /run/containerd/s): removed
-    /// afterwards, deepest first, if empty.
-    made: Vec<PathBuf>,
-}
-
-impl Containerd {
-    /// Starts containerd in `node`'s network namespace and a new mount namespace
-    /// (propagation from the host only) in which each of `host_paths` is bind-mounted
-    /// from `<dir>/node/<path>`; then every mount is made shared within it, as on a
-    /// node booted with systemd, so mounts made later (pod network namespaces under
-    /// /run/netns) reach containers with HostToContainer propagation.
-    fn start(node: &Netns, host_paths: &[String]) -> Self {
-        let dir = TempDir::new("instctrd");
-        let p = dir.path().to_path_buf();
-        let mut made = Vec::new();
-        for d in ["/run/containerd", "/run/containerd/s"] {
-            make_dirs(Path::new(d), &mut made);
-        }
-        for d in ["root", "state", "opt", "runc", "pods"] {
-            std::fs::create_dir_all(p.join(d)).unwrap();
-        }
-        let mut script = String::from("set -eu\n");
-        for hp in host_paths {
-            assert!(hp.starts_with('/') && !hp.contains('\''), "hostPath {hp:?}");
-            let src = p.join("node").join(&hp[1..]);
-            std::fs::create_dir_all(&src).unwrap();
-            make_dirs(Path::new(hp), &mut made);
-            script += &format!("mount --bind '{}' '{hp}'\n", src.display());
-        }
-        script += "mount --make-rshared /\nexec containerd --config \"$1\"\n";
-
-        let d = |s: &str| p.join(s).to_str().unwrap().to_string();
-        let config = format!(
-            r#"version = 2
-root = "{root}"
-state = "{state}"
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper",
-]
-
-[grpc]
-  address = "{sock}"
-
-[debug]
-  level = "info"
-
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "{opt}"
-  [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = "{PAUSE_IMAGE}"
-    # root here lacks CAP_SYS_RESOURCE: runc could not lower oom_score_adj
-    restrict_oom_score_adj = true
-    stream_server_address = "127.0.0.1"
-    stream_server_port = "0"
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "{CNI_BIN_DIR}"
-      conf_dir = "{CNI_CONF_DIR}"
-      max_conf_num = 1
-    [plugins."io.containerd.grpc.v1.cri".containerd]
-      snapshotter = "overlayfs"
-      default_runtime_name = "runc"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-          Root = "{runc}"
-          SystemdCgroup = false
-"#,
-            root = d("root"),
-            state = d("state"),
-            sock = d("containerd.sock"),
-            opt = d("opt"),
-            runc = d("runc"),
-        );
-        std::fs::write(p.join("config.toml"), config).unwrap();
-        let log = std::fs::File::create(p.join("containerd.log")).unwrap();
-        // nsenter and unshare exec what follows, so the child is containerd itself.
-        let child = Command::new("nsenter")
-            .arg(format!("--net={}", node.path()))
-            .args([
-                "unshare",
-                "--mount",
-                "--propagation",
-                "slave",
-                "sh",
-                "-c",
-                &script,
-                "sh",
-            ])
-            .arg(p.join("config.toml"))
-            .env("PATH", SYSTEM_PATH)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("starting containerd (is the containerd package installed?)");
-        let mut c = Self {
-            child: Some(child),
-            dir,
-            made,
-        };
-        c.wait_serving(Duration::from_secs(20));
-        c
-    }
-
-    fn wait_serving(&mut self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        let mut last = String::new();
-        while Instant::now() < deadline {
-            if let Some(Ok(Some(st))) = self.child.as_mut().map(Child::try_wait) {
-                panic!("containerd exited early ({st}):\n{}", self.log_tail());
-            }
-            if self.socket().exists() {
-                let out = run(Command::new("ctr")
-                    .arg("-a")
-                    .arg(self.socket())
-                    .args(["--timeout", "5s", "version"]));
-                if out.status.success() {
-                    return;
-                }
-                last = String::from_utf8_lossy(&out.stderr).into_owned();
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!(
-            "containerd did not answer within {limit:?} (last ctr error: {last}):\n{}",
-            self.log_tail()
-        );
-    }
-
-    fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Where the node's `path` is, as the test (outside the node's mount namespace)
-    /// sees it.
-    fn node_path(&self, path: &str) -> PathBuf {
-        self.dir().join("node").join(path.trim_start_matches('/'))
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir().join("containerd.sock")
-    }
-
-    fn cgroup_parent(&self) -> String {
-        format!("/{}", self.dir().file_name().unwrap().to_str().unwrap())
-    }
-
-    fn log_tail(&self) -> String {
-        format!(
-            "--- containerd log (tail):\n{}",
-            tail(
-                &std::fs::read_to_string(self.dir().join("containerd.log")).unwrap_or_default(),
-                60
-            )
-        )
-    }
-
-    /// Imports an OCI archive into the CRI plugin's namespace, bounded.
-    fn import(&self, tar: &Path) {
-        let out = run(Command::new("timeout")
-            .arg("300")
-            .arg("ctr")
-            .arg("-a")
-            .arg(self.socket())
-            .args(["-n", "k8s.io", "images", "import"])
-            .arg(tar));
-        assert!(
-            out.status.success(),
-            "ctr images import {} failed: {}{}\n{}",
-            tar.display(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            self.log_tail()
-        );
-    }
-
-    fn stop_containerd(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-        if weft_tests::wait_exit(&mut child, Duration::from_secs(10)).is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Force-deletes every container runc still knows in this containerd's runc root.
-    fn delete_containers(&self) {
-        let Ok(namespaces) = std::fs::read_dir(self.dir().join("runc")) else {
-            return;
-        };
-        for ns in namespaces.flatten() {
-            let Ok(containers) = std::fs::read_dir(ns.path()) else {
-                continue;
-            };
-            for c in containers.flatten() {
-                let _ = Command::new("timeout")
-                    .arg("20")
-                    .arg("runc")
-                    .env("PATH", SYSTEM_PATH)
-                    .arg("--root")
-                    .arg(ns.path())
-                    .args(["delete", "--force"])
-                    .arg(c.file_name())
-                    .output();
-            }
-        }
-    }
-
-    /// Ends the shims serving this containerd, found by its socket on their command line.
-    fn kill_shims(&self) {
-        let sock = self.socket();
-        let sock = sock.as_os_str().as_encoded_bytes();
-        let ours: Vec<Pid> = std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-                    return false;
-                };
-                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-                args[0].ends_with(b"containerd-shim-runc-v2") && args.contains(&sock)
-            })
-            .map(Pid::from_raw)
-            .collect();
-        for sig in [Signal::SIGTERM, Signal::SIGKILL] {
-            let alive: Vec<Pid> = ours.iter().copied().filter(|p| kill(*p, None).is_ok()).collect();
-            if alive.is_empty() {
-                return;
-            }
-            for p in &alive {
-                let _ = kill(*p, sig);
-            }
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while Instant::now() < deadline && alive.iter().any(|p| Path::new(&format!("/proc/{p}")).exists()) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-
-    /// Lazily unmounts whatever the host's mount namespace has under the directory (the
-    /// node's own mounts die with its mount namespace).
-    fn unmount_all(&self) {
-        let prefix = format!("{}/", self.dir().display());
-        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-        let mut ours: Vec<&str> = mounts
-            .lines()
-            .filter_map(|l| l.split(' ').nth(1))
-            .filter(|m| m.starts_with(&prefix))
-            .collect();
-        ours.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in ours {
-            let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
-
-    fn remove_cgroups(&self) {
-        let parent = self.cgroup_parent();
-        let root = Path::new("/sys/fs/cgroup");
-        let _ = std::fs::remove_dir(root.join(&parent[1..]));
-        for h in std::fs::read_dir(root).into_iter().flatten().flatten() {
-            let _ = std::fs::remove_dir(h.path().join(&parent[1..]));
-        }
-    }
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        self.stop_containerd();
-        self.delete_containers();
-        self.kill_shims();
-        self.unmount_all();
-        self.remove_cgroups();
-        for d in self.made.iter().rev() {
-            let _ = std::fs::remove_dir(d);
-        }
-    }
-}
-
-/// Creates `path` and any missing parent, recording each directory it created.
-fn make_dirs(path: &Path, made: &mut Vec<PathBuf>) {
-    let missing: Vec<&Path> = path.ancestors().take_while(|a| !a.exists()).collect();
-    for d in missing.into_iter().rev() {
-        std::fs::create_dir(d).unwrap_or_else(|e| panic!("creating {}: {e}", d.display()));
-        made.push(d.to_path_buf());
-    }
-}
-
-/// A CRI client over containerd's socket, with a runtime to drive it from sync code.
-struct Cri {
-    rt: tokio::runtime::Runtime,
-    channel: Channel,
-}
-
-impl Cri {
-    fn connect(sock: &Path) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let path = sock.to_path_buf();
-        let channel = rt
-            .block_on(async move {
-                Endpoint::from_static("http://[::]")
-                    .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                        let path = path.clone();
-                        async move {
-                            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                                tokio::net::UnixStream::connect(path).await?,
-                            ))
-                        }
-                    }))
-                    .await
-            })
-            .unwrap_or_else(|e| panic!("connecting to containerd's CRI at {}: {e}", sock.display()));
-        Self { rt, channel }
-    }
-
-    fn runtime<T, F, Fut>(&self, f: F) -> Result<T, String>
-    where
-        F: FnOnce(RuntimeServiceClient<Channel>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    {
-        self.block(f(RuntimeServiceClient::new(self.channel.clone())))
-    }
-
-    fn images<T, F, Fut>(&self, f: F) -> Result<T, String>
-    where
-        F: FnOnce(ImageServiceClient<Channel>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    {
-        self.block(f(ImageServiceClient::new(self.channel.clone())))
-    }
-
-    fn block<T>(&self, call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>) -> Result<T, String> {
-        match self
-            .rt
-            .block_on(async { tokio::time::timeout(CALL_TIMEOUT, call).await })
-        {
-            Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
-            Err(_) => Err(format!("no answer within {CALL_TIMEOUT:?}")),
-        }
-    }
-
-    fn conditions(&self) -> Result<Vec<cri::RuntimeCondition>, String> {
-        let s = self.runtime(|mut c| async move { c.status(cri::StatusRequest { verbose: false }).await })?;
-        Ok(s.status.map(|s| s.conditions).unwrap_or_default())
-    }
-
-    /// Waits until the runtime is ready and knows `images` (the network is not ready
-    /// before weft's config is installed, and need not be for a host-network pod).
-    fn wait_runtime_ready(&self, ctrd: &Containerd, images: &[&str]) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut last = String::new();
-        while Instant::now() < deadline {
-            let known: Result<Vec<bool>, String> = images.iter().map(|i| self.image_known(i)).collect();
-            match (self.conditions(), known) {
-                (Ok(conds), Ok(known)) => {
-                    if conds.iter().any(|c| c.r#type == "RuntimeReady" && c.status) && known.iter().all(|k| *k) {
-                        return;
-                    }
-                    last = format!("conditions {conds:?}, images {images:?} known: {known:?}");
-                }
-                (s, i) => last = format!("Status: {:?}, ImageStatus: {:?}", s.err(), i.err()),
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("containerd's CRI did not become ready ({last})\n{}", ctrd.log_tail());
-    }
-
-    /// Waits until containerd has loaded a CNI network config (weft's).
-    fn wait_network_ready(&self, ctrd: &Containerd, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        let mut last = String::new();
-        while Instant::now() < deadline {
-            match self.conditions() {
-                Ok(conds) if conds.iter().any(|c| c.r#type == "NetworkReady" && c.status) => return,
-                Ok(conds) => last = format!("{conds:?}"),
-                Err(e) => last = e,
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!(
-            "containerd did not load the installed CNI config within {limit:?} ({last})\n{}",
-            ctrd.log_tail()
-        );
-    }
-
-    fn image_known(&self, image: &str) -> Result<bool, String> {
-        let image = image.to_string();
-        let r = self.images(|mut c| async move {
-            c.image_status(cri::ImageStatusRequest {
-                image: Some(cri::ImageSpec {
-                    image,
-                    ..Default::default()
-                }),
-                verbose: false,
-            })
-            .await
-        })?;
-        Ok(r.image.is_some())
-    }
-}
-
-/// A pod sandbox run through CRI; stopped and removed on drop unless removed already.
-struct Sandbox<'a> {
-    cri: &'a Cri,
-    id: String,
-    removed: bool,
-}
-
-impl<'a> Sandbox<'a> {
-    fn run(cri: &'a Cri, config: cri::PodSandboxConfig) -> Result<Self, String> {
-        let r = cri.runtime(|mut c| async move {
-            c.run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(config),
-                runtime_handler: String::new(),
-            })
-            .await
-        })?;
-        Ok(Self {
-            cri,
-            id: r.pod_sandbox_id,
-            removed: false,
-        })
-    }
-
-    fn status(&self) -> Result<cri::PodSandboxStatusResponse, String> {
-        let id = self.id.clone();
-        self.cri.runtime(|mut c| async move {
-            c.pod_sandbox_status(cri::PodSandboxStatusRequest {
-                pod_sandbox_id: id,
-                verbose: true,
-            })
-            .await
-        })
-    }
-
-    fn stop(&self) -> Result<(), String> {
-        let id = self.id.clone();
-        self.cri.runtime(|mut c| async move {
-            c.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id })
-                .await
-        })?;
-        Ok(())
-    }
-
-    fn remove(&mut self) -> Result<(), String> {
-        let id = self.id.clone();
-        self.cri.runtime(|mut c| async move {
-            c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
-                .await
-        })?;
-        self.removed = true;
-        Ok(())
-    }
-}
-
-impl Drop for Sandbox<'_> {
-    fn drop(&mut self) {
-        if !self.removed {
-            let _ = self.stop();
-            let _ = self.remove();
-        }
-    }
-}
-
-/// A container created through CRI in a sandbox (removed with it).
-struct Container<'a> {
-    cri: &'a Cri,
-    id: String,
-    log: PathBuf,
-}
-
-impl<'a> Container<'a> {
-    fn create(
-        cri: &'a Cri,
-        sandbox_id: &str,
-        sandbox: &cri::PodSandboxConfig,
-        config: cri::ContainerConfig,
-    ) -> Result<Self, String> {
-        let log = Path::new(&sandbox.log_directory).join(&config.log_path);
-        if let Some(d) = log.parent() {
-            std::fs::create_dir_all(d).unwrap();
-        }
-        let request = cri::CreateContainerRequest {
-            pod_sandbox_id: sandbox_id.to_string(),
-            config: Some(config),
-            sandbox_config: Some(sandbox.clone()),
-        };
-        let r = cri.runtime(|mut c| async move { c.create_container(request).await })?;
-        Ok(Self {
-            cri,
-            id: r.container_id,
-            log,
-        })
-    }
-
-    fn start(&self) -> Result<(), String> {
-        let id = self.id.clone();
-        self.cri
-            .runtime(|mut c| async move { c.start_container(cri::StartContainerRequest { container_id: id }).await })?;
-        Ok(())
-    }
-
-    fn status(&self) -> Result<cri::ContainerStatus, String> {
-        let id = self.id.clone();
-        let r = self.cri.runtime(|mut c| async move {
-            c.container_status(cri::ContainerStatusRequest {
-                container_id: id,
-                verbose: false,
-            })
-            .await
-        })?;
-        r.status.ok_or_else(|| "ContainerStatus carries no status".to_string())
-    }
-
-    /// StopContainer: SIGTERM, SIGKILL after `timeout` seconds.
-    fn stop(&self, timeout: i64) -> Result<(), String> {
-        let id = self.id.clone();
-        self.cri.runtime(|mut c| async move {
-            c.stop_container(cri::StopContainerRequest {
-                container_id: id,
-                timeout,
-            })
-            .await
-        })?;
-        Ok(())
-    }
-
-    /// Waits until the container has exited; its status.
-    fn wait_exited(&self, limit: Duration) -> cri::ContainerStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            match self.status() {
-                Ok(s) if s.state == cri::ContainerState::ContainerExited as i32 => return s,
-                _ if Instant::now() > deadline => {
-                    panic!("container did not exit within {limit:?}:\n{}", self.describe())
-                }
-                _ => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
-    }
-
-    /// The container's state and output, for failure messages.
-    fn describe(&self) -> String {
-        let state = match self.status() {
-            Ok(s) => format!(
-                "state {:?}, exit code {}, reason {:?}, message {:?}",
-                cri::ContainerState::try_from(s.state),
-                s.exit_code,
-                s.reason,
-                s.message
-            ),
-            Err(e) => format!("no status: {e}"),
-        };
-        let output = std::fs::read_to_string(&self.log).unwrap_or_default();
-        format!(
-            "--- container {}: {state}\n--- its output (tail):\n{}",
-            self.id,
-            tail(&output, 40)
-        )
-    }
-}
-
-/// The pid of a sandbox's pause process, from the verbose PodSandboxStatus info.
-fn sandbox_pid(info: &HashMap<String, String>) -> Result<i64, String> {
-    let raw = info
-        .get("info")
-        .ok_or_else(|| format!("no \"info\" in the verbose status: {info:?}"))?;
-    let v: Value = serde_json::from_str(raw).map_err(|e| format!("the status info is not JSON: {e}"))?;
-    v["pid"]
-        .as_i64()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| format!("no pid in the status info: {raw}"))
-}
-
-fn random_uid() -> String {
-    let h = format!("{:032x}", rand::random::<u128>());
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-/// Whether a 64-bit little-endian ELF executable names a program interpreter.
-fn elf_has_interpreter(elf: &[u8]) -> bool {
-    const PT_INTERP: u32 = 3;
-    if elf.len() < 64 || !elf.starts_with(b"\x7fELF\x02\x01") {
-        return false;
-    }
-    let le16 = |o: usize| usize::from(u16::from_le_bytes([elf[o], elf[o + 1]]));
-    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
-    let (size, count) = (le16(0x36), le16(0x38));
-    (0..count).any(|i| {
-        let at = phoff + i * size;
-        elf.get(at..at + 4)
-            .is_some_and(|t| u32::from_le_bytes(t.try_into().unwrap()) == PT_INTERP)
-    })
-}
-
-/// The sandbox image: `fixtures/pause.c` compiled statically, as an OCI archive.
-fn pause_image(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pause.c");
-    let exe = dir.join("pause");
-    let out = run(Command::new("gcc")
-        .args(["-static", "-Os", "-s", "-o"])
-        .arg(&exe)
-        .arg(&src));
-    assert!(
-        out.status.success(),
-        "compiling {} failed (gcc and libc6-dev are needed): {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let pause = std::fs::read(&exe).unwrap();
-    let mut layer = tar::Builder::new(Vec::new());
-    for (name, mode) in [
-        ("dev", 0o755),
-        ("etc", 0o755),
-        ("proc", 0o555),
-        ("sys", 0o555),
-        ("tmp", 0o1777),
-    ] {
-        let mut h = tar_header(tar::EntryType::Directory, mode, 0);
-        layer.append_data(&mut h, format!("{name}/"), std::io::empty()).unwrap();
-    }
-    let mut h = tar_header(tar::EntryType::Regular, 0o755, pause.len() as u64);
-    layer.append_data(&mut h, "pause", pause.as_slice()).unwrap();
-    let layer = layer.into_inner().unwrap();
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    };
-    let config = json!({
-        "architecture": arch,
-        "os": "linux",
-        "config": {"Entrypoint": ["/pause"], "User": "65535:65535", "WorkingDir": "/", "Env": ["PATH=/"]},
-        "rootfs": {"type": "layers", "diff_ids": [digest(&layer)]},
-    })
-    .to_string()
-    .into_bytes();
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest(&config), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest(&layer), "size": layer.len()}],
-    })
-    .to_string()
-    .into_bytes();
-    let index = json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": digest(&manifest),
-            "size": manifest.len(),
-            "platform": {"architecture": arch, "os": "linux"},
-            "annotations": {"io.containerd.image.name": PAUSE_IMAGE, "org.opencontainers.image.ref.name": PAUSE_IMAGE},
-        }],
-    })
-    .to_string()
-    .into_bytes();
-    let mut archive = tar::Builder::new(Vec::new());
-    let mut add = |name: String, data: &[u8]| {
-        let mut h = tar_header(tar::EntryType::Regular, 0o644, data.len() as u64);
-        archive.append_data(&mut h, name, data).unwrap();
-    };
-    add("oci-layout".to_string(), br#"{"imageLayoutVersion":"1.0.0"}"#);
-    add("index.json".to_string(), &index);
-    for blob in [&layer, &config, &manifest] {
-        add(format!("blobs/sha256/{}", &digest(blob)["sha256:".len()..]), blob);
-    }
-    let path = dir.join("pause-oci.tar");
-    std::fs::write(&path, archive.into_inner().unwrap()).unwrap();
-    path
-}
-
-fn tar_header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
-    let mut h = tar::Header::new_ustar();
-    h.set_entry_type(kind);
-    h.set_mode(mode);
-    h.set_size(size);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(0);
-    h
-}
-
-fn digest(b: &[u8]) -> String {
-    let hex: String = Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect();
-    format!("sha256:{hex}")
 }
