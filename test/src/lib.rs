@@ -790,3 +790,36 @@ pub fn is_wire_row(row: &str) -> bool {
 pub fn is_node_network_row(row: &str) -> bool {
     row.starts_with("Pod network between nodes")
 }
+
+/// A lab taken down whatever happens to the test, a panic included.
+pub struct LabDown(pub weft_lab::Lab);
+
+impl Drop for LabDown {
+    fn drop(&mut self) {
+        let _ = self.0.down();
+    }
+}
+
+/// The checks of a lab that failed, as `from -> to (kind)`, for assertion messages.
+pub fn failed_checks(checks: &[weft_lab::LinkCheck]) -> Vec<String> {
+    checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| format!("{} -> {} ({})", c.from, c.to, c.kind))
+        .collect()
+}
+
+/// The pod address of one family in a CNI result, without its prefix.
+pub fn result_address(result: &Value, v6: bool) -> String {
+    result["ips"]
+        .as_array()
+        .expect("a result lists ips")
+        .iter()
+        .map(|ip| ip["address"].as_str().expect("an address"))
+        .find(|a| a.contains(':') == v6)
+        .expect("an address of that family")
+        .split('/')
+        .next()
+        .expect("an address")
+        .to_string()
+}

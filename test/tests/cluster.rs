@@ -10,19 +10,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use weft_lab::{Lab, LinkCheck};
-use weft_tests::{Prometheus, TempDir, bin, dashboard_queries, is_node_network_row, privileged};
+use weft_lab::Lab;
+use weft_tests::{
+    LabDown, Prometheus, TempDir, bin, dashboard_queries, failed_checks, is_node_network_row, privileged,
+};
 
-/// Takes the lab down whatever happens to the test.
-struct Down(Lab);
-
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = self.0.down();
-    }
-}
-
-fn lab(tag: &str, body: &str) -> (Down, TempDir) {
+fn lab(tag: &str, body: &str) -> (LabDown, TempDir) {
     let dir = TempDir::new(tag);
     let name = format!("wt{}{tag}", std::process::id());
     let file = dir.path().join("lab.yaml");
@@ -31,15 +24,7 @@ fn lab(tag: &str, body: &str) -> (Down, TempDir) {
         .unwrap()
         .with_binaries(bin("weftd"), bin("weft"))
         .with_state_dir(dir.path().join("state"));
-    (Down(lab), dir)
-}
-
-fn failed(checks: &[LinkCheck]) -> Vec<String> {
-    checks
-        .iter()
-        .filter(|c| !c.ok)
-        .map(|c| format!("{} -> {} ({})", c.from, c.to, c.kind))
-        .collect()
+    (LabDown(lab), dir)
 }
 
 fn in_ns(ns: &str, args: &[&str]) -> String {
@@ -144,7 +129,7 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     let lab = &lab.0;
     lab.up().expect("lab up");
     let checks = lab.check_network(Duration::from_secs(10));
-    assert!(failed(&checks).is_empty(), "{:?}", failed(&checks));
+    assert!(failed_checks(&checks).is_empty(), "{:?}", failed_checks(&checks));
     let eth0: Vec<_> = checks.iter().filter(|c| c.kind == "eth0").collect();
     // a1, a2 -> b1, c1; b1 -> a1, a2, c1; c1 -> a1, a2, b1: 10 pairs, both families.
     assert_eq!(eth0.len(), 20, "{checks:?}");
@@ -249,7 +234,11 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     assert!(metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_route\"}") >= 1.0);
     assert!(metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_neighbour\"}") >= 1.0);
     let again = lab.check_network(Duration::from_secs(5));
-    assert!(failed(&again).is_empty(), "after the repair: {:?}", failed(&again));
+    assert!(
+        failed_checks(&again).is_empty(),
+        "after the repair: {:?}",
+        failed_checks(&again)
+    );
 
     // The dashboard's pod network row, in a real Prometheus scraping n1: every panel
     // query returns a series.
@@ -302,7 +291,7 @@ fn shared_segment_pods_reach_across_nodes_by_direct_routes() {
         serde_json::json!([{"name": "n2", "mode": "direct"}, {"name": "n3", "mode": "direct"}])
     );
     let checks = lab.check_network(Duration::from_secs(10));
-    assert!(failed(&checks).is_empty(), "{:?}", failed(&checks));
+    assert!(failed_checks(&checks).is_empty(), "{:?}", failed_checks(&checks));
     assert_eq!(checks.iter().filter(|c| c.kind == "eth0").count(), 10);
     assert_eq!(metric(lab, "n1", "weft_node_peers{mode=\"direct\"}"), 2.0);
     let route = in_ns(&lab.node_ns("n1"), &["ip", "route", "show", "10.244.3.0/24"]);

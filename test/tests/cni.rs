@@ -4,24 +4,10 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_tests::{Call, Daemon, Netns, privileged};
+use weft_tests::{Call, Daemon, Netns, privileged, result_address};
 
 const V4: &str = "10.244.1.0/24";
 const V6: &str = "fd00:10:244:1::/64";
-
-fn addr_of(result: &Value, v6: bool) -> String {
-    result["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ip| ip["address"].as_str().unwrap())
-        .find(|a| a.contains(':') == v6)
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string()
-}
 
 #[test]
 fn pods_are_reachable_from_the_node_and_from_each_other() {
@@ -50,10 +36,10 @@ fn pods_are_reachable_from_the_node_and_from_each_other() {
 
     // The kernel agrees with the result.
     let (a4, a6, b4, b6) = (
-        addr_of(&ra, false),
-        addr_of(&ra, true),
-        addr_of(&rb, false),
-        addr_of(&rb, true),
+        result_address(&ra, false),
+        result_address(&ra, true),
+        result_address(&rb, false),
+        result_address(&rb, true),
     );
     let eth0 = a.ip_json(&["addr", "show", "eth0"]);
     let local: Vec<String> = eth0[0]["addr_info"]
@@ -140,7 +126,7 @@ fn check_passes_when_healthy_and_names_what_is_broken() {
     ]));
     assert_eq!(check().code, 0);
 
-    let addr = addr_of(&r, false);
+    let addr = result_address(&r, false);
     weft_tests::sh(std::process::Command::new("ip").args(["-n", d.node.name(), "route", "del", &addr]));
     let broken = check();
     assert_eq!(broken.err_code(), 104);
@@ -487,7 +473,7 @@ fn a_daemon_restarted_between_add_and_del_cleans_up() {
         d.log().contains("\"first_start\":false"),
         "the second start knows it is a restart"
     );
-    assert!(d.node.ping(&addr_of(&r, false)), "the pod kept its connectivity");
+    assert!(d.node.ping(&result_address(&r, false)), "the pod kept its connectivity");
     let again = Call::new("ADD", "ctr-1", &p.path(), &conf).run().ok();
     assert_eq!(again, r, "the stored result survives the restart");
     Call::new("DEL", "ctr-1", &p.path(), &conf).run().ok();

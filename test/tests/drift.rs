@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use weft_lab::Lab;
-use weft_tests::{Call, Daemon, Netns, TempDir, bin, privileged, sh};
+use weft_tests::{Call, Daemon, LabDown, Netns, TempDir, bin, privileged, sh};
 
 const V4: &str = "10.244.61.0/24";
 
@@ -108,14 +108,6 @@ fn reconcile_restores_routes_and_veths_and_collects_vanished_pods() {
     d.assert_clean();
 }
 
-struct Down(Lab);
-
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = self.0.down();
-    }
-}
-
 /// The FDB entries (MAC, VTEP) of `intf` in a pod of the lab.
 fn fdb(lab: &Lab, pod: &str, intf: &str) -> Vec<(String, String)> {
     let out = sh(Command::new("ip").args([
@@ -151,7 +143,7 @@ fn reconcile_restores_deleted_vxlan_fdb_entries() {
     );
     let file = dir.path().join("lab.yaml");
     std::fs::write(&file, spec).unwrap();
-    let lab = Down(
+    let lab = LabDown(
         Lab::load(&file)
             .unwrap()
             .with_binaries(bin("weftd"), bin("weft"))

@@ -9,25 +9,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use weft_lab::{Lab, LinkCheck};
-use weft_tests::{Prometheus, TempDir, bin, dashboard_queries, is_wire_row, privileged};
-
-/// Takes the lab down whatever happens to the test.
-struct Down(Lab);
-
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = self.0.down();
-    }
-}
-
-fn failed(checks: &[LinkCheck]) -> Vec<String> {
-    checks
-        .iter()
-        .filter(|c| !c.ok)
-        .map(|c| format!("{} -> {} ({})", c.from, c.to, c.kind))
-        .collect()
-}
+use weft_lab::Lab;
+use weft_tests::{LabDown, Prometheus, TempDir, bin, dashboard_queries, failed_checks, is_wire_row, privileged};
 
 fn is_up(lab: &Lab, pod: &str, intf: &str) -> bool {
     let out = Command::new("ip")
@@ -85,13 +68,17 @@ fn lab_wires_survive_crashes_deletes_and_moves() {
         .unwrap()
         .with_binaries(bin("weftd"), bin("weft"))
         .with_state_dir(dir.path().join("state"));
-    let lab = Down(lab);
+    let lab = LabDown(lab);
 
     let started = lab.0.up().expect("lab up");
     assert_eq!(started.len(), 3, "a daemon per node");
     let checks = lab.0.check(Duration::from_secs(5));
     assert_eq!(checks.len(), 16, "8 links, both directions");
-    assert!(failed(&checks).is_empty(), "links down after up: {:?}", failed(&checks));
+    assert!(
+        failed_checks(&checks).is_empty(),
+        "links down after up: {:?}",
+        failed_checks(&checks)
+    );
     let kinds: std::collections::BTreeSet<_> = checks.iter().map(|c| c.kind.as_str()).collect();
     assert_eq!(
         kinds,
@@ -112,16 +99,16 @@ fn lab_wires_survive_crashes_deletes_and_moves() {
         }
     }
     assert!(
-        !failed(&during).is_empty(),
+        !failed_checks(&during).is_empty(),
         "gRPC wires through n2 cannot carry frames without its daemon"
     );
     // ... and resume within 2 s of the restart.
     assert_eq!(lab.0.up().unwrap(), vec!["n2".to_string()]);
     let after = lab.0.check(Duration::from_secs(2));
     assert!(
-        failed(&after).is_empty(),
+        failed_checks(&after).is_empty(),
         "links not back within 2 s of the restart: {:?}",
-        failed(&after)
+        failed_checks(&after)
     );
 
     // The wire rows of the dashboard, in a real Prometheus scraping n1 (which holds every
@@ -175,19 +162,23 @@ fn lab_wires_survive_crashes_deletes_and_moves() {
     );
     lab.0.up().unwrap();
     let back = lab.0.check(Duration::from_secs(2));
-    assert!(failed(&back).is_empty(), "links not back with r3: {:?}", failed(&back));
+    assert!(
+        failed_checks(&back).is_empty(),
+        "links not back with r3: {:?}",
+        failed_checks(&back)
+    );
 
     // A pod moving from n2 to n3: re-wired where it now runs within 2 s.
     lab.0.remove_pod("r4").unwrap();
-    let mut moved = Down(lab.0.clone());
+    let mut moved = LabDown(lab.0.clone());
     std::mem::forget(lab);
     moved.0.place("r4", "n3");
     moved.0.up().unwrap();
     let after_move = moved.0.check(Duration::from_secs(2));
     assert!(
-        failed(&after_move).is_empty(),
+        failed_checks(&after_move).is_empty(),
         "links not re-wired after the move: {:?}",
-        failed(&after_move)
+        failed_checks(&after_move)
     );
     let r4 = |from: &str| {
         after_move

@@ -17,28 +17,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use weft_lab::{Lab, LinkCheck};
-use weft_tests::{TempDir, bin, privileged, sh};
+use weft_lab::Lab;
+use weft_tests::{LabDown, TempDir, bin, failed_checks, privileged, sh};
 
 /// Marks a test datagram; followed by the wire tag (u32) and the sequence number (u64).
 const MAGIC: &[u8; 8] = b"WEFTSEQ1";
 const PORT: u16 = 7777;
-
-struct Down(Lab);
-
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = self.0.down();
-    }
-}
-
-fn failed(checks: &[LinkCheck]) -> Vec<String> {
-    checks
-        .iter()
-        .filter(|c| !c.ok)
-        .map(|c| format!("{} -> {} ({})", c.from, c.to, c.kind))
-        .collect()
-}
 
 /// One end of a wire: the pod, its interface and address, the peer's address, and the
 /// tag its datagrams carry (the same for both directions of a wire).
@@ -291,7 +275,7 @@ fn grpc_wires_carry_tagged_traffic_through_a_daemon_crash_without_crossing() {
     let spec = format!("name: {name}\ninter_node_link: grpc\nnodes: [n1, n2]\npods:\n{pods}topologies:\n{topologies}");
     let file = dir.path().join("lab.yaml");
     std::fs::write(&file, spec).unwrap();
-    let lab = Down(
+    let lab = LabDown(
         Lab::load(&file)
             .unwrap()
             .with_binaries(bin("weftd"), bin("weft"))
@@ -300,7 +284,11 @@ fn grpc_wires_carry_tagged_traffic_through_a_daemon_crash_without_crossing() {
     lab.0.up().expect("lab up");
     let checks = lab.0.check(Duration::from_secs(5));
     assert_eq!(checks.len(), 18, "9 links, both directions");
-    assert!(failed(&checks).is_empty(), "links down after up: {:?}", failed(&checks));
+    assert!(
+        failed_checks(&checks).is_empty(),
+        "links down after up: {:?}",
+        failed_checks(&checks)
+    );
     assert!(checks.iter().all(|c| c.kind == "grpc"), "not all gRPC: {checks:?}");
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -329,9 +317,9 @@ fn grpc_wires_carry_tagged_traffic_through_a_daemon_crash_without_crossing() {
     let just_after = frame_counters(&lab.0, "n2");
     let after = lab.0.check(Duration::from_secs(2));
     assert!(
-        failed(&after).is_empty(),
+        failed_checks(&after).is_empty(),
         "links not back within 2 s of the restart: {:?}",
-        failed(&after)
+        failed_checks(&after)
     );
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::Relaxed);

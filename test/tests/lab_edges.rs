@@ -7,24 +7,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use weft_lab::{Lab, LinkCheck};
-use weft_tests::{TempDir, bin, privileged};
-
-struct Down(Lab);
-
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = self.0.down();
-    }
-}
-
-fn failed(checks: &[LinkCheck]) -> Vec<String> {
-    checks
-        .iter()
-        .filter(|c| !c.ok)
-        .map(|c| format!("{} -> {} ({})", c.from, c.to, c.kind))
-        .collect()
-}
+use weft_lab::Lab;
+use weft_tests::{LabDown, TempDir, bin, failed_checks, privileged};
 
 fn has_link(lab: &Lab, pod: &str, intf: &str) -> bool {
     Command::new("ip")
@@ -113,12 +97,16 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
         .unwrap()
         .with_binaries(bin("weftd"), bin("weft"))
         .with_state_dir(dir.path().join("state"));
-    let mut lab = Down(lab);
+    let mut lab = LabDown(lab);
 
     lab.0.up().expect("lab up");
     let checks = lab.0.check(Duration::from_secs(5));
     assert_eq!(checks.len(), 8, "4 links, both ends");
-    assert!(failed(&checks).is_empty(), "links down: {:?}", failed(&checks));
+    assert!(
+        failed_checks(&checks).is_empty(),
+        "links down: {:?}",
+        failed_checks(&checks)
+    );
     let kind = |from: &str| checks.iter().find(|c| c.from == from).unwrap().kind.clone();
     assert_eq!(
         [kind("a1:e1"), kind("c1:e2"), kind("g1:e3"), kind("a1:e4")],
@@ -136,9 +124,9 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
     let checks = lab.0.check(Duration::from_secs(5));
     assert_eq!(checks.len(), 6);
     assert!(
-        failed(&checks).is_empty(),
+        failed_checks(&checks).is_empty(),
         "links down after the edit: {:?}",
-        failed(&checks)
+        failed_checks(&checks)
     );
 
     // A malformed Topology (the same interface twice) for `lone`: left out, with a log
@@ -155,9 +143,9 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
     lab.0.up().unwrap();
     let checks = lab.0.check(Duration::from_secs(5));
     assert!(
-        failed(&checks).is_empty(),
+        failed_checks(&checks).is_empty(),
         "links down after a bad Topology: {:?}",
-        failed(&checks)
+        failed_checks(&checks)
     );
     assert!(!has_link(&lab.0, "a1", "e7") && !has_link(&lab.0, "lone", "e7"));
 

@@ -3,7 +3,7 @@
 //! plugin against a real `weftd` inside a node namespace, pods as network namespaces.
 
 use serde_json::{Value, json};
-use weft_tests::{Call, Daemon, Netns, privileged};
+use weft_tests::{Call, Daemon, Netns, privileged, result_address};
 
 const A4: &str = "10.244.1.0/24";
 const A6: &str = "fd00:10:244:1::/64";
@@ -28,21 +28,6 @@ fn conf(d: &Daemon, name: &str, ranges: &[&str], extra: Value) -> String {
 /// An ADD (or another command) of container `cid` with interface `ifname`.
 fn call(command: &str, cid: &str, ns: &Netns, ifname: &str, conf: &str) -> Call {
     Call::new(command, cid, &ns.path(), conf).set("CNI_IFNAME", ifname)
-}
-
-/// The address of `family` (6 or 4) in a result, without its prefix.
-fn addr_of(result: &Value, v6: bool) -> String {
-    result["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ip| ip["address"].as_str().unwrap())
-        .find(|a| a.contains(':') == v6)
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string()
 }
 
 /// The routes a result lists as (dst, gw).
@@ -135,27 +120,30 @@ fn two_networks_in_one_pod_each_work_and_the_first_keeps_the_default_route() {
     // The kernel agrees: both interfaces hold their addresses, one default route each.
     assert_eq!(
         addresses(&p, "eth0", false),
-        vec![format!("{}/32", addr_of(&pa, false))]
+        vec![format!("{}/32", result_address(&pa, false))]
     );
     assert_eq!(
         addresses(&p, "net1", false),
-        vec![format!("{}/32", addr_of(&pb, false))]
+        vec![format!("{}/32", result_address(&pb, false))]
     );
-    assert_eq!(addresses(&p, "net1", true), vec![format!("{}/128", addr_of(&pb, true))]);
+    assert_eq!(
+        addresses(&p, "net1", true),
+        vec![format!("{}/128", result_address(&pb, true))]
+    );
     assert_eq!(defaults(&p, false), vec![pair("10.244.1.1", "eth0")]);
     assert_eq!(defaults(&p, true), vec![pair("fd00:10:244:1::1", "eth0")]);
 
     // Traffic on both: the node reaches each address, and p reaches q over net1.
     for ip in [
-        addr_of(&pa, false),
-        addr_of(&pa, true),
-        addr_of(&pb, false),
-        addr_of(&pb, true),
+        result_address(&pa, false),
+        result_address(&pa, true),
+        result_address(&pb, false),
+        result_address(&pb, true),
     ] {
         assert!(d.node.ping(&ip), "the node cannot reach {ip}");
     }
-    assert!(p.ping(&addr_of(&qb, false)), "p cannot reach q over net1 (IPv4)");
-    assert!(p.ping(&addr_of(&qb, true)), "p cannot reach q over net1 (IPv6)");
+    assert!(p.ping(&result_address(&qb, false)), "p cannot reach q over net1 (IPv4)");
+    assert!(p.ping(&result_address(&qb, true)), "p cannot reach q over net1 (IPv6)");
 
     let ok = check("ctr-p", &p, "eth0", &first, &pa);
     assert_eq!(ok.code, 0, "{ok:?}");
@@ -179,7 +167,7 @@ fn two_networks_in_one_pod_each_work_and_the_first_keeps_the_default_route() {
     assert_eq!(defaults(&p, false), vec![pair("10.244.1.1", "eth0")]);
     let ok = check("ctr-p", &p, "eth0", &first, &pa);
     assert_eq!(ok.code, 0, "{ok:?}");
-    assert!(d.node.ping(&addr_of(&pa, false)));
+    assert!(d.node.ping(&result_address(&pa, false)));
 
     call("DEL", "ctr-p", &p, "eth0", &first).run().ok();
     call("DEL", "ctr-q", &q, "eth0", &second).run().ok();
