@@ -222,6 +222,13 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
         &lab.node_ns("n1"),
         &["ip", "neigh", "flush", "dev", "weft-vxlan", "nud", "permanent"],
     );
+    for (mac, dst) in fdb(lab, "n1") {
+        in_ns(
+            &lab.node_ns("n1"),
+            &["bridge", "fdb", "del", &mac, "dev", "weft-vxlan", "dst", &dst],
+        );
+    }
+    assert!(fdb(lab, "n1").is_empty());
     in_ns(&lab.node_ns("n1"), &["nft", "delete", "table", "inet", "weft-egress"]);
     assert!(
         !try_in_ns(&lab.pod_ns("a1"), &["ping", "-c1", "-W1", weft_lab::OUTSIDE_ADDRESS]),
@@ -233,6 +240,8 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     });
     assert!(metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_route\"}") >= 1.0);
     assert!(metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_neighbour\"}") >= 1.0);
+    assert!(metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_fdb\"}") >= 1.0);
+    assert_eq!(fdb(lab, "n1").len(), 2, "both peers' FDB entries are back");
     let again = lab.check_network(Duration::from_secs(5));
     assert!(
         failed_checks(&again).is_empty(),
