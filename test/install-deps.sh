@@ -17,6 +17,7 @@ packages=(
   nftables conntrack             # host ports: weftd writes its table with nft and flushes UDP flows
   busybox-static                 # the httpd workload image of the CRI host-port test
   iperf3                         # weftctl bench --compare wires: TCP throughput across wires
+  ethtool                        # weftctl bench --compare pod-network: offloads of both VXLAN devices compared
   buildah                        # the weft image, built offline from the Containerfile (test/tests/install.rs)
 )
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)

@@ -1,7 +1,8 @@
 //! `weftctl bench --smoke`: every comparison runs end to end at a tiny size (the CNI
 //! benchmarks, host ports, exec cost, weftd's memory in a lab with gRPC wires, wire
 //! throughput with iperf3 and UDP floods, pods attached to one node and removed under
-//! load), reports numbers in every section, and leaves no namespace or process
+//! load, pod-to-pod traffic between nodes through weft's routing and hand-made kernel
+//! routing), reports numbers in every section, and leaves no namespace or process
 //! behind. Timings are not asserted.
 
 use std::process::{Command, Stdio};
@@ -116,6 +117,32 @@ fn smoke_runs_every_comparison() {
         positive(&q["tcp"], "TCP ratio");
         positive(&q["fps"], "frames/s ratio");
     }
+
+    let pn = &r["pod_network"];
+    let paths = pn["paths"].as_array().expect("pod network paths");
+    let names: Vec<&str> = paths.iter().map(|p| p["path"].as_str().unwrap()).collect();
+    assert_eq!(names, ["weft_direct", "kernel_direct", "weft_vxlan", "kernel_vxlan"]);
+    for p in paths {
+        positive(&p["tcp_gbps_median"], &format!("{} TCP", p["path"]));
+        positive(&p["udp_fps_median"], &format!("{} frames/s", p["path"]));
+    }
+    // Pods get the underlay's MTU with direct routes, 50 bytes less through VXLAN, on
+    // weft's path and the hand-made one alike.
+    let mtus: Vec<u64> = paths.iter().map(|p| p["pod_mtu"].as_u64().unwrap()).collect();
+    assert_eq!(mtus, [1500, 1500, 1450, 1450], "pod MTUs: {pn}");
+    let ratios = pn["ratios"].as_array().expect("pod network ratios");
+    let modes: Vec<&str> = ratios.iter().map(|q| q["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["direct", "vxlan"]);
+    for q in ratios {
+        positive(&q["tcp"], "pod network TCP ratio");
+        positive(&q["fps"], "pod network frames/s ratio");
+    }
+    assert_eq!(
+        pn["setup_differences"].as_array().map(Vec::len),
+        Some(0),
+        "the hand-made reference differs from weft's path: {}",
+        pn["setup_differences"]
+    );
 
     let load = &r["load"];
     assert_eq!(load["failures"].as_array().map(Vec::len), Some(0), "load: {load}");

@@ -15,13 +15,16 @@
 //! exists), and the throughput of each kind of wire beside a kernel link of that kind
 //! (`wires`). `load` attaches a thousand pods to one node and then removes them, and
 //! sets the last calls beside the first (against the target: no reference keeps node
-//! state that grows). `smoke` runs everything small, for CI.
+//! state that grows). `podnet` sets pod-to-pod traffic between nodes through weft's
+//! routing (direct and VXLAN) beside the same labs routed by hand with the kernel's
+//! own tools. `smoke` runs everything small, for CI.
 
 mod exec;
 mod hostports;
 mod load;
 mod memory;
 mod otlp;
+mod podnet;
 mod smoke;
 mod stats;
 mod udp;
@@ -40,6 +43,9 @@ pub use load::{
     CallFailure, LOAD_TARGET_RATIO, LOAD_WINDOW, LoadCommand, LoadOptions, LoadReport, LoadWindow, run_load,
 };
 pub use memory::{MEMORY_TARGET_MIB, MemoryOptions, MemoryReport, MemoryState, run_memory};
+pub use podnet::{
+    POD_NETWORK_TARGET_RATIO, PodMode, PodModeRatio, PodNetOptions, PodNetReport, PodPath, PodPathResult, run_podnet,
+};
 pub use smoke::{SmokeOptions, SmokeReport, run_smoke};
 pub use stats::{Percentiles, median};
 pub use udp::Flood;

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::{
     Comparison, ExecOptions, ExecReport, HostportOptions, HostportReport, LoadOptions, LoadReport, MemoryOptions,
-    MemoryReport, Options, Report, WiresOptions, WiresReport,
+    MemoryReport, Options, PodNetOptions, PodNetReport, Report, WiresOptions, WiresReport,
 };
 
 /// Where the binaries are.
@@ -41,6 +41,8 @@ pub struct SmokeReport {
     pub wires: WiresReport,
     /// Pods attached to one node and removed, the last calls beside the first.
     pub load: LoadReport,
+    /// Pod-to-pod traffic between nodes, weft's routing beside hand-made routing.
+    pub pod_network: PodNetReport,
 }
 
 /// Runs every comparison once, small.
@@ -99,6 +101,15 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         work_dir: o.work_dir.clone(),
     })
     .map_err(|e| format!("load: {e}"))?;
+    let pod_network = crate::run_podnet(&PodNetOptions {
+        weft: o.weft.clone(),
+        weftd: o.weftd.clone(),
+        rounds: 1,
+        tcp_seconds: 1,
+        udp_seconds: 0.5,
+        work_dir: o.work_dir.clone(),
+    })
+    .map_err(|e| format!("pod network: {e}"))?;
     Ok(SmokeReport {
         reference,
         otlp,
@@ -107,6 +118,7 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         memory,
         wires,
         load,
+        pod_network,
     })
 }
 
@@ -121,6 +133,7 @@ impl SmokeReport {
             self.memory.markdown(),
             self.wires.markdown(),
             self.load.markdown(),
+            self.pod_network.markdown(),
         ]
         .join("\n")
     }

@@ -274,6 +274,67 @@ impl End<'_> {
     }
 }
 
+/// One iperf3 TCP run (one stream), as the receiver saw it.
+pub(crate) struct Tcp {
+    /// Throughput at the receiver, Gbit/s.
+    pub gbps: f64,
+    /// Retransmissions of the sender.
+    pub retransmits: u64,
+    /// CPU the sending host used, percent.
+    pub sender_cpu: f64,
+    /// CPU the receiving host used, percent.
+    pub receiver_cpu: f64,
+}
+
+/// The port iperf3 listens on in the server's namespace.
+const IPERF_PORT: u16 = 5201;
+
+/// Runs iperf3 for `seconds` from namespace `client` to `dst` in namespace `server`.
+pub(crate) fn iperf_tcp(client: &str, server: &str, dst: std::net::Ipv4Addr, seconds: u64) -> Result<Tcp, String> {
+    let dst = dst.to_string();
+    let port = IPERF_PORT.to_string();
+    let srv = spawn_in(server, &["iperf3", "-s", "-1", "-J", "-B", &dst, "-p", &port])?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !listening(srv.pid(), IPERF_PORT) {
+        if std::time::Instant::now() > deadline {
+            return Err(format!("iperf3 -s in {server} did not listen"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let secs = seconds.to_string();
+    let cli = spawn_in(
+        client,
+        &[
+            "iperf3",
+            "-c",
+            &dst,
+            "-p",
+            &port,
+            "-t",
+            &secs,
+            "-J",
+            "--connect-timeout",
+            "3000",
+        ],
+    )?;
+    let out = cli.output_within(Duration::from_secs(seconds + 20))?;
+    let _ = srv.output_within(Duration::from_secs(5));
+    let v: serde_json::Value = serde_json::from_slice(&out).map_err(|e| format!("iperf3 output from {client}: {e}"))?;
+    if let Some(e) = v["error"].as_str() {
+        return Err(format!("iperf3 from {client}: {e}"));
+    }
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .ok_or_else(|| format!("iperf3 from {client} reported no throughput"))?;
+    let cpu = &v["end"]["cpu_utilization_percent"];
+    Ok(Tcp {
+        gbps: bps / 1e9,
+        retransmits: v["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+        sender_cpu: cpu["host_total"].as_f64().unwrap_or(0.0),
+        receiver_cpu: cpu["remote_total"].as_f64().unwrap_or(0.0),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,7 +20,7 @@ use weft_lab::NamedNetns;
 use crate::exec::met;
 use crate::median;
 use crate::udp::{Flood, PAYLOAD, flood};
-use crate::util::{End, LabGuard, ip, listening, metric_sum, metrics_in, spawn_in, topology, wait_reachable};
+use crate::util::{End, LabGuard, ip, iperf_tcp, metric_sum, metrics_in, topology, wait_reachable};
 
 /// gRPC wire TCP throughput over the kernel VXLAN's, at least.
 pub const GRPC_TCP_TARGET_RATIO: f64 = 0.5;
@@ -28,7 +28,6 @@ pub const GRPC_TCP_TARGET_RATIO: f64 = 0.5;
 pub const GRPC_FPS_TARGET: f64 = 100_000.0;
 /// The reference VXLAN's UDP port (weft's ends use 4789 in the same node namespaces).
 const REF_VXLAN_PORT: &str = "4799";
-const IPERF_PORT: u16 = 5201;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -294,43 +293,7 @@ fn path(name: &str, lab: &weft_lab::Lab, wire: Wire) -> Traffic {
 
 /// One iperf3 TCP run: (Gbit/s at the receiver, retransmissions).
 fn tcp(p: &Traffic, seconds: u64) -> Result<(f64, u64), String> {
-    let dst = p.dst.to_string();
-    let port = IPERF_PORT.to_string();
-    let server = spawn_in(&p.server, &["iperf3", "-s", "-1", "-J", "-B", &dst, "-p", &port])?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !listening(server.pid(), IPERF_PORT) {
-        if std::time::Instant::now() > deadline {
-            return Err(format!("iperf3 -s in {} did not listen", p.server));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let secs = seconds.to_string();
-    let client = spawn_in(
-        &p.client,
-        &[
-            "iperf3",
-            "-c",
-            &dst,
-            "-p",
-            &port,
-            "-t",
-            &secs,
-            "-J",
-            "--connect-timeout",
-            "3000",
-        ],
-    )?;
-    let out = client.output_within(Duration::from_secs(seconds + 20))?;
-    let _ = server.output_within(Duration::from_secs(5));
-    let v: serde_json::Value =
-        serde_json::from_slice(&out).map_err(|e| format!("iperf3 output from {}: {e}", p.client))?;
-    if let Some(e) = v["error"].as_str() {
-        return Err(format!("iperf3 from {}: {e}", p.client));
-    }
-    let bps = v["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .ok_or_else(|| format!("iperf3 from {} reported no throughput", p.client))?;
-    Ok((bps / 1e9, v["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0)))
+    iperf_tcp(&p.client, &p.server, p.dst, seconds).map(|t| (t.gbps, t.retransmits))
 }
 
 /// The gRPC wire ends' drops by reason, and the mean batch size, from both nodes.

@@ -15,7 +15,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     workers: usize,
     /// Rounds per plugin (alternating which goes first); with `--compare memory` fresh
-    /// labs, with `--compare wires` passes over every wire.
+    /// labs, with `--compare wires` passes over every wire, with `--compare
+    /// pod-network` passes over every path.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Directory of the reference plugins.
@@ -29,7 +30,8 @@ pub struct BenchArgs {
     /// reference ptp + portmap chain with host ports; or the plugin's exec cost beside
     /// the Go plugins', weftd's memory against its target, wire throughput beside
     /// kernel links; or itself, its last calls beside its first as a node fills up
-    /// (`load`).
+    /// (`load`); or pod-to-pod traffic between nodes through its routing beside
+    /// hand-made kernel routes and VXLAN (`pod-network`).
     #[arg(long, value_enum, default_value = "reference")]
     compare: Compare,
     /// With `--compare hostports`: pods attached through the reference chain (its
@@ -45,10 +47,10 @@ pub struct BenchArgs {
     /// With `--compare memory`: gRPC wires from the measured node to the other.
     #[arg(long, default_value_t = 100)]
     grpc_wires: usize,
-    /// With `--compare wires`: seconds of each iperf3 TCP run.
+    /// With `--compare wires` or `pod-network`: seconds of each iperf3 TCP run.
     #[arg(long, default_value_t = 5)]
     tcp_seconds: u64,
-    /// With `--compare wires`: seconds of each 64-byte UDP flood.
+    /// With `--compare wires` or `pod-network`: seconds of each 64-byte UDP flood.
     #[arg(long, default_value_t = 3.0)]
     udp_seconds: f64,
     /// Every comparison, tiny and once (for CI; timings mean nothing); ignores the
@@ -76,6 +78,10 @@ enum Compare {
     /// `--pods` pods attached to one node, then removed: the last 100 ADDs and DELs
     /// beside the first 100 (against the target), weftd's RSS, failed calls.
     Load,
+    /// TCP and 64-byte UDP from a pod on one node to a pod on another over eth0,
+    /// through weft's direct routes and its VXLAN device beside the same labs routed
+    /// by hand (`ip route`, `ip link add ... type vxlan`).
+    PodNetwork,
 }
 
 fn print<T: serde::Serialize>(report: &T, markdown: impl FnOnce(&T) -> String, json: bool) -> anyhow::Result<()> {
@@ -179,6 +185,18 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
             };
             let report = weft_bench::run_load(&opts).map_err(fail)?;
             return print(&report, weft_bench::LoadReport::markdown, json);
+        }
+        Compare::PodNetwork => {
+            let opts = weft_bench::PodNetOptions {
+                weft,
+                weftd,
+                rounds: args.rounds,
+                tcp_seconds: args.tcp_seconds,
+                udp_seconds: args.udp_seconds,
+                work_dir,
+            };
+            let report = weft_bench::run_podnet(&opts).map_err(fail)?;
+            return print(&report, weft_bench::PodNetReport::markdown, json);
         }
         Compare::Reference => weft_bench::Comparison::Reference,
         Compare::Otlp => weft_bench::Comparison::Otlp,

@@ -1,0 +1,754 @@
+//! Pod-to-pod traffic between nodes over `eth0`, through weft's pod routing beside the
+//! same kind of lab routed by hand with the kernel's own tools, in the same run: TCP
+//! (iperf3, one stream) and a 64-byte UDP flood (frames per second received).
+//!
+//! Four two-node labs, one pod per node, pod `a` on n1 sending to pod `b` on n2:
+//!
+//! - weft `direct`: nodes on one shared segment, `--pod-routing direct` (a route to the
+//!   peer's podCIDR via the peer's underlay address);
+//! - kernel direct: the same lab with `--pod-routing none` (weft attaches pods and
+//!   masquerades, nothing more) and `ip route add <peer podCIDR> via <peer address>`;
+//! - weft `vxlan`: nodes in different subnets behind a router, `--pod-routing vxlan`;
+//! - kernel VXLAN: the same lab with `--pod-routing none` and a VXLAN device made with
+//!   `ip link` exactly like weft's (VNI, port, no learning, UDP checksums, MTU underlay
+//!   minus 50, no DAD), its address, permanent neighbour and FDB entries and an onlink
+//!   route, and the pods' MTU lowered to the device's, as weft gives them.
+//!
+//! weft's modes are named rather than `auto`, so the pods' MTU never depends on when a
+//! daemon learned its peer; the bench checks the kernel holds what the mode means.
+//! Passes go through the four paths in alternating order.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::exec::met;
+use crate::median;
+use crate::udp::{Flood, PAYLOAD, flood};
+use crate::util::{LabGuard, ip, iperf_tcp, wait_reachable};
+
+/// weft over the hand-made kernel path, TCP and 64-byte frames, in both modes: at least.
+pub const POD_NETWORK_TARGET_RATIO: f64 = 0.95;
+/// weft's defaults (`--pod-vxlan-port`, `--pod-vxlan-vni`), which the reference copies.
+const VXLAN_PORT: &str = "8472";
+const VXLAN_VNI: &str = "1";
+/// What VXLAN adds over an IPv4 underlay (outer IPv4, UDP, VXLAN, inner Ethernet).
+const VXLAN_OVERHEAD: u32 = 50;
+/// The hand-made device: any name but weft's, which weft would remove as stale.
+const REF_DEVICE: &str = "kvxlan";
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct PodNetOptions {
+    /// The weft plugin binary.
+    pub weft: PathBuf,
+    /// The weftd binary.
+    pub weftd: PathBuf,
+    /// Passes over the four paths.
+    pub rounds: usize,
+    /// Seconds of each iperf3 TCP run.
+    pub tcp_seconds: u64,
+    /// Seconds of each UDP flood.
+    pub udp_seconds: f64,
+    /// Scratch directory (lab files and state).
+    pub work_dir: PathBuf,
+}
+
+/// How pod traffic crosses from node to node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PodMode {
+    /// A plain route to the peer's pod range via the peer (nodes on one segment).
+    Direct,
+    /// Encapsulated in unicast VXLAN (nodes in different subnets).
+    Vxlan,
+}
+
+/// A path measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PodPath {
+    /// weft's direct routes.
+    WeftDirect,
+    /// Routes made with `ip route`.
+    KernelDirect,
+    /// weft's VXLAN device and entries.
+    WeftVxlan,
+    /// A VXLAN device and entries made with `ip`.
+    KernelVxlan,
+}
+
+const PATHS: [PodPath; 4] = [
+    PodPath::WeftDirect,
+    PodPath::KernelDirect,
+    PodPath::WeftVxlan,
+    PodPath::KernelVxlan,
+];
+
+impl PodPath {
+    fn label(self) -> &'static str {
+        match self {
+            PodPath::WeftDirect => "weft direct",
+            PodPath::KernelDirect => "kernel direct",
+            PodPath::WeftVxlan => "weft VXLAN",
+            PodPath::KernelVxlan => "kernel VXLAN",
+        }
+    }
+
+    fn mode(self) -> PodMode {
+        match self {
+            PodPath::WeftDirect | PodPath::KernelDirect => PodMode::Direct,
+            PodPath::WeftVxlan | PodPath::KernelVxlan => PodMode::Vxlan,
+        }
+    }
+
+    fn weft(self) -> bool {
+        matches!(self, PodPath::WeftDirect | PodPath::WeftVxlan)
+    }
+
+    /// The suffix of its lab's name.
+    fn tag(self) -> &'static str {
+        match self {
+            PodPath::WeftDirect => "pd",
+            PodPath::KernelDirect => "kd",
+            PodPath::WeftVxlan => "pv",
+            PodPath::KernelVxlan => "kv",
+        }
+    }
+
+    fn spec(self, name: &str) -> serde_json::Value {
+        let underlay = match self.mode() {
+            PodMode::Direct => "shared",
+            PodMode::Vxlan => "routed",
+        };
+        let routing = match self {
+            PodPath::WeftDirect => "direct",
+            PodPath::WeftVxlan => "vxlan",
+            PodPath::KernelDirect | PodPath::KernelVxlan => "none",
+        };
+        serde_json::json!({
+            "name": name,
+            "underlay": underlay,
+            "pod_routing": routing,
+            "nodes": ["n1", "n2"],
+            "pods": [{"name": "a", "node": "n1"}, {"name": "b", "node": "n2"}],
+        })
+    }
+}
+
+/// One path's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct PodPathResult {
+    /// Which path.
+    pub path: PodPath,
+    /// Its mode.
+    pub mode: PodMode,
+    /// The MTU of the sending pod's `eth0`.
+    pub pod_mtu: u32,
+    /// TCP throughput per pass (Gbit/s, at the receiver).
+    pub tcp_gbps: Vec<f64>,
+    /// TCP retransmissions per pass.
+    pub tcp_retransmits: Vec<u64>,
+    /// The sending iperf3's CPU (% of one CPU, user + system) per pass.
+    pub tcp_sender_cpu: Vec<f64>,
+    /// The receiving iperf3's CPU per pass.
+    pub tcp_receiver_cpu: Vec<f64>,
+    /// The UDP floods, per pass.
+    pub udp: Vec<Flood>,
+    /// Median TCP throughput (Gbit/s).
+    pub tcp_gbps_median: f64,
+    /// Median 64-byte frames per second received.
+    pub udp_fps_median: f64,
+    /// Median 64-byte frames per second sent.
+    pub udp_sent_fps_median: f64,
+}
+
+/// weft over the kernel path in one mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct PodModeRatio {
+    /// The mode.
+    pub mode: PodMode,
+    /// TCP, weft / kernel (medians).
+    pub tcp: f64,
+    /// 64-byte frames/s received, weft / kernel (medians).
+    pub fps: f64,
+    /// The ratios of every pass (weft over the kernel of the same pass): TCP.
+    pub tcp_per_pass: Vec<f64>,
+    /// The same for 64-byte frames/s.
+    pub fps_per_pass: Vec<f64>,
+    /// Both at least the target.
+    pub met: bool,
+}
+
+/// The pod network benchmark.
+#[derive(Debug, Clone, Serialize)]
+pub struct PodNetReport {
+    /// Passes.
+    pub rounds: usize,
+    /// Seconds per TCP run.
+    pub tcp_seconds: u64,
+    /// Seconds per UDP flood.
+    pub udp_seconds: f64,
+    /// UDP payload bytes.
+    pub udp_payload: usize,
+    /// The underlay MTU of every lab.
+    pub underlay_mtu: u32,
+    /// Every path.
+    pub paths: Vec<PodPathResult>,
+    /// weft over the kernel, per mode.
+    pub ratios: Vec<PodModeRatio>,
+    /// The target ratio.
+    pub target_ratio: f64,
+    /// Where the reference's set-up differs from weft's (device attributes, offloads,
+    /// pod MTU); empty when it matches.
+    pub setup_differences: Vec<String>,
+    /// Whether the offloads were compared (`ethtool -k`; skipped without ethtool).
+    pub offloads_compared: bool,
+}
+
+/// Runs `ip args` and returns its stdout.
+fn ip_out(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("running ip: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn ip_json(args: &[&str]) -> Result<serde_json::Value, String> {
+    let mut all = vec!["-j"];
+    all.extend_from_slice(args);
+    let text = ip_out(&all)?;
+    serde_json::from_str(&text).map_err(|e| format!("ip {}: {e}", args.join(" ")))
+}
+
+/// A lab of one path, with what the traffic needs.
+struct PathLab {
+    path: PodPath,
+    guard: LabGuard,
+    /// Pod `b`'s IPv4 address.
+    dst: Ipv4Addr,
+}
+
+impl PathLab {
+    fn client(&self) -> String {
+        self.guard.lab.pod_ns("a")
+    }
+
+    fn server(&self) -> String {
+        self.guard.lab.pod_ns("b")
+    }
+
+    fn nodes(&self) -> Result<[(String, String, String); 2], String> {
+        // (namespace, underlay address, pod range) of n1 and n2.
+        let lab = &self.guard.lab;
+        let one = |n: &str| -> Result<(String, String, String), String> {
+            let spec = lab.spec.nodes.iter().find(|s| s.name == n).ok_or("no such node")?;
+            Ok((
+                lab.node_ns(n),
+                lab.address_of(n).ok_or_else(|| format!("no address for {n}"))?,
+                spec.pod_range.clone(),
+            ))
+        };
+        Ok([one("n1")?, one("n2")?])
+    }
+
+    /// Routes pods across the nodes by hand, as the path's mode does.
+    fn route_by_hand(&self) -> Result<(), String> {
+        let [n1, n2] = self.nodes()?;
+        match self.path.mode() {
+            PodMode::Direct => {
+                for ((ns, _, _), (_, peer, peer_range)) in [(&n1, &n2), (&n2, &n1)] {
+                    ip(&["-n", ns, "route", "add", peer_range, "via", peer])?;
+                }
+            }
+            PodMode::Vxlan => {
+                let mtu = (self.guard.lab.spec.underlay_mtu - VXLAN_OVERHEAD).to_string();
+                let macs = ["02:6b:76:78:00:01", "02:6b:76:78:00:02"];
+                let nodes = [&n1, &n2];
+                for i in 0..2 {
+                    let (ns, local, range) = nodes[i];
+                    let (_, peer, peer_range) = nodes[1 - i];
+                    let (mac, peer_mac) = (macs[i], macs[1 - i]);
+                    let network = |r: &str| r.split('/').next().unwrap_or_default().to_string();
+                    ip(&[
+                        "-n",
+                        ns,
+                        "link",
+                        "add",
+                        REF_DEVICE,
+                        "address",
+                        mac,
+                        "mtu",
+                        &mtu,
+                        "type",
+                        "vxlan",
+                        "id",
+                        VXLAN_VNI,
+                        "local",
+                        local,
+                        "dstport",
+                        VXLAN_PORT,
+                        "nolearning",
+                        "udpcsum",
+                    ])?;
+                    sysctl(ns, &format!("net.ipv6.conf.{REF_DEVICE}.accept_dad=0"))?;
+                    ip(&["-n", ns, "link", "set", REF_DEVICE, "up"])?;
+                    ip(&[
+                        "-n",
+                        ns,
+                        "addr",
+                        "add",
+                        &format!("{}/32", network(range)),
+                        "dev",
+                        REF_DEVICE,
+                    ])?;
+                    ip(&[
+                        "-n",
+                        ns,
+                        "neigh",
+                        "replace",
+                        &network(peer_range),
+                        "lladdr",
+                        peer_mac,
+                        "dev",
+                        REF_DEVICE,
+                        "nud",
+                        "permanent",
+                    ])?;
+                    // The unicast FDB entry: the peer's MAC behind the peer's address.
+                    let out = Command::new("bridge")
+                        .args([
+                            "-n",
+                            ns,
+                            "fdb",
+                            "append",
+                            peer_mac,
+                            "dev",
+                            REF_DEVICE,
+                            "dst",
+                            peer,
+                            "self",
+                            "permanent",
+                        ])
+                        .output()
+                        .map_err(|e| format!("running bridge: {e}"))?;
+                    if !out.status.success() {
+                        return Err(format!(
+                            "bridge fdb append: {}",
+                            String::from_utf8_lossy(&out.stderr).trim()
+                        ));
+                    }
+                    ip(&[
+                        "-n",
+                        ns,
+                        "route",
+                        "add",
+                        peer_range,
+                        "via",
+                        &network(peer_range),
+                        "dev",
+                        REF_DEVICE,
+                        "onlink",
+                    ])?;
+                }
+                // The pods' MTU as weft gives it under VXLAN: both ends of each veth.
+                for (pod, ns) in [("a", &n1.0), ("b", &n2.0)] {
+                    let pod_ns = self.guard.lab.pod_ns(pod);
+                    let addr = self.guard.lab.pod_addresses(pod).into_iter().find(IpAddr::is_ipv4);
+                    let addr = addr
+                        .ok_or_else(|| format!("pod {pod} has no IPv4 address"))?
+                        .to_string();
+                    let route = ip_json(&["-n", ns, "route", "get", &addr])?;
+                    let host_end = route[0]["dev"].as_str().ok_or("no route to the pod")?.to_string();
+                    ip(&["-n", &pod_ns, "link", "set", "eth0", "mtu", &mtu])?;
+                    ip(&["-n", ns, "link", "set", &host_end, "mtu", &mtu])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that the node holds what the path means: weft's route of the mode, or
+    /// none of weft's routes and the hand-made ones.
+    fn check_routing(&self) -> Result<(), String> {
+        let [(ns, _, _), (_, peer, peer_range)] = self.nodes()?;
+        let weft_routes = ip_json(&["-n", &ns, "-4", "route", "show", "proto", "75"])?;
+        let routes = weft_routes.as_array().cloned().unwrap_or_default();
+        let to_peer = routes.iter().find(|r| r["dst"].as_str() == Some(peer_range.as_str()));
+        let fail = |what: &str| Err(format!("{}: {what} (routes of weft: {weft_routes})", self.path.label()));
+        match self.path {
+            PodPath::WeftDirect => match to_peer {
+                Some(r) if r["gateway"].as_str() == Some(peer.as_str()) && r["dev"] != "weft-vxlan" => Ok(()),
+                _ => fail("no direct route to the peer's pods"),
+            },
+            PodPath::WeftVxlan => match to_peer {
+                Some(r) if r["dev"] == "weft-vxlan" => Ok(()),
+                _ => fail("no route to the peer's pods through weft-vxlan"),
+            },
+            PodPath::KernelDirect | PodPath::KernelVxlan if !routes.is_empty() => {
+                fail("weft routes pods although its routing is off")
+            }
+            PodPath::KernelDirect | PodPath::KernelVxlan => Ok(()),
+        }
+    }
+
+    fn pod_mtu(&self) -> u32 {
+        ip_json(&["-n", &self.client(), "link", "show", "eth0"])
+            .ok()
+            .and_then(|v| v[0]["mtu"].as_u64())
+            .unwrap_or(0) as u32
+    }
+}
+
+fn sysctl(ns: &str, setting: &str) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "sysctl", "-qw", setting])
+        .output()
+        .map_err(|e| format!("running sysctl: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "sysctl {setting} in {ns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A device as `ip -d -j link` describes it, without what names it (name, index, MAC).
+fn device_attributes(ns: &str, dev: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let v = ip_json(&["-d", "-n", ns, "link", "show", "dev", dev])?;
+    let mut m = v[0].as_object().cloned().ok_or_else(|| format!("no {dev} in {ns}"))?;
+    for k in ["ifindex", "ifname", "address", "link_netnsid", "link_index"] {
+        m.remove(k);
+    }
+    Ok(m)
+}
+
+/// `ethtool -k` of a device, without its name line; `None` without ethtool.
+fn offloads(ns: &str, dev: &str) -> Option<Vec<String>> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "ethtool", "-k", dev])
+        .output()
+        .ok()?;
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip(1)
+            .map(str::to_string)
+            .collect()
+    })
+}
+
+fn differences(what: &str, a: &[(String, String)], b: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, va) in a {
+        let vb = b.iter().find(|(kb, _)| kb == k).map(|(_, v)| v.as_str());
+        if vb != Some(va.as_str()) {
+            out.push(format!("{what} {k}: weft {va}, kernel {}", vb.unwrap_or("-")));
+        }
+    }
+    for (k, vb) in b {
+        if !a.iter().any(|(ka, _)| ka == k) {
+            out.push(format!("{what} {k}: weft -, kernel {vb}"));
+        }
+    }
+    out
+}
+
+fn flatten(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                flatten(&format!("{prefix}{k}."), x, out);
+            }
+        }
+        x => out.push((prefix.trim_end_matches('.').to_string(), x.to_string())),
+    }
+}
+
+/// What differs between weft's set-up and the hand-made one of the same mode: pod MTU,
+/// and for VXLAN the device's attributes and offloads. Returns them and whether the
+/// offloads were compared.
+fn compare_setups(weft: &PathLab, kernel: &PathLab) -> Result<(Vec<String>, bool), String> {
+    let mode = match weft.path.mode() {
+        PodMode::Direct => "direct",
+        PodMode::Vxlan => "VXLAN",
+    };
+    let mut out = Vec::new();
+    let (mw, mk) = (weft.pod_mtu(), kernel.pod_mtu());
+    if mw != mk {
+        out.push(format!("{mode}: pod MTU weft {mw}, kernel {mk}"));
+    }
+    if weft.path.mode() != PodMode::Vxlan {
+        return Ok((out, true));
+    }
+    let (nw, nk) = (weft.guard.lab.node_ns("n1"), kernel.guard.lab.node_ns("n1"));
+    let (dw, dk) = (
+        device_attributes(&nw, "weft-vxlan")?,
+        device_attributes(&nk, REF_DEVICE)?,
+    );
+    let (mut fw, mut fk) = (Vec::new(), Vec::new());
+    flatten("", &serde_json::Value::Object(dw), &mut fw);
+    flatten("", &serde_json::Value::Object(dk), &mut fk);
+    out.extend(differences("VXLAN device", &fw, &fk));
+    let compared = match (offloads(&nw, "weft-vxlan"), offloads(&nk, REF_DEVICE)) {
+        (Some(a), Some(b)) => {
+            let pairs = |v: Vec<String>| -> Vec<(String, String)> {
+                v.iter()
+                    .filter_map(|l| l.split_once(':'))
+                    .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                    .collect()
+            };
+            out.extend(differences("VXLAN offload", &pairs(a), &pairs(b)));
+            true
+        }
+        _ => false,
+    };
+    Ok((out, compared))
+}
+
+fn build(path: PodPath, opts: &PodNetOptions, name: &str) -> Result<PathLab, String> {
+    let dir = opts.work_dir.join(name);
+    let guard = LabGuard::up(&dir, &path.spec(name), &opts.weftd, &opts.weft)?;
+    let dst = guard
+        .lab
+        .pod_addresses("b")
+        .into_iter()
+        .find_map(|a| match a {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(_) => None,
+        })
+        .ok_or("pod b has no IPv4 address")?;
+    let lab = PathLab { path, guard, dst };
+    if !path.weft() {
+        lab.route_by_hand().map_err(|e| format!("{}: {e}", path.label()))?;
+    }
+    Ok(lab)
+}
+
+/// Runs the pod network benchmark.
+pub fn run_podnet(opts: &PodNetOptions) -> Result<PodNetReport, String> {
+    for (what, p) in [("weft", &opts.weft), ("weftd", &opts.weftd)] {
+        if !p.exists() {
+            return Err(format!("{what} not found at {}", p.display()));
+        }
+    }
+    if Command::new("iperf3").arg("--version").output().is_err() {
+        return Err("iperf3 is not installed (test/install-deps.sh installs it)".into());
+    }
+    let base = format!("wb{}", std::process::id());
+    // The four labs come up side by side; each one's guard takes it down whatever
+    // happens to the others.
+    let built: Vec<Result<PathLab, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = PATHS
+            .iter()
+            .map(|&p| {
+                let name = format!("{base}{}", p.tag());
+                s.spawn(move || build(p, opts, &name))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("building a lab panicked".into())))
+            .collect()
+    });
+    let mut labs = Vec::new();
+    let mut errors = Vec::new();
+    for b in built {
+        match b {
+            Ok(l) => labs.push(l),
+            Err(e) => errors.push(e),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors.join("; "));
+    }
+    let lab_of = |p: PodPath| labs.iter().find(|l| l.path == p).expect("every path has its lab");
+    for l in &labs {
+        for (from, to) in [("a", l.dst.to_string()), ("b", first_v4(&l.guard.lab, "a"))] {
+            if !wait_reachable(&l.guard.lab.pod_ns(from), &to, Duration::from_secs(20)) {
+                return Err(format!("{}: pod {from} does not reach {to}", l.path.label()));
+            }
+        }
+        l.check_routing()?;
+    }
+    let mut setup_differences = Vec::new();
+    let mut offloads_compared = true;
+    for (w, k) in [
+        (PodPath::WeftDirect, PodPath::KernelDirect),
+        (PodPath::WeftVxlan, PodPath::KernelVxlan),
+    ] {
+        let (d, compared) = compare_setups(lab_of(w), lab_of(k))?;
+        setup_differences.extend(d);
+        offloads_compared &= compared;
+    }
+    let mut results: Vec<PodPathResult> = PATHS
+        .iter()
+        .map(|&p| PodPathResult {
+            path: p,
+            mode: p.mode(),
+            pod_mtu: lab_of(p).pod_mtu(),
+            tcp_gbps: Vec::new(),
+            tcp_retransmits: Vec::new(),
+            tcp_sender_cpu: Vec::new(),
+            tcp_receiver_cpu: Vec::new(),
+            udp: Vec::new(),
+            tcp_gbps_median: 0.0,
+            udp_fps_median: 0.0,
+            udp_sent_fps_median: 0.0,
+        })
+        .collect();
+    for round in 0..opts.rounds {
+        let mut order = PATHS.to_vec();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for p in order {
+            let l = lab_of(p);
+            let t = iperf_tcp(&l.client(), &l.server(), l.dst, opts.tcp_seconds)
+                .map_err(|e| format!("{}: {e}", p.label()))?;
+            let f =
+                flood(&l.client(), &l.server(), l.dst, opts.udp_seconds).map_err(|e| format!("{}: {e}", p.label()))?;
+            let r = results.iter_mut().find(|r| r.path == p).expect("every path");
+            r.tcp_gbps.push(t.gbps);
+            r.tcp_retransmits.push(t.retransmits);
+            r.tcp_sender_cpu.push(t.sender_cpu);
+            r.tcp_receiver_cpu.push(t.receiver_cpu);
+            r.udp.push(f);
+        }
+    }
+    let underlay_mtu = labs[0].guard.lab.spec.underlay_mtu;
+    drop(labs);
+    for p in PATHS {
+        let _ = std::fs::remove_dir_all(opts.work_dir.join(format!("{base}{}", p.tag())));
+    }
+    for r in &mut results {
+        r.tcp_gbps_median = median(&r.tcp_gbps);
+        r.udp_fps_median = median(&r.udp.iter().map(Flood::received_per_s).collect::<Vec<_>>());
+        r.udp_sent_fps_median = median(&r.udp.iter().map(Flood::sent_per_s).collect::<Vec<_>>());
+    }
+    let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let ratios = [
+        (PodMode::Direct, PodPath::WeftDirect, PodPath::KernelDirect),
+        (PodMode::Vxlan, PodPath::WeftVxlan, PodPath::KernelVxlan),
+    ]
+    .into_iter()
+    .map(|(mode, w, k)| {
+        let (rw, rk) = (
+            results.iter().find(|r| r.path == w).expect("weft"),
+            results.iter().find(|r| r.path == k).expect("kernel"),
+        );
+        let tcp = div(rw.tcp_gbps_median, rk.tcp_gbps_median);
+        let fps = div(rw.udp_fps_median, rk.udp_fps_median);
+        PodModeRatio {
+            mode,
+            tcp,
+            fps,
+            tcp_per_pass: rw.tcp_gbps.iter().zip(&rk.tcp_gbps).map(|(a, b)| div(*a, *b)).collect(),
+            fps_per_pass: rw
+                .udp
+                .iter()
+                .zip(&rk.udp)
+                .map(|(a, b)| div(a.received_per_s(), b.received_per_s()))
+                .collect(),
+            met: tcp >= POD_NETWORK_TARGET_RATIO && fps >= POD_NETWORK_TARGET_RATIO,
+        }
+    })
+    .collect();
+    Ok(PodNetReport {
+        rounds: opts.rounds,
+        tcp_seconds: opts.tcp_seconds,
+        udp_seconds: opts.udp_seconds,
+        udp_payload: PAYLOAD,
+        underlay_mtu,
+        paths: results,
+        ratios,
+        target_ratio: POD_NETWORK_TARGET_RATIO,
+        setup_differences,
+        offloads_compared,
+    })
+}
+
+fn first_v4(lab: &weft_lab::Lab, pod: &str) -> String {
+    lab.pod_addresses(pod)
+        .into_iter()
+        .find(IpAddr::is_ipv4)
+        .map(|a| a.to_string())
+        .unwrap_or_default()
+}
+
+impl PodNetReport {
+    /// The report as markdown tables.
+    pub fn markdown(&self) -> String {
+        let mut out = format!(
+            "Pod to pod across two nodes over eth0 (pod on n1 -> pod on n2), weft's pod routing beside hand-made kernel routing in the same kind of lab (weft's routing off), medians of {} pass(es) in alternating order: iperf3 TCP one stream {} s; UDP flood of {}-byte datagrams {} s (sendmmsg/recvmmsg, frames/s received at the far end); underlay MTU {}\n\n\
+             | path | underlay | pod MTU | TCP (Gbit/s) | TCP retransmits (median) | iperf3 CPU % sender / receiver | 64-byte frames/s received | frames/s sent |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
+            self.rounds, self.tcp_seconds, self.udp_payload, self.udp_seconds, self.underlay_mtu
+        );
+        for r in &self.paths {
+            let retr = median(&r.tcp_retransmits.iter().map(|&x| x as f64).collect::<Vec<_>>());
+            out.push_str(&format!(
+                "| {} | {} | {} | {:.2} | {retr:.0} | {:.0} / {:.0} | {:.0} | {:.0} |\n",
+                r.path.label(),
+                match r.mode {
+                    PodMode::Direct => "shared segment",
+                    PodMode::Vxlan => "routed",
+                },
+                r.pod_mtu,
+                r.tcp_gbps_median,
+                median(&r.tcp_sender_cpu),
+                median(&r.tcp_receiver_cpu),
+                r.udp_fps_median,
+                r.udp_sent_fps_median
+            ));
+        }
+        out.push_str(&format!(
+            "\n| ratio | TCP | 64-byte frames/s | TCP per pass | frames/s per pass | target >= {:.2} |\n|---|---:|---:|---|---|---|\n",
+            self.target_ratio
+        ));
+        let list = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", ");
+        for q in &self.ratios {
+            let (w, k) = match q.mode {
+                PodMode::Direct => (PodPath::WeftDirect, PodPath::KernelDirect),
+                PodMode::Vxlan => (PodPath::WeftVxlan, PodPath::KernelVxlan),
+            };
+            out.push_str(&format!(
+                "| {} / {} | {:.2} | {:.2} | {} | {} | {} |\n",
+                w.label(),
+                k.label(),
+                q.tcp,
+                q.fps,
+                list(&q.tcp_per_pass),
+                list(&q.fps_per_pass),
+                met(q.met)
+            ));
+        }
+        out.push_str(&format!(
+            "\nreference set up like weft's path ({}): {}\n",
+            if self.offloads_compared {
+                "pod MTU, VXLAN device attributes and offloads"
+            } else {
+                "pod MTU and VXLAN device attributes; offloads not compared, no ethtool"
+            },
+            if self.setup_differences.is_empty() {
+                "yes".to_string()
+            } else {
+                format!("no: {}", self.setup_differences.join("; "))
+            }
+        ));
+        out
+    }
+}
