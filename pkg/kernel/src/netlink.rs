@@ -176,6 +176,16 @@ impl Netlink {
         self.receive(seq)
     }
 
+    /// Sends a request that removes something and waits for its ACK; returns whether it
+    /// existed (`absent` is the errno the kernel answers when it did not).
+    pub fn execute_if_present(&mut self, msg: RouteNetlinkMessage, absent: i32) -> io::Result<bool> {
+        match self.execute(msg, 0) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(absent) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Sends a dump request and collects every message of the answer.
     pub fn dump(&mut self, msg: RouteNetlinkMessage) -> io::Result<Vec<RouteNetlinkMessage>> {
         let seq = self.send(msg, NLM_F_REQUEST | NLM_F_DUMP)?;
@@ -474,11 +484,7 @@ impl Netlink {
     pub fn delete_link(&mut self, name: &str) -> io::Result<bool> {
         let mut msg = LinkMessage::default();
         msg.attributes = vec![LinkAttribute::IfName(name.to_string())];
-        match self.execute(RouteNetlinkMessage::DelLink(msg), 0) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.execute_if_present(RouteNetlinkMessage::DelLink(msg), libc::ENODEV)
     }
 
     /// Adds `addr/prefix_len` to a link, without duplicate address detection.
@@ -549,11 +555,7 @@ impl Netlink {
             msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(d)));
         }
         msg.attributes.push(RouteAttribute::Oif(oif));
-        match self.execute(RouteNetlinkMessage::DelRoute(msg), 0) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.execute_if_present(RouteNetlinkMessage::DelRoute(msg), libc::ESRCH)
     }
 
     /// Routes of the main table of one family.

@@ -225,11 +225,7 @@ impl Netlink {
     ) -> io::Result<bool> {
         let mut msg = Self::proto_route_message(dst, gateway, oif, proto);
         msg.header.scope = RouteScope::NoWhere;
-        match self.execute(RouteNetlinkMessage::DelRoute(msg), 0) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.execute_if_present(RouteNetlinkMessage::DelRoute(msg), libc::ESRCH)
     }
 
     /// Creates a VXLAN device in this socket's namespace: no learning, no remote, no
@@ -339,11 +335,7 @@ impl Netlink {
         msg.header.family = family(ip.is_ipv6());
         msg.header.ifindex = index;
         msg.attributes = vec![NeighbourAttribute::Destination(neighbour_address(ip))];
-        match self.execute(RouteNetlinkMessage::DelNeighbour(msg), 0) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.execute_if_present(RouteNetlinkMessage::DelNeighbour(msg), libc::ENOENT)
     }
 
     /// Deletes the unicast FDB entry `mac` -> `dst` of a VXLAN device; returns whether it
@@ -357,11 +349,7 @@ impl Netlink {
             NeighbourAttribute::LinkLayerAddress(mac.to_vec()),
             NeighbourAttribute::Destination(neighbour_address(dst)),
         ];
-        match self.execute(RouteNetlinkMessage::DelNeighbour(msg), 0) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.execute_if_present(RouteNetlinkMessage::DelNeighbour(msg), libc::ENOENT)
     }
 
     /// The link that holds address `addr`, if any.
@@ -386,10 +374,6 @@ impl Netlink {
     /// Removes `addr/prefix_len` from a link; returns whether it was there.
     pub fn delete_address(&mut self, index: u32, addr: IpAddr, prefix_len: u8) -> io::Result<bool> {
         let msg = crate::netlink::address_message(index, addr, prefix_len);
-        match self.execute(RouteNetlinkMessage::DelAddress(msg), 0) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.execute_if_present(RouteNetlinkMessage::DelAddress(msg), libc::EADDRNOTAVAIL)
     }
 }
