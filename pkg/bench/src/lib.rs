@@ -43,15 +43,28 @@ pub use load::{
     CallFailure, LOAD_TARGET_RATIO, LOAD_WINDOW, LoadCommand, LoadOptions, LoadReport, LoadWindow, run_load,
 };
 pub use memory::{MEMORY_TARGET_MIB, MemoryOptions, MemoryReport, MemoryState, run_memory};
-pub use podnet::{
-    POD_NETWORK_TARGET_RATIO, PodMode, PodModeRatio, PodNetOptions, PodNetReport, PodPath, PodPathResult, run_podnet,
-};
+pub use podnet::{POD_NETWORK_TARGET_RATIO, PodMode, PodModeRatio, PodNetReport, PodPath, PodPathResult, run_podnet};
 pub use smoke::{SmokeOptions, SmokeReport, run_smoke};
 pub use stats::{Percentiles, median};
 pub use udp::Flood;
-pub use wires::{
-    GRPC_FPS_TARGET, GRPC_TCP_TARGET_RATIO, Wire, WireRatio, WireResult, WiresOptions, WiresReport, run_wires,
-};
+pub use wires::{GRPC_FPS_TARGET, GRPC_TCP_TARGET_RATIO, Wire, WireRatio, WireResult, WiresReport, run_wires};
+
+/// What to run for a traffic comparison between namespaces (`wires`, `pod-network`).
+#[derive(Debug, Clone)]
+pub struct TrafficOptions {
+    /// The weft plugin binary.
+    pub weft: PathBuf,
+    /// The weftd binary.
+    pub weftd: PathBuf,
+    /// Passes over every path compared.
+    pub rounds: usize,
+    /// Seconds of each iperf3 TCP run.
+    pub tcp_seconds: u64,
+    /// Seconds of each UDP flood.
+    pub udp_seconds: f64,
+    /// Scratch directory (lab files and state).
+    pub work_dir: PathBuf,
+}
 
 /// What is compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

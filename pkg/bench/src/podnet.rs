@@ -19,12 +19,12 @@
 //! Passes go through the four paths in alternating order.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::TrafficOptions;
 use crate::exec::met;
 use crate::median;
 use crate::udp::{Flood, PAYLOAD, flood};
@@ -39,23 +39,6 @@ const VXLAN_VNI: &str = "1";
 const VXLAN_OVERHEAD: u32 = 50;
 /// The hand-made device: any name but weft's, which weft would remove as stale.
 const REF_DEVICE: &str = "kvxlan";
-
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct PodNetOptions {
-    /// The weft plugin binary.
-    pub weft: PathBuf,
-    /// The weftd binary.
-    pub weftd: PathBuf,
-    /// Passes over the four paths.
-    pub rounds: usize,
-    /// Seconds of each iperf3 TCP run.
-    pub tcp_seconds: u64,
-    /// Seconds of each UDP flood.
-    pub udp_seconds: f64,
-    /// Scratch directory (lab files and state).
-    pub work_dir: PathBuf,
-}
 
 /// How pod traffic crosses from node to node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -520,7 +503,7 @@ fn compare_setups(weft: &PathLab, kernel: &PathLab) -> Result<(Vec<String>, bool
     Ok((out, compared))
 }
 
-fn build(path: PodPath, opts: &PodNetOptions, name: &str) -> Result<PathLab, String> {
+fn build(path: PodPath, opts: &TrafficOptions, name: &str) -> Result<PathLab, String> {
     let dir = opts.work_dir.join(name);
     let guard = LabGuard::up(&dir, &path.spec(name), &opts.weftd, &opts.weft)?;
     let dst = guard
@@ -540,7 +523,7 @@ fn build(path: PodPath, opts: &PodNetOptions, name: &str) -> Result<PathLab, Str
 }
 
 /// Runs the pod network benchmark.
-pub fn run_podnet(opts: &PodNetOptions) -> Result<PodNetReport, String> {
+pub fn run_podnet(opts: &TrafficOptions) -> Result<PodNetReport, String> {
     for (what, p) in [("weft", &opts.weft), ("weftd", &opts.weftd)] {
         if !p.exists() {
             return Err(format!("{what} not found at {}", p.display()));

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::{
     Comparison, ExecOptions, ExecReport, HostportOptions, HostportReport, LoadOptions, LoadReport, MemoryOptions,
-    MemoryReport, Options, PodNetOptions, PodNetReport, Report, WiresOptions, WiresReport,
+    MemoryReport, Options, PodNetReport, Report, WiresReport,
 };
 
 /// Where the binaries are.
@@ -83,15 +83,15 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         work_dir: o.work_dir.clone(),
     })
     .map_err(|e| format!("memory: {e}"))?;
-    let wires = crate::run_wires(&WiresOptions {
+    let traffic = crate::TrafficOptions {
         weft: o.weft.clone(),
         weftd: o.weftd.clone(),
         rounds: 1,
         tcp_seconds: 1,
         udp_seconds: 0.5,
         work_dir: o.work_dir.clone(),
-    })
-    .map_err(|e| format!("wires: {e}"))?;
+    };
+    let wires = crate::run_wires(&traffic).map_err(|e| format!("wires: {e}"))?;
     // Two workers, so the smoke run goes through the concurrent path too.
     let load = crate::run_load(&LoadOptions {
         weft: o.weft.clone(),
@@ -101,15 +101,7 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         work_dir: o.work_dir.clone(),
     })
     .map_err(|e| format!("load: {e}"))?;
-    let pod_network = crate::run_podnet(&PodNetOptions {
-        weft: o.weft.clone(),
-        weftd: o.weftd.clone(),
-        rounds: 1,
-        tcp_seconds: 1,
-        udp_seconds: 0.5,
-        work_dir: o.work_dir.clone(),
-    })
-    .map_err(|e| format!("pod network: {e}"))?;
+    let pod_network = crate::run_podnet(&traffic).map_err(|e| format!("pod network: {e}"))?;
     Ok(SmokeReport {
         reference,
         otlp,

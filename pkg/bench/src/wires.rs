@@ -11,12 +11,12 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
 use weft_lab::NamedNetns;
 
+use crate::TrafficOptions;
 use crate::exec::met;
 use crate::median;
 use crate::udp::{Flood, PAYLOAD, flood};
@@ -28,23 +28,6 @@ pub const GRPC_TCP_TARGET_RATIO: f64 = 0.5;
 pub const GRPC_FPS_TARGET: f64 = 100_000.0;
 /// The reference VXLAN's UDP port (weft's ends use 4789 in the same node namespaces).
 const REF_VXLAN_PORT: &str = "4799";
-
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct WiresOptions {
-    /// The weft plugin binary.
-    pub weft: PathBuf,
-    /// The weftd binary.
-    pub weftd: PathBuf,
-    /// Rounds over all five wires.
-    pub rounds: usize,
-    /// Seconds of each iperf3 TCP run.
-    pub tcp_seconds: u64,
-    /// Seconds of each UDP flood.
-    pub udp_seconds: f64,
-    /// Scratch directory (lab file and state).
-    pub work_dir: PathBuf,
-}
 
 /// A wire measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -317,7 +300,7 @@ fn grpc_counters(lab: &weft_lab::Lab) -> (BTreeMap<String, f64>, f64) {
 }
 
 /// Runs the wire benchmark.
-pub fn run_wires(opts: &WiresOptions) -> Result<WiresReport, String> {
+pub fn run_wires(opts: &TrafficOptions) -> Result<WiresReport, String> {
     for (what, p) in [("weft", &opts.weft), ("weftd", &opts.weftd)] {
         if !p.exists() {
             return Err(format!("{what} not found at {}", p.display()));

@@ -84,6 +84,23 @@ enum Compare {
     PodNetwork,
 }
 
+/// The options of a traffic comparison (`wires`, `pod-network`) from the flags.
+fn traffic(
+    args: &BenchArgs,
+    weft: std::path::PathBuf,
+    weftd: std::path::PathBuf,
+    work_dir: std::path::PathBuf,
+) -> weft_bench::TrafficOptions {
+    weft_bench::TrafficOptions {
+        weft,
+        weftd,
+        rounds: args.rounds,
+        tcp_seconds: args.tcp_seconds,
+        udp_seconds: args.udp_seconds,
+        work_dir,
+    }
+}
+
 fn print<T: serde::Serialize>(report: &T, markdown: impl FnOnce(&T) -> String, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(report)?);
@@ -104,7 +121,7 @@ impl Drop for WorkDir {
 
 /// Runs the benchmark and prints the report.
 pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
-    let bin_dir = match args.bin_dir {
+    let bin_dir = match args.bin_dir.clone() {
         Some(d) => d,
         None => std::env::current_exe()?
             .parent()
@@ -164,15 +181,7 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
             return print(&report, weft_bench::MemoryReport::markdown, json);
         }
         Compare::Wires => {
-            let opts = weft_bench::WiresOptions {
-                weft,
-                weftd,
-                rounds: args.rounds,
-                tcp_seconds: args.tcp_seconds,
-                udp_seconds: args.udp_seconds,
-                work_dir,
-            };
-            let report = weft_bench::run_wires(&opts).map_err(fail)?;
+            let report = weft_bench::run_wires(&traffic(&args, weft, weftd, work_dir)).map_err(fail)?;
             return print(&report, weft_bench::WiresReport::markdown, json);
         }
         Compare::Load => {
@@ -187,15 +196,7 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
             return print(&report, weft_bench::LoadReport::markdown, json);
         }
         Compare::PodNetwork => {
-            let opts = weft_bench::PodNetOptions {
-                weft,
-                weftd,
-                rounds: args.rounds,
-                tcp_seconds: args.tcp_seconds,
-                udp_seconds: args.udp_seconds,
-                work_dir,
-            };
-            let report = weft_bench::run_podnet(&opts).map_err(fail)?;
+            let report = weft_bench::run_podnet(&traffic(&args, weft, weftd, work_dir)).map_err(fail)?;
             return print(&report, weft_bench::PodNetReport::markdown, json);
         }
         Compare::Reference => weft_bench::Comparison::Reference,
