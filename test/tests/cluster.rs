@@ -15,7 +15,11 @@ use weft_tests::{
     LabDown, Prometheus, TempDir, bin, dashboard_queries, failed_checks, is_node_network_row, privileged,
 };
 
-fn lab(tag: &str, body: &str) -> (LabDown, TempDir) {
+/// A lab named after the test with `body` as its file, and the directory holding its
+/// state. Bind them as `let (dir, lab) = ...`: locals drop in reverse order, so the lab
+/// is taken down (its daemons found through their pid files) before the directory with
+/// those files is removed.
+fn lab(tag: &str, body: &str) -> (TempDir, LabDown) {
     let dir = TempDir::new(tag);
     let name = format!("wt{}{tag}", std::process::id());
     let file = dir.path().join("lab.yaml");
@@ -24,7 +28,7 @@ fn lab(tag: &str, body: &str) -> (LabDown, TempDir) {
         .unwrap()
         .with_binaries(bin("weftd"), bin("weft"))
         .with_state_dir(dir.path().join("state"));
-    (LabDown(lab), dir)
+    (dir, LabDown(lab))
 }
 
 fn in_ns(ns: &str, args: &[&str]) -> String {
@@ -122,7 +126,7 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     if !privileged() {
         return;
     }
-    let (lab, dir) = lab(
+    let (dir, lab) = lab(
         "cr",
         &format!("{NODES}underlay: routed\nunderlay_mtu: 9000\nipv6: true\n"),
     );
@@ -279,7 +283,7 @@ fn shared_segment_pods_reach_across_nodes_by_direct_routes() {
     if !privileged() {
         return;
     }
-    let (lab, dir) = lab("cs", &format!("{NODES}underlay: shared\n"));
+    let (dir, lab) = lab("cs", &format!("{NODES}underlay: shared\n"));
     let lab = &lab.0;
     lab.up().expect("lab up");
     // What an operator sees: `weftctl status` on n1.
