@@ -61,6 +61,7 @@ fn store_err(e: StoreError) -> CniError {
         StoreError::AddressTaken { .. } => CniError::new(code::ADDRESS_IN_USE, e.to_string()),
         StoreError::AddressInvalid(_) => CniError::new(code::INVALID_CONFIG, e.to_string()),
         StoreError::Closed => CniError::new(code::TRY_AGAIN_LATER, "weftd is shutting down"),
+        StoreError::Panicked(_) => CniError::new(code::INTERNAL, e.to_string()),
         other => CniError::new(code::STORE, other.to_string()),
     }
 }

@@ -59,6 +59,21 @@ impl Db {
         Ok(self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?)
     }
 
+    /// Runs raw SQL (tests: leaving a transaction open, as a job that panics half-way
+    /// through hand-written SQL would).
+    #[cfg(test)]
+    pub(crate) fn execute_raw(&mut self, sql: &str) -> Result<(), StoreError> {
+        Ok(self.conn.execute_batch(sql)?)
+    }
+
+    /// Rolls back a transaction left open (by a job that panicked half-way), so the
+    /// connection serves the next job.
+    pub(crate) fn roll_back_open_transaction(&mut self) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+
     /// Records the intent to attach a pod and allocates its addresses, one per address
     /// family present in `spec.ranges`: the requested one of that family, or else the
     /// next free one of the first range of that family with room. Returns the existing

@@ -108,6 +108,29 @@ pub enum StoreError {
     /// The writer thread is gone (the daemon is shutting down).
     #[error("state store is closed")]
     Closed,
+    /// The job panicked (a bug): that call failed, its transaction was rolled back, and
+    /// the store serves the next ones.
+    #[error("state store job failed: {0}")]
+    Panicked(String),
+}
+
+/// Runs `f`, turning a panic into [`StoreError::Panicked`]: one bad job must fail its own
+/// call, not close the store for every later one.
+fn guarded<R>(db: &mut Db, f: impl FnOnce(&mut Db) -> Result<R, StoreError>) -> Result<R, StoreError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(db))) {
+        Ok(r) => r,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panicked".to_string());
+            // A transaction the job left open would refuse every later one.
+            db.roll_back_open_transaction();
+            tracing::error!(error = %msg, "a state store job panicked; its call fails, the store goes on");
+            Err(StoreError::Panicked(msg))
+        }
+    }
 }
 
 type Job = Box<dyn FnOnce(&mut Db) + Send>;
@@ -174,7 +197,7 @@ impl Store {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.tx
             .send(Box::new(move |db: &mut Db| {
-                let _ = reply.send(f(db));
+                let _ = reply.send(guarded(db, f));
             }))
             .map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
@@ -189,7 +212,7 @@ impl Store {
         let (reply, answer) = std::sync::mpsc::channel();
         self.tx
             .send(Box::new(move |db: &mut Db| {
-                let _ = reply.send(f(db));
+                let _ = reply.send(guarded(db, f));
             }))
             .map_err(|_| StoreError::Closed)?;
         answer.recv().map_err(|_| StoreError::Closed)?

@@ -504,3 +504,39 @@ fn attachments_from_schema_4_read_as_what_they_installed() {
     db.finish_add(n.id, "{}", &[route("10.0.0.0/8", "10.0.0.1")]).unwrap();
     assert_eq!(db.get(&n.key).unwrap().unwrap().routes.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_job_fails_its_call_and_the_store_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("weft.db")).unwrap();
+    // A job that panics half-way through a transaction it opened by hand.
+    let r: Result<(), StoreError> = store
+        .run(|db| {
+            db.execute_raw("BEGIN IMMEDIATE; INSERT INTO ranges (cidr) VALUES ('10.99.0.0/24');")?;
+            panic!("a bug in a store job")
+        })
+        .await;
+    match r {
+        Err(StoreError::Panicked(m)) => assert!(m.contains("a bug in a store job"), "{m}"),
+        other => panic!("expected Panicked, got {other:?}"),
+    }
+    // The next calls are served, and the half-done transaction was rolled back.
+    let att = store
+        .run(|db| db.begin_add(&spec("c1", &["10.244.1.0/24"])))
+        .await
+        .unwrap();
+    assert!(matches!(att, BeginAdd::Created(_)));
+    let ranges: Vec<String> = store
+        .run(|db| Ok(db.range_usage()?.into_iter().map(|u| u.range.to_string()).collect()))
+        .await
+        .unwrap();
+    assert_eq!(
+        ranges,
+        vec!["10.244.1.0/24".to_string()],
+        "the panicked job's insert is gone"
+    );
+    // The blocking entry point too.
+    let r: Result<(), StoreError> = store.run_blocking(|_| panic!("again"));
+    assert!(matches!(r, Err(StoreError::Panicked(_))));
+    assert!(store.run_blocking(|db| db.counts()).is_ok());
+}
