@@ -1,5 +1,7 @@
 //! weftctl, the operator CLI: a thin `main` over `commands/`.
 
+#![forbid(unsafe_code)]
+
 mod commands;
 
 use std::path::PathBuf;
@@ -12,7 +14,7 @@ use clap::{Parser, Subcommand};
 #[command(version, about)]
 struct Cli {
     /// weftd's UNIX socket.
-    #[arg(long, global = true, env = "WEFT_SOCKET", default_value = weft_rpc::DEFAULT_SOCKET)]
+    #[arg(long, global = true, env = "WEFT_SOCKET", default_value = weft_cni::conf::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// Print JSON for machines instead of tables.
     #[arg(long, global = true)]

@@ -2,6 +2,8 @@
 //! recovery, the CNI and admin services on the UNIX socket, the HTTP endpoints, and
 //! an orderly shutdown.
 
+#![forbid(unsafe_code)]
+
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -29,7 +31,7 @@ use weft_wires::{Engine, EngineConfig, LocalPod, WireService};
 #[command(version, about)]
 struct Args {
     /// UNIX socket the plugin and weftctl connect to.
-    #[arg(long, env = "WEFT_SOCKET", default_value = weft_rpc::DEFAULT_SOCKET)]
+    #[arg(long, env = "WEFT_SOCKET", default_value = weft_cni::conf::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// Directory holding the state database (weft.db).
     #[arg(long, env = "WEFT_STATE_DIR", default_value = "/var/lib/weft")]

@@ -27,7 +27,8 @@ pub const MIN_MTU_V6: u32 = 1280;
 /// The least MTU IPv4 allows on a link (RFC 791).
 pub const MIN_MTU_V4: u32 = 68;
 
-/// Default path of the daemon socket (config key `socket`).
+/// Default path of the daemon socket: the config key `socket`'s default, and weftd's and
+/// weftctl's `--socket`.
 pub const DEFAULT_SOCKET: &str = "/run/weft/weftd.sock";
 
 /// Decodes stdin into the spec's network configuration (code 6 when it is not one,

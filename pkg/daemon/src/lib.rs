@@ -7,6 +7,8 @@
 //! kernel. [`server`] serves it on the UNIX socket; [`recover`] finishes what a
 //! crash interrupted before anything is served.
 
+#![forbid(unsafe_code)]
+
 pub mod defaults;
 pub mod handler;
 pub mod locks;

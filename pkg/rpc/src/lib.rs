@@ -2,6 +2,8 @@
 //! the admin service used by `weftctl`, generated from `proto/`; plus the helpers both
 //! ends share: dialing the daemon's UNIX socket and carrying CNI errors in a status.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -38,9 +40,6 @@ pub use cnirpc::CniError;
 
 /// Fully qualified protobuf name of [`CniError`], used as the `Any` type URL suffix.
 pub const CNI_ERROR_TYPE_URL: &str = "type.googleapis.com/weft.cnirpc.v1.CNIError";
-
-/// Default path of the daemon's UNIX socket.
-pub const DEFAULT_SOCKET: &str = "/run/weft/weftd.sock";
 
 /// Wraps a CNI error in a gRPC status: `grpc_code` for gRPC-level tooling, and the
 /// CNI error itself as the single detail of a `google.rpc.Status`.

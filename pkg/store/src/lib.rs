@@ -6,6 +6,8 @@
 //! writer at a time anyway; a single owner means no lock contention can ever surface
 //! as `SQLITE_BUSY` to a CNI call, and each call costs one channel round trip.
 
+#![forbid(unsafe_code)]
+
 mod addr;
 mod attachment;
 mod db;

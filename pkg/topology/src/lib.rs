@@ -8,6 +8,8 @@
 //! never served. [`crds_yaml`] renders the CRDs; the `test-util` feature adds an
 //! in-process fake API server (`testing`) for tests.
 
+#![forbid(unsafe_code)]
+
 pub mod crds;
 pub mod dir;
 pub mod kube;
