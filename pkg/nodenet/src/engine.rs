@@ -246,8 +246,15 @@ impl<K: NodeKernel> NodeNetwork<K> {
         }
     }
 
-    /// Runs passes until `stop`: at once, on every change the source announces, and
-    /// every resync interval.
+    /// What a pass plans from: the nodes known and the local ranges.
+    async fn inputs(&self) -> (Vec<ClusterNode>, Vec<IpNet>) {
+        let nodes = self.source.as_ref().map(|s| s.nodes()).unwrap_or_default();
+        (nodes, (self.local_ranges)().await)
+    }
+
+    /// Runs passes until `stop`: at once, whenever what a pass plans from changes (the
+    /// source also announces Topology changes, which pod routing does not read: those
+    /// cost no pass), and every resync interval, which is how drift is repaired.
     pub async fn run(self: Arc<Self>, stop: impl Future<Output = ()>) {
         let mut changes = self.source.as_ref().map(|s| s.changes());
         let mut tick = tokio::time::interval(self.cfg.resync);
@@ -255,21 +262,28 @@ impl<K: NodeKernel> NodeNetwork<K> {
         tick.tick().await;
         tokio::pin!(stop);
         loop {
+            let planned_from = self.inputs().await;
             self.pass().await;
-            let changed = async {
-                match changes.as_mut() {
-                    Some(rx) => {
-                        if rx.changed().await.is_err() {
-                            std::future::pending::<()>().await;
+            loop {
+                let changed = async {
+                    match changes.as_mut() {
+                        Some(rx) => {
+                            if rx.changed().await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                };
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = changed => {
+                        if planned_from != self.inputs().await {
+                            break;
                         }
                     }
-                    None => std::future::pending::<()>().await,
+                    _ = tick.tick() => break,
                 }
-            };
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = changed => {}
-                _ = tick.tick() => {}
             }
         }
     }
