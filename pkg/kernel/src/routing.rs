@@ -72,6 +72,19 @@ fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
+/// A route's gateway and output link, as far as it names them.
+fn next_hop(attrs: &[RouteAttribute]) -> (Option<IpAddr>, Option<u32>) {
+    let gateway = attrs.iter().find_map(|a| match a {
+        RouteAttribute::Gateway(g) => route_ip(g),
+        _ => None,
+    });
+    let oif = attrs.iter().find_map(|a| match a {
+        RouteAttribute::Oif(o) => Some(*o),
+        _ => None,
+    });
+    (gateway, oif)
+}
+
 fn neighbour_ip(a: &NeighbourAddress) -> Option<IpAddr> {
     match a {
         NeighbourAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
@@ -109,17 +122,14 @@ impl Netlink {
             .push(RouteAttribute::Destination(RouteAddress::from(addr)));
         match self.request(RouteNetlinkMessage::GetRoute(msg)) {
             Ok(msgs) => Ok(msgs.into_iter().find_map(|m| match m {
-                RouteNetlinkMessage::NewRoute(r) => Some(RouteLookup {
-                    local: r.header.kind == RouteType::Local,
-                    gateway: r.attributes.iter().find_map(|a| match a {
-                        RouteAttribute::Gateway(g) => route_ip(g),
-                        _ => None,
-                    }),
-                    oif: r.attributes.iter().find_map(|a| match a {
-                        RouteAttribute::Oif(o) => Some(*o),
-                        _ => None,
-                    }),
-                }),
+                RouteNetlinkMessage::NewRoute(r) => {
+                    let (gateway, oif) = next_hop(&r.attributes);
+                    Some(RouteLookup {
+                        local: r.header.kind == RouteType::Local,
+                        gateway,
+                        oif,
+                    })
+                }
                 _ => None,
             })),
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH)) => Ok(None),
@@ -159,17 +169,8 @@ impl Netlink {
                     IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
                 });
             let Ok(dst) = IpNet::new(dst_ip, len) else { continue };
-            out.push(ProtoRoute {
-                dst,
-                gateway: r.attributes.iter().find_map(|a| match a {
-                    RouteAttribute::Gateway(g) => route_ip(g),
-                    _ => None,
-                }),
-                oif: r.attributes.iter().find_map(|a| match a {
-                    RouteAttribute::Oif(o) => Some(*o),
-                    _ => None,
-                }),
-            });
+            let (gateway, oif) = next_hop(&r.attributes);
+            out.push(ProtoRoute { dst, gateway, oif });
         }
         Ok(out)
     }
