@@ -247,34 +247,3 @@ impl RangeUsage {
         self.allocated >= self.capacity
     }
 }
-
-/// One wire end held on this node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WireRecord {
-    /// This end's wire id.
-    pub id: u64,
-    /// Topology namespace.
-    pub namespace: String,
-    /// The link's uid.
-    pub link_uid: i64,
-    /// The local pod.
-    pub local_pod: String,
-    /// Its interface.
-    pub local_intf: String,
-    /// The peer pod.
-    pub peer_pod: String,
-    /// The peer's interface.
-    pub peer_intf: String,
-    /// The peer end's wire id.
-    pub peer_id: u64,
-    /// `veth`, `vxlan` or `grpc`.
-    pub kind: String,
-    /// The peer's node address (empty on the same node or when unknown).
-    pub peer_node: String,
-    /// The VXLAN network id (VXLAN ends).
-    pub vni: Option<u32>,
-    /// The local pod's network namespace.
-    pub netns: String,
-    /// `up`, `down` or `pending`.
-    pub state: String,
-}

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 pub use addr::{capacity, gateway, pool};
 pub use attachment::{
     Allocation, Attachment, AttachmentKey, BeginAdd, Family, HeldPort, InstalledRoute, NewAttachment, PodRef,
-    PortMapping, PortRequest, RangeUsage, State, WireRecord,
+    PortMapping, PortRequest, RangeUsage, State,
 };
 pub use db::Db;
 
@@ -101,6 +101,15 @@ pub enum StoreError {
         /// The wire id holding it.
         holder: u64,
     },
+    /// A stored wire end names a kind or state this binary does not know (a store
+    /// written by a newer weftd, or a damaged one).
+    #[error("wire {id:#x} in the state store: {source}")]
+    UnknownWireName {
+        /// The wire id of the row.
+        id: u64,
+        /// The name that did not parse.
+        source: weft_link::UnknownName,
+    },
     /// A host port cannot be set up for this pod.
     #[error("host port {0}")]
     PortInvalid(String),
@@ -135,7 +144,54 @@ fn guarded<R>(db: &mut Db, f: impl FnOnce(&mut Db) -> Result<R, StoreError>) -> 
     }
 }
 
-type Job = Box<dyn FnOnce(&mut Db) + Send>;
+/// Whether a job's error says the database cannot be written: the disk is full or
+/// failing, the file was made read-only, cannot be opened, or is not (or no longer) a
+/// database. Errors of the job's own making (a taken port, an exhausted range) and
+/// transient ones (a busy lock) say nothing about the database.
+fn cannot_write(err: &StoreError) -> bool {
+    use rusqlite::ErrorCode::*;
+    match err {
+        StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+            e.code,
+            DiskFull | SystemIoFailure | ReadOnly | CannotOpen | DatabaseCorrupt | NotADatabase
+        ),
+        _ => false,
+    }
+}
+
+/// The writer's view of whether the database can be written, published to
+/// [`Store::writable`]. Owned by the writer thread, so it drops (and the store reads as
+/// unwritable) when that thread ends.
+struct Health(tokio::sync::watch::Sender<bool>);
+
+impl Health {
+    /// Runs a job and judges the database by it before the caller hears the answer, so
+    /// a caller who saw a write fail never finds the store still reading as writable.
+    /// The one place the store's health is decided: a failure that says the file
+    /// cannot be written makes it unwritable, a job that went through having changed
+    /// rows makes it writable again; anything else (a failure of the job's own, whose
+    /// transaction was rolled back, or a read) says nothing.
+    fn judged<R>(&self, db: &mut Db, f: impl FnOnce(&mut Db) -> Result<R, StoreError>) -> Result<R, StoreError> {
+        let changes = db.total_changes();
+        let r = guarded(db, f);
+        let now = match &r {
+            Err(e) if cannot_write(e) => Some(false),
+            Ok(_) if db.total_changes() != changes => Some(true),
+            _ => None,
+        };
+        if let Some(now) = now
+            && self.0.send_if_modified(|w| std::mem::replace(w, now) != now)
+        {
+            match &r {
+                Err(e) => tracing::error!(error = %e, "the state database cannot be written; the node is not ready"),
+                Ok(_) => tracing::info!("the state database is written again; the node is ready"),
+            }
+        }
+        r
+    }
+}
+
+type Job = Box<dyn FnOnce(&mut Db, &Health) + Send>;
 
 /// Called with the duration of every store job, for metrics.
 pub type Observer = Arc<dyn Fn(Duration) + Send + Sync>;
@@ -144,6 +200,9 @@ pub type Observer = Arc<dyn Fn(Duration) + Send + Sync>;
 #[derive(Clone)]
 pub struct Store {
     tx: std::sync::mpsc::Sender<Job>,
+    /// Whether the database can be written, kept by the writer thread; its sender
+    /// drops with the thread, which is how a dead writer shows.
+    writable: tokio::sync::watch::Receiver<bool>,
     path: PathBuf,
     schema_found: u32,
 }
@@ -160,12 +219,14 @@ impl Store {
         let mut db = Db::open(path)?;
         let schema_found = db.schema_found();
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let (health, writable) = tokio::sync::watch::channel(true);
+        let health = Health(health);
         std::thread::Builder::new()
             .name("weft-store".into())
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
                     let t = Instant::now();
-                    job(&mut db);
+                    job(&mut db, &health);
                     if let Some(o) = &observer {
                         o(t.elapsed());
                     }
@@ -174,6 +235,7 @@ impl Store {
             .map_err(|_| StoreError::Closed)?;
         Ok(Self {
             tx,
+            writable,
             path: path.to_path_buf(),
             schema_found,
         })
@@ -190,6 +252,23 @@ impl Store {
         self.schema_found
     }
 
+    /// Whether the store can write: false once a job failed because the database
+    /// cannot be written (disk full, I/O error, read-only, unopenable or corrupt file)
+    /// or once the writer thread is gone, and true again after a later write goes
+    /// through. What `/readyz` reports: a node that cannot record an attachment
+    /// cannot take pods.
+    pub fn writable(&self) -> bool {
+        // `has_changed` fails only when the writer thread, which holds the sender,
+        // has ended.
+        self.writable.has_changed().is_ok() && *self.writable.borrow()
+    }
+
+    /// Watches [`Store::writable`]: the value changes as writes fail and succeed
+    /// again; `changed()` fails once the writer thread is gone.
+    pub fn writable_watch(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.writable.clone()
+    }
+
     /// Runs `f` on the writer thread and returns its answer.
     pub async fn run<R, F>(&self, f: F) -> Result<R, StoreError>
     where
@@ -198,8 +277,8 @@ impl Store {
     {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.tx
-            .send(Box::new(move |db: &mut Db| {
-                let _ = reply.send(guarded(db, f));
+            .send(Box::new(move |db: &mut Db, health: &Health| {
+                let _ = reply.send(health.judged(db, f));
             }))
             .map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
@@ -213,8 +292,8 @@ impl Store {
     {
         let (reply, answer) = std::sync::mpsc::channel();
         self.tx
-            .send(Box::new(move |db: &mut Db| {
-                let _ = reply.send(guarded(db, f));
+            .send(Box::new(move |db: &mut Db, health: &Health| {
+                let _ = reply.send(health.judged(db, f));
             }))
             .map_err(|_| StoreError::Closed)?;
         answer.recv().map_err(|_| StoreError::Closed)?

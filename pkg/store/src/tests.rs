@@ -1,6 +1,8 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
+use weft_link::{LinkKind, WireEnd, WireState};
+
 use super::*;
 
 fn spec(cid: &str, ranges: &[&str]) -> NewAttachment {
@@ -291,8 +293,8 @@ async fn concurrent_adds_through_the_writer_never_share_an_address() {
     assert_eq!(n, 400);
 }
 
-fn wire(id: u64, uid: i64, vni: Option<u32>) -> WireRecord {
-    WireRecord {
+fn wire(id: u64, uid: i64, vni: Option<u32>) -> WireEnd {
+    WireEnd {
         id,
         namespace: "lab".into(),
         link_uid: uid,
@@ -301,11 +303,11 @@ fn wire(id: u64, uid: i64, vni: Option<u32>) -> WireRecord {
         peer_pod: "r2".into(),
         peer_intf: "eth1".into(),
         peer_id: id + 1000,
-        kind: if vni.is_some() { "vxlan".into() } else { "grpc".into() },
+        kind: if vni.is_some() { LinkKind::Vxlan } else { LinkKind::Grpc },
         peer_node: "10.2.0.2".into(),
         vni,
         netns: "/run/netns/r1".into(),
-        state: "up".into(),
+        state: WireState::Up,
     }
 }
 
@@ -323,18 +325,44 @@ fn wires_are_kept_with_unique_vnis_and_survive_reopen() {
         }
         // Updating a wire keeps its own VNI.
         let mut w1 = wire(1, 1, Some(5001));
-        w1.state = "down".into();
+        w1.state = WireState::Down;
         db.put_wire(&w1).unwrap();
         assert_eq!(db.vni_holder(5001).unwrap(), Some(1));
     }
     let mut db = Db::open(&path).unwrap();
     let all = db.wires().unwrap();
     assert_eq!(all.len(), 2);
-    assert_eq!(all[0].state, "down");
+    assert_eq!(all[0].state, WireState::Down);
+    assert_eq!(all[1], wire(2, 2, None), "a wire end reads back as it was put");
     assert_eq!(db.wire(2).unwrap().unwrap().peer_id, 1002);
     db.remove_wire(1).unwrap();
     assert_eq!(db.vni_holder(5001).unwrap(), None);
     db.put_wire(&wire(3, 3, Some(5001))).unwrap();
+}
+
+#[test]
+fn a_wire_row_with_an_unknown_state_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weft.db");
+    let mut db = Db::open(&path).unwrap();
+    db.put_wire(&wire(1, 1, None)).unwrap();
+    db.put_wire(&wire(2, 2, Some(5002))).unwrap();
+    // The schema checks kinds but not states: a newer weftd may have written one.
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("UPDATE wires SET state = 'draining' WHERE id = 1", [])
+        .unwrap();
+    match db.wire(1) {
+        Err(e @ StoreError::UnknownWireName { id: 1, .. }) => {
+            assert_eq!(
+                e.to_string(),
+                "wire 0x1 in the state store: unknown wire state \"draining\""
+            );
+        }
+        other => panic!("expected UnknownWireName, got {other:?}"),
+    }
+    assert!(matches!(db.wires(), Err(StoreError::UnknownWireName { id: 1, .. })));
+    assert_eq!(db.wire(2).unwrap(), Some(wire(2, 2, Some(5002))));
 }
 
 #[test]
@@ -539,4 +567,84 @@ async fn a_panicking_job_fails_its_call_and_the_store_goes_on() {
     let r: Result<(), StoreError> = store.run_blocking(|_| panic!("again"));
     assert!(matches!(r, Err(StoreError::Panicked(_))));
     assert!(store.run_blocking(|db| db.counts()).is_ok());
+}
+
+/// Caps the database at the pages it has now, as a full disk would: SQLite refuses to
+/// grow it with `SQLITE_FULL`, whoever runs the test (root ignores file modes).
+fn cap_pages(store: &Store, pages: Option<u32>) {
+    let sql = format!("PRAGMA max_page_count = {}", pages.unwrap_or(1));
+    store.run_blocking(move |db| db.execute_raw(&sql)).unwrap();
+}
+
+#[test]
+fn a_store_that_cannot_write_is_unwritable_until_a_write_goes_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("weft.db")).unwrap();
+    let mut watch = store.writable_watch();
+    store.run_blocking(|db| db.begin_run("test")).unwrap();
+    assert!(store.writable());
+    // A job failing for a reason of its own says nothing about the database.
+    let mut taken = spec("ip-taken", &["10.0.0.0/24"]);
+    taken.requested = vec![ip("10.0.0.1")];
+    assert!(matches!(
+        store.run_blocking(move |db| db.begin_add(&taken)),
+        Err(StoreError::AddressInvalid(_))
+    ));
+    assert!(store.writable());
+
+    cap_pages(&store, None);
+    let mut failure = None;
+    for i in 0..2000 {
+        let mut s = spec(&format!("c{i}"), &["10.0.0.0/16"]);
+        s.pod.name = "p".repeat(2000);
+        if let Err(e) = store.run_blocking(move |db| db.begin_add(&s)) {
+            failure = Some(e);
+            break;
+        }
+    }
+    match failure {
+        Some(StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _))) => {
+            assert_eq!(e.code, rusqlite::ErrorCode::DiskFull)
+        }
+        other => panic!("expected the capped database to fill up, got {other:?}"),
+    }
+    assert!(!store.writable(), "a full database is not writable");
+    assert!(watch.has_changed().unwrap() && !*watch.borrow_and_update());
+    // Reads still work, and do not make it writable.
+    assert!(store.run_blocking(|db| db.counts()).is_ok());
+    assert!(!store.writable());
+
+    // Room again: the store stays unwritable until a write goes through; on an idle
+    // node that write is the probe the daemon sends while the store is unwritable.
+    cap_pages(&store, Some(1_000_000));
+    assert!(!store.writable());
+    store.run_blocking(|db| db.probe_write()).unwrap();
+    assert!(store.writable(), "the probe's write went through");
+    assert!(watch.has_changed().unwrap() && *watch.borrow_and_update());
+    store
+        .run_blocking(|db| db.begin_add(&spec("after", &["10.0.0.0/16"])))
+        .unwrap();
+    assert!(store.writable());
+}
+
+#[test]
+fn a_store_whose_writer_is_gone_is_unwritable() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let die = Arc::new(AtomicBool::new(false));
+    let observer: Observer = {
+        let die = die.clone();
+        Arc::new(move |_| assert!(!die.load(Ordering::SeqCst), "the writer thread dies (test)"))
+    };
+    let store = Store::open_observed(&dir.path().join("weft.db"), Some(observer)).unwrap();
+    assert!(store.writable());
+    die.store(true, Ordering::SeqCst);
+    // The job answers, then its observer takes the writer thread down.
+    let _ = store.run_blocking(|db| db.counts());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.writable() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!store.writable(), "a store without its writer is not writable");
+    assert!(matches!(store.run_blocking(|db| db.counts()), Err(StoreError::Closed)));
 }
