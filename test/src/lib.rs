@@ -5,7 +5,6 @@
 //! Every namespace a test makes is named `wt<pid>-<tag>-<n>`, so a test only ever
 //! touches what it created, and a crashed run's leftovers are recognisable.
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -13,7 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use weft_harness::{CallOptions, CniExec, CniVars, DaemonConfig, HarnessError, NamedNetns, NodeDaemon};
 
+pub use weft_harness::{ChildGuard, wait_exit};
 pub use weft_kernel::testutil::privileged;
 
 pub mod cri;
@@ -50,44 +51,43 @@ pub fn sh(cmd: &mut Command) -> String {
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
-/// A named network namespace (`/run/netns/<name>`), deleted on drop.
-pub struct Netns {
-    name: String,
+/// `wt<pid>-<tag>-<n>`: a name no other test (or test run) uses.
+fn unique(tag: &str) -> String {
+    format!(
+        "wt{}-{tag}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
+
+/// A named network namespace (`/run/netns/<name>`), deleted on drop.
+pub struct Netns(NamedNetns);
 
 impl Netns {
     /// Creates `wt<pid>-<tag>-<n>`.
     pub fn new(tag: &str) -> Self {
-        let name = format!(
-            "wt{}-{tag}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        sh(Command::new("ip").args(["netns", "add", &name]));
-        sh(Command::new("ip").args(["-n", &name, "link", "set", "lo", "up"]));
-        Self { name }
+        let name = unique(tag);
+        Self(NamedNetns::create(&name).unwrap_or_else(|e| panic!("creating namespace {name}: {e}")))
     }
 
     /// The namespace's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.0.name()
     }
 
     /// `/run/netns/<name>`, what a runtime passes as `CNI_NETNS`.
     pub fn path(&self) -> String {
-        format!("/run/netns/{}", self.name)
+        self.0.path()
     }
 
     /// A command that runs `program` inside the namespace.
     pub fn cmd(&self, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name, program]);
-        c
+        self.0.command([program])
     }
 
     /// `ip -j -n <ns> <args>` parsed as JSON.
     pub fn ip_json(&self, args: &[&str]) -> Value {
-        let out = sh(Command::new("ip").args(["-j", "-n", &self.name]).args(args));
+        let out = sh(Command::new("ip").args(["-j", "-n", self.name()]).args(args));
         if out.trim().is_empty() {
             Value::Array(vec![])
         } else {
@@ -124,31 +124,26 @@ impl Netns {
 
     /// Whether one ICMP echo to `addr` from this namespace is answered.
     pub fn ping(&self, addr: &str) -> bool {
-        let flag = if addr.contains(':') { "-6" } else { "-4" };
-        run(self.cmd("ping").args([flag, "-c1", "-W2", addr])).status.success()
+        self.0.ping(addr, 2).is_some()
     }
 
     /// Runs `f` on a short-lived thread inside the namespace. Sockets it creates keep
     /// the namespace wherever they are used afterwards.
-    pub fn within<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
-        let path = self.path();
-        std::thread::spawn(move || {
-            let file = std::fs::File::open(&path).expect("namespace file");
-            nix::sched::setns(std::os::fd::AsFd::as_fd(&file), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("namespace thread")
+    pub fn within<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.0
+            .within(f)
+            .unwrap_or_else(|e| panic!("running inside {}: {e}", self.name()))
     }
 
     /// A TCP listener bound to `addr` inside the namespace.
     pub fn bind_tcp(&self, addr: &str) -> std::net::TcpListener {
-        let addr = addr.to_string();
-        self.within(move || std::net::TcpListener::bind(&addr).expect("bind inside the namespace"))
+        self.0
+            .bind_tcp(addr)
+            .unwrap_or_else(|e| panic!("bind inside the namespace: {e}"))
     }
 
     /// Starts `program args` inside the namespace; killed when the guard drops.
-    pub fn spawn(&self, program: &str, args: &[&str], log: &Path) -> Proc {
+    pub fn spawn(&self, program: &str, args: &[&str], log: &Path) -> ChildGuard {
         let out = std::fs::File::create(log).expect("log file");
         let child = self
             .cmd(program)
@@ -158,35 +153,12 @@ impl Netns {
             .stderr(Stdio::from(out))
             .spawn()
             .unwrap_or_else(|e| panic!("starting {program}: {e}"));
-        Proc(child)
+        ChildGuard::new(child)
     }
 
     /// Deletes the namespace now (as a runtime does after DEL, or to make it vanish).
-    pub fn delete(mut self) {
-        self.remove();
-    }
-
-    fn remove(&mut self) {
-        if !self.name.is_empty() {
-            let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
-            self.name.clear();
-        }
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        self.remove();
-    }
-}
-
-/// A process a test started; killed and reaped on drop.
-pub struct Proc(pub Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+    pub fn delete(self) {
+        let _ = self.0.delete();
     }
 }
 
@@ -196,11 +168,7 @@ pub struct TempDir(PathBuf);
 impl TempDir {
     /// Creates `/tmp/wt<pid>-<tag>-<n>`.
     pub fn new(tag: &str) -> Self {
-        let p = PathBuf::from(format!(
-            "/tmp/wt{}-{tag}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
+        let p = PathBuf::from("/tmp").join(unique(tag));
         std::fs::create_dir_all(&p).unwrap();
         Self(p)
     }
@@ -219,12 +187,11 @@ impl Drop for TempDir {
 
 /// A `weftd` running inside a node namespace with its own socket, state and log.
 pub struct Daemon {
+    // Declared first, so it is killed before its namespace and directory go.
+    daemon: NodeDaemon,
     /// The node namespace the daemon runs in.
     pub node: Netns,
     dir: TempDir,
-    child: Option<Child>,
-    node_name: String,
-    env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -241,20 +208,18 @@ impl Daemon {
     /// Starts weftd in an existing node namespace.
     pub fn start_in(node: Netns, tag: &str, env: &[(&str, &str)]) -> Self {
         let dir = TempDir::new(tag);
-        let mut d = Self {
-            node,
-            dir,
-            child: None,
-            node_name: format!("node-{tag}"),
-            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        };
-        d.spawn();
-        d
+        let mut config = DaemonConfig::under(&bin("weftd"), dir.path(), &format!("node-{tag}"));
+        config.env = owned(env);
+        // The socket is bound before start-up recovery, so a connection alone does not
+        // mean the daemon serves: wait for an answer to a status call.
+        config.status_probe = Some(bin("weftctl"));
+        let daemon = NodeDaemon::start(&node.0, config).unwrap_or_else(|e| panic!("{e}:\n{}", log_of(dir.path())));
+        Self { daemon, node, dir }
     }
 
     /// The node name weftd was given.
     pub fn node_name(&self) -> &str {
-        &self.node_name
+        &self.daemon.config().node_name
     }
 
     /// A scratch directory that lives as long as the daemon.
@@ -281,39 +246,17 @@ impl Daemon {
 
     /// Path of the daemon's socket.
     pub fn socket(&self) -> PathBuf {
-        self.dir.path().join("weftd.sock")
+        self.daemon.config().socket.clone()
     }
 
     /// The daemon's state directory.
     pub fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
+        self.daemon.config().state_dir.clone()
     }
 
     /// The daemon's log so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("weftd.log")).unwrap_or_default()
-    }
-
-    fn command(&self) -> Command {
-        self.command_with(&self.socket(), &self.state_dir(), "127.0.0.1:9384")
-    }
-
-    fn command_with(&self, socket: &Path, state: &Path, http: &str) -> Command {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("weftd.log"))
-            .unwrap();
-        let mut c = self.node.cmd(bin("weftd").to_str().unwrap());
-        c.args(["--socket", socket.to_str().unwrap()])
-            .args(["--state-dir", state.to_str().unwrap()])
-            .args(["--metrics-addr", http])
-            .args(["--node-name", &self.node_name])
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log));
-        c
+        log_of(self.dir.path())
     }
 
     /// Starts a second weftd beside this one, sharing either the state directory (with
@@ -328,14 +271,18 @@ impl Daemon {
     /// to `lock_wait` for this one to release the state directory; its socket is
     /// [`Daemon::second_socket`] when it shares the state. Killed with the returned guard.
     pub fn spawn_second(&self, share_state: bool, lock_wait: Duration) -> Child {
-        let mut c = if share_state {
-            // Its own HTTP port: this one's is bound while it lives.
-            self.command_with(&self.second_socket(), &self.state_dir(), "127.0.0.1:9386")
+        let mut config = self.daemon.config().clone();
+        if share_state {
+            config.socket = self.second_socket();
         } else {
-            self.command_with(&self.socket(), &self.dir.path().join("second-state"), "127.0.0.1:9386")
-        };
-        c.env("WEFT_LOCK_WAIT", lock_wait.as_secs().to_string());
-        c.spawn().unwrap()
+            config.state_dir = self.dir.path().join("second-state");
+        }
+        // Its own HTTP port: this one's is bound while it lives.
+        config.metrics_addr = "127.0.0.1:9386".into();
+        config
+            .env
+            .push(("WEFT_LOCK_WAIT".into(), lock_wait.as_secs().to_string()));
+        config.command(&self.node.0).unwrap().spawn().unwrap()
     }
 
     /// The socket of a second weftd sharing this one's state.
@@ -343,87 +290,50 @@ impl Daemon {
         self.dir.path().join("second.sock")
     }
 
-    fn spawn(&mut self) {
-        let child = self.command().spawn().expect("starting weftd");
-        self.child = Some(child);
-        // The socket is bound before start-up recovery, so a connection alone does not
-        // mean the daemon serves: wait for an answer to a status call.
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
-                let out = run(Command::new(bin("weftctl")).args([
-                    "--socket",
-                    self.socket().to_str().unwrap(),
-                    "--json",
-                    "status",
-                ]));
-                if out.status.success() {
-                    return;
-                }
-            }
-            if let Some(Ok(Some(st))) = self.child.as_mut().map(Child::try_wait) {
-                panic!("weftd exited early ({st}):\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("weftd did not start serving:\n{}", self.log());
-    }
-
     /// The daemon's process id.
     pub fn pid(&self) -> i32 {
-        self.child.as_ref().expect("daemon running").id() as i32
+        self.daemon.pid().expect("daemon running") as i32
     }
 
     /// Sends `sig` to the daemon.
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).unwrap();
+        self.daemon.signal(sig).unwrap();
     }
 
     /// SIGKILLs the daemon (a crash) and reaps it.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.daemon.kill();
     }
 
     /// Stops the daemon with SIGTERM and waits for it.
     pub fn stop(&mut self) -> Option<ExitStatus> {
-        let mut c = self.child.take()?;
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(c.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        wait_exit(&mut c, Duration::from_secs(20)).or_else(|| {
-            let _ = c.kill();
-            c.wait().ok()
-        })
+        self.daemon.stop(Duration::from_secs(20))
     }
 
     /// Starts the daemon again on the same socket and state.
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        self.start_again();
     }
 
     /// Replaces the extra environment weftd gets from its next start on (a crash test
     /// arms a failpoint for one run, then starts it again without).
     pub fn set_env(&mut self, env: &[(&str, &str)]) {
-        self.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.daemon.config_mut().env = owned(env);
     }
 
     /// Waits up to `limit` for the daemon to exit on its own (a failpoint, a crash) and
     /// reaps it; `None` when it is still running then.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let st = wait_exit(self.child.as_mut()?, limit)?;
-        self.child = None;
-        Some(st)
+        self.daemon.wait_exit(limit)
     }
 
     /// Starts the daemon again after it was stopped or killed.
     pub fn start_again(&mut self) {
-        assert!(self.child.is_none(), "daemon still running");
-        self.spawn();
+        assert!(self.daemon.pid().is_none(), "daemon still running");
+        if let Err(e) = self.daemon.start_again() {
+            panic!("{e}:\n{}", self.log());
+        }
     }
 
     /// `weftctl status --json` for this daemon.
@@ -502,25 +412,12 @@ impl Daemon {
     }
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+fn owned(env: &[(&str, &str)]) -> Vec<(String, String)> {
+    env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
-/// Waits up to `limit` for a child to exit.
-pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Ok(Some(st)) = child.try_wait() {
-            return Some(st);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
+fn log_of(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("weftd.log")).unwrap_or_default()
 }
 
 /// What one plugin run produced.
@@ -571,23 +468,18 @@ pub struct Call {
 impl Call {
     /// A call for `command` on a container with the usual kubelet variables.
     pub fn new(command: &str, container_id: &str, netns: &str, conf: &str) -> Self {
-        let mut env = vec![
-            ("CNI_COMMAND".to_string(), command.to_string()),
-            ("CNI_CONTAINERID".to_string(), container_id.to_string()),
-            ("CNI_IFNAME".to_string(), "eth0".to_string()),
-            ("CNI_PATH".to_string(), "/opt/cni/bin".to_string()),
-            (
-                "CNI_ARGS".to_string(),
-                format!(
-                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{container_id};K8S_POD_INFRA_CONTAINER_ID={container_id}"
-                ),
-            ),
-        ];
-        if !netns.is_empty() {
-            env.push(("CNI_NETNS".to_string(), netns.to_string()));
-        }
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{container_id};K8S_POD_INFRA_CONTAINER_ID={container_id}"
+        );
+        let vars = CniVars {
+            command,
+            container_id,
+            netns,
+            ifname: "eth0",
+            args: &args,
+        };
         Self {
-            env,
+            env: vars.env("/opt/cni/bin"),
             stdin: conf.to_string(),
         }
     }
@@ -613,36 +505,19 @@ impl Call {
 
     /// Like [`Call::run`], as user `uid` when given.
     pub fn run_as(&self, uid: Option<u32>) -> CniOutput {
-        let mut c = Command::new(bin("weft"));
-        c.env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(u) = uid {
-            std::os::unix::process::CommandExt::uid(&mut c, u);
-        }
-        let mut child = c.spawn().expect("starting the plugin");
-        let mut stdin = child.stdin.take().unwrap();
-        let _ = stdin.write_all(self.stdin.as_bytes());
-        drop(stdin);
-        let pid = child.id();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait_with_output());
-        });
-        let out = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(out) => out.expect("waiting for the plugin"),
-            Err(_) => {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                panic!("the plugin hung for 30 s: {self:?}");
-            }
+        let opts = CallOptions {
+            uid,
+            capture_stderr: true,
+            limit: Some(Duration::from_secs(30)),
+            ..CallOptions::default()
+        };
+        let out = match CniExec::new(&bin("weft")).run(self.env.iter().cloned(), self.stdin.as_bytes(), opts) {
+            Ok(out) => out,
+            Err(HarnessError::TimedOut { .. }) => panic!("the plugin hung for 30 s: {self:?}"),
+            Err(e) => panic!("running the plugin: {e}"),
         };
         CniOutput {
-            code: out.status.code().unwrap_or(-1),
+            code: out.code,
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         }
@@ -657,9 +532,9 @@ pub fn chmod(path: &Path, mode: u32) {
 /// A real Prometheus (Debian's `prometheus`) running inside a network namespace,
 /// scraping targets there every second; killed on drop.
 pub struct Prometheus {
-    netns: String,
+    netns: NamedNetns,
     port: u16,
-    _proc: Proc,
+    _proc: ChildGuard,
 }
 
 impl Prometheus {
@@ -679,8 +554,9 @@ impl Prometheus {
         std::fs::write(dir.join("prometheus.yml"), config).unwrap();
         let log = dir.join("prometheus.log");
         let out = std::fs::File::create(&log).expect("log file");
-        let child = Command::new("ip")
-            .args(["netns", "exec", netns, "prometheus"])
+        let ns = NamedNetns::existing(netns);
+        let child = ns
+            .command(["prometheus"])
             .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
             .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
@@ -690,9 +566,9 @@ impl Prometheus {
             .spawn()
             .expect("starting prometheus");
         let p = Prometheus {
-            netns: netns.to_string(),
+            netns: ns,
             port,
-            _proc: Proc(child),
+            _proc: ChildGuard::new(child),
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !run(p.curl().arg(format!("http://127.0.0.1:{port}/-/ready")))
@@ -710,9 +586,7 @@ impl Prometheus {
     }
 
     fn curl(&self) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.netns, "curl", "-sf", "--max-time", "10"]);
-        c
+        self.netns.command(["curl", "-sf", "--max-time", "10"])
     }
 
     /// Evaluates a PromQL expression now; returns the result vector.
@@ -791,14 +665,8 @@ pub fn is_node_network_row(row: &str) -> bool {
     row.starts_with("Pod network between nodes")
 }
 
-/// A lab taken down whatever happens to the test, a panic included.
-pub struct LabDown(pub weft_lab::Lab);
-
-impl Drop for LabDown {
-    fn drop(&mut self) {
-        let _ = self.0.down();
-    }
-}
+/// A lab taken down when dropped (the lab crate's guard, under the tests' name).
+pub use weft_lab::DownOnDrop as LabDown;
 
 /// The checks of a lab that failed, as `from -> to (kind)`, for assertion messages.
 pub fn failed_checks(checks: &[weft_lab::LinkCheck]) -> Vec<String> {

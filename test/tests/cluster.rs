@@ -5,7 +5,6 @@
 //! and counted; a 9000-byte underlay gives pods 8950 and an 8,900-byte packet crosses
 //! nodes with DF set.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -320,14 +319,10 @@ fn shared_segment_pods_reach_across_nodes_by_direct_routes() {
 
 /// A UDP socket bound to port 7777 inside a named namespace (it keeps that namespace).
 fn udp_in(ns: &str) -> std::net::UdpSocket {
-    let path = PathBuf::from("/run/netns").join(ns);
-    std::thread::spawn(move || {
-        let f = std::fs::File::open(path).unwrap();
-        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        let s = std::net::UdpSocket::bind("0.0.0.0:7777").unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s
-    })
-    .join()
-    .unwrap()
+    let s = weft_harness::NamedNetns::existing(ns)
+        .within(|| std::net::UdpSocket::bind("0.0.0.0:7777"))
+        .unwrap()
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
 }

@@ -102,7 +102,7 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
 
     // The kernel agrees: the pod's eth0 holds exactly that address, with a default
     // route, and containerd's loopback network brought lo up beside it.
-    let eth0 = in_netns(&netns, &["-4", "addr", "show", "eth0"]);
+    let eth0 = ip_json_in(&netns, &["-4", "addr", "show", "eth0"]);
     let local: Vec<String> = eth0[0]["addr_info"]
         .as_array()
         .unwrap_or_else(|| panic!("no eth0 in the pod: {eth0}"))
@@ -114,13 +114,13 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
         vec![ip.to_string()],
         "the pod's eth0 holds {local:?}, CRI reports {ip}"
     );
-    let default = in_netns(&netns, &["-4", "route", "show", "default"]);
+    let default = ip_json_in(&netns, &["-4", "route", "show", "default"]);
     assert_eq!(
         default.as_array().map(Vec::len),
         Some(1),
         "the pod has no IPv4 default route: {default}"
     );
-    let lo = in_netns(&netns, &["link", "show", "lo"]);
+    let lo = ip_json_in(&netns, &["link", "show", "lo"]);
     assert!(
         lo[0]["flags"].as_array().is_some_and(|f| f.iter().any(|x| x == "UP")),
         "the pod's lo is down: {lo}"
@@ -162,7 +162,7 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
         daemon.node.ping(&ip.to_string()),
         "the pod at {ip} does not answer after weftd's restart"
     );
-    let eth0_after = in_netns(&netns, &["-4", "addr", "show", "eth0"]);
+    let eth0_after = ip_json_in(&netns, &["-4", "addr", "show", "eth0"]);
     assert_eq!(
         eth0_after[0]["addr_info"][0]["local"].as_str(),
         Some(ip.to_string().as_str()),
@@ -447,7 +447,7 @@ fn in_pod_range(ip: Ipv4Addr) -> bool {
 }
 
 /// `ip -j <args>` run inside the network namespace mounted at `netns`.
-fn in_netns(netns: &Path, args: &[&str]) -> Value {
+fn ip_json_in(netns: &Path, args: &[&str]) -> Value {
     let out = sh(Command::new("nsenter")
         .arg(format!("--net={}", netns.display()))
         .args(["ip", "-j"])

@@ -10,13 +10,13 @@
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use weft_harness::NamedNetns;
 use weft_lab::Lab;
 use weft_tests::{LabDown, TempDir, bin, failed_checks, privileged, sh};
 
@@ -24,28 +24,16 @@ use weft_tests::{LabDown, TempDir, bin, failed_checks, privileged, sh};
 const MAGIC: &[u8; 8] = b"WEFTSEQ1";
 const PORT: u16 = 7777;
 
-/// One end of a wire: the pod, its interface and address, the peer's address, and the
-/// tag its datagrams carry (the same for both directions of a wire).
+/// One end of a wire as this test's traffic sees it: the pod, its interface and
+/// address, the peer's address, and the tag its datagrams carry (the same for both
+/// directions of a wire).
 #[derive(Clone, Debug)]
-struct WireEnd {
+struct TrafficEnd {
     pod: String,
     intf: String,
     local: Ipv4Addr,
     peer: Ipv4Addr,
     tag: u32,
-}
-
-/// Runs `f` on a new thread inside the named network namespace; sockets it makes stay
-/// in that namespace wherever they are used afterwards.
-fn in_netns<R: Send + 'static>(name: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let path = PathBuf::from("/run/netns").join(name);
-    std::thread::spawn(move || {
-        let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        f()
-    })
-    .join()
-    .expect("thread in the namespace")
 }
 
 /// A raw packet socket receiving every frame that arrives on `intf` (not those sent).
@@ -116,10 +104,12 @@ struct Received {
 }
 
 /// Sends tagged datagrams from an end to its peer every few milliseconds until `stop`.
-fn sender(ns: String, end: WireEnd, stop: Arc<AtomicBool>) -> JoinHandle<u64> {
-    let socket = in_netns(&ns, move || {
-        UdpSocket::bind(SocketAddrV4::new(end.local, 0)).expect("bind")
-    });
+fn sender(ns: String, end: TrafficEnd, stop: Arc<AtomicBool>) -> JoinHandle<u64> {
+    // Made inside the pod's namespace, the socket stays there.
+    let socket = NamedNetns::existing(&ns)
+        .within(|| UdpSocket::bind(SocketAddrV4::new(end.local, 0)))
+        .expect("inside the pod")
+        .expect("bind");
     std::thread::spawn(move || {
         let mut seq = 0u64;
         let mut msg = [0u8; 20];
@@ -137,9 +127,11 @@ fn sender(ns: String, end: WireEnd, stop: Arc<AtomicBool>) -> JoinHandle<u64> {
 }
 
 /// Counts the tagged frames arriving on an end until `stop`.
-fn receiver(ns: String, end: WireEnd, stop: Arc<AtomicBool>) -> JoinHandle<Received> {
+fn receiver(ns: String, end: TrafficEnd, stop: Arc<AtomicBool>) -> JoinHandle<Received> {
     let intf = end.intf.clone();
-    let fd = in_netns(&ns, move || packet_socket(&intf));
+    let fd = NamedNetns::existing(&ns)
+        .within(|| packet_socket(&intf))
+        .expect("inside the pod");
     std::thread::spawn(move || {
         let mut got = Received::default();
         let mut last_seq = 0u64;
@@ -217,7 +209,7 @@ fn grpc_wires_carry_tagged_traffic_through_a_daemon_crash_without_crossing() {
     let dir = TempDir::new("labcrash");
     let name = format!("wt{}lc", std::process::id());
     // a1..a3 on n1, b1..b3 on n2; every a wired to every b: a<i>:e<j> <-> b<j>:e<i>.
-    let mut ends: Vec<WireEnd> = Vec::new();
+    let mut ends: Vec<TrafficEnd> = Vec::new();
     let mut per_pod: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for i in 1..=3u8 {
         for j in 1..=3u8 {
@@ -238,14 +230,14 @@ fn grpc_wires_carry_tagged_traffic_through_a_daemon_crash_without_crossing() {
                 .entry(pb.clone())
                 .or_default()
                 .push(link(&pa, format!("e{i}"), format!("e{j}"), ib, ia));
-            ends.push(WireEnd {
+            ends.push(TrafficEnd {
                 pod: pa.clone(),
                 intf: format!("e{j}"),
                 local: ia,
                 peer: ib,
                 tag,
             });
-            ends.push(WireEnd {
+            ends.push(TrafficEnd {
                 pod: pb,
                 intf: format!("e{i}"),
                 local: ib,
@@ -324,7 +316,7 @@ fn grpc_wires_carry_tagged_traffic_through_a_daemon_crash_without_crossing() {
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::Relaxed);
     let sent: u64 = senders.into_iter().map(|h| h.join().unwrap()).sum();
-    let got: Vec<(WireEnd, Received)> = ends
+    let got: Vec<(TrafficEnd, Received)> = ends
         .iter()
         .cloned()
         .zip(receivers.into_iter().map(|h| h.join().unwrap()))

@@ -8,12 +8,11 @@
 //! on a shared machine hits all of them. `/bin/true` runs beside them as the floor: what
 //! any exec costs here, so the rest can be told from what the machine charges anyway.
 
-use std::io::Write;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Instant;
 
 use serde::Serialize;
+use weft_harness::{CallOptions, CniExec, RUNTIME_PATH};
 
 use crate::{Percentiles, ms};
 
@@ -111,26 +110,17 @@ fn linking(path: &Path) -> &'static str {
 /// One VERSION call as a runtime makes it; its latency (ms) and whether it answered
 /// (the floor, which prints nothing, answers by exiting 0).
 fn version_call(binary: &Path, config: &[u8]) -> Result<(f64, bool), String> {
-    let mut cmd = Command::new(binary);
-    cmd.env_clear()
-        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("CNI_COMMAND", "VERSION")
-        .env("CNI_PATH", binary.parent().unwrap_or(Path::new("/")))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let start = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| format!("starting {}: {e}", binary.display()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(config);
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("waiting for {}: {e}", binary.display()))?;
-    let elapsed = start.elapsed();
-    let ok = out.status.success()
-        && (binary == Path::new(FLOOR) || out.stdout.windows(17).any(|w| w == b"supportedVersions"));
-    Ok((ms(elapsed), ok))
+    let cni_path = binary.parent().unwrap_or(Path::new("/"));
+    let env = [
+        ("PATH", OsStr::new(RUNTIME_PATH)),
+        ("CNI_COMMAND", OsStr::new("VERSION")),
+        ("CNI_PATH", cni_path.as_os_str()),
+    ];
+    let out = CniExec::new(binary)
+        .run(env, config, CallOptions::default())
+        .map_err(|e| e.to_string())?;
+    let ok = out.ok() && (binary == Path::new(FLOOR) || out.stdout.windows(17).any(|w| w == b"supportedVersions"));
+    Ok((ms(out.elapsed), ok))
 }
 
 /// Runs the exec comparison.

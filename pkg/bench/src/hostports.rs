@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use serde::Serialize;
-use weft_lab::{CniExec, DaemonPaths, NamedNetns, NodeDaemon};
+use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon};
 
 use crate::{Percentiles, lab, ms};
 
@@ -67,14 +67,14 @@ fn weft_side(opts: &HostportOptions, with_ports: bool, out: &mut Vec<f64>) -> Re
     let tag = format!("wbh{}-{}", std::process::id(), if with_ports { "w" } else { "n" });
     let dir = opts.work_dir.join(&tag);
     let node = NamedNetns::create(&format!("{tag}-node")).map_err(lab)?;
-    let daemon = NodeDaemon::start(&node, DaemonPaths::under(&opts.weftd, &dir), "bench", &[], &[]).map_err(lab)?;
+    let mut daemon = NodeDaemon::start(&node, DaemonConfig::under(&opts.weftd, &dir, "bench")).map_err(lab)?;
     let exec = CniExec::new(&opts.weft);
     let mut errors = 0;
     let mut pods = Vec::with_capacity(opts.weft_pods);
     for i in 0..opts.weft_pods {
         let pod = NamedNetns::create(&format!("{tag}-p{i}")).map_err(lab)?;
         let mut conf = serde_json::json!({
-            "cniVersion": "1.0.0", "name": "bench", "type": "weft", "socket": daemon.paths.socket,
+            "cniVersion": "1.0.0", "name": "bench", "type": "weft", "socket": daemon.config().socket,
             "ranges": ["10.244.0.0/16"], "capabilities": {"portMappings": true},
             "runtimeConfig": {"portMappings": mapping(i)},
         });
@@ -83,7 +83,17 @@ fn weft_side(opts: &HostportOptions, with_ports: bool, out: &mut Vec<f64>) -> Re
         }
         let (cid, a) = args(i, &tag);
         let o = exec
-            .call(&node, "ADD", &cid, &pod.path(), "eth0", &a, conf.to_string().as_bytes())
+            .call(
+                &node,
+                &CniVars {
+                    command: "ADD",
+                    container_id: &cid,
+                    netns: &pod.path(),
+                    ifname: "eth0",
+                    args: &a,
+                },
+                conf.to_string().as_bytes(),
+            )
             .map_err(lab)?;
         if o.ok() {
             out.push(ms(o.elapsed));
@@ -92,7 +102,7 @@ fn weft_side(opts: &HostportOptions, with_ports: bool, out: &mut Vec<f64>) -> Re
         }
         pods.push(pod);
     }
-    daemon.stop().map_err(lab)?;
+    daemon.stop(crate::STOP_LIMIT);
     drop(pods);
     drop(node);
     let _ = std::fs::remove_dir_all(&dir);
@@ -119,11 +129,13 @@ fn reference_side(opts: &HostportOptions, out: &mut Vec<f64>) -> Result<usize, S
         let first = ptp
             .call(
                 &node,
-                "ADD",
-                &cid,
-                &pod.path(),
-                "eth0",
-                &a,
+                &CniVars {
+                    command: "ADD",
+                    container_id: &cid,
+                    netns: &pod.path(),
+                    ifname: "eth0",
+                    args: &a,
+                },
                 ptp_conf.to_string().as_bytes(),
             )
             .map_err(lab)?;
@@ -142,11 +154,13 @@ fn reference_side(opts: &HostportOptions, out: &mut Vec<f64>) -> Result<usize, S
         let second = portmap
             .call(
                 &node,
-                "ADD",
-                &cid,
-                &pod.path(),
-                "eth0",
-                &a,
+                &CniVars {
+                    command: "ADD",
+                    container_id: &cid,
+                    netns: &pod.path(),
+                    ifname: "eth0",
+                    args: &a,
+                },
                 pm_conf.to_string().as_bytes(),
             )
             .map_err(lab)?;

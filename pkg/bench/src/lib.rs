@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use weft_lab::{CniExec, DaemonPaths, LabError, NamedNetns, NodeDaemon};
+use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon};
 
 pub use exec::{EXEC_TARGET_P50_MS, ExecOptions, ExecReport, ExecSide, run_exec};
 pub use hostports::{HostportOptions, HostportReport, around, run_hostports};
@@ -202,9 +202,12 @@ impl Samples {
     }
 }
 
-fn lab(e: LabError) -> String {
+fn lab(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
+
+/// How long a benchmark's weftd gets to finish its teardowns after SIGTERM.
+const STOP_LIMIT: Duration = Duration::from_secs(60);
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
@@ -269,7 +272,7 @@ impl Round<'_> {
                                 let args = format!(
                                     "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod-{i};K8S_POD_INFRA_CONTAINER_ID={cid}"
                                 );
-                                match exec.call(node, op, &cid, &pods[i].path(), "eth0", &args, &configs[i]) {
+                                match exec.call(node, &CniVars { command: op, container_id: &cid, netns: &pods[i].path(), ifname: "eth0", args: &args }, &configs[i]) {
                                     Ok(o) => CallOutcome { pod: i, ms: ms(o.elapsed), ok: o.ok(), stdout: o.stdout },
                                     Err(_) => CallOutcome { pod: i, ms: 0.0, ok: false, stdout: Vec::new() },
                                 }
@@ -290,7 +293,8 @@ impl Round<'_> {
         let dir = self.opts.work_dir.join(&self.tag);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let node = NamedNetns::create(&format!("{}-node", self.tag)).map_err(lab)?;
-        let paths = DaemonPaths::under(&self.opts.weftd, &dir);
+        let mut config = DaemonConfig::under(&self.opts.weftd, &dir, "bench");
+        let socket = config.socket.clone();
         let sink = match self.target {
             Target::WeftOtlp => Some(otlp::Sink::start(&node)?),
             _ => None,
@@ -301,7 +305,8 @@ impl Round<'_> {
             .collect();
         let daemon = match self.target {
             Target::Weft | Target::WeftOtlp => {
-                Some(NodeDaemon::start(&node, paths.clone(), "bench", &[], &env).map_err(lab)?)
+                config.env = env;
+                Some(NodeDaemon::start(&node, config).map_err(lab)?)
             }
             Target::Reference => None,
         };
@@ -310,7 +315,7 @@ impl Round<'_> {
             .collect::<Result<_, _>>()
             .map_err(lab)?;
         let exec = CniExec::new(&self.plugin());
-        let conf = self.config(&dir, &paths.socket);
+        let conf = self.config(&dir, &socket);
         let configs = vec![conf.clone(); pods.len()];
         let add = self.phase(&node, &exec, "ADD", &configs, &pods);
         let mut results = vec![Vec::new(); pods.len()];
@@ -330,10 +335,10 @@ impl Round<'_> {
             .collect();
         let del_start = Instant::now();
         let del = self.phase(&node, &exec, "DEL", &del_configs, &pods);
-        if let Some(d) = daemon {
+        if let Some(mut d) = daemon {
             // SIGTERM makes weftd finish every teardown in flight, and flush its
             // traces, before it exits.
-            d.stop().map_err(lab)?;
+            d.stop(STOP_LIMIT);
         }
         samples.teardown_wall_s.push(del_start.elapsed().as_secs_f64());
         samples.add_wall_s.push(add.wall.as_secs_f64());

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use weft_lab::{CniExec, DaemonPaths, LabError, NamedNetns, NodeDaemon};
+use weft_harness::{CniExec, CniVars, DaemonConfig, HarnessError, NamedNetns, NodeDaemon};
 
 use crate::exec::met;
 use crate::memory::sample;
@@ -316,10 +316,17 @@ impl Node<'_> {
         let cid = format!("{}-c{k}", self.tag);
         let args =
             format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod-{k};K8S_POD_INFRA_CONTAINER_ID={cid}");
-        match self
-            .exec
-            .call(self.ns, command, &cid, &self.pods[k].path(), "eth0", &args, config)
-        {
+        match self.exec.call(
+            self.ns,
+            &CniVars {
+                command,
+                container_id: &cid,
+                netns: &self.pods[k].path(),
+                ifname: "eth0",
+                args: &args,
+            },
+            config,
+        ) {
             Ok(o) if o.ok() => Outcome {
                 ms: ms(o.elapsed),
                 ok: true,
@@ -393,7 +400,7 @@ fn ratio(a: f64, b: f64) -> f64 {
 /// processes and a mount; a thousand of them one by one take a while).
 fn create_pods(tag: &str, n: usize) -> Result<Vec<NamedNetns>, String> {
     let next = AtomicUsize::new(0);
-    let mut made: Vec<(usize, Result<NamedNetns, LabError>)> = std::thread::scope(|s| {
+    let mut made: Vec<(usize, Result<NamedNetns, HarnessError>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
             .map(|_| {
                 s.spawn(|| {
@@ -461,8 +468,9 @@ pub fn run_load(opts: &LoadOptions) -> Result<LoadReport, String> {
     let tag = format!("wb{}-l", std::process::id());
     let dir = opts.work_dir.join(&tag);
     let node_ns = NamedNetns::create(&format!("{tag}-node")).map_err(lab)?;
-    let paths = DaemonPaths::under(&opts.weftd, &dir);
-    let daemon = NodeDaemon::start(&node_ns, paths.clone(), "bench", &[], &[]).map_err(lab)?;
+    let config = DaemonConfig::under(&opts.weftd, &dir, "bench");
+    let socket = config.socket.clone();
+    let mut daemon = NodeDaemon::start(&node_ns, config).map_err(lab)?;
     let pid = daemon.pid().ok_or("weftd is not running")?;
     let pods = create_pods(&tag, n)?;
     let node = Node {
@@ -475,7 +483,7 @@ pub fn run_load(opts: &LoadOptions) -> Result<LoadReport, String> {
     // A /16: room for far more pods than any run attaches.
     let conf = serde_json::json!({
         "cniVersion": "1.0.0", "name": "bench", "type": "weft",
-        "socket": paths.socket, "ranges": ["10.244.0.0/16"], "mtu": 1500,
+        "socket": socket, "ranges": ["10.244.0.0/16"], "mtu": 1500,
     });
     let add_conf = serde_json::to_vec(&conf).expect("config serializes");
     let (add, add_calls, after_add) = node.phase("ADD", "Add", window_len, &|_| add_conf.clone())?;
@@ -507,7 +515,7 @@ pub fn run_load(opts: &LoadOptions) -> Result<LoadReport, String> {
         .filter_map(|c| c.failure)
         .collect();
     // SIGTERM: weftd finishes whatever teardown is still in flight before it exits.
-    daemon.stop().map_err(lab)?;
+    daemon.stop(crate::STOP_LIMIT);
     remove_pods(pods);
     drop(node_ns);
     let _ = std::fs::remove_dir_all(&dir);

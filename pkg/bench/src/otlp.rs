@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
-use weft_lab::NamedNetns;
+use weft_harness::NamedNetns;
 
 #[derive(Clone, Default)]
 struct Counter(Arc<AtomicU64>);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::util::in_netns;
+use weft_harness::NamedNetns;
 
 /// Datagrams per `sendmmsg`/`recvmmsg`.
 const BATCH: usize = 64;
@@ -118,61 +118,44 @@ fn send(sock: &UdpSocket, for_: Duration) -> (u64, f64) {
 /// Floods `dst` (an address in `server_ns`) from `client_ns` for `seconds`, and counts
 /// what arrives.
 pub fn flood(client_ns: &str, server_ns: &str, dst: Ipv4Addr, seconds: f64) -> Result<Flood, String> {
+    // Both sockets are made inside their namespaces and keep them; the threads that
+    // then send and receive on them need not be there.
+    let receiver = NamedNetns::existing(server_ns)
+        .within(|| UdpSocket::bind(SocketAddrV4::new(dst, PORT)))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("binding {dst}:{PORT}: {e}"))?;
+    // A deep receive queue, so what the wire delivers is counted rather than lost to a
+    // reader that was not scheduled; the timeout lets it see `stop`.
+    let size: libc::c_int = 16 << 20;
+    // SAFETY: setting an int socket option from a live int.
+    unsafe {
+        libc::setsockopt(
+            receiver.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&size as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+    let _ = receiver.set_read_timeout(Some(Duration::from_millis(50)));
+    let sender = NamedNetns::existing(client_ns)
+        .within(|| UdpSocket::bind("0.0.0.0:0"))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("binding the sender: {e}"))?;
+    sender
+        .connect(SocketAddrV4::new(dst, PORT))
+        .map_err(|e| format!("connecting to {dst}: {e}"))?;
     let stop = Arc::new(AtomicBool::new(false));
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let stop_rx = stop.clone();
-    let receiver = in_netns(server_ns, move || {
-        let sock = match UdpSocket::bind(SocketAddrV4::new(dst, PORT)) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = ready_tx.send(Err(format!("binding {dst}:{PORT}: {e}")));
-                return 0;
-            }
-        };
-        // A deep receive queue, so what the wire delivers is counted rather than lost
-        // to a reader that was not scheduled; the timeout lets it see `stop`.
-        let size: libc::c_int = 16 << 20;
-        // SAFETY: setting an int socket option from a live int.
-        unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUFFORCE,
-                (&size as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
-        let _ = sock.set_read_timeout(Some(Duration::from_millis(50)));
-        let _ = ready_tx.send(Ok(()));
-        receive(&sock, &stop_rx)
-    });
-    let ready = ready_rx
-        .recv_timeout(Duration::from_secs(5))
-        .map_err(|_| "the UDP receiver did not start".to_string())
-        .and_then(|r| r);
-    let sent = match ready {
-        Ok(()) => {
-            let duration = Duration::from_secs_f64(seconds);
-            in_netns(client_ns, move || -> Result<(u64, f64), String> {
-                let sock = UdpSocket::bind("0.0.0.0:0").map_err(|e| format!("binding the sender: {e}"))?;
-                sock.connect(SocketAddrV4::new(dst, PORT))
-                    .map_err(|e| format!("connecting to {dst}: {e}"))?;
-                Ok(send(&sock, duration))
-            })
-            .join()
-            .map_err(|_| "the UDP sender panicked".to_string())
-            .and_then(|r| r)
-            .and_then(|r| r)
-        }
-        Err(e) => Err(e),
-    };
+    let receiving = std::thread::spawn(move || receive(&receiver, &stop_rx));
+    let duration = Duration::from_secs_f64(seconds);
+    let sent = std::thread::spawn(move || send(&sender, duration))
+        .join()
+        .map_err(|_| "the UDP sender panicked".to_string());
     // What is still in flight (queues in the wire) arrives within this.
     std::thread::sleep(Duration::from_millis(200));
     stop.store(true, Ordering::Relaxed);
-    let received = receiver
-        .join()
-        .map_err(|_| "the UDP receiver panicked".to_string())
-        .and_then(|r| r)?;
+    let received = receiving.join().map_err(|_| "the UDP receiver panicked".to_string())?;
     let (sent, secs) = sent?;
     Ok(Flood {
         sent,

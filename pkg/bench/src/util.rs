@@ -1,119 +1,38 @@
-//! What the exec, memory and wire benchmarks share: guards that remove what they made
-//! (child processes, labs) however a run ends, work done inside a namespace from one
-//! thread, and small probes (ping, `/proc`, a node's metrics).
+//! What the exec, memory and wire benchmarks share beyond the harness: labs removed
+//! however a run ends, iperf3 runs, and small probes (reachability, `/proc`, a node's
+//! metrics).
 
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use weft_lab::Lab;
-
-/// A child process that is killed and reaped on drop, so an error or a panic in the
-/// middle of a measurement leaves no iperf3 behind.
-pub(crate) struct ChildGuard(pub(crate) Option<Child>);
-
-impl ChildGuard {
-    /// Waits for the child until `limit`, then kills it; returns its stdout.
-    pub(crate) fn output_within(mut self, limit: Duration) -> Result<Vec<u8>, String> {
-        let Some(mut child) = self.0.take() else {
-            return Err("no child".into());
-        };
-        let deadline = Instant::now() + limit;
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(format!("timed out after {limit:?}"));
-                }
-            }
-        }
-        let mut out = Vec::new();
-        if let Some(mut s) = child.stdout.take() {
-            let _ = std::io::Read::read_to_end(&mut s, &mut out);
-        }
-        Ok(out)
-    }
-
-    /// The child's pid.
-    pub(crate) fn pid(&self) -> u32 {
-        self.0.as_ref().map_or(0, Child::id)
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+use weft_harness::{ChildGuard, NamedNetns};
+use weft_lab::{DownOnDrop, Lab};
 
 /// Starts `argv` inside namespace `ns` (through `ip netns exec`, which execs in place,
 /// so the pid is the program's), stdout piped.
 pub(crate) fn spawn_in(ns: &str, argv: &[&str]) -> Result<ChildGuard, String> {
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(argv)
+    let child = NamedNetns::existing(ns)
+        .command(argv)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("starting {} in {ns}: {e}", argv.join(" ")))?;
-    Ok(ChildGuard(Some(child)))
+    Ok(ChildGuard::new(child))
 }
 
 /// Runs `ip args` and fails with its stderr.
 pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("running ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    weft_harness::ip(args).map(drop).map_err(|e| e.to_string())
 }
 
-/// Runs `f` on a fresh thread that has entered namespace `ns`; sockets it makes stay
-/// in that namespace wherever they are used afterwards.
-pub(crate) fn in_netns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<Result<T, String>> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).map_err(|e| format!("opening {path}: {e}"))?;
-        nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| format!("entering {path}: {e}"))?;
-        Ok(f())
-    })
-}
-
-/// One echo from `ns` to `addr`, answered within a second.
-pub(crate) fn ping(ns: &str, addr: &str) -> bool {
-    Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-n", "-q", "-c1", "-W1", addr])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Pings until answered or `within` has passed.
+/// Pings from `ns` until `addr` answers or `within` has passed.
 pub(crate) fn wait_reachable(ns: &str, addr: &str, within: Duration) -> bool {
+    let ns = NamedNetns::existing(ns);
     let deadline = Instant::now() + within;
     loop {
-        if ping(ns, addr) {
+        if ns.ping(addr, 1).is_some() {
             return true;
         }
         if Instant::now() >= deadline {
@@ -150,17 +69,8 @@ pub(crate) fn listening(pid: u32, port: u16) -> bool {
 
 /// The metrics page of the weftd serving on 127.0.0.1:9384 inside namespace `ns`.
 pub(crate) fn metrics_in(ns: &str) -> Result<String, String> {
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "curl",
-            "-sf",
-            "--max-time",
-            "5",
-            "http://127.0.0.1:9384/metrics",
-        ])
+    let out = NamedNetns::existing(ns)
+        .command(["curl", "-sf", "--max-time", "5", "http://127.0.0.1:9384/metrics"])
         .output()
         .map_err(|e| format!("running curl in {ns}: {e}"))?;
     if out.status.success() {
@@ -186,8 +96,8 @@ pub(crate) fn metric_sum(page: &str, name: &str, labels: &[&str]) -> f64 {
 /// A lab built from a file this run writes, taken down (pods, daemons, namespaces,
 /// state) on drop whatever happened in between.
 pub(crate) struct LabGuard {
-    /// The lab as last loaded.
-    pub(crate) lab: Lab,
+    /// The lab as last loaded (taken down when the guard drops).
+    pub(crate) lab: DownOnDrop,
     file: PathBuf,
     weftd: PathBuf,
     weft: PathBuf,
@@ -203,7 +113,7 @@ impl LabGuard {
         let state = dir.join("state");
         let lab = Self::load(&file, spec, weftd, weft, &state)?;
         let guard = Self {
-            lab,
+            lab: DownOnDrop(lab),
             file,
             weftd: weftd.to_path_buf(),
             weft: weft.to_path_buf(),
@@ -225,17 +135,10 @@ impl LabGuard {
     /// Rewrites the lab file as `spec` (same name) and brings the lab up to it: new
     /// pods are attached, changed topologies reach the daemons.
     pub(crate) fn update(&mut self, spec: &serde_json::Value) -> Result<(), String> {
-        self.lab = Self::load(&self.file, spec, &self.weftd, &self.weft, &self.state)?;
+        // In place: replacing the guard would take the running lab down.
+        self.lab.0 = Self::load(&self.file, spec, &self.weftd, &self.weft, &self.state)?;
         self.lab.up().map_err(|e| format!("lab up: {e}"))?;
         Ok(())
-    }
-}
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        if let Err(e) = self.lab.down() {
-            eprintln!("weftctl bench: taking the lab down: {e}");
-        }
     }
 }
 
@@ -317,7 +220,9 @@ pub(crate) fn iperf_tcp(client: &str, server: &str, dst: std::net::Ipv4Addr, sec
             "3000",
         ],
     )?;
-    let out = cli.output_within(Duration::from_secs(seconds + 20))?;
+    let out = cli
+        .output_within(Duration::from_secs(seconds + 20))
+        .map_err(|e| format!("iperf3 from {client}: {e}"))?;
     let _ = srv.output_within(Duration::from_secs(5));
     let v: serde_json::Value = serde_json::from_slice(&out).map_err(|e| format!("iperf3 output from {client}: {e}"))?;
     if let Some(e) = v["error"].as_str() {

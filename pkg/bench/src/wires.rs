@@ -14,7 +14,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use serde::Serialize;
-use weft_lab::NamedNetns;
+use weft_harness::NamedNetns;
 
 use crate::TrafficOptions;
 use crate::exec::met;
@@ -199,7 +199,7 @@ struct References {
 
 impl References {
     fn build(name: &str, lab: &weft_lab::Lab) -> Result<Self, String> {
-        let err = |e: weft_lab::LabError| e.to_string();
+        let err = |e: weft_harness::HarnessError| e.to_string();
         let veth = (
             NamedNetns::create(&format!("{name}-kv1")).map_err(err)?,
             NamedNetns::create(&format!("{name}-kv2")).map_err(err)?,

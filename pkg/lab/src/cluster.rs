@@ -7,16 +7,17 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
-use weft_topology::{Topology, WireState};
+use weft_topology::{LinkKind, Topology, WireState};
 
-use crate::{CniExec, LabError, NamedNetns};
+use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon, ip, wait_for_socket};
+
+use crate::LabError;
 
 /// A lab description (`examples/lab.yaml`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -72,7 +73,7 @@ pub enum Underlay {
 }
 
 fn default_kind() -> String {
-    "vxlan".into()
+    LinkKind::Vxlan.to_string()
 }
 
 fn default_underlay_mtu() -> u32 {
@@ -195,41 +196,6 @@ pub struct LinkCheck {
     pub waited_ms: u64,
 }
 
-fn run(cmd: &mut Command, what: &str) -> Result<String, LabError> {
-    let out = cmd.output().map_err(|e| LabError::io(what.to_string(), e))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(LabError::Command {
-            what: what.into(),
-            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
-    }
-}
-
-fn ip(args: &[&str]) -> Result<String, LabError> {
-    run(Command::new("ip").args(args), &format!("ip {}", args.join(" ")))
-}
-
-/// One echo from namespace `ns` to `addr`: its round-trip time, if answered in a second.
-fn ping(ns: &str, addr: &str) -> Option<f64> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-n", "-c1", "-W1", addr])
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let rtt = text.split("time=").nth(1)?.split_whitespace().next()?;
-    rtt.parse().ok()
-}
-
-fn netns_exists(name: &str) -> bool {
-    Path::new("/run/netns").join(name).exists()
-}
-
 /// A process's state letter and start time (in clock ticks since boot), from
 /// `/proc/<pid>/stat`; the start time tells a process from a later one with its pid.
 fn proc_stat(pid: u32) -> Option<(char, u64)> {
@@ -261,7 +227,7 @@ impl Lab {
         if !name_ok(&spec.name, 24) {
             return Err(bad(format!("name {:?}: 1-24 letters, digits or '-'", spec.name)));
         }
-        if !["vxlan", "grpc"].contains(&spec.inter_node_link.as_str()) {
+        if !spec.inter_node_link.parse().is_ok_and(LinkKind::crosses_nodes) {
             return Err(bad(format!(
                 "inter_node_link {:?}: vxlan or grpc",
                 spec.inter_node_link
@@ -554,7 +520,7 @@ impl Lab {
         self.publish_nodes(&nodes)?;
         let router = self.router();
         let mtu = self.spec.underlay_mtu.to_string();
-        if !netns_exists(&router) {
+        if !NamedNetns::exists(&router) {
             NamedNetns::create(&router)?.keep();
             ip(&["netns", "exec", &router, "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
             if self.spec.underlay == Underlay::Shared {
@@ -565,7 +531,7 @@ impl Lab {
             }
         }
         let outside = self.outside_ns();
-        if !netns_exists(&outside) {
+        if !NamedNetns::exists(&outside) {
             // The internet: one address behind the router, a route back to the nodes'
             // underlay and none to pod ranges.
             NamedNetns::create(&outside)?.keep();
@@ -603,7 +569,7 @@ impl Lab {
         for n in &self.spec.nodes {
             let ns = self.node_ns(&n.name);
             let (gw, addr) = self.node_address(n);
-            if !netns_exists(&ns) {
+            if !NamedNetns::exists(&ns) {
                 NamedNetns::create(&ns)?.keep();
                 let rt_if = format!("u-{}", n.name);
                 ip(&[
@@ -646,66 +612,38 @@ impl Lab {
         let dir = self.node_dir(&n.name);
         fs::create_dir_all(&dir).map_err(|e| LabError::io("creating the node directory", e))?;
         let addr = self.address_of(&n.name).unwrap_or_default();
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("weftd.log"))
-            .map_err(|e| LabError::io("opening the daemon log", e))?;
-        let log2 = log.try_clone().map_err(|e| LabError::io("opening the daemon log", e))?;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.node_ns(&n.name)])
-            .arg(&self.weftd)
-            .arg("--socket")
-            .arg(self.socket(&n.name))
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .args([
-                "--metrics-addr",
-                "0.0.0.0:9384",
-                "--node-name",
-                &n.name,
-                "--node-address",
-                &addr,
-            ])
-            .arg("--topology-dir")
-            .arg(self.topology_dir())
-            .args(["--wire-addr", &format!("{addr}:9385")])
-            .args([
-                "--inter-node-link",
-                &self.spec.inter_node_link,
-                "--reconcile-interval",
-                &self.spec.reconcile_interval.to_string(),
-                "--pod-routing",
-                &self.spec.pod_routing,
-            ])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
-        // SAFETY: setsid in the forked child only; the daemon outlives this command.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().map_err(|e| LabError::io("starting weftd", e))?;
-        let started = proc_stat(child.id()).map(|(_, t)| t).unwrap_or_default();
-        fs::write(dir.join("weftd.pid"), format!("{} {started}", child.id()))
-            .map_err(|e| LabError::io("writing the pid", e))?;
+        let mut config = DaemonConfig::under(&self.weftd, &dir, &n.name);
+        config.socket = self.socket(&n.name);
+        config.metrics_addr = "0.0.0.0:9384".into();
+        config.args = vec![
+            "--node-address".into(),
+            addr.clone(),
+            "--topology-dir".into(),
+            self.topology_dir().display().to_string(),
+            "--wire-addr".into(),
+            format!("{addr}:9385"),
+            "--inter-node-link".into(),
+            self.spec.inter_node_link.clone(),
+            "--reconcile-interval".into(),
+            self.spec.reconcile_interval.to_string(),
+            "--pod-routing".into(),
+            self.spec.pod_routing.clone(),
+        ];
+        // The daemon outlives this command: `down` (maybe another process) finds it
+        // through the pid file.
+        config.own_session = true;
+        let node = NamedNetns::existing(&self.node_ns(&n.name));
+        let pid = NodeDaemon::spawn(&node, config)?.detach().unwrap_or_default();
+        let started = proc_stat(pid).map(|(_, t)| t).unwrap_or_default();
+        fs::write(dir.join("weftd.pid"), format!("{pid} {started}")).map_err(|e| LabError::io("writing the pid", e))?;
         Ok(())
     }
 
     fn wait_for_socket(&self, node: &str) -> Result<(), LabError> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let sock = self.socket(node);
-        while Instant::now() < deadline {
-            if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
-                return Ok(());
-            }
-            if self.daemon_pid(node).is_none() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if wait_for_socket(&self.socket(node), Duration::from_secs(20), || {
+            self.daemon_pid(node).is_some()
+        }) {
+            return Ok(());
         }
         let log = self.node_dir(node).join("weftd.log");
         let text = fs::read_to_string(&log).unwrap_or_default();
@@ -747,15 +685,14 @@ impl Lab {
         let ns = self.pod_ns(pod);
         let args = format!("K8S_POD_NAMESPACE={};K8S_POD_NAME={pod}", self.namespace_of(pod));
         let node = NamedNetns::existing(&self.node_ns(&n.name));
-        let out = CniExec::new(&self.plugin).call(
-            &node,
+        let vars = CniVars {
             command,
-            &ns,
-            &format!("/run/netns/{ns}"),
-            "eth0",
-            &args,
-            &self.config(n),
-        )?;
+            container_id: &ns,
+            netns: &format!("/run/netns/{ns}"),
+            ifname: "eth0",
+            args: &args,
+        };
+        let out = CniExec::new(&self.plugin).call(&node, &vars, &self.config(n))?;
         if out.ok() {
             Ok(())
         } else {
@@ -768,7 +705,7 @@ impl Lab {
 
     fn attach(&self, n: &NodeSpec, pod: &str) -> Result<(), LabError> {
         let ns = self.pod_ns(pod);
-        if !netns_exists(&ns) {
+        if !NamedNetns::exists(&ns) {
             NamedNetns::create(&ns)?.keep();
         }
         // ADD is idempotent: an attached pod gets its stored result back.
@@ -790,7 +727,7 @@ impl Lab {
             })?;
         let n = self.node(&node)?;
         self.cni(n, pod, "DEL")?;
-        ip(&["netns", "del", &self.pod_ns(pod)])?;
+        NamedNetns::existing(&self.pod_ns(pod)).delete()?;
         Ok(())
     }
 
@@ -890,7 +827,7 @@ impl Lab {
                     scope.spawn(move || {
                         let mut rtt = None;
                         while rtt.is_none() && start.elapsed() < within {
-                            rtt = ping(&self.pod_ns(pod), addr);
+                            rtt = NamedNetns::existing(&self.pod_ns(pod)).ping(addr, 1);
                             if rtt.is_none() {
                                 std::thread::sleep(Duration::from_millis(100));
                             }
@@ -953,7 +890,7 @@ impl Lab {
                     scope.spawn(move || {
                         let mut rtt = None;
                         while rtt.is_none() && start.elapsed() < within {
-                            rtt = ping(&self.pod_ns(pod), peer_ip);
+                            rtt = NamedNetns::existing(&self.pod_ns(pod)).ping(peer_ip, 1);
                             if rtt.is_none() {
                                 std::thread::sleep(Duration::from_millis(100));
                             }
@@ -990,9 +927,8 @@ impl Lab {
             what: format!("exec in {name}"),
             detail: "no node or pod of that name in the lab".into(),
         })?;
-        Command::new("ip")
-            .args(["netns", "exec", &ns])
-            .args(argv)
+        NamedNetns::existing(&ns)
+            .command(argv)
             .status()
             .map_err(|e| LabError::io("running the command", e))
     }
@@ -1002,7 +938,7 @@ impl Lab {
         for n in &self.spec.nodes {
             if self.daemon_pid(&n.name).is_some() {
                 for pod in &self.pods_of(&n.name) {
-                    if netns_exists(&self.pod_ns(pod))
+                    if NamedNetns::exists(&self.pod_ns(pod))
                         && let Err(e) = self.cni(n, pod, "DEL")
                     {
                         eprintln!("weftctl lab down: {e}");
@@ -1033,9 +969,8 @@ impl Lab {
         names.push(self.outside_ns());
         names.push(self.router());
         for ns in names {
-            if netns_exists(&ns) {
-                drop(NamedNetns::existing(&ns));
-                let _ = ip(&["netns", "del", &ns]);
+            if NamedNetns::exists(&ns) {
+                let _ = NamedNetns::existing(&ns).delete();
             }
         }
         let _ = fs::remove_dir_all(&self.state);

@@ -1,17 +1,41 @@
-//! Local labs out of network namespaces: named namespaces, daemons running inside
-//! them, and CNI plugins executed exactly as a container runtime executes them
-//! (environment, config on stdin, stdout captured, exit status). Used by
-//! `weftctl bench` and, later, `weftctl lab`.
+//! Local clusters out of network namespaces, built from a lab file: a router, node
+//! namespaces with a weftd each, pods attached through the real plugin, and checks that
+//! the links between them carry traffic (`weftctl lab up/down/check`). The pieces it is
+//! built from (named namespaces, node daemons, runtime-style plugin calls) are
+//! `weft-harness`'s.
+
+#![forbid(unsafe_code)]
 
 pub mod cluster;
-mod daemon;
-mod exec;
-mod netns;
 
 pub use cluster::{Lab, LabSpec, LinkCheck, NodeSpec, OUTSIDE_ADDRESS, PodSpec, Underlay};
-pub use daemon::{DaemonPaths, NodeDaemon};
-pub use exec::{CniExec, ExecOutcome};
-pub use netns::NamedNetns;
+
+/// A lab that is taken down when this is dropped (a benchmark or test that fails
+/// half-way leaves no daemon or namespace behind). `weftctl lab up` does not use it: its
+/// lab outlives the command.
+#[derive(Debug)]
+pub struct DownOnDrop(pub Lab);
+
+impl std::ops::Deref for DownOnDrop {
+    type Target = Lab;
+    fn deref(&self) -> &Lab {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for DownOnDrop {
+    fn deref_mut(&mut self) -> &mut Lab {
+        &mut self.0
+    }
+}
+
+impl Drop for DownOnDrop {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.down() {
+            eprintln!("taking the lab down: {e}");
+        }
+    }
+}
 
 /// What can go wrong building a lab.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +57,9 @@ pub enum LabError {
         #[source]
         source: std::io::Error,
     },
+    /// A namespace, daemon or plugin call of the harness failed.
+    #[error(transparent)]
+    Harness(#[from] weft_harness::HarnessError),
 }
 
 impl LabError {
