@@ -16,12 +16,12 @@ use weft_failpoint::failpoint;
 use weft_kernel::KernelError;
 use weft_kernel::ptp::{self, PodAddress, PodNetwork, PodRoute, RouteRequest};
 use weft_portmap::{Entries, Hairpin, HostPort, Protocol};
-use weft_rpc::cnirpc::CniArgs;
 use weft_store::{
     Attachment, AttachmentKey, BeginAdd, Family, InstalledRoute, NewAttachment, PodRef, PortMapping, PortRequest,
     State, StoreError,
 };
 
+use crate::call::CniCall;
 use crate::defaults::{self, PodDefaults};
 use crate::locks::{KeyedLocks, Teardowns};
 use crate::naming;
@@ -88,7 +88,7 @@ fn kernel_err(e: KernelError) -> CniError {
 }
 
 /// The pod an attachment belongs to, from `CNI_ARGS`.
-fn pod_ref(args: &CniArgs) -> PodRef {
+fn pod_ref(args: &CniCall) -> PodRef {
     let get = |k: &str| args.args.get(k).cloned().unwrap_or_default();
     PodRef {
         namespace: get(K8S_POD_NAMESPACE),
@@ -99,8 +99,8 @@ fn pod_ref(args: &CniArgs) -> PodRef {
 
 /// Decodes the config for `cmd`, checks the container id and interface name, and
 /// returns the config with the attachment's key: the common start of ADD, DEL, CHECK.
-fn decode(args: &CniArgs, cmd: Cmd) -> Result<(NetworkConfig, AttachmentKey), CniError> {
-    let conf = NetworkConfig::parse(&args.stdin_data, cmd)?;
+fn decode(args: &CniCall, cmd: Cmd) -> Result<(NetworkConfig, AttachmentKey), CniError> {
+    let conf = NetworkConfig::parse(&args.config, cmd)?;
     validate::container_id(&args.container_id)?;
     validate::ifname(&args.ifname)?;
     let key = AttachmentKey {
@@ -482,7 +482,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     }
 
     /// ADD: attach the pod, or return the stored result if it is attached already.
-    pub async fn add(&self, args: &CniArgs) -> Result<Vec<u8>, CniError> {
+    pub async fn add(&self, args: &CniCall) -> Result<Vec<u8>, CniError> {
         let (conf, key) = decode(args, Cmd::Add)?;
         let eff = self.effective(&conf, Cmd::Add)?;
         let asked = request::requested(
@@ -636,7 +636,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// DEL: detach the pod. Succeeds when there is nothing to remove. Answers once the
     /// pod is cut off; the veth pair is removed right after, and the addresses are
     /// released only when that is done.
-    pub async fn del(&self, args: &CniArgs) -> Result<(), CniError> {
+    pub async fn del(&self, args: &CniCall) -> Result<(), CniError> {
         let (_conf, key) = decode(args, Cmd::Del)?;
         let _guard = self
             .locks
@@ -799,7 +799,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     }
 
     /// CHECK: compare the pod's networking with what weft set up.
-    pub async fn check(&self, args: &CniArgs) -> Result<(), CniError> {
+    pub async fn check(&self, args: &CniCall) -> Result<(), CniError> {
         let (conf, key) = decode(args, Cmd::Check)?;
         self.check_netns(&args.netns).await?;
         let _guard = self
@@ -843,8 +843,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// STATUS: can ADD be served for this config? Code 50 when every range of one of
     /// its address families is full, or when it leaves the ranges to a node that has
     /// none yet.
-    pub async fn status(&self, args: &CniArgs) -> Result<(), CniError> {
-        let conf = NetworkConfig::parse(&args.stdin_data, Cmd::Status)?;
+    pub async fn status(&self, args: &CniCall) -> Result<(), CniError> {
+        let conf = NetworkConfig::parse(&args.config, Cmd::Status)?;
         let eff = self.effective(&conf, Cmd::Status)?;
         let usage = self.ipam.usage_of(eff.ranges).await.map_err(store_err)?;
         for v6 in [false, true] {
@@ -865,8 +865,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
 
     /// GC: remove every attachment of the network the runtime no longer lists, and
     /// finish any teardown a crash interrupted. Returns how many were removed.
-    pub async fn gc(&self, args: &CniArgs) -> Result<u32, CniError> {
-        let conf = NetworkConfig::parse(&args.stdin_data, Cmd::Gc)?;
+    pub async fn gc(&self, args: &CniCall) -> Result<u32, CniError> {
+        let conf = NetworkConfig::parse(&args.config, Cmd::Gc)?;
         let Some(valid) = conf.valid_attachments.as_ref() else {
             return Err(CniError::new(
                 code::INVALID_CONFIG,

@@ -3,12 +3,13 @@
 //! [`PodNetworking`] (the kernel), so the handler can be tested on its own.
 //!
 //! Data flows one way: [`service`] (the whole gRPC surface, in one file) decodes a
-//! call and hands it to [`handler::Handler`], which consults the store and drives the
-//! kernel. [`server`] serves it on the UNIX socket; [`recover`] finishes what a
-//! crash interrupted before anything is served.
+//! call into a [`CniCall`] and hands it to [`handler::Handler`], which consults the
+//! store and drives the kernel. [`server`] serves it on the UNIX socket; [`recover`]
+//! finishes what a crash interrupted before anything is served.
 
 #![forbid(unsafe_code)]
 
+pub mod call;
 pub mod defaults;
 pub mod handler;
 pub mod locks;
@@ -18,6 +19,7 @@ pub mod seams;
 pub mod server;
 pub mod service;
 
+pub use call::CniCall;
 pub use defaults::PodDefaults;
 pub use handler::{Handler, NodeInfo};
-pub use seams::{Ipam, KernelNetworking, PodNetworking, WireCounters, WireInfo, WiredPod, Wiring};
+pub use seams::{AdminState, Ipam, KernelNetworking, PodNetworking, StateSummary, WiredPod, Wiring};

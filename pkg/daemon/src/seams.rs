@@ -1,5 +1,6 @@
 //! The two seams the handler works through: node state ([`Ipam`]) and the kernel
-//! ([`PodNetworking`]). The daemon plugs in the SQLite store and the netlink driver;
+//! ([`PodNetworking`]); and what the admin service reads of node state
+//! ([`AdminState`]). The daemon plugs in the SQLite store and the netlink driver;
 //! tests plug in whatever they need to provoke.
 
 use std::future::Future;
@@ -74,6 +75,44 @@ impl Ipam for Store {
     }
     async fn held_ports(&self) -> Result<Vec<HeldPort>, StoreError> {
         self.run(|db| db.ports()).await
+    }
+}
+
+/// What `weftctl status` hears about node state: one read of the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateSummary {
+    /// Usage of every range the node has allocated from.
+    pub ranges: Vec<RangeUsage>,
+    /// Attachments that are set up (not being created or torn down).
+    pub ready_attachments: u64,
+}
+
+/// Node state as the admin service reports it: the few reads it makes, so it can be
+/// tested without a database.
+pub trait AdminState: Send + Sync + 'static {
+    /// Range usage and attachment count, read together.
+    fn summary(&self) -> impl Future<Output = Result<StateSummary, StoreError>> + Send;
+    /// Every host port held on the node, with the pod holding it.
+    fn host_ports(&self) -> impl Future<Output = Result<Vec<HeldPort>, StoreError>> + Send;
+    /// Where the state lives, for people (the database file).
+    fn location(&self) -> String;
+}
+
+impl AdminState for Store {
+    async fn summary(&self) -> Result<StateSummary, StoreError> {
+        self.run(|db| {
+            Ok(StateSummary {
+                ranges: db.range_usage()?,
+                ready_attachments: db.counts()?.1,
+            })
+        })
+        .await
+    }
+    async fn host_ports(&self) -> Result<Vec<HeldPort>, StoreError> {
+        self.run(|db| db.ports()).await
+    }
+    fn location(&self) -> String {
+        self.path().display().to_string()
     }
 }
 
@@ -199,53 +238,6 @@ pub struct WiredPod {
     pub container_id: String,
 }
 
-/// One wire end as an operator sees it (`weftctl wires`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WireInfo {
-    /// This end's stable wire id.
-    pub id: u64,
-    /// The peer end's wire id.
-    pub peer_id: u64,
-    /// Topology namespace.
-    pub namespace: String,
-    /// The link's uid.
-    pub link_uid: i64,
-    /// The local pod.
-    pub pod: String,
-    /// Its interface.
-    pub intf: String,
-    /// The peer pod.
-    pub peer_pod: String,
-    /// The peer's interface.
-    pub peer_intf: String,
-    /// The peer's node address; empty on this node.
-    pub peer_node: String,
-    /// veth, vxlan or grpc.
-    pub kind: String,
-    /// up, down or pending.
-    pub state: String,
-    /// VXLAN network id, 0 otherwise.
-    pub vni: u32,
-    /// The interface's kernel counters (tx: sent by the pod; rx: delivered to it), when
-    /// the interface could be read.
-    pub counters: Option<WireCounters>,
-}
-
-/// Kernel counters of a wire end's interface, seen from the pod.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WireCounters {
-    /// Frames the pod sent into the wire.
-    pub tx_frames: u64,
-    /// Their bytes.
-    pub tx_bytes: u64,
-    /// Frames delivered to the pod.
-    pub rx_frames: u64,
-    /// Their bytes.
-    pub rx_bytes: u64,
-    /// Frames the interface dropped either way.
-    pub dropped: u64,
-}
-
 /// Point-to-point wires between pods (the third seam, optional): told when a pod of
 /// this node is attached or detached; it builds or removes the pod's wires. Wiring
 /// problems never fail a CNI call: the wiring retries on its own.
@@ -254,6 +246,6 @@ pub trait Wiring: Send + Sync + 'static {
     fn pod_added(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()>;
     /// The pod is being detached: remove its wire ends and tell their peers.
     fn pod_removed(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()>;
-    /// The wire ends of this node, for operators.
-    fn wires(&self) -> futures::future::BoxFuture<'_, Vec<WireInfo>>;
+    /// The wire ends of this node with their counters, for operators.
+    fn wires(&self) -> futures::future::BoxFuture<'_, Vec<weft_link::WireReport>>;
 }

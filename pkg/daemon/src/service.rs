@@ -3,12 +3,12 @@
 //! maps the outcome to a status; nothing else happens here.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
 use weft_cni::{CniError, code};
+use weft_link::WireReport;
 use weft_rpc::admin::admin_server::Admin;
 use weft_rpc::admin::{
     Call, CallsReply, CallsRequest, HostPort as HostPortMsg, PortsReply, PortsRequest, RangeUsage as RangeUsageMsg,
@@ -17,10 +17,11 @@ use weft_rpc::admin::{
 use weft_rpc::cnirpc::cni_server::Cni;
 use weft_rpc::cnirpc::{AddResponse, CheckResponse, CniArgs, DelResponse, GcResponse, StatusResponse};
 use weft_store::{SCHEMA_VERSION, Store};
-use weft_telemetry::{CallInfo, CallLog, CniCallFields};
+use weft_telemetry::{CallInfo, CallLog, CniCallFields, Readiness};
 
+use crate::call::CniCall;
 use crate::handler::Handler;
-use crate::seams::{Ipam, PodNetworking, Wiring};
+use crate::seams::{AdminState, Ipam, PodNetworking, Wiring};
 
 /// The gRPC code a CNI error travels under (tooling sees it; the plugin reads the
 /// CNI error detail).
@@ -73,11 +74,26 @@ async fn detached<T: Send + 'static>(
     outcome.map_err(|e| to_status(&e))
 }
 
+/// The plugin's request in the handler's terms: the one place the protobuf request
+/// becomes a [`CniCall`] (`path`, `CNI_PATH`, is not needed: the daemon runs no other
+/// plugin).
+impl From<CniArgs> for CniCall {
+    fn from(a: CniArgs) -> Self {
+        Self {
+            container_id: a.container_id,
+            netns: a.netns,
+            ifname: a.ifname,
+            args: a.args,
+            config: a.stdin_data,
+        }
+    }
+}
+
 /// Takes the call's arguments and records what the call is about on its span (so
 /// every log line inside carries the pod fields) and in the call log.
-fn decode(command: &str, request: Request<CniArgs>) -> (Option<Arc<CallInfo>>, CniArgs) {
+fn decode(command: &str, request: Request<CniArgs>) -> (Option<Arc<CallInfo>>, CniCall) {
     let call = request.extensions().get::<Arc<CallInfo>>().cloned();
-    let args = request.into_inner();
+    let args = CniCall::from(request.into_inner());
     if let Some(c) = &call {
         let get = |k: &str| args.args.get(k).map_or("", String::as_str);
         c.record_cni(&CniCallFields {
@@ -143,12 +159,13 @@ impl<I: Ipam, K: PodNetworking> Cni for CniService<I, K> {
     }
 }
 
-/// The `weft.admin.v1.Admin` service.
-pub struct AdminService {
-    store: Store,
+/// The `weft.admin.v1.Admin` service, reporting on node state `S` (the store, in the
+/// daemon).
+pub struct AdminService<S = Store> {
+    state: S,
     node_name: String,
     started_at: i64,
-    ready: Arc<AtomicBool>,
+    ready: Readiness,
     pending: Arc<dyn Fn() -> usize + Send + Sync>,
     calls: Arc<CallLog>,
     wiring: Option<Arc<dyn Wiring>>,
@@ -159,18 +176,18 @@ pub struct AdminService {
 /// admin service only relays it).
 pub type NodeNetworkReport = Arc<dyn Fn() -> Option<weft_rpc::admin::NodeNetwork> + Send + Sync>;
 
-impl AdminService {
-    /// Reports on `store` and the recent `calls`; `pending` counts teardowns in flight.
+impl<S: AdminState> AdminService<S> {
+    /// Reports on `state` and the recent `calls`; `pending` counts teardowns in flight.
     pub fn new(
-        store: Store,
+        state: S,
         node_name: String,
         started_at: i64,
-        ready: Arc<AtomicBool>,
+        ready: Readiness,
         pending: Arc<dyn Fn() -> usize + Send + Sync>,
         calls: Arc<CallLog>,
     ) -> Self {
         Self {
-            store,
+            state,
             node_name,
             started_at,
             ready,
@@ -195,21 +212,22 @@ impl AdminService {
 }
 
 #[tonic::async_trait]
-impl Admin for AdminService {
+impl<S: AdminState> Admin for AdminService<S> {
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
-        let (usage, counts) = self
-            .store
-            .run(|db| Ok((db.range_usage()?, db.counts()?)))
+        let summary = self
+            .state
+            .summary()
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(Response::new(StatusReply {
             node_name: self.node_name.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             started_at: self.started_at,
-            ready: self.ready.load(Ordering::Relaxed),
-            attachments: counts.1,
+            ready: self.ready.get(),
+            attachments: summary.ready_attachments,
             pending_teardowns: (self.pending)() as u64,
-            ranges: usage
+            ranges: summary
+                .ranges
                 .into_iter()
                 .map(|u| RangeUsageMsg {
                     cidr: u.range.to_string(),
@@ -218,7 +236,7 @@ impl Admin for AdminService {
                     allocated: u.allocated,
                 })
                 .collect(),
-            state_path: self.store.path().display().to_string(),
+            state_path: self.state.location(),
             node_network: self.node_network.as_ref().and_then(|r| r()),
             schema_version: SCHEMA_VERSION,
         }))
@@ -251,8 +269,8 @@ impl Admin for AdminService {
 
     async fn ports(&self, _request: Request<PortsRequest>) -> Result<Response<PortsReply>, Status> {
         let held = self
-            .store
-            .run(|db| db.ports())
+            .state
+            .host_ports()
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
         let ports = held
@@ -275,34 +293,212 @@ impl Admin for AdminService {
         let Some(wiring) = &self.wiring else {
             return Ok(Response::new(WiresReply::default()));
         };
-        let wires = wiring
-            .wires()
-            .await
-            .into_iter()
-            .map(|w| {
-                let c = w.counters.unwrap_or_default();
-                WireEndMsg {
-                    id: w.id,
-                    peer_id: w.peer_id,
-                    namespace: w.namespace,
-                    link_uid: w.link_uid,
-                    pod: w.pod,
-                    intf: w.intf,
-                    peer_pod: w.peer_pod,
-                    peer_intf: w.peer_intf,
-                    peer_node: w.peer_node,
-                    kind: w.kind,
-                    state: w.state,
-                    vni: w.vni,
-                    counted: w.counters.is_some(),
-                    tx_frames: c.tx_frames,
-                    tx_bytes: c.tx_bytes,
-                    rx_frames: c.rx_frames,
-                    rx_bytes: c.rx_bytes,
-                    dropped: c.dropped,
-                }
-            })
-            .collect();
+        let wires = wiring.wires().await.into_iter().map(wire_message).collect();
         Ok(Response::new(WiresReply { wires }))
+    }
+}
+
+/// A wire end with its counters as the admin API lists it (`weftctl wires`).
+fn wire_message(w: WireReport) -> WireEndMsg {
+    let (e, c) = (w.end, w.counters.unwrap_or_default());
+    WireEndMsg {
+        id: e.id,
+        peer_id: e.peer_id,
+        namespace: e.namespace,
+        link_uid: e.link_uid,
+        pod: e.local_pod,
+        intf: e.local_intf,
+        peer_pod: e.peer_pod,
+        peer_intf: e.peer_intf,
+        peer_node: e.peer_node,
+        kind: e.kind.as_str().into(),
+        state: e.state.as_str().into(),
+        vni: e.vni.unwrap_or(0),
+        counted: w.counters.is_some(),
+        tx_frames: c.tx_frames,
+        tx_bytes: c.tx_bytes,
+        rx_frames: c.rx_frames,
+        rx_bytes: c.rx_bytes,
+        dropped: c.dropped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use weft_store::{AttachmentKey, HeldPort, PodRef, PortMapping, RangeUsage, StoreError};
+
+    use super::*;
+    use crate::seams::StateSummary;
+
+    /// Node state from memory; `None` answers as a store that cannot be reached.
+    struct FakeState {
+        summary: Option<StateSummary>,
+        ports: Vec<HeldPort>,
+    }
+
+    impl AdminState for FakeState {
+        async fn summary(&self) -> Result<StateSummary, StoreError> {
+            self.summary.clone().ok_or(StoreError::Closed)
+        }
+        async fn host_ports(&self) -> Result<Vec<HeldPort>, StoreError> {
+            Ok(self.ports.clone())
+        }
+        fn location(&self) -> String {
+            "/var/lib/weft/state.db".into()
+        }
+    }
+
+    fn admin(state: FakeState) -> AdminService<FakeState> {
+        AdminService::new(
+            state,
+            "node-a".into(),
+            42,
+            {
+                let ready = Readiness::default();
+                ready.set(true);
+                ready
+            },
+            Arc::new(|| 3),
+            Arc::new(CallLog::new(8)),
+        )
+    }
+
+    #[tokio::test]
+    async fn status_and_ports_report_the_node_state() {
+        let range: ipnet::IpNet = "10.244.1.0/24".parse().unwrap();
+        let held = HeldPort {
+            mapping: PortMapping {
+                host_ip: None,
+                host_port: 8080,
+                protocol: "tcp".into(),
+                container_ip: "10.244.1.5".parse().unwrap(),
+                container_port: 80,
+            },
+            key: AttachmentKey {
+                network: "weft".into(),
+                container_id: "c1".into(),
+                ifname: "eth0".into(),
+            },
+            pod: PodRef {
+                namespace: "default".into(),
+                name: "web".into(),
+                uid: String::new(),
+            },
+            host_ifname: "weft0123456789a".into(),
+        };
+        let svc = admin(FakeState {
+            summary: Some(StateSummary {
+                ranges: vec![RangeUsage {
+                    range,
+                    gateway: "10.244.1.1".parse().unwrap(),
+                    capacity: 253,
+                    allocated: 7,
+                }],
+                ready_attachments: 5,
+            }),
+            ports: vec![held],
+        });
+
+        let status = svc.status(Request::new(StatusRequest {})).await.unwrap().into_inner();
+        assert_eq!(status.node_name, "node-a");
+        assert_eq!(status.attachments, 5);
+        assert_eq!(status.pending_teardowns, 3);
+        assert!(status.ready);
+        assert_eq!(status.state_path, "/var/lib/weft/state.db");
+        assert_eq!(status.schema_version, SCHEMA_VERSION);
+        assert_eq!(
+            status.ranges,
+            vec![RangeUsageMsg {
+                cidr: "10.244.1.0/24".into(),
+                gateway: "10.244.1.1".into(),
+                capacity: 253,
+                allocated: 7,
+            }]
+        );
+
+        let ports = svc
+            .ports(Request::new(PortsRequest {}))
+            .await
+            .unwrap()
+            .into_inner()
+            .ports;
+        assert_eq!(ports.len(), 1);
+        let p = &ports[0];
+        assert_eq!(
+            (p.host_ip.as_str(), p.host_port, p.protocol.as_str()),
+            ("", 8080, "tcp"),
+            "a wildcard host address travels as empty"
+        );
+        assert_eq!((p.container_ip.as_str(), p.container_port), ("10.244.1.5", 80));
+        assert_eq!(
+            (p.pod_namespace.as_str(), p.pod_name.as_str(), p.container_id.as_str()),
+            ("default", "web", "c1")
+        );
+        // Without a wire engine there are no wire ends to report.
+        let wires = svc.wires(Request::new(WiresRequest {})).await.unwrap().into_inner();
+        assert!(wires.wires.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_state_that_cannot_answer_makes_status_unavailable() {
+        let svc = admin(FakeState {
+            summary: None,
+            ports: Vec::new(),
+        });
+        let err = svc.status(Request::new(StatusRequest {})).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        assert!(err.message().contains("closed"), "{}", err.message());
+    }
+
+    #[test]
+    fn a_wire_end_is_listed_with_its_names_and_counters() {
+        use weft_link::{LinkKind, WireCounters, WireEnd, WireState};
+        let end = WireEnd {
+            namespace: "lab".into(),
+            link_uid: 3,
+            local_pod: "r1".into(),
+            local_intf: "eth1".into(),
+            peer_pod: "r2".into(),
+            peer_intf: "eth2".into(),
+            peer_node: "192.0.2.2".into(),
+            kind: LinkKind::Vxlan,
+            id: 7,
+            peer_id: 8,
+            state: WireState::Down,
+            vni: Some(5003),
+            netns: "/run/netns/r1".into(),
+        };
+        let counters = WireCounters {
+            tx_frames: 1,
+            tx_bytes: 2,
+            rx_frames: 3,
+            rx_bytes: 4,
+            dropped: 5,
+        };
+        let m = wire_message(WireReport {
+            end: end.clone(),
+            counters: Some(counters),
+        });
+        assert_eq!(
+            (m.pod.as_str(), m.intf.as_str(), m.peer_node.as_str()),
+            ("r1", "eth1", "192.0.2.2")
+        );
+        assert_eq!((m.kind.as_str(), m.state.as_str(), m.vni), ("vxlan", "down", 5003));
+        assert_eq!((m.id, m.peer_id, m.link_uid), (7, 8, 3));
+        assert!(m.counted);
+        assert_eq!(
+            (m.tx_frames, m.tx_bytes, m.rx_frames, m.rx_bytes, m.dropped),
+            (1, 2, 3, 4, 5)
+        );
+
+        let m = wire_message(WireReport {
+            end: WireEnd {
+                kind: LinkKind::Grpc,
+                vni: None,
+                ..end
+            },
+            counters: None,
+        });
+        assert_eq!((m.kind.as_str(), m.vni, m.counted, m.tx_frames), ("grpc", 0, false, 0));
     }
 }

@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 use weft_cni::code;
-use weft_daemon::{Handler, NodeInfo, PodDefaults, PodNetworking, WireInfo, WiredPod, Wiring};
+use weft_daemon::{CniCall, Handler, NodeInfo, PodDefaults, PodNetworking, WiredPod, Wiring};
 use weft_kernel::KernelError;
 use weft_kernel::ptp::{PodNetwork, PodRoute, RouteRequest};
 use weft_portmap::{Entries, HostPort};
-use weft_rpc::cnirpc::CniArgs;
 use weft_store::Store;
 
 /// Makes the error a scripted setup fails with.
@@ -165,8 +164,8 @@ fn node_defaults(ranges: &[&str], mtu: Option<u32>) -> PodDefaults {
 const CONF: &str =
     r#"{"cniVersion":"1.1.0","name":"weft","type":"weft","ranges":["10.1.0.0/29","fd01::/64"],"mtu":1450}"#;
 
-fn args(cid: &str, conf: &str) -> CniArgs {
-    CniArgs {
+fn args(cid: &str, conf: &str) -> CniCall {
+    CniCall {
         container_id: cid.into(),
         netns: format!("/ok/{cid}"),
         ifname: "eth0".into(),
@@ -174,8 +173,7 @@ fn args(cid: &str, conf: &str) -> CniArgs {
             ("K8S_POD_NAME".into(), format!("pod-{cid}")),
             ("K8S_POD_NAMESPACE".into(), "default".into()),
         ]),
-        path: "/opt/cni/bin".into(),
-        stdin_data: conf.as_bytes().to_vec(),
+        config: conf.as_bytes().to_vec(),
     }
 }
 
@@ -233,7 +231,7 @@ async fn a_failed_kernel_setup_leaves_nothing() {
 #[tokio::test]
 async fn bad_input_is_refused_before_anything_is_touched() {
     let e = env();
-    let mut cases: Vec<(CniArgs, u32)> = Vec::new();
+    let mut cases: Vec<(CniCall, u32)> = Vec::new();
     let mut a = args("c1", CONF);
     a.ifname = "a-very-long-ifname".into();
     cases.push((a, code::INVALID_ENV));
@@ -334,7 +332,7 @@ async fn check_reports_unknown_and_drift() {
     assert_eq!(err.code, code::CHECK_FAILED);
     assert!(err.details.contains("default route"));
     *e.net.drift.lock().unwrap() = None;
-    a.stdin_data = CONF
+    a.config = CONF
         .replace(
             "\"mtu\":1450",
             "\"mtu\":1450,\"prevResult\":{\"cniVersion\":\"1.1.0\",\"ips\":[{\"address\":\"10.9.9.9/32\"}]}",
@@ -584,7 +582,7 @@ fn second(conf_extra: &str) -> String {
     )
 }
 
-fn net1(cid: &str, conf: &str) -> CniArgs {
+fn net1(cid: &str, conf: &str) -> CniCall {
     let mut a = args(cid, conf);
     a.ifname = "net1".into();
     a
@@ -705,7 +703,7 @@ async fn routes_and_default_route_choose_what_a_network_installs() {
     assert!(attachment(&e.store, "c4", "second", "net1").await.is_none());
 }
 
-fn with_cni_args(mut a: CniArgs, extra: &[(&str, &str)]) -> CniArgs {
+fn with_cni_args(mut a: CniCall, extra: &[(&str, &str)]) -> CniCall {
     for (k, v) in extra {
         a.args.insert((*k).into(), (*v).into());
     }
@@ -743,7 +741,7 @@ async fn a_requested_address_and_mac_are_honoured_or_refused_whole() {
     assert_eq!(v["interfaces"][1]["mac"], "0a:58:0a:01:00:06");
 
     let before = allocated(&e.store).await;
-    let refused = |a: CniArgs, want: u32, says: &'static str| {
+    let refused = |a: CniCall, want: u32, says: &'static str| {
         let h = e.h.clone();
         async move {
             let err = h.add(&a).await.unwrap_err();
@@ -832,7 +830,7 @@ impl Wiring for FakeWiring {
         self.calls.lock().unwrap().push(format!("removed {}", pod.name));
         Box::pin(async {})
     }
-    fn wires(&self) -> futures::future::BoxFuture<'_, Vec<WireInfo>> {
+    fn wires(&self) -> futures::future::BoxFuture<'_, Vec<weft_link::WireReport>> {
         Box::pin(async { Vec::new() })
     }
 }

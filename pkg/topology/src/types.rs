@@ -11,28 +11,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// How a link between two pods on different nodes is carried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum LinkKind {
-    /// A veth pair straight between two pods (same node only).
-    Veth,
-    /// A kernel VXLAN tunnel with unicast FDB and neighbour entries.
-    Vxlan,
-    /// Frames carried by weftd over a gRPC stream between the nodes.
-    Grpc,
-}
-
-impl LinkKind {
-    /// The lowercase name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LinkKind::Veth => "veth",
-            LinkKind::Vxlan => "vxlan",
-            LinkKind::Grpc => "grpc",
-        }
-    }
-}
+/// How a link is carried: one type for every crate (see `weft-link`).
+pub use weft_link::LinkKind;
 
 /// One link of a pod: a point-to-point wire to an interface of a peer pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -115,33 +95,9 @@ impl TopologyStatus {
     }
 }
 
-/// One wire end on a node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct WireEnd {
-    /// Topology namespace.
-    pub namespace: String,
-    /// The link's uid.
-    pub link_uid: i64,
-    /// The local pod.
-    pub local_pod: String,
-    /// The interface in the local pod.
-    pub local_intf: String,
-    /// The peer pod.
-    pub peer_pod: String,
-    /// The interface in the peer pod.
-    pub peer_intf: String,
-    /// The node the peer pod runs on.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub peer_node: String,
-    /// How the link is carried.
-    pub kind: LinkKind,
-    /// This end's wire id (stable across restarts).
-    pub local_id: u64,
-    /// The peer end's wire id.
-    pub peer_id: u64,
-    /// `up`, `down` (peer away), `pending`.
-    pub state: String,
-}
+/// One wire end on a node: one type for every crate (see `weft-link`); the status
+/// entry is its serialized form.
+pub use weft_link::WireEnd;
 
 /// The wire ends of one node (status only; spec is empty).
 #[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]

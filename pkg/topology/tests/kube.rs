@@ -443,9 +443,11 @@ async fn set_wire_state_creates_updates_and_recreates_the_node_wire_state() {
         peer_intf: "eth1".into(),
         peer_node: "node-2".into(),
         kind: LinkKind::Vxlan,
-        local_id: uid as u64 * 2,
+        id: uid as u64 * 2,
         peer_id: uid as u64 * 2 + 1,
-        state: "up".into(),
+        state: weft_link::WireState::Up,
+        vni: None,
+        netns: String::new(),
     };
     let wires = |server: &FakeApiServer| {
         let ws = server.get::<WireState>(None, NODE).expect("the node's WireState");
@@ -494,9 +496,11 @@ async fn a_wire_state_written_before_the_node_is_cached_gets_its_owner_later() {
         peer_intf: "eth1".into(),
         peer_node: String::new(),
         kind: LinkKind::Veth,
-        local_id: 2,
+        id: 2,
         peer_id: 3,
-        state: "up".into(),
+        state: weft_link::WireState::Up,
+        vni: None,
+        netns: String::new(),
     };
 
     // The daemon may mirror its wires before the Node cache is filled (a configured

@@ -2,11 +2,29 @@
 //! node, VXLAN or a batched gRPC stream across nodes), kept in step with the topologies
 //! by one engine per node, each end's state in the store so that a restart finds every
 //! wire again under the same id.
+//!
+//! The engine (`engine`) decides; it reaches the kernel through [`WireKernel`], the
+//! other nodes through [`Peers`] and the workers of gRPC ends through [`GrpcPlane`],
+//! so its decisions are tested against fakes without root.
 
+// No unsafe code but registering a packet socket with Tokio's reactor (`dataplane`),
+// which Tokio marks unsafe and which is allowed at that one place.
+#![deny(unsafe_code)]
+
+pub mod convert;
 pub mod dataplane;
 pub mod engine;
+pub mod error;
 pub mod ids;
+pub mod kernel;
+pub mod peers;
+pub mod plane;
 pub mod service;
 
-pub use engine::{Engine, EngineConfig, LocalPod};
+pub use convert::{counters, labels};
+pub use engine::{Engine, EngineConfig, LocalPod, PlaneFactory, PodKey, Seams};
+pub use error::{PeerError, WireError};
+pub use kernel::{EndSpec, HostWireKernel, VxlanPeer, WireKernel};
+pub use peers::{GrpcPeers, Peers};
+pub use plane::{GrpcEnd, GrpcPlane};
 pub use service::WireService;

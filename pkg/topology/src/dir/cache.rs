@@ -1,0 +1,90 @@
+//! Parsed files kept until they change: a file is read again only when its identity,
+//! size or timestamps differ, and never trusted from the cache while its timestamps are
+//! too recent to tell two versions apart.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::manifest::FileObjects;
+use crate::TopologyStatus;
+
+/// A file changed less than this long before it was read may change again with the same
+/// size and timestamps (timestamps come from a coarse clock), so it is never trusted from
+/// the cache.
+const RACY: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+pub(super) struct Cache {
+    pub(super) objects: HashMap<PathBuf, Cached<FileObjects>>,
+    pub(super) statuses: HashMap<PathBuf, Cached<Result<TopologyStatus, String>>>,
+}
+
+pub(super) struct Cached<T> {
+    stamp: Stamp,
+    trusted: bool,
+    value: T,
+}
+
+/// What identifies a file's version without reading it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Self {
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+
+    /// Whether the file was last changed long enough ago that an equal stamp later means
+    /// equal content.
+    fn settled(&self, now: SystemTime) -> bool {
+        let latest = self.mtime.max(self.ctime);
+        let changed = if latest.0 >= 0 {
+            SystemTime::UNIX_EPOCH + Duration::new(latest.0 as u64, latest.1.clamp(0, 999_999_999) as u32)
+        } else {
+            SystemTime::UNIX_EPOCH
+        };
+        now.duration_since(changed).is_ok_and(|age| age >= RACY)
+    }
+}
+
+/// Returns the cached value for `path` if the file has not changed, else parses it.
+pub(super) fn cached<T: Clone>(
+    cache: &mut HashMap<PathBuf, Cached<T>>,
+    path: &Path,
+    meta: &std::fs::Metadata,
+    now: SystemTime,
+    parse: impl FnOnce(&[u8]) -> T,
+) -> Result<T, String> {
+    let stamp = Stamp::of(meta);
+    if let Some(c) = cache.get(path)
+        && c.trusted
+        && c.stamp == stamp
+    {
+        return Ok(c.value.clone());
+    }
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let value = parse(&bytes);
+    cache.insert(
+        path.to_path_buf(),
+        Cached {
+            stamp,
+            trusted: stamp.settled(now),
+            value: value.clone(),
+        },
+    );
+    Ok(value)
+}

@@ -1,0 +1,222 @@
+//! One gRPC wire end: its packet socket, the task reading it, and its counters.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use bytes::BytesMut;
+use prometheus_client::metrics::counter::Counter;
+use tokio::io::unix::AsyncFd;
+use tracing::debug;
+use weft_kernel::packet::{self, PacketSocket};
+use weft_rpc::wire::Frame;
+use weft_telemetry::Metrics;
+use weft_telemetry::metrics::{WireDirLabels, WireDropLabels, WireLabels};
+
+use super::outbox::Outbox;
+
+/// Largest frame read from an end: a GSO super-frame plus its headers.
+const MAX_FRAME: usize = packet::MAX_FRAME;
+/// A reader hands what it read to the peer's queue after this many frames or bytes
+/// (or when the end has nothing more): one lock and at most one wake-up per burst, not per frame.
+const BURST_FRAMES: usize = 32;
+const BURST_BYTES: usize = 64 * 1024;
+
+/// Why a wire end dropped a frame (`reason` of `weft_wire_drops_total`).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum DropReason {
+    /// The wire's peer end is down.
+    PeerDown,
+    /// No stream to the peer node is up.
+    NoStream,
+    /// The wire's queue to the peer node is full.
+    QueueFull,
+    /// The pod's end refused the frame.
+    PodBusy,
+}
+
+impl DropReason {
+    fn label(self) -> &'static str {
+        match self {
+            Self::PeerDown => "peer_down",
+            Self::NoStream => "no_stream",
+            Self::QueueFull => "queue_full",
+            Self::PodBusy => "pod_busy",
+        }
+    }
+}
+
+/// A wire end's series, looked up once: counting a frame is then two atomic adds,
+/// not a label clone and hash lookup per frame. Drop series are made on first use so
+/// that a wire that never dropped shows none.
+pub(super) struct Counters {
+    labels: WireLabels,
+    metrics: Arc<Metrics>,
+    tx_frames: Counter,
+    tx_bytes: Counter,
+    rx_frames: Counter,
+    rx_bytes: Counter,
+    pub(super) drops: [OnceLock<Counter>; 4],
+}
+
+impl Counters {
+    pub(super) fn new(labels: WireLabels, metrics: Arc<Metrics>) -> Self {
+        let dir = |direction| WireDirLabels {
+            wire: labels.clone(),
+            direction,
+        };
+        let counter = |family: &prometheus_client::metrics::family::Family<WireDirLabels, Counter>, direction| {
+            family.get_or_create(&dir(direction)).clone()
+        };
+        Self {
+            tx_frames: counter(&metrics.wire_frames, "tx"),
+            tx_bytes: counter(&metrics.wire_bytes, "tx"),
+            rx_frames: counter(&metrics.wire_frames, "rx"),
+            rx_bytes: counter(&metrics.wire_bytes, "rx"),
+            drops: Default::default(),
+            labels,
+            metrics,
+        }
+    }
+
+    pub(super) fn dropped(&self, reason: DropReason, frames: u64) {
+        if frames == 0 {
+            return;
+        }
+        self.drops[reason as usize]
+            .get_or_init(|| {
+                self.metrics
+                    .wire_drops
+                    .get_or_create(&WireDropLabels {
+                        wire: self.labels.clone(),
+                        reason: reason.label(),
+                    })
+                    .clone()
+            })
+            .inc_by(frames);
+    }
+}
+
+/// Registers a wire end's socket with the reactor of the runtime the caller has
+/// entered: the one its reader will run on.
+#[allow(unsafe_code)]
+pub(super) fn register(sock: PacketSocket) -> std::io::Result<AsyncFd<PacketSocket>> {
+    // SAFETY: the AsyncFd owns the socket, and so its descriptor, for its whole life; a
+    // PacketSocket always lends the same descriptor, which nothing else can close.
+    unsafe { AsyncFd::register(sock) }.map_err(std::io::Error::from)
+}
+
+/// One gRPC wire end: the packet socket on its node end, its peer, and its counters.
+pub struct PacketEnd {
+    /// This end's wire id (frames for it carry this id).
+    pub id: u64,
+    /// The peer end's wire id (frames from here carry that id).
+    pub peer_id: u64,
+    /// The peer's node address.
+    pub peer: IpAddr,
+    sock: AsyncFd<PacketSocket>,
+    counters: Arc<Counters>,
+    up: AtomicBool,
+    pub(super) outbox: Arc<Outbox>,
+}
+
+impl PacketEnd {
+    /// An end over `sock` (see [`register`]), whose frames go to `outbox`; down until
+    /// [`set_up`](Self::set_up).
+    pub(super) fn new(
+        id: u64,
+        peer_id: u64,
+        peer: IpAddr,
+        sock: AsyncFd<PacketSocket>,
+        counters: Arc<Counters>,
+        outbox: Arc<Outbox>,
+    ) -> Self {
+        Self {
+            id,
+            peer_id,
+            peer,
+            sock,
+            counters,
+            up: AtomicBool::new(false),
+            outbox,
+        }
+    }
+
+    /// Writes a frame that came from the peer into the pod.
+    pub(super) fn deliver(&self, data: &[u8]) {
+        if self.sock.get_ref().write(data).is_err() {
+            self.counters.dropped(DropReason::PodBusy, 1);
+        } else {
+            self.counters.rx_frames.inc();
+            self.counters
+                .rx_bytes
+                .inc_by(data.len().saturating_sub(packet::VNET_HDR_LEN) as u64);
+        }
+    }
+
+    /// Marks the end up (its peer is there) or down.
+    pub fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Relaxed);
+        let c = &self.counters;
+        c.metrics.wire_up.get_or_create(&c.labels).set(i64::from(up));
+    }
+
+    /// Hands a burst of frames read from the pod to the peer's queue.
+    fn flush(&self, burst: &mut Vec<Frame>) {
+        if burst.is_empty() {
+            return;
+        }
+        if !self.up.load(Ordering::Relaxed) {
+            self.counters.dropped(DropReason::PeerDown, burst.len() as u64);
+            burst.clear();
+            return;
+        }
+        self.outbox.offer(self.id, burst);
+    }
+
+    /// Reads frames from the pod and queues them for the peer until the end goes away.
+    pub(super) async fn read_loop(self: Arc<Self>) {
+        let mut buf = BytesMut::with_capacity(MAX_FRAME * 4);
+        let mut burst = Vec::with_capacity(BURST_FRAMES);
+        let mut burst_bytes = 0;
+        loop {
+            let Ok(mut guard) = self.sock.readable().await else {
+                return;
+            };
+            loop {
+                if buf.capacity() - buf.len() < MAX_FRAME {
+                    buf.reserve(MAX_FRAME * 4);
+                }
+                let n = match self.sock.get_ref().read_buf(&mut buf) {
+                    Ok(n) if n > 0 => n,
+                    other => {
+                        self.flush(&mut burst);
+                        burst_bytes = 0;
+                        match other {
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                guard.clear_ready();
+                                break;
+                            }
+                            Err(e) => debug!(wire = self.id, error = %e, "wire end read ended"),
+                            Ok(_) => debug!(wire = self.id, "wire end read ended: the socket closed"),
+                        }
+                        return;
+                    }
+                };
+                self.counters.tx_frames.inc();
+                self.counters
+                    .tx_bytes
+                    .inc_by(n.saturating_sub(packet::VNET_HDR_LEN) as u64);
+                burst.push(Frame {
+                    wire_id: self.peer_id,
+                    data: buf.split().freeze(),
+                });
+                burst_bytes += n;
+                if burst.len() >= BURST_FRAMES || burst_bytes >= BURST_BYTES {
+                    self.flush(&mut burst);
+                    burst_bytes = 0;
+                }
+            }
+        }
+    }
+}

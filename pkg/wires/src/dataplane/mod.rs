@@ -1,0 +1,307 @@
+//! The data plane of gRPC wires. Each wire end is a veth pair into its pod whose node
+//! end is read and written through a packet socket (see `weft_kernel::packet`) by a
+//! worker task that queues the frames (bounded, drops counted) for the wire's peer
+//! node; per peer node, the frames of all its wires are taken round-robin into
+//! `FrameBatch` messages on ONE bidirectional stream, by the stream itself whenever
+//! HTTP/2 is ready for the next message (so batches grow while the connection is busy,
+//! and no task or channel sits in between). Frames carry the receiving end's wire id;
+//! the receiver writes each into the end of that id, and drops frames for ids it does
+//! not hold, so no frame can reach another wire. The node with the lower address opens
+//! the stream and reconnects with backoff; the other accepts it.
+
+mod end;
+mod outbox;
+mod runtime;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::runtime::Handle;
+use tracing::{debug, info, warn};
+use weft_kernel::packet::PacketSocket;
+use weft_rpc::wire::FrameBatch;
+use weft_rpc::wire::wire_client::WireClient;
+use weft_telemetry::Metrics;
+use weft_telemetry::metrics::{PeerLabels, WireLabels};
+
+pub use end::PacketEnd;
+pub use outbox::OutboundBatches;
+pub use runtime::{DataPlaneRuntime, THREAD_NAME};
+
+use end::Counters;
+use outbox::Outbox;
+
+/// Frames a wire end may have queued for its peer before it drops.
+pub const WIRE_QUEUE: usize = 1024;
+/// Bytes a wire end may have queued for its peer before it drops: 1024 GSO super-frames
+/// would be 64 MiB per wire, so the bytes are bounded too (8 MiB is some 7 ms at
+/// 10 Gbit/s, more than TCP keeps queued here: the bench's TCP runs never reach it).
+pub const WIRE_QUEUE_BYTES: usize = 8 << 20;
+/// At most this many frames go into one batch.
+pub const BATCH_FRAMES: usize = 256;
+/// A batch takes no further frame once it holds this many bytes: four GSO super-frames,
+/// so one batch is one HTTP/2 frame and the next is being filled while it is written.
+pub const BATCH_BYTES: usize = 256 * 1024;
+/// Largest HTTP/2 DATA frame either end of a frame stream accepts: a whole batch goes
+/// out in one frame (one `writev`) rather than in 16 KiB pieces.
+pub const H2_MAX_FRAME: u32 = 1 << 20;
+/// Metadata key naming the calling node on a frame stream.
+pub const NODE_HEADER: &str = "x-weft-node";
+
+/// What becomes of one frame that came from a peer node.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Route<'a, E> {
+    /// Written into this end: the one the frame's wire id names, held for the sender.
+    Deliver(&'a E),
+    /// Dropped: the id names an end held for another peer node.
+    OtherPeer,
+    /// Dropped: no end here has the id.
+    Unknown,
+}
+
+/// Decides where a frame for `wire_id` from node `from` goes, given this node's ends by
+/// id and how to read an end's peer node. Kept apart from the writes into pods so that the
+/// rule "no frame crosses wires" can be tested and fuzzed without devices.
+pub fn route<'a, E>(
+    ends: &'a HashMap<u64, E>,
+    peer_of: impl Fn(&E) -> IpAddr,
+    from: IpAddr,
+    wire_id: u64,
+) -> Route<'a, E> {
+    match ends.get(&wire_id) {
+        Some(end) if peer_of(end) == from => Route::Deliver(end),
+        Some(_) => Route::OtherPeer,
+        None => Route::Unknown,
+    }
+}
+
+/// The frame stream to one peer node.
+struct Peer {
+    /// What waits to go to the peer, and which stream takes it.
+    outbox: Arc<Outbox>,
+    /// The task keeping the stream open, on the node that opens it.
+    connect: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Some(t) = &self.connect {
+            t.abort();
+        }
+    }
+}
+
+/// All gRPC wire ends of this node and their streams.
+pub struct DataPlane {
+    local: IpAddr,
+    port: u16,
+    metrics: Arc<Metrics>,
+    ends: RwLock<HashMap<u64, Arc<PacketEnd>>>,
+    peers: Mutex<HashMap<IpAddr, Peer>>,
+    readers: Mutex<HashMap<u64, tokio::task::JoinHandle<()>>>,
+    /// Where every task of this data plane runs (a [`DataPlaneRuntime`]'s, in weftd).
+    rt: Handle,
+}
+
+impl DataPlane {
+    /// A data plane for node address `local`, whose wire service listens on `port` on
+    /// every node, running its ends' readers and its streams on `rt`: the handle of a
+    /// [`DataPlaneRuntime`], which the wire server should share (see there why).
+    pub fn new(local: IpAddr, port: u16, metrics: Arc<Metrics>, rt: Handle) -> Arc<Self> {
+        Arc::new(Self {
+            local,
+            port,
+            metrics,
+            ends: RwLock::default(),
+            peers: Mutex::default(),
+            readers: Mutex::default(),
+            rt,
+        })
+    }
+
+    /// This node's address.
+    pub fn local(&self) -> IpAddr {
+        self.local
+    }
+
+    /// Whether this node opens the stream to `peer` (the lower address does).
+    pub fn initiates(&self, peer: IpAddr) -> bool {
+        self.local < peer
+    }
+
+    /// Starts (or replaces) the worker of a gRPC wire end over its packet socket `sock`.
+    pub fn attach(
+        self: &Arc<Self>,
+        id: u64,
+        peer_id: u64,
+        peer: IpAddr,
+        sock: PacketSocket,
+        labels: WireLabels,
+        up: bool,
+    ) -> Result<(), String> {
+        let sock = {
+            let _rt = self.rt.enter();
+            end::register(sock).map_err(|e| format!("registering the wire end's socket: {e}"))?
+        };
+        let outbox = self.peer(peer);
+        let counters = Arc::new(Counters::new(labels, self.metrics.clone()));
+        let end = Arc::new(PacketEnd::new(
+            id,
+            peer_id,
+            peer,
+            sock,
+            counters.clone(),
+            outbox.clone(),
+        ));
+        end.set_up(up);
+        if let Some(old) = self.ends.write().expect("ends lock").insert(id, end.clone()) {
+            old.outbox.remove(id);
+        }
+        outbox.add(id, counters);
+        let reader = self.rt.spawn(end.read_loop());
+        if let Some(old) = self.readers.lock().expect("readers lock").insert(id, reader) {
+            old.abort();
+        }
+        Ok(())
+    }
+
+    /// Marks a wire end up or down (its peer pod came or went).
+    pub fn set_up(&self, id: u64, up: bool) {
+        if let Some(e) = self.ends.read().expect("ends lock").get(&id) {
+            e.set_up(up);
+        }
+    }
+
+    /// Stops a wire end's worker (its socket is closed; the caller removes the pair).
+    pub fn detach(&self, id: u64) {
+        if let Some(r) = self.readers.lock().expect("readers lock").remove(&id) {
+            r.abort();
+        }
+        if let Some(end) = self.ends.write().expect("ends lock").remove(&id) {
+            end.outbox.remove(id);
+        }
+    }
+
+    /// Whether a wire end is attached.
+    pub fn attached(&self, id: u64) -> bool {
+        self.ends.read().expect("ends lock").contains_key(&id)
+    }
+
+    /// The outbox for `peer`, created (with the task that opens the stream, where this
+    /// node opens it) on first use.
+    fn peer(self: &Arc<Self>, addr: IpAddr) -> Arc<Outbox> {
+        let mut peers = self.peers.lock().expect("peers lock");
+        let p = peers.entry(addr).or_insert_with(|| {
+            let outbox = Arc::new(Outbox::new(addr, &self.metrics));
+            let connect = self
+                .initiates(addr)
+                .then(|| self.rt.spawn(self.clone().connect_loop(addr, outbox.clone())));
+            self.metrics
+                .peer_stream_up
+                .get_or_create(&PeerLabels {
+                    peer_node: addr.to_string(),
+                })
+                .set(0);
+            Peer { outbox, connect }
+        });
+        p.outbox.clone()
+    }
+
+    /// Delivers a batch that came from a peer.
+    fn dispatch(&self, from: IpAddr, batch: FrameBatch) {
+        let ends = self.ends.read().expect("ends lock");
+        for f in batch.frames {
+            match route(&ends, |e| e.peer, from, f.wire_id) {
+                Route::Deliver(end) => end.deliver(&f.data),
+                Route::OtherPeer => debug!(wire = f.wire_id, %from, "frame for a wire of another peer dropped"),
+                Route::Unknown => debug!(wire = f.wire_id, %from, "frame for an unknown wire dropped"),
+            }
+        }
+    }
+
+    /// Keeps a stream to `peer` open: connects, pumps, and reconnects with backoff.
+    async fn connect_loop(self: Arc<Self>, peer: IpAddr, outbox: Arc<Outbox>) {
+        let labels = PeerLabels {
+            peer_node: peer.to_string(),
+        };
+        let mut backoff = Duration::from_millis(50);
+        let mut first = true;
+        loop {
+            let url = format!("http://{}", SocketAddr::new(peer, self.port));
+            let opened = async {
+                let channel = tonic::transport::Endpoint::from_shared(url.clone())
+                    .map_err(|e| e.to_string())?
+                    .connect_timeout(Duration::from_secs(2))
+                    .tcp_nodelay(true)
+                    .initial_stream_window_size(Some(4 << 20))
+                    .initial_connection_window_size(Some(8 << 20))
+                    .max_frame_size(Some(H2_MAX_FRAME))
+                    .connect()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let outbound = outbox.open();
+                let generation = outbound.generation;
+                let mut req = tonic::Request::new(outbound);
+                if let Ok(v) = self.local.to_string().parse() {
+                    req.metadata_mut().insert(NODE_HEADER, v);
+                }
+                let inbound = WireClient::new(channel)
+                    .max_decoding_message_size(64 << 20)
+                    .frames(req)
+                    .await
+                    .map_err(|e| {
+                        outbox.close(generation);
+                        e.to_string()
+                    })?
+                    .into_inner();
+                Ok::<_, String>((generation, inbound))
+            }
+            .await;
+            match opened {
+                Ok((generation, mut inbound)) => {
+                    if !first {
+                        self.metrics.peer_reconnects.get_or_create(&labels).inc();
+                    }
+                    first = false;
+                    info!(%peer, "frame stream to peer open");
+                    self.metrics.peer_stream_up.get_or_create(&labels).set(1);
+                    backoff = Duration::from_millis(50);
+                    while let Some(Ok(batch)) = inbound.next().await {
+                        self.dispatch(peer, batch);
+                    }
+                    outbox.close(generation);
+                    self.metrics.peer_stream_up.get_or_create(&labels).set(0);
+                    warn!(%peer, "frame stream to peer closed; reconnecting");
+                }
+                Err(e) => debug!(%peer, error = %e, "opening the frame stream failed"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Serves a stream a peer opened: registers it as the way to that peer and pumps
+    /// what arrives. Returns the outbound half for the response.
+    pub fn accept(self: &Arc<Self>, peer: IpAddr, mut inbound: tonic::Streaming<FrameBatch>) -> OutboundBatches {
+        let outbox = self.peer(peer);
+        let outbound = outbox.open();
+        let generation = outbound.generation;
+        let labels = PeerLabels {
+            peer_node: peer.to_string(),
+        };
+        self.metrics.peer_stream_up.get_or_create(&labels).set(1);
+        info!(%peer, "frame stream from peer accepted");
+        let me = self.clone();
+        self.rt.spawn(async move {
+            while let Some(Ok(batch)) = inbound.next().await {
+                me.dispatch(peer, batch);
+            }
+            outbox.close(generation);
+            me.metrics.peer_stream_up.get_or_create(&labels).set(0);
+        });
+        outbound
+    }
+}

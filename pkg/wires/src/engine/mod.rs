@@ -1,0 +1,301 @@
+//! The wire engine: makes the kernel and the data plane match what the topologies say
+//! for the pods of this node.
+//!
+//! One task does all the work, level-triggered: whenever anything changes (a pod comes
+//! or goes, the topology source moves, a peer node calls, a timer fires) it runs a pass
+//! that compares, for every link of every local pod, the end that should exist with the
+//! end the store records, and builds, re-points, sets down or removes ends until they
+//! agree. Because only that task touches wires, two pods arriving at once cannot race;
+//! who builds a shared piece is decided by name, never by timing:
+//! - same node: the pod with the lower name builds the veth pair for both;
+//! - VXLAN across nodes: the pod with the lower name proposes the VNI to the peer's
+//!   node (`Ends`), which holds it (unique per node in the store) or refuses it; the
+//!   proposer then tries the next one;
+//! - gRPC across nodes: each side builds its own veth end, read through a packet
+//!   socket; frames carry derived ids.
+//!
+//! The engine reaches the world through three seams: the kernel ([`WireKernel`]), the
+//! other nodes ([`Peers`]) and the workers of gRPC ends ([`GrpcPlane`]); [`Seams`]
+//! bundles them. Its modules: `plan` (the decisions, without I/O), `run` (the loop and
+//! the pass, veth pairs, removal), `vxlan` (VXLAN ends and VNI negotiation), `grpc`
+//! (gRPC ends), `ends` (the server side of `Ends`), `counters` (per-wire counters).
+
+mod counters;
+mod ends;
+mod grpc;
+pub(crate) mod plan;
+mod run;
+mod vxlan;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tracing::warn;
+use weft_kernel::KernelError;
+use weft_link::WireEnd;
+use weft_rpc::wire::{End, EndResult, EndsRequest, Hello};
+use weft_store::{Store, StoreError};
+use weft_telemetry::Metrics;
+use weft_topology::{LinkKind, TopologySource, TopologyStatus};
+
+use crate::dataplane::DataPlane;
+use crate::error::WireError;
+use crate::kernel::{HostWireKernel, WireKernel};
+use crate::peers::{GrpcPeers, Peers};
+use crate::plane::GrpcPlane;
+pub use plan::PodKey;
+
+/// How the engine is set up.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// This node's name.
+    pub node_name: String,
+    /// This node's underlay address, when given rather than learnt from the source.
+    pub node_address: Option<IpAddr>,
+    /// TCP port of the wire service on every node.
+    pub wire_port: u16,
+    /// How links between nodes are carried unless a link says otherwise.
+    pub default_kind: LinkKind,
+    /// MTU of veth and gRPC wire ends (VXLAN ends get this minus the encapsulation).
+    pub mtu: u32,
+    /// Time between passes when nothing asks for one.
+    pub resync: Duration,
+    /// Where the data plane of gRPC wires runs: the handle of the node's
+    /// [`DataPlaneRuntime`](crate::dataplane::DataPlaneRuntime), whose thread the wire
+    /// server shares. None: the runtime [`Engine::start`] is called in.
+    pub dataplane_runtime: Option<tokio::runtime::Handle>,
+}
+
+/// A pod of this node, as the daemon attached it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalPod {
+    /// Its network namespace path.
+    pub netns: String,
+    /// Its sandbox's container id.
+    pub container_id: String,
+}
+
+/// Makes the data plane of gRPC wires once this node's address is known.
+pub type PlaneFactory<P> = Box<dyn Fn(IpAddr) -> Arc<P> + Send + Sync>;
+
+/// What the engine works through: the kernel, the other nodes, and the workers of
+/// gRPC ends (made once this node's address is known).
+pub struct Seams<P> {
+    /// The kernel of the node and its pods.
+    pub kernel: Arc<dyn WireKernel>,
+    /// The other nodes' wire services.
+    pub peers: Arc<dyn Peers>,
+    /// Makes the data plane for this node's address.
+    pub plane: PlaneFactory<P>,
+}
+
+impl Seams<DataPlane> {
+    /// The real ones: the host's kernel, gRPC to the other nodes' wire service on
+    /// `cfg.wire_port`, and the data plane of weft's wire runtime.
+    pub fn host(cfg: &EngineConfig, metrics: Arc<Metrics>) -> Self {
+        let port = cfg.wire_port;
+        let rt = cfg
+            .dataplane_runtime
+            .clone()
+            .unwrap_or_else(tokio::runtime::Handle::current);
+        Seams {
+            kernel: Arc::new(HostWireKernel),
+            peers: Arc::new(GrpcPeers::new(port)),
+            plane: Box::new(move |local| DataPlane::new(local, port, metrics.clone(), rt.clone())),
+        }
+    }
+}
+
+/// The wire engine of one node (see the module documentation); `P` is the data plane
+/// of its gRPC ends.
+pub struct Engine<P = DataPlane> {
+    cfg: EngineConfig,
+    source: Arc<dyn TopologySource>,
+    store: Store,
+    metrics: Arc<Metrics>,
+    kernel: Arc<dyn WireKernel>,
+    peers: Arc<dyn Peers>,
+    new_plane: PlaneFactory<P>,
+    plane: Mutex<Option<Arc<P>>>,
+    pods: Mutex<BTreeMap<PodKey, LocalPod>>,
+    kick: Notify,
+    requested: AtomicU64,
+    done: watch::Sender<u64>,
+    /// Set by a pass that left work waiting on a peer, so the next comes sooner.
+    retry: AtomicBool,
+    /// Whether the wire-state resource holds what the store says: false at start (the
+    /// resource may predate a crash) and after a failed write, so the next pass writes
+    /// it even when no end changed.
+    mirrored: AtomicBool,
+    /// Kernel counters of veth and VXLAN ends as last sampled (counters grow by the
+    /// difference, so a re-created interface never makes them go back).
+    sampled: Mutex<HashMap<u64, weft_kernel::LinkStats>>,
+}
+
+impl Engine {
+    /// Creates the engine on the host's kernel and weft's data plane, restores the pods
+    /// and gRPC ends the store knows and starts the reconcile task (in the current Tokio
+    /// runtime).
+    pub async fn start(
+        cfg: EngineConfig,
+        source: Arc<dyn TopologySource>,
+        store: Store,
+        metrics: Arc<Metrics>,
+        pods: BTreeMap<PodKey, LocalPod>,
+    ) -> Arc<Engine> {
+        let seams = Seams::host(&cfg, metrics.clone());
+        Engine::start_with(cfg, source, store, metrics, pods, seams).await
+    }
+}
+
+impl<P: GrpcPlane> Engine<P> {
+    /// [`Engine::start`] over the given seams.
+    pub async fn start_with(
+        cfg: EngineConfig,
+        source: Arc<dyn TopologySource>,
+        store: Store,
+        metrics: Arc<Metrics>,
+        pods: BTreeMap<PodKey, LocalPod>,
+        seams: Seams<P>,
+    ) -> Arc<Self> {
+        let engine = Arc::new(Engine {
+            cfg,
+            source,
+            store,
+            metrics,
+            kernel: seams.kernel,
+            peers: seams.peers,
+            new_plane: seams.plane,
+            plane: Mutex::new(None),
+            pods: Mutex::new(pods),
+            kick: Notify::new(),
+            requested: AtomicU64::new(0),
+            done: watch::channel(0).0,
+            retry: AtomicBool::new(false),
+            mirrored: AtomicBool::new(false),
+            sampled: Mutex::default(),
+        });
+        engine.restore_grpc_ends().await;
+        tokio::spawn(engine.clone().run());
+        engine
+    }
+
+    /// This node's underlay address, once known.
+    pub fn node_address(&self) -> Option<IpAddr> {
+        self.cfg.node_address.or_else(|| self.source.node_address())
+    }
+
+    /// The data plane of gRPC wires (created once the node address is known).
+    pub fn dataplane(&self) -> Option<Arc<P>> {
+        let mut dp = self.plane.lock().expect("dataplane lock");
+        if dp.is_none() {
+            let local = self.node_address()?;
+            *dp = Some((self.new_plane)(local));
+        }
+        dp.clone()
+    }
+
+    /// A pod of this node was attached: wires it and waits for the pass that did it.
+    pub async fn pod_added(&self, namespace: &str, name: &str, pod: LocalPod) {
+        self.pods
+            .lock()
+            .expect("pods lock")
+            .insert((namespace.into(), name.into()), pod);
+        self.pass_and_wait().await;
+    }
+
+    /// A pod of this node is being detached: removes its ends (telling their peers) and
+    /// clears its status, then waits for the pass that did it.
+    pub async fn pod_removed(&self, namespace: &str, name: &str, container_id: &str) {
+        let gone = {
+            let mut pods = self.pods.lock().expect("pods lock");
+            let key = (namespace.to_string(), name.to_string());
+            match pods.get(&key) {
+                Some(p) if p.container_id == container_id => pods.remove(&key).is_some(),
+                _ => false,
+            }
+        };
+        if !gone {
+            return;
+        }
+        if let Some(t) = self.source.topology(namespace, name) {
+            let st = t.status.clone().unwrap_or_default();
+            // Only clear what this node wrote: the pod may run elsewhere by now.
+            if st.container_id == container_id
+                && let Err(e) = self.source.set_status(namespace, name, TopologyStatus::default()).await
+            {
+                warn!(pod = %format!("{namespace}/{name}"), error = %e, "could not clear the topology status");
+            }
+        }
+        self.pass_and_wait().await;
+    }
+
+    /// Asks for a pass and waits until one that started after the request is done.
+    pub async fn pass_and_wait(&self) {
+        let want = self.requested.fetch_add(1, Ordering::AcqRel) + 1;
+        self.kick.notify_one();
+        let mut done = self.done.subscribe();
+        let _ = tokio::time::timeout(Duration::from_secs(15), done.wait_for(|d| *d >= want)).await;
+    }
+
+    /// The wire ends this node holds.
+    pub async fn wires(&self) -> Result<Vec<WireEnd>, StoreError> {
+        self.store.run(|db| db.wires()).await
+    }
+
+    /// Whether `addr` is a node some pod of the topologies runs on (the wire service
+    /// talks to no one else).
+    pub fn known_node(&self, addr: IpAddr) -> bool {
+        self.source
+            .topologies()
+            .iter()
+            .filter_map(|t| t.status.as_ref())
+            .any(|s| s.src_ip.parse::<IpAddr>().ok() == Some(addr))
+    }
+
+    /// Whether every local pod's topology is readable (used by readiness).
+    pub fn ready(&self) -> bool {
+        self.source.ready()
+    }
+
+    /// Pods of this node with a topology.
+    pub fn wired_pods(&self) -> Vec<PodKey> {
+        let pods = self.pods.lock().expect("pods lock").clone();
+        pods.into_keys()
+            .filter(|(ns, n)| self.source.topology(ns, n).is_some())
+            .collect()
+    }
+
+    /// Keys of the topologies (for diagnostics).
+    pub fn topology_keys(&self) -> Vec<PodKey> {
+        self.source.topologies().iter().map(|t| plan::key_of(t)).collect()
+    }
+
+    /// Runs a kernel procedure off the async workers (it may enter pod namespaces).
+    async fn kernel<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn WireKernel) -> Result<R, KernelError> + Send + 'static,
+    ) -> Result<R, WireError> {
+        let k = self.kernel.clone();
+        Ok(tokio::task::spawn_blocking(move || f(&*k))
+            .await
+            .map_err(|e| WireError::Task(e.to_string()))??)
+    }
+
+    /// Calls the `Ends` RPC of the node at `node`.
+    async fn call_ends(&self, node: IpAddr, ends: Vec<End>) -> Result<Vec<EndResult>, WireError> {
+        let me = self.node_address().ok_or(WireError::NoNodeAddress)?;
+        let req = EndsRequest {
+            from: Some(Hello {
+                node: self.cfg.node_name.clone(),
+                address: me.to_string(),
+            }),
+            ends,
+        };
+        Ok(self.peers.ends(node, req).await?)
+    }
+}

@@ -1,0 +1,360 @@
+//! Planning, without I/O: what a link needs from this node given where its peer runs,
+//! who builds a shared piece, and the records, specs and messages an end is described
+//! by. Every decision here is by name and place, never by timing, so two nodes (or two
+//! pods of one node) reach the same answer on their own.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use weft_kernel::wire::FdbEntry;
+use weft_link::{WireEnd, WireState};
+use weft_rpc::wire::End;
+use weft_topology::{Link, LinkKind, Topology, TopologyStatus};
+
+use super::LocalPod;
+use crate::convert;
+use crate::ids::{derived_mac, derived_vni, parse_mac, wire_id};
+use crate::kernel::{EndSpec, VxlanPeer};
+
+/// A pod by (namespace, name).
+pub type PodKey = (String, String);
+
+/// What a link needs from this node, given where its peer is.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Want {
+    /// Peer on this node: a veth pair, built by `builder`.
+    Veth { peer: LocalPod, builder: bool },
+    /// Peer on another node.
+    Remote { kind: LinkKind, node: IpAddr },
+    /// Peer not up anywhere (or not yet known).
+    Absent,
+}
+
+/// Decides what link `link` of pod `pod` needs from where its peer is: `pods` are this
+/// node's (alive) pods, `topology` reads the cluster's topologies, `me` is this node's
+/// address and `default_kind` carries links between nodes that name no kind.
+pub(crate) fn want(
+    me: IpAddr,
+    default_kind: LinkKind,
+    ns: &str,
+    pod: &str,
+    link: &Link,
+    pods: &BTreeMap<PodKey, LocalPod>,
+    topology: impl Fn(&str, &str) -> Option<Arc<Topology>>,
+) -> Want {
+    let peer_key = (ns.to_string(), link.peer_pod.clone());
+    if let Some(peer) = pods.get(&peer_key) {
+        // The peer builds when it lists the link too and its name is lower.
+        let peer_lists = topology(ns, &link.peer_pod).is_some_and(|t| t.spec.links.iter().any(|l| l.uid == link.uid));
+        let builder = !peer_lists || pod < link.peer_pod.as_str();
+        return Want::Veth {
+            peer: peer.clone(),
+            builder,
+        };
+    }
+    let Some(peer_t) = topology(ns, &link.peer_pod) else {
+        return Want::Absent;
+    };
+    let Some(st) = peer_t.status.as_ref().filter(|s| s.alive()) else {
+        return Want::Absent;
+    };
+    let Ok(node) = st.src_ip.parse::<IpAddr>() else {
+        return Want::Absent;
+    };
+    if node == me {
+        // Says it runs here but this daemon has not attached it (yet, or any more).
+        return Want::Absent;
+    }
+    let kind = match link.kind {
+        Some(LinkKind::Vxlan) => LinkKind::Vxlan,
+        Some(LinkKind::Grpc) => LinkKind::Grpc,
+        _ => default_kind,
+    };
+    Want::Remote { kind, node }
+}
+
+/// Whether `pod`'s node proposes the VNI of its VXLAN link to `peer_pod` (the other
+/// node waits for the offer).
+pub(crate) fn proposes(pod: &str, peer_pod: &str) -> bool {
+    pod < peer_pod
+}
+
+/// The VNI a proposer offers first: the one its end holds, else the link's derived one.
+pub(crate) fn first_vni(rec: Option<&WireEnd>, ns: &str, uid: i64) -> u32 {
+    rec.and_then(|r| r.vni).unwrap_or_else(|| derived_vni(ns, uid))
+}
+
+/// The MTU of a VXLAN end whose underlay is `me`: the wire MTU less the encapsulation.
+pub(crate) fn vxlan_mtu(mtu: u32, me: IpAddr) -> u32 {
+    let overhead = if me.is_ipv6() { 70 } else { 50 };
+    mtu.saturating_sub(overhead)
+}
+
+/// Whether a VXLAN end's FDB sends every frame and the peer's MAC to `node`.
+pub(crate) fn fdb_points(fdb: &[FdbEntry], node: IpAddr, peer_mac: [u8; 6]) -> bool {
+    fdb.contains(&([0; 6], node)) && fdb.contains(&(peer_mac, node))
+}
+
+/// An address given as a CIDR (`None` when empty or unreadable).
+pub(crate) fn address(cidr: &str) -> Option<(IpAddr, u8)> {
+    if cidr.is_empty() {
+        return None;
+    }
+    let net: ipnet::IpNet = cidr.parse().ok()?;
+    Some((net.addr(), net.prefix_len()))
+}
+
+/// The MAC of an interface: the one the topology gives, else the derived one.
+pub(crate) fn mac_of(given: Option<&str>, namespace: &str, pod: &str, intf: &str) -> [u8; 6] {
+    given
+        .and_then(parse_mac)
+        .unwrap_or_else(|| derived_mac(namespace, pod, intf))
+}
+
+/// The pod a topology belongs to.
+pub(crate) fn key_of(t: &Topology) -> PodKey {
+    (
+        t.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        t.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The local end of `link` of pod `pod` (namespace `ns`, network namespace `netns`).
+pub(crate) fn local_spec(ns: &str, pod: &str, netns: &str, link: &Link, mtu: u32) -> EndSpec {
+    EndSpec {
+        netns: netns.into(),
+        intf: link.local_intf.clone(),
+        mac: mac_of(link.local_mac.as_deref(), ns, pod, &link.local_intf),
+        mtu,
+        address: address(&link.local_ip),
+    }
+}
+
+/// The peer end of a same-node `link`, in the peer pod's namespace `netns`.
+pub(crate) fn peer_spec(ns: &str, netns: &str, link: &Link, mtu: u32) -> EndSpec {
+    EndSpec {
+        netns: netns.into(),
+        intf: link.peer_intf.clone(),
+        mac: mac_of(link.peer_mac.as_deref(), ns, &link.peer_pod, &link.peer_intf),
+        mtu,
+        address: address(&link.peer_ip),
+    }
+}
+
+/// Where a VXLAN end of `link` points: the peer node and the peer end.
+pub(crate) fn vxlan_peer(ns: &str, link: &Link, node: IpAddr) -> VxlanPeer {
+    VxlanPeer {
+        vtep: node,
+        mac: mac_of(link.peer_mac.as_deref(), ns, &link.peer_pod, &link.peer_intf),
+        ip: address(&link.peer_ip).map(|(a, _)| a),
+    }
+}
+
+/// The record of pod `pod`'s end of `link`, up.
+pub(crate) fn record(ns: &str, pod: &str, netns: &str, link: &Link, kind: LinkKind, peer_node: String) -> WireEnd {
+    WireEnd {
+        id: wire_id(ns, link.uid, pod),
+        namespace: ns.into(),
+        link_uid: link.uid,
+        local_pod: pod.into(),
+        local_intf: link.local_intf.clone(),
+        peer_pod: link.peer_pod.clone(),
+        peer_intf: link.peer_intf.clone(),
+        peer_id: wire_id(ns, link.uid, &link.peer_pod),
+        kind,
+        peer_node,
+        vni: None,
+        netns: netns.into(),
+        state: WireState::Up,
+    }
+}
+
+/// The record of the other end of a veth pair whose first end is `ours`, in the peer
+/// pod's namespace `netns`.
+pub(crate) fn mirror(ours: &WireEnd, netns: &str) -> WireEnd {
+    WireEnd {
+        id: ours.peer_id,
+        local_pod: ours.peer_pod.clone(),
+        local_intf: ours.peer_intf.clone(),
+        peer_pod: ours.local_pod.clone(),
+        peer_intf: ours.local_intf.clone(),
+        peer_id: ours.id,
+        netns: netns.into(),
+        ..ours.clone()
+    }
+}
+
+/// The status a pod of this node should carry: where it runs (what meshnet's
+/// `skipped` says is kept).
+pub(crate) fn status_for(me: IpAddr, pod: &LocalPod, current: Option<&TopologyStatus>) -> TopologyStatus {
+    TopologyStatus {
+        src_ip: me.to_string(),
+        net_ns: pod.netns.clone(),
+        container_id: pod.container_id.clone(),
+        skipped: current.map(|s| s.skipped.clone()).unwrap_or_default(),
+    }
+}
+
+/// The `Ends` message offering pod `pod`'s end of `link` (`vni`: the one proposed).
+pub(crate) fn end_of(ns: &str, pod: &str, link: &Link, kind: LinkKind, vni: Option<u32>) -> End {
+    let mut end = record(ns, pod, "", link, kind, String::new());
+    end.vni = vni;
+    convert::to_message(&end, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_topology::TopologySpec;
+
+    fn link(uid: i64, peer: &str, kind: Option<LinkKind>) -> Link {
+        Link {
+            uid,
+            peer_pod: peer.into(),
+            local_intf: "eth1".into(),
+            peer_intf: "eth2".into(),
+            local_ip: "10.0.0.1/30".into(),
+            peer_ip: "10.0.0.2/30".into(),
+            local_mac: None,
+            peer_mac: Some("02:00:00:00:00:02".into()),
+            kind,
+        }
+    }
+
+    fn topo(name: &str, links: Vec<Link>, node: Option<&str>) -> Arc<Topology> {
+        let mut t = Topology::new(name, TopologySpec { links });
+        t.metadata.namespace = Some("lab".into());
+        t.status = node.map(|n| TopologyStatus {
+            src_ip: n.into(),
+            net_ns: format!("/run/netns/{name}"),
+            ..Default::default()
+        });
+        Arc::new(t)
+    }
+
+    fn pod(name: &str) -> LocalPod {
+        LocalPod {
+            netns: format!("/run/netns/{name}"),
+            container_id: format!("c-{name}"),
+        }
+    }
+
+    const ME: &str = "192.0.2.1";
+
+    fn plan(pod_name: &str, l: &Link, pods: &[&str], topos: &[Arc<Topology>]) -> Want {
+        let pods = pods
+            .iter()
+            .map(|p| (("lab".to_string(), p.to_string()), pod(p)))
+            .collect();
+        let find = |ns: &str, n: &str| {
+            topos
+                .iter()
+                .find(|t| key_of(t) == (ns.to_string(), n.to_string()))
+                .cloned()
+        };
+        want(ME.parse().unwrap(), LinkKind::Vxlan, "lab", pod_name, l, &pods, find)
+    }
+
+    #[test]
+    fn same_node_the_lower_name_builds_for_both() {
+        let r1 = topo("r1", vec![link(1, "r2", None)], None);
+        let r2 = topo("r2", vec![link(1, "r1", None)], None);
+        let topos = [r1, r2];
+        assert_eq!(
+            plan("r1", &link(1, "r2", None), &["r1", "r2"], &topos),
+            Want::Veth {
+                peer: pod("r2"),
+                builder: true
+            }
+        );
+        assert_eq!(
+            plan("r2", &link(1, "r1", None), &["r1", "r2"], &topos),
+            Want::Veth {
+                peer: pod("r1"),
+                builder: false
+            }
+        );
+    }
+
+    #[test]
+    fn same_node_a_link_only_one_side_lists_is_built_by_that_side() {
+        // r2 lists nothing back: r2 would never build, so r3 (the higher name) does.
+        let r3 = topo("r3", vec![link(1, "r2", None)], None);
+        let r2 = topo("r2", vec![], None);
+        assert_eq!(
+            plan("r3", &link(1, "r2", None), &["r2", "r3"], &[r3, r2]),
+            Want::Veth {
+                peer: pod("r2"),
+                builder: true
+            }
+        );
+    }
+
+    #[test]
+    fn across_nodes_the_peer_status_decides() {
+        let l = link(1, "r2", None);
+        let r1 = topo("r1", vec![l.clone()], Some(ME));
+        // No topology, no status, or a status without a namespace: absent.
+        assert_eq!(plan("r1", &l, &["r1"], std::slice::from_ref(&r1)), Want::Absent);
+        let r2 = topo("r2", vec![link(1, "r1", None)], None);
+        assert_eq!(plan("r1", &l, &["r1"], &[r1.clone(), r2]), Want::Absent);
+        // Claims to run here but is not attached here: absent.
+        let r2 = topo("r2", vec![link(1, "r1", None)], Some(ME));
+        assert_eq!(plan("r1", &l, &["r1"], &[r1.clone(), r2]), Want::Absent);
+        // Runs on another node: the daemon's default kind, or the link's own.
+        let r2 = topo("r2", vec![link(1, "r1", None)], Some("192.0.2.2"));
+        let node: IpAddr = "192.0.2.2".parse().unwrap();
+        assert_eq!(
+            plan("r1", &l, &["r1"], &[r1.clone(), r2.clone()]),
+            Want::Remote {
+                kind: LinkKind::Vxlan,
+                node
+            }
+        );
+        let g = link(1, "r2", Some(LinkKind::Grpc));
+        assert_eq!(
+            plan("r1", &g, &["r1"], &[r1, r2]),
+            Want::Remote {
+                kind: LinkKind::Grpc,
+                node
+            }
+        );
+    }
+
+    #[test]
+    fn the_lower_name_proposes_the_vni() {
+        assert!(proposes("r1", "r2"));
+        assert!(!proposes("r2", "r1"));
+        let mut rec = record("lab", "r1", "/n", &link(1, "r2", None), LinkKind::Vxlan, ME.into());
+        assert_eq!(first_vni(Some(&rec), "lab", 1), derived_vni("lab", 1));
+        rec.vni = Some(77);
+        assert_eq!(first_vni(Some(&rec), "lab", 1), 77);
+    }
+
+    #[test]
+    fn records_and_messages() {
+        let l = link(5, "r2", None);
+        let ours = record("lab", "r1", "/a", &l, LinkKind::Veth, String::new());
+        let theirs = mirror(&ours, "/b");
+        assert_eq!(theirs.id, wire_id("lab", 5, "r2"));
+        assert_eq!(theirs.peer_id, ours.id);
+        assert_eq!(
+            (theirs.local_intf.as_str(), theirs.peer_intf.as_str()),
+            ("eth2", "eth1")
+        );
+        assert_eq!(theirs.netns, "/b");
+        let peer = vxlan_peer("lab", &l, "192.0.2.9".parse().unwrap());
+        assert_eq!(peer.mac, [2, 0, 0, 0, 0, 2]);
+        assert_eq!(peer.ip, Some("10.0.0.2".parse().unwrap()));
+        let spec = local_spec("lab", "r1", "/a", &l, 1500);
+        assert_eq!(spec.mac, derived_mac("lab", "r1", "eth1"));
+        assert_eq!(spec.address, Some(("10.0.0.1".parse().unwrap(), 30)));
+        assert_eq!(vxlan_mtu(1500, "192.0.2.1".parse().unwrap()), 1450);
+        assert_eq!(vxlan_mtu(1500, "2001:db8::1".parse().unwrap()), 1430);
+        assert_eq!((ours.kind, ours.state), (LinkKind::Veth, WireState::Up));
+        let e = end_of("lab", "r1", &l, LinkKind::Vxlan, Some(9));
+        assert!(e.present);
+        assert_eq!((e.wire_id, e.vni, e.kind.as_str()), (ours.id, 9, "vxlan"));
+    }
+}

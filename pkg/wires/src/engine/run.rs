@@ -1,0 +1,270 @@
+//! The run loop and the pass: publish where this node's pods run, bring every link of
+//! every local pod where the plan says (veth pairs and peers going away here, VXLAN and
+//! gRPC ends in their modules), remove ends nothing asks for, mirror the result.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tracing::{debug, info, warn};
+use weft_link::{LinkKind, WireEnd, WireState};
+use weft_topology::Link;
+
+use super::plan::{self, PodKey, Want};
+use super::{Engine, LocalPod};
+use crate::convert;
+use crate::error::WireError;
+use crate::ids::wire_id;
+use crate::plane::GrpcPlane;
+
+impl<P: GrpcPlane> Engine<P> {
+    /// The reconcile task: a pass whenever asked, the source changes or the timer fires
+    /// (sooner while work waits on a peer).
+    pub(super) async fn run(self: Arc<Self>) {
+        let mut changes = self.source.changes();
+        loop {
+            let want = self.requested.load(Ordering::Acquire);
+            self.retry.store(false, Ordering::Relaxed);
+            if let Err(e) = self.pass().await {
+                warn!(error = %e, "wire pass failed; retrying");
+                self.retry.store(true, Ordering::Relaxed);
+            }
+            self.done.send_modify(|d| *d = (*d).max(want));
+            let wait = if self.retry.load(Ordering::Relaxed) {
+                Duration::from_millis(500)
+            } else {
+                self.cfg.resync
+            };
+            tokio::select! {
+                _ = self.kick.notified() => {}
+                r = changes.changed() => if r.is_err() { tokio::time::sleep(wait).await },
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// One pass over every link of every local pod.
+    async fn pass(&self) -> Result<(), WireError> {
+        let Some(me) = self.node_address() else {
+            debug!("node address not known yet; wires wait");
+            self.retry.store(true, Ordering::Relaxed);
+            return Ok(());
+        };
+        // A pod whose namespace is gone is being collected by the daemon; its ends went
+        // with the namespace and its records go as stale below.
+        let pods: BTreeMap<PodKey, LocalPod> = self
+            .pods
+            .lock()
+            .expect("pods lock")
+            .clone()
+            .into_iter()
+            .filter(|(_, p)| self.kernel.pod_exists(&p.netns))
+            .collect();
+        let mut records: HashMap<u64, WireEnd> = self
+            .store
+            .run(|db| db.wires())
+            .await?
+            .into_iter()
+            .map(|r| (r.id, r))
+            .collect();
+        let before: BTreeSet<_> = records.values().map(|r| (r.id, r.state, r.peer_node.clone())).collect();
+
+        // Where this node's pods run: written for the other nodes to read.
+        for ((ns, name), pod) in &pods {
+            let Some(t) = self.source.topology(ns, name) else {
+                continue;
+            };
+            let want = plan::status_for(me, pod, t.status.as_ref());
+            if t.status.as_ref() != Some(&want)
+                && let Err(e) = self.source.set_status(ns, name, want).await
+            {
+                warn!(pod = %format!("{ns}/{name}"), error = %e, "could not publish the pod's status");
+                self.retry.store(true, Ordering::Relaxed);
+            }
+        }
+
+        let mut wanted: BTreeSet<u64> = BTreeSet::new();
+        for ((ns, name), pod) in &pods {
+            let Some(t) = self.source.topology(ns, name) else {
+                continue;
+            };
+            for link in &t.spec.links {
+                let want = plan::want(me, self.cfg.default_kind, ns, name, link, &pods, |n, p| {
+                    self.source.topology(n, p)
+                });
+                wanted.insert(wire_id(ns, link.uid, name));
+                match want {
+                    // The other pod's pass builds the pair and writes both records.
+                    Want::Veth { builder: false, .. } => continue,
+                    Want::Veth { builder: true, .. } => {
+                        wanted.insert(wire_id(ns, link.uid, &link.peer_pod));
+                    }
+                    _ => {}
+                }
+                if let Err(e) = self.reconcile_link(me, ns, name, pod, link, want, &mut records).await {
+                    warn!(pod = %format!("{ns}/{name}"), intf = %link.local_intf, link = link.uid, error = %e, "wire not ready; retrying");
+                    self.retry.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+
+        // Ends nothing asks for any more: their pod left or the link was removed.
+        let stale: Vec<WireEnd> = records.values().filter(|r| !wanted.contains(&r.id)).cloned().collect();
+        for r in stale {
+            self.teardown(&r, true).await;
+            records.remove(&r.id);
+        }
+
+        let after: BTreeSet<_> = records.values().map(|r| (r.id, r.state, r.peer_node.clone())).collect();
+        if before != after || !self.mirrored.swap(true, Ordering::AcqRel) {
+            let ends = records.values().cloned().collect();
+            if let Err(e) = self.source.set_wire_state(ends).await {
+                debug!(error = %e, "could not mirror the wire state");
+                self.mirrored.store(false, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings one link of a local pod where `want` says.
+    #[allow(clippy::too_many_arguments)]
+    async fn reconcile_link(
+        &self,
+        me: IpAddr,
+        ns: &str,
+        name: &str,
+        pod: &LocalPod,
+        link: &Link,
+        want: Want,
+        records: &mut HashMap<u64, WireEnd>,
+    ) -> Result<(), WireError> {
+        match want {
+            Want::Veth { builder: false, .. } => Ok(()),
+            Want::Veth { peer, builder: true } => self.reconcile_veth(ns, name, pod, &peer, link, records).await,
+            Want::Absent => self.peer_absent(ns, name, link, records).await,
+            Want::Remote {
+                kind: LinkKind::Grpc,
+                node,
+            } => self.reconcile_grpc(ns, name, pod, link, node, records).await,
+            Want::Remote { kind: _, node } => self.reconcile_vxlan(me, ns, name, pod, link, node, records).await,
+        }
+    }
+
+    /// Builds the veth pair of a link between two pods of this node (this pod builds),
+    /// unless both ends are recorded and present.
+    async fn reconcile_veth(
+        &self,
+        ns: &str,
+        name: &str,
+        pod: &LocalPod,
+        peer: &LocalPod,
+        link: &Link,
+        records: &mut HashMap<u64, WireEnd>,
+    ) -> Result<(), WireError> {
+        let id = wire_id(ns, link.uid, name);
+        let peer_id = wire_id(ns, link.uid, &link.peer_pod);
+        let rec = records.get(&id).cloned();
+        let peer_rec = records.get(&peer_id).cloned();
+        let a = plan::local_spec(ns, name, &pod.netns, link, self.cfg.mtu);
+        let b = plan::peer_spec(ns, &peer.netns, link, self.cfg.mtu);
+        let intact = rec
+            .as_ref()
+            .is_some_and(|r| r.kind == LinkKind::Veth && r.netns == pod.netns)
+            && peer_rec
+                .as_ref()
+                .is_some_and(|r| r.kind == LinkKind::Veth && r.netns == peer.netns)
+            && {
+                let (a, b) = (a.clone(), b.clone());
+                self.kernel(move |k| Ok(k.has_interface(&a.netns, &a.intf) && k.has_interface(&b.netns, &b.intf)))
+                    .await?
+            };
+        if intact {
+            return Ok(());
+        }
+        for r in [rec, peer_rec].into_iter().flatten() {
+            self.teardown(&r, false).await;
+            records.remove(&r.id);
+        }
+        self.kernel(move |k| k.create_veth(&a, &b)).await?;
+        let ours = plan::record(ns, name, &pod.netns, link, LinkKind::Veth, String::new());
+        let theirs = plan::mirror(&ours, &peer.netns);
+        self.put(ours, records).await?;
+        self.put(theirs, records).await?;
+        info!(namespace = ns, link = link.uid, a = %format!("{name}:{}", link.local_intf), b = %format!("{}:{}", link.peer_pod, link.peer_intf), "veth wire built");
+        Ok(())
+    }
+
+    /// The peer pod is up nowhere: a veth pair goes (it dies with either pod anyway);
+    /// an end to another node is set down and kept for the peer's return.
+    async fn peer_absent(
+        &self,
+        ns: &str,
+        name: &str,
+        link: &Link,
+        records: &mut HashMap<u64, WireEnd>,
+    ) -> Result<(), WireError> {
+        let Some(mut r) = records.get(&wire_id(ns, link.uid, name)).cloned() else {
+            return Ok(());
+        };
+        if r.kind == LinkKind::Veth {
+            self.teardown(&r, false).await;
+            records.remove(&r.id);
+            return Ok(());
+        }
+        if r.state != WireState::Down {
+            let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
+            self.kernel(move |k| k.set_interface_up(&netns, &intf, false)).await?;
+            if let Some(dp) = self.dataplane() {
+                dp.set_up(r.id, false);
+            }
+            r.state = WireState::Down;
+            info!(wire = r.id, pod = %name, intf = %r.local_intf, "peer gone: wire end down");
+            self.put(r, records).await?;
+        }
+        Ok(())
+    }
+
+    /// Records an end (and its `up` gauge) in the store and in this pass's view.
+    pub(super) async fn put(&self, r: WireEnd, records: &mut HashMap<u64, WireEnd>) -> Result<(), WireError> {
+        let stored = r.clone();
+        self.store.run(move |db| db.put_wire(&stored)).await?;
+        let labels = convert::labels(&r);
+        // Re-pointed (another peer node, kind or interface): the old series end here.
+        if let Some(old) = records.get(&r.id).map(convert::labels)
+            && old != labels
+        {
+            self.metrics.remove_wire(&old);
+        }
+        self.metrics
+            .wire_up
+            .get_or_create(&labels)
+            .set(i64::from(r.state.is_up()));
+        records.insert(r.id, r);
+        Ok(())
+    }
+
+    /// Removes an end: its interface, its worker, its record; tells a remote peer.
+    pub(super) async fn teardown(&self, r: &WireEnd, tell_peer: bool) {
+        if let Some(dp) = self.dataplane() {
+            dp.detach(r.id);
+        }
+        let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
+        if let Err(e) = self.kernel(move |k| k.remove_interface(&netns, &intf)).await {
+            warn!(wire = r.id, error = %e, "could not remove a wire end's interface");
+        }
+        let id = r.id;
+        if let Err(e) = self.store.run(move |db| db.remove_wire(id)).await {
+            warn!(wire = r.id, error = %e, "could not forget a wire end");
+        }
+        self.metrics.remove_wire(&convert::labels(r));
+        info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, kind = %r.kind, "wire end removed");
+        if tell_peer
+            && let Ok(node) = r.peer_node.parse::<IpAddr>()
+            && let Err(e) = self.call_ends(node, vec![convert::to_message(r, false)]).await
+        {
+            debug!(wire = r.id, error = %e, "could not tell the peer node; it sees the pod's status instead");
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! What can go wrong building or serving a wire, typed so the engine's log lines and
+//! callers see which layer failed (kernel, store, peer node, data plane).
+
+use std::net::IpAddr;
+
+use weft_kernel::KernelError;
+use weft_store::StoreError;
+
+/// Why a wire could not be brought where it should be (the pass logs it and retries).
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// A kernel procedure failed.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The peer's node could not be asked.
+    #[error(transparent)]
+    Peer(#[from] PeerError),
+    /// This node's underlay address is not known yet.
+    #[error("node address unknown")]
+    NoNodeAddress,
+    /// The peer's node answered an `Ends` call without a result for the end.
+    #[error("peer answered no result")]
+    NoAnswer,
+    /// Every VNI tried was taken on one node or the other.
+    #[error("no VNI both nodes have free")]
+    NoFreeVni,
+    /// The data plane could not take a gRPC end.
+    #[error("{0}")]
+    DataPlane(String),
+    /// A blocking kernel task died (panicked or was cancelled).
+    #[error("kernel task: {0}")]
+    Task(String),
+}
+
+/// Why an `Ends` call to another node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// The node's address does not make an endpoint.
+    #[error("{0}")]
+    Endpoint(String),
+    /// No connection could be made.
+    #[error("connecting to {node}: {reason}")]
+    Connect {
+        /// The node called.
+        node: IpAddr,
+        /// What the transport said.
+        reason: String,
+    },
+    /// The node answered with an error.
+    #[error("Ends on {node}: {message}")]
+    Call {
+        /// The node called.
+        node: IpAddr,
+        /// The status message it answered.
+        message: String,
+    },
+}

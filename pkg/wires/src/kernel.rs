@@ -1,0 +1,181 @@
+//! The kernel seam of wires: the few procedures the engine runs on pods' namespaces,
+//! as a trait ([`WireKernel`]) so its decisions are tested against a fake, and their
+//! implementation over weft's netlink socket ([`HostWireKernel`]).
+//!
+//! Each method is one procedure that either leaves what it names in place or fails;
+//! which procedure to run, and when, is the engine's business. The methods block
+//! (they may enter a pod's namespace on a thread of their own): the engine calls them
+//! off its async workers.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use weft_kernel::wire::{self as kwire, FdbEntry};
+use weft_kernel::{KernelError, LinkStats, NetNs, Netlink, packet};
+
+/// One end of a wire as the kernel should hold it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndSpec {
+    /// The pod's network namespace path.
+    pub netns: String,
+    /// The interface name inside the pod.
+    pub intf: String,
+    /// Its MAC.
+    pub mac: [u8; 6],
+    /// Its MTU.
+    pub mtu: u32,
+    /// Its address and prefix length, if the link gives one.
+    pub address: Option<(IpAddr, u8)>,
+}
+
+/// Where a VXLAN end sends its frames: the peer node's VTEP, and the peer end's MAC
+/// and address (answered without ARP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VxlanPeer {
+    /// The peer node's address.
+    pub vtep: IpAddr,
+    /// The peer end's MAC.
+    pub mac: [u8; 6],
+    /// The peer end's address, if the link gives one.
+    pub ip: Option<IpAddr>,
+}
+
+/// What the wire engine does to and asks of the kernel.
+pub trait WireKernel: Send + Sync + 'static {
+    /// Whether the pod's network namespace still exists (one that is gone belongs to a
+    /// pod the daemon is collecting).
+    fn pod_exists(&self, netns: &str) -> bool;
+    /// Whether the pod has an interface `intf` (false when it cannot be looked at).
+    fn has_interface(&self, netns: &str, intf: &str) -> bool;
+    /// Builds a veth pair straight between two pods, removing whatever was under
+    /// either name first, and configures both ends up.
+    fn create_veth(&self, a: &EndSpec, b: &EndSpec) -> Result<(), KernelError>;
+    /// Builds the VXLAN end `end` with `vni`, its socket on the node's address `local`
+    /// (keeping one that is there already with a VTEP set), configures it up and
+    /// points it at `peer`.
+    fn create_vxlan(&self, end: &EndSpec, vni: u32, local: IpAddr, peer: &VxlanPeer) -> Result<(), KernelError>;
+    /// The FDB entries of a VXLAN end; `None` when it does not exist.
+    fn vxlan_fdb(&self, netns: &str, intf: &str) -> Result<Option<Vec<FdbEntry>>, KernelError>;
+    /// Puts a VXLAN end's unicast FDB and neighbour entries (back) in place.
+    fn point_vxlan(&self, netns: &str, intf: &str, peer: &VxlanPeer) -> Result<(), KernelError>;
+    /// Builds the veth pair of gRPC wire end `id` (pod end `end`, node end named after
+    /// the id), taking over a whole pair left by an earlier run and replacing anything
+    /// else under either name, and configures the pod end up.
+    fn create_packet_end(&self, end: &EndSpec, id: u64) -> Result<(), KernelError>;
+    /// Removes an interface from a pod (nothing to do when the pod is gone).
+    fn remove_interface(&self, netns: &str, intf: &str) -> Result<(), KernelError>;
+    /// Sets an interface up or down; returns whether it exists.
+    fn set_interface_up(&self, netns: &str, intf: &str, up: bool) -> Result<bool, KernelError>;
+    /// An interface's kernel counters; `None` when it does not exist.
+    fn link_stats(&self, netns: &str, intf: &str) -> Result<Option<LinkStats>, KernelError>;
+}
+
+/// [`WireKernel`] on the real kernel: every procedure opens the pod's namespace and a
+/// netlink socket inside it; pairs and VXLAN sockets are created from the calling
+/// thread's namespace (weftd's: the node's).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostWireKernel;
+
+/// A netlink socket inside the pod at `netns`, with the namespace it was opened in.
+fn pod(netns: &str) -> Result<(NetNs, Netlink), KernelError> {
+    let ns = NetNs::open(Path::new(netns))?;
+    let nl = kwire::socket_in(&ns)?;
+    Ok((ns, nl))
+}
+
+impl WireKernel for HostWireKernel {
+    fn pod_exists(&self, netns: &str) -> bool {
+        Path::new(netns).exists()
+    }
+
+    fn has_interface(&self, netns: &str, intf: &str) -> bool {
+        let Ok((_, mut nl)) = pod(netns) else {
+            return false;
+        };
+        matches!(kwire::find(&mut nl, intf), Ok(Some(_)))
+    }
+
+    fn create_veth(&self, a: &EndSpec, b: &EndSpec) -> Result<(), KernelError> {
+        let _ = self.remove_interface(&a.netns, &a.intf);
+        let _ = self.remove_interface(&b.netns, &b.intf);
+        let ans = NetNs::open(Path::new(&a.netns))?;
+        let bns = NetNs::open(Path::new(&b.netns))?;
+        kwire::veth_between(
+            kwire::PodEnd {
+                pod: &ans,
+                name: &a.intf,
+                mac: a.mac,
+            },
+            kwire::PodEnd {
+                pod: &bns,
+                name: &b.intf,
+                mac: b.mac,
+            },
+            a.mtu,
+        )?;
+        kwire::configure(&mut kwire::socket_in(&ans)?, &a.intf, a.mac, a.mtu, a.address, true)?;
+        kwire::configure(&mut kwire::socket_in(&bns)?, &b.intf, b.mac, b.mtu, b.address, true)?;
+        Ok(())
+    }
+
+    fn create_vxlan(&self, end: &EndSpec, vni: u32, local: IpAddr, peer: &VxlanPeer) -> Result<(), KernelError> {
+        let (ns, mut nl) = pod(&end.netns)?;
+        let same = kwire::find(&mut nl, &end.intf)?.is_some() && kwire::vxlan_vtep(&mut nl, &end.intf)?.is_some();
+        if !same {
+            kwire::remove(&mut nl, &end.intf)?;
+            let at = kwire::PodEnd {
+                pod: &ns,
+                name: &end.intf,
+                mac: end.mac,
+            };
+            kwire::vxlan_into(at, vni, local, end.mtu)?;
+        }
+        kwire::configure(&mut nl, &end.intf, end.mac, end.mtu, end.address, true)?;
+        kwire::point_vxlan(&mut nl, &end.intf, peer.vtep, peer.mac, peer.ip)
+    }
+
+    fn vxlan_fdb(&self, netns: &str, intf: &str) -> Result<Option<Vec<FdbEntry>>, KernelError> {
+        let (_, mut nl) = pod(netns)?;
+        kwire::vxlan_fdb(&mut nl, intf)
+    }
+
+    fn point_vxlan(&self, netns: &str, intf: &str, peer: &VxlanPeer) -> Result<(), KernelError> {
+        let (_, mut nl) = pod(netns)?;
+        kwire::point_vxlan(&mut nl, intf, peer.vtep, peer.mac, peer.ip)
+    }
+
+    fn create_packet_end(&self, end: &EndSpec, id: u64) -> Result<(), KernelError> {
+        let (ns, mut nl) = pod(&end.netns)?;
+        let pod_end = kwire::find(&mut nl, &end.intf)?.is_some();
+        // A pair left by an earlier pass is taken over; anything else under either
+        // name (half a pair, a TAP of an older weft) is replaced.
+        if !(pod_end && packet::exists(id)?) {
+            if pod_end {
+                kwire::remove(&mut nl, &end.intf)?;
+            }
+            packet::remove(id)?;
+            packet::create(&ns, &end.intf, end.mac, end.mtu, id)?;
+        }
+        kwire::configure(&mut nl, &end.intf, end.mac, end.mtu, end.address, true)
+    }
+
+    fn remove_interface(&self, netns: &str, intf: &str) -> Result<(), KernelError> {
+        let Ok(ns) = NetNs::open(Path::new(netns)) else {
+            return Ok(());
+        };
+        kwire::remove(&mut kwire::socket_in(&ns)?, intf)?;
+        Ok(())
+    }
+
+    fn set_interface_up(&self, netns: &str, intf: &str, up: bool) -> Result<bool, KernelError> {
+        let Ok(ns) = NetNs::open(Path::new(netns)) else {
+            return Ok(false);
+        };
+        kwire::set_state(&mut kwire::socket_in(&ns)?, intf, up)
+    }
+
+    fn link_stats(&self, netns: &str, intf: &str) -> Result<Option<LinkStats>, KernelError> {
+        let (_, mut nl) = pod(netns)?;
+        Ok(kwire::stats(&mut nl, intf)?.map(|(_, st)| st))
+    }
+}

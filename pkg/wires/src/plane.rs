@@ -1,0 +1,58 @@
+//! The data-plane seam of wires: what the engine asks of the workers that carry gRPC
+//! wire ends ([`GrpcPlane`]), so its decisions are tested without packet sockets or
+//! streams, and the one place it meets the real [`DataPlane`].
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use weft_kernel::packet;
+use weft_telemetry::metrics::WireLabels;
+
+use crate::dataplane::DataPlane;
+use crate::error::WireError;
+
+/// A gRPC wire end to start a worker for (its pair built by the kernel seam).
+#[derive(Debug, Clone)]
+pub struct GrpcEnd {
+    /// This end's wire id (its node end is named after it).
+    pub id: u64,
+    /// The peer end's wire id (frames are tagged with it).
+    pub peer_id: u64,
+    /// The peer's node.
+    pub peer: IpAddr,
+    /// The end's metric labels.
+    pub labels: WireLabels,
+    /// Whether frames flow (the peer pod is up).
+    pub up: bool,
+}
+
+/// The workers of this node's gRPC wire ends.
+pub trait GrpcPlane: Send + Sync + 'static {
+    /// Opens the end's packet socket and starts (or replaces) its worker.
+    fn attach(self: &Arc<Self>, end: GrpcEnd) -> Result<(), WireError>;
+    /// Marks an end up or down (its peer pod came or went).
+    fn set_up(&self, id: u64, up: bool);
+    /// Stops an end's worker.
+    fn detach(&self, id: u64);
+    /// Whether an end has a worker.
+    fn attached(&self, id: u64) -> bool;
+}
+
+impl GrpcPlane for DataPlane {
+    fn attach(self: &Arc<Self>, end: GrpcEnd) -> Result<(), WireError> {
+        let fd = packet::open(end.id)?;
+        DataPlane::attach(self, end.id, end.peer_id, end.peer, fd, end.labels, end.up).map_err(WireError::DataPlane)
+    }
+
+    fn set_up(&self, id: u64, up: bool) {
+        DataPlane::set_up(self, id, up)
+    }
+
+    fn detach(&self, id: u64) {
+        DataPlane::detach(self, id)
+    }
+
+    fn attached(&self, id: u64) -> bool {
+        DataPlane::attached(self, id)
+    }
+}

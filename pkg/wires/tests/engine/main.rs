@@ -1,0 +1,701 @@
+//! The wire engine against fake seams, without root: a lab of nodes (each an engine
+//! with a fake kernel and a real store on a temporary file) sharing one in-memory
+//! topology source, their `Ends` calls routed to each other in-process. Covers who
+//! builds a link and from which side, peers arriving in either order, a pod moving to
+//! another node, links removed from the topology, VNI negotiation, and a restart that
+//! finds the ends the kernel kept (and rebuilds those it did not).
+
+mod fakes;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fakes::{FakeKernel, FakePeers, FakePlane, Kind};
+use weft_kernel::LinkStats;
+use weft_link::{WireEnd, WireState};
+use weft_rpc::wire::{End, EndsRequest, Hello};
+use weft_store::Store;
+use weft_telemetry::Metrics;
+use weft_telemetry::metrics::{RepairLabels, WireDirLabels};
+use weft_topology::{Link, LinkKind, MemorySource, Topology, TopologySource, TopologySpec};
+use weft_wires::ids::{derived_mac, derived_vni, next_vni, wire_id};
+use weft_wires::{Engine, EngineConfig, LocalPod, PodKey, Seams, labels};
+
+const NS: &str = "lab";
+
+/// One node of the lab: what outlives its daemon (kernel, store file, pods attached)
+/// and the daemon of its current life.
+struct Node {
+    name: String,
+    addr: IpAddr,
+    kernel: Arc<FakeKernel>,
+    db: PathBuf,
+    pods: BTreeMap<PodKey, LocalPod>,
+    plane: Arc<FakePlane>,
+    engine: Option<Arc<Engine<FakePlane>>>,
+}
+
+/// Nodes sharing one topology source (as nodes share one API server).
+struct Lab {
+    _dir: tempfile::TempDir,
+    source: Arc<MemorySource>,
+    peers: Arc<FakePeers>,
+    metrics: Arc<Metrics>,
+    nodes: Vec<Node>,
+    links: BTreeMap<String, Vec<Link>>,
+}
+
+fn netns(node: &str, pod: &str) -> String {
+    format!("/fake/{node}/{pod}")
+}
+
+impl Lab {
+    /// Nodes `names`, at 192.0.2.1, .2, … in that order; no daemon runs yet.
+    fn new(names: &[&str]) -> Lab {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Node {
+                name: n.to_string(),
+                addr: format!("192.0.2.{}", i + 1).parse().unwrap(),
+                kernel: Arc::default(),
+                db: dir.path().join(format!("{n}.db")),
+                pods: BTreeMap::new(),
+                plane: Arc::default(),
+                engine: None,
+            })
+            .collect();
+        Lab {
+            _dir: dir,
+            source: Arc::default(),
+            peers: Arc::default(),
+            metrics: Metrics::new("test", "test"),
+            nodes,
+            links: BTreeMap::new(),
+        }
+    }
+
+    /// Starts every node's daemon (again), as weftd does: the pods it had attached
+    /// come from its store, everything else from the kernel and the source.
+    async fn start(&mut self) {
+        self.metrics = Metrics::new("test", "test");
+        for n in &mut self.nodes {
+            let cfg = EngineConfig {
+                node_name: n.name.clone(),
+                node_address: Some(n.addr),
+                wire_port: 0,
+                default_kind: LinkKind::Vxlan,
+                mtu: 1500,
+                resync: Duration::from_secs(3600),
+                dataplane_runtime: None,
+            };
+            n.plane = Arc::default();
+            let plane = n.plane.clone();
+            let seams = Seams {
+                kernel: n.kernel.clone(),
+                peers: self.peers.clone(),
+                plane: Box::new(move |_| plane.clone()),
+            };
+            let store = Store::open(&n.db).unwrap();
+            let engine = Engine::start_with(
+                cfg,
+                self.source.clone() as Arc<dyn TopologySource>,
+                store,
+                self.metrics.clone(),
+                n.pods.clone(),
+                seams,
+            )
+            .await;
+            self.peers.register(n.addr, &engine);
+            n.engine = Some(engine);
+        }
+    }
+
+    /// Forgets every daemon (their tasks end with the runtime they ran on).
+    fn stop(&mut self) {
+        for n in &mut self.nodes {
+            n.engine = None;
+        }
+    }
+
+    fn node(&self, name: &str) -> &Node {
+        self.nodes.iter().find(|n| n.name == name).expect("no such node")
+    }
+
+    fn engine(&self, name: &str) -> &Arc<Engine<FakePlane>> {
+        self.node(name).engine.as_ref().expect("daemon running")
+    }
+
+    fn kernel(&self, name: &str) -> &FakeKernel {
+        &self.node(name).kernel
+    }
+
+    /// Adds link `uid` between `a` (pod, interface) and `b` to both pods' topologies.
+    fn connect(&mut self, uid: i64, a: (&str, &str), b: (&str, &str), kind: Option<LinkKind>) {
+        let end = |me: (&str, &str), peer: (&str, &str)| Link {
+            uid,
+            peer_pod: peer.0.into(),
+            local_intf: me.1.into(),
+            peer_intf: peer.1.into(),
+            local_ip: String::new(),
+            peer_ip: String::new(),
+            local_mac: None,
+            peer_mac: None,
+            kind,
+        };
+        self.links.entry(a.0.into()).or_default().push(end(a, b));
+        self.links.entry(b.0.into()).or_default().push(end(b, a));
+        self.publish();
+    }
+
+    /// Removes link `uid` from every topology.
+    fn disconnect(&mut self, uid: i64) {
+        for links in self.links.values_mut() {
+            links.retain(|l| l.uid != uid);
+        }
+        self.publish();
+    }
+
+    /// Puts every pod's topology in the source, keeping the statuses daemons wrote.
+    fn publish(&self) {
+        for (pod, links) in &self.links {
+            let mut t = Topology::new(pod, TopologySpec { links: links.clone() });
+            t.metadata.namespace = Some(NS.into());
+            t.status = self.source.topology(NS, pod).and_then(|t| t.status.clone());
+            self.source.put(t);
+        }
+    }
+
+    /// The runtime attaches `pod` on `node` (its namespace is created first).
+    async fn add(&mut self, node: &str, pod: &str) {
+        let n = self.nodes.iter_mut().find(|n| n.name == node).unwrap();
+        let local = LocalPod {
+            netns: netns(node, pod),
+            container_id: format!("{node}-{pod}"),
+        };
+        n.kernel.add_pod(&local.netns);
+        n.pods.insert((NS.into(), pod.into()), local.clone());
+        let engine = n.engine.clone().unwrap();
+        engine.pod_added(NS, pod, local).await;
+    }
+
+    /// The runtime detaches `pod` from `node`, then deletes its namespace.
+    async fn remove(&mut self, node: &str, pod: &str) {
+        let n = self.nodes.iter_mut().find(|n| n.name == node).unwrap();
+        n.pods.remove(&(NS.to_string(), pod.to_string()));
+        let engine = n.engine.clone().unwrap();
+        let kernel = n.kernel.clone();
+        engine.pod_removed(NS, pod, &format!("{node}-{pod}")).await;
+        kernel.remove_pod(&netns(node, pod));
+    }
+
+    /// Lets every daemon run passes until the calls between them have played out.
+    async fn settle(&self) {
+        for _ in 0..4 {
+            for n in &self.nodes {
+                if let Some(e) = &n.engine {
+                    e.pass_and_wait().await;
+                }
+            }
+        }
+    }
+
+    async fn wires(&self, node: &str) -> BTreeMap<u64, WireEnd> {
+        self.engine(node)
+            .wires()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.id, r))
+            .collect()
+    }
+
+    /// Every VXLAN offer made so far: (from node, to address, VNI).
+    fn offers(&self) -> Vec<(String, IpAddr, u32)> {
+        self.peers.offers()
+    }
+}
+
+fn id(pod: &str, uid: i64) -> u64 {
+    wire_id(NS, uid, pod)
+}
+
+fn vxlan_of(k: &FakeKernel, netns: &str, intf: &str) -> (u32, IpAddr, Vec<([u8; 6], IpAddr)>, bool) {
+    let i = k.iface(netns, intf).unwrap_or_else(|| panic!("{netns}/{intf} missing"));
+    match i.kind {
+        Kind::Vxlan { vni, local } => (vni, local, i.fdb, i.up),
+        other => panic!("{netns}/{intf} is {other:?}, not VXLAN"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_node_the_lower_name_builds_the_veth_for_both_whatever_the_order() {
+    for order in [["r1", "r2"], ["r2", "r1"]] {
+        let mut lab = Lab::new(&["a"]);
+        lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), None);
+        lab.start().await;
+        lab.add("a", order[0]).await;
+        assert!(
+            lab.kernel("a").created().is_empty(),
+            "{order:?}: nothing to build with one pod"
+        );
+        assert!(lab.wires("a").await.is_empty());
+        lab.add("a", order[1]).await;
+        lab.settle().await;
+
+        // One pair, created from r1's side (r1 < r2), whichever pod came first.
+        assert_eq!(
+            lab.kernel("a").created(),
+            vec!["veth /fake/a/r1/eth1 /fake/a/r2/eth2".to_string()],
+            "{order:?}"
+        );
+        let k = lab.kernel("a");
+        let a = k.iface("/fake/a/r1", "eth1").unwrap();
+        assert_eq!(
+            a.kind,
+            Kind::Veth {
+                peer: ("/fake/a/r2".into(), "eth2".into())
+            }
+        );
+        assert!(a.up);
+        assert_eq!(a.mac, derived_mac(NS, "r1", "eth1"));
+        assert_eq!(
+            k.iface("/fake/a/r2", "eth2").unwrap().mac,
+            derived_mac(NS, "r2", "eth2")
+        );
+
+        // Both ends recorded by the builder.
+        let w = lab.wires("a").await;
+        assert_eq!(
+            w.keys().copied().collect::<BTreeSet<_>>(),
+            BTreeSet::from([id("r1", 1), id("r2", 1)])
+        );
+        for r in w.values() {
+            assert_eq!(
+                (r.kind, r.state, r.peer_node.as_str()),
+                (LinkKind::Veth, WireState::Up, "")
+            );
+        }
+        assert_eq!(w[&id("r2", 1)].peer_id, id("r1", 1));
+        assert_eq!(w[&id("r2", 1)].netns, "/fake/a/r2");
+
+        // Nothing more to do.
+        lab.settle().await;
+        assert_eq!(lab.kernel("a").created().len(), 1);
+        assert!(lab.offers().is_empty(), "a pair needs no other node");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_veth_end_is_rebuilt_and_a_pod_leaving_takes_the_pair() {
+    let mut lab = Lab::new(&["a"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), None);
+    lab.start().await;
+    lab.add("a", "r1").await;
+    lab.add("a", "r2").await;
+    lab.kernel("a").yank("/fake/a/r2", "eth2");
+    lab.settle().await;
+    assert_eq!(lab.kernel("a").created().len(), 2, "rebuilt once");
+    assert!(lab.kernel("a").iface("/fake/a/r1", "eth1").is_some());
+
+    lab.remove("a", "r2").await;
+    lab.settle().await;
+    assert!(lab.wires("a").await.is_empty(), "both records go with either pod");
+    assert!(lab.kernel("a").ifaces_of("/fake/a/r1").is_empty());
+}
+
+/// r1 (the lower name, so the proposer) runs on node b, r2 on node a: who proposes is
+/// decided by pod name, not by node.
+async fn vxlan_pair(first: (&str, &str), second: (&str, &str)) -> Lab {
+    let mut lab = Lab::new(&["a", "b"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), None);
+    lab.start().await;
+    lab.add(first.0, first.1).await;
+    lab.settle().await;
+    // Alone, a pod gets nothing built and asks nobody.
+    assert!(lab.offers().is_empty());
+    assert!(lab.kernel(first.0).created().is_empty());
+    lab.add(second.0, second.1).await;
+    lab.settle().await;
+    lab
+}
+
+async fn assert_vxlan_pair(lab: &Lab, vni: u32) {
+    let (a, b) = (lab.node("a").addr, lab.node("b").addr);
+    let (v1, local1, fdb1, up1) = vxlan_of(lab.kernel("b"), "/fake/b/r1", "eth1");
+    let (v2, local2, fdb2, up2) = vxlan_of(lab.kernel("a"), "/fake/a/r2", "eth2");
+    assert_eq!((v1, v2), (vni, vni), "both ends on the agreed VNI");
+    assert_eq!((local1, local2), (b, a));
+    assert!(up1 && up2);
+    assert!(fdb1.contains(&([0; 6], a)) && fdb1.contains(&(derived_mac(NS, "r2", "eth2"), a)));
+    assert!(fdb2.contains(&([0; 6], b)) && fdb2.contains(&(derived_mac(NS, "r1", "eth1"), b)));
+    let (wa, wb) = (lab.wires("a").await, lab.wires("b").await);
+    let (ra, rb) = (&wa[&id("r2", 1)], &wb[&id("r1", 1)]);
+    assert_eq!((ra.vni, rb.vni), (Some(vni), Some(vni)));
+    assert_eq!((ra.state, rb.state), (WireState::Up, WireState::Up));
+    assert_eq!(
+        (ra.peer_node.clone(), rb.peer_node.clone()),
+        (b.to_string(), a.to_string())
+    );
+    assert_eq!((wa.len(), wb.len()), (1, 1));
+    let mtu = lab.kernel("a").iface("/fake/a/r2", "eth2").unwrap().mtu;
+    assert_eq!(mtu, 1450, "the wire MTU less the encapsulation");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn across_nodes_the_lower_name_proposes_whoever_arrives_first() {
+    for (first, second) in [(("b", "r1"), ("a", "r2")), (("a", "r2"), ("b", "r1"))] {
+        let lab = vxlan_pair(first, second).await;
+        let vni = derived_vni(NS, 1);
+        assert_vxlan_pair(&lab, vni).await;
+        let offers = lab.offers();
+        assert!(!offers.is_empty());
+        assert!(
+            offers
+                .iter()
+                .all(|(from, to, v)| from == "b" && *to == lab.node("a").addr && *v == vni),
+            "only r1's node offers, and its first offer is the derived VNI: {offers:?}"
+        );
+        // Each node built its own end once.
+        assert_eq!(lab.kernel("a").created().len(), 1);
+        assert_eq!(lab.kernel("b").created().len(), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_vni_makes_the_proposer_try_the_next() {
+    let v0 = derived_vni(NS, 1);
+    let (v1, v2) = (next_vni(v0), next_vni(next_vni(v0)));
+    let mut lab = Lab::new(&["a", "b"]);
+    lab.peers.refuse.lock().unwrap().extend([v0, v1]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), None);
+    lab.start().await;
+    lab.add("a", "r1").await;
+    lab.add("b", "r2").await;
+    lab.settle().await;
+    let mut offered: Vec<u32> = lab.offers().into_iter().map(|(_, _, v)| v).collect();
+    offered.dedup();
+    assert_eq!(offered, vec![v0, v1, v2]);
+    let (va, ..) = vxlan_of(lab.kernel("a"), "/fake/a/r1", "eth1");
+    let (vb, ..) = vxlan_of(lab.kernel("b"), "/fake/b/r2", "eth2");
+    assert_eq!((va, vb), (v2, v2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_refuses_a_vni_another_end_holds_there() {
+    let mut lab = Lab::new(&["a", "b"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), None);
+    lab.connect(2, ("r3", "eth1"), ("r4", "eth1"), None);
+    lab.start().await;
+    for (n, p) in [("a", "r1"), ("b", "r2"), ("b", "r4")] {
+        lab.add(n, p).await;
+    }
+    lab.settle().await;
+    let vni = derived_vni(NS, 1);
+    assert_vxlan_pair_on(&lab, vni).await;
+    // A node offering the VNI b holds for link 1, for an end of link 2.
+    let offer = |vni| EndsRequest {
+        from: Some(Hello {
+            node: "c".into(),
+            address: "192.0.2.3".into(),
+        }),
+        ends: vec![End {
+            namespace: NS.into(),
+            link_uid: 2,
+            pod: "r3".into(),
+            peer_pod: "r4".into(),
+            kind: LinkKind::Vxlan.to_string(),
+            vni,
+            present: true,
+            wire_id: id("r3", 2),
+        }],
+    };
+    let reply = lab.engine("b").ends(offer(vni)).await;
+    assert!(!reply.results[0].accepted);
+    assert_eq!(reply.results[0].reason, format!("VNI {vni} is taken on this node"));
+    let reply = lab.engine("b").ends(offer(next_vni(vni))).await;
+    assert!(reply.results[0].accepted, "{}", reply.results[0].reason);
+    assert_eq!(lab.wires("b").await[&id("r4", 2)].vni, Some(next_vni(vni)));
+    // And a pod that is not there is refused.
+    let mut bad = offer(next_vni(next_vni(vni)));
+    bad.ends[0].peer_pod = "r9".into();
+    assert!(!lab.engine("b").ends(bad).await.results[0].accepted);
+}
+
+/// Link 1 of the r1 (node a) – r2 (node b) pair is up on `vni`.
+async fn assert_vxlan_pair_on(lab: &Lab, vni: u32) {
+    let (va, _, _, upa) = vxlan_of(lab.kernel("a"), "/fake/a/r1", "eth1");
+    let (vb, _, _, upb) = vxlan_of(lab.kernel("b"), "/fake/b/r2", "eth2");
+    assert_eq!((va, vb, upa, upb), (vni, vni, true, true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_moving_to_another_node_takes_its_wire_along() {
+    let mut lab = Lab::new(&["a", "b", "c"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), None);
+    lab.start().await;
+    lab.add("a", "r1").await;
+    lab.add("b", "r2").await;
+    lab.settle().await;
+    let vni = derived_vni(NS, 1);
+    assert_vxlan_pair_on(&lab, vni).await;
+    let (b, c) = (lab.node("b").addr, lab.node("c").addr);
+
+    // r2 leaves b: b forgets its end, a's end goes down and waits.
+    lab.remove("b", "r2").await;
+    lab.settle().await;
+    assert!(lab.wires("b").await.is_empty());
+    let ra = lab.wires("a").await[&id("r1", 1)].clone();
+    assert_eq!((ra.state, ra.peer_node.clone()), (WireState::Down, b.to_string()));
+    assert!(!lab.kernel("a").iface("/fake/a/r1", "eth1").unwrap().up);
+
+    // r2 comes back on c: a re-points its end there, keeping the VNI.
+    lab.add("c", "r2").await;
+    lab.settle().await;
+    let ra = lab.wires("a").await[&id("r1", 1)].clone();
+    assert_eq!(
+        (ra.state, ra.peer_node.clone(), ra.vni),
+        (WireState::Up, c.to_string(), Some(vni))
+    );
+    let (va, _, fdb, up) = vxlan_of(lab.kernel("a"), "/fake/a/r1", "eth1");
+    assert_eq!((va, up), (vni, true));
+    assert!(
+        fdb.contains(&([0; 6], c)) && !fdb.iter().any(|(_, n)| *n == b),
+        "{fdb:?}"
+    );
+    assert_eq!(
+        lab.kernel("a").created().len(),
+        1,
+        "re-pointed, not rebuilt under the pod"
+    );
+    let (vc, ..) = vxlan_of(lab.kernel("c"), "/fake/c/r2", "eth2");
+    assert_eq!(vc, vni);
+    assert_eq!(
+        lab.wires("c").await[&id("r2", 1)].peer_node,
+        lab.node("a").addr.to_string()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_removed_from_the_topology_are_taken_down_on_both_sides() {
+    let mut lab = Lab::new(&["a", "b"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth1"), None);
+    lab.connect(2, ("r1", "eth2"), ("r3", "eth1"), None);
+    lab.start().await;
+    for (n, p) in [("a", "r1"), ("a", "r2"), ("b", "r3")] {
+        lab.add(n, p).await;
+    }
+    lab.settle().await;
+    assert_eq!(lab.wires("a").await.len(), 3, "a veth pair and one VXLAN end");
+    assert_eq!(lab.wires("b").await.len(), 1);
+
+    lab.disconnect(1);
+    lab.settle().await;
+    let wa = lab.wires("a").await;
+    assert_eq!(wa.keys().copied().collect::<Vec<_>>(), vec![id("r1", 2)]);
+    assert!(lab.kernel("a").iface("/fake/a/r1", "eth1").is_none());
+    assert!(lab.kernel("a").ifaces_of("/fake/a/r2").is_empty());
+    vxlan_of(lab.kernel("a"), "/fake/a/r1", "eth2");
+
+    lab.disconnect(2);
+    lab.settle().await;
+    assert!(lab.wires("a").await.is_empty());
+    assert!(lab.wires("b").await.is_empty());
+    assert!(lab.kernel("a").ifaces_of("/fake/a/r1").is_empty());
+    assert!(lab.kernel("b").ifaces_of("/fake/b/r3").is_empty());
+    // Mirrored: the wire-state resource is empty too.
+    assert!(lab.source.wires().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_ends_are_built_by_each_side_and_follow_their_peer() {
+    let mut lab = Lab::new(&["a", "b"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), Some(LinkKind::Grpc));
+    lab.start().await;
+    lab.add("a", "r1").await;
+    lab.add("b", "r2").await;
+    lab.settle().await;
+    for (node, pod, intf, peer) in [("a", "r1", "eth1", "b"), ("b", "r2", "eth2", "a")] {
+        let i = lab.kernel(node).iface(&netns(node, pod), intf).unwrap();
+        assert_eq!(i.kind, Kind::Packet { id: id(pod, 1) });
+        let (end, up) = lab.node(node).plane.end(id(pod, 1)).expect("worker attached");
+        assert!(up);
+        assert_eq!(end.peer, lab.node(peer).addr);
+        let peer_pod = if pod == "r1" { "r2" } else { "r1" };
+        assert_eq!(end.peer_id, id(peer_pod, 1));
+        assert_eq!(lab.kernel(node).created().len(), 1);
+    }
+    assert!(lab.offers().is_empty(), "gRPC wires negotiate nothing");
+
+    lab.remove("b", "r2").await;
+    lab.settle().await;
+    let (_, up) = lab.node("a").plane.end(id("r1", 1)).unwrap();
+    assert!(!up, "the worker stops carrying frames");
+    assert!(!lab.kernel("a").iface("/fake/a/r1", "eth1").unwrap().up);
+    assert_eq!(lab.wires("a").await[&id("r1", 1)].state, WireState::Down);
+
+    lab.add("b", "r2").await;
+    lab.settle().await;
+    assert!(lab.node("a").plane.end(id("r1", 1)).unwrap().1);
+    assert_eq!(lab.wires("a").await[&id("r1", 1)].state, WireState::Up);
+    assert_eq!(lab.kernel("a").created().len(), 1, "a's end was kept throughout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drifted_fdb_entries_are_put_back_without_a_rebuild() {
+    let mut lab = Lab::new(&["a", "b"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), None);
+    lab.start().await;
+    lab.add("a", "r1").await;
+    lab.add("b", "r2").await;
+    lab.settle().await;
+    lab.kernel("a").flush_fdb("/fake/a/r1", "eth1");
+    lab.settle().await;
+    let (_, _, fdb, _) = vxlan_of(lab.kernel("a"), "/fake/a/r1", "eth1");
+    assert!(fdb.contains(&([0; 6], lab.node("b").addr)));
+    assert_eq!(lab.kernel("a").created().len(), 1);
+    let repairs = lab
+        .metrics
+        .reconcile_repairs
+        .get_or_create(&RepairLabels { kind: "fdb" })
+        .get();
+    assert_eq!(repairs, 1);
+}
+
+fn frames(m: &Metrics, r: &WireEnd, direction: &'static str) -> u64 {
+    m.wire_frames
+        .get_or_create(&WireDirLabels {
+            wire: labels(r),
+            direction,
+        })
+        .get()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_ends_counters_grow_by_what_the_interface_counted() {
+    let mut lab = Lab::new(&["a"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), None);
+    lab.start().await;
+    lab.add("a", "r1").await;
+    lab.add("a", "r2").await;
+    let st = |n| LinkStats {
+        rx_packets: n,
+        tx_packets: 2 * n,
+        ..Default::default()
+    };
+    lab.kernel("a").set_stats("/fake/a/r1", "eth1", st(10));
+    lab.engine("a").sample_counters().await;
+    lab.kernel("a").set_stats("/fake/a/r1", "eth1", st(15));
+    lab.engine("a").sample_counters().await;
+    let r = lab.wires("a").await[&id("r1", 1)].clone();
+    assert_eq!(
+        (frames(&lab.metrics, &r, "rx"), frames(&lab.metrics, &r, "tx")),
+        (15, 30)
+    );
+    let report = lab.engine("a").report().await.unwrap();
+    let w1 = report.iter().find(|w| w.end.id == id("r1", 1)).unwrap();
+    let c = w1.counters.expect("the interface was read");
+    assert_eq!((c.rx_frames, c.tx_frames), (15, 30));
+}
+
+/// Runs `f` on a runtime of its own, dropped afterwards with every task of the
+/// daemons it started: a daemon's life.
+fn life<F: std::future::Future>(f: F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let out = rt.block_on(f);
+    drop(rt);
+    out
+}
+
+#[test]
+fn a_restart_keeps_the_ends_the_kernel_kept_and_rebuilds_the_missing() {
+    let mut lab = Lab::new(&["a", "b"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth1"), None);
+    lab.connect(2, ("r1", "eth2"), ("r3", "eth1"), None);
+    lab.connect(3, ("r1", "eth3"), ("r4", "eth1"), Some(LinkKind::Grpc));
+    let vni = derived_vni(NS, 2);
+
+    // First life: build everything.
+    let (wa, wb) = life(async {
+        lab.start().await;
+        for (n, p) in [("a", "r1"), ("a", "r2"), ("b", "r3"), ("b", "r4")] {
+            lab.add(n, p).await;
+        }
+        lab.settle().await;
+        let w = (lab.wires("a").await, lab.wires("b").await);
+        lab.stop();
+        w
+    });
+    assert_eq!((wa.len(), wb.len()), (4, 2), "veth pair, VXLAN and gRPC ends");
+    let (ca, cb) = (lab.kernel("a").created(), lab.kernel("b").created());
+    assert_eq!((ca.len(), cb.len()), (3, 2));
+    lab.kernel("b").set_stats(
+        "/fake/b/r4",
+        "eth1",
+        LinkStats {
+            rx_packets: 7,
+            tx_packets: 9,
+            ..Default::default()
+        },
+    );
+    let calls = lab.peers.calls.lock().unwrap().len();
+
+    // Second life: the kernel kept everything; nothing is rebuilt or renegotiated.
+    life(async {
+        lab.start().await;
+        lab.settle().await;
+        assert_eq!(lab.kernel("a").created(), ca);
+        assert_eq!(lab.kernel("b").created(), cb);
+        assert_eq!(lab.wires("a").await, wa);
+        assert_eq!(lab.wires("b").await, wb);
+        assert!(
+            lab.peers.calls.lock().unwrap()[calls..].is_empty(),
+            "no VNI offer, no gRPC announcement"
+        );
+        // The gRPC ends' workers came back from the store, their counters from the kernel.
+        for (node, pod) in [("a", "r1"), ("b", "r4")] {
+            let plane = &lab.node(node).plane;
+            assert!(plane.attached_once(id(pod, 3)), "{node}: re-attached, not rebuilt");
+        }
+        let r4 = &wb[&id("r4", 3)];
+        assert_eq!((frames(&lab.metrics, r4, "rx"), frames(&lab.metrics, r4, "tx")), (7, 9));
+        lab.stop();
+    });
+
+    // While no daemon runs, someone deletes a's veth end and VXLAN end, and b's gRPC
+    // pod end.
+    lab.kernel("a").yank("/fake/a/r1", "eth1");
+    lab.kernel("a").yank("/fake/a/r1", "eth2");
+    lab.kernel("b").yank("/fake/b/r4", "eth1");
+
+    // Third life: exactly those are rebuilt, under the same ids and VNI.
+    life(async {
+        lab.start().await;
+        lab.settle().await;
+        let (na, nb) = (lab.kernel("a").created(), lab.kernel("b").created());
+        assert_eq!(
+            na[ca.len()..]
+                .iter()
+                .map(|c| c.split(' ').next().unwrap())
+                .collect::<Vec<_>>(),
+            vec!["veth", "vxlan"]
+        );
+        assert_eq!(nb[cb.len()..], ["packet /fake/b/r4/eth1".to_string()]);
+        let (v, ..) = vxlan_of(lab.kernel("a"), "/fake/a/r1", "eth2");
+        assert_eq!(v, vni);
+        assert_eq!(
+            lab.wires("a").await.keys().collect::<Vec<_>>(),
+            wa.keys().collect::<Vec<_>>()
+        );
+        assert!(lab.node("b").plane.end(id("r4", 3)).is_some());
+        lab.stop();
+    });
+}
