@@ -23,8 +23,12 @@ pub mod sysctl;
 pub mod wire;
 
 pub use error::KernelError;
-pub use netlink::{Link, LinkStats, Netlink, RouteEntry};
+pub use netlink::{
+    Link, LinkStats, NetfilterMessage, Netlink, NetlinkSocket, NewLink, Nfnetlink, Protocol, RouteEntry, Rtnetlink,
+    VethPair, VxlanDevice,
+};
 pub use netns::{NetNs, in_netns};
+pub use packet::{PacketSocket, tune_allocator};
 pub use routing::{ProtoRoute, RouteLookup, VxlanParams};
 
 /// The route protocol number weft marks its routes with (`proto 74` in `ip route`),

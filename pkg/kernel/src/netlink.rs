@@ -1,12 +1,16 @@
-//! The one netlink socket wrapper weft uses: a blocking `NETLINK_ROUTE` socket bound
-//! to the network namespace of the thread that created it, with request/ACK and dump
-//! helpers and the handful of link, address and route operations weft needs.
+//! The one netlink socket wrapper weft uses: a blocking socket of one protocol family
+//! (`NETLINK_ROUTE` for links, addresses, routes and neighbours; `NETLINK_NETFILTER`
+//! for nftables batches) bound to the network namespace of the thread that created it,
+//! with request/ACK, dump and batch helpers, and the handful of link, address and route
+//! operations weft needs.
 
 use std::io;
+use std::marker::PhantomData;
 use std::net::IpAddr;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkDeserializable, NetlinkHeader,
+    NetlinkMessage, NetlinkPayload, NetlinkSerializable,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope};
 use netlink_packet_route::link::{
@@ -19,7 +23,10 @@ use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use netlink_sys::{
+    SocketAddr,
+    protocols::{NETLINK_NETFILTER, NETLINK_ROUTE},
+};
 
 /// A link as weft sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,12 +86,87 @@ pub struct RouteEntry {
     pub oif: Option<u32>,
 }
 
-/// A blocking rtnetlink socket in the caller's network namespace.
-pub struct Netlink {
-    sock: Socket,
+/// A netlink protocol family: which socket protocol it is and what its messages are.
+pub trait Protocol {
+    /// The socket protocol (`NETLINK_*`).
+    const PROTOCOL: isize;
+    /// Its messages, without the netlink header (which the socket writes and reads).
+    type Message: NetlinkSerializable + NetlinkDeserializable;
+    /// Sets the family's own socket options on a fresh socket.
+    fn configure(_sock: &mut netlink_sys::Socket) {}
+}
+
+/// rtnetlink (`NETLINK_ROUTE`): links, addresses, routes, neighbours.
+#[derive(Debug)]
+pub enum Rtnetlink {}
+
+impl Protocol for Rtnetlink {
+    const PROTOCOL: isize = NETLINK_ROUTE;
+    type Message = RouteNetlinkMessage;
+
+    fn configure(sock: &mut netlink_sys::Socket) {
+        // Strict checking makes the kernel filter dumps by the header we send.
+        let _ = sock.set_netlink_get_strict_chk(true);
+        let _ = sock.set_ext_ack(true);
+    }
+}
+
+/// nfnetlink (`NETLINK_NETFILTER`): nftables' messages, sent in batches.
+#[derive(Debug)]
+pub enum Nfnetlink {}
+
+impl Protocol for Nfnetlink {
+    const PROTOCOL: isize = NETLINK_NETFILTER;
+    type Message = NetfilterMessage;
+}
+
+/// One nfnetlink message as its user writes it: no crate models nftables' messages
+/// under a licence weft can use, so the caller lays out the body and the socket adds
+/// the netlink header, sequence numbers and acknowledgements.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetfilterMessage {
+    /// The message type: `(subsystem << 8) | message`, or a batch delimiter.
+    pub message_type: u16,
+    /// Everything after the netlink header: the `nfgenmsg` header and the attributes,
+    /// padded to 4 bytes.
+    pub body: Vec<u8>,
+}
+
+impl NetlinkSerializable for NetfilterMessage {
+    fn message_type(&self) -> u16 {
+        self.message_type
+    }
+
+    fn buffer_len(&self) -> usize {
+        self.body.len()
+    }
+
+    fn serialize(&self, buffer: &mut [u8]) {
+        buffer.copy_from_slice(&self.body);
+    }
+}
+
+impl NetlinkDeserializable for NetfilterMessage {
+    type Error = std::convert::Infallible;
+
+    fn deserialize(header: &NetlinkHeader, payload: &[u8]) -> Result<Self, Self::Error> {
+        Ok(Self {
+            message_type: header.message_type,
+            body: payload.to_vec(),
+        })
+    }
+}
+
+/// A blocking netlink socket of protocol family `P` in the caller's network namespace.
+pub struct NetlinkSocket<P: Protocol> {
+    sock: netlink_sys::Socket,
     seq: u32,
     buf: Vec<u8>,
+    protocol: PhantomData<P>,
 }
+
+/// A blocking rtnetlink socket in the caller's network namespace.
+pub type Netlink = NetlinkSocket<Rtnetlink>;
 
 fn family_of(a: &IpAddr) -> AddressFamily {
     match a {
@@ -98,15 +180,13 @@ pub(crate) fn host_prefix(a: &IpAddr) -> u8 {
     if a.is_ipv4() { 32 } else { 128 }
 }
 
-impl Netlink {
+impl<P: Protocol> NetlinkSocket<P> {
     /// Opens a socket in the calling thread's network namespace.
     pub fn new() -> io::Result<Self> {
-        let mut sock = Socket::new(NETLINK_ROUTE)?;
+        let mut sock = netlink_sys::Socket::new(P::PROTOCOL)?;
         sock.bind_auto()?;
         sock.connect(&SocketAddr::new(0, 0))?;
-        // Strict checking makes the kernel filter dumps by the header we send.
-        let _ = sock.set_netlink_get_strict_chk(true);
-        let _ = sock.set_ext_ack(true);
+        P::configure(&mut sock);
         // A reply that never comes must fail the call, not hang it.
         nix::sys::socket::setsockopt(
             &sock,
@@ -118,31 +198,41 @@ impl Netlink {
             sock,
             seq: 0,
             buf: vec![0; 64 * 1024],
+            protocol: PhantomData,
         })
     }
 
-    fn send(&mut self, msg: RouteNetlinkMessage, flags: u16) -> io::Result<u32> {
+    /// Appends `msg` with the next sequence number to `out`, returning the number.
+    fn encode(&mut self, msg: P::Message, flags: u16, out: &mut Vec<u8>) -> u32 {
         self.seq = self.seq.wrapping_add(1);
         let mut header = NetlinkHeader::default();
         header.flags = flags;
         header.sequence_number = self.seq;
         let mut nl = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(msg));
         nl.finalize();
-        let mut out = vec![0u8; nl.buffer_len()];
-        nl.serialize(&mut out);
+        let at = out.len();
+        out.resize(at + nl.buffer_len(), 0);
+        nl.serialize(&mut out[at..]);
+        // Messages sharing a datagram start on 4-byte boundaries.
+        out.resize(out.len().next_multiple_of(4), 0);
+        self.seq
+    }
+
+    fn send(&mut self, msg: P::Message, flags: u16) -> io::Result<u32> {
+        let mut out = Vec::new();
+        let seq = self.encode(msg, flags, &mut out);
         self.sock.send(&out, 0)?;
-        Ok(self.seq)
+        Ok(seq)
     }
 
     /// Receives every message answering `seq` until the ACK/error or the end of a dump.
-    fn receive(&mut self, seq: u32) -> io::Result<Vec<RouteNetlinkMessage>> {
+    fn receive(&mut self, seq: u32) -> io::Result<Vec<P::Message>> {
         let mut out = Vec::new();
         loop {
             let n = self.sock.recv(&mut &mut self.buf[..], 0)?;
             let mut off = 0;
             while off < n {
-                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[off..n])
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("decoding netlink reply: {e}")))?;
+                let msg = decode::<P>(&self.buf[off..n])?;
                 let len = msg.header.length as usize;
                 off += if len == 0 { n } else { (len + 3) & !3 };
                 if msg.header.sequence_number != seq {
@@ -164,21 +254,21 @@ impl Netlink {
     }
 
     /// Sends a request and waits for its ACK.
-    pub fn execute(&mut self, msg: RouteNetlinkMessage, extra_flags: u16) -> io::Result<()> {
+    pub fn execute(&mut self, msg: P::Message, extra_flags: u16) -> io::Result<()> {
         let seq = self.send(msg, NLM_F_REQUEST | NLM_F_ACK | extra_flags)?;
         self.receive(seq).map(|_| ())
     }
 
     /// Sends a request that is answered with messages (a `GET` of one object) and
     /// collects them until its ACK.
-    pub fn request(&mut self, msg: RouteNetlinkMessage) -> io::Result<Vec<RouteNetlinkMessage>> {
+    pub fn request(&mut self, msg: P::Message) -> io::Result<Vec<P::Message>> {
         let seq = self.send(msg, NLM_F_REQUEST | NLM_F_ACK)?;
         self.receive(seq)
     }
 
     /// Sends a request that removes something and waits for its ACK; returns whether it
     /// existed (`absent` is the errno the kernel answers when it did not).
-    pub fn execute_if_present(&mut self, msg: RouteNetlinkMessage, absent: i32) -> io::Result<bool> {
+    pub fn execute_if_present(&mut self, msg: P::Message, absent: i32) -> io::Result<bool> {
         match self.execute(msg, 0) {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(absent) => Ok(false),
@@ -187,110 +277,151 @@ impl Netlink {
     }
 
     /// Sends a dump request and collects every message of the answer.
-    pub fn dump(&mut self, msg: RouteNetlinkMessage) -> io::Result<Vec<RouteNetlinkMessage>> {
+    pub fn dump(&mut self, msg: P::Message) -> io::Result<Vec<P::Message>> {
         let seq = self.send(msg, NLM_F_REQUEST | NLM_F_DUMP)?;
         self.receive(seq)
     }
 
-    /// Creates a veth pair: `name` here, `peer` born directly inside the namespace
-    /// `peer_ns_fd` (so nothing is moved between namespaces afterwards). Both ends get
-    /// `mtu` and their MAC; `alias` marks the host end for humans and for reconciling.
-    #[allow(clippy::too_many_arguments)]
-    pub fn create_veth(
-        &mut self,
-        name: &str,
-        mac: [u8; 6],
-        peer: &str,
-        peer_mac: [u8; 6],
-        peer_ns_fd: i32,
-        mtu: u32,
-        alias: &str,
-    ) -> io::Result<()> {
+    /// Sends `msgs` (each with its flags) in one datagram, as nftables takes a batch
+    /// (begin, the changes, end), and waits for the acknowledgement of every message
+    /// that asks for one (`NLM_F_ACK`). The first error wins: the kernel aborts the
+    /// whole batch then, so nothing more is waited for.
+    pub fn batch(&mut self, msgs: impl IntoIterator<Item = (P::Message, u16)>) -> io::Result<()> {
+        let mut out = Vec::new();
+        let mut pending = Vec::new();
+        for (msg, flags) in msgs {
+            let seq = self.encode(msg, flags, &mut out);
+            if flags & NLM_F_ACK != 0 {
+                pending.push(seq);
+            }
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.sock.send(&out, 0)?;
+        while !pending.is_empty() {
+            let n = self.sock.recv(&mut &mut self.buf[..], 0)?;
+            let mut off = 0;
+            let mut first_error = None;
+            while off < n {
+                let msg = decode::<P>(&self.buf[off..n])?;
+                let len = msg.header.length as usize;
+                off += if len == 0 { n } else { (len + 3) & !3 };
+                if let NetlinkPayload::Error(e) = msg.payload {
+                    pending.retain(|s| *s != msg.header.sequence_number);
+                    if e.code.is_some() && first_error.is_none() {
+                        first_error = Some(e.to_io());
+                    }
+                }
+            }
+            if let Some(e) = first_error {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A link to create: its name and MAC, and the namespace it is born in.
+#[derive(Debug, Clone, Copy)]
+pub struct NewLink<'a> {
+    /// Interface name.
+    pub name: &'a str,
+    /// MAC address.
+    pub mac: [u8; 6],
+    /// The namespace (an open fd of it) the link is born in; `None` for this socket's.
+    pub netns: Option<i32>,
+}
+
+impl NewLink<'_> {
+    fn attributes(&self, mtu: u32) -> Vec<LinkAttribute> {
+        let mut attrs = vec![
+            LinkAttribute::IfName(self.name.to_string()),
+            LinkAttribute::Address(self.mac.to_vec()),
+            LinkAttribute::Mtu(mtu),
+        ];
+        if let Some(fd) = self.netns {
+            attrs.push(LinkAttribute::NetNsFd(fd));
+        }
+        attrs
+    }
+}
+
+/// A veth pair to create (`Netlink::create_veth`).
+#[derive(Debug, Clone, Copy)]
+pub struct VethPair<'a> {
+    /// The end the request names (a pod's host end, or one pod's end of a wire).
+    pub local: NewLink<'a>,
+    /// The other end.
+    pub peer: NewLink<'a>,
+    /// MTU of both ends.
+    pub mtu: u32,
+    /// An alias on the local end, marking it for humans and for reconciling.
+    pub alias: Option<&'a str>,
+}
+
+/// A VXLAN device to create (`Netlink::create_vxlan`).
+#[derive(Debug, Clone, Copy)]
+pub struct VxlanDevice<'a> {
+    /// Its name, MAC and the namespace it is born in.
+    pub link: NewLink<'a>,
+    /// VXLAN network id.
+    pub vni: u32,
+    /// The underlay address its UDP socket binds.
+    pub local: IpAddr,
+    /// UDP port.
+    pub port: u16,
+    /// MTU.
+    pub mtu: u32,
+    /// Whether to checksum the outer UDP header (IPv4; off is the kernel's default).
+    pub udp_csum: bool,
+}
+
+fn decode<P: Protocol>(buf: &[u8]) -> io::Result<NetlinkMessage<P::Message>> {
+    NetlinkMessage::<P::Message>::deserialize(buf)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("decoding netlink reply: {e}")))
+}
+
+impl Netlink {
+    /// Creates the veth pair `pair` with one request: each end is born in its own
+    /// namespace (`netns`), so nothing moves between namespaces afterwards.
+    pub fn create_veth(&mut self, pair: &VethPair<'_>) -> io::Result<()> {
         let mut peer_msg = LinkMessage::default();
-        peer_msg.attributes = vec![
-            LinkAttribute::IfName(peer.to_string()),
-            LinkAttribute::Address(peer_mac.to_vec()),
-            LinkAttribute::Mtu(mtu),
-            LinkAttribute::NetNsFd(peer_ns_fd),
-        ];
+        peer_msg.attributes = pair.peer.attributes(pair.mtu);
         let mut msg = LinkMessage::default();
-        msg.attributes = vec![
-            LinkAttribute::IfName(name.to_string()),
-            LinkAttribute::Address(mac.to_vec()),
-            LinkAttribute::Mtu(mtu),
-            LinkAttribute::IfAlias(alias.to_string()),
-            LinkAttribute::LinkInfo(vec![
-                LinkInfo::Kind(InfoKind::Veth),
-                LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
-            ]),
-        ];
+        msg.attributes = pair.local.attributes(pair.mtu);
+        if let Some(alias) = pair.alias {
+            msg.attributes.push(LinkAttribute::IfAlias(alias.to_string()));
+        }
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
+        ]));
         self.execute(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
     }
 
-    /// Creates a veth pair whose two ends are born in two other namespaces (a wire
-    /// between two pods on this node): `name` in `ns_fd`, `peer` in `peer_ns_fd`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn create_veth_between(
-        &mut self,
-        name: &str,
-        mac: [u8; 6],
-        ns_fd: i32,
-        peer: &str,
-        peer_mac: [u8; 6],
-        peer_ns_fd: i32,
-        mtu: u32,
-    ) -> io::Result<()> {
-        let mut peer_msg = LinkMessage::default();
-        peer_msg.attributes = vec![
-            LinkAttribute::IfName(peer.to_string()),
-            LinkAttribute::Address(peer_mac.to_vec()),
-            LinkAttribute::Mtu(mtu),
-            LinkAttribute::NetNsFd(peer_ns_fd),
+    /// Creates the VXLAN device `dev`: no learning, no remote, no group (frames go only
+    /// where unicast FDB entries say). Its UDP socket stays in this socket's namespace
+    /// (the node's underlay) even when the device is born in another (`netns`).
+    pub fn create_vxlan(&mut self, dev: &VxlanDevice<'_>) -> io::Result<()> {
+        let mut data = vec![
+            InfoVxlan::Id(dev.vni),
+            InfoVxlan::Port(dev.port),
+            InfoVxlan::Learning(false),
         ];
-        let mut msg = LinkMessage::default();
-        msg.attributes = vec![
-            LinkAttribute::IfName(name.to_string()),
-            LinkAttribute::Address(mac.to_vec()),
-            LinkAttribute::Mtu(mtu),
-            LinkAttribute::NetNsFd(ns_fd),
-            LinkAttribute::LinkInfo(vec![
-                LinkInfo::Kind(InfoKind::Veth),
-                LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
-            ]),
-        ];
-        self.execute(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
-    }
-
-    /// Creates a VXLAN device `name` that lives in namespace `ns_fd` while its UDP socket
-    /// stays in this socket's namespace (the node's underlay). No learning, no remote:
-    /// where frames go is programmed as unicast FDB entries.
-    #[allow(clippy::too_many_arguments)]
-    pub fn create_vxlan_into(
-        &mut self,
-        name: &str,
-        mac: [u8; 6],
-        ns_fd: i32,
-        vni: u32,
-        local: IpAddr,
-        port: u16,
-        mtu: u32,
-    ) -> io::Result<()> {
-        let mut data = vec![InfoVxlan::Id(vni), InfoVxlan::Port(port), InfoVxlan::Learning(false)];
-        data.push(match local {
+        if dev.udp_csum {
+            data.push(InfoVxlan::UDPCsum(true));
+        }
+        data.push(match dev.local {
             IpAddr::V4(v4) => InfoVxlan::Local(v4),
             IpAddr::V6(v6) => InfoVxlan::Local6(v6),
         });
         let mut msg = LinkMessage::default();
-        msg.attributes = vec![
-            LinkAttribute::IfName(name.to_string()),
-            LinkAttribute::Address(mac.to_vec()),
-            LinkAttribute::Mtu(mtu),
-            LinkAttribute::NetNsFd(ns_fd),
-            LinkAttribute::LinkInfo(vec![
-                LinkInfo::Kind(InfoKind::Vxlan),
-                LinkInfo::Data(InfoData::Vxlan(data)),
-            ]),
-        ];
+        msg.attributes = dev.link.attributes(dev.mtu);
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Vxlan),
+            LinkInfo::Data(InfoData::Vxlan(data)),
+        ]));
         self.execute(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
     }
 

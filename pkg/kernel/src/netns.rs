@@ -1,5 +1,6 @@
 //! Network namespaces: opening and checking a namespace path, and running work
-//! inside one on a thread of its own.
+//! inside one on a thread of its own ([`in_netns`], the only place a thread of weft's
+//! enters a namespace) or in a child process ([`NetNs::enter_in_child`]).
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -72,6 +73,19 @@ impl NetNs {
     fn enter(&self) -> Result<(), KernelError> {
         setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET)
             .map_err(|e| KernelError::os(format!("entering network namespace {}", self.path.display()), e.into()))
+    }
+
+    /// Makes the process `cmd` spawns start inside this namespace: the child enters it
+    /// between fork and exec, so no thread of the caller ever switches. The handle moves
+    /// into the command and closes with it (its descriptor is close-on-exec).
+    pub fn enter_in_child(self, cmd: &mut std::process::Command) {
+        // SAFETY: the closure runs in the forked child before exec and only calls
+        // setns(2), which is async-signal-safe; it allocates nothing.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+                setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
+            });
+        }
     }
 
     /// Whether two handles name the same namespace (same nsfs inode).

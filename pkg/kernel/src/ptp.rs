@@ -20,7 +20,7 @@ use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use crate::netlink::host_prefix;
+use crate::netlink::{NewLink, VethPair, host_prefix};
 use crate::{KernelError, NetNs, Netlink, RouteEntry, in_netns, sysctl};
 
 /// One address of a pod with the gateway it routes through.
@@ -220,15 +220,20 @@ impl PodNetwork {
 
     fn create_veth(&self, host: &mut Netlink, ns: &NetNs) -> Result<(), KernelError> {
         let create = |host: &mut Netlink| {
-            host.create_veth(
-                &self.host_ifname,
-                self.host_mac,
-                &self.ifname,
-                self.pod_mac,
-                ns.raw_fd(),
-                self.mtu,
-                &self.alias,
-            )
+            host.create_veth(&VethPair {
+                local: NewLink {
+                    name: &self.host_ifname,
+                    mac: self.host_mac,
+                    netns: None,
+                },
+                peer: NewLink {
+                    name: &self.ifname,
+                    mac: self.pod_mac,
+                    netns: Some(ns.raw_fd()),
+                },
+                mtu: self.mtu,
+                alias: Some(&self.alias),
+            })
         };
         match create(host) {
             Ok(()) => Ok(()),

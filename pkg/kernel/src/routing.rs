@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
-use netlink_packet_route::link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage};
+use netlink_packet_route::link::{InfoData, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage};
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
@@ -227,40 +227,6 @@ impl Netlink {
         let mut msg = Self::proto_route_message(dst, gateway, oif, proto);
         msg.header.scope = RouteScope::NoWhere;
         self.execute_if_present(RouteNetlinkMessage::DelRoute(msg), libc::ESRCH)
-    }
-
-    /// Creates a VXLAN device in this socket's namespace: no learning, no remote, no
-    /// group (frames go only where unicast FDB entries say), UDP checksums on.
-    pub fn create_vxlan(
-        &mut self,
-        name: &str,
-        mac: [u8; 6],
-        vni: u32,
-        local: IpAddr,
-        port: u16,
-        mtu: u32,
-    ) -> io::Result<()> {
-        let mut data = vec![
-            InfoVxlan::Id(vni),
-            InfoVxlan::Port(port),
-            InfoVxlan::Learning(false),
-            InfoVxlan::UDPCsum(true),
-        ];
-        data.push(match local {
-            IpAddr::V4(v4) => InfoVxlan::Local(v4),
-            IpAddr::V6(v6) => InfoVxlan::Local6(v6),
-        });
-        let mut msg = LinkMessage::default();
-        msg.attributes = vec![
-            LinkAttribute::IfName(name.to_string()),
-            LinkAttribute::Address(mac.to_vec()),
-            LinkAttribute::Mtu(mtu),
-            LinkAttribute::LinkInfo(vec![
-                LinkInfo::Kind(InfoKind::Vxlan),
-                LinkInfo::Data(InfoData::Vxlan(data)),
-            ]),
-        ];
-        self.execute(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
     }
 
     /// The VXLAN parameters of link `name`: `None` when there is no such link;

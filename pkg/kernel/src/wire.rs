@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use crate::netlink::LinkStats;
+use crate::netlink::{LinkStats, NewLink, VethPair, VxlanDevice};
 use crate::{KernelError, Link, NetNs, Netlink, in_netns};
 
 /// UDP port of weft's VXLAN ends (the IANA VXLAN port).
@@ -23,45 +23,69 @@ pub fn socket_in(ns: &NetNs) -> Result<Netlink, KernelError> {
     })
 }
 
-/// Creates a veth pair straight between two pods of this node: `a_name` in `a`,
-/// `b_name` in `b`. A name that exists already in either pod is `InterfaceExists`.
-#[allow(clippy::too_many_arguments)]
-pub fn veth_between(
-    a: &NetNs,
-    a_name: &str,
-    a_mac: [u8; 6],
-    b: &NetNs,
-    b_name: &str,
-    b_mac: [u8; 6],
-    mtu: u32,
-) -> Result<(), KernelError> {
-    let mut node = Netlink::new().map_err(os("opening netlink"))?;
-    node.create_veth_between(a_name, a_mac, a.raw_fd(), b_name, b_mac, b.raw_fd(), mtu)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::EEXIST) {
-                KernelError::InterfaceExists {
-                    ifname: format!("{a_name} or {b_name}"),
-                }
-            } else {
-                KernelError::os("creating the wire's veth pair", e)
-            }
-        })
+/// One end of a wire inside a pod: the pod's namespace, the interface's name and MAC.
+#[derive(Debug, Clone, Copy)]
+pub struct PodEnd<'a> {
+    /// The pod's network namespace.
+    pub pod: &'a NetNs,
+    /// The interface name inside it.
+    pub name: &'a str,
+    /// Its MAC address.
+    pub mac: [u8; 6],
 }
 
-/// Creates a VXLAN end `name` (VNI `vni`) inside `pod`; its UDP socket stays in the
-/// calling thread's namespace, bound to the node's address `local`.
-pub fn vxlan_into(pod: &NetNs, name: &str, mac: [u8; 6], vni: u32, local: IpAddr, mtu: u32) -> Result<(), KernelError> {
+impl<'a> PodEnd<'a> {
+    fn link(&self) -> NewLink<'a> {
+        NewLink {
+            name: self.name,
+            mac: self.mac,
+            netns: Some(self.pod.raw_fd()),
+        }
+    }
+}
+
+/// Creates a veth pair straight between two pods of this node, `a` and `b`, both ends
+/// with `mtu`. A name that exists already in either pod is `InterfaceExists`.
+pub fn veth_between(a: PodEnd<'_>, b: PodEnd<'_>, mtu: u32) -> Result<(), KernelError> {
     let mut node = Netlink::new().map_err(os("opening netlink"))?;
-    node.create_vxlan_into(name, mac, pod.raw_fd(), vni, local, VXLAN_PORT, mtu)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::EEXIST) {
-                KernelError::InterfaceExists {
-                    ifname: name.to_string(),
-                }
-            } else {
-                KernelError::os(format!("creating VXLAN end {name} (VNI {vni})"), e)
+    node.create_veth(&VethPair {
+        local: a.link(),
+        peer: b.link(),
+        mtu,
+        alias: None,
+    })
+    .map_err(|e| {
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            KernelError::InterfaceExists {
+                ifname: format!("{} or {}", a.name, b.name),
             }
-        })
+        } else {
+            KernelError::os("creating the wire's veth pair", e)
+        }
+    })
+}
+
+/// Creates a VXLAN end (VNI `vni`) inside its pod; its UDP socket stays in the calling
+/// thread's namespace, bound to the node's address `local`.
+pub fn vxlan_into(end: PodEnd<'_>, vni: u32, local: IpAddr, mtu: u32) -> Result<(), KernelError> {
+    let mut node = Netlink::new().map_err(os("opening netlink"))?;
+    node.create_vxlan(&VxlanDevice {
+        link: end.link(),
+        vni,
+        local,
+        port: VXLAN_PORT,
+        mtu,
+        udp_csum: false,
+    })
+    .map_err(|e| {
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            KernelError::InterfaceExists {
+                ifname: end.name.to_string(),
+            }
+        } else {
+            KernelError::os(format!("creating VXLAN end {} (VNI {vni})", end.name), e)
+        }
+    })
 }
 
 /// Looks up an end inside a pod.

@@ -64,12 +64,16 @@ fn a_veth_wire_joins_two_pods() {
     let (a, b) = (TempNetns::new(), TempNetns::new());
     node.run(|| {
         wire::veth_between(
-            &ns(&a),
-            "e1",
-            [2, 0, 0, 0, 1, 1],
-            &ns(&b),
-            "e2",
-            [2, 0, 0, 0, 2, 1],
+            wire::PodEnd {
+                pod: &ns(&a),
+                name: "e1",
+                mac: [2, 0, 0, 0, 1, 1],
+            },
+            wire::PodEnd {
+                pod: &ns(&b),
+                name: "e2",
+                mac: [2, 0, 0, 0, 2, 1],
+            },
             1500,
         )
     })
@@ -89,12 +93,16 @@ fn a_veth_wire_joins_two_pods() {
     // A name that exists is refused; removal takes both ends.
     let err = node.run(|| {
         wire::veth_between(
-            &ns(&a),
-            "e1",
-            [2, 0, 0, 0, 1, 2],
-            &ns(&b),
-            "e9",
-            [2, 0, 0, 0, 2, 2],
+            wire::PodEnd {
+                pod: &ns(&a),
+                name: "e1",
+                mac: [2, 0, 0, 0, 1, 2],
+            },
+            wire::PodEnd {
+                pod: &ns(&b),
+                name: "e9",
+                mac: [2, 0, 0, 0, 2, 2],
+            },
             1500,
         )
     });
@@ -144,10 +152,32 @@ fn a_vxlan_wire_crosses_a_routed_underlay_with_unicast_fdb() {
     router.run(weft_kernel::enable_forwarding).unwrap();
     let (m1, m2) = ([2, 0, 0, 9, 1, 1], [2, 0, 0, 9, 2, 1]);
     let (v1, v2): (IpAddr, IpAddr) = ("10.91.0.2".parse().unwrap(), "10.92.0.2".parse().unwrap());
-    n1.run(|| wire::vxlan_into(&ns(&p1), "e1", m1, 424_242, v1, 1450))
-        .unwrap();
-    n2.run(|| wire::vxlan_into(&ns(&p2), "e1", m2, 424_242, v2, 1450))
-        .unwrap();
+    n1.run(|| {
+        wire::vxlan_into(
+            wire::PodEnd {
+                pod: &ns(&p1),
+                name: "e1",
+                mac: m1,
+            },
+            424_242,
+            v1,
+            1450,
+        )
+    })
+    .unwrap();
+    n2.run(|| {
+        wire::vxlan_into(
+            wire::PodEnd {
+                pod: &ns(&p2),
+                name: "e1",
+                mac: m2,
+            },
+            424_242,
+            v2,
+            1450,
+        )
+    })
+    .unwrap();
     for (p, mac, ip_, peer_mac, vtep, peer_ip) in [
         (&p1, m1, "12.1.0.1", m2, v2, "12.1.0.2"),
         (&p2, m2, "12.1.0.2", m1, v1, "12.1.0.1"),

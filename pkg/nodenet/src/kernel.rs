@@ -157,7 +157,18 @@ impl NodeKernel for HostKernel {
         match change {
             Change::CreateVxlan(s) => {
                 self.nl
-                    .create_vxlan(VXLAN_DEVICE, s.mac, s.vni, s.local, s.port, s.mtu)
+                    .create_vxlan(&weft_kernel::VxlanDevice {
+                        link: weft_kernel::NewLink {
+                            name: VXLAN_DEVICE,
+                            mac: s.mac,
+                            netns: None,
+                        },
+                        vni: s.vni,
+                        local: s.local,
+                        port: s.port,
+                        mtu: s.mtu,
+                        udp_csum: true,
+                    })
                     .map_err(os("creating the VXLAN device"))?;
                 let index = self.vxlan_index()?;
                 // Only weft's permanent entries decide where frames go; the kernel's own

@@ -3,17 +3,17 @@
 //!
 //! Hand-written because the only pure-Rust nftables netlink crate is GPL-licensed and
 //! the others wrap the C library; only element messages are needed here, and their
-//! layout is small and stable (linux/netfilter/nf_tables.h).
+//! layout is small and stable (linux/netfilter/nf_tables.h). The socket, headers,
+//! sequence numbers and acknowledgements are the kernel crate's netlink wrapper's.
 
 use std::collections::BTreeMap;
 use std::io;
 use std::net::IpAddr;
 
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+use weft_kernel::{NetfilterMessage, NetlinkSocket, Nfnetlink};
 
 use crate::{Entries, Hairpin, HostPort, PortmapError, TABLE};
 
-const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLM_F_CREATE: u16 = 0x400;
@@ -53,20 +53,14 @@ fn strz(s: &str) -> Vec<u8> {
     v
 }
 
-/// A netlink message with an nfgenmsg header.
-fn message(ty: u16, flags: u16, seq: u32, family: u8, res_id: u16, attrs: &[u8]) -> Vec<u8> {
-    let len = 16 + 4 + attrs.len();
-    let mut v = Vec::with_capacity(len);
-    v.extend_from_slice(&(len as u32).to_ne_bytes());
-    v.extend_from_slice(&ty.to_ne_bytes());
-    v.extend_from_slice(&flags.to_ne_bytes());
-    v.extend_from_slice(&seq.to_ne_bytes());
-    v.extend_from_slice(&0u32.to_ne_bytes());
-    v.push(family);
-    v.push(0); // NFNETLINK_V0
-    v.extend_from_slice(&res_id.to_be_bytes());
-    v.extend_from_slice(attrs);
-    v
+/// An nfnetlink message: the nfgenmsg header, then the attributes.
+fn message(ty: u16, family: u8, res_id: u16, attrs: &[u8]) -> NetfilterMessage {
+    let mut body = Vec::with_capacity(4 + attrs.len());
+    body.push(family);
+    body.push(0); // NFNETLINK_V0
+    body.extend_from_slice(&res_id.to_be_bytes());
+    body.extend_from_slice(attrs);
+    NetfilterMessage { message_type: ty, body }
 }
 
 fn ip_bytes(ip: IpAddr) -> Vec<u8> {
@@ -135,24 +129,18 @@ fn element(e: &Elem) -> Vec<u8> {
     nested(NFTA_LIST_ELEM, &parts)
 }
 
-/// One batch (begin, a message per set, end) and the sequence numbers that are acked.
-fn batch(elements: &[Elem], add: bool, first_seq: u32) -> (Vec<u8>, Vec<u32>) {
+/// One batch: begin, a message per set (each asking for an acknowledgement), end; each
+/// with its netlink flags.
+fn batch(elements: &[Elem], add: bool) -> Vec<(NetfilterMessage, u16)> {
     let mut by_map: BTreeMap<&'static str, Vec<&Elem>> = BTreeMap::new();
     for e in elements {
         by_map.entry(e.set).or_default().push(e);
     }
-    let mut seq = first_seq;
-    let mut buf = message(
-        NFNL_MSG_BATCH_BEGIN,
+    let mut msgs = vec![(
+        message(NFNL_MSG_BATCH_BEGIN, NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES, &[]),
         NLM_F_REQUEST,
-        seq,
-        NFPROTO_UNSPEC,
-        NFNL_SUBSYS_NFTABLES,
-        &[],
-    );
-    let mut acked = Vec::new();
+    )];
     for (map, ms) in by_map {
-        seq += 1;
         let elems: Vec<Vec<u8>> = ms.iter().map(|e| element(e)).collect();
         let attrs = [
             attr(NFTA_SET_ELEM_LIST_TABLE, &strz(TABLE)),
@@ -165,26 +153,16 @@ fn batch(elements: &[Elem], add: bool, first_seq: u32) -> (Vec<u8>, Vec<u32>) {
         } else {
             (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK)
         };
-        buf.extend(message(
-            (NFNL_SUBSYS_NFTABLES << 8) | ty,
+        msgs.push((
+            message((NFNL_SUBSYS_NFTABLES << 8) | ty, NFPROTO_INET, 0, &attrs),
             flags,
-            seq,
-            NFPROTO_INET,
-            0,
-            &attrs,
         ));
-        acked.push(seq);
     }
-    seq += 1;
-    buf.extend(message(
-        NFNL_MSG_BATCH_END,
+    msgs.push((
+        message(NFNL_MSG_BATCH_END, NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES, &[]),
         NLM_F_REQUEST,
-        seq,
-        NFPROTO_UNSPEC,
-        NFNL_SUBSYS_NFTABLES,
-        &[],
     ));
-    (buf, acked)
+    msgs
 }
 
 /// Sends one batch and waits for every message's acknowledgement; the first error
@@ -193,43 +171,7 @@ fn transact(elements: &[Elem], add: bool) -> io::Result<()> {
     if elements.is_empty() {
         return Ok(());
     }
-    let mut sock = Socket::new(NETLINK_NETFILTER)?;
-    sock.bind_auto()?;
-    sock.connect(&SocketAddr::new(0, 0))?;
-    nix::sys::socket::setsockopt(
-        &sock,
-        nix::sys::socket::sockopt::ReceiveTimeout,
-        &nix::sys::time::TimeVal::new(10, 0),
-    )
-    .map_err(io::Error::from)?;
-    let (buf, mut pending) = batch(elements, add, 1);
-    sock.send(&buf, 0)?;
-    let mut rx = vec![0u8; 16 * 1024];
-    let mut first_error = None;
-    while !pending.is_empty() {
-        let n = sock.recv(&mut &mut rx[..], 0)?;
-        let mut off = 0;
-        while off + 16 <= n {
-            let len = u32::from_ne_bytes(rx[off..off + 4].try_into().unwrap()) as usize;
-            let ty = u16::from_ne_bytes(rx[off + 4..off + 6].try_into().unwrap());
-            let seq = u32::from_ne_bytes(rx[off + 8..off + 12].try_into().unwrap());
-            if ty == NLMSG_ERROR && off + 20 <= n {
-                let code = i32::from_ne_bytes(rx[off + 16..off + 20].try_into().unwrap());
-                pending.retain(|s| *s != seq);
-                if code != 0 && first_error.is_none() {
-                    first_error = Some(io::Error::from_raw_os_error(-code));
-                }
-            }
-            if len == 0 {
-                break;
-            }
-            off += len.next_multiple_of(4);
-        }
-        if first_error.is_some() {
-            break;
-        }
-    }
-    first_error.map_or(Ok(()), Err)
+    NetlinkSocket::<Nfnetlink>::new()?.batch(batch(elements, add))
 }
 
 /// Adds the elements (adding one that is there already, with the same data, is not an
@@ -315,17 +257,14 @@ mod tests {
                 addr: "10.244.1.5".parse().unwrap(),
             }],
         };
-        let (buf, acked) = batch(&elems(&entries, true), true, 1);
-        assert_eq!(acked, vec![2, 3, 4]);
-        // Walk the messages: begin, two element messages, end.
-        let mut types = Vec::new();
-        let mut off = 0;
-        while off < buf.len() {
-            let len = u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap()) as usize;
-            types.push(u16::from_ne_bytes(buf[off + 4..off + 6].try_into().unwrap()));
-            off += len;
-        }
+        let msgs = batch(&elems(&entries, true), true);
+        // Begin, three element messages (one per map or set), end; only the element
+        // messages ask for an acknowledgement.
+        let types: Vec<u16> = msgs.iter().map(|(m, _)| m.message_type).collect();
         assert_eq!(types, vec![0x10, (10 << 8) | 12, (10 << 8) | 12, (10 << 8) | 12, 0x11]);
+        let acked: Vec<bool> = msgs.iter().map(|(_, f)| f & NLM_F_ACK != 0).collect();
+        assert_eq!(acked, vec![false, true, true, true, false]);
+        assert!(msgs.iter().all(|(m, _)| m.body.len() % 4 == 0), "attributes are padded");
         let h = hairpin_key(&entries.hairpins[0]);
         assert_eq!(h.len(), 20);
         assert_eq!(&h[..8], b"weftabc\0");
