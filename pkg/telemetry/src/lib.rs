@@ -83,24 +83,57 @@ pub fn init_logging(format: LogFormat) {
     let _ = Registry::default().with(logs).try_init();
 }
 
-/// Readiness of the daemon: set once the store is open and the socket is served.
-#[derive(Debug, Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+/// A condition `/readyz` checks at each request besides the flag (for example "the
+/// store can still write"): a name for the answer and the check itself.
+pub type ReadyCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Readiness of the daemon: set once the store is open and the socket is served, and
+/// withdrawn while any check added with [`Readiness::require`] fails.
+#[derive(Clone, Default)]
+pub struct Readiness {
+    flag: Arc<AtomicBool>,
+    // Evaluated at each request rather than folded into the flag, so a condition that
+    // turns (a store that stopped writing) shows at once without a task to follow it.
+    checks: Arc<std::sync::RwLock<Vec<(&'static str, ReadyCheck)>>>,
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let checks: Vec<&str> = self
+            .checks
+            .read()
+            .map(|c| c.iter().map(|(n, _)| *n).collect())
+            .unwrap_or_default();
+        f.debug_struct("Readiness")
+            .field("flag", &self.flag.load(Ordering::Relaxed))
+            .field("checks", &checks)
+            .finish()
+    }
+}
 
 impl Readiness {
     /// Marks the daemon ready (or not).
     pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::Relaxed);
+        self.flag.store(ready, Ordering::Relaxed);
     }
 
-    /// Whether the daemon is ready.
+    /// Whether the daemon is ready: the flag is set and every check passes.
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.flag.load(Ordering::Relaxed) && self.failing().is_none()
     }
 
-    /// The shared flag.
-    pub fn flag(&self) -> Arc<AtomicBool> {
-        self.0.clone()
+    /// Also requires `check` to pass for the daemon to be ready; `what` names it in the
+    /// answer of `/readyz` when it does not.
+    pub fn require(&self, what: &'static str, check: impl Fn() -> bool + Send + Sync + 'static) {
+        if let Ok(mut checks) = self.checks.write() {
+            checks.push((what, Arc::new(check)));
+        }
+    }
+
+    /// The name of the first check that fails now, if any (whatever the flag says).
+    pub fn failing(&self) -> Option<&'static str> {
+        let checks = self.checks.read().ok()?;
+        checks.iter().find(|(_, check)| !check()).map(|(what, _)| *what)
     }
 }
 
@@ -116,10 +149,12 @@ pub fn router(ready: Readiness, metrics: Arc<Metrics>, refresh: Option<Refresh>)
             get(move || {
                 let ready = ready.clone();
                 async move {
-                    if ready.get() {
-                        (StatusCode::OK, "ready\n")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                    if !ready.flag.load(Ordering::Relaxed) {
+                        return (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string());
+                    }
+                    match ready.failing() {
+                        None => (StatusCode::OK, "ready\n".to_string()),
+                        Some(what) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {what}\n")),
                     }
                 }
             }),
@@ -182,6 +217,21 @@ mod tests {
         assert_eq!(get_path(r(), "/healthz", "").await.0, StatusCode::OK);
         assert_eq!(get_path(r(), "/readyz", "").await.0, StatusCode::SERVICE_UNAVAILABLE);
         ready.set(true);
+        assert_eq!(get_path(r(), "/readyz", "").await.0, StatusCode::OK);
+        let store_ok = Arc::new(AtomicBool::new(true));
+        let check = store_ok.clone();
+        ready.require("the store cannot write", move || check.load(Ordering::Relaxed));
+        assert_eq!(get_path(r(), "/readyz", "").await.0, StatusCode::OK);
+        store_ok.store(false, Ordering::Relaxed);
+        assert_eq!(
+            get_path(r(), "/readyz", "").await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: the store cannot write\n".to_string()
+            )
+        );
+        assert!(!ready.get());
+        store_ok.store(true, Ordering::Relaxed);
         assert_eq!(get_path(r(), "/readyz", "").await.0, StatusCode::OK);
         assert_eq!(get_path(r(), "/nope", "").await.0, StatusCode::NOT_FOUND);
         let (_, om) = get_path(r(), "/metrics", "application/openmetrics-text;version=1.0.0").await;

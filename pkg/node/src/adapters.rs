@@ -1,0 +1,207 @@
+//! The adapters between the crates a node is made of: the wire engine as the
+//! handler's wiring seam, the store as the node network's source of local ranges and
+//! the wire engine's pods to restore, and the node network's view as the handler's pod
+//! defaults and the admin service's report.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use weft_daemon::{PodDefaults, WiredPod, Wiring};
+use weft_link::WireReport;
+use weft_store::Store;
+use weft_wires::{Engine, LocalPod};
+
+/// The wire engine as the handler's wiring seam.
+pub struct EngineWiring(pub Arc<Engine>);
+
+impl Wiring for EngineWiring {
+    fn pod_added(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let local = LocalPod {
+                netns: pod.netns,
+                container_id: pod.container_id,
+            };
+            self.0.pod_added(&pod.namespace, &pod.name, local).await
+        })
+    }
+    fn pod_removed(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async move { self.0.pod_removed(&pod.namespace, &pod.name, &pod.container_id).await })
+    }
+    fn wires(&self) -> futures::future::BoxFuture<'_, Vec<WireReport>> {
+        Box::pin(async move {
+            self.0.report().await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot list the wire ends");
+                Vec::new()
+            })
+        })
+    }
+}
+
+/// The pods the wire engine starts with: every ready attachment the store holds for a
+/// named pod, keyed by (namespace, name), so a restart picks up the wires it left.
+pub async fn engine_pods(store: &Store) -> Result<BTreeMap<(String, String), LocalPod>, weft_store::StoreError> {
+    Ok(pods_of(
+        store.run(|db| db.list(None, Some(weft_store::State::Ready))).await?,
+    ))
+}
+
+/// [`engine_pods`] without the store: attachments without a pod name are not wired,
+/// and an empty namespace is Kubernetes' `default`.
+fn pods_of(attachments: Vec<weft_store::Attachment>) -> BTreeMap<(String, String), LocalPod> {
+    attachments
+        .into_iter()
+        .filter(|a| !a.pod.name.is_empty())
+        .map(|a| {
+            let ns = if a.pod.namespace.is_empty() {
+                "default".to_string()
+            } else {
+                a.pod.namespace
+            };
+            let pod = LocalPod {
+                netns: a.netns,
+                container_id: a.key.container_id,
+            };
+            ((ns, a.pod.name), pod)
+        })
+        .collect()
+}
+
+/// The pod ranges of this node's network configs (every range the store has seen):
+/// the masquerade keeps them inside the pod network too.
+pub fn local_ranges(store: Store) -> weft_nodenet::LocalRanges {
+    Arc::new(move || {
+        let store = store.clone();
+        Box::pin(async move {
+            store
+                .run(|db| db.range_usage())
+                .await
+                .map(|u| u.into_iter().map(|r| r.range).collect())
+                .unwrap_or_default()
+        })
+    })
+}
+
+/// What `weftctl status` shows of the pod network between nodes: the last pass's view.
+pub fn node_network_report(
+    nodenet: &weft_nodenet::NodeNetwork<weft_nodenet::HostKernel>,
+    masquerade: bool,
+) -> weft_daemon::service::NodeNetworkReport {
+    let view = nodenet.view();
+    let routing = nodenet.config().routing.as_str();
+    Arc::new(move || {
+        let v = view.borrow();
+        v.synced.then(|| weft_rpc::admin::NodeNetwork {
+            routing: routing.to_string(),
+            pod_cidrs: v.ranges.iter().map(ToString::to_string).collect(),
+            pod_mtu: v.pod_mtu.unwrap_or(0),
+            address: v.address.map(|a| a.to_string()).unwrap_or_default(),
+            masquerade,
+            peers: v
+                .peers
+                .iter()
+                .map(|p| weft_rpc::admin::PeerNode {
+                    name: p.name.clone(),
+                    mode: p.mode.as_str().to_string(),
+                    problem: p.problem.clone().unwrap_or_default(),
+                })
+                .collect(),
+        })
+    })
+}
+
+/// Follows the node network's decisions with the defaults ADDs are served with.
+pub fn pod_defaults(mut view: watch::Receiver<weft_nodenet::NodeView>) -> watch::Receiver<PodDefaults> {
+    let of = |v: &weft_nodenet::NodeView| PodDefaults {
+        ranges: v.ranges.clone(),
+        mtu: v.pod_mtu,
+    };
+    let (tx, rx) = watch::channel(of(&view.borrow_and_update()));
+    tokio::spawn(async move {
+        while view.changed().await.is_ok() {
+            let next = of(&view.borrow_and_update());
+            tx.send_if_modified(|d| {
+                if *d == next {
+                    false
+                } else {
+                    *d = next;
+                    true
+                }
+            });
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attachment(namespace: &str, name: &str, container_id: &str) -> weft_store::Attachment {
+        weft_store::Attachment {
+            id: 1,
+            key: weft_store::AttachmentKey {
+                network: "net".into(),
+                container_id: container_id.into(),
+                ifname: "eth0".into(),
+            },
+            netns: format!("/run/netns/{container_id}"),
+            pod: weft_store::PodRef {
+                namespace: namespace.into(),
+                name: name.into(),
+                uid: String::new(),
+            },
+            host_ifname: String::new(),
+            mtu: 1500,
+            state: weft_store::State::Ready,
+            result: None,
+            addresses: Vec::new(),
+            ports: Vec::new(),
+            routes: Vec::new(),
+            pod_mac: None,
+        }
+    }
+
+    #[test]
+    fn restored_pods_are_the_named_ones_in_their_namespace() {
+        let pods = pods_of(vec![
+            attachment("lab", "r1", "c1"),
+            attachment("", "r2", "c2"),
+            attachment("lab", "", "c3"),
+        ]);
+        assert_eq!(pods.len(), 2, "{pods:?}");
+        assert_eq!(
+            pods[&("lab".to_string(), "r1".to_string())],
+            LocalPod {
+                netns: "/run/netns/c1".into(),
+                container_id: "c1".into()
+            }
+        );
+        assert_eq!(pods[&("default".to_string(), "r2".to_string())].container_id, "c2");
+    }
+
+    #[tokio::test]
+    async fn pod_defaults_follow_the_node_view() {
+        let (tx, rx) = watch::channel(weft_nodenet::NodeView::default());
+        let mut defaults = pod_defaults(rx);
+        assert!(defaults.borrow().ranges.is_empty());
+        tx.send_modify(|v| {
+            v.ranges = vec!["10.244.1.0/24".parse().unwrap()];
+            v.pod_mtu = Some(1450);
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(5), defaults.changed())
+            .await
+            .unwrap()
+            .unwrap();
+        let d = defaults.borrow_and_update().clone();
+        assert_eq!(d.ranges, vec!["10.244.1.0/24".parse::<ipnet::IpNet>().unwrap()]);
+        assert_eq!(d.mtu, Some(1450));
+        // A change the defaults do not carry (the peers) wakes nobody.
+        tx.send_modify(|v| v.synced = true);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!defaults.has_changed().unwrap());
+    }
+}

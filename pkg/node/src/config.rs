@@ -1,0 +1,72 @@
+//! What a node daemon is started with: a plain struct, filled from flags by `weftd`
+//! (or by hand in a test), with no parsing of its own.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use weft_topology::LinkKind;
+
+/// Everything [`crate::Node::start`] needs to know; one field per `weftd` flag.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// UNIX socket the plugin and weftctl connect to.
+    pub socket: PathBuf,
+    /// Directory holding the state database (weft.db) and the daemon's lock.
+    pub state_dir: PathBuf,
+    /// Address of the HTTP endpoints (/healthz, /readyz, /metrics).
+    pub metrics_addr: SocketAddr,
+    /// This node's name.
+    pub node_name: String,
+    /// The version reported at start and recorded with the run.
+    pub version: String,
+    /// The commit the daemon was built from, reported beside the version.
+    pub commit: String,
+    /// Also forward host ports reached on 127.0.0.1 (enables `route_localnet`).
+    pub hostports_localhost: bool,
+    /// How often the kernel is checked against the store (at least a second); also the
+    /// resync period of the wire engine and the node network.
+    pub reconcile_interval: Duration,
+    /// How many finished CNI calls to keep for `weftctl calls`.
+    pub calls_history: usize,
+    /// Read Topology and Node objects from files in this directory.
+    pub topology_dir: Option<PathBuf>,
+    /// Read them from the Kubernetes API; `None` means "when inside a cluster"
+    /// (`KUBERNETES_SERVICE_HOST` set). Ignored when `topology_dir` is given.
+    pub kubernetes: Option<bool>,
+    /// TCP address of the node-to-node wire service.
+    pub wire_addr: SocketAddr,
+    /// This node's underlay address, the one peers reach it on.
+    pub node_address: Option<IpAddr>,
+    /// How links between pods on different nodes are carried unless the link says.
+    pub inter_node_link: LinkKind,
+    /// MTU of wire ends.
+    pub wire_mtu: u32,
+    /// How pod traffic reaches pods on other nodes.
+    pub pod_routing: weft_nodenet::PodRouting,
+    /// UDP port of the VXLAN device carrying pod traffic between nodes.
+    pub pod_vxlan_port: u16,
+    /// VNI of that VXLAN device.
+    pub pod_vxlan_vni: u32,
+    /// Masquerade pod traffic leaving the pod network to the node's address.
+    pub masquerade: bool,
+    /// Destinations never masqueraded.
+    pub no_masquerade_cidrs: Vec<ipnet::IpNet>,
+    /// How long to wait at start for a previous daemon to release the state directory.
+    pub lock_wait: Duration,
+}
+
+impl NodeConfig {
+    /// The period of every periodic pass: the configured interval, never below a
+    /// second (an interval of 0 would spin).
+    pub fn resync(&self) -> Duration {
+        self.reconcile_interval.max(Duration::from_secs(1))
+    }
+
+    /// The address peers reach this node's wire service on: the one given, else the
+    /// wire address when it is not a wildcard (else the engine asks the Node).
+    pub fn wire_node_address(&self) -> Option<IpAddr> {
+        self.node_address
+            .or_else(|| (!self.wire_addr.ip().is_unspecified()).then(|| self.wire_addr.ip()))
+    }
+}

@@ -1,0 +1,106 @@
+//! Why a node daemon could not start. Each variant is one start-up step; its message
+//! names the step, and the cause follows as the error's source.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::lock::LockError;
+
+/// A start-up step that failed; the daemon does not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The state directory could not be created.
+    #[error("creating {}", path.display())]
+    CreateStateDir {
+        /// The state directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The state directory's mode could not be set to 0700.
+    #[error(transparent)]
+    StateDirMode(std::io::Error),
+    /// Another daemon holds the state directory, or its lock file cannot be opened.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// The UNIX socket could not be claimed.
+    #[error("binding {}", path.display())]
+    BindSocket {
+        /// The socket's path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The state database could not be opened.
+    #[error("opening the state store {}", path.display())]
+    OpenStore {
+        /// The database file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: weft_store::StoreError,
+    },
+    /// The start of this run could not be recorded.
+    #[error("recording the start")]
+    BeginRun(#[source] weft_store::StoreError),
+    /// IP forwarding could not be turned on.
+    #[error("enabling IP forwarding")]
+    Forwarding(#[source] weft_kernel::KernelError),
+    /// `route_localnet` could not be turned on (`--hostports-localhost`).
+    #[error("enabling route_localnet")]
+    RouteLocalnet(#[source] weft_kernel::KernelError),
+    /// What a crash interrupted could not be finished.
+    #[error("start-up recovery: {0}")]
+    Recovery(String),
+    /// The pod VXLAN port is the one wire VXLANs use.
+    #[error("--pod-vxlan-port {port} is the port wire VXLANs use; pick another (default {default})")]
+    PodVxlanPort {
+        /// The port asked for.
+        port: u16,
+        /// The default port.
+        default: u16,
+    },
+    /// The topology directory could not be watched.
+    #[error("reading topologies from {}: {error}", path.display())]
+    TopologyDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why (its message is part of this one).
+        error: weft_topology::SourceError,
+    },
+    /// No client for the Kubernetes API.
+    #[error("connecting to the Kubernetes API")]
+    Kubernetes(#[source] kube::Error),
+    /// The node network's netlink socket could not be opened.
+    #[error("opening netlink for pod routing")]
+    PodRouting(#[source] weft_kernel::KernelError),
+    /// The wire data plane's thread could not be started.
+    #[error("starting the wire data plane's thread")]
+    DataPlane(#[source] std::io::Error),
+    /// The attachments to restore into the wire engine could not be read.
+    #[error("listing attachments")]
+    ListAttachments(#[source] weft_store::StoreError),
+    /// The kernel could not be made to match the store before serving.
+    #[error("start-up reconciliation")]
+    Reconcile(#[source] weft_cni::CniError),
+    /// The HTTP endpoints could not be bound.
+    #[error("binding the HTTP endpoints on {addr}")]
+    BindHttp {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The wire service could not be bound.
+    #[error("binding the wire service on {addr}")]
+    BindWire {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,330 @@
+//! Composing a node daemon out of the other crates: the start-up order, the adapters
+//! between daemon, wires, store and topology, the periodic loops, the state-directory
+//! lock, the servers, readiness, and the orderly shutdown.
+//!
+//! [`Node::start`] runs every start-up step in order and returns a node that serves;
+//! [`Node::shutdown`] stops it. `weftd` only parses flags into a [`NodeConfig`] and
+//! waits for a signal between the two.
+
+#![forbid(unsafe_code)]
+
+pub mod adapters;
+pub mod config;
+pub mod error;
+pub mod lock;
+pub mod loops;
+pub mod ready;
+pub mod servers;
+pub mod source;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::info;
+use weft_daemon::service::AdminService;
+use weft_daemon::{Handler, KernelNetworking, NodeInfo, Wiring, recover, server};
+use weft_store::Store;
+use weft_telemetry::{CallLog, Metrics, Readiness};
+use weft_wires::dataplane::DataPlaneRuntime;
+use weft_wires::{Engine, EngineConfig};
+
+pub use config::NodeConfig;
+pub use error::NodeError;
+pub use lock::{LockError, StateLock};
+
+use adapters::EngineWiring;
+use source::SourceKind;
+
+/// How often a store that cannot write is probed for room again.
+const STORE_PROBE_EVERY: Duration = Duration::from_secs(5);
+
+/// A running node daemon: what [`Node::shutdown`] needs to stop it in order.
+pub struct Node {
+    socket: PathBuf,
+    store: Store,
+    run_id: i64,
+    handler: Arc<Handler<Store, KernelNetworking>>,
+    ready: Readiness,
+    stop: watch::Sender<bool>,
+    grpc: JoinHandle<Result<(), tonic::transport::Error>>,
+    reconcile: JoinHandle<()>,
+    nodenet: JoinHandle<()>,
+    store_probe: JoinHandle<()>,
+    wires: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    /// The thread the wire data plane and server run on, stopped last.
+    wire_runtime: Option<DataPlaneRuntime>,
+    http: JoinHandle<std::io::Result<()>>,
+    // Held for the process's life; released when the node is dropped after shutdown.
+    _lock: StateLock,
+}
+
+/// Resolves once `stop` says so (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+impl Node {
+    /// Starts a node: takes the state directory, claims the socket, opens the store,
+    /// finishes what a crash interrupted, brings the node network and the wires in step,
+    /// reconciles the kernel with the store, and serves. Returns once it serves (it
+    /// turns ready on its own once its caches are filled).
+    pub async fn start(config: NodeConfig, metrics: Arc<Metrics>) -> Result<Node, NodeError> {
+        let node_name = config.node_name.clone();
+        let started_at = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        std::fs::create_dir_all(&config.state_dir).map_err(|source| NodeError::CreateStateDir {
+            path: config.state_dir.clone(),
+            source,
+        })?;
+        std::fs::set_permissions(&config.state_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(NodeError::StateDirMode)?;
+        // One daemon per state directory, held for the process's life: a second weftd on
+        // the same state would "recover" the first one's calls in flight.
+        let lock = lock::lock_state_dir(&config.state_dir, config.lock_wait).await?;
+        // Claim the socket before touching state, for the same reason; calls that arrive
+        // now wait in the backlog until recovery is done.
+        let listener = server::bind_unix(&config.socket).map_err(|source| NodeError::BindSocket {
+            path: config.socket.clone(),
+            source,
+        })?;
+        let db_path = config.state_dir.join("weft.db");
+        let store_seconds = metrics.store_transaction.clone();
+        let observer: weft_store::Observer = Arc::new(move |d: Duration| store_seconds.observe(d.as_secs_f64()));
+        let store = Store::open_observed(&db_path, Some(observer)).map_err(|source| NodeError::OpenStore {
+            path: db_path.clone(),
+            source,
+        })?;
+        let version = format!("{} ({})", config.version, config.commit);
+        let (run_id, previous) = store
+            .run(move |db| db.begin_run(&version))
+            .await
+            .map_err(NodeError::BeginRun)?;
+        let previous_run = match &previous {
+            weft_store::PreviousRun::None => "none (first start)",
+            weft_store::PreviousRun::Stopped { .. } => "stopped cleanly",
+            weft_store::PreviousRun::Crashed { .. } => "did not stop cleanly (killed or crashed)",
+        };
+        info!(node = %node_name, state = %db_path.display(), first_start = matches!(previous, weft_store::PreviousRun::None), previous_run, version = config.version.as_str(), commit = config.commit.as_str(), tracing_export = weft_telemetry::otel::export_configured(), "weftd starting");
+
+        weft_kernel::enable_forwarding().map_err(NodeError::Forwarding)?;
+        if config.hostports_localhost {
+            weft_kernel::sysctl::write("net/ipv4/conf/all/route_localnet", "1").map_err(NodeError::RouteLocalnet)?;
+        }
+        let kernel = KernelNetworking {
+            host_ports: weft_portmap::Options {
+                localhost: config.hostports_localhost,
+            },
+        };
+        let recovered = recover::recover(&store, &kernel).await.map_err(NodeError::Recovery)?;
+        info!(
+            rolled_back = recovered.rolled_back,
+            torn_down = recovered.torn_down,
+            "start-up recovery done"
+        );
+
+        if config.pod_vxlan_port == weft_kernel::wire::VXLAN_PORT {
+            return Err(NodeError::PodVxlanPort {
+                port: config.pod_vxlan_port,
+                default: weft_nodenet::DEFAULT_VXLAN_PORT,
+            });
+        }
+        let (source, source_kind) = match source::topology_source(&config).await? {
+            Some((s, k)) => (Some(s), Some(k)),
+            None => (None, None),
+        };
+        // Routes to the other nodes' pod ranges, masquerade and the pod MTU: one pass
+        // before serving, so the first ADD already gets this node's pod ranges.
+        let nodenet = Arc::new(weft_nodenet::NodeNetwork::new(
+            weft_nodenet::Config {
+                node_name: node_name.clone(),
+                node_address: config.node_address,
+                routing: config.pod_routing,
+                vxlan_port: config.pod_vxlan_port,
+                vxlan_vni: config.pod_vxlan_vni,
+                masquerade: config.masquerade,
+                no_masquerade: config.no_masquerade_cidrs.clone(),
+                resync: config.resync(),
+            },
+            source.clone(),
+            weft_nodenet::HostKernel::new().map_err(NodeError::PodRouting)?,
+            metrics.clone(),
+            adapters::local_ranges(store.clone()),
+        ));
+        nodenet.pass().await;
+        let engine = match &source {
+            Some(source) => {
+                let pods = adapters::engine_pods(&store)
+                    .await
+                    .map_err(NodeError::ListAttachments)?;
+                let runtime = DataPlaneRuntime::start().map_err(NodeError::DataPlane)?;
+                let cfg = EngineConfig {
+                    node_name: node_name.clone(),
+                    node_address: config.wire_node_address(),
+                    wire_port: config.wire_addr.port(),
+                    default_kind: config.inter_node_link,
+                    mtu: config.wire_mtu,
+                    resync: config.resync(),
+                    dataplane_runtime: Some(runtime.handle().clone()),
+                };
+                let engine = Engine::start(cfg, source.clone(), store.clone(), metrics.clone(), pods).await;
+                Some((engine, runtime))
+            }
+            None => None,
+        };
+        let (engine, wire_runtime) = engine.unzip();
+        let mut handler = Handler::new(
+            store.clone(),
+            kernel,
+            NodeInfo {
+                name: node_name.clone(),
+            },
+        );
+        let wiring = engine
+            .as_ref()
+            .map(|e| Arc::new(EngineWiring(e.clone())) as Arc<dyn Wiring>);
+        if let Some(w) = &wiring {
+            handler = handler.with_wiring(w.clone());
+        }
+        // With a source of Node objects, a network config may leave `ranges` and `mtu`
+        // to the node; without one (a standalone node), the config must give its ranges.
+        if source.is_some() {
+            handler = handler.with_pod_defaults(adapters::pod_defaults(nodenet.view()));
+        }
+        let handler = Arc::new(handler);
+        // Before serving: the kernel is made to match the store again (what went while
+        // weftd was away is repaired, pods whose namespace is gone are collected).
+        let repaired = handler.reconcile().await.map_err(NodeError::Reconcile)?;
+        loops::count_repairs(&metrics, &repaired);
+        info!(?repaired, "start-up reconciliation done");
+        let ready = Readiness::default();
+        {
+            let store = store.clone();
+            ready::require_writable_store(&ready, move || store.writable());
+        }
+        let pending = {
+            let h = handler.clone();
+            Arc::new(move || h.pending_teardowns()) as Arc<dyn Fn() -> usize + Send + Sync>
+        };
+        let calls = Arc::new(CallLog::new(config.calls_history));
+        let mut admin = AdminService::new(
+            store.clone(),
+            node_name.clone(),
+            started_at,
+            ready.clone(),
+            pending,
+            calls.clone(),
+        );
+        if let Some(w) = wiring {
+            admin = admin.with_wiring(w);
+        }
+        admin = admin.with_node_network(adapters::node_network_report(&nodenet, config.masquerade));
+
+        let (stop, stop_rx) = watch::channel(false);
+        let http = servers::serve_http(
+            config.metrics_addr,
+            ready.clone(),
+            metrics.clone(),
+            loops::refresh_gauges(store.clone(), metrics.clone(), engine.clone()),
+            stopped(stop_rx.clone()),
+        )
+        .await?;
+        let grpc = servers::serve_socket(
+            listener,
+            metrics.clone(),
+            calls,
+            handler.clone(),
+            admin,
+            stopped(stop_rx.clone()),
+        );
+        let reconcile = tokio::spawn(loops::reconcile(
+            handler.clone(),
+            metrics.clone(),
+            config.resync(),
+            stopped(stop_rx.clone()),
+        ));
+        let nodenet_task = tokio::spawn(nodenet.clone().run(stopped(stop_rx.clone())));
+        let store_probe = tokio::spawn(ready::probe_unwritable_store(
+            store.clone(),
+            STORE_PROBE_EVERY,
+            stopped(stop_rx.clone()),
+        ));
+        let wires = match (&engine, &wire_runtime) {
+            (Some(engine), Some(runtime)) => {
+                Some(servers::serve_wires(config.wire_addr, engine.clone(), runtime, stopped(stop_rx.clone())).await?)
+            }
+            _ => None,
+        };
+        match source {
+            Some(source) => {
+                ready::when_synced(
+                    ready.clone(),
+                    move || source.ready(),
+                    nodenet.view(),
+                    source_kind == Some(SourceKind::Kube),
+                    node_name.clone(),
+                );
+            }
+            None => ready.set(true),
+        }
+        info!(socket = %config.socket.display(), http = %config.metrics_addr, "weftd ready");
+        Ok(Node {
+            socket: config.socket,
+            store,
+            run_id,
+            handler,
+            ready,
+            stop,
+            grpc,
+            reconcile,
+            nodenet: nodenet_task,
+            store_probe,
+            wires,
+            wire_runtime,
+            http,
+            _lock: lock,
+        })
+    }
+
+    /// Whether the node is ready now (what `/readyz` answers).
+    pub fn ready(&self) -> bool {
+        self.ready.get()
+    }
+
+    /// Stops the node: no new calls, calls in flight finish, the loops and the wire
+    /// service end (and the data plane's thread with them), the socket goes, teardowns
+    /// in flight get up to 10 s, and the store records a clean stop.
+    pub async fn shutdown(self) {
+        info!("shutting down: finishing calls in flight");
+        self.ready.set(false);
+        let _ = self.stop.send(true);
+        let _ = self.grpc.await;
+        let _ = self.reconcile.await;
+        let _ = self.nodenet.await;
+        let _ = self.store_probe.await;
+        if let Some(t) = self.wires {
+            let _ = t.await;
+        }
+        // Its tasks are dropped and its thread joined, off the async workers.
+        if let Some(rt) = self.wire_runtime {
+            let _ = tokio::task::spawn_blocking(move || rt.shutdown()).await;
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        if tokio::time::timeout(Duration::from_secs(10), self.handler.drain_teardowns())
+            .await
+            .is_err()
+        {
+            info!("teardowns still running at exit; the next start finishes them");
+        }
+        let _ = self.http.await;
+        let run_id = self.run_id;
+        if let Err(e) = self.store.run(move |db| db.end_run(run_id)).await {
+            tracing::warn!(error = %e, "could not record the clean stop");
+        }
+        info!("weftd stopped");
+    }
+}

@@ -1,0 +1,155 @@
+//! When the node is ready (`/readyz`): once the topology and node caches are filled
+//! (an ADD must find its topology) and, in a cluster, this node has its podCIDRs (an
+//! ADD needs addresses to give); and for as long as the state store can write (a node
+//! that cannot record an attachment cannot take pods).
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::info;
+use weft_telemetry::Readiness;
+
+/// What `/readyz` answers while the store cannot write.
+pub const STORE_CANNOT_WRITE: &str = "the state store cannot be written";
+
+/// Makes `ready` require `writable` (the store's [`weft_store::Store::writable`]) at
+/// every `/readyz`, so a store that stops writing turns the node not ready at once and
+/// one that writes again turns it back.
+pub fn require_writable_store(ready: &Readiness, writable: impl Fn() -> bool + Send + Sync + 'static) {
+    ready.require(STORE_CANNOT_WRITE, writable);
+}
+
+/// While the store cannot write, sends it a probe write every `every` until `stop`, so
+/// a node whose disk has room again turns ready without waiting for a CNI call to write.
+pub async fn probe_unwritable_store(store: weft_store::Store, every: Duration, stop: impl Future<Output = ()>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tick.tick() => {}
+        }
+        if store.writable() {
+            continue;
+        }
+        match store.run(|db| db.probe_write()).await {
+            Ok(()) => info!("the state store takes writes again"),
+            Err(e) => tracing::debug!(error = %e, "the state store still cannot write"),
+        }
+    }
+}
+
+/// Sets `ready` once `caches_synced` says so and, when `need_ranges`, once `view` holds
+/// this node's pod ranges; says once that it waits for them. Ends early (never ready)
+/// when the node network stops.
+pub fn when_synced(
+    ready: Readiness,
+    caches_synced: impl Fn() -> bool + Send + 'static,
+    mut view: watch::Receiver<weft_nodenet::NodeView>,
+    need_ranges: bool,
+    node: String,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while !caches_synced() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        info!("topology and node caches synced");
+        if need_ranges {
+            let mut said = false;
+            loop {
+                if !view.borrow_and_update().ranges.is_empty() {
+                    break;
+                }
+                if !said {
+                    info!(node = %node, "waiting for this node's podCIDRs (spec.podCIDRs of its Node) before serving ADDs");
+                    said = true;
+                }
+                if view.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+        ready.set(true);
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    fn settle() -> tokio::time::Sleep {
+        tokio::time::sleep(Duration::from_millis(300))
+    }
+
+    #[tokio::test]
+    async fn ready_after_the_caches_and_then_the_pod_ranges() {
+        let ready = Readiness::default();
+        let synced = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = watch::channel(weft_nodenet::NodeView::default());
+        let s = synced.clone();
+        let task = when_synced(ready.clone(), move || s.load(Ordering::Relaxed), rx, true, "n1".into());
+        settle().await;
+        assert!(!ready.get(), "ready before the caches are filled");
+        synced.store(true, Ordering::Relaxed);
+        settle().await;
+        assert!(!ready.get(), "ready without podCIDRs");
+        tx.send_modify(|v| v.ranges = vec!["10.244.1.0/24".parse().unwrap()]);
+        task.await.unwrap();
+        assert!(ready.get());
+    }
+
+    #[tokio::test]
+    async fn without_a_cluster_the_caches_are_enough() {
+        let ready = Readiness::default();
+        let (_tx, rx) = watch::channel(weft_nodenet::NodeView::default());
+        when_synced(ready.clone(), || true, rx, false, "n1".into())
+            .await
+            .unwrap();
+        assert!(ready.get());
+    }
+
+    #[tokio::test]
+    async fn a_store_that_cannot_write_is_not_ready() {
+        let ready = Readiness::default();
+        ready.set(true);
+        let writable = Arc::new(AtomicBool::new(true));
+        let w = writable.clone();
+        require_writable_store(&ready, move || w.load(Ordering::Relaxed));
+        assert!(ready.get());
+        writable.store(false, Ordering::Relaxed);
+        assert_eq!(ready.failing(), Some(STORE_CANNOT_WRITE));
+        assert!(!ready.get());
+        writable.store(true, Ordering::Relaxed);
+        assert!(ready.get());
+    }
+
+    /// The check as the node wires it, over a real store whose writer thread dies.
+    #[tokio::test]
+    async fn a_real_store_without_its_writer_turns_the_node_not_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let die = Arc::new(AtomicBool::new(false));
+        let observer: weft_store::Observer = {
+            let die = die.clone();
+            Arc::new(move |_| assert!(!die.load(Ordering::SeqCst), "the writer thread dies (test)"))
+        };
+        let store = weft_store::Store::open_observed(&dir.path().join("weft.db"), Some(observer)).unwrap();
+        let ready = Readiness::default();
+        ready.set(true);
+        let s = store.clone();
+        require_writable_store(&ready, move || s.writable());
+        assert!(ready.get(), "a fresh store writes");
+        die.store(true, Ordering::SeqCst);
+        let _ = store.run(|db| db.counts()).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while ready.get() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(ready.failing(), Some(STORE_CANNOT_WRITE));
+        assert!(!ready.get());
+    }
+}
