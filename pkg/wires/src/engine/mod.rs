@@ -40,7 +40,7 @@ use weft_link::WireEnd;
 use weft_rpc::wire::{End, EndResult, EndsRequest, Hello};
 use weft_store::{Store, StoreError};
 use weft_telemetry::Metrics;
-use weft_topology::{LinkKind, TopologySource, TopologyStatus};
+use weft_topology::{Link, LinkKind, TopologySource, TopologyStatus};
 
 use crate::dataplane::DataPlane;
 use crate::error::WireError;
@@ -77,6 +77,16 @@ pub struct LocalPod {
     pub netns: String,
     /// Its sandbox's container id.
     pub container_id: String,
+}
+
+/// One link of one local pod, as a pass walks them: the topology namespace, the pod's
+/// name, the pod as attached, and the link.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LocalLink<'a> {
+    pub(crate) ns: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) pod: &'a LocalPod,
+    pub(crate) link: &'a Link,
 }
 
 /// Makes the data plane of gRPC wires once this node's address is known.

@@ -13,7 +13,7 @@ use weft_link::{LinkKind, WireEnd, WireState};
 use weft_topology::Link;
 
 use super::plan::{self, PodKey, Want};
-use super::{Engine, LocalPod};
+use super::{Engine, LocalLink, LocalPod};
 use crate::convert;
 use crate::error::WireError;
 use crate::ids::wire_id;
@@ -103,7 +103,10 @@ impl<P: GrpcPlane> Engine<P> {
                     }
                     _ => {}
                 }
-                if let Err(e) = self.reconcile_link(me, ns, name, pod, link, want, &mut records).await {
+                if let Err(e) = self
+                    .reconcile_link(me, LocalLink { ns, name, pod, link }, want, &mut records)
+                    .await
+                {
                     warn!(pod = %format!("{ns}/{name}"), intf = %link.local_intf, link = link.uid, error = %e, "wire not ready; retrying");
                     self.retry.store(true, Ordering::Relaxed);
                 }
@@ -129,17 +132,14 @@ impl<P: GrpcPlane> Engine<P> {
     }
 
     /// Brings one link of a local pod where `want` says.
-    #[allow(clippy::too_many_arguments)]
     async fn reconcile_link(
         &self,
         me: IpAddr,
-        ns: &str,
-        name: &str,
-        pod: &LocalPod,
-        link: &Link,
+        at: LocalLink<'_>,
         want: Want,
         records: &mut HashMap<u64, WireEnd>,
     ) -> Result<(), WireError> {
+        let LocalLink { ns, name, pod, link } = at;
         match want {
             Want::Veth { builder: false, .. } => Ok(()),
             Want::Veth { peer, builder: true } => self.reconcile_veth(ns, name, pod, &peer, link, records).await,
@@ -148,7 +148,7 @@ impl<P: GrpcPlane> Engine<P> {
                 kind: LinkKind::Grpc,
                 node,
             } => self.reconcile_grpc(ns, name, pod, link, node, records).await,
-            Want::Remote { kind: _, node } => self.reconcile_vxlan(me, ns, name, pod, link, node, records).await,
+            Want::Remote { kind: _, node } => self.reconcile_vxlan(me, at, node, records).await,
         }
     }
 

@@ -11,7 +11,7 @@ use weft_rpc::wire::EndResult;
 use weft_topology::Link;
 
 use super::plan;
-use super::{Engine, LocalPod};
+use super::{Engine, LocalLink};
 use crate::error::WireError;
 use crate::ids::{next_vni, wire_id};
 use crate::plane::GrpcPlane;
@@ -21,17 +21,14 @@ const VNI_TRIES: usize = 64;
 
 impl<P: GrpcPlane> Engine<P> {
     /// Brings the VXLAN end of `link` (pod `name`, peer on `node`) where it should be.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn reconcile_vxlan(
         &self,
         me: IpAddr,
-        ns: &str,
-        name: &str,
-        pod: &LocalPod,
-        link: &Link,
+        at: LocalLink<'_>,
         node: IpAddr,
         records: &mut HashMap<u64, WireEnd>,
     ) -> Result<(), WireError> {
+        let LocalLink { ns, name, pod, link } = at;
         let id = wire_id(ns, link.uid, name);
         let rec = records.get(&id).cloned();
         let peer = plan::vxlan_peer(ns, link, node);
