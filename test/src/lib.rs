@@ -1,6 +1,8 @@
-//! Test harness for weft's integration tests: named network namespaces that clean up
-//! after themselves, a real `weftd` running inside a "node" namespace, and the real
-//! `weft` plugin executed exactly as a container runtime executes it.
+//! What weft's integration tests share: the harness (`weft-harness`: named network
+//! namespaces that clean up after themselves, a real `weftd` inside a "node"
+//! namespace, the real `weft` plugin executed as a container runtime executes it)
+//! under the tests' short names, plus the tests' own helpers (Prometheus, dashboards,
+//! containerd in `cri`).
 //!
 //! Every namespace a test makes is named `wt<pid>-<tag>-<n>`, so a test only ever
 //! touches what it created, and a crashed run's leftovers are recognisable.

@@ -1,6 +1,7 @@
 //! The node daemon's service: the CNI calls relayed by the plugin are handled here,
-//! over two narrow seams, [`Ipam`] (node state and address allocation) and
-//! [`PodNetworking`] (the kernel), so the handler can be tested on its own.
+//! over narrow seams, [`Ipam`] (node state and address allocation), [`PodNetworking`]
+//! (the kernel) and [`Wiring`] (the pod's links), so the handler can be tested on its
+//! own; the admin service reads node state through [`AdminState`].
 //!
 //! Data flows one way: [`service`] (the whole gRPC surface, in one file) decodes a
 //! call into a [`CniCall`] and hands it to [`handler::Handler`], which consults the

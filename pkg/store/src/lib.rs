@@ -1,5 +1,6 @@
 //! Node state for weft in SQLite: address ranges, pod attachments and the address
-//! allocations that tie them together.
+//! allocations that tie them together, host ports, wire ends and daemon runs (one
+//! module per table under `db/`).
 //!
 //! One connection, owned by one writer thread, serves the whole daemon: callers send
 //! it closures over [`Db`] and await the answer ([`Store::run`]). SQLite allows one
