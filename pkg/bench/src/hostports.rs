@@ -85,13 +85,7 @@ fn weft_side(opts: &HostportOptions, with_ports: bool, out: &mut Vec<f64>) -> Re
         let o = exec
             .call(
                 &node,
-                &CniVars {
-                    command: "ADD",
-                    container_id: &cid,
-                    netns: &pod.path(),
-                    ifname: "eth0",
-                    args: &a,
-                },
+                &CniVars::add_eth0(&cid, &pod.path(), &a),
                 conf.to_string().as_bytes(),
             )
             .map_err(lab)?;
@@ -129,13 +123,7 @@ fn reference_side(opts: &HostportOptions, out: &mut Vec<f64>) -> Result<usize, S
         let first = ptp
             .call(
                 &node,
-                &CniVars {
-                    command: "ADD",
-                    container_id: &cid,
-                    netns: &pod.path(),
-                    ifname: "eth0",
-                    args: &a,
-                },
+                &CniVars::add_eth0(&cid, &pod.path(), &a),
                 ptp_conf.to_string().as_bytes(),
             )
             .map_err(lab)?;
@@ -154,13 +142,7 @@ fn reference_side(opts: &HostportOptions, out: &mut Vec<f64>) -> Result<usize, S
         let second = portmap
             .call(
                 &node,
-                &CniVars {
-                    command: "ADD",
-                    container_id: &cid,
-                    netns: &pod.path(),
-                    ifname: "eth0",
-                    args: &a,
-                },
+                &CniVars::add_eth0(&cid, &pod.path(), &a),
                 pm_conf.to_string().as_bytes(),
             )
             .map_err(lab)?;

@@ -29,6 +29,17 @@ pub struct CniVars<'a> {
 }
 
 impl<'a> CniVars<'a> {
+    /// An ADD of the pod's `eth0` (what a runtime sends when a pod starts).
+    pub fn add_eth0(container_id: &'a str, netns: &'a str, args: &'a str) -> Self {
+        CniVars {
+            command: "ADD",
+            container_id,
+            netns,
+            ifname: "eth0",
+            args,
+        }
+    }
+
     /// The variables as name and value, with `CNI_PATH` set to `cni_path`.
     pub fn pairs<'b>(&self, cni_path: &'b str) -> impl Iterator<Item = (&'static str, &'b str)> + use<'b>
     where

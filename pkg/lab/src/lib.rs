@@ -37,36 +37,6 @@ impl Drop for DownOnDrop {
     }
 }
 
-/// What can go wrong building a lab.
-#[derive(Debug, thiserror::Error)]
-pub enum LabError {
-    /// A command failed.
-    #[error("{what}: {detail}")]
-    Command {
-        /// What was being done.
-        what: String,
-        /// Its output or error.
-        detail: String,
-    },
-    /// An OS call failed.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A namespace, daemon or plugin call of the harness failed.
-    #[error(transparent)]
-    Harness(#[from] weft_harness::HarnessError),
-}
-
-impl LabError {
-    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        LabError::Io {
-            what: what.into(),
-            source,
-        }
-    }
-}
+/// What can go wrong building a lab: the harness's errors (a command, an OS call, a
+/// namespace or daemon), since a lab is built out of nothing else.
+pub type LabError = weft_harness::HarnessError;

@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod lock;
 pub mod loops;
+pub mod metrics;
 pub mod ready;
 pub mod servers;
 pub mod source;
@@ -93,7 +94,8 @@ impl Node {
             source,
         })?;
         let db_path = config.state_dir.join("weft.db");
-        let store_seconds = metrics.store_transaction.clone();
+        let node_metrics = metrics.families::<crate::metrics::NodeMetrics>();
+        let store_seconds = node_metrics.store_transaction.clone();
         let observer: weft_store::Observer = Arc::new(move |d: Duration| store_seconds.observe(d.as_secs_f64()));
         let store = Store::open_observed(&db_path, Some(observer)).map_err(|source| NodeError::OpenStore {
             path: db_path.clone(),
@@ -152,7 +154,7 @@ impl Node {
             },
             source.clone(),
             weft_nodenet::HostKernel::new().map_err(NodeError::PodRouting)?,
-            metrics.clone(),
+            &metrics,
             adapters::local_ranges(store.clone()),
         ));
         nodenet.pass().await;
@@ -229,7 +231,7 @@ impl Node {
             config.metrics_addr,
             ready.clone(),
             metrics.clone(),
-            loops::refresh_gauges(store.clone(), metrics.clone(), engine.clone()),
+            loops::refresh_gauges(store.clone(), node_metrics, engine.clone()),
             stopped(stop_rx.clone()),
         )
         .await?;

@@ -9,8 +9,9 @@ use tracing::info;
 use weft_daemon::Handler;
 use weft_store::Store;
 use weft_telemetry::Metrics;
-use weft_telemetry::metrics::RangeLabels;
 use weft_wires::Engine;
+
+use crate::metrics::{NodeMetrics, RangeLabels};
 
 /// Checks the kernel against the store every `every` until `stop` (see
 /// [`Handler::reconcile`]), counting what it repaired.
@@ -61,7 +62,7 @@ async fn reconcile_once<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
 
 /// Sets the gauges read from the store (addresses per range, pods) and the kernel
 /// wires' counters before a scrape.
-pub fn refresh_gauges(store: Store, metrics: Arc<Metrics>, engine: Option<Arc<Engine>>) -> weft_telemetry::Refresh {
+pub fn refresh_gauges(store: Store, metrics: Arc<NodeMetrics>, engine: Option<Arc<Engine>>) -> weft_telemetry::Refresh {
     Arc::new(move || {
         let (store, metrics, engine) = (store.clone(), metrics.clone(), engine.clone());
         Box::pin(async move {

@@ -13,11 +13,12 @@ use ipnet::IpNet;
 use tokio::sync::watch;
 use tracing::{info, warn};
 use weft_telemetry::Metrics;
-use weft_telemetry::metrics::{NodeChangeLabels, NodeFailureLabels, NodeModeLabels, RepairLabels};
+use weft_telemetry::metrics::RepairLabels;
 use weft_topology::{ClusterNode, TopologySource};
 
 use crate::kernel::NodeKernel;
 use crate::masq::{MasqChange, masq_diff};
+use crate::metrics::{NodeChangeLabels, NodeFailureLabels, NodeModeLabels, NodeNetMetrics};
 use crate::model::*;
 use crate::plan::{addresses_to_look_up, diff, local_address, plan};
 
@@ -82,7 +83,7 @@ pub struct NodeNetwork<K> {
     cfg: Config,
     source: Option<Arc<dyn TopologySource>>,
     kernel: Arc<Mutex<K>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<NodeNetMetrics>,
     local_ranges: LocalRanges,
     view: watch::Sender<NodeView>,
     last: tokio::sync::Mutex<Option<Desired>>,
@@ -90,19 +91,19 @@ pub struct NodeNetwork<K> {
 
 impl<K: NodeKernel> NodeNetwork<K> {
     /// An engine over `kernel`, reading nodes from `source` (none: a standalone node,
-    /// which only masquerades).
+    /// which only masquerades), counting into its families in `metrics`.
     pub fn new(
         cfg: Config,
         source: Option<Arc<dyn TopologySource>>,
         kernel: K,
-        metrics: Arc<Metrics>,
+        metrics: &Metrics,
         local_ranges: LocalRanges,
     ) -> Self {
         Self {
             cfg,
             source,
             kernel: Arc::new(Mutex::new(kernel)),
-            metrics,
+            metrics: metrics.families::<NodeNetMetrics>(),
             local_ranges,
             view: watch::channel(NodeView::default()).0,
             last: tokio::sync::Mutex::new(None),
@@ -174,7 +175,7 @@ impl<K: NodeKernel> NodeNetwork<K> {
         }
         for c in outcome.changes.iter().chain(&outcome.repairs) {
             let (kind, op) = c.labels();
-            m.node_changes.get_or_create(&NodeChangeLabels { kind, op }).inc();
+            m.changes.get_or_create(&NodeChangeLabels { kind, op }).inc();
         }
         for c in &outcome.repairs {
             let kind = match c.labels().0 {
@@ -184,26 +185,24 @@ impl<K: NodeKernel> NodeNetwork<K> {
                 "address" => "node_address",
                 _ => "node_vxlan",
             };
-            m.reconcile_repairs.get_or_create(&RepairLabels { kind }).inc();
+            m.repairs.get_or_create(&RepairLabels { kind }).inc();
         }
         for f in &outcome.failures {
             warn!(change = %f.what, error = %f.error, "the kernel refused a pod routing change; retried at the next pass");
-            m.node_failures.get_or_create(&NodeFailureLabels { kind: f.kind }).inc();
+            m.failures.get_or_create(&NodeFailureLabels { kind: f.kind }).inc();
         }
         if let Some(mc) = &outcome.masquerade {
             let (added, deleted) = mc.size();
             let drift = previous.is_some_and(|p| p.masquerade == desired.masquerade);
             if drift {
                 warn!("the masquerade table had drifted: repaired");
-                m.reconcile_repairs
-                    .get_or_create(&RepairLabels { kind: "masquerade" })
-                    .inc();
+                m.repairs.get_or_create(&RepairLabels { kind: "masquerade" }).inc();
             } else {
                 info!(added, deleted, "masquerade sets changed");
             }
             for (op, n) in [("add", added), ("delete", deleted)] {
                 if n > 0 {
-                    m.node_changes
+                    m.changes
                         .get_or_create(&NodeChangeLabels { kind: "masquerade", op })
                         .inc_by(n);
                 }
@@ -211,11 +210,11 @@ impl<K: NodeKernel> NodeNetwork<K> {
         }
         for mode in PeerMode::ALL {
             let n = desired.peers.iter().filter(|p| p.mode == mode).count();
-            m.node_peers
+            m.peers
                 .get_or_create(&NodeModeLabels { mode: mode.as_str() })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
-        m.node_pod_mtu.set(i64::from(desired.pod_mtu.unwrap_or(0)));
+        m.pod_mtu.set(i64::from(desired.pod_mtu.unwrap_or(0)));
         let before = previous.map(|p| p.peers.clone()).unwrap_or_default();
         for p in &desired.peers {
             let was = before.iter().find(|b| b.name == p.name);
@@ -237,7 +236,7 @@ impl<K: NodeKernel> NodeNetwork<K> {
             && !p.ranges.is_empty()
             && p.ranges != desired.ranges
         {
-            m.node_pod_cidr_changes.inc();
+            m.pod_cidr_changes.inc();
             warn!(
                 before = ?p.ranges.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 after = ?desired.ranges.iter().map(ToString::to_string).collect::<Vec<_>>(),

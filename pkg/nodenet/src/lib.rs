@@ -16,11 +16,13 @@
 pub mod engine;
 pub mod kernel;
 pub mod masq;
+pub mod metrics;
 pub mod model;
 pub mod plan;
 
 pub use engine::{Failure, LocalRanges, NodeNetwork, NodeView, PassOutcome, run_pass};
 pub use kernel::{HostKernel, NodeKernel};
 pub use masq::{MasqChange, MasqFound};
+pub use metrics::NodeNetMetrics;
 pub use model::*;
 pub use plan::{diff, plan, vxlan_mac};

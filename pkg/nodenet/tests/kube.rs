@@ -66,7 +66,7 @@ async fn node_events_reach_the_kernel() {
         },
         Some(source.clone() as Arc<dyn TopologySource>),
         kernel,
-        metrics.clone(),
+        &metrics,
         Arc::new(|| Box::pin(async { Vec::new() })),
     ));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -147,7 +147,13 @@ async fn node_events_reach_the_kernel() {
     view.wait_for(|v| v.ranges == vec!["10.244.100.0/24".parse().unwrap()])
         .await
         .unwrap();
-    assert_eq!(metrics.node_pod_cidr_changes.get(), 1);
+    assert_eq!(
+        metrics
+            .families::<weft_nodenet::NodeNetMetrics>()
+            .pod_cidr_changes
+            .get(),
+        1
+    );
 
     let _ = stop_tx.send(());
     run.await.unwrap();

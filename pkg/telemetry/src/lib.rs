@@ -30,7 +30,7 @@ use tracing_subscriber::{Layer, Registry};
 
 pub use calls::{CallLog, CallRecord};
 pub use grpc::{CallInfo, CniCallFields, GrpcLayer};
-pub use metrics::Metrics;
+pub use metrics::{Families, Metrics};
 pub use phases::PHASE_TARGET;
 
 /// How log lines are written (to stderr).

@@ -1,20 +1,27 @@
-//! The Prometheus metrics weftd exports, and their exposition: OpenMetrics (with
-//! trace-id exemplars) when the scraper asks for it, the classic text format otherwise.
+//! The Prometheus registry weftd exports, the cross-cutting families (gRPC server, CNI
+//! calls and phases, reconcile repairs, build info, process), and the exposition:
+//! OpenMetrics (with trace-id exemplars) when the scraper asks for it, the classic text
+//! format otherwise.
+//!
+//! Each domain defines its own families and label types in its own crate, as a struct
+//! implementing [`Families`], and gets them with [`Metrics::families`], which registers
+//! them here on first use.
 //!
 //! Every label value comes from a bounded set: command, CNI code, phase, gRPC method
 //! and code, range (from the node's config). Container ids and pod names never become
 //! labels: they are in the logs, the traces and `weftctl calls`.
 
-use std::sync::Arc;
+use std::any::{Any, TypeId};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use prometheus_client::encoding::{EncodeLabelSet, text};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry, Unit};
 
 use crate::process::ProcessCollector;
 
@@ -60,98 +67,13 @@ pub struct PhaseLabels {
     pub phase: String,
 }
 
-/// Address usage of a range.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RangeLabels {
-    /// The range's CIDR.
-    pub range: String,
-    /// `allocated` or `free`.
-    pub state: &'static str,
-}
-
-/// Identity of one wire end (bounded by the node's wires).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WireLabels {
-    /// Topology namespace.
-    pub namespace: String,
-    /// The link's uid.
-    pub link_uid: String,
-    /// The local pod.
-    pub pod: String,
-    /// The interface in the pod.
-    pub intf: String,
-    /// The peer's node address (empty on the same node).
-    pub peer_node: String,
-    /// `veth`, `vxlan` or `grpc`.
-    pub kind: String,
-}
-
-/// [`WireLabels`] plus a direction (`rx`, `tx`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WireDirLabels {
-    /// The wire.
-    #[prometheus(flatten)]
-    pub wire: WireLabels,
-    /// `rx` (into the pod) or `tx` (out of the pod).
-    pub direction: &'static str,
-}
-
-/// [`WireLabels`] plus a drop reason.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WireDropLabels {
-    /// The wire.
-    #[prometheus(flatten)]
-    pub wire: WireLabels,
-    /// One of [`WIRE_DROP_REASONS`].
-    pub reason: &'static str,
-}
-
-/// Why a wire end drops frames: its queue to the peer node is full, no stream to the
-/// peer node is up, the peer end is down, the pod's interface refused a frame, or the
-/// kernel dropped it on the interface (veth and VXLAN ends).
-pub const WIRE_DROP_REASONS: [&str; 6] = [
-    "queue_full",
-    "no_stream",
-    "peer_down",
-    "pod_busy",
-    "kernel_rx",
-    "kernel_tx",
-];
-
-/// A peer node.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PeerLabels {
-    /// The peer's node address.
-    pub peer_node: String,
-}
-
-/// What the reconcile loop repaired.
+/// What a reconcile pass repaired. Shared: the node's reconcile loop, the node network
+/// and the wire engine each count their own kinds into `weft_reconcile_repairs_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RepairLabels {
-    /// `veth`, `link_up`, `address`, `route`, `collected`, `hostports`, `wire`, `fdb`.
-    pub kind: &'static str,
-}
-
-/// How pod traffic reaches a peer node.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NodeModeLabels {
-    /// `direct`, `vxlan`, `mixed`, `none` or `unreachable`.
-    pub mode: &'static str,
-}
-
-/// A change weft made to the node's pod routing.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NodeChangeLabels {
-    /// `route`, `fdb`, `neighbour`, `device`, `address` or `masquerade`.
-    pub kind: &'static str,
-    /// `add` or `delete`.
-    pub op: &'static str,
-}
-
-/// A kernel refusal while programming pod routing.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NodeFailureLabels {
-    /// `route`, `fdb`, `neighbour`, `device`, `address`, `masquerade` or `lookup`.
+    /// `veth`, `link_up`, `address`, `route`, `collected`, `hostports`, `wire`, `fdb`,
+    /// `node_route`, `node_fdb`, `node_neighbour`, `node_address`, `node_vxlan`,
+    /// `masquerade`.
     pub kind: &'static str,
 }
 
@@ -175,7 +97,24 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.0001, 2.0, 18)
 }
 
-/// Every metric family weftd exports.
+/// A domain's metric families: a struct of families (and their label types) defined in
+/// the domain's crate, created and registered once per [`Metrics`] through
+/// [`Metrics::families`].
+pub trait Families: Send + Sync + 'static {
+    /// Creates the families and registers each one with [`Metrics::register`] (or
+    /// [`Metrics::register_with_unit`]). Called once per registry.
+    fn register(metrics: &Metrics) -> Self;
+}
+
+/// The registry and the names registered in it (a family registered twice would be
+/// exposed twice, which scrapers reject).
+struct Registered {
+    registry: Registry,
+    names: BTreeSet<String>,
+}
+
+/// The cross-cutting metric families, the registry every domain registers its own
+/// families with, and the exposition.
 pub struct Metrics {
     /// `grpc_server_started_total`.
     pub grpc_started: Family<GrpcLabels, Counter>,
@@ -191,69 +130,17 @@ pub struct Metrics {
     pub cni_requests: Family<CniLabels, Counter>,
     /// `weft_cni_phase_duration_seconds`.
     pub cni_phase: LatencyFamily<PhaseLabels>,
-    /// `weft_ipam_addresses`.
-    pub ipam_addresses: Family<RangeLabels, Gauge>,
-    /// `weft_pods`.
-    pub pods: Gauge,
-    /// `weft_hostports`.
-    pub hostports: Gauge,
-    /// `weft_reconcile_repairs_total`.
+    /// `weft_reconcile_repairs_total`, shared by every domain that repairs drift.
     pub reconcile_repairs: Family<RepairLabels, Counter>,
-    /// `weft_store_transaction_seconds`.
-    pub store_transaction: Histogram,
-    /// `weft_wire_frames_total`.
-    pub wire_frames: Family<WireDirLabels, Counter>,
-    /// `weft_wire_bytes_total`.
-    pub wire_bytes: Family<WireDirLabels, Counter>,
-    /// `weft_wire_drops_total`.
-    pub wire_drops: Family<WireDropLabels, Counter>,
-    /// `weft_wire_up`.
-    pub wire_up: Family<WireLabels, Gauge>,
-    /// `weft_peer_stream_up`.
-    pub peer_stream_up: Family<PeerLabels, Gauge>,
-    /// `weft_peer_stream_reconnects_total`.
-    pub peer_reconnects: Family<PeerLabels, Counter>,
-    /// `weft_peer_batch_frames`.
-    pub peer_batch_frames: Family<PeerLabels, Histogram>,
-    /// `weft_peer_queue_depth`.
-    pub peer_queue_depth: Family<PeerLabels, Gauge>,
-    /// `weft_node_peers`.
-    pub node_peers: Family<NodeModeLabels, Gauge>,
-    /// `weft_node_network_changes_total`.
-    pub node_changes: Family<NodeChangeLabels, Counter>,
-    /// `weft_node_network_failures_total`.
-    pub node_failures: Family<NodeFailureLabels, Counter>,
-    /// `weft_node_pod_cidr_changes_total`.
-    pub node_pod_cidr_changes: Counter,
-    /// `weft_node_pod_mtu`.
-    pub node_pod_mtu: Gauge,
-    registry: Registry,
+    registered: Mutex<Registered>,
+    /// Each domain's families by type, created on first use.
+    domains: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
 impl Metrics {
-    /// Removes every series of a wire end (it was removed: its series go with it).
-    pub fn remove_wire(&self, wire: &WireLabels) {
-        self.wire_up.remove(wire);
-        for direction in ["rx", "tx"] {
-            let l = WireDirLabels {
-                wire: wire.clone(),
-                direction,
-            };
-            self.wire_frames.remove(&l);
-            self.wire_bytes.remove(&l);
-        }
-        for reason in WIRE_DROP_REASONS {
-            self.wire_drops.remove(&WireDropLabels {
-                wire: wire.clone(),
-                reason,
-            });
-        }
-    }
-
-    /// Creates and registers every family. `version` and `commit` go into
-    /// `weft_build_info`.
+    /// Creates the registry with the cross-cutting families. `version` and `commit` go
+    /// into `weft_build_info`.
     pub fn new(version: &str, commit: &str) -> Arc<Self> {
-        let mut registry = Registry::default();
         let make_latency = || HistogramWithExemplars::new(latency_buckets());
         let m = Self {
             grpc_started: Family::default(),
@@ -263,148 +150,54 @@ impl Metrics {
             grpc_handling: Family::new_with_constructor(make_latency),
             cni_requests: Family::default(),
             cni_phase: Family::new_with_constructor(make_latency),
-            ipam_addresses: Family::default(),
-            pods: Gauge::default(),
-            hostports: Gauge::default(),
             reconcile_repairs: Family::default(),
-            store_transaction: Histogram::new(exponential_buckets(0.00001, 2.0, 18)),
-            wire_frames: Family::default(),
-            wire_bytes: Family::default(),
-            wire_drops: Family::default(),
-            wire_up: Family::default(),
-            peer_stream_up: Family::default(),
-            peer_reconnects: Family::default(),
-            peer_batch_frames: Family::new_with_constructor(|| Histogram::new(exponential_buckets(1.0, 2.0, 10))),
-            peer_queue_depth: Family::default(),
-            node_peers: Family::default(),
-            node_changes: Family::default(),
-            node_failures: Family::default(),
-            node_pod_cidr_changes: Counter::default(),
-            node_pod_mtu: Gauge::default(),
-            registry: Registry::default(),
+            registered: Mutex::new(Registered {
+                registry: Registry::default(),
+                names: BTreeSet::new(),
+            }),
+            domains: Mutex::new(HashMap::new()),
         };
-        registry.register(
+        m.register(
             "grpc_server_started",
             "RPCs started on the server",
             m.grpc_started.clone(),
         );
-        registry.register(
+        m.register(
             "grpc_server_handled",
             "RPCs completed on the server, regardless of success or failure",
             m.grpc_handled.clone(),
         );
-        registry.register(
+        m.register(
             "grpc_server_msg_received",
             "RPC stream messages received on the server",
             m.grpc_msg_received.clone(),
         );
-        registry.register(
+        m.register(
             "grpc_server_msg_sent",
             "gRPC stream messages sent on the server",
             m.grpc_msg_sent.clone(),
         );
-        registry.register(
+        m.register(
             "grpc_server_handling_seconds",
             "Response latency of RPCs handled by the server, with the trace id as exemplar",
             m.grpc_handling.clone(),
         );
-        registry.register(
+        m.register(
             "weft_cni_requests",
             "CNI calls handled, by command and CNI code (0 = success)",
             m.cni_requests.clone(),
         );
-        registry.register(
+        m.register(
             "weft_cni_phase_duration_seconds",
             "Time spent in each phase of a CNI call, with the trace id as exemplar",
             m.cni_phase.clone(),
         );
-        registry.register(
-            "weft_ipam_addresses",
-            "Pod addresses per range, allocated and free",
-            m.ipam_addresses.clone(),
-        );
-        registry.register("weft_pods", "Pod attachments set up on this node", m.pods.clone());
-        registry.register(
-            "weft_hostports",
-            "Host ports held on this node (one per address family)",
-            m.hostports.clone(),
-        );
-        registry.register(
+        m.register(
             "weft_reconcile_repairs",
             "Kernel state found drifted from the store and repaired (or attachments collected), by kind",
             m.reconcile_repairs.clone(),
         );
-        registry.register(
-            "weft_store_transaction_seconds",
-            "Time the state store spent on each transaction",
-            m.store_transaction.clone(),
-        );
-        registry.register(
-            "weft_wire_frames",
-            "Frames carried by a wire end, by direction",
-            m.wire_frames.clone(),
-        );
-        registry.register(
-            "weft_wire_bytes",
-            "Bytes carried by a wire end, by direction",
-            m.wire_bytes.clone(),
-        );
-        registry.register(
-            "weft_wire_drops",
-            "Frames a wire end dropped, by reason",
-            m.wire_drops.clone(),
-        );
-        registry.register(
-            "weft_wire_up",
-            "Whether a wire end is up (1) or waiting for its peer (0)",
-            m.wire_up.clone(),
-        );
-        registry.register(
-            "weft_peer_stream_up",
-            "Whether the frame stream to a peer node is established",
-            m.peer_stream_up.clone(),
-        );
-        registry.register(
-            "weft_peer_stream_reconnects",
-            "Times the frame stream to a peer node was re-established",
-            m.peer_reconnects.clone(),
-        );
-        registry.register(
-            "weft_peer_batch_frames",
-            "Frames per batch sent to a peer node",
-            m.peer_batch_frames.clone(),
-        );
-        registry.register(
-            "weft_peer_queue_depth",
-            "Frames waiting to be sent to a peer node",
-            m.peer_queue_depth.clone(),
-        );
-        registry.register(
-            "weft_node_peers",
-            "Peer nodes by how pod traffic reaches them (direct route, VXLAN, none)",
-            m.node_peers.clone(),
-        );
-        registry.register(
-            "weft_node_network_changes",
-            "Changes made to the node's pod routing (routes, FDB and neighbour entries, the VXLAN device, masquerade sets)",
-            m.node_changes.clone(),
-        );
-        registry.register(
-            "weft_node_network_failures",
-            "Kernel refusals while programming the node's pod routing",
-            m.node_failures.clone(),
-        );
-        registry.register(
-            "weft_node_pod_cidr_changes",
-            "Times this node's podCIDRs changed while weftd ran",
-            m.node_pod_cidr_changes.clone(),
-        );
-        registry.register(
-            "weft_node_pod_mtu",
-            "The MTU pods get when their network config sets none (0 while unknown)",
-            m.node_pod_mtu.clone(),
-        );
-        registry.register(
+        m.register(
             "weft_build",
             "The weft build running",
             Info::new(BuildLabels {
@@ -412,15 +205,62 @@ impl Metrics {
                 commit: commit.to_string(),
             }),
         );
-        registry.register_collector(Box::new(ProcessCollector));
-        Arc::new(Self { registry, ..m })
+        m.registered().registry.register_collector(Box::new(ProcessCollector));
+        Arc::new(m)
+    }
+
+    fn registered(&self) -> MutexGuard<'_, Registered> {
+        // The registry stays consistent across a panic elsewhere: every change to it
+        // is one call.
+        self.registered.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a family (or any metric) under `name` (without the `_total` of a
+    /// counter, which the encoder adds), with its help text.
+    ///
+    /// # Panics
+    /// When `name` is already registered: it would be exposed twice and scrapers
+    /// reject the whole exposition. Domains register through [`Metrics::families`],
+    /// which registers each domain once.
+    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+        let mut r = self.registered();
+        r.claim(name);
+        r.registry.register(name, help, metric);
+    }
+
+    /// [`Metrics::register`] with a unit (which the name must end with, e.g.
+    /// `_seconds` for [`Unit::Seconds`]).
+    ///
+    /// # Panics
+    /// When `name` is already registered.
+    pub fn register_with_unit(&self, name: &str, help: &str, unit: Unit, metric: impl Metric) {
+        let mut r = self.registered();
+        r.claim(name);
+        r.registry.register_with_unit(name, help, unit, metric);
+    }
+
+    /// A domain's families: created and registered by the first caller, shared by
+    /// every later one (an engine built again on the same registry finds the same
+    /// series).
+    pub fn families<F: Families>(&self) -> Arc<F> {
+        // Held while `F` registers, so two first callers cannot both register it. A
+        // domain's `register` must therefore not ask for other domains' families.
+        let mut domains = self.domains.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = domains
+            .entry(TypeId::of::<F>())
+            .or_insert_with(|| Arc::new(F::register(self)) as Arc<dyn Any + Send + Sync>)
+            .clone();
+        drop(domains);
+        entry
+            .downcast::<F>()
+            .unwrap_or_else(|_| unreachable!("the entry under F's TypeId holds an F"))
     }
 
     /// The exposition for a scraper that sent `accept`: OpenMetrics 1.0 when asked for,
     /// the Prometheus text format 0.0.4 otherwise. Returns (content type, body).
     pub fn render(&self, accept: &str) -> (&'static str, String) {
         let mut om = String::new();
-        if text::encode(&mut om, &self.registry).is_err() {
+        if text::encode(&mut om, &self.registered().registry).is_err() {
             om = "# EOF\n".into();
         }
         if accept.contains("application/openmetrics-text") {
@@ -428,6 +268,15 @@ impl Metrics {
         } else {
             ("text/plain; version=0.0.4; charset=utf-8", openmetrics_to_classic(&om))
         }
+    }
+}
+
+impl Registered {
+    fn claim(&mut self, name: &str) {
+        assert!(
+            self.names.insert(name.to_string()),
+            "metric family {name} registered twice"
+        );
     }
 }
 
@@ -474,6 +323,8 @@ pub fn openmetrics_to_classic(om: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use prometheus_client::metrics::gauge::Gauge;
+
     use super::*;
 
     fn labels() -> GrpcLabels {
@@ -523,5 +374,62 @@ mod tests {
             classic.contains("# TYPE process_resident_memory_bytes gauge"),
             "{classic}"
         );
+    }
+
+    /// A domain's families, as a domain crate defines them.
+    struct Sample {
+        requests: Family<CniLabels, Counter>,
+        temperature: Gauge,
+    }
+
+    impl Families for Sample {
+        fn register(metrics: &Metrics) -> Self {
+            let s = Sample {
+                requests: Family::default(),
+                temperature: Gauge::default(),
+            };
+            metrics.register("sample_requests", "Requests seen", s.requests.clone());
+            metrics.register_with_unit(
+                "sample_temperature",
+                "How warm it is",
+                Unit::Celsius,
+                s.temperature.clone(),
+            );
+            s
+        }
+    }
+
+    #[test]
+    fn a_domain_registers_its_families_once_and_they_are_exposed() {
+        let m = Metrics::new("0.1.0", "abc");
+        let a = m.families::<Sample>();
+        let b = m.families::<Sample>();
+        assert!(Arc::ptr_eq(&a, &b));
+        a.requests
+            .get_or_create(&CniLabels {
+                command: "ADD".into(),
+                cni_code: "0".into(),
+            })
+            .inc();
+        b.temperature.set(21);
+        let (_, om) = m.render("application/openmetrics-text");
+        assert_eq!(om.matches("# TYPE sample_requests counter\n").count(), 1, "{om}");
+        assert!(om.contains("# HELP sample_requests Requests seen.\n"), "{om}");
+        assert!(
+            om.contains("sample_requests_total{command=\"ADD\",cni_code=\"0\"} 1\n"),
+            "{om}"
+        );
+        assert!(om.contains("# UNIT sample_temperature_celsius celsius\n"), "{om}");
+        assert!(om.contains("sample_temperature_celsius 21\n"), "{om}");
+        let (_, classic) = m.render("text/plain");
+        assert!(classic.contains("# TYPE sample_requests_total counter\n"), "{classic}");
+        assert!(!classic.contains("# UNIT"), "{classic}");
+    }
+
+    #[test]
+    #[should_panic(expected = "registered twice")]
+    fn a_name_registered_twice_is_refused() {
+        let m = Metrics::new("0.1.0", "abc");
+        m.register("weft_cni_requests", "again", Counter::<u64>::default());
     }
 }

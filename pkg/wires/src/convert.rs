@@ -4,13 +4,12 @@
 
 use std::net::IpAddr;
 
+use crate::ids::wire_id;
+use crate::metrics::WireLabels;
+use crate::plane::GrpcEnd;
 use weft_kernel::LinkStats;
 use weft_link::{LinkKind, UnknownName, WireCounters, WireEnd, WireState};
 use weft_rpc::wire::End;
-use weft_telemetry::metrics::WireLabels;
-
-use crate::ids::wire_id;
-use crate::plane::GrpcEnd;
 
 /// An end's metric labels: the series of every per-wire family are keyed by them.
 pub fn labels(end: &WireEnd) -> WireLabels {

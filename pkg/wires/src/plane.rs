@@ -5,11 +5,10 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use weft_kernel::packet;
-use weft_telemetry::metrics::WireLabels;
-
 use crate::dataplane::DataPlane;
 use crate::error::WireError;
+use crate::metrics::WireLabels;
+use weft_kernel::packet;
 
 /// A gRPC wire end to start a worker for (its pair built by the kernel seam).
 #[derive(Debug, Clone)]

@@ -4,14 +4,13 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use crate::metrics::{WireDirLabels, WireDropLabels, WireLabels, WireMetrics};
 use bytes::BytesMut;
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::unix::AsyncFd;
 use tracing::debug;
 use weft_kernel::packet::{self, PacketSocket};
 use weft_rpc::wire::Frame;
-use weft_telemetry::Metrics;
-use weft_telemetry::metrics::{WireDirLabels, WireDropLabels, WireLabels};
 
 use super::outbox::Outbox;
 
@@ -51,7 +50,7 @@ impl DropReason {
 /// that a wire that never dropped shows none.
 pub(super) struct Counters {
     labels: WireLabels,
-    metrics: Arc<Metrics>,
+    metrics: Arc<WireMetrics>,
     tx_frames: Counter,
     tx_bytes: Counter,
     rx_frames: Counter,
@@ -60,7 +59,7 @@ pub(super) struct Counters {
 }
 
 impl Counters {
-    pub(super) fn new(labels: WireLabels, metrics: Arc<Metrics>) -> Self {
+    pub(super) fn new(labels: WireLabels, metrics: Arc<WireMetrics>) -> Self {
         let dir = |direction| WireDirLabels {
             wire: labels.clone(),
             direction,
@@ -69,10 +68,10 @@ impl Counters {
             family.get_or_create(&dir(direction)).clone()
         };
         Self {
-            tx_frames: counter(&metrics.wire_frames, "tx"),
-            tx_bytes: counter(&metrics.wire_bytes, "tx"),
-            rx_frames: counter(&metrics.wire_frames, "rx"),
-            rx_bytes: counter(&metrics.wire_bytes, "rx"),
+            tx_frames: counter(&metrics.frames, "tx"),
+            tx_bytes: counter(&metrics.bytes, "tx"),
+            rx_frames: counter(&metrics.frames, "rx"),
+            rx_bytes: counter(&metrics.bytes, "rx"),
             drops: Default::default(),
             labels,
             metrics,
@@ -86,7 +85,7 @@ impl Counters {
         self.drops[reason as usize]
             .get_or_init(|| {
                 self.metrics
-                    .wire_drops
+                    .drops
                     .get_or_create(&WireDropLabels {
                         wire: self.labels.clone(),
                         reason: reason.label(),
@@ -158,7 +157,7 @@ impl PacketEnd {
     pub fn set_up(&self, up: bool) {
         self.up.store(up, Ordering::Relaxed);
         let c = &self.counters;
-        c.metrics.wire_up.get_or_create(&c.labels).set(i64::from(up));
+        c.metrics.up.get_or_create(&c.labels).set(i64::from(up));
     }
 
     /// Hands a burst of frames read from the pod to the peer's queue.

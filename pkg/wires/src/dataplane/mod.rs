@@ -25,7 +25,8 @@ use weft_kernel::packet::PacketSocket;
 use weft_rpc::wire::FrameBatch;
 use weft_rpc::wire::wire_client::WireClient;
 use weft_telemetry::Metrics;
-use weft_telemetry::metrics::{PeerLabels, WireLabels};
+
+use crate::metrics::{PeerLabels, WireLabels, WireMetrics};
 
 pub use end::PacketEnd;
 pub use outbox::OutboundBatches;
@@ -98,7 +99,7 @@ impl Drop for Peer {
 pub struct DataPlane {
     local: IpAddr,
     port: u16,
-    metrics: Arc<Metrics>,
+    metrics: Arc<WireMetrics>,
     ends: RwLock<HashMap<u64, Arc<PacketEnd>>>,
     peers: Mutex<HashMap<IpAddr, Peer>>,
     readers: Mutex<HashMap<u64, tokio::task::JoinHandle<()>>>,
@@ -114,7 +115,7 @@ impl DataPlane {
         Arc::new(Self {
             local,
             port,
-            metrics,
+            metrics: metrics.families::<WireMetrics>(),
             ends: RwLock::default(),
             peers: Mutex::default(),
             readers: Mutex::default(),

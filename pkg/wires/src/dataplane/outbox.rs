@@ -7,15 +7,13 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
+use super::end::{Counters, DropReason};
+use super::{BATCH_BYTES, BATCH_FRAMES, WIRE_QUEUE, WIRE_QUEUE_BYTES};
+use crate::metrics::{PeerLabels, WireMetrics};
 use futures::Stream;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use weft_rpc::wire::{Frame, FrameBatch};
-use weft_telemetry::Metrics;
-use weft_telemetry::metrics::PeerLabels;
-
-use super::end::{Counters, DropReason};
-use super::{BATCH_BYTES, BATCH_FRAMES, WIRE_QUEUE, WIRE_QUEUE_BYTES};
 
 /// The frames of one wire end waiting for the stream to its peer node.
 struct WireQueue {
@@ -52,7 +50,7 @@ pub(super) struct Outbox {
 }
 
 impl Outbox {
-    pub(super) fn new(peer: IpAddr, metrics: &Metrics) -> Self {
+    pub(super) fn new(peer: IpAddr, metrics: &WireMetrics) -> Self {
         let labels = PeerLabels {
             peer_node: peer.to_string(),
         };
@@ -231,11 +229,11 @@ mod tests {
 
     use super::*;
 
-    fn metrics() -> Arc<Metrics> {
-        Metrics::new("test", "test")
+    fn metrics() -> Arc<WireMetrics> {
+        weft_telemetry::Metrics::new("test", "test").families::<WireMetrics>()
     }
 
-    fn counters(metrics: &Arc<Metrics>, pod: &str) -> Arc<Counters> {
+    fn counters(metrics: &Arc<WireMetrics>, pod: &str) -> Arc<Counters> {
         let end = WireEnd {
             namespace: "default".into(),
             link_uid: 1,
@@ -267,7 +265,7 @@ mod tests {
         c.drops[reason as usize].get().map_or(0, Counter::get)
     }
 
-    fn outbox(metrics: &Arc<Metrics>) -> Arc<Outbox> {
+    fn outbox(metrics: &Arc<WireMetrics>) -> Arc<Outbox> {
         Arc::new(Outbox::new("192.0.2.2".parse().unwrap(), metrics))
     }
 

@@ -4,15 +4,14 @@
 
 use std::collections::HashMap;
 
-use weft_kernel::LinkStats;
-use weft_link::{LinkKind, WireEnd, WireReport};
-use weft_store::StoreError;
-use weft_telemetry::metrics::{WireDirLabels, WireDropLabels};
-
 use super::Engine;
 use crate::convert;
 use crate::error::WireError;
+use crate::metrics::{WireDirLabels, WireDropLabels};
 use crate::plane::GrpcPlane;
+use weft_kernel::LinkStats;
+use weft_link::{LinkKind, WireEnd, WireReport};
+use weft_store::StoreError;
 
 impl<P: GrpcPlane> Engine<P> {
     /// Brings the per-wire counters of kernel-carried ends (veth, VXLAN) up to date from
@@ -50,15 +49,15 @@ impl<P: GrpcPlane> Engine<P> {
                     wire: labels.clone(),
                     direction: dir,
                 };
-                self.metrics.wire_frames.get_or_create(&l).inc_by(frames);
-                self.metrics.wire_bytes.get_or_create(&l).inc_by(bytes);
+                self.metrics.frames.get_or_create(&l).inc_by(frames);
+                self.metrics.bytes.get_or_create(&l).inc_by(bytes);
                 if drops > 0 {
                     let reason = if dir == "rx" { "kernel_rx" } else { "kernel_tx" };
                     let d = WireDropLabels {
                         wire: labels.clone(),
                         reason,
                     };
-                    self.metrics.wire_drops.get_or_create(&d).inc_by(drops);
+                    self.metrics.drops.get_or_create(&d).inc_by(drops);
                 }
             }
             sampled.insert(r.id, *now);
@@ -90,8 +89,8 @@ impl<P: GrpcPlane> Engine<P> {
                 wire: labels.clone(),
                 direction,
             };
-            self.metrics.wire_frames.get_or_create(&l).inc_by(frames);
-            self.metrics.wire_bytes.get_or_create(&l).inc_by(bytes);
+            self.metrics.frames.get_or_create(&l).inc_by(frames);
+            self.metrics.bytes.get_or_create(&l).inc_by(bytes);
         }
     }
 

@@ -45,6 +45,7 @@ use weft_topology::{Link, LinkKind, TopologySource, TopologyStatus};
 use crate::dataplane::DataPlane;
 use crate::error::WireError;
 use crate::kernel::{HostWireKernel, WireKernel};
+use crate::metrics::WireMetrics;
 use crate::peers::{GrpcPeers, Peers};
 use crate::plane::GrpcPlane;
 pub use plan::PodKey;
@@ -126,7 +127,7 @@ pub struct Engine<P = DataPlane> {
     cfg: EngineConfig,
     source: Arc<dyn TopologySource>,
     store: Store,
-    metrics: Arc<Metrics>,
+    metrics: Arc<WireMetrics>,
     kernel: Arc<dyn WireKernel>,
     peers: Arc<dyn Peers>,
     new_plane: PlaneFactory<P>,
@@ -176,7 +177,7 @@ impl<P: GrpcPlane> Engine<P> {
             cfg,
             source,
             store,
-            metrics,
+            metrics: metrics.families::<WireMetrics>(),
             kernel: seams.kernel,
             peers: seams.peers,
             new_plane: seams.plane,

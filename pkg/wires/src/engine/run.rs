@@ -237,10 +237,7 @@ impl<P: GrpcPlane> Engine<P> {
         {
             self.metrics.remove_wire(&old);
         }
-        self.metrics
-            .wire_up
-            .get_or_create(&labels)
-            .set(i64::from(r.state.is_up()));
+        self.metrics.up.get_or_create(&labels).set(i64::from(r.state.is_up()));
         records.insert(r.id, r);
         Ok(())
     }

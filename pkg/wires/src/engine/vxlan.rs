@@ -48,7 +48,7 @@ impl<P: GrpcPlane> Engine<P> {
                 let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
                 self.kernel(move |k| k.point_vxlan(&netns, &intf, &peer)).await?;
                 self.metrics
-                    .reconcile_repairs
+                    .repairs
                     .get_or_create(&weft_telemetry::metrics::RepairLabels { kind: "fdb" })
                     .inc();
                 warn!(wire = id, pod = %name, intf = %link.local_intf, peer = %node, "VXLAN FDB entries had drifted and were restored");

@@ -19,9 +19,10 @@ use weft_link::{WireEnd, WireState};
 use weft_rpc::wire::{End, EndsRequest, Hello};
 use weft_store::Store;
 use weft_telemetry::Metrics;
-use weft_telemetry::metrics::{RepairLabels, WireDirLabels};
+use weft_telemetry::metrics::RepairLabels;
 use weft_topology::{Link, LinkKind, MemorySource, Topology, TopologySource, TopologySpec};
 use weft_wires::ids::{derived_mac, derived_vni, next_vni, wire_id};
+use weft_wires::metrics::{WireDirLabels, WireMetrics};
 use weft_wires::{Engine, EngineConfig, LocalPod, PodKey, Seams, labels};
 
 const NS: &str = "lab";
@@ -567,7 +568,8 @@ async fn drifted_fdb_entries_are_put_back_without_a_rebuild() {
 }
 
 fn frames(m: &Metrics, r: &WireEnd, direction: &'static str) -> u64 {
-    m.wire_frames
+    m.families::<WireMetrics>()
+        .frames
         .get_or_create(&WireDirLabels {
             wire: labels(r),
             direction,

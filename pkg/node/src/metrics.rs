@@ -1,0 +1,59 @@
+//! The node's own metric families: the gauges refreshed from the store before each
+//! scrape (addresses per range, pods, host ports) and the store's transaction time.
+//! Reconcile repairs go into telemetry's shared `weft_reconcile_repairs_total`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use weft_telemetry::{Families, Metrics};
+
+/// Address usage of a range.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RangeLabels {
+    /// The range's CIDR.
+    pub range: String,
+    /// `allocated` or `free`.
+    pub state: &'static str,
+}
+
+/// The node's families; get them with `metrics.families::<NodeMetrics>()`.
+pub struct NodeMetrics {
+    /// `weft_ipam_addresses`.
+    pub ipam_addresses: Family<RangeLabels, Gauge>,
+    /// `weft_pods`.
+    pub pods: Gauge,
+    /// `weft_hostports`.
+    pub hostports: Gauge,
+    /// `weft_store_transaction_seconds`.
+    pub store_transaction: Histogram,
+}
+
+impl Families for NodeMetrics {
+    fn register(metrics: &Metrics) -> Self {
+        let m = NodeMetrics {
+            ipam_addresses: Family::default(),
+            pods: Gauge::default(),
+            hostports: Gauge::default(),
+            // 10 µs .. ~1.3 s, doubling.
+            store_transaction: Histogram::new(exponential_buckets(0.00001, 2.0, 18)),
+        };
+        metrics.register(
+            "weft_ipam_addresses",
+            "Pod addresses per range, allocated and free",
+            m.ipam_addresses.clone(),
+        );
+        metrics.register("weft_pods", "Pod attachments set up on this node", m.pods.clone());
+        metrics.register(
+            "weft_hostports",
+            "Host ports held on this node (one per address family)",
+            m.hostports.clone(),
+        );
+        metrics.register(
+            "weft_store_transaction_seconds",
+            "Time the state store spent on each transaction",
+            m.store_transaction.clone(),
+        );
+        m
+    }
+}

@@ -1,0 +1,215 @@
+//! The wires' metric families (`weft_wire_*` per wire end, `weft_peer_*` per peer node)
+//! and their label types, registered with telemetry's registry when the engine or the
+//! data plane is built. An end's labels are built in one place, [`crate::labels`].
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use weft_telemetry::metrics::RepairLabels;
+use weft_telemetry::{Families, Metrics};
+
+/// Identity of one wire end (bounded by the node's wires).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WireLabels {
+    /// Topology namespace.
+    pub namespace: String,
+    /// The link's uid.
+    pub link_uid: String,
+    /// The local pod.
+    pub pod: String,
+    /// The interface in the pod.
+    pub intf: String,
+    /// The peer's node address (empty on the same node).
+    pub peer_node: String,
+    /// `veth`, `vxlan` or `grpc`.
+    pub kind: String,
+}
+
+/// [`WireLabels`] plus a direction (`rx`, `tx`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WireDirLabels {
+    /// The wire.
+    #[prometheus(flatten)]
+    pub wire: WireLabels,
+    /// `rx` (into the pod) or `tx` (out of the pod).
+    pub direction: &'static str,
+}
+
+/// [`WireLabels`] plus a drop reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WireDropLabels {
+    /// The wire.
+    #[prometheus(flatten)]
+    pub wire: WireLabels,
+    /// One of [`WIRE_DROP_REASONS`].
+    pub reason: &'static str,
+}
+
+/// Why a wire end drops frames: its queue to the peer node is full, no stream to the
+/// peer node is up, the peer end is down, the pod's interface refused a frame, or the
+/// kernel dropped it on the interface (veth and VXLAN ends).
+pub const WIRE_DROP_REASONS: [&str; 6] = [
+    "queue_full",
+    "no_stream",
+    "peer_down",
+    "pod_busy",
+    "kernel_rx",
+    "kernel_tx",
+];
+
+/// A peer node.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabels {
+    /// The peer's node address.
+    pub peer_node: String,
+}
+
+/// What the wires count; get it with `metrics.families::<WireMetrics>()`.
+pub struct WireMetrics {
+    /// `weft_wire_frames_total`.
+    pub frames: Family<WireDirLabels, Counter>,
+    /// `weft_wire_bytes_total`.
+    pub bytes: Family<WireDirLabels, Counter>,
+    /// `weft_wire_drops_total`.
+    pub drops: Family<WireDropLabels, Counter>,
+    /// `weft_wire_up`.
+    pub up: Family<WireLabels, Gauge>,
+    /// `weft_peer_stream_up`.
+    pub peer_stream_up: Family<PeerLabels, Gauge>,
+    /// `weft_peer_stream_reconnects_total`.
+    pub peer_reconnects: Family<PeerLabels, Counter>,
+    /// `weft_peer_batch_frames`.
+    pub peer_batch_frames: Family<PeerLabels, Histogram>,
+    /// `weft_peer_queue_depth`.
+    pub peer_queue_depth: Family<PeerLabels, Gauge>,
+    /// Telemetry's shared `weft_reconcile_repairs_total`, where restored VXLAN FDB
+    /// entries are counted (`fdb`).
+    pub repairs: Family<RepairLabels, Counter>,
+}
+
+impl WireMetrics {
+    /// Removes every series of a wire end (it was removed: its series go with it).
+    pub fn remove_wire(&self, wire: &WireLabels) {
+        self.up.remove(wire);
+        for direction in ["rx", "tx"] {
+            let l = WireDirLabels {
+                wire: wire.clone(),
+                direction,
+            };
+            self.frames.remove(&l);
+            self.bytes.remove(&l);
+        }
+        for reason in WIRE_DROP_REASONS {
+            self.drops.remove(&WireDropLabels {
+                wire: wire.clone(),
+                reason,
+            });
+        }
+    }
+}
+
+impl Families for WireMetrics {
+    fn register(metrics: &Metrics) -> Self {
+        let m = WireMetrics {
+            frames: Family::default(),
+            bytes: Family::default(),
+            drops: Family::default(),
+            up: Family::default(),
+            peer_stream_up: Family::default(),
+            peer_reconnects: Family::default(),
+            // 1 .. 512 frames, doubling.
+            peer_batch_frames: Family::new_with_constructor(|| Histogram::new(exponential_buckets(1.0, 2.0, 10))),
+            peer_queue_depth: Family::default(),
+            repairs: metrics.reconcile_repairs.clone(),
+        };
+        metrics.register(
+            "weft_wire_frames",
+            "Frames carried by a wire end, by direction",
+            m.frames.clone(),
+        );
+        metrics.register(
+            "weft_wire_bytes",
+            "Bytes carried by a wire end, by direction",
+            m.bytes.clone(),
+        );
+        metrics.register(
+            "weft_wire_drops",
+            "Frames a wire end dropped, by reason",
+            m.drops.clone(),
+        );
+        metrics.register(
+            "weft_wire_up",
+            "Whether a wire end is up (1) or waiting for its peer (0)",
+            m.up.clone(),
+        );
+        metrics.register(
+            "weft_peer_stream_up",
+            "Whether the frame stream to a peer node is established",
+            m.peer_stream_up.clone(),
+        );
+        metrics.register(
+            "weft_peer_stream_reconnects",
+            "Times the frame stream to a peer node was re-established",
+            m.peer_reconnects.clone(),
+        );
+        metrics.register(
+            "weft_peer_batch_frames",
+            "Frames per batch sent to a peer node",
+            m.peer_batch_frames.clone(),
+        );
+        metrics.register(
+            "weft_peer_queue_depth",
+            "Frames waiting to be sent to a peer node",
+            m.peer_queue_depth.clone(),
+        );
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire() -> WireLabels {
+        WireLabels {
+            namespace: "lab".into(),
+            link_uid: "4".into(),
+            pod: "r1".into(),
+            intf: "eth1".into(),
+            peer_node: "192.0.2.2".into(),
+            kind: "grpc".into(),
+        }
+    }
+
+    #[test]
+    fn a_removed_wire_leaves_no_series() {
+        let metrics = Metrics::new("test", "test");
+        let m = metrics.families::<WireMetrics>();
+        let other = WireLabels {
+            pod: "r2".into(),
+            ..wire()
+        };
+        for w in [wire(), other.clone()] {
+            m.up.get_or_create(&w).set(1);
+            m.frames
+                .get_or_create(&WireDirLabels {
+                    wire: w.clone(),
+                    direction: "rx",
+                })
+                .inc();
+            m.drops
+                .get_or_create(&WireDropLabels {
+                    wire: w,
+                    reason: "pod_busy",
+                })
+                .inc();
+        }
+        m.remove_wire(&wire());
+        let (_, text) = metrics.render("text/plain");
+        assert!(!text.contains("pod=\"r1\""), "{text}");
+        assert_eq!(text.matches("pod=\"r2\"").count(), 3, "{text}");
+        assert!(text.contains("# TYPE weft_wire_drops_total counter\n"), "{text}");
+    }
+}
