@@ -1,6 +1,6 @@
-//! The two seams the handler works through: node state ([`Ipam`]) and the kernel
-//! ([`PodNetworking`]); and what the admin service reads of node state
-//! ([`AdminState`]). The daemon plugs in the SQLite store and the netlink driver;
+//! The seams the handler works through: node state ([`Ipam`]), the kernel
+//! ([`PodNetworking`]) and the pod's links ([`Wiring`]); and what the admin service
+//! reads of node state ([`AdminState`]). The daemon plugs in the SQLite store and the netlink driver;
 //! tests plug in whatever they need to provoke.
 
 use std::future::Future;
