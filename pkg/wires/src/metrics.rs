@@ -66,6 +66,16 @@ pub struct PeerLabels {
     pub peer_node: String,
 }
 
+/// Why the wire port refused a call (one of [`crate::service::Refusal`]'s reasons) or
+/// a frame (`other_peer_wire`: it names a wire held for another peer node;
+/// `unknown_wire`: no end here has its id).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabels {
+    /// `no_address`, `bad_claim`, `address_mismatch`, `unknown_node`, `other_peer_wire`,
+    /// `unknown_wire`.
+    pub reason: &'static str,
+}
+
 /// What the wires count; get it with `metrics.families::<WireMetrics>()`.
 pub struct WireMetrics {
     /// `weft_wire_frames_total`.
@@ -84,6 +94,8 @@ pub struct WireMetrics {
     pub peer_batch_frames: Family<PeerLabels, Histogram>,
     /// `weft_peer_queue_depth`.
     pub peer_queue_depth: Family<PeerLabels, Gauge>,
+    /// `weft_peer_rejected_total`.
+    pub rejected: Family<RejectLabels, Counter>,
     /// Telemetry's shared `weft_reconcile_repairs_total`, where restored VXLAN FDB
     /// entries are counted (`fdb`).
     pub repairs: Family<RepairLabels, Counter>,
@@ -122,6 +134,7 @@ impl Families for WireMetrics {
             // 1 .. 512 frames, doubling.
             peer_batch_frames: Family::new_with_constructor(|| Histogram::new(exponential_buckets(1.0, 2.0, 10))),
             peer_queue_depth: Family::default(),
+            rejected: Family::default(),
             repairs: metrics.reconcile_repairs.clone(),
         };
         metrics.register(
@@ -163,6 +176,11 @@ impl Families for WireMetrics {
             "weft_peer_queue_depth",
             "Frames waiting to be sent to a peer node",
             m.peer_queue_depth.clone(),
+        );
+        metrics.register(
+            "weft_peer_rejected",
+            "Calls and frames on the wire port refused, by reason",
+            m.rejected.clone(),
         );
         m
     }

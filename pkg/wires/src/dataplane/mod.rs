@@ -26,7 +26,7 @@ use weft_rpc::wire::FrameBatch;
 use weft_rpc::wire::wire_client::WireClient;
 use weft_telemetry::Metrics;
 
-use crate::metrics::{PeerLabels, WireLabels, WireMetrics};
+use crate::metrics::{PeerLabels, RejectLabels, WireLabels, WireMetrics};
 
 pub use end::PacketEnd;
 pub use outbox::OutboundBatches;
@@ -211,14 +211,25 @@ impl DataPlane {
         p.outbox.clone()
     }
 
+    /// Counts a frame from a peer that no end of this node takes from it.
+    fn refused(&self, reason: &'static str) {
+        self.metrics.rejected.get_or_create(&RejectLabels { reason }).inc();
+    }
+
     /// Delivers a batch that came from a peer.
     fn dispatch(&self, from: IpAddr, batch: FrameBatch) {
         let ends = self.ends.read().expect("ends lock");
         for f in batch.frames {
             match route(&ends, |e| e.peer, from, f.wire_id) {
                 Route::Deliver(end) => end.deliver(&f.data),
-                Route::OtherPeer => debug!(wire = f.wire_id, %from, "frame for a wire of another peer dropped"),
-                Route::Unknown => debug!(wire = f.wire_id, %from, "frame for an unknown wire dropped"),
+                Route::OtherPeer => {
+                    self.refused("other_peer_wire");
+                    debug!(wire = f.wire_id, %from, "frame for a wire of another peer dropped")
+                }
+                Route::Unknown => {
+                    self.refused("unknown_wire");
+                    debug!(wire = f.wire_id, %from, "frame for an unknown wire dropped")
+                }
             }
         }
     }

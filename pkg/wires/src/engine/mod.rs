@@ -258,6 +258,11 @@ impl<P: GrpcPlane> Engine<P> {
         self.store.run(|db| db.wires()).await
     }
 
+    /// The wires' metric families (the wire service counts its refusals there).
+    pub fn metrics(&self) -> &WireMetrics {
+        &self.metrics
+    }
+
     /// Whether `addr` is a node some pod of the topologies runs on (the wire service
     /// talks to no one else).
     pub fn known_node(&self, addr: IpAddr) -> bool {
