@@ -1,7 +1,8 @@
 //! Topology edge cases in a two-node lab: links whose lower-named pod (the one that
 //! builds or proposes) arrives first and arrives second, for every link kind; a link
 //! removed from the Topology while both pods run; a malformed Topology, which is left
-//! out with a clear log line while every other pod keeps its links.
+//! out with a clear log line while every other pod keeps its links; calls on the wire
+//! port from outside the lab's nodes refused and counted.
 
 use std::path::Path;
 use std::process::Command;
@@ -44,6 +45,70 @@ fn topology(pod: &str, links: &[String]) -> String {
         "  - apiVersion: networkop.co.uk/v1beta1\n    kind: Topology\n    metadata: {{name: {pod}, namespace: edge}}\n    spec:\n      links:\n{}",
         links.concat()
     )
+}
+
+/// One gRPC `weft.wire.v1.Wire/Ends` call to `node`'s wire port, made with curl from
+/// namespace `ns` (an address that is no node of the lab), claiming to be `claim` if
+/// given; returns the response's headers, where a refusal's `grpc-status` is.
+fn ends_call(ns: &str, node: &str, claim: Option<&str>, dir: &Path) -> String {
+    // EndsRequest { from: Hello { address } } by hand: field 1 (message), field 2 (string).
+    let mut msg = Vec::new();
+    if let Some(c) = claim {
+        let mut hello = vec![0x12, c.len() as u8];
+        hello.extend_from_slice(c.as_bytes());
+        msg.extend([0x0a, hello.len() as u8]);
+        msg.extend(hello);
+    }
+    let mut body = vec![0u8];
+    body.extend((msg.len() as u32).to_be_bytes());
+    body.extend(msg);
+    let file = dir.join("ends.bin");
+    std::fs::write(&file, body).unwrap();
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "curl",
+            "-s",
+            "-i",
+            "--max-time",
+            "5",
+            "--http2-prior-knowledge",
+        ])
+        .args([
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            "--data-binary",
+        ])
+        .arg(format!("@{}", file.display()))
+        .arg(format!("http://{node}:9385/weft.wire.v1.Wire/Ends"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_lowercase()
+}
+
+/// The value of `series` on `node`'s metrics page (0 when absent).
+fn metric(lab: &Lab, node: &str, series: &str) -> f64 {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.node_ns(node),
+            "curl",
+            "-sf",
+            "http://127.0.0.1:9384/metrics",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
 }
 
 #[test]
@@ -111,6 +176,30 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
     assert_eq!(
         [kind("a1:e1"), kind("c1:e2"), kind("g1:e3"), kind("a1:e4")],
         ["veth", "vxlan", "grpc", "veth"]
+    );
+
+    // The wire port refuses a caller that is no node of the topologies, and one that
+    // claims another node's address, counts each, and the links keep passing.
+    let (n1, n2) = (lab.0.address_of("n1").unwrap(), lab.0.address_of("n2").unwrap());
+    let outside = lab.0.outside_ns();
+    let unknown = ends_call(&outside, &n1, None, dir.path());
+    assert!(unknown.contains("grpc-status: 7"), "not refused: {unknown}");
+    let posing = ends_call(&outside, &n1, Some(&n2), dir.path());
+    assert!(posing.contains("grpc-status: 7"), "not refused: {posing}");
+    let rejected = |reason: &str| {
+        metric(
+            &lab.0,
+            "n1",
+            &format!("weft_peer_rejected_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!(rejected("unknown_node"), 1.0);
+    assert_eq!(rejected("address_mismatch"), 1.0);
+    let checks = lab.0.check(Duration::from_secs(5));
+    assert!(
+        failed_checks(&checks).is_empty(),
+        "links down after refused calls: {:?}",
+        failed_checks(&checks)
     );
 
     // Link 4 leaves both Topologies while both pods run: both ends go, nothing else.
