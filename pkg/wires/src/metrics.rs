@@ -68,11 +68,12 @@ pub struct PeerLabels {
 
 /// Why the wire port refused a call (one of [`crate::service::Refusal`]'s reasons) or
 /// a frame (`other_peer_wire`: it names a wire held for another peer node;
-/// `unknown_wire`: no end here has its id).
+/// `unknown_wire`: no end here has its id; `oversized_batch`: a stream message over the
+/// limit, which ends that stream).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
     /// `no_address`, `bad_claim`, `address_mismatch`, `unknown_node`, `other_peer_wire`,
-    /// `unknown_wire`.
+    /// `unknown_wire`, `oversized_batch`.
     pub reason: &'static str,
 }
 

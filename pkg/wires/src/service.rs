@@ -22,7 +22,7 @@ pub struct WireService {
 impl WireService {
     /// The tonic server for `engine`.
     pub fn server(engine: Arc<Engine>) -> WireServer<WireService> {
-        WireServer::new(WireService { engine }).max_decoding_message_size(64 << 20)
+        WireServer::new(WireService { engine }).max_decoding_message_size(crate::dataplane::MAX_BATCH_MESSAGE)
     }
 
     /// The calling node, admitted by [`admit`]; a refusal is counted in

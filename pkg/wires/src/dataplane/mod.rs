@@ -49,6 +49,13 @@ pub const BATCH_BYTES: usize = 256 * 1024;
 /// Largest HTTP/2 DATA frame either end of a frame stream accepts: a whole batch goes
 /// out in one frame (one `writev`) rather than in 16 KiB pieces.
 pub const H2_MAX_FRAME: u32 = 1 << 20;
+/// Largest frame-stream message either end decodes: a full batch (its bytes, plus the
+/// one super-frame that may take it past [`BATCH_BYTES`], plus per-frame framing) with
+/// room to spare. A larger message is refused (counted as `oversized_batch`) rather than
+/// buffered: a peer cannot make this node hold more than this per message.
+pub const MAX_BATCH_MESSAGE: usize = 4 << 20;
+const _: () = assert!(MAX_BATCH_MESSAGE >= BATCH_BYTES + weft_kernel::packet::MAX_FRAME + BATCH_FRAMES * 32);
+
 /// Metadata key naming the calling node on a frame stream.
 pub const NODE_HEADER: &str = "x-weft-node";
 
@@ -211,6 +218,27 @@ impl DataPlane {
         p.outbox.clone()
     }
 
+    /// Delivers what arrives on a stream from `peer` until it ends. A message over
+    /// [`MAX_BATCH_MESSAGE`] ends the stream and is counted; other ends (the peer
+    /// restarting, the connection dropping) are not refusals.
+    async fn pump(&self, peer: IpAddr, inbound: &mut tonic::Streaming<FrameBatch>) {
+        loop {
+            match inbound.next().await {
+                Some(Ok(batch)) => self.dispatch(peer, batch),
+                Some(Err(status)) => {
+                    if status.code() == tonic::Code::OutOfRange {
+                        self.refused("oversized_batch");
+                        warn!(%peer, error = %status.message(), "frame stream from peer refused: message too large");
+                    } else {
+                        debug!(%peer, error = %status, "frame stream from peer ended");
+                    }
+                    return;
+                }
+                None => return,
+            }
+        }
+    }
+
     /// Counts a frame from a peer that no end of this node takes from it.
     fn refused(&self, reason: &'static str) {
         self.metrics.rejected.get_or_create(&RejectLabels { reason }).inc();
@@ -261,7 +289,7 @@ impl DataPlane {
                     req.metadata_mut().insert(NODE_HEADER, v);
                 }
                 let inbound = WireClient::new(channel)
-                    .max_decoding_message_size(64 << 20)
+                    .max_decoding_message_size(MAX_BATCH_MESSAGE)
                     .frames(req)
                     .await
                     .map_err(|e| {
@@ -281,9 +309,7 @@ impl DataPlane {
                     info!(%peer, "frame stream to peer open");
                     self.metrics.peer_stream_up.get_or_create(&labels).set(1);
                     backoff = Duration::from_millis(50);
-                    while let Some(Ok(batch)) = inbound.next().await {
-                        self.dispatch(peer, batch);
-                    }
+                    self.pump(peer, &mut inbound).await;
                     outbox.close(generation);
                     self.metrics.peer_stream_up.get_or_create(&labels).set(0);
                     warn!(%peer, "frame stream to peer closed; reconnecting");
@@ -308,9 +334,7 @@ impl DataPlane {
         info!(%peer, "frame stream from peer accepted");
         let me = self.clone();
         self.rt.spawn(async move {
-            while let Some(Ok(batch)) = inbound.next().await {
-                me.dispatch(peer, batch);
-            }
+            me.pump(peer, &mut inbound).await;
             outbox.close(generation);
             me.metrics.peer_stream_up.get_or_create(&labels).set(0);
         });
