@@ -440,7 +440,8 @@ fn an_unreachable_daemon_means_try_again_later() {
         out.json()["details"].as_str().unwrap().contains("cannot reach weftd"),
         "{out:?}"
     );
-    assert_eq!(Call::new("DEL", "ctr-1", &p.path(), &conf).run().err_code(), 11);
+    // DEL does not wait for it: it is spooled for weftd to replay (tests/del_spool.rs).
+    Call::new("DEL", "ctr-1", &p.path(), &conf).run().ok();
     assert_eq!(
         Call::new("STATUS", "", "", &conf).run().err_code(),
         50,

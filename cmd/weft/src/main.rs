@@ -1,16 +1,22 @@
 //! `weft`, the CNI plugin. It runs once per pod and does three things only: parse
 //! what the runtime gave it (environment and stdin), relay it to weftd over the UNIX
 //! socket, and print the answer. VERSION is answered here. It has no networking logic.
+//! A DEL weftd cannot be reached for is written to weftd's DEL spool and answered
+//! with success (`weft_cni::spool`).
 
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
 use weft_cni::conf::{self, PluginConfig};
-use weft_cni::{Cmd, CniError, code, version};
+use weft_cni::{Cmd, CniError, code, spool, version};
 use weft_rpc::cnirpc::CniArgs;
 use weft_rpc::cnirpc::cni_client::CniClient;
 use weft_rpc::{DialOptions, cni_error_from_status, dial_unix};
+
+/// How long a DEL keeps trying to connect to a restarting weftd before it spools the
+/// DEL instead: well inside a second, so teardown never waits on a down daemon.
+const DEL_CONNECT_WINDOW: std::time::Duration = std::time::Duration::from_millis(300);
 
 fn main() -> ExitCode {
     let command = std::env::var("CNI_COMMAND").unwrap_or_default();
@@ -97,7 +103,52 @@ fn run(command: &str, stdin: Vec<u8>) -> Result<Vec<u8>, CniError> {
         .enable_time()
         .build()
         .map_err(|e| CniError::new(code::INTERNAL, format!("starting the plugin runtime: {e}")))?;
-    runtime.block_on(relay(cmd, &cfg.socket, args))
+    match runtime.block_on(relay(cmd, &cfg.socket, args.clone())) {
+        Ok(bytes) => Ok(bytes),
+        Err(Failed::Answered(e)) => Err(e),
+        // DEL never waits for a down daemon: it is recorded for weftd to replay
+        // before it serves again, and the runtime may go on tearing the pod down.
+        Err(Failed::Unreachable(e)) if cmd == Cmd::Del => spool_del(&cfg, &args, e),
+        Err(Failed::Unreachable(e)) => Err(e),
+    }
+}
+
+/// Records a DEL weftd could not be reached for in its spool; the DEL succeeds once
+/// it is recorded. If even that fails, the runtime gets the original error and retries.
+fn spool_del(cfg: &PluginConfig, args: &CniArgs, unreachable: CniError) -> Result<Vec<u8>, CniError> {
+    let del = spool::SpooledDel {
+        network: cfg.name.clone(),
+        container_id: args.container_id.clone(),
+        ifname: args.ifname.clone(),
+        netns: args.netns.clone(),
+        args: args.args.clone().into_iter().collect(),
+        config: String::from_utf8_lossy(&args.stdin_data).into_owned(),
+        spooled_at_ms: spool::now_ms(),
+    };
+    let dir = spool::dir_for_socket(Path::new(&cfg.socket));
+    match spool::write(&dir, &del) {
+        Ok(path) => {
+            // stderr goes to the runtime's log; stdout stays the (empty) DEL answer.
+            eprintln!(
+                "weft: {}; DEL recorded in {} for weftd to replay",
+                unreachable.msg,
+                path.display()
+            );
+            Ok(Vec::new())
+        }
+        Err(e) => Err(CniError::new(
+            unreachable.code,
+            format!("{}; and the DEL could not be spooled: {e}", unreachable.msg),
+        )),
+    }
+}
+
+/// Why a relayed call failed: weftd answered with an error, or never answered.
+enum Failed {
+    /// weftd judged the call and refused it.
+    Answered(CniError),
+    /// weftd could not be reached or did not answer (gone, restarting, timed out).
+    Unreachable(CniError),
 }
 
 /// The W3C `traceparent` the call carries: the runtime's (`TRACEPARENT`) when it gave
@@ -138,20 +189,23 @@ fn valid_traceparent(tp: &str) -> bool {
         && hex(parts[3], 2)
 }
 
-async fn relay(cmd: Cmd, socket: &str, args: CniArgs) -> Result<Vec<u8>, CniError> {
+async fn relay(cmd: Cmd, socket: &str, args: CniArgs) -> Result<Vec<u8>, Failed> {
     let unreachable_code = if cmd == Cmd::Status {
         code::NOT_AVAILABLE
     } else {
         code::TRY_AGAIN_LATER
     };
-    let channel = dial_unix(Path::new(socket), &DialOptions::default())
-        .await
-        .map_err(|e| {
-            CniError::new(
-                unreachable_code,
-                format!("cannot reach weftd at {socket}: {}", source_chain(&e)),
-            )
-        })?;
+    let mut opts = DialOptions::default();
+    if cmd == Cmd::Del {
+        // A DEL that cannot connect is spooled, not failed: wait less for a restart.
+        opts.connect_window = DEL_CONNECT_WINDOW;
+    }
+    let channel = dial_unix(Path::new(socket), &opts).await.map_err(|e| {
+        Failed::Unreachable(CniError::new(
+            unreachable_code,
+            format!("cannot reach weftd at {socket}: {}", source_chain(&e)),
+        ))
+    })?;
     let mut client = CniClient::new(channel);
     let mut request = tonic::Request::new(args);
     if let Ok(v) = traceparent().parse() {
@@ -170,29 +224,29 @@ async fn relay(cmd: Cmd, socket: &str, args: CniArgs) -> Result<Vec<u8>, CniErro
 
 /// Turns a failed call back into the CNI error the daemon meant, or, when the daemon
 /// never answered (gone, restarting, timed out), into "try again later".
-fn status_to_cni(status: &tonic::Status, socket: &str, unreachable_code: u32) -> CniError {
+fn status_to_cni(status: &tonic::Status, socket: &str, unreachable_code: u32) -> Failed {
     if let Some(e) = cni_error_from_status(status) {
-        return CniError {
+        return Failed::Answered(CniError {
             code: e.code,
             msg: e.msg,
             details: e.details,
-        };
+        });
     }
     match status.code() {
         tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
-            CniError::new(
+            Failed::Unreachable(CniError::new(
                 unreachable_code,
                 format!(
                     "weftd at {socket} did not answer ({:?}): {}",
                     status.code(),
                     status.message()
                 ),
-            )
+            ))
         }
-        other => CniError::new(
+        other => Failed::Answered(CniError::new(
             code::INTERNAL,
             format!("weftd at {socket} failed the call ({other:?}): {}", status.message()),
-        ),
+        )),
     }
 }
 

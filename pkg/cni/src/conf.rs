@@ -161,6 +161,9 @@ pub struct PluginConfig {
     pub version: SpecVersion,
     /// Path of the daemon socket.
     pub socket: String,
+    /// The network's `name`: with the container id and interface it keys a DEL the
+    /// plugin spools when weftd cannot be reached.
+    pub name: String,
 }
 
 impl PluginConfig {
@@ -171,6 +174,7 @@ impl PluginConfig {
         Ok(Self {
             version,
             socket: socket_of(&conf)?,
+            name: conf.name.clone(),
         })
     }
 }

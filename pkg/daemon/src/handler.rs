@@ -26,6 +26,7 @@ use crate::defaults::{self, PodDefaults};
 use crate::locks::{KeyedLocks, Teardowns};
 use crate::naming;
 use crate::seams::{Ipam, PodNetworking, WiredPod, Wiring};
+use crate::spool::DelSpool;
 
 /// A span for one phase of a call; closed phases become
 /// `weft_cni_phase_duration_seconds{phase=...}` observations and trace spans.
@@ -51,6 +52,7 @@ pub struct Handler<I, K> {
     node: NodeInfo,
     wiring: Option<Arc<dyn Wiring>>,
     defaults: Option<watch::Receiver<PodDefaults>>,
+    del_spool: Option<Arc<DelSpool>>,
 }
 
 fn store_err(e: StoreError) -> CniError {
@@ -161,7 +163,7 @@ pub fn host_port_entries(host_ifname: &str, ports: &[PortMapping]) -> Entries {
 }
 
 /// The kernel description of a stored attachment.
-fn pod_network(att: &Attachment) -> PodNetwork {
+pub(crate) fn pod_network(att: &Attachment) -> PodNetwork {
     let (host_mac, derived) = naming::macs(&att.key.container_id, &att.key.ifname);
     let pod_mac = att.pod_mac.unwrap_or(derived);
     PodNetwork {
@@ -359,7 +361,7 @@ fn check_existing_matches(att: &Attachment, req: &Requested) -> Result<(), CniEr
 
 /// The CNI result (current layout) describing an attachment and the routes it
 /// installed.
-fn cni_result(att: &Attachment, net: &PodNetwork, installed: &[InstalledRoute]) -> CNIResult {
+pub(crate) fn cni_result(att: &Attachment, net: &PodNetwork, installed: &[InstalledRoute]) -> CNIResult {
     let interfaces = vec![
         Interface {
             name: net.host_ifname.clone(),
@@ -434,7 +436,20 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             node,
             wiring: None,
             defaults: None,
+            del_spool: None,
         }
+    }
+
+    /// Adds the DEL spool the plugin writes to while weftd is down: an ADD first
+    /// replays a DEL spooled for its attachment (see [`crate::spool`]).
+    pub fn with_del_spool(mut self, spool: Arc<DelSpool>) -> Self {
+        self.del_spool = Some(spool);
+        self
+    }
+
+    /// The DEL spool, if the handler has one.
+    pub fn del_spool(&self) -> Option<&Arc<DelSpool>> {
+        self.del_spool.as_ref()
     }
 
     /// Adds the wiring seam (pods with a Topology get their links after `eth0`).
@@ -471,7 +486,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         self.teardowns.len()
     }
 
-    /// Waits until every accepted teardown has finished (used at shutdown).
+    /// Waits until every accepted teardown has finished (at shutdown, and after the
+    /// start-up replay of the DEL spool).
     pub async fn drain_teardowns(&self) {
         self.teardowns.wait_all().await;
     }
@@ -484,6 +500,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// ADD: attach the pod, or return the stored result if it is attached already.
     pub async fn add(&self, args: &CniCall) -> Result<Vec<u8>, CniError> {
         let (conf, key) = decode(args, Cmd::Add)?;
+        // A DEL of this attachment spooled while weftd was away came first.
+        self.replay_spooled_del(&key).await?;
         let eff = self.effective(&conf, Cmd::Add)?;
         let asked = request::requested(
             &conf,

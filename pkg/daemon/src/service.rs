@@ -22,6 +22,7 @@ use weft_telemetry::{CallInfo, CallLog, CniCallFields, Readiness};
 use crate::call::CniCall;
 use crate::handler::Handler;
 use crate::seams::{AdminState, Ipam, PodNetworking, Wiring};
+use crate::spool::DelSpool;
 
 /// The gRPC code a CNI error travels under (tooling sees it; the plugin reads the
 /// CNI error detail).
@@ -170,6 +171,7 @@ pub struct AdminService<S = Store> {
     calls: Arc<CallLog>,
     wiring: Option<Arc<dyn Wiring>>,
     node_network: Option<NodeNetworkReport>,
+    del_spool: Option<Arc<DelSpool>>,
 }
 
 /// Reports the pod network between nodes for `weftctl status` (the daemon knows it; the
@@ -195,7 +197,14 @@ impl<S: AdminState> AdminService<S> {
             calls,
             wiring: None,
             node_network: None,
+            del_spool: None,
         }
+    }
+
+    /// Reports how many DELs wait in `spool`.
+    pub fn with_del_spool(mut self, spool: Arc<DelSpool>) -> Self {
+        self.del_spool = Some(spool);
+        self
     }
 
     /// Adds the pod network between nodes to the status report.
@@ -239,6 +248,7 @@ impl<S: AdminState> Admin for AdminService<S> {
             state_path: self.state.location(),
             node_network: self.node_network.as_ref().and_then(|r| r()),
             schema_version: SCHEMA_VERSION,
+            spooled_dels: self.del_spool.as_ref().map_or(0, |s| s.pending() as u64),
         }))
     }
 

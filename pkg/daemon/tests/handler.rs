@@ -851,3 +851,79 @@ async fn the_pods_wires_go_with_its_last_network_only() {
     e.h.del(&args("c1", CONF)).await.unwrap();
     assert_eq!(w.calls.lock().unwrap().last().unwrap(), "removed pod-c1");
 }
+
+/// A spooled DEL as the plugin writes it when weftd cannot be reached.
+fn spooled(cid: &str) -> weft_cni::spool::SpooledDel {
+    let a = args(cid, CONF);
+    weft_cni::spool::SpooledDel {
+        network: "weft".into(),
+        container_id: a.container_id,
+        ifname: a.ifname,
+        netns: a.netns,
+        args: a.args.into_iter().collect(),
+        config: CONF.into(),
+        spooled_at_ms: weft_cni::spool::now_ms(),
+    }
+}
+
+#[tokio::test]
+async fn a_spooled_del_is_done_before_the_same_pods_next_add() {
+    let spool_dir = tempfile::tempdir().unwrap();
+    let dir = spool_dir.path().join("del-spool");
+    let spool = Arc::new(weft_daemon::DelSpool::new(dir.clone()));
+    let e = env_with(|h| h.with_del_spool(spool.clone()));
+    let first = json(e.h.add(&args("c1", CONF)).await.unwrap());
+    weft_cni::spool::write(&dir, &spooled("c1")).unwrap();
+    assert_eq!(spool.pending(), 1);
+    // Without the spool this ADD would return the stored result again; the DEL the
+    // runtime made before it comes first, so the pod gets a new attachment.
+    let second = json(e.h.add(&args("c1", CONF)).await.unwrap());
+    assert_eq!(spool.pending(), 0);
+    assert_eq!(*e.net.removes.lock().unwrap(), 1, "the old veth went first");
+    assert_ne!(first["ips"][0]["address"], second["ips"][0]["address"]);
+    assert_eq!(allocated(&e.store).await, 2);
+    // A pod without a spooled DEL is not touched.
+    e.h.add(&args("c2", CONF)).await.unwrap();
+    assert_eq!(*e.net.removes.lock().unwrap(), 1);
+}
+
+#[tokio::test]
+async fn the_spool_replay_does_every_entry_and_sets_unreadable_ones_aside() {
+    let spool_dir = tempfile::tempdir().unwrap();
+    let dir = spool_dir.path().join("del-spool");
+    let counted = Arc::new(Mutex::new(0u64));
+    let spool = {
+        let counted = counted.clone();
+        Arc::new(weft_daemon::DelSpool::new(dir.clone()).on_replayed(Arc::new(move |n| *counted.lock().unwrap() += n)))
+    };
+    let e = env_with(|h| h.with_del_spool(spool.clone()));
+    for cid in ["c1", "c2"] {
+        e.h.add(&args(cid, CONF)).await.unwrap();
+        weft_cni::spool::write(&dir, &spooled(cid)).unwrap();
+    }
+    // A DEL of a pod weft never set up is done too (nothing to remove).
+    weft_cni::spool::write(&dir, &spooled("never-added")).unwrap();
+    std::fs::write(dir.join("0000000000000000.del"), b"not a DEL").unwrap();
+    // A DEL refused for its own input never succeeds: set aside, not retried forever.
+    let mut undecodable = spooled("c3");
+    undecodable.config = "{not json".into();
+    let refused = weft_cni::spool::write(&dir, &undecodable).unwrap();
+    let done = e.h.replay_del_spool().await;
+    assert_eq!(
+        done,
+        weft_daemon::Replayed {
+            replayed: 3,
+            failed: 0,
+            set_aside: 2
+        }
+    );
+    assert!(refused.with_extension("bad").exists());
+    assert_eq!(*counted.lock().unwrap(), 3);
+    assert_eq!(spool.pending(), 0);
+    assert!(dir.join("0000000000000000.bad").exists(), "kept for a human");
+    e.h.drain_teardowns().await;
+    assert_eq!(allocated(&e.store).await, 0);
+    assert!(e.net.links.lock().unwrap().is_empty());
+    // Nothing left: a second pass does nothing.
+    assert_eq!(e.h.replay_del_spool().await, weft_daemon::Replayed::default());
+}

@@ -1,5 +1,5 @@
-//! The node's periodic work: the reconcile ticker (kernel checked against the store)
-//! and the gauges refreshed before each scrape.
+//! The node's periodic work: the reconcile ticker (DEL spool replayed, kernel checked
+//! against the store) and the gauges refreshed before each scrape.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -49,6 +49,12 @@ async fn reconcile_once<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
     handler: &Handler<I, K>,
     metrics: &Metrics,
 ) {
+    // A DEL spooled by a plugin that missed weftd while it restarted, after the
+    // start-up replay.
+    let spooled = handler.replay_del_spool().await;
+    if spooled.replayed + spooled.failed + spooled.set_aside > 0 {
+        info!(?spooled, "DEL spool replayed");
+    }
     match handler.reconcile().await {
         Ok(repaired) => {
             count_repairs(metrics, &repaired);

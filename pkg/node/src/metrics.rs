@@ -1,8 +1,10 @@
 //! The node's own metric families: the gauges refreshed from the store before each
-//! scrape (addresses per range, pods, host ports) and the store's transaction time.
+//! scrape (addresses per range, pods, host ports), the store's transaction time, the
+//! DELs replayed from the spool and the rebuilds of a lost state database.
 //! Reconcile repairs go into telemetry's shared `weft_reconcile_repairs_total`.
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -27,6 +29,12 @@ pub struct NodeMetrics {
     pub hostports: Gauge,
     /// `weft_store_transaction_seconds`.
     pub store_transaction: Histogram,
+    /// `weft_del_spool_replayed_total`.
+    pub del_spool_replayed: Counter,
+    /// `weft_store_rebuilds_total`.
+    pub store_rebuilds: Counter,
+    /// `weft_store_rebuilt_attachments_total`.
+    pub store_rebuilt_attachments: Counter,
 }
 
 impl Families for NodeMetrics {
@@ -37,6 +45,9 @@ impl Families for NodeMetrics {
             hostports: Gauge::default(),
             // 10 µs .. ~1.3 s, doubling.
             store_transaction: Histogram::new(exponential_buckets(0.00001, 2.0, 18)),
+            del_spool_replayed: Counter::default(),
+            store_rebuilds: Counter::default(),
+            store_rebuilt_attachments: Counter::default(),
         };
         metrics.register(
             "weft_ipam_addresses",
@@ -53,6 +64,21 @@ impl Families for NodeMetrics {
             "weft_store_transaction_seconds",
             "Time the state store spent on each transaction",
             m.store_transaction.clone(),
+        );
+        metrics.register(
+            "weft_store_rebuilds",
+            "Starts that found the state database damaged or missing and rebuilt it from the kernel",
+            m.store_rebuilds.clone(),
+        );
+        metrics.register(
+            "weft_store_rebuilt_attachments",
+            "Pod attachments rebuilt from the kernel into a new state database",
+            m.store_rebuilt_attachments.clone(),
+        );
+        metrics.register(
+            "weft_del_spool_replayed",
+            "DELs the plugin spooled while weftd was down, replayed by weftd",
+            m.del_spool_replayed.clone(),
         );
         m
     }

@@ -43,6 +43,7 @@ struct Status {
     uptime_seconds: i64,
     attachments: u64,
     pending_teardowns: u64,
+    spooled_dels: u64,
     state_path: String,
     schema_version: u32,
     ranges: Vec<Range>,
@@ -75,6 +76,7 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
         uptime_seconds: (now - r.started_at).max(0),
         attachments: r.attachments,
         pending_teardowns: r.pending_teardowns,
+        spooled_dels: r.spooled_dels,
         state_path: r.state_path,
         schema_version: r.schema_version,
         ranges: r
@@ -121,6 +123,14 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
         "attachments  {} ({} teardowns pending)",
         status.attachments, status.pending_teardowns
     );
+    if status.spooled_dels > 0 {
+        // Normally replayed at start; one left here waits for the next reconcile pass
+        // or its pod's next ADD.
+        println!(
+            "spooled DELs {} (recorded by the plugin while weftd was down)",
+            status.spooled_dels
+        );
+    }
     println!();
     println!(
         "{:<28} {:<26} {:>10} {:>20} {:>7}",

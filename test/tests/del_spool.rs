@@ -1,0 +1,185 @@
+//! DEL never waits for a down weftd: the plugin spools it (beside weftd's socket,
+//! root-only) and answers success; weftd replays the spool before it serves, so nothing
+//! of the pods is left and an ADD of a spooled container gets a fresh attachment. A
+//! spooled DEL that weftd finds only once it serves is done ahead of that pod's ADD.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use weft_tests::{Call, Daemon, Netns, privileged, result_address};
+
+const V4: &str = "10.253.0.0/24";
+const PODS: usize = 50;
+
+/// The spool directory of `d`'s socket (what the plugin and weftd agree on).
+fn spool_dir(d: &Daemon) -> PathBuf {
+    d.socket().parent().unwrap().join("del-spool")
+}
+
+/// The spooled DELs waiting in `dir` (temporary and set-aside files are not).
+fn spooled(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "del"))
+        .collect()
+}
+
+/// The pod is set up as the result says and CHECK agrees.
+fn assert_consistent(d: &Daemon, pod: &Netns, cid: &str, conf: &str, result: &Value) {
+    let addr = result_address(result, false);
+    assert!(d.node.ping(&addr), "node cannot reach {addr}");
+    // CHECK gets the ADD result as prevResult, as runtimes send it.
+    let mut with_prev: Value = serde_json::from_str(conf).unwrap();
+    with_prev["prevResult"] = result.clone();
+    Call::new("CHECK", cid, &pod.path(), &with_prev.to_string()).run().ok();
+    let rows = d.store_attachments();
+    let mine: Vec<_> = rows.iter().filter(|a| a.key.container_id == cid).collect();
+    assert_eq!(mine.len(), 1, "one row for {cid}: {rows:?}");
+    let allocated: Vec<String> = d.store_allocated().iter().map(ToString::to_string).collect();
+    assert_eq!(allocated, vec![addr], "only the new pod's address is allocated");
+}
+
+#[test]
+fn dels_while_weftd_is_down_are_spooled_and_replayed_before_it_serves() {
+    if !privileged() {
+        return;
+    }
+    let mut d = Daemon::start("spool");
+    let conf = d.conf("1.1.0", &[V4]);
+    let pods: Vec<Netns> = (0..PODS).map(|_| Netns::new("sp")).collect();
+    let cid = |i: usize| format!("ctr-spool-{i}");
+    for (i, p) in pods.iter().enumerate() {
+        Call::new("ADD", &cid(i), &p.path(), &conf).run().ok();
+    }
+    assert_eq!(d.status()["attachments"], PODS as u64);
+    let veths = d.node.links().len() - 1;
+    assert_eq!(veths, PODS, "one host end per pod");
+
+    d.stop().expect("weftd stops on SIGTERM");
+    let mut slowest = Duration::ZERO;
+    for (i, p) in pods.iter().enumerate() {
+        let t = Instant::now();
+        let out = Call::new("DEL", &cid(i), &p.path(), &conf).run();
+        slowest = slowest.max(t.elapsed());
+        assert_eq!(out.code, 0, "DEL {i} with weftd down: {out:?}");
+        assert!(out.stdout.trim().is_empty(), "{out:?}");
+    }
+    eprintln!("{PODS} DELs with weftd down; slowest answered in {slowest:?}");
+    let dir = spool_dir(&d);
+    let files = spooled(&dir);
+    assert_eq!(files.len(), PODS, "one spool entry per DEL: {files:?}");
+    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+    for f in &files {
+        assert_eq!(
+            std::fs::metadata(f).unwrap().permissions().mode() & 0o777,
+            0o600,
+            "{}",
+            f.display()
+        );
+    }
+    // Nothing was torn down meanwhile: weftd does it.
+    assert_eq!(d.node.links().len() - 1, PODS);
+
+    let t = Instant::now();
+    d.start_again();
+    eprintln!("weftd replayed {PODS} spooled DELs and served within {:?}", t.elapsed());
+    assert!(spooled(&dir).is_empty(), "replayed before serving: {:?}", spooled(&dir));
+    d.assert_clean();
+    assert!(d.store_attachments().is_empty(), "rows left");
+    assert!(d.store_allocated().is_empty(), "addresses left");
+    let metrics = d.http_get("/metrics", "text/plain");
+    assert!(
+        metrics.contains(&format!("weft_del_spool_replayed_total {PODS}")),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("spool"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    // A spooled container id comes back: a fresh, consistent attachment.
+    let r = Call::new("ADD", &cid(0), &pods[0].path(), &conf).run().ok();
+    assert_consistent(&d, &pods[0], &cid(0), &conf, &r);
+    Call::new("DEL", &cid(0), &pods[0].path(), &conf).run().ok();
+    d.assert_clean();
+    for p in pods {
+        p.delete();
+    }
+}
+
+#[test]
+fn a_del_spooled_while_weftd_restarted_is_done_before_the_pods_next_add() {
+    if !privileged() {
+        return;
+    }
+    let mut d = Daemon::start("spool-add");
+    let conf = d.conf("1.1.0", &[V4]);
+    let pod = Netns::new("sa");
+    let cid = "ctr-spool-add";
+    let first = Call::new("ADD", cid, &pod.path(), &conf).run().ok();
+    let host_if = first["interfaces"][0]["name"].as_str().unwrap().to_string();
+
+    d.stop().expect("weftd stops on SIGTERM");
+    Call::new("DEL", cid, &pod.path(), &conf).run().ok();
+    let dir = spool_dir(&d);
+    let files = spooled(&dir);
+    assert_eq!(files.len(), 1);
+    // Keep it from the start-up replay, then put it back once weftd serves: a plugin
+    // that missed weftd while it restarted writes it that late.
+    let aside = d.dir().join("held.del");
+    std::fs::rename(&files[0], &aside).unwrap();
+    d.start_again();
+    assert!(d.node.links().contains(&host_if), "the old attachment is still there");
+    std::fs::rename(&aside, &files[0]).unwrap();
+    assert_eq!(d.status()["spooled_dels"], 1, "weftctl status shows it");
+
+    let second = Call::new("ADD", cid, &pod.path(), &conf).run().ok();
+    assert!(spooled(&dir).is_empty(), "the ADD did the spooled DEL first");
+    assert_eq!(d.status()["spooled_dels"], 0);
+    d.settle();
+    assert_consistent(&d, &pod, cid, &conf, &second);
+    let links = d.node.links();
+    assert_eq!(links.len(), 2, "lo and the new pod's host end: {links:?}");
+    Call::new("DEL", cid, &pod.path(), &conf).run().ok();
+    d.assert_clean();
+    pod.delete();
+}
+
+#[test]
+fn a_del_spooled_while_weftd_serves_is_replayed_by_the_reconcile_pass() {
+    if !privileged() {
+        return;
+    }
+    let mut d = Daemon::start_with_env("spool-tick", &[("WEFT_RECONCILE_INTERVAL", "1")]);
+    let conf = d.conf("1.1.0", &[V4]);
+    let pod = Netns::new("st");
+    let cid = "ctr-spool-tick";
+    Call::new("ADD", cid, &pod.path(), &conf).run().ok();
+    d.stop().expect("weftd stops on SIGTERM");
+    Call::new("DEL", cid, &pod.path(), &conf).run().ok();
+    let dir = spool_dir(&d);
+    let files = spooled(&dir);
+    assert_eq!(files.len(), 1);
+    let aside = d.dir().join("held.del");
+    std::fs::rename(&files[0], &aside).unwrap();
+    d.start_again();
+    assert_eq!(d.status()["attachments"], 1);
+    std::fs::rename(&aside, &files[0]).unwrap();
+    // No call for the pod comes: the next pass does the DEL.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !spooled(&dir).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the reconcile pass never replayed it:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    d.assert_clean();
+    pod.delete();
+}
