@@ -6,7 +6,8 @@
 //! Data flows one way: [`service`] (the whole gRPC surface, in one file) decodes a
 //! call into a [`CniCall`] and hands it to [`handler::Handler`], which consults the
 //! store and drives the kernel. [`server`] serves it on the UNIX socket; [`recover`]
-//! finishes what a crash interrupted before anything is served.
+//! finishes what a crash interrupted before anything is served; [`spool`] replays the
+//! DELs the plugin recorded while weftd was down.
 
 #![forbid(unsafe_code)]
 
@@ -15,12 +16,15 @@ pub mod defaults;
 pub mod handler;
 pub mod locks;
 pub mod naming;
+pub mod rebuild;
 pub mod recover;
 pub mod seams;
 pub mod server;
 pub mod service;
+pub mod spool;
 
 pub use call::CniCall;
 pub use defaults::PodDefaults;
 pub use handler::{Handler, NodeInfo};
 pub use seams::{AdminState, Ipam, KernelNetworking, PodNetworking, StateSummary, WiredPod, Wiring};
+pub use spool::{DelSpool, Replayed};

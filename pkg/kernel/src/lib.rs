@@ -13,6 +13,7 @@
 //! `routes`), which the daemon turns into phase metrics and trace spans.
 
 mod error;
+pub mod hostends;
 mod netlink;
 mod netns;
 pub mod nft;
@@ -24,8 +25,8 @@ pub mod wire;
 
 pub use error::KernelError;
 pub use netlink::{
-    Link, LinkStats, NetfilterMessage, Netlink, NetlinkSocket, NewLink, Nfnetlink, Protocol, RouteEntry, Rtnetlink,
-    VethPair, VxlanDevice,
+    AliasedLink, Link, LinkStats, NetfilterMessage, Netlink, NetlinkSocket, NewLink, Nfnetlink, Protocol, RouteEntry,
+    Rtnetlink, VethPair, VxlanDevice,
 };
 pub use netns::{NetNs, in_netns};
 pub use packet::{PacketSocket, tune_allocator};

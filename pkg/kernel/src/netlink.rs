@@ -19,6 +19,7 @@ use netlink_packet_route::link::{
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
+use netlink_packet_route::nsid::{NsidAttribute, NsidMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
@@ -41,6 +42,19 @@ pub struct Link {
     pub mac: Vec<u8>,
     /// MTU.
     pub mtu: u32,
+}
+
+/// A link with what [`NetlinkSocket::links_with_alias`] reads besides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AliasedLink {
+    /// The link.
+    pub link: Link,
+    /// Its alias, if any.
+    pub alias: Option<String>,
+    /// The index of its peer (a veth's other end), in the peer's namespace.
+    pub peer_index: Option<u32>,
+    /// The id of the peer's namespace, when the peer is in another one.
+    pub peer_netnsid: Option<i32>,
 }
 
 /// Traffic counters of a link, from the kernel.
@@ -397,7 +411,18 @@ impl Netlink {
             LinkInfo::Kind(InfoKind::Veth),
             LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
         ]));
-        self.execute(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
+        self.execute(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)?;
+        if let Some(alias) = pair.alias {
+            // The kernel ignores an alias in the request that creates a link (only a
+            // change sets it), so it is set on the new host end afterwards.
+            let mut set = LinkMessage::default();
+            set.attributes = vec![
+                LinkAttribute::IfName(pair.local.name.to_string()),
+                LinkAttribute::IfAlias(alias.to_string()),
+            ];
+            self.execute(RouteNetlinkMessage::SetLink(set), 0)?;
+        }
+        Ok(())
     }
 
     /// Creates the VXLAN device `dev`: no learning, no remote, no group (frames go only
@@ -599,6 +624,52 @@ impl Netlink {
                 _ => None,
             })
             .collect())
+    }
+
+    /// Every link in the namespace with its alias and, for one end of a pair, where
+    /// the other end is.
+    pub fn links_with_alias(&mut self) -> io::Result<Vec<AliasedLink>> {
+        Ok(self
+            .dump(RouteNetlinkMessage::GetLink(LinkMessage::default()))?
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => {
+                    let (mut alias, mut peer_index, mut peer_netnsid) = (None, None, None);
+                    for a in &l.attributes {
+                        match a {
+                            LinkAttribute::IfAlias(s) => alias = Some(s.clone()),
+                            LinkAttribute::Link(i) => peer_index = Some(*i),
+                            LinkAttribute::LinkNetNsId(n) => peer_netnsid = Some(*n),
+                            _ => {}
+                        }
+                    }
+                    Some(AliasedLink {
+                        link: to_link(l),
+                        alias,
+                        peer_index,
+                        peer_netnsid,
+                    })
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The id this namespace knows the namespace of file descriptor `fd` by (what a
+    /// link's [`AliasedLink::peer_netnsid`] names); `None` when it has none.
+    pub fn nsid_of(&mut self, fd: std::os::fd::RawFd) -> io::Result<Option<i32>> {
+        let mut msg = NsidMessage::default();
+        msg.attributes.push(NsidAttribute::Fd(fd as u32));
+        Ok(self
+            .request(RouteNetlinkMessage::GetNsId(msg))?
+            .into_iter()
+            .find_map(|m| match m {
+                RouteNetlinkMessage::NewNsId(n) => n.attributes.into_iter().find_map(|a| match a {
+                    NsidAttribute::Id(id) if id >= 0 => Some(id),
+                    _ => None,
+                }),
+                _ => None,
+            }))
     }
 
     /// Sets a link administratively up or down.

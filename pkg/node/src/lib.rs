@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::info;
 use weft_daemon::service::AdminService;
-use weft_daemon::{Handler, KernelNetworking, NodeInfo, Wiring, recover, server};
+use weft_daemon::{DelSpool, Handler, KernelNetworking, NodeInfo, Wiring, recover, server};
 use weft_store::Store;
 use weft_telemetry::{CallLog, Metrics, Readiness};
 use weft_wires::dataplane::DataPlaneRuntime;
@@ -42,6 +42,9 @@ use source::SourceKind;
 
 /// How often a store that cannot write is probed for room again.
 const STORE_PROBE_EVERY: Duration = Duration::from_secs(5);
+
+/// How long start-up waits for the teardowns of replayed spooled DELs.
+const SPOOL_TEARDOWN_WAIT: Duration = Duration::from_secs(30);
 
 /// A running node daemon: what [`Node::shutdown`] needs to stop it in order.
 pub struct Node {
@@ -97,6 +100,15 @@ impl Node {
         let node_metrics = metrics.families::<crate::metrics::NodeMetrics>();
         let store_seconds = node_metrics.store_transaction.clone();
         let observer: weft_store::Observer = Arc::new(move |d: Duration| store_seconds.observe(d.as_secs_f64()));
+        // A damaged database is kept for people and replaced, never used blindly: the
+        // state is rebuilt from the kernel below, as when the file was deleted.
+        let moved_aside = weft_store::move_aside_if_damaged(&db_path).map_err(|source| NodeError::OpenStore {
+            path: db_path.clone(),
+            source,
+        })?;
+        if let Some(m) = &moved_aside {
+            tracing::error!(state = %db_path.display(), moved_to = %m.to.display(), reason = %m.reason, "the state database is damaged; moved it aside, rebuilding the state from the kernel");
+        }
         let store = Store::open_observed(&db_path, Some(observer)).map_err(|source| NodeError::OpenStore {
             path: db_path.clone(),
             source,
@@ -112,6 +124,26 @@ impl Node {
             weft_store::PreviousRun::Crashed { .. } => "did not stop cleanly (killed or crashed)",
         };
         info!(node = %node_name, state = %db_path.display(), first_start = matches!(previous, weft_store::PreviousRun::None), previous_run, version = config.version.as_str(), commit = config.commit.as_str(), tracing_export = weft_telemetry::otel::export_configured(), "weftd starting");
+
+        if store.schema_found() == 0 {
+            // A new database (deleted, moved aside, or a first start): the pods weft
+            // set up before keep their addresses.
+            let rebuilt = weft_daemon::rebuild::rebuild(&store)
+                .await
+                .map_err(|e| NodeError::Recovery(format!("rebuilding the state from the kernel: {e}")))?;
+            if moved_aside.is_some() || rebuilt.attachments > 0 {
+                node_metrics.store_rebuilds.inc();
+                node_metrics
+                    .store_rebuilt_attachments
+                    .inc_by(rebuilt.attachments as u64);
+                tracing::warn!(
+                    host_ends = rebuilt.host_ends,
+                    attachments = rebuilt.attachments,
+                    skipped = rebuilt.skipped,
+                    "state rebuilt from the kernel"
+                );
+            }
+        }
 
         weft_kernel::enable_forwarding().map_err(NodeError::Forwarding)?;
         if config.hostports_localhost {
@@ -197,7 +229,34 @@ impl Node {
         if source.is_some() {
             handler = handler.with_pod_defaults(adapters::pod_defaults(nodenet.view()));
         }
+        let spool = {
+            let replayed = node_metrics.del_spool_replayed.clone();
+            Arc::new(
+                DelSpool::new(weft_cni::spool::dir_for_socket(&config.socket)).on_replayed(Arc::new(move |n| {
+                    replayed.inc_by(n);
+                })),
+            )
+        };
+        handler = handler.with_del_spool(spool.clone());
         let handler = Arc::new(handler);
+        // DELs the plugin spooled while weftd was away, before any ADD is served: an ADD
+        // of the same pod must find its old attachment gone.
+        let spooled = handler.replay_del_spool().await;
+        // DEL answers before the veth and the addresses go; here, before serving, wait
+        // for that too, so the node is clean when the first call sees it.
+        if spooled.replayed > 0
+            && tokio::time::timeout(SPOOL_TEARDOWN_WAIT, handler.drain_teardowns())
+                .await
+                .is_err()
+        {
+            tracing::warn!("teardowns of replayed DELs still running; serving anyway");
+        }
+        info!(
+            replayed = spooled.replayed,
+            failed = spooled.failed,
+            set_aside = spooled.set_aside,
+            "DEL spool replayed"
+        );
         // Before serving: the kernel is made to match the store again (what went while
         // weftd was away is repaired, pods whose namespace is gone are collected).
         let repaired = handler.reconcile().await.map_err(NodeError::Reconcile)?;
@@ -224,7 +283,9 @@ impl Node {
         if let Some(w) = wiring {
             admin = admin.with_wiring(w);
         }
-        admin = admin.with_node_network(adapters::node_network_report(&nodenet, config.masquerade));
+        admin = admin
+            .with_node_network(adapters::node_network_report(&nodenet, config.masquerade))
+            .with_del_spool(spool);
 
         let (stop, stop_rx) = watch::channel(false);
         let http = servers::serve_http(

@@ -80,3 +80,61 @@ mod tests {
         assert!(to_key(a) < to_key(b));
     }
 }
+
+/// The narrowest range whose gateway is `gateway` and whose pool holds every one of
+/// `addresses`; `None` when no range of that gateway holds them all.
+///
+/// What a state rebuilt from the kernel records its addresses under: the kernel keeps
+/// each pod's address and gateway but not the prefix of the range they came from. The
+/// narrowest range is the one claim the kernel does support; allocations are keyed by
+/// address alone, so the real (wider) range of a later ADD still sees them as taken.
+pub fn narrowest_range(gateway: IpAddr, addresses: &[IpAddr]) -> Option<IpNet> {
+    let bits: u8 = if gateway.is_ipv4() { 32 } else { 128 };
+    let gw = to_key(gateway);
+    let network = gw.checked_sub(1)?;
+    if addresses.iter().any(|a| a.is_ipv4() != gateway.is_ipv4()) {
+        return None;
+    }
+    (0..=bits).rev().find_map(|prefix| {
+        let range = IpNet::new(from_key_family(gateway, network), prefix).ok()?.trunc();
+        if to_key(range.network()) != network {
+            return None;
+        }
+        let (lo, hi) = pool(&range);
+        addresses
+            .iter()
+            .all(|a| (lo..=hi).contains(&to_key(*a)))
+            .then_some(range)
+    })
+}
+
+fn from_key_family(like: IpAddr, k: u128) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::from((k & 0xffff_ffff) as u32)),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::from(k)),
+    }
+}
+
+#[cfg(test)]
+mod narrowest_tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_narrowest_range_of_a_gateway_holds_every_address_in_its_pool() {
+        let r = narrowest_range(ip("10.244.1.1"), &[ip("10.244.1.2"), ip("10.244.1.4")]).unwrap();
+        assert_eq!(r.to_string(), "10.244.1.0/29");
+        assert_eq!(gateway(&r), ip("10.244.1.1"));
+        // .7 is the broadcast address of a /29: the range widens.
+        let r = narrowest_range(ip("10.244.1.1"), &[ip("10.244.1.7")]).unwrap();
+        assert_eq!(r.to_string(), "10.244.1.0/28");
+        let r = narrowest_range(ip("fd00::1"), &[ip("fd00::3")]).unwrap();
+        assert_eq!(r.to_string(), "fd00::/126");
+        // 10.244.1.9 is no range's gateway that could hold .2 (its network .8 is past it).
+        assert_eq!(narrowest_range(ip("10.244.1.9"), &[ip("10.244.1.2")]), None);
+        assert_eq!(narrowest_range(ip("10.244.1.1"), &[ip("fd00::2")]), None);
+    }
+}

@@ -11,6 +11,7 @@
 
 mod addr;
 mod attachment;
+mod damage;
 mod db;
 mod schema;
 
@@ -18,12 +19,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use addr::{capacity, gateway, pool};
+pub use addr::{capacity, gateway, narrowest_range, pool};
 pub use attachment::{
     Allocation, Attachment, AttachmentKey, BeginAdd, Family, HeldPort, InstalledRoute, NewAttachment, PodRef,
     PortMapping, PortRequest, RangeUsage, State,
 };
-pub use db::Db;
+pub use damage::{MovedAside, damage, move_aside_if_damaged};
+pub use db::{Db, RebuiltAttachment};
 
 /// How the daemon's previous run ended, as the store remembers it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +64,14 @@ pub enum StoreError {
         found: u32,
         /// Newest version this binary knows.
         known: u32,
+    },
+    /// A damaged database file could not be moved aside.
+    #[error("moving the damaged state database {path} aside: {source}")]
+    MoveAside {
+        /// The damaged file.
+        path: PathBuf,
+        /// Why the rename failed.
+        source: std::io::Error,
     },
     /// No range of a family has a free address.
     #[error("no free {family} address in {}", ranges.join(", "))]

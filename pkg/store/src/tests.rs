@@ -648,3 +648,87 @@ fn a_store_whose_writer_is_gone_is_unwritable() {
     assert!(!store.writable(), "a store without its writer is not writable");
     assert!(matches!(store.run_blocking(|db| db.counts()), Err(StoreError::Closed)));
 }
+
+/// The schema objects of a database, whitespace folded so indentation does not count.
+fn schema_of(c: &rusqlite::Connection) -> Vec<(String, String, String)> {
+    let mut stmt = c
+        .prepare("SELECT type, name, COALESCE(sql, '') FROM sqlite_master ORDER BY type, name")
+        .unwrap();
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, String>(2)?)))
+        .unwrap()
+        .map(|r| {
+            let (t, n, sql) = r.unwrap();
+            (t, n, sql.split_whitespace().collect::<Vec<_>>().join(" "))
+        })
+        .collect()
+}
+
+/// The fixtures the migration tests start from (`tests/fixtures/weft-schema-N.sql`)
+/// hold exactly the schema that weft's migrations made at that version, so the tests
+/// start from what a node really has on disk.
+#[test]
+fn migration_fixtures_match_the_schema_of_their_version() {
+    let fixtures = [
+        include_str!("../tests/fixtures/weft-schema-1.sql"),
+        include_str!("../tests/fixtures/weft-schema-2.sql"),
+        include_str!("../tests/fixtures/weft-schema-3.sql"),
+        include_str!("../tests/fixtures/weft-schema-4.sql"),
+    ];
+    for (i, sql) in fixtures.iter().enumerate() {
+        let version = i as u32 + 1;
+        let fixture = rusqlite::Connection::open_in_memory().unwrap();
+        fixture.execute_batch(sql).unwrap();
+        let mut made = rusqlite::Connection::open_in_memory().unwrap();
+        crate::schema::migrate_to(&mut made, version).unwrap();
+        assert_eq!(schema_of(&fixture), schema_of(&made), "schema {version}");
+        let v: u32 = fixture.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        assert_eq!(v, version);
+    }
+}
+
+/// An attachment rebuilt from the kernel holds its addresses under the narrowest range
+/// of its gateway; an ADD from the real, wider range does not hand them out again, and
+/// recording it twice (or over a known key) writes nothing.
+#[test]
+fn rebuilt_attachments_hold_their_addresses_against_the_real_range() {
+    let (_d, mut db) = open();
+    let range = crate::narrowest_range(ip("10.0.0.1"), &[ip("10.0.0.2"), ip("10.0.0.3")]).unwrap();
+    let rebuilt = |cid: &str, a: &str| RebuiltAttachment {
+        key: spec(cid, &[]).key,
+        netns: format!("/run/netns/{cid}"),
+        host_ifname: format!("h{cid}"),
+        mtu: 1450,
+        addresses: vec![Allocation {
+            address: ip(a),
+            range,
+            gateway: ip("10.0.0.1"),
+        }],
+        routes: vec![route("0.0.0.0/0", "10.0.0.1")],
+        pod_mac: Some([2, 0, 0, 0, 0, 1]),
+        result: Some(format!("{{\"cid\":\"{cid}\"}}")),
+    };
+    assert!(db.record_rebuilt(&rebuilt("a", "10.0.0.2")).unwrap());
+    assert!(db.record_rebuilt(&rebuilt("b", "10.0.0.3")).unwrap());
+    assert!(!db.record_rebuilt(&rebuilt("a", "10.0.0.9")).unwrap(), "known key");
+    assert!(!db.record_rebuilt(&rebuilt("c", "10.0.0.2")).unwrap(), "held address");
+    assert!(db.get(&spec("c", &[]).key).unwrap().is_none(), "nothing half-written");
+
+    let a = db.get(&spec("a", &[]).key).unwrap().unwrap();
+    assert_eq!(a.state, State::Ready);
+    assert_eq!(a.addresses[0].address, ip("10.0.0.2"));
+    assert_eq!(a.addresses[0].gateway, ip("10.0.0.1"));
+    assert_eq!(a.routes, vec![route("0.0.0.0/0", "10.0.0.1")]);
+    assert_eq!(a.pod_mac, Some([2, 0, 0, 0, 0, 1]));
+    assert_eq!(a.mtu, 1450);
+    assert_eq!(a.result.as_deref(), Some("{\"cid\":\"a\"}"));
+
+    let n = created(db.begin_add(&spec("n", &["10.0.0.0/24"])).unwrap());
+    assert_eq!(n.addresses[0].address, ip("10.0.0.4"));
+    let mut taken = spec("t", &["10.0.0.0/24"]);
+    taken.requested = vec![ip("10.0.0.3")];
+    assert!(matches!(db.begin_add(&taken), Err(StoreError::AddressTaken { .. })));
+    // DEL of a rebuilt attachment releases its address like any other.
+    let b = db.begin_del(&spec("b", &[]).key).unwrap().unwrap();
+    db.remove(b.id).unwrap();
+    assert!(!db.allocated_addresses().unwrap().contains(&ip("10.0.0.3")));
+}

@@ -307,7 +307,7 @@ fn key_of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttachmentKey> {
 }
 
 /// The stored form of an attachment's routes: `dst via gw` entries joined by `,`.
-fn routes_text(routes: &[InstalledRoute]) -> String {
+pub(super) fn routes_text(routes: &[InstalledRoute]) -> String {
     routes.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",")
 }
 
@@ -351,7 +351,7 @@ fn parse_routes(text: Option<&str>, addresses: &[Allocation]) -> rusqlite::Resul
         .collect()
 }
 
-fn mac_text(mac: &[u8; 6]) -> String {
+pub(super) fn mac_text(mac: &[u8; 6]) -> String {
     mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 

@@ -5,8 +5,11 @@
 mod addresses;
 mod attachments;
 mod ports;
+mod rebuild;
 mod runs;
 mod wires;
+
+pub use rebuild::RebuiltAttachment;
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
