@@ -52,18 +52,9 @@ fn try_in_ns(ns: &str, args: &[&str]) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn metrics(lab: &Lab, node: &str) -> String {
-    in_ns(&lab.node_ns(node), &["curl", "-sf", "http://127.0.0.1:9384/metrics"])
-}
-
 /// The value of one series on a node's metrics page (0 when absent).
 fn metric(lab: &Lab, node: &str, series: &str) -> f64 {
-    metrics(lab, node)
-        .lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    weft_tests::series_value(&weft_tests::node_metrics(lab, node), series)
 }
 
 fn fdb(lab: &Lab, node: &str) -> Vec<(String, String)> {

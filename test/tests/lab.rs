@@ -10,7 +10,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use weft_lab::Lab;
-use weft_tests::{LabDown, Prometheus, TempDir, bin, dashboard_queries, failed_checks, is_wire_row, privileged};
+use weft_tests::{
+    LabDown, Prometheus, TempDir, bin, dashboard_queries, failed_checks, is_wire_row, node_metrics, privileged,
+};
 
 fn is_up(lab: &Lab, pod: &str, intf: &str) -> bool {
     let out = Command::new("ip")
@@ -25,18 +27,6 @@ fn is_up(lab: &Lab, pod: &str, intf: &str) -> bool {
         .unwrap_or_default()
         .to_string();
     flags.split(',').any(|f| f == "UP")
-}
-
-/// A node daemon's metrics page.
-fn metrics_of(lab: &Lab, node: &str) -> String {
-    weft_tests::sh(Command::new("ip").args([
-        "netns",
-        "exec",
-        &lab.node_ns(node),
-        "curl",
-        "-sf",
-        "http://127.0.0.1:9384/metrics",
-    ]))
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -149,7 +139,7 @@ fn lab_wires_survive_crashes_deletes_and_moves() {
     wait_for("r1:e2 (VXLAN to r3) going down", || !is_up(&lab.0, "r1", "e2"));
     wait_for("r5:e1 (gRPC to r3) going down", || !is_up(&lab.0, "r5", "e1"));
     // r3's own ends are gone, and their series with them.
-    let n2 = metrics_of(&lab.0, "n2");
+    let n2 = node_metrics(&lab.0, "n2");
     let left: Vec<&str> = n2
         .lines()
         .filter(|l| l.starts_with("weft_wire_") && l.contains("pod=\"r3\""))

@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -18,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use weft_harness::NamedNetns;
 use weft_lab::Lab;
-use weft_tests::{LabDown, TempDir, bin, failed_checks, privileged, sh};
+use weft_tests::{LabDown, TempDir, bin, failed_checks, privileged};
 
 /// Marks a test datagram; followed by the wire tag (u32) and the sequence number (u64).
 const MAGIC: &[u8; 8] = b"WEFTSEQ1";
@@ -174,14 +173,7 @@ fn receiver(ns: String, end: TrafficEnd, stop: Arc<AtomicBool>) -> JoinHandle<Re
 
 /// `weft_wire_frames_total` per (pod, intf, direction) on a node.
 fn frame_counters(lab: &Lab, node: &str) -> BTreeMap<(String, String, String), f64> {
-    let page = sh(Command::new("ip").args([
-        "netns",
-        "exec",
-        &lab.node_ns(node),
-        "curl",
-        "-sf",
-        "http://127.0.0.1:9384/metrics",
-    ]));
+    let page = weft_tests::node_metrics(lab, node);
     let label = |s: &str, k: &str| {
         s.split(&format!("{k}=\""))
             .nth(1)

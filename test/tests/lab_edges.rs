@@ -92,23 +92,7 @@ fn ends_call(ns: &str, node: &str, claim: Option<&str>, dir: &Path) -> String {
 
 /// The value of `series` on `node`'s metrics page (0 when absent).
 fn metric(lab: &Lab, node: &str, series: &str) -> f64 {
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.node_ns(node),
-            "curl",
-            "-sf",
-            "http://127.0.0.1:9384/metrics",
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    weft_tests::series_value(&weft_tests::node_metrics(lab, node), series)
 }
 
 #[test]
