@@ -43,6 +43,22 @@ fn assert_consistent(d: &Daemon, pod: &Netns, cid: &str, conf: &str, result: &Va
     assert_eq!(allocated, vec![addr], "only the new pod's address is allocated");
 }
 
+/// Stops weftd, lets the plugin spool a DEL of `cid`, keeps the spool file out of
+/// weftd's start-up replay and starts weftd again; returns the spool directory, where
+/// the file belongs and where it is held, so the test puts it back as a plugin that
+/// missed the restarting weftd would write it: late.
+fn spool_one_late(d: &mut Daemon, pod: &Netns, cid: &str, conf: &str) -> (PathBuf, PathBuf, PathBuf) {
+    d.stop().expect("weftd stops on SIGTERM");
+    Call::new("DEL", cid, &pod.path(), conf).run().ok();
+    let dir = spool_dir(d);
+    let files = spooled(&dir);
+    assert_eq!(files.len(), 1);
+    let aside = d.dir().join("held.del");
+    std::fs::rename(&files[0], &aside).unwrap();
+    d.start_again();
+    (dir, files[0].clone(), aside)
+}
+
 #[test]
 fn dels_while_weftd_is_down_are_spooled_and_replayed_before_it_serves() {
     if !privileged() {
@@ -124,18 +140,9 @@ fn a_del_spooled_while_weftd_restarted_is_done_before_the_pods_next_add() {
     let first = Call::new("ADD", cid, &pod.path(), &conf).run().ok();
     let host_if = first["interfaces"][0]["name"].as_str().unwrap().to_string();
 
-    d.stop().expect("weftd stops on SIGTERM");
-    Call::new("DEL", cid, &pod.path(), &conf).run().ok();
-    let dir = spool_dir(&d);
-    let files = spooled(&dir);
-    assert_eq!(files.len(), 1);
-    // Keep it from the start-up replay, then put it back once weftd serves: a plugin
-    // that missed weftd while it restarted writes it that late.
-    let aside = d.dir().join("held.del");
-    std::fs::rename(&files[0], &aside).unwrap();
-    d.start_again();
+    let (dir, file, aside) = spool_one_late(&mut d, &pod, cid, &conf);
     assert!(d.node.links().contains(&host_if), "the old attachment is still there");
-    std::fs::rename(&aside, &files[0]).unwrap();
+    std::fs::rename(&aside, &file).unwrap();
     assert_eq!(d.status()["spooled_dels"], 1, "weftctl status shows it");
 
     let second = Call::new("ADD", cid, &pod.path(), &conf).run().ok();
@@ -160,16 +167,9 @@ fn a_del_spooled_while_weftd_serves_is_replayed_by_the_reconcile_pass() {
     let pod = Netns::new("st");
     let cid = "ctr-spool-tick";
     Call::new("ADD", cid, &pod.path(), &conf).run().ok();
-    d.stop().expect("weftd stops on SIGTERM");
-    Call::new("DEL", cid, &pod.path(), &conf).run().ok();
-    let dir = spool_dir(&d);
-    let files = spooled(&dir);
-    assert_eq!(files.len(), 1);
-    let aside = d.dir().join("held.del");
-    std::fs::rename(&files[0], &aside).unwrap();
-    d.start_again();
+    let (dir, file, aside) = spool_one_late(&mut d, &pod, cid, &conf);
     assert_eq!(d.status()["attachments"], 1);
-    std::fs::rename(&aside, &files[0]).unwrap();
+    std::fs::rename(&aside, &file).unwrap();
     // No call for the pod comes: the next pass does the DEL.
     let deadline = Instant::now() + Duration::from_secs(15);
     while !spooled(&dir).is_empty() {
