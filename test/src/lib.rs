@@ -209,9 +209,15 @@ impl Daemon {
 
     /// Starts weftd in an existing node namespace.
     pub fn start_in(node: Netns, tag: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_configured(node, tag, |c| c.env = owned(env))
+    }
+
+    /// Starts weftd in an existing node namespace, its start-up changed by `configure`
+    /// (a state directory on a small file system of its own, say).
+    pub fn start_configured(node: Netns, tag: &str, configure: impl FnOnce(&mut DaemonConfig)) -> Self {
         let dir = TempDir::new(tag);
         let mut config = DaemonConfig::under(&bin("weftd"), dir.path(), &format!("node-{tag}"));
-        config.env = owned(env);
+        configure(&mut config);
         // The socket is bound before start-up recovery, so a connection alone does not
         // mean the daemon serves: wait for an answer to a status call.
         config.status_probe = Some(bin("weftctl"));
@@ -254,6 +260,13 @@ impl Daemon {
     /// The daemon's state directory.
     pub fn state_dir(&self) -> PathBuf {
         self.daemon.config().state_dir.clone()
+    }
+
+    /// The state directory as the daemon sees it, from this process: through its
+    /// `/proc/<pid>/root` when it is on a file system only the daemon sees
+    /// (`DaemonConfig::state_fs_size`).
+    pub fn state_dir_seen(&self) -> PathBuf {
+        self.daemon.state_dir_seen().expect("daemon running")
     }
 
     /// The daemon's log so far.
@@ -367,7 +380,24 @@ impl Daemon {
     }
 
     fn store<R>(&self, f: impl FnOnce(&mut weft_store::Db) -> Result<R, weft_store::StoreError>) -> R {
-        let path = self.state_dir().join("weft.db");
+        let seen = self.state_dir_seen();
+        // SQLite resolves the `/proc/<pid>/root` symlink of a state directory only the
+        // daemon sees to `/`, which here leads to the empty directory under its mount:
+        // read a copy of the database and its write-ahead log instead.
+        let _copy;
+        let path = if seen == self.state_dir() {
+            seen.join("weft.db")
+        } else {
+            _copy = TempDir::new("state-copy");
+            for name in ["weft.db-wal", "weft.db"] {
+                let from = seen.join(name);
+                if from.exists() {
+                    std::fs::copy(&from, _copy.path().join(name))
+                        .unwrap_or_else(|e| panic!("copying {}: {e}", from.display()));
+                }
+            }
+            _copy.path().join("weft.db")
+        };
         let mut db = weft_store::Db::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
         f(&mut db).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
     }

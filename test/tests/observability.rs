@@ -170,6 +170,7 @@ fn metrics_have_their_families_types_labels_and_exemplars() {
         ("weft_ipam_addresses", "gauge"),
         ("weft_pods", "gauge"),
         ("weft_store_transaction_seconds", "histogram"),
+        ("weft_store_writable", "gauge"),
         ("weft_build_info", "gauge"),
         ("process_resident_memory_bytes", "gauge"),
         ("process_cpu_seconds_total", "counter"),
@@ -217,6 +218,7 @@ fn metrics_have_their_families_types_labels_and_exemplars() {
         "{classic}"
     );
     assert!(classic.contains("weft_pods 1"), "{classic}");
+    assert!(classic.contains("weft_store_writable 1"), "{classic}");
     for phase in ["lock_wait", "ipam", "veth", "addresses", "routes", "store_commit"] {
         assert!(
             classic.contains(&format!("command=\"ADD\",phase=\"{phase}\"")),

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tracing::{Instrument, info, warn};
 use weft_cni::args::{IP, K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID, MAC};
 use weft_cni::request::{self, Requested};
+use weft_cni::spool::{self, SpooledDel};
 use weft_cni::{CNIResult, Cmd, CniError, HostIp, Interface, IpConfig, NetworkConfig, Route, code, result, validate};
 use weft_failpoint::failpoint;
 use weft_kernel::KernelError;
@@ -64,9 +65,19 @@ fn store_err(e: StoreError) -> CniError {
         StoreError::AddressInvalid(_) => CniError::new(code::INVALID_CONFIG, e.to_string()),
         StoreError::Closed => CniError::new(code::TRY_AGAIN_LATER, "weftd is shutting down"),
         StoreError::Panicked(_) => CniError::new(code::INTERNAL, e.to_string()),
+        // A full disk (or a read-only, failing or damaged file) is the node's condition,
+        // not the call's: the runtime retries, and the node answers not ready until the
+        // store writes again.
+        StoreError::Sqlite(cause) if e.cannot_write() => CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("{STORE_CANNOT_WRITE}: {cause}; weftd takes pods again once it can write (see /readyz)"),
+        ),
         other => CniError::new(code::STORE, other.to_string()),
     }
 }
+
+/// How the details of a CNI error start when the state store cannot be written.
+pub const STORE_CANNOT_WRITE: &str = "the state store cannot be written";
 
 fn kernel_err(e: KernelError) -> CniError {
     if ptp::is_route_conflict(&e)
@@ -654,7 +665,21 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// DEL: detach the pod. Succeeds when there is nothing to remove. Answers once the
     /// pod is cut off; the veth pair is removed right after, and the addresses are
     /// released only when that is done.
+    ///
+    /// When the store cannot record the DEL (its disk is full), the DEL goes into the
+    /// DEL spool, the pod is cut off and its veth pair removed, and DEL succeeds: the
+    /// replay of the spool releases the addresses once the store writes again.
     pub async fn del(&self, args: &CniCall) -> Result<(), CniError> {
+        self.del_with(args, true).await
+    }
+
+    /// DEL as the spool's replay does it: a store that cannot write fails it (the
+    /// entry stays for the next replay) instead of spooling it again.
+    pub(crate) async fn del_now(&self, args: &CniCall) -> Result<(), CniError> {
+        self.del_with(args, false).await
+    }
+
+    async fn del_with(&self, args: &CniCall, may_spool: bool) -> Result<(), CniError> {
         let (_conf, key) = decode(args, Cmd::Del)?;
         let _guard = self
             .locks
@@ -666,8 +691,13 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             return Ok(());
         }
         let begun = self.ipam.begin_del(key.clone()).instrument(phase!("ipam")).await;
-        let Some(att) = begun.map_err(store_err)? else {
-            return Ok(());
+        let att = match begun {
+            Ok(Some(att)) => att,
+            Ok(None) => return Ok(()),
+            Err(e) if may_spool && e.cannot_write() && self.del_spool().is_some() => {
+                return self.spool_unrecorded_del(args, &key, e).await;
+            }
+            Err(e) => return Err(store_err(e)),
         };
         failpoint!("del.intent");
         if let (Some(w), Some(pod)) = (&self.wiring, Self::wired_pod(&att))
@@ -694,28 +724,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// Cuts the pod off now and finishes its teardown in the background.
     async fn start_teardown(&self, att: Attachment) -> Option<tokio::task::JoinHandle<()>> {
         let ticket = self.teardowns.start(&att.key)?;
-        // The ports were released in the store with the DEL; take them out of the
-        // kernel before answering, so a new pod may have them at once.
-        if !att.ports.is_empty() {
-            let removed = self
-                .net
-                .remove_host_ports(host_port_entries(&att.host_ifname, &att.ports))
-                .instrument(phase!("nftables"))
-                .await;
-            if let Err(e) = removed {
-                warn!(attachment = %att.key, error = %e, "could not remove host ports; the table sync will");
-            }
-            failpoint!("del.hostports");
-        }
-        if let Err(e) = self
-            .net
-            .disconnect(att.host_ifname.clone())
-            .instrument(phase!("disconnect"))
-            .await
-        {
-            warn!(attachment = %att.key, error = %e, "could not set the host end down; removing it anyway");
-        }
-        failpoint!("del.disconnect");
+        self.cut_off(&att).await;
         let (net, ipam) = (self.net.clone(), self.ipam.clone());
         let key = att.key.clone();
         let work = async move {
@@ -741,6 +750,84 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         Some(tokio::spawn(work.instrument(phase!("teardown"))))
     }
 
+    /// A DEL the store failed to record because it cannot write: it goes into the DEL
+    /// spool, which is replayed once the store writes again (and ahead of the pod's next
+    /// ADD), and the kernel side goes now, so that the success DEL answers holds for
+    /// everything but the rows. While the entry waits, reconcile neither rebuilds the
+    /// pod's veth nor puts its host ports back. The spool lives beside the socket, on
+    /// another file system than the state as a rule; when it cannot be written either,
+    /// the DEL fails and the runtime retries it.
+    async fn spool_unrecorded_del(
+        &self,
+        args: &CniCall,
+        key: &AttachmentKey,
+        cause: StoreError,
+    ) -> Result<(), CniError> {
+        let Some(spool) = self.del_spool() else {
+            return Err(store_err(cause));
+        };
+        let del = SpooledDel {
+            network: key.network.clone(),
+            container_id: key.container_id.clone(),
+            ifname: key.ifname.clone(),
+            netns: args.netns.clone(),
+            args: args.args.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            config: String::from_utf8_lossy(&args.config).into_owned(),
+            spooled_at_ms: spool::now_ms(),
+        };
+        let dir = spool.dir().to_path_buf();
+        let written = tokio::task::spawn_blocking(move || spool::write(&dir, &del))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        if let Err(e) = written {
+            let mut err = store_err(cause);
+            err.details = format!("{}; the DEL could not be spooled either: {e}", err.details);
+            return Err(err);
+        }
+        warn!(attachment = %key, error = %cause, "the state store cannot record this DEL: spooled until it can, the pod's networking goes now");
+        match self.ipam.get(key.clone()).await {
+            Ok(Some(att)) => {
+                self.cut_off(&att).await;
+                if let Err(e) = self.net.remove(att.host_ifname.clone()).await {
+                    warn!(attachment = %key, error = %e, "could not remove the veth pair; the spooled DEL's replay retries");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                warn!(attachment = %key, error = %e, "cannot read the attachment; its veth pair goes when the spooled DEL is replayed")
+            }
+        }
+        Ok(())
+    }
+
+    /// What DEL does to the kernel before it answers: the pod's host ports go and its
+    /// host end is set down.
+    async fn cut_off(&self, att: &Attachment) {
+        // The ports were released in the store with the DEL; take them out of the
+        // kernel before answering, so a new pod may have them at once.
+        if !att.ports.is_empty() {
+            let removed = self
+                .net
+                .remove_host_ports(host_port_entries(&att.host_ifname, &att.ports))
+                .instrument(phase!("nftables"))
+                .await;
+            if let Err(e) = removed {
+                warn!(attachment = %att.key, error = %e, "could not remove host ports; the table sync will");
+            }
+            failpoint!("del.hostports");
+        }
+        if let Err(e) = self
+            .net
+            .disconnect(att.host_ifname.clone())
+            .instrument(phase!("disconnect"))
+            .await
+        {
+            warn!(attachment = %att.key, error = %e, "could not set the host end down; removing it anyway");
+        }
+        failpoint!("del.disconnect");
+    }
+
     /// Compares every attachment with the kernel and repairs what drifted (a deleted
     /// route, address or veth pair comes back), collects attachments whose network
     /// namespace is gone (their addresses are released and their wires removed), and
@@ -753,7 +840,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         let ready = self.ipam.list(None, Some(State::Ready)).await.map_err(store_err)?;
         for att in ready {
             let _guard = self.locks.lock(&att.key.container_id).await;
-            if self.teardowns.pending(&att.key) {
+            // A DEL waiting in the spool has cut the pod off already: nothing to repair.
+            if self.teardowns.pending(&att.key) || self.del_waits_in_spool(&att.key) {
                 continue;
             }
             // Re-read under the lock: a DEL or an ADD may have come first.
@@ -804,7 +892,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     pub async fn sync_host_ports(&self) -> Result<bool, CniError> {
         let held = self.ipam.held_ports().await.map_err(store_err)?;
         let mut all = Entries::default();
-        for h in held {
+        // The host ports of a pod whose DEL waits in the spool went with that DEL.
+        for h in held.into_iter().filter(|h| !self.del_waits_in_spool(&h.key)) {
             let e = host_port_entries(&h.host_ifname, std::slice::from_ref(&h.mapping));
             all.ports.extend(e.ports);
             for hp in e.hairpins {

@@ -1,7 +1,8 @@
 //! Replaying the DEL spool: DELs the plugin recorded while weftd could not be reached
-//! (`weft_cni::spool`) are done by the handler's own DEL, before the node serves, on
-//! each reconcile pass, and ahead of an ADD for the same attachment, so a pod's DEL
-//! always comes before its next ADD.
+//! (`weft_cni::spool`), and those the handler recorded itself while its store could not
+//! write, are done by the handler's own DEL, before the node serves, on each reconcile
+//! pass, when the store writes again, and ahead of an ADD for the same attachment, so a
+//! pod's DEL always comes before its next ADD.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -84,7 +85,8 @@ pub struct Replayed {
 /// What replaying one entry came to.
 enum Outcome {
     Replayed,
-    Failed,
+    /// Why, for an ADD that must wait for it.
+    Failed(String),
     SetAside,
 }
 
@@ -124,7 +126,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 Ok(None) => {}
                 Ok(Some(del)) => match self.replay_one(&path, del).await {
                     Outcome::Replayed => done.replayed += 1,
-                    Outcome::Failed => done.failed += 1,
+                    Outcome::Failed(_) => done.failed += 1,
                     Outcome::SetAside => done.set_aside += 1,
                 },
                 Err(e @ SpoolError::Decode { .. }) => {
@@ -152,20 +154,29 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     async fn replay_one(&self, path: &Path, del: SpooledDel) -> Outcome {
         let (container, ifname, network) = (del.container_id.clone(), del.ifname.clone(), del.network.clone());
         let age_ms = spool::now_ms().saturating_sub(del.spooled_at_ms);
-        if let Err(e) = self.del(&call_of(del)).await {
+        if let Err(e) = self.del_now(&call_of(del)).await {
             if e.code < code::TRY_AGAIN_LATER {
                 let aside = spool::set_aside(path);
                 warn!(network, container, ifname, code = e.code, error = %e.msg, aside = ?aside.as_ref().map(|p| p.display().to_string()), "spooled DEL refused for its input; set aside");
                 return Outcome::SetAside;
             }
-            warn!(network, container, ifname, error = %e.msg, "spooled DEL failed; kept for the next pass");
-            return Outcome::Failed;
+            warn!(network, container, ifname, error = %e.details, "spooled DEL failed; kept for the next pass");
+            return Outcome::Failed(e.details);
         }
         if let Err(e) = spool::remove(path) {
             warn!(error = %e, "spooled DEL done but its entry stays; replaying it again is harmless");
         }
         info!(network, container, ifname, age_ms, "spooled DEL replayed");
         Outcome::Replayed
+    }
+
+    /// Whether a DEL of `key` waits in the spool (one stat).
+    pub(crate) fn del_waits_in_spool(&self, key: &AttachmentKey) -> bool {
+        self.del_spool().is_some_and(|s| {
+            s.dir()
+                .join(spool::file_name(&key.network, &key.container_id, &key.ifname))
+                .exists()
+        })
     }
 
     /// Before an ADD: replays a DEL spooled for `key`, so it is not applied after the
@@ -190,9 +201,9 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                     Ok(())
                 }
                 Outcome::SetAside => Ok(()),
-                Outcome::Failed => Err(CniError::new(
+                Outcome::Failed(why) => Err(CniError::new(
                     code::TRY_AGAIN_LATER,
-                    format!("a DEL of {key} spooled while weftd was down could not be done yet"),
+                    format!("a DEL of {key} waiting in the DEL spool could not be done yet: {why}"),
                 )),
             },
             Err(e @ SpoolError::Decode { .. }) => {

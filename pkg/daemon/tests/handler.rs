@@ -927,3 +927,145 @@ async fn the_spool_replay_does_every_entry_and_sets_unreadable_ones_aside() {
     // Nothing left: a second pass does nothing.
     assert_eq!(e.h.replay_del_spool().await, weft_daemon::Replayed::default());
 }
+
+/// The real store, whose writes fail as on a full disk while `full` is set (reads go
+/// through, as SQLite's do then).
+#[derive(Clone)]
+struct FillableStore {
+    store: Store,
+    full: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FillableStore {
+    fn refuse(&self) -> Result<(), weft_store::StoreError> {
+        if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(weft_store::StoreError::disk_full())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl weft_daemon::Ipam for FillableStore {
+    async fn begin_add(&self, spec: weft_store::NewAttachment) -> Result<weft_store::BeginAdd, weft_store::StoreError> {
+        self.refuse()?;
+        self.store.begin_add(spec).await
+    }
+    async fn finish_add(
+        &self,
+        id: i64,
+        result_json: String,
+        routes: Vec<weft_store::InstalledRoute>,
+    ) -> Result<(), weft_store::StoreError> {
+        self.refuse()?;
+        self.store.finish_add(id, result_json, routes).await
+    }
+    async fn remove(&self, id: i64) -> Result<(), weft_store::StoreError> {
+        self.refuse()?;
+        weft_daemon::Ipam::remove(&self.store, id).await
+    }
+    async fn begin_del(
+        &self,
+        key: weft_store::AttachmentKey,
+    ) -> Result<Option<weft_store::Attachment>, weft_store::StoreError> {
+        self.refuse()?;
+        self.store.begin_del(key).await
+    }
+    async fn get(
+        &self,
+        key: weft_store::AttachmentKey,
+    ) -> Result<Option<weft_store::Attachment>, weft_store::StoreError> {
+        weft_daemon::Ipam::get(&self.store, key).await
+    }
+    async fn container_attachments(
+        &self,
+        container_id: String,
+    ) -> Result<Vec<weft_store::Attachment>, weft_store::StoreError> {
+        self.store.container_attachments(container_id).await
+    }
+    async fn list(
+        &self,
+        network: Option<String>,
+        state: Option<weft_store::State>,
+    ) -> Result<Vec<weft_store::Attachment>, weft_store::StoreError> {
+        weft_daemon::Ipam::list(&self.store, network, state).await
+    }
+    async fn usage_of(&self, ranges: Vec<ipnet::IpNet>) -> Result<Vec<weft_store::RangeUsage>, weft_store::StoreError> {
+        self.store.usage_of(ranges).await
+    }
+    async fn held_ports(&self) -> Result<Vec<weft_store::HeldPort>, weft_store::StoreError> {
+        self.store.held_ports().await
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_fails_add_with_try_again_and_a_del_is_spooled_until_the_store_writes() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("weft.db")).unwrap();
+    let fillable = FillableStore {
+        store: store.clone(),
+        full: Arc::default(),
+    };
+    let spool_dir = dir.path().join("del-spool");
+    let spool = Arc::new(weft_daemon::DelSpool::new(spool_dir.clone()));
+    let net = FakeNet::default();
+    let h = Handler::new(fillable.clone(), net.clone(), NodeInfo { name: "n1".into() }).with_del_spool(spool.clone());
+    let with_port = r#"{"cniVersion":"1.1.0","name":"weft","type":"weft","ranges":["10.1.0.0/29"],"mtu":1450,
+        "runtimeConfig":{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}}"#;
+    let c1 = args("c1", with_port);
+    h.add(&c1).await.unwrap();
+    h.add(&args("c2", &with_port.replace("8080", "8081"))).await.unwrap();
+    let c1_host = attachment(&store, "c1", "weft", "eth0").await.unwrap().host_ifname;
+    assert_eq!(net.ports.lock().unwrap().len(), 2);
+
+    fillable.full.store(true, Ordering::SeqCst);
+    // ADD: try again later, naming the cause; nothing touched.
+    let err = h.add(&args("c3", CONF)).await.unwrap_err();
+    assert_eq!(err.code, code::TRY_AGAIN_LATER);
+    assert_eq!(
+        err.details,
+        "the state store cannot be written: database or disk is full; weftd takes pods again once it can write \
+         (see /readyz)"
+    );
+    assert_eq!(
+        net.setups.lock().unwrap().len(),
+        2,
+        "the kernel was not asked to set c3 up"
+    );
+
+    // DEL: answered success, the pod cut off now, the DEL kept in the spool.
+    h.del(&c1).await.unwrap();
+    assert_eq!(spool.pending(), 1);
+    assert!(!net.links.lock().unwrap().contains(&c1_host), "c1's veth pair is gone");
+    assert_eq!(net.ports.lock().unwrap().len(), 1, "c1's host port is gone");
+    assert_eq!(
+        store.run(|db| db.list(None, None)).await.unwrap().len(),
+        2,
+        "the rows stay"
+    );
+    // Reconcile neither rebuilds c1's veth nor puts its host port back.
+    h.reconcile().await.unwrap();
+    assert!(!net.links.lock().unwrap().contains(&c1_host));
+    assert_eq!(net.ports.lock().unwrap().len(), 1);
+    // Nor does a replay while the store still cannot write lose the DEL.
+    let done = h.replay_del_spool().await;
+    assert_eq!((done.replayed, done.failed), (0, 1));
+    assert_eq!(spool.pending(), 1);
+    // An ADD of the same pod must wait for that DEL.
+    let err = h.add(&c1).await.unwrap_err();
+    assert_eq!(err.code, code::TRY_AGAIN_LATER);
+    assert!(err.details.contains("waiting in the DEL spool"), "{err:?}");
+
+    // Room again: the replay releases c1's rows and addresses, c2 is untouched.
+    fillable.full.store(false, Ordering::SeqCst);
+    let done = h.replay_del_spool().await;
+    assert_eq!((done.replayed, done.failed), (1, 0));
+    h.drain_teardowns().await;
+    assert_eq!(spool.pending(), 0);
+    let rows = store.run(|db| db.list(None, None)).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].key.container_id, "c2");
+    assert_eq!(allocated(&store).await, 1);
+    assert_eq!(net.ports.lock().unwrap().len(), 1);
+}

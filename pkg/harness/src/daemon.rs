@@ -37,6 +37,12 @@ pub struct DaemonConfig {
     /// Start it in a session of its own, so it outlives a terminal the caller was
     /// started from (a lab's daemons stay up after `weftctl lab up` returns).
     pub own_session: bool,
+    /// Give the state directory a file system of this size (`tmpfs` `size=`, as `4m`)
+    /// that only this weftd sees: it runs in a mount namespace of its own, so the mount
+    /// goes with the process and nothing is left mounted on the host. For a disk that
+    /// fills up; the state is lost when the process ends, so a start again begins on an
+    /// empty state. Reach it from outside through [`NodeDaemon::state_dir_seen`].
+    pub state_fs_size: Option<String>,
 }
 
 impl DaemonConfig {
@@ -54,6 +60,7 @@ impl DaemonConfig {
             env: Vec::new(),
             status_probe: None,
             own_session: false,
+            state_fs_size: None,
         }
     }
 
@@ -69,7 +76,21 @@ impl DaemonConfig {
                 .open(&self.log)
                 .map_err(|e| HarnessError::io(format!("opening {}", self.log.display()), e))
         };
-        let mut cmd = Command::new(&self.weftd);
+        let mut cmd = match &self.state_fs_size {
+            None => Command::new(&self.weftd),
+            Some(size) => {
+                // Slave propagation: the mount never reaches the host's namespace, while
+                // the pod namespaces mounted under /run/netns later still reach weftd's.
+                let mut c = Command::new("unshare");
+                c.args(["--mount", "--propagation", "slave", "--", "sh", "-c"])
+                    .arg(r#"mkdir -p "$1" && mount -t tmpfs -o "size=$2,mode=0700" weft-state "$1" && shift 2 && exec "$@""#)
+                    .arg("sh")
+                    .arg(&self.state_dir)
+                    .arg(size)
+                    .arg(&self.weftd);
+                c
+            }
+        };
         cmd.arg("--socket")
             .arg(&self.socket)
             .arg("--state-dir")
@@ -216,6 +237,22 @@ impl NodeDaemon {
     /// The process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// The state directory as this weftd sees it, as a path this process can use: with
+    /// [`DaemonConfig::state_fs_size`], through its `/proc/<pid>/root` (`None` while it
+    /// does not run); else the configured path.
+    pub fn state_dir_seen(&self) -> Option<PathBuf> {
+        if self.config.state_fs_size.is_none() {
+            return Some(self.config.state_dir.clone());
+        }
+        let pid = self.pid()?;
+        let inside = self
+            .config
+            .state_dir
+            .strip_prefix("/")
+            .unwrap_or(&self.config.state_dir);
+        Some(PathBuf::from(format!("/proc/{pid}/root")).join(inside))
     }
 
     /// Sends `sig` to the daemon.

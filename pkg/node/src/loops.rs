@@ -66,12 +66,13 @@ async fn reconcile_once<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
     }
 }
 
-/// Sets the gauges read from the store (addresses per range, pods) and the kernel
-/// wires' counters before a scrape.
+/// Sets the gauges read from the store (addresses per range, pods, whether it can
+/// write) and the kernel wires' counters before a scrape.
 pub fn refresh_gauges(store: Store, metrics: Arc<NodeMetrics>, engine: Option<Arc<Engine>>) -> weft_telemetry::Refresh {
     Arc::new(move || {
         let (store, metrics, engine) = (store.clone(), metrics.clone(), engine.clone());
         Box::pin(async move {
+            metrics.store_writable.set(i64::from(store.writable()));
             if let Some(engine) = engine {
                 engine.sample_counters().await;
             }

@@ -1,6 +1,7 @@
 //! The node's own metric families: the gauges refreshed from the store before each
 //! scrape (addresses per range, pods, host ports), the store's transaction time, the
-//! DELs replayed from the spool and the rebuilds of a lost state database.
+//! DELs replayed from the spool, the rebuilds of a lost state database and whether the
+//! store can write.
 //! Reconcile repairs go into telemetry's shared `weft_reconcile_repairs_total`.
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -35,6 +36,9 @@ pub struct NodeMetrics {
     pub store_rebuilds: Counter,
     /// `weft_store_rebuilt_attachments_total`.
     pub store_rebuilt_attachments: Counter,
+    /// `weft_store_writable`: 1 or 0, set from [`weft_store::Store::writable`] before
+    /// each scrape.
+    pub store_writable: Gauge,
 }
 
 impl Families for NodeMetrics {
@@ -48,6 +52,7 @@ impl Families for NodeMetrics {
             del_spool_replayed: Counter::default(),
             store_rebuilds: Counter::default(),
             store_rebuilt_attachments: Counter::default(),
+            store_writable: Gauge::default(),
         };
         metrics.register(
             "weft_ipam_addresses",
@@ -74,6 +79,11 @@ impl Families for NodeMetrics {
             "weft_store_rebuilt_attachments",
             "Pod attachments rebuilt from the kernel into a new state database",
             m.store_rebuilt_attachments.clone(),
+        );
+        metrics.register(
+            "weft_store_writable",
+            "1 while the state store can write, 0 while it cannot (disk full, I/O error, read-only or damaged file)",
+            m.store_writable.clone(),
         );
         metrics.register(
             "weft_del_spool_replayed",

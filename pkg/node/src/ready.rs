@@ -22,13 +22,43 @@ pub fn require_writable_store(ready: &Readiness, writable: impl Fn() -> bool + S
 
 /// While the store cannot write, sends it a probe write every `every` until `stop`, so
 /// a node whose disk has room again turns ready without waiting for a CNI call to write.
-pub async fn probe_unwritable_store(store: weft_store::Store, every: Duration, stop: impl Future<Output = ()>) {
+/// Each time the store turns writable again (through the probe or any other write),
+/// runs `on_writable`: the node replays the DELs the store could not record meanwhile,
+/// so their addresses are released at once rather than at the next reconcile pass.
+pub async fn probe_unwritable_store<F, Fut>(
+    store: weft_store::Store,
+    every: Duration,
+    stop: impl Future<Output = ()>,
+    on_writable: F,
+) where
+    F: Fn() -> Fut,
+    Fut: Future<Output = ()>,
+{
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut writable = Some(store.writable_watch());
+    if let Some(w) = &mut writable {
+        w.borrow_and_update();
+    }
     tokio::pin!(stop);
     loop {
+        let changed = async {
+            match &mut writable {
+                Some(w) => w.changed().await.map(|()| *w.borrow_and_update()),
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = &mut stop => return,
+            now = changed => {
+                match now {
+                    Ok(true) => on_writable().await,
+                    Ok(false) => {}
+                    // The writer thread is gone: nothing turns it writable again.
+                    Err(_) => writable = None,
+                }
+                continue;
+            }
             _ = tick.tick() => {}
         }
         if store.writable() {
@@ -126,6 +156,46 @@ mod tests {
         assert!(!ready.get());
         writable.store(true, Ordering::Relaxed);
         assert!(ready.get());
+    }
+
+    /// A full disk, then room again: the probe's write turns the store writable, and
+    /// `on_writable` runs once for it.
+    #[tokio::test]
+    async fn the_probe_turns_a_store_writable_again_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = weft_store::Store::open(&dir.path().join("weft.db")).unwrap();
+        store.run(|db| db.begin_run("test").map(|_| ())).await.unwrap();
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = {
+            let calls = calls.clone();
+            tokio::spawn(probe_unwritable_store(
+                store.clone(),
+                Duration::from_millis(50),
+                async {
+                    let _ = stopped.await;
+                },
+                move || {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    async {}
+                },
+            ))
+        };
+        let full = store.run(|_| Err::<(), _>(weft_store::StoreError::disk_full())).await;
+        assert!(full.is_err());
+        assert!(!store.writable());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while calls.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(store.writable(), "the probe's write went through");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // Writes that find it writable already do not call it again.
+        store.run(|db| db.probe_write()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let _ = stop.send(());
+        task.await.unwrap();
     }
 
     /// The check as the node wires it, over a real store whose writer thread dies.

@@ -170,6 +170,27 @@ fn cannot_write(err: &StoreError) -> bool {
     }
 }
 
+impl StoreError {
+    /// Whether this error says the database cannot be written (disk full, I/O error,
+    /// read-only, unopenable or damaged file), the failures that turn
+    /// [`Store::writable`] false: callers answer them as a condition of the node that
+    /// passes once the store writes again, not as a fault of the call.
+    pub fn cannot_write(&self) -> bool {
+        cannot_write(self)
+    }
+
+    /// The error a write fails with when the disk is full (`SQLITE_FULL`), for tests of
+    /// the store's callers: SQLite's own page cap cannot provoke it for a write that
+    /// only changes rows in place, as a DEL's does.
+    #[cfg(feature = "test-util")]
+    pub fn disk_full() -> Self {
+        StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            Some("database or disk is full".into()),
+        ))
+    }
+}
+
 /// The writer's view of whether the database can be written, published to
 /// [`Store::writable`]. Owned by the writer thread, so it drops (and the store reads as
 /// unwritable) when that thread ends.
