@@ -17,7 +17,7 @@ secs=${1:-600}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(cni_config cni_args cni_result wire_batch topology)
+    targets=(cni_config cni_args cni_result wire_batch wire_tls topology)
 fi
 sanitizer=${FUZZ_SANITIZER:-address}
 

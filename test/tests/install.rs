@@ -487,6 +487,16 @@ fn the_image_runs_weftd_as_the_daemonset_does() {
     let written: Value = serde_json::from_slice(&std::fs::read(conf_dir.join("10-weft.conflist")).unwrap()).unwrap();
     assert_eq!(written, conflist, "the installed conflist is not the ConfigMap's");
 
+    // The node's wire certificate, where the DaemonSet's wire-tls hostPath is: issued
+    // by a CA made here, naming the node and its address (manifests/wire-tls/README.md).
+    let wire_tls = ctrd.node_path("/etc/weft/wire-tls");
+    let ca_dir = work.path().join("wire-ca");
+    sh(Command::new(bin("weftctl")).args(["certs", "ca", "--dir"]).arg(&ca_dir));
+    sh(Command::new(bin("weftctl"))
+        .args(["certs", "node", "--ca"])
+        .arg(&ca_dir)
+        .args(["--name", NODE_NAME, "--address", &NODE_ADDR.to_string(), "--out"])
+        .arg(&wire_tls));
     let weftd_config = plan.containers[0].clone();
     let mut weftd = Container::create(&cri, &weftd_pod.id, &plan.sandbox, weftd_config)
         .unwrap_or_else(|e| panic!("CreateContainer (weftd) failed: {e}\n{}", ctrd.log_tail()));
@@ -521,6 +531,22 @@ fn the_image_runs_weftd_as_the_daemonset_does() {
         std::thread::sleep(Duration::from_millis(200));
     }
     eprintln!("weftd ready after {:.1?}", t0.elapsed());
+    // The wire port took the node's certificate from the hostPath: mTLS, no load error.
+    let metrics = sh(node.cmd("curl").args([
+        "-sf",
+        "--max-time",
+        "2",
+        &format!("http://{NODE_ADDR}:{probe_port}/metrics"),
+    ]));
+    assert!(
+        metrics.contains("\nweft_wire_insecure 0\n"),
+        "the wire port is not on mTLS:\n{metrics}"
+    );
+    assert!(
+        !metrics.contains("weft_wire_tls_reloads_total{result=\"error\"}"),
+        "the wire TLS files did not load:\n{}",
+        weftd.describe()
+    );
     // It reached the API as a pod does: with the token, over TLS, and read the Nodes.
     assert_eq!(
         api.count("unauthorized"),

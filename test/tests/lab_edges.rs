@@ -137,7 +137,7 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
         ),
     ];
     let spec = format!(
-        "name: {name}\nnodes: [n1, n2]\npods:\n  - {{name: b1, node: n1}}\n  - {{name: x2, node: n2}}\n  - {{name: a1, node: n1}}\n  - {{name: c1, node: n1}}\n  - {{name: g1, node: n1}}\n  - {{name: h2, node: n2}}\n  - {{name: lone, node: n1}}\ntopologies:\n{}",
+        "name: {name}\nwire_security: insecure\nnodes: [n1, n2]\npods:\n  - {{name: b1, node: n1}}\n  - {{name: x2, node: n2}}\n  - {{name: a1, node: n1}}\n  - {{name: c1, node: n1}}\n  - {{name: g1, node: n1}}\n  - {{name: h2, node: n2}}\n  - {{name: lone, node: n1}}\ntopologies:\n{}",
         topologies.concat()
     );
     let file = dir.path().join("lab.yaml");
@@ -162,8 +162,9 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
         ["veth", "vxlan", "grpc", "veth"]
     );
 
-    // The wire port refuses a caller that is no node of the topologies, and one that
-    // claims another node's address, counts each, and the links keep passing.
+    // In plaintext (this lab's `wire_security: insecure`; tests/wire_attacks.rs covers
+    // mTLS) the wire port still refuses a caller that is no node of the topologies, and
+    // one that claims another node's address, counts each, and the links keep passing.
     let (n1, n2) = (lab.0.address_of("n1").unwrap(), lab.0.address_of("n2").unwrap());
     let outside = lab.0.outside_ns();
     let unknown = ends_call(&outside, &n1, None, dir.path());

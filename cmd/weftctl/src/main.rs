@@ -44,6 +44,10 @@ enum Command {
     Lab(commands::lab::LabAction),
     /// Prints the CustomResourceDefinitions (Topology, WireState) as YAML.
     Crds,
+    /// Makes the wire port's certificates: a CA, and per node a certificate naming the
+    /// node (see manifests/wire-tls/README.md).
+    #[command(subcommand)]
+    Certs(commands::certs::CertsAction),
     /// Installs the plugin and the network config on this node, each atomically (the
     /// DaemonSet's init container runs it).
     InstallCni(commands::install::InstallArgs),
@@ -56,6 +60,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => commands::bench::run(args, cli.json),
         Command::Lab(args) => commands::lab::run(args, cli.json),
         Command::Crds => commands::crds::run(),
+        Command::Certs(action) => commands::certs::run(action),
         Command::InstallCni(args) => commands::install::run(args, cli.json),
         command => async_command(command, &cli.socket, cli.json),
     };
@@ -77,7 +82,7 @@ fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyh
             Command::Calls(args) => commands::calls::run(socket, args, json).await,
             Command::Ports => commands::ports::run(socket, json).await,
             Command::Wires => commands::wires::run(socket, json).await,
-            Command::Bench(_) | Command::Lab(_) | Command::Crds | Command::InstallCni(_) => {
+            Command::Bench(_) | Command::Lab(_) | Command::Crds | Command::Certs(_) | Command::InstallCni(_) => {
                 unreachable!("run outside the runtime")
             }
         }

@@ -13,6 +13,7 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::error;
+use weft_node::config::WireTls;
 use weft_node::{Node, NodeConfig};
 use weft_telemetry::{LogFormat, Metrics};
 use weft_topology::LinkKind;
@@ -57,6 +58,16 @@ struct Args {
     /// TCP address of the node-to-node wire service (same port on every node).
     #[arg(long, env = "WEFT_WIRE_ADDR", default_value = "0.0.0.0:9385")]
     wire_addr: SocketAddr,
+    /// Directory holding the wire port's mutual-TLS files, named as in a Kubernetes
+    /// TLS Secret: ca.crt (the CA every node's certificate comes from), tls.crt and
+    /// tls.key (this node's, naming it by its Node name or address). Changed files are
+    /// used for new connections. Required for wires unless --wire-insecure.
+    #[arg(long, env = "WEFT_WIRE_TLS_DIR", conflicts_with = "wire_insecure")]
+    wire_tls_dir: Option<PathBuf>,
+    /// Run the wire port in plaintext: any host at a node's address can then open
+    /// frame streams into pods' links. For closed lab networks only.
+    #[arg(long, env = "WEFT_WIRE_INSECURE")]
+    wire_insecure: bool,
     /// This node's underlay address, the one peers reach it on (default: the Node's
     /// InternalIP, or the wire address when it is not a wildcard).
     #[arg(long, env = "WEFT_NODE_ADDRESS")]
@@ -122,6 +133,11 @@ impl Args {
             topology_dir: self.topology_dir,
             kubernetes: self.kubernetes,
             wire_addr: self.wire_addr,
+            wire_tls: match (self.wire_tls_dir, self.wire_insecure) {
+                (Some(dir), _) => Some(WireTls::Dir(dir)),
+                (None, true) => Some(WireTls::Insecure),
+                (None, false) => None,
+            },
             node_address: self.node_address,
             inter_node_link: match self.inter_node_link {
                 InterNodeLink::Vxlan => LinkKind::Vxlan,

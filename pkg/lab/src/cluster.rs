@@ -59,6 +59,22 @@ pub struct LabSpec {
     /// Each daemon's `--pod-routing` (`auto`, `direct`, `vxlan`, `none`).
     #[serde(default = "default_pod_routing")]
     pub pod_routing: String,
+    /// How the nodes' wire ports are protected: `mtls` (the default: the lab makes a
+    /// CA and a certificate per node naming its name and address) or `insecure`
+    /// (plaintext, `--wire-insecure`).
+    #[serde(default)]
+    pub wire_security: WireSecurityMode,
+}
+
+/// How a lab's wire ports are protected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireSecurityMode {
+    /// Mutual TLS with lab-made certificates.
+    #[default]
+    Mtls,
+    /// Plaintext.
+    Insecure,
 }
 
 /// How the nodes of a lab are joined.
@@ -629,6 +645,14 @@ impl Lab {
             "--pod-routing".into(),
             self.spec.pod_routing.clone(),
         ];
+        match self.spec.wire_security {
+            WireSecurityMode::Mtls => {
+                let tls = self.wire_tls_dir(&n.name);
+                self.issue_node_cert(&n.name, &addr, &tls)?;
+                config.args.extend(["--wire-tls-dir".into(), tls.display().to_string()]);
+            }
+            WireSecurityMode::Insecure => config.args.push("--wire-insecure".into()),
+        }
         // The daemon outlives this command: `down` (maybe another process) finds it
         // through the pid file.
         config.own_session = true;
@@ -637,6 +661,46 @@ impl Lab {
         let started = proc_stat(pid).map(|(_, t)| t).unwrap_or_default();
         fs::write(dir.join("weftd.pid"), format!("{pid} {started}")).map_err(|e| LabError::io("writing the pid", e))?;
         Ok(())
+    }
+
+    /// The directory of a node's wire TLS files (`--wire-tls-dir`).
+    pub fn wire_tls_dir(&self, node: &str) -> PathBuf {
+        self.node_dir(node).join("wire-tls")
+    }
+
+    /// The lab's CA (certificate and key), made on first use.
+    pub fn authority(&self) -> Result<weft_wiretls::issue::Authority, LabError> {
+        let dir = self.state.join("ca");
+        let tls = |e: weft_wiretls::TlsError| LabError::Command {
+            what: "the lab's wire CA".into(),
+            detail: e.to_string(),
+        };
+        if dir.join(weft_wiretls::issue::CA_KEY_FILE).exists() {
+            return weft_wiretls::issue::Authority::load(&dir).map_err(tls);
+        }
+        let ca =
+            weft_wiretls::issue::Authority::generate(&format!("weft lab {} wire CA", self.spec.name)).map_err(tls)?;
+        ca.save(&dir).map_err(tls)?;
+        Ok(ca)
+    }
+
+    /// Gives node `node` at `addr` a certificate of the lab's CA in `dir`, unless it
+    /// has one there already (a restarted daemon keeps its identity).
+    fn issue_node_cert(&self, node: &str, addr: &str, dir: &Path) -> Result<(), LabError> {
+        if dir.join(weft_wiretls::CERT_FILE).exists() {
+            return Ok(());
+        }
+        let ca = self.authority()?;
+        let tls = |e: weft_wiretls::TlsError| LabError::Command {
+            what: format!("issuing {node}'s wire certificate"),
+            detail: e.to_string(),
+        };
+        let ip: std::net::IpAddr = addr.parse().map_err(|_| LabError::Command {
+            what: format!("issuing {node}'s wire certificate"),
+            detail: format!("{addr:?} is not an address"),
+        })?;
+        let cert = ca.issue(node, &[ip]).map_err(tls)?;
+        weft_wiretls::issue::write_tls_dir(dir, ca.cert_pem(), &cert).map_err(tls)
     }
 
     fn wait_for_socket(&self, node: &str) -> Result<(), LabError> {

@@ -8,7 +8,7 @@
 
 pub mod cluster;
 
-pub use cluster::{Lab, LabSpec, LinkCheck, NodeSpec, OUTSIDE_ADDRESS, PodSpec, Underlay};
+pub use cluster::{Lab, LabSpec, LinkCheck, NodeSpec, OUTSIDE_ADDRESS, PodSpec, Underlay, WireSecurityMode};
 
 /// A lab that is taken down when this is dropped (a benchmark or test that fails
 /// half-way leaves no daemon or namespace behind). `weftctl lab up` does not use it: its

@@ -36,6 +36,8 @@ pub struct NodeConfig {
     pub kubernetes: Option<bool>,
     /// TCP address of the node-to-node wire service.
     pub wire_addr: SocketAddr,
+    /// How the wire port is protected; `None` (neither given) refuses to serve wires.
+    pub wire_tls: Option<WireTls>,
     /// This node's underlay address, the one peers reach it on.
     pub node_address: Option<IpAddr>,
     /// How links between pods on different nodes are carried unless the link says.
@@ -54,6 +56,15 @@ pub struct NodeConfig {
     pub no_masquerade_cidrs: Vec<ipnet::IpNet>,
     /// How long to wait at start for a previous daemon to release the state directory.
     pub lock_wait: Duration,
+}
+
+/// How the node-to-node wire port is protected (`--wire-tls-dir` or `--wire-insecure`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireTls {
+    /// Mutual TLS with the files of this directory (see `weft_wiretls::TlsDir`).
+    Dir(PathBuf),
+    /// Plaintext, chosen explicitly.
+    Insecure,
 }
 
 impl NodeConfig {

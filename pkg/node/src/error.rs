@@ -94,6 +94,11 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
+    /// Wires are served but neither `--wire-tls-dir` nor `--wire-insecure` was given.
+    #[error(
+        "the node-to-node wire port needs --wire-tls-dir DIR (ca.crt, tls.crt and tls.key of this node) or, for plaintext on a closed network, --wire-insecure"
+    )]
+    WireTlsUnset,
     /// The wire service could not be bound.
     #[error("binding the wire service on {addr}")]
     BindWire {

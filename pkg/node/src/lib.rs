@@ -195,6 +195,7 @@ impl Node {
                 let pods = adapters::engine_pods(&store)
                     .await
                     .map_err(NodeError::ListAttachments)?;
+                let security = wire_security(&config, source, &metrics).ok_or(NodeError::WireTlsUnset)?;
                 let runtime = DataPlaneRuntime::start().map_err(NodeError::DataPlane)?;
                 let cfg = EngineConfig {
                     node_name: node_name.clone(),
@@ -204,9 +205,10 @@ impl Node {
                     mtu: config.wire_mtu,
                     resync: config.resync(),
                     dataplane_runtime: Some(runtime.handle().clone()),
+                    security: security.clone(),
                 };
                 let engine = Engine::start(cfg, source.clone(), store.clone(), metrics.clone(), pods).await;
-                Some((engine, runtime))
+                Some((engine, (runtime, security)))
             }
             None => None,
         };
@@ -311,15 +313,32 @@ impl Node {
             stopped(stop_rx.clone()),
         ));
         let nodenet_task = tokio::spawn(nodenet.clone().run(stopped(stop_rx.clone())));
-        let store_probe = tokio::spawn(ready::probe_unwritable_store(
-            store.clone(),
-            STORE_PROBE_EVERY,
-            stopped(stop_rx.clone()),
-        ));
+        let store_probe = {
+            let h = handler.clone();
+            tokio::spawn(ready::probe_unwritable_store(
+                store.clone(),
+                STORE_PROBE_EVERY,
+                stopped(stop_rx.clone()),
+                move || {
+                    let h = h.clone();
+                    async move {
+                        let spooled = h.replay_del_spool().await;
+                        info!(?spooled, "the state store writes again: DEL spool replayed");
+                    }
+                },
+            ))
+        };
         let wires = match (&engine, &wire_runtime) {
-            (Some(engine), Some(runtime)) => {
-                Some(servers::serve_wires(config.wire_addr, engine.clone(), runtime, stopped(stop_rx.clone())).await?)
-            }
+            (Some(engine), Some((runtime, security))) => Some(
+                servers::serve_wires(
+                    config.wire_addr,
+                    engine.clone(),
+                    security.clone(),
+                    runtime,
+                    stopped(stop_rx.clone()),
+                )
+                .await?,
+            ),
             _ => None,
         };
         match source {
@@ -347,7 +366,7 @@ impl Node {
             nodenet: nodenet_task,
             store_probe,
             wires,
-            wire_runtime,
+            wire_runtime: wire_runtime.map(|(rt, _)| rt),
             http,
             _lock: lock,
         })
@@ -389,5 +408,51 @@ impl Node {
             tracing::warn!(error = %e, "could not record the clean stop");
         }
         info!("weftd stopped");
+    }
+}
+
+/// The wire port's security from the configuration: mutual TLS with the files of
+/// `--wire-tls-dir` (peers' certificates checked against the Node objects of
+/// `source`), or plaintext when `--wire-insecure` says so (warned and exposed as
+/// `weft_wire_insecure`). `None` when neither is configured: wires are not served
+/// unprotected by default.
+fn wire_security(
+    config: &NodeConfig,
+    source: &Arc<dyn weft_topology::TopologySource>,
+    metrics: &Arc<Metrics>,
+) -> Option<weft_wiretls::WireSecurity> {
+    let wire_metrics = metrics.families::<weft_wires::metrics::WireMetrics>();
+    match &config.wire_tls {
+        None => None,
+        Some(config::WireTls::Insecure) => {
+            tracing::warn!(addr = %config.wire_addr, "the wire port runs in plaintext (--wire-insecure): any host at a node's address can open frame streams into pods' links");
+            wire_metrics.insecure.set(1);
+            Some(weft_wiretls::WireSecurity::Insecure)
+        }
+        Some(config::WireTls::Dir(dir)) => {
+            let nodes = source.clone();
+            let names = move |addr: std::net::IpAddr| {
+                nodes
+                    .nodes()
+                    .into_iter()
+                    .find(|n| n.addresses.contains(&addr))
+                    .map(|n| n.name)
+            };
+            // Files not provisioned yet cost the node its wires to other nodes, not its
+            // pods' networking: the wire port refuses every connection until they load.
+            let (tls, problem) = weft_wiretls::TlsDir::open_pending(dir.clone(), Arc::new(names), wire_metrics.clone());
+            wire_metrics.insecure.set(0);
+            match problem {
+                None => info!(dir = %dir.display(), "the wire port uses mutual TLS"),
+                Some(e) => {
+                    tracing::error!(error = %e, "the wire TLS files are not usable: wires to other nodes wait until they are (the wire port refuses every connection meanwhile)");
+                    wire_metrics
+                        .tls_reloads
+                        .get_or_create(&weft_wires::metrics::ReloadLabels { result: "error" })
+                        .inc();
+                }
+            }
+            Some(weft_wiretls::WireSecurity::Mtls(tls))
+        }
     }
 }

@@ -15,6 +15,7 @@ use weft_rpc::cnirpc::cni_server::CniServer;
 use weft_telemetry::{CallLog, GrpcLayer, Metrics, Readiness, Refresh};
 use weft_wires::dataplane::DataPlaneRuntime;
 use weft_wires::{Engine, WireService};
+use weft_wiretls::{TlsObserver, WireSecurity};
 
 use crate::error::NodeError;
 
@@ -57,21 +58,23 @@ pub async fn serve_http(
 }
 
 /// Binds `addr` and serves the node-to-node wire service of `engine` on the data
-/// plane's runtime `plane` until `stop`.
+/// plane's runtime `plane` until `stop`; with mTLS, every connection proves first that
+/// it is the node at its address (see `weft_wiretls::incoming`).
 pub async fn serve_wires(
     addr: SocketAddr,
     engine: Arc<Engine>,
+    security: WireSecurity,
     plane: &DataPlaneRuntime,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<JoinHandle<Result<(), tonic::transport::Error>>, NodeError> {
     let wire = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| NodeError::BindWire { addr, source })?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(wire);
+    let observer: Arc<dyn TlsObserver> = engine.metrics().clone();
+    let incoming = weft_wiretls::incoming(wire, security, observer, plane.handle());
     // Frame streams carry batches of up to a megabyte: large windows and frames keep a
-    // batch in one write, and no Nagle delay holds a small one back.
+    // batch in one write (the acceptor turns Nagle off).
     let serve = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .initial_stream_window_size(Some(4 << 20))
         .initial_connection_window_size(Some(8 << 20))
         .max_frame_size(Some(weft_wires::dataplane::H2_MAX_FRAME))

@@ -66,15 +66,22 @@ pub struct PeerLabels {
     pub peer_node: String,
 }
 
-/// Why the wire port refused a call (one of [`crate::service::Refusal`]'s reasons) or
-/// a frame (`other_peer_wire`: it names a wire held for another peer node;
-/// `unknown_wire`: no end here has its id; `oversized_batch`: a stream message over the
-/// limit, which ends that stream).
+/// Why the wire port refused a connection (one of [`weft_wiretls::REFUSALS`]), a call
+/// (one of [`crate::service::Refusal`]'s reasons) or a frame (`other_peer_wire`: it
+/// names a wire held for another peer node; `unknown_wire`: no end here has its id;
+/// `oversized_batch`: a stream message over the limit, `malformed_batch`: one that does
+/// not decode; either ends that stream).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
-    /// `no_address`, `bad_claim`, `address_mismatch`, `unknown_node`, `other_peer_wire`,
-    /// `unknown_wire`, `oversized_batch`.
+    /// The reason, as above.
     pub reason: &'static str,
+}
+
+/// Whether re-reading the wire TLS files gave usable certificates.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `ok` or `error` (the previous certificates stay in use).
+    pub result: &'static str,
 }
 
 /// What the wires count; get it with `metrics.families::<WireMetrics>()`.
@@ -97,6 +104,10 @@ pub struct WireMetrics {
     pub peer_queue_depth: Family<PeerLabels, Gauge>,
     /// `weft_peer_rejected_total`.
     pub rejected: Family<RejectLabels, Counter>,
+    /// `weft_wire_insecure`: 1 when the wire port runs without TLS.
+    pub insecure: Gauge,
+    /// `weft_wire_tls_reloads_total`.
+    pub tls_reloads: Family<ReloadLabels, Counter>,
     /// Telemetry's shared `weft_reconcile_repairs_total`, where restored VXLAN FDB
     /// entries are counted (`fdb`).
     pub repairs: Family<RepairLabels, Counter>,
@@ -136,6 +147,8 @@ impl Families for WireMetrics {
             peer_batch_frames: Family::new_with_constructor(|| Histogram::new(exponential_buckets(1.0, 2.0, 10))),
             peer_queue_depth: Family::default(),
             rejected: Family::default(),
+            insecure: Gauge::default(),
+            tls_reloads: Family::default(),
             repairs: metrics.reconcile_repairs.clone(),
         };
         metrics.register(
@@ -183,7 +196,29 @@ impl Families for WireMetrics {
             "Calls and frames on the wire port refused, by reason",
             m.rejected.clone(),
         );
+        metrics.register(
+            "weft_wire_insecure",
+            "Whether the wire port runs in plaintext (--wire-insecure): 1, or with mutual TLS: 0",
+            m.insecure.clone(),
+        );
+        metrics.register(
+            "weft_wire_tls_reloads",
+            "Times the wire TLS files changed and were read again, by result",
+            m.tls_reloads.clone(),
+        );
         m
+    }
+}
+
+/// The TLS layer reports its refusals and reloads into these families.
+impl weft_wiretls::TlsObserver for WireMetrics {
+    fn refused(&self, reason: &'static str) {
+        self.rejected.get_or_create(&RejectLabels { reason }).inc();
+    }
+
+    fn reloaded(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.tls_reloads.get_or_create(&ReloadLabels { result }).inc();
     }
 }
 

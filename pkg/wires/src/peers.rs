@@ -9,6 +9,8 @@ use futures::future::BoxFuture;
 use weft_rpc::wire::wire_client::WireClient;
 use weft_rpc::wire::{EndResult, EndsRequest};
 
+use weft_wiretls::{WireConnector, WireSecurity};
+
 use crate::error::PeerError;
 
 /// The other nodes' wire services, as the engine calls them.
@@ -18,16 +20,21 @@ pub trait Peers: Send + Sync + 'static {
 }
 
 /// [`Peers`] over gRPC: a fresh connection per call to the wire service at `port` of
-/// the node (calls are rare: a link coming, going or being renumbered).
-#[derive(Debug, Clone, Copy)]
+/// the node (calls are rare: a link coming, going or being renumbered), with the wire
+/// port's security (mTLS: the callee must prove it is the node at that address).
+#[derive(Debug, Clone)]
 pub struct GrpcPeers {
     port: u16,
+    connector: WireConnector,
 }
 
 impl GrpcPeers {
     /// Calls every node's wire service on TCP port `port`.
-    pub fn new(port: u16) -> Self {
-        Self { port }
+    pub fn new(port: u16, security: WireSecurity) -> Self {
+        Self {
+            port,
+            connector: WireConnector::new(security),
+        }
     }
 }
 
@@ -39,7 +46,7 @@ impl Peers for GrpcPeers {
                 .map_err(|e| PeerError::Endpoint(e.to_string()))?
                 .connect_timeout(Duration::from_secs(1))
                 .timeout(Duration::from_secs(3))
-                .connect()
+                .connect_with_connector(self.connector.clone())
                 .await
                 .map_err(|e| PeerError::Connect {
                     node,

@@ -25,6 +25,7 @@ use weft_kernel::packet::PacketSocket;
 use weft_rpc::wire::FrameBatch;
 use weft_rpc::wire::wire_client::WireClient;
 use weft_telemetry::Metrics;
+use weft_wiretls::{WireConnector, WireSecurity};
 
 use crate::metrics::{PeerLabels, RejectLabels, WireLabels, WireMetrics};
 
@@ -86,6 +87,13 @@ pub fn route<'a, E>(
     }
 }
 
+/// Whether a stream error (gRPC `INTERNAL`) says the peer sent a message that is not a
+/// `FrameBatch` (it does not decode, or its gRPC framing is invalid), as opposed to the
+/// connection ending midway.
+pub fn malformed(message: &str) -> bool {
+    message.contains("decode Protobuf") || message.starts_with("protocol error")
+}
+
 /// The frame stream to one peer node.
 struct Peer {
     /// What waits to go to the peer, and which stream takes it.
@@ -106,6 +114,7 @@ impl Drop for Peer {
 pub struct DataPlane {
     local: IpAddr,
     port: u16,
+    connector: WireConnector,
     metrics: Arc<WireMetrics>,
     ends: RwLock<HashMap<u64, Arc<PacketEnd>>>,
     peers: Mutex<HashMap<IpAddr, Peer>>,
@@ -118,10 +127,12 @@ impl DataPlane {
     /// A data plane for node address `local`, whose wire service listens on `port` on
     /// every node, running its ends' readers and its streams on `rt`: the handle of a
     /// [`DataPlaneRuntime`], which the wire server should share (see there why).
-    pub fn new(local: IpAddr, port: u16, metrics: Arc<Metrics>, rt: Handle) -> Arc<Self> {
+    /// `security` is the wire port's (the stream is opened with it).
+    pub fn new(local: IpAddr, port: u16, security: WireSecurity, metrics: Arc<Metrics>, rt: Handle) -> Arc<Self> {
         Arc::new(Self {
             local,
             port,
+            connector: WireConnector::new(security),
             metrics: metrics.families::<WireMetrics>(),
             ends: RwLock::default(),
             peers: Mutex::default(),
@@ -229,6 +240,9 @@ impl DataPlane {
                     if status.code() == tonic::Code::OutOfRange {
                         self.refused("oversized_batch");
                         warn!(%peer, error = %status.message(), "frame stream from peer refused: message too large");
+                    } else if status.code() == tonic::Code::Internal && malformed(status.message()) {
+                        self.refused("malformed_batch");
+                        warn!(%peer, error = %status.message(), "frame stream from peer refused: a message does not decode");
                     } else {
                         debug!(%peer, error = %status, "frame stream from peer ended");
                     }
@@ -279,7 +293,7 @@ impl DataPlane {
                     .initial_stream_window_size(Some(4 << 20))
                     .initial_connection_window_size(Some(8 << 20))
                     .max_frame_size(Some(H2_MAX_FRAME))
-                    .connect()
+                    .connect_with_connector(self.connector.clone())
                     .await
                     .map_err(|e| e.to_string())?;
                 let outbound = outbox.open();

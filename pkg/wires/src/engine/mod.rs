@@ -69,6 +69,8 @@ pub struct EngineConfig {
     /// [`DataPlaneRuntime`](crate::dataplane::DataPlaneRuntime), whose thread the wire
     /// server shares. None: the runtime [`Engine::start`] is called in.
     pub dataplane_runtime: Option<tokio::runtime::Handle>,
+    /// How the wire port is protected, for the calls and streams this node opens.
+    pub security: weft_wiretls::WireSecurity,
 }
 
 /// A pod of this node, as the daemon attached it.
@@ -113,10 +115,11 @@ impl Seams<DataPlane> {
             .dataplane_runtime
             .clone()
             .unwrap_or_else(tokio::runtime::Handle::current);
+        let security = cfg.security.clone();
         Seams {
             kernel: Arc::new(HostWireKernel),
-            peers: Arc::new(GrpcPeers::new(port)),
-            plane: Box::new(move |local| DataPlane::new(local, port, metrics.clone(), rt.clone())),
+            peers: Arc::new(GrpcPeers::new(port, security.clone())),
+            plane: Box::new(move |local| DataPlane::new(local, port, security.clone(), metrics.clone(), rt.clone())),
         }
     }
 }
@@ -259,7 +262,7 @@ impl<P: GrpcPlane> Engine<P> {
     }
 
     /// The wires' metric families (the wire service counts its refusals there).
-    pub fn metrics(&self) -> &WireMetrics {
+    pub fn metrics(&self) -> &Arc<WireMetrics> {
         &self.metrics
     }
 

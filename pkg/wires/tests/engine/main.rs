@@ -93,6 +93,7 @@ impl Lab {
                 mtu: 1500,
                 resync: Duration::from_secs(3600),
                 dataplane_runtime: None,
+                security: weft_wiretls::WireSecurity::Insecure,
             };
             n.plane = Arc::default();
             let plane = n.plane.clone();
