@@ -167,3 +167,76 @@ fn a_deleted_database_is_rebuilt_from_the_kernel() {
         false,
     );
 }
+
+/// The database as the previous schema (version 4) had it, made from this one's in place:
+/// the columns version 5 added go (an attachment of version 4 had no recorded routes:
+/// the default route through each gateway, which the pods of this test have).
+fn downgrade_to_schema_4(db: &Path) {
+    let script = r#"
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+c.executescript("""
+DROP INDEX attachments_by_container;
+ALTER TABLE attachments DROP COLUMN routes;
+ALTER TABLE attachments DROP COLUMN pod_mac;
+PRAGMA user_version = 4;
+""")
+c.commit()
+assert c.execute("PRAGMA user_version").fetchone()[0] == 4
+c.close()
+"#;
+    weft_tests::sh(std::process::Command::new("python3").args(["-c", script]).arg(db));
+}
+
+#[test]
+fn a_database_of_the_previous_schema_is_migrated_in_place_and_the_pods_keep_their_network() {
+    if !privileged() {
+        return;
+    }
+    let tag = "sf-migrate";
+    let mut d = Daemon::start(tag);
+    let conf = d.conf("1.1.0", &[V4]);
+    let pods: Vec<Netns> = (0..2).map(|i| Netns::new(&format!("{tag}-p{i}"))).collect();
+    let cid = |i: usize| format!("ctr-{tag}-{i}");
+    let mut addresses = Vec::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let r = Call::new("ADD", &cid(i), &pod.path(), &conf).run().ok();
+        addresses.push(first_address(&r));
+        assert!(pod.ping(GATEWAY), "pod {i} reaches its gateway before");
+    }
+    assert!(d.stop().is_some_and(|s| s.success()), "{}", d.log());
+    downgrade_to_schema_4(&d.state_dir().join("weft.db"));
+    d.start_again();
+
+    let log = d.log();
+    assert!(
+        log.contains("migrated in place from an older weft's schema"),
+        "the migration is logged:\n{log}"
+    );
+    assert!(
+        !log.contains("rebuilt an attachment from the kernel"),
+        "nothing was rebuilt:\n{log}"
+    );
+    let page = d.http_get("/metrics", "text/plain");
+    assert_eq!(sample(&page, "weft_store_rebuilds_total"), Some(0.0), "{page}");
+    let rows = d.store_attachments();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (i, pod) in pods.iter().enumerate() {
+        assert!(
+            pod.ping(GATEWAY),
+            "pod {i} reaches its gateway after the migration:\n{}",
+            d.log()
+        );
+        // A repeated ADD is answered from the migrated row, with the same address.
+        let again = Call::new("ADD", &cid(i), &pod.path(), &conf).run().ok();
+        assert_eq!(first_address(&again), addresses[i], "{again}");
+    }
+    // The migrated rows tear down as new ones do.
+    for (i, pod) in pods.iter().enumerate() {
+        Call::new("DEL", &cid(i), &pod.path(), &conf).run().ok();
+        assert_eq!(pod.links(), vec!["lo"]);
+    }
+    d.assert_clean();
+    assert!(d.store_attachments().is_empty());
+}

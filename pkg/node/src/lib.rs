@@ -125,7 +125,11 @@ impl Node {
         };
         info!(node = %node_name, state = %db_path.display(), first_start = matches!(previous, weft_store::PreviousRun::None), previous_run, version = config.version.as_str(), commit = config.commit.as_str(), tracing_export = weft_telemetry::otel::export_configured(), "weftd starting");
 
-        if store.schema_found() == 0 {
+        let found = store.schema_found();
+        if found != 0 && found < weft_store::SCHEMA_VERSION {
+            info!(from = found, to = weft_store::SCHEMA_VERSION, state = %db_path.display(), "the state database was migrated in place from an older weft's schema");
+        }
+        if found == 0 {
             // A new database (deleted, moved aside, or a first start): the pods weft
             // set up before keep their addresses.
             let rebuilt = weft_daemon::rebuild::rebuild(&store)
