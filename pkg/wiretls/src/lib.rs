@@ -25,7 +25,7 @@ pub mod issue;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-pub use accept::{HANDSHAKE_TIMEOUT, MAX_HANDSHAKES, incoming};
+pub use accept::{HANDSHAKE_TIMEOUT, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS, incoming};
 pub use conn::WireConn;
 pub use connect::WireConnector;
 pub use dir::{CA_FILE, CERT_FILE, KEY_FILE, TlsDir, TlsError};
@@ -98,7 +98,9 @@ impl TlsObserver for NoObserver {
 /// issue (or expired, or not for client use); a valid certificate naming another node
 /// than the one at the caller's address; any other failed handshake (not TLS at all,
 /// closed midway); a handshake not finished in [`HANDSHAKE_TIMEOUT`]; more than
-/// [`MAX_HANDSHAKES`] handshakes at once; this node has no usable certificate yet.
+/// [`MAX_HANDSHAKES`] handshakes at once from addresses that are no node, or more than
+/// [`MAX_HANDSHAKES_PER_ADDRESS`] from one address; this node has no usable certificate
+/// yet.
 pub const REFUSALS: [&str; 7] = [
     "no_certificate",
     "bad_certificate",

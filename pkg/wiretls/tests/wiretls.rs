@@ -470,6 +470,53 @@ async fn handshake_overload_is_refused_and_slots_come_back() {
     assert_eq!(seen.refusals().len(), total, "the proper client was refused");
 }
 
+/// Idle connections from hosts that are no node, from many addresses and beyond every
+/// limit, never keep a node from connecting: node addresses have slots of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_cannot_exhaust_the_slots_of_nodes() {
+    let lab = Lab::new();
+    let peer: IpAddr = "127.0.0.2".parse().unwrap();
+    let (addr, mut incoming, seen) = lab.server(names(peer, "node-p")).await;
+
+    // Strangers: one address more than MAX_HANDSHAKES needs at the per-address limit.
+    let per = weft_wiretls::MAX_HANDSHAKES_PER_ADDRESS;
+    let sources = MAX_HANDSHAKES / per + 2;
+    let mut silent = Vec::new();
+    for i in 0..sources {
+        let from: IpAddr = format!("127.0.1.{}", i + 1).parse().unwrap();
+        for _ in 0..per {
+            let sock = tokio::net::TcpSocket::new_v4().unwrap();
+            sock.bind(SocketAddr::new(from, 0)).unwrap();
+            silent.push(bounded("connect", sock.connect(addr)).await.unwrap());
+        }
+    }
+    let extra = sources * per - MAX_HANDSHAKES;
+    seen.until("the strangers' overload", |r| {
+        r.iter().filter(|r| **r == "handshake_overload").count() >= extra
+    })
+    .await;
+
+    // The node at 127.0.0.2 gets in while the strangers still hold every slot of theirs.
+    let dir = lab.node("peer", "node-p", &[peer]);
+    let config = open(&dir, no_names(), &Arc::new(Seen::default()))
+        .client()
+        .expect("client config");
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::new(peer, 0)).unwrap();
+    let tcp = bounded("connect", sock.connect(addr)).await.unwrap();
+    let tls = bounded(
+        "handshake",
+        tokio_rustls::TlsConnector::from(config).connect(rustls::pki_types::ServerName::IpAddress(LOCAL.into()), tcp),
+    )
+    .await
+    .expect("the node's handshake");
+    let mut client = WireConn::Tls(Box::new(tokio_rustls::TlsStream::Client(tls)));
+    let mut server = accepted(&mut incoming).await;
+    round_trip(&mut client, &mut server, "node").await;
+    assert_eq!(seen.count("handshake_overload"), extra, "{:?}", seen.refusals());
+    drop(silent);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotation_reaches_new_connections_only() {
     let lab = Lab::new();
