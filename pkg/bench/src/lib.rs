@@ -13,7 +13,7 @@
 //! plugin's exec cost beside the Go plugins' (`exec`), weftd's resident memory as a node
 //! fills with pods and gRPC wires (`memory`, against the target: no reference daemon
 //! exists), and the throughput of each kind of wire beside a kernel link of that kind
-//! (`wires`). `load` attaches a thousand pods to one node and then removes them, and
+//! (`wires`, the gRPC wire in plaintext and with mTLS). `load` attaches a thousand pods to one node and then removes them, and
 //! sets the last calls beside the first (against the target: no reference keeps node
 //! state that grows). `podnet` sets pod-to-pod traffic between nodes through weft's
 //! routing (direct and VXLAN) beside the same labs routed by hand with the kernel's
@@ -47,7 +47,10 @@ pub use podnet::{POD_NETWORK_TARGET_RATIO, PodMode, PodModeRatio, PodNetReport, 
 pub use smoke::{SmokeOptions, SmokeReport, run_smoke};
 pub use stats::{Percentiles, median};
 pub use udp::Flood;
-pub use wires::{GRPC_FPS_TARGET, GRPC_TCP_TARGET_RATIO, Wire, WireRatio, WireResult, WiresReport, run_wires};
+pub use wires::{
+    GRPC_FPS_TARGET, GRPC_MTLS_TCP_TARGET_RATIO, GRPC_TCP_TARGET_RATIO, Wire, WireRatio, WireResult, WiresReport,
+    run_wires,
+};
 
 /// What to run for a traffic comparison between namespaces (`wires`, `pod-network`).
 #[derive(Debug, Clone)]

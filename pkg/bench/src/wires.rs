@@ -4,10 +4,15 @@
 //!
 //! weft's wires are built by a two-node lab (`weft_lab::Lab`) from a file this run
 //! writes: a veth wire between two pods of node 1, and a VXLAN and a gRPC wire between
-//! pods of node 1 and node 2. The references live in namespaces of their own: a kernel
-//! veth pair, and a kernel VXLAN tunnel whose sockets sit in the lab's node namespaces
-//! (as weft's VXLAN ends' do), so it crosses the same routed underlay. Rounds go
-//! through the five wires in alternating order.
+//! pods of node 1 and node 2. That lab's wire port is plaintext (`--wire-insecure`), so
+//! the gRPC row means what it meant before the port had TLS. A second two-node lab,
+//! up beside the first for the whole run, carries one gRPC wire with the default mutual
+//! TLS: the cost of mTLS is its row over the plaintext one. The references live in
+//! namespaces of their own: a kernel veth pair, and a kernel VXLAN tunnel whose sockets
+//! sit in the first lab's node namespaces (as weft's VXLAN ends' do), so it crosses the
+//! same routed underlay. Rounds go through the six wires in alternating order; the two
+//! gRPC wires are next to each other, each first in every other round, so that drift
+//! hits both alike.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -26,6 +31,8 @@ use crate::util::{End, LabGuard, ip, iperf_tcp, metric_sum, metrics_in, topology
 pub const GRPC_TCP_TARGET_RATIO: f64 = 0.5;
 /// gRPC wire 64-byte frames per second received, at least.
 pub const GRPC_FPS_TARGET: f64 = 100_000.0;
+/// gRPC wire TCP throughput with mTLS over the plaintext gRPC wire's, at least.
+pub const GRPC_MTLS_TCP_TARGET_RATIO: f64 = 0.8;
 /// The reference VXLAN's UDP port (weft's ends use 4789 in the same node namespaces).
 const REF_VXLAN_PORT: &str = "4799";
 
@@ -43,14 +50,18 @@ pub enum Wire {
     KernelVeth,
     /// A kernel VXLAN tunnel over the lab's underlay.
     KernelVxlan,
+    /// weft's gRPC wire between nodes whose wire port runs mutual TLS (the default);
+    /// [`Wire::WeftGrpc`] is the same wire in plaintext.
+    WeftGrpcMtls,
 }
 
-const WIRES: [Wire; 5] = [
+const WIRES: [Wire; 6] = [
     Wire::WeftVeth,
     Wire::KernelVeth,
     Wire::WeftVxlan,
     Wire::KernelVxlan,
     Wire::WeftGrpc,
+    Wire::WeftGrpcMtls,
 ];
 
 impl Wire {
@@ -61,6 +72,7 @@ impl Wire {
             Wire::WeftGrpc => "weft gRPC",
             Wire::KernelVeth => "kernel veth",
             Wire::KernelVxlan => "kernel VXLAN",
+            Wire::WeftGrpcMtls => "weft gRPC mTLS",
         }
     }
 
@@ -119,16 +131,28 @@ pub struct WiresReport {
     pub udp_payload: usize,
     /// Every wire.
     pub wires: Vec<WireResult>,
-    /// weft's wires over the kernel's of the same kind, and gRPC over kernel VXLAN.
+    /// weft's wires over the kernel's of the same kind, gRPC over kernel VXLAN, and
+    /// gRPC with mTLS over gRPC in plaintext.
     pub ratios: Vec<WireRatio>,
     /// The gRPC TCP target (ratio to kernel VXLAN).
     pub grpc_tcp_target_ratio: f64,
     /// The gRPC 64-byte frames/s target.
     pub grpc_fps_target: f64,
-    /// Frames the gRPC wire ends dropped during the run, by reason, both nodes.
+    /// The gRPC mTLS TCP target (ratio to plaintext gRPC).
+    pub grpc_mtls_tcp_target_ratio: f64,
+    /// Frames the plaintext gRPC wire's ends dropped during the run, by reason, both
+    /// nodes.
     pub grpc_drops: BTreeMap<String, f64>,
-    /// Mean frames per batch on the gRPC streams (both directions).
+    /// Mean frames per batch on the plaintext gRPC streams (both directions).
     pub grpc_mean_batch_frames: f64,
+    /// Frames the mTLS gRPC wire's ends dropped during the run, by reason, both nodes.
+    pub grpc_mtls_drops: BTreeMap<String, f64>,
+    /// Mean frames per batch on the mTLS gRPC streams (both directions).
+    pub grpc_mtls_mean_batch_frames: f64,
+    /// Connections the mTLS lab's wire ports refused during the run, both nodes. Short
+    /// runs count one as the nodes start (the stream then connects), so this is
+    /// reported, not held to zero.
+    pub grpc_mtls_rejected: f64,
 }
 
 /// Where a wire's traffic goes: from the first namespace to the address in the second.
@@ -138,21 +162,28 @@ struct Traffic {
     dst: Ipv4Addr,
 }
 
-fn lab_spec(name: &str) -> serde_json::Value {
-    let pods = [
-        ("va", "n1"),
-        ("vb", "n1"),
-        ("xa", "n1"),
-        ("xb", "n2"),
-        ("ga", "n1"),
-        ("gb", "n2"),
-    ];
+/// Each weft wire of a lab: the wire, its two pods (the first on n1) and its kind.
+type LabWire = (Wire, &'static str, &'static str, Option<&'static str>);
+
+/// The plaintext lab: every weft wire but the mTLS one.
+const PLAIN_LAB: [LabWire; 3] = [
+    (Wire::WeftVeth, "va", "vb", None),
+    (Wire::WeftVxlan, "xa", "xb", Some("vxlan")),
+    (Wire::WeftGrpc, "ga", "gb", Some("grpc")),
+];
+
+/// The mTLS lab: only the gRPC wire, which is all that TLS changes.
+const MTLS_LAB: [LabWire; 1] = [(Wire::WeftGrpcMtls, "ga", "gb", Some("grpc"))];
+
+/// A lab file for `wires`, with the wire port protected as `security` says (the lab
+/// file's `wire_security`: `insecure` or `mtls`).
+fn lab_spec(name: &str, wires: &[LabWire], security: &str) -> serde_json::Value {
+    let mut pods = Vec::new();
     let mut topologies = Vec::new();
-    for (wire, a, b, kind) in [
-        (Wire::WeftVeth, "va", "vb", None),
-        (Wire::WeftVxlan, "xa", "xb", Some("vxlan")),
-        (Wire::WeftGrpc, "ga", "gb", Some("grpc")),
-    ] {
+    for &(wire, a, b, kind) in wires {
+        let b_node = if kind.is_some() { "n2" } else { "n1" };
+        pods.push(serde_json::json!({"name": a, "node": "n1"}));
+        pods.push(serde_json::json!({"name": b, "node": b_node}));
         let (ia, ib) = wire.addresses();
         let (ia, ib) = (ia.to_string(), ib.to_string());
         let uid = wire as u64 + 1;
@@ -186,8 +217,9 @@ fn lab_spec(name: &str) -> serde_json::Value {
     serde_json::json!({
         "name": name,
         "nodes": ["n1", "n2"],
-        "pods": pods.iter().map(|(p, n)| serde_json::json!({"name": p, "node": n})).collect::<Vec<_>>(),
+        "pods": pods,
         "topologies": topologies,
+        "wire_security": security,
     })
 }
 
@@ -259,11 +291,19 @@ impl References {
     }
 }
 
-fn path(name: &str, lab: &weft_lab::Lab, wire: Wire) -> Traffic {
+/// The two labs of a run: plaintext wire ports (with the references beside them) and
+/// mTLS.
+struct Labs<'a> {
+    plain: &'a weft_lab::Lab,
+    mtls: &'a weft_lab::Lab,
+}
+
+fn path(name: &str, labs: &Labs<'_>, wire: Wire) -> Traffic {
     let (client, server) = match wire {
-        Wire::WeftVeth => (lab.pod_ns("va"), lab.pod_ns("vb")),
-        Wire::WeftVxlan => (lab.pod_ns("xa"), lab.pod_ns("xb")),
-        Wire::WeftGrpc => (lab.pod_ns("ga"), lab.pod_ns("gb")),
+        Wire::WeftVeth => (labs.plain.pod_ns("va"), labs.plain.pod_ns("vb")),
+        Wire::WeftVxlan => (labs.plain.pod_ns("xa"), labs.plain.pod_ns("xb")),
+        Wire::WeftGrpc => (labs.plain.pod_ns("ga"), labs.plain.pod_ns("gb")),
+        Wire::WeftGrpcMtls => (labs.mtls.pod_ns("ga"), labs.mtls.pod_ns("gb")),
         Wire::KernelVeth => (format!("{name}-kv1"), format!("{name}-kv2")),
         Wire::KernelVxlan => (format!("{name}-kx1"), format!("{name}-kx2")),
     };
@@ -279,14 +319,26 @@ fn tcp(p: &Traffic, seconds: u64) -> Result<(f64, u64), String> {
     iperf_tcp(&p.client, &p.server, p.dst, seconds).map(|t| (t.gbps, t.retransmits))
 }
 
-/// The gRPC wire ends' drops by reason, and the mean batch size, from both nodes.
-fn grpc_counters(lab: &weft_lab::Lab) -> (BTreeMap<String, f64>, f64) {
+/// What a lab's gRPC wire ends counted over the run, both nodes.
+struct GrpcCounters {
+    /// Frames dropped, by reason.
+    drops: BTreeMap<String, f64>,
+    /// Mean frames per batch.
+    mean_batch_frames: f64,
+    /// Connections refused on the wire port (`weft_peer_rejected_total`).
+    rejected: f64,
+}
+
+/// The gRPC wire ends' drops by reason, the mean batch size and the refused
+/// connections, from both nodes.
+fn grpc_counters(lab: &weft_lab::Lab) -> GrpcCounters {
     let mut drops = BTreeMap::new();
-    let (mut sum, mut count) = (0.0, 0.0);
+    let (mut sum, mut count, mut rejected) = (0.0, 0.0, 0.0);
     for node in ["n1", "n2"] {
         let Ok(page) = metrics_in(&lab.node_ns(node)) else {
             continue;
         };
+        rejected += metric_sum(&page, "weft_peer_rejected_total", &[]) + metric_sum(&page, "weft_peer_rejected", &[]);
         for reason in ["queue_full", "no_stream", "peer_down", "pod_busy"] {
             let r = format!("reason=\"{reason}\"");
             let n = metric_sum(&page, "weft_wire_drops_total", &["kind=\"grpc\"", &r])
@@ -296,7 +348,54 @@ fn grpc_counters(lab: &weft_lab::Lab) -> (BTreeMap<String, f64>, f64) {
         sum += metric_sum(&page, "weft_peer_batch_frames_sum", &[]);
         count += metric_sum(&page, "weft_peer_batch_frames_count", &[]);
     }
-    (drops, if count > 0.0 { sum / count } else { 0.0 })
+    GrpcCounters {
+        drops,
+        mean_batch_frames: if count > 0.0 { sum / count } else { 0.0 },
+        rejected,
+    }
+}
+
+/// Fails unless both nodes of `lab` say their wire port runs as asked
+/// (`weft_wire_insecure` 1 for plaintext, 0 for mTLS): a row labelled mTLS must not
+/// have been measured in plaintext, nor the other way round.
+fn check_security(lab: &weft_lab::Lab, insecure: bool) -> Result<(), String> {
+    let want = if insecure { 1.0 } else { 0.0 };
+    for node in ["n1", "n2"] {
+        let ns = lab.node_ns(node);
+        let page = metrics_in(&ns)?;
+        if !page.lines().any(|l| l.starts_with("weft_wire_insecure ")) {
+            return Err(format!("{ns}: weftd reports no weft_wire_insecure"));
+        }
+        let got = metric_sum(&page, "weft_wire_insecure", &[]);
+        if got != want {
+            return Err(format!("{ns}: weft_wire_insecure is {got}, this lab wants {want}"));
+        }
+    }
+    Ok(())
+}
+
+/// Fails unless every pair of the lab's pods passes traffic and each `wires` pod's
+/// `e1` is carried by the kind it was given.
+fn check_lab(what: &str, lab: &weft_lab::Lab, wires: &[LabWire]) -> Result<(), String> {
+    let checks = lab.check(Duration::from_secs(20));
+    let down: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| format!("{} -> {}", c.from, c.to))
+        .collect();
+    if !down.is_empty() {
+        return Err(format!("{what}: weft wires not passing traffic: {}", down.join(", ")));
+    }
+    for &(_, pod, _, kind) in wires {
+        let want = kind.unwrap_or("veth");
+        let from = format!("{pod}:e1");
+        if let Some(c) = checks.iter().find(|c| c.from == from)
+            && c.kind != want
+        {
+            return Err(format!("{what}: {from} is carried by {}, not {want}", c.kind));
+        }
+    }
+    Ok(())
 }
 
 /// Runs the wire benchmark.
@@ -310,28 +409,27 @@ pub fn run_wires(opts: &TrafficOptions) -> Result<WiresReport, String> {
         return Err("iperf3 is not installed (test/install-deps.sh installs it)".into());
     }
     let name = format!("wb{}w", std::process::id());
+    let mtls_name = format!("wb{}m", std::process::id());
     let dir = opts.work_dir.join(&name);
-    let lab = LabGuard::up(&dir, &lab_spec(&name), &opts.weftd, &opts.weft)?;
+    let mtls_dir = opts.work_dir.join(&mtls_name);
+    let lab = LabGuard::up(&dir, &lab_spec(&name, &PLAIN_LAB, "insecure"), &opts.weftd, &opts.weft)?;
+    let mtls_lab = LabGuard::up(
+        &mtls_dir,
+        &lab_spec(&mtls_name, &MTLS_LAB, "mtls"),
+        &opts.weftd,
+        &opts.weft,
+    )?;
     let refs = References::build(&name, &lab.lab)?;
-    let checks = lab.lab.check(Duration::from_secs(20));
-    let down: Vec<String> = checks
-        .iter()
-        .filter(|c| !c.ok)
-        .map(|c| format!("{} -> {}", c.from, c.to))
-        .collect();
-    if !down.is_empty() {
-        return Err(format!("weft wires not passing traffic: {}", down.join(", ")));
-    }
-    for (pod, want) in [("va", "veth"), ("xa", "vxlan"), ("ga", "grpc")] {
-        let from = format!("{pod}:e1");
-        if let Some(c) = checks.iter().find(|c| c.from == from)
-            && c.kind != want
-        {
-            return Err(format!("{from} is carried by {}, not {want}", c.kind));
-        }
-    }
+    check_lab("plaintext lab", &lab.lab, &PLAIN_LAB)?;
+    check_lab("mTLS lab", &mtls_lab.lab, &MTLS_LAB)?;
+    check_security(&lab.lab, true)?;
+    check_security(&mtls_lab.lab, false)?;
+    let labs = Labs {
+        plain: &lab.lab,
+        mtls: &mtls_lab.lab,
+    };
     for wire in [Wire::KernelVeth, Wire::KernelVxlan] {
-        let p = path(&name, &lab.lab, wire);
+        let p = path(&name, &labs, wire);
         if !wait_reachable(&p.client, &p.dst.to_string(), Duration::from_secs(10)) {
             return Err(format!("{} does not pass traffic", wire.label()));
         }
@@ -359,7 +457,7 @@ pub fn run_wires(opts: &TrafficOptions) -> Result<WiresReport, String> {
             order.reverse();
         }
         for wire in order {
-            let p = path(&name, &lab.lab, wire);
+            let p = path(&name, &labs, wire);
             let (gbps, retransmits) = tcp(&p, opts.tcp_seconds).map_err(|e| format!("{}: {e}", wire.label()))?;
             let f =
                 flood(&p.client, &p.server, p.dst, opts.udp_seconds).map_err(|e| format!("{}: {e}", wire.label()))?;
@@ -369,10 +467,13 @@ pub fn run_wires(opts: &TrafficOptions) -> Result<WiresReport, String> {
             r.udp.push(f);
         }
     }
-    let (grpc_drops, grpc_mean_batch_frames) = grpc_counters(&lab.lab);
+    let plain = grpc_counters(&lab.lab);
+    let mtls = grpc_counters(&mtls_lab.lab);
     drop(refs);
     drop(lab);
+    drop(mtls_lab);
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&mtls_dir);
     for r in results.values_mut() {
         r.tcp_gbps_median = median(&r.tcp_gbps);
         r.udp_fps_median = median(&r.udp.iter().map(Flood::received_per_s).collect::<Vec<_>>());
@@ -389,6 +490,7 @@ pub fn run_wires(opts: &TrafficOptions) -> Result<WiresReport, String> {
         ratio(Wire::WeftVeth, Wire::KernelVeth),
         ratio(Wire::WeftVxlan, Wire::KernelVxlan),
         ratio(Wire::WeftGrpc, Wire::KernelVxlan),
+        ratio(Wire::WeftGrpcMtls, Wire::WeftGrpc),
     ];
     Ok(WiresReport {
         rounds: opts.rounds,
@@ -399,8 +501,12 @@ pub fn run_wires(opts: &TrafficOptions) -> Result<WiresReport, String> {
         ratios,
         grpc_tcp_target_ratio: GRPC_TCP_TARGET_RATIO,
         grpc_fps_target: GRPC_FPS_TARGET,
-        grpc_drops,
-        grpc_mean_batch_frames,
+        grpc_mtls_tcp_target_ratio: GRPC_MTLS_TCP_TARGET_RATIO,
+        grpc_drops: plain.drops,
+        grpc_mean_batch_frames: plain.mean_batch_frames,
+        grpc_mtls_drops: mtls.drops,
+        grpc_mtls_mean_batch_frames: mtls.mean_batch_frames,
+        grpc_mtls_rejected: mtls.rejected,
     })
 }
 
@@ -432,7 +538,10 @@ impl WiresReport {
                 r.udp_sent_fps_median
             ));
         }
-        out.push_str("\n| ratio | TCP | 64-byte frames/s |\n|---|---:|---:|\n");
+        out.push_str(&format!(
+            "\n| ratio | TCP, 1 stream {} s | {}-byte frames/s |\n|---|---:|---:|\n",
+            self.tcp_seconds, self.udp_payload
+        ));
         for q in &self.ratios {
             out.push_str(&format!(
                 "| {} / {} | {:.2} | {:.2} |\n",
@@ -457,20 +566,32 @@ impl WiresReport {
                 met(g.udp_fps_median >= self.grpc_fps_target)
             ));
         }
-        let drops: Vec<String> = self
-            .grpc_drops
-            .iter()
-            .filter(|(_, n)| **n > 0.0)
-            .map(|(r, n)| format!("{r} {n:.0}"))
-            .collect();
+        if let Some(q) = self.ratios.iter().find(|q| q.a == Wire::WeftGrpcMtls) {
+            out.push_str(&format!(
+                "target: gRPC mTLS / plaintext TCP (1 stream, {} s) >= {:.1}: {:.2}, {}; {}-byte frames/s mTLS / plaintext: {:.2}\n",
+                self.tcp_seconds,
+                self.grpc_mtls_tcp_target_ratio,
+                q.tcp,
+                met(q.tcp >= self.grpc_mtls_tcp_target_ratio),
+                self.udp_payload,
+                q.fps
+            ));
+        }
+        let drops = |d: &BTreeMap<String, f64>| {
+            let v: Vec<String> = d
+                .iter()
+                .filter(|(_, n)| **n > 0.0)
+                .map(|(r, n)| format!("{r} {n:.0}"))
+                .collect();
+            if v.is_empty() { "none".to_string() } else { v.join(", ") }
+        };
         out.push_str(&format!(
-            "gRPC wire drops over the run (both nodes): {}; mean frames per batch: {:.1}\n",
-            if drops.is_empty() {
-                "none".to_string()
-            } else {
-                drops.join(", ")
-            },
-            self.grpc_mean_batch_frames
+            "gRPC wire drops over the run (both nodes): plaintext {}, mTLS {}; mean frames per batch: plaintext {:.1}, mTLS {:.1}; mTLS connections refused: {:.0}\n",
+            drops(&self.grpc_drops),
+            drops(&self.grpc_mtls_drops),
+            self.grpc_mean_batch_frames,
+            self.grpc_mtls_mean_batch_frames,
+            self.grpc_mtls_rejected
         ));
         out
     }
