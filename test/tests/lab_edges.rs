@@ -167,10 +167,6 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
     // one that claims another node's address, counts each, and the links keep passing.
     let (n1, n2) = (lab.0.address_of("n1").unwrap(), lab.0.address_of("n2").unwrap());
     let outside = lab.0.outside_ns();
-    let unknown = ends_call(&outside, &n1, None, dir.path());
-    assert!(unknown.contains("grpc-status: 7"), "not refused: {unknown}");
-    let posing = ends_call(&outside, &n1, Some(&n2), dir.path());
-    assert!(posing.contains("grpc-status: 7"), "not refused: {posing}");
     let rejected = |reason: &str| {
         metric(
             &lab.0,
@@ -178,6 +174,16 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
             &format!("weft_peer_rejected_total{{reason=\"{reason}\"}}"),
         )
     };
+    // The nodes themselves were never refused (they are Node objects of the lab).
+    assert_eq!(
+        rejected("unknown_node"),
+        0.0,
+        "a node of the lab was refused as a stranger"
+    );
+    let unknown = ends_call(&outside, &n1, None, dir.path());
+    assert!(unknown.contains("grpc-status: 7"), "not refused: {unknown}");
+    let posing = ends_call(&outside, &n1, Some(&n2), dir.path());
+    assert!(posing.contains("grpc-status: 7"), "not refused: {posing}");
     assert_eq!(rejected("unknown_node"), 1.0);
     assert_eq!(rejected("address_mismatch"), 1.0);
     let checks = lab.0.check(Duration::from_secs(5));

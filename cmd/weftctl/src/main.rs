@@ -34,6 +34,10 @@ enum Command {
     Ports,
     /// The node's wire ends (links between pods) with their state and counters.
     Wires,
+    /// Link emulation at run time: impairments (set, reset, show) and link state by
+    /// intent (down, up, flap), at both ends of a link; `--lab FILE` finds the pod's node.
+    #[command(subcommand)]
+    Link(commands::link::LinkAction),
     /// Benchmark weft beside the reference plugins (ptp + host-local), in namespaces
     /// it creates and removes. Needs root.
     Bench(commands::bench::BenchArgs),
@@ -82,6 +86,7 @@ fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyh
             Command::Calls(args) => commands::calls::run(socket, args, json).await,
             Command::Ports => commands::ports::run(socket, json).await,
             Command::Wires => commands::wires::run(socket, json).await,
+            Command::Link(action) => commands::link::run(action, socket, json).await,
             Command::Bench(_) | Command::Lab(_) | Command::Crds | Command::Certs(_) | Command::InstallCni(_) => {
                 unreachable!("run outside the runtime")
             }

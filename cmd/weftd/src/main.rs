@@ -165,6 +165,9 @@ fn hostname() -> String {
 async fn main() -> ExitCode {
     // Process-wide, so here: the wire data plane's frame buffers stay warm in the heap.
     weft_kernel::tune_allocator();
+    // Before any wire opens a socket: see `raise_open_files_limit`. A failure only
+    // leaves the limit where it was, which small nodes never reach.
+    let open_files = weft_kernel::limits::raise_open_files_limit();
     let args = Args::parse();
     let (log_format, config) = (args.log_format, args.config());
     let metrics = Metrics::new(VERSION, COMMIT);
@@ -175,6 +178,10 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    match open_files {
+        Ok(n) => tracing::info!(open_files = n, "open file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
+    }
     let outcome = serve(config, metrics).await;
     // Flush what is left of the traces; the exporter blocks, so not on a worker.
     let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;

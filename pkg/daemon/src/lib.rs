@@ -26,5 +26,7 @@ pub mod spool;
 pub use call::CniCall;
 pub use defaults::PodDefaults;
 pub use handler::{Handler, NodeInfo};
-pub use seams::{AdminState, Ipam, KernelNetworking, PodNetworking, StateSummary, WiredPod, Wiring};
+pub use seams::{
+    AdminState, Ipam, KernelNetworking, LinkError, LinkRef, PodNetworking, StateSummary, WiredPod, Wiring,
+};
 pub use spool::{DelSpool, Replayed};

@@ -248,4 +248,49 @@ pub trait Wiring: Send + Sync + 'static {
     fn pod_removed(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()>;
     /// The wire ends of this node with their counters, for operators.
     fn wires(&self) -> futures::future::BoxFuture<'_, Vec<weft_link::WireReport>>;
+    /// Changes the link whose end here is `link` at run time, at both ends (`weftctl
+    /// link`); a wiring without link emulation refuses.
+    fn link_change(
+        &self,
+        link: LinkRef,
+        change: weft_link::LinkChange,
+    ) -> futures::future::BoxFuture<'_, Result<weft_link::LinkView, LinkError>> {
+        let _ = (link, change);
+        Box::pin(async { Err(LinkError::Failed("this daemon has no link emulation".into())) })
+    }
+    /// The wire ends of this node (of one namespace, one pod) with their emulation
+    /// settings.
+    fn links(
+        &self,
+        namespace: Option<String>,
+        pod: Option<String>,
+    ) -> futures::future::BoxFuture<'_, Result<Vec<weft_link::LinkView>, LinkError>> {
+        let _ = (namespace, pod);
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// One link of a pod of this node, named by its end here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkRef {
+    /// Topology namespace; `None`: the only one with such a pod.
+    pub namespace: Option<String>,
+    /// The pod.
+    pub pod: String,
+    /// Its interface.
+    pub intf: String,
+}
+
+/// Why a link change or listing failed, by whose fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    /// No such link end on this node (or an ambiguous name).
+    #[error("{0}")]
+    NotFound(String),
+    /// The setting does not apply.
+    #[error("{0}")]
+    Invalid(String),
+    /// The change could not be made (or only at one end).
+    #[error("{0}")]
+    Failed(String),
 }

@@ -8,11 +8,12 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
 use weft_cni::{CniError, code};
-use weft_link::WireReport;
+use weft_link::{DownBy, Impairment, LinkChange, LinkView, WireReport};
 use weft_rpc::admin::admin_server::Admin;
 use weft_rpc::admin::{
-    Call, CallsReply, CallsRequest, HostPort as HostPortMsg, PortsReply, PortsRequest, RangeUsage as RangeUsageMsg,
-    StatusReply, StatusRequest, WireEnd as WireEndMsg, WiresReply, WiresRequest,
+    Call, CallsReply, CallsRequest, HostPort as HostPortMsg, LinkInfo, LinkRef as LinkRefMsg, LinkResetRequest,
+    LinkSetRequest, LinkShowReply, LinkShowRequest, LinkStateRequest, PortsReply, PortsRequest,
+    RangeUsage as RangeUsageMsg, StatusReply, StatusRequest, WireEnd as WireEndMsg, WiresReply, WiresRequest,
 };
 use weft_rpc::cnirpc::cni_server::Cni;
 use weft_rpc::cnirpc::{AddResponse, CheckResponse, CniArgs, DelResponse, GcResponse, StatusResponse};
@@ -21,7 +22,7 @@ use weft_telemetry::{CallInfo, CallLog, CniCallFields, Readiness};
 
 use crate::call::CniCall;
 use crate::handler::Handler;
-use crate::seams::{AdminState, Ipam, PodNetworking, Wiring};
+use crate::seams::{AdminState, Ipam, LinkError, LinkRef, PodNetworking, Wiring};
 use crate::spool::DelSpool;
 
 /// The gRPC code a CNI error travels under (tooling sees it; the plugin reads the
@@ -299,12 +300,95 @@ impl<S: AdminState> Admin for AdminService<S> {
         Ok(Response::new(PortsReply { ports }))
     }
 
+    async fn link_set(&self, request: Request<LinkSetRequest>) -> Result<Response<LinkInfo>, Status> {
+        let r = request.into_inner();
+        let imp = Impairment::from_map(&r.impairment).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.link_change(r.link, LinkChange::Set(imp)).await
+    }
+
+    async fn link_reset(&self, request: Request<LinkResetRequest>) -> Result<Response<LinkInfo>, Status> {
+        self.link_change(request.into_inner().link, LinkChange::Reset).await
+    }
+
+    async fn link_state(&self, request: Request<LinkStateRequest>) -> Result<Response<LinkInfo>, Status> {
+        let r = request.into_inner();
+        let change = if r.up { LinkChange::Up } else { LinkChange::Down };
+        self.link_change(r.link, change).await
+    }
+
+    async fn link_show(&self, request: Request<LinkShowRequest>) -> Result<Response<LinkShowReply>, Status> {
+        let Some(wiring) = &self.wiring else {
+            return Ok(Response::new(LinkShowReply::default()));
+        };
+        let r = request.into_inner();
+        let given = |s: String| (!s.is_empty()).then_some(s);
+        let links = wiring
+            .links(given(r.namespace), given(r.pod))
+            .await
+            .map_err(|e| link_status(&e))?
+            .into_iter()
+            .map(link_message)
+            .collect();
+        Ok(Response::new(LinkShowReply { links }))
+    }
+
     async fn wires(&self, _request: Request<WiresRequest>) -> Result<Response<WiresReply>, Status> {
         let Some(wiring) = &self.wiring else {
             return Ok(Response::new(WiresReply::default()));
         };
         let wires = wiring.wires().await.into_iter().map(wire_message).collect();
         Ok(Response::new(WiresReply { wires }))
+    }
+}
+
+impl<S: AdminState> AdminService<S> {
+    /// Runs one operator change of a link through the wiring.
+    async fn link_change(&self, link: Option<LinkRefMsg>, change: LinkChange) -> Result<Response<LinkInfo>, Status> {
+        let Some(wiring) = &self.wiring else {
+            return Err(Status::failed_precondition("this daemon wires no pods"));
+        };
+        let link = link.unwrap_or_default();
+        if link.pod.is_empty() || link.intf.is_empty() {
+            return Err(Status::invalid_argument("name the link by its pod and interface"));
+        }
+        let target = LinkRef {
+            namespace: (!link.namespace.is_empty()).then_some(link.namespace),
+            pod: link.pod,
+            intf: link.intf,
+        };
+        let view = wiring.link_change(target, change).await.map_err(|e| link_status(&e))?;
+        Ok(Response::new(link_message(view)))
+    }
+}
+
+/// A link error as the status the caller gets.
+fn link_status(e: &LinkError) -> Status {
+    match e {
+        LinkError::NotFound(m) => Status::not_found(m.clone()),
+        LinkError::Invalid(m) => Status::invalid_argument(m.clone()),
+        LinkError::Failed(m) => Status::failed_precondition(m.clone()),
+    }
+}
+
+/// A wire end with its emulation settings as the admin API lists it (`weftctl link show`).
+fn link_message(v: LinkView) -> LinkInfo {
+    let map = |i: &Impairment| i.to_map().into_iter().collect();
+    LinkInfo {
+        namespace: v.end.namespace.clone(),
+        link_uid: v.end.link_uid,
+        pod: v.end.local_pod.clone(),
+        intf: v.end.local_intf.clone(),
+        peer_pod: v.end.peer_pod.clone(),
+        peer_intf: v.end.peer_intf.clone(),
+        peer_node: v.end.peer_node.clone(),
+        kind: v.end.kind.as_str().into(),
+        state: v.end.state.as_str().into(),
+        topology: map(&v.topology),
+        active: map(&v.active),
+        overridden: v.overridden,
+        down: v.down.is_some(),
+        down_by_peer: v.down == Some(DownBy::Peer),
+        problem: v.problem.unwrap_or_default(),
     }
 }
 

@@ -14,6 +14,8 @@
 
 mod error;
 pub mod hostends;
+pub mod limits;
+mod netem;
 mod netlink;
 mod netns;
 pub mod nft;
@@ -24,6 +26,7 @@ pub mod sysctl;
 pub mod wire;
 
 pub use error::KernelError;
+pub use netem::{Netem, Tbf, probability};
 pub use netlink::{
     AliasedLink, Link, LinkStats, NetfilterMessage, Netlink, NetlinkSocket, NewLink, Nfnetlink, Protocol, RouteEntry,
     Rtnetlink, VethPair, VxlanDevice,

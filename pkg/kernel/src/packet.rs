@@ -133,6 +133,13 @@ pub fn exists(id: u64) -> Result<bool, KernelError> {
         .is_some())
 }
 
+/// Sets the node end of wire end `id` up or down: down drops the carrier of the pod end
+/// (`NO-CARRIER`) while the pod keeps its interface up. Returns whether it exists.
+pub fn set_node_end_up(id: u64, up: bool) -> Result<bool, KernelError> {
+    let mut node = Netlink::new().map_err(os("opening netlink"))?;
+    crate::wire::set_state(&mut node, &node_end_name(id), up)
+}
+
 /// Removes the node end of wire end `id` (and so the pair); returns whether it existed.
 pub fn remove(id: u64) -> Result<bool, KernelError> {
     let mut node = Netlink::new().map_err(os("opening netlink"))?;

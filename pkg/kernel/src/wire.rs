@@ -198,3 +198,41 @@ pub fn stats(pod: &mut Netlink, name: &str) -> Result<Option<(Link, LinkStats)>,
 pub fn remove(pod: &mut Netlink, name: &str) -> Result<bool, KernelError> {
     pod.delete_link(name).map_err(os("removing the wire end"))
 }
+
+/// Applies `netem` to what an end sends (`None`: removes weft's netem, leaving the
+/// device's default qdisc); returns whether the end exists. On a kernel without netem,
+/// an impairment that is only a rate is applied with a token bucket instead.
+pub fn set_netem(pod: &mut Netlink, name: &str, netem: Option<&crate::Netem>) -> Result<bool, KernelError> {
+    let Some(link) = find(pod, name)? else { return Ok(false) };
+    match netem {
+        Some(n) => pod.set_netem(link.index, n).or_else(|e| {
+            let only_rate = n.rate_bytes > 0 && crate::Netem { rate_bytes: 0, ..*n } == crate::Netem::default();
+            if e.raw_os_error() == Some(libc::ENOENT) && only_rate {
+                return pod
+                    .set_tbf(link.index, &crate::Tbf::for_rate(n.rate_bytes))
+                    .map_err(|e| KernelError::os(format!("setting tbf on wire end {name}"), e));
+            }
+            // The kernel answers a qdisc kind it does not know with ENOENT.
+            let missing = if e.raw_os_error() == Some(libc::ENOENT) {
+                " (this kernel has no netem qdisc: module sch_netem, CONFIG_NET_SCH_NETEM)"
+            } else {
+                ""
+            };
+            Err(KernelError::os(format!("setting netem on wire end {name}{missing}"), e))
+        })?,
+        None => {
+            pod.clear_netem(link.index)
+                .map_err(|e| KernelError::os(format!("removing netem from wire end {name}"), e))?;
+        }
+    }
+    Ok(true)
+}
+
+/// Drops (or restores) an end's carrier by intent, keeping it administratively up;
+/// returns whether the end exists.
+pub fn set_proto_down(pod: &mut Netlink, name: &str, down: bool) -> Result<bool, KernelError> {
+    let Some(link) = find(pod, name)? else { return Ok(false) };
+    pod.set_proto_down(link.index, down)
+        .map_err(|e| KernelError::os(format!("setting protodown on wire end {name}"), e))?;
+    Ok(true)
+}

@@ -64,6 +64,16 @@ pub struct LabSpec {
     /// (plaintext, `--wire-insecure`).
     #[serde(default)]
     pub wire_security: WireSecurityMode,
+    /// How many pods `up` attaches (and `down` detaches) at a time. 1, the default,
+    /// attaches them in the file's order, which labs about arrival order rely on; a
+    /// big lab (`lab gen` writes 8) attaches as a runtime starting many pods does,
+    /// since one at a time 500 pods took minutes.
+    #[serde(default = "default_parallel_attach")]
+    pub parallel_attach: usize,
+}
+
+fn default_parallel_attach() -> usize {
+    1
 }
 
 /// How a lab's wire ports are protected.
@@ -210,6 +220,15 @@ pub struct LinkCheck {
     pub rtt_ms: Option<f64>,
     /// How long until the peer answered (or until giving up), milliseconds.
     pub waited_ms: u64,
+    /// Why it failed, when it did: what the echoes met (no route, no reply to so many)
+    /// and the state of the link's interface, so a failure says where to look.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// An operator took the link down (`weftctl link down`): not answering is
+    /// expected, not a failure. Filled in by whoever can ask the nodes (`weftctl lab
+    /// check`); the lab itself leaves it false.
+    #[serde(default)]
+    pub down_by_intent: bool,
 }
 
 /// A process's state letter and start time (in clock ticks since boot), from
@@ -472,8 +491,14 @@ impl Lab {
         self.state.join("nodes").join(node)
     }
 
-    fn socket(&self, node: &str) -> PathBuf {
+    /// The admin socket of node `node`'s weftd.
+    pub fn socket(&self, node: &str) -> PathBuf {
         self.node_dir(node).join("weftd.sock")
+    }
+
+    /// The node pod `pod` runs on.
+    pub fn node_of(&self, pod: &str) -> Option<&str> {
+        self.spec.pods.iter().find(|p| p.name == pod).map(|p| p.node.as_str())
     }
 
     /// The router's and the node's underlay addresses (with prefix): the router takes the
@@ -618,9 +643,18 @@ impl Lab {
         for n in &self.spec.nodes {
             self.wait_for_socket(&n.name)?;
         }
-        for p in &self.spec.pods {
-            self.attach(self.node(&p.node)?, &p.name)?;
+        // Before the pods resolve their peers: the neighbour table is the machine's,
+        // and a big lab outgrows its default size (see `neigh`).
+        let links: usize = self.topologies.iter().map(|t| t.spec.links.len()).sum::<usize>() / 2;
+        // Best effort: where /proc/sys is read-only (some containers) small labs still
+        // fit the default table.
+        if let Err(e) = crate::neigh::reserve(
+            &self.state.display().to_string(),
+            crate::neigh::need(links, self.spec.pods.len(), self.spec.nodes.len()),
+        ) {
+            eprintln!("weftctl lab up: {e}; a lab this size may outgrow the neighbour table");
         }
+        self.attach_all()?;
         Ok(started)
     }
 
@@ -767,6 +801,33 @@ impl Lab {
         }
     }
 
+    /// Attaches every pod, `parallel_attach` at a time (in the file's order when 1),
+    /// and reports the first failure.
+    fn attach_all(&self) -> Result<(), LabError> {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed: std::sync::Mutex<Option<LabError>> = std::sync::Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..self.spec.parallel_attach.clamp(1, 64).min(self.spec.pods.len()) {
+                scope.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(p) = self.spec.pods.get(i) else { break };
+                        if failed.lock().expect("not poisoned").is_some() {
+                            break;
+                        }
+                        if let Err(e) = self.node(&p.node).and_then(|n| self.attach(n, &p.name)) {
+                            failed.lock().expect("not poisoned").get_or_insert(e);
+                        }
+                    }
+                });
+            }
+        });
+        match failed.into_inner().expect("not poisoned") {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     fn attach(&self, n: &NodeSpec, pod: &str) -> Result<(), LabError> {
         let ns = self.pod_ns(pod);
         if !NamedNetns::exists(&ns) {
@@ -883,32 +944,27 @@ impl Lab {
                 "outside",
             ));
         }
-        let start = Instant::now();
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = probes
-                .iter()
-                .map(|(pod, to, addr, kind)| {
-                    scope.spawn(move || {
-                        let mut rtt = None;
-                        while rtt.is_none() && start.elapsed() < within {
-                            rtt = NamedNetns::existing(&self.pod_ns(pod)).ping(addr, 1);
-                            if rtt.is_none() {
-                                std::thread::sleep(Duration::from_millis(100));
-                            }
-                        }
-                        LinkCheck {
-                            kind: (*kind).to_string(),
-                            from: format!("{pod}:eth0"),
-                            to: to.clone(),
-                            ok: rtt.is_some(),
-                            rtt_ms: rtt,
-                            waited_ms: start.elapsed().as_millis() as u64,
-                        }
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("ping thread")).collect()
-        })
+        // In-process echoes, a bounded number of namespaces at a time (see `ping`): a
+        // process per probe does not scale to the pods-squared probes of a big lab.
+        let targets: Vec<(String, String)> = probes
+            .iter()
+            .map(|(pod, _, addr, _)| (self.pod_ns(pod), addr.clone()))
+            .collect();
+        let found = crate::ping::ping_all(&targets, within);
+        probes
+            .iter()
+            .zip(found)
+            .map(|((pod, to, _, kind), o)| LinkCheck {
+                kind: (*kind).to_string(),
+                from: format!("{pod}:eth0"),
+                to: to.clone(),
+                ok: o.rtt_ms.is_some(),
+                rtt_ms: o.rtt_ms,
+                waited_ms: o.waited_ms,
+                reason: o.reason,
+                down_by_intent: false,
+            })
+            .collect()
     }
 
     /// The wire kinds the nodes report, by `pod:intf`.
@@ -931,8 +987,35 @@ impl Lab {
         out
     }
 
+    /// A pod interface's state as `ip` reports it (`missing`, `DOWN`, `UP
+    /// NO-CARRIER`, its addresses), to say why a link did not answer.
+    fn interface_state(&self, pod: &str, intf: &str) -> Option<String> {
+        let out = Command::new("ip")
+            .args(["-j", "-n", &self.pod_ns(pod), "addr", "show", "dev", intf])
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return Some("missing".into());
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let l = v.get(0)?;
+        let flags: Vec<&str> = l["flags"].as_array()?.iter().filter_map(|f| f.as_str()).collect();
+        let addrs: Vec<String> = l["addr_info"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| Some(format!("{}/{}", a["local"].as_str()?, a["prefixlen"].as_u64()?)))
+            .collect();
+        Some(format!(
+            "state {} flags {} addresses [{}]",
+            l["operstate"].as_str().unwrap_or("?"),
+            flags.join(","),
+            addrs.join(" ")
+        ))
+    }
+
     /// Pings the peer address of every link with one from its pod, each until it
-    /// answers or `within` has passed.
+    /// answers or `within` has passed since its pod's first echo.
     pub fn check(&self, within: Duration) -> Vec<LinkCheck> {
         let links: Vec<(String, &weft_topology::Link, &str)> = self
             .topologies
@@ -945,33 +1028,35 @@ impl Lab {
                 })
             })
             .collect();
-        // All links at once, so "within" runs from the same moment for every one.
-        let start = Instant::now();
-        let mut out: Vec<LinkCheck> = std::thread::scope(|scope| {
-            let handles: Vec<_> = links
-                .iter()
-                .map(|(pod, l, peer_ip)| {
-                    scope.spawn(move || {
-                        let mut rtt = None;
-                        while rtt.is_none() && start.elapsed() < within {
-                            rtt = NamedNetns::existing(&self.pod_ns(pod)).ping(peer_ip, 1);
-                            if rtt.is_none() {
-                                std::thread::sleep(Duration::from_millis(100));
-                            }
-                        }
-                        LinkCheck {
-                            kind: String::new(),
-                            from: format!("{pod}:{}", l.local_intf),
-                            to: format!("{}:{}", l.peer_pod, l.peer_intf),
-                            ok: rtt.is_some(),
-                            rtt_ms: rtt,
-                            waited_ms: start.elapsed().as_millis() as u64,
-                        }
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("ping thread")).collect()
-        });
+        // In-process echoes, every link of a pod at once and a bounded number of pods
+        // at a time, resent until answered within `within` (see `ping`): a `ping`
+        // process per link end starved a 1,500-link lab of CPU until live links timed
+        // out.
+        let targets: Vec<(String, String)> = links
+            .iter()
+            .map(|(pod, _, peer_ip)| (self.pod_ns(pod), peer_ip.to_string()))
+            .collect();
+        let found = crate::ping::ping_all(&targets, within);
+        let mut out: Vec<LinkCheck> = links
+            .iter()
+            .zip(found)
+            .map(|((pod, l, _), o)| {
+                let reason = o.reason.map(|r| match self.interface_state(pod, &l.local_intf) {
+                    Some(state) => format!("{r}; {}: {state}", l.local_intf),
+                    None => r,
+                });
+                LinkCheck {
+                    kind: String::new(),
+                    from: format!("{pod}:{}", l.local_intf),
+                    to: format!("{}:{}", l.peer_pod, l.peer_intf),
+                    ok: o.rtt_ms.is_some(),
+                    rtt_ms: o.rtt_ms,
+                    waited_ms: o.waited_ms,
+                    reason,
+                    down_by_intent: false,
+                }
+            })
+            .collect();
         // Read after the traffic: a link that answered has been mirrored by now, or
         // its other end has.
         let kinds = self.kinds();
@@ -999,17 +1084,27 @@ impl Lab {
 
     /// Removes the lab: pods (through CNI DEL), daemons, namespaces, state.
     pub fn down(&self) -> Result<(), LabError> {
-        for n in &self.spec.nodes {
-            if self.daemon_pid(&n.name).is_some() {
-                for pod in &self.pods_of(&n.name) {
-                    if NamedNetns::exists(&self.pod_ns(pod))
-                        && let Err(e) = self.cni(n, pod, "DEL")
-                    {
-                        eprintln!("weftctl lab down: {e}");
+        // `parallel_attach` DELs at a time, as in `up`.
+        let dels: Vec<(&NodeSpec, String)> = self
+            .spec
+            .nodes
+            .iter()
+            .filter(|n| self.daemon_pid(&n.name).is_some())
+            .flat_map(|n| self.pods_of(&n.name).into_iter().map(move |p| (n, p)))
+            .filter(|(_, p)| NamedNetns::exists(&self.pod_ns(p)))
+            .collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..self.spec.parallel_attach.clamp(1, 64).min(dels.len()) {
+                scope.spawn(|| {
+                    while let Some((n, pod)) = dels.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                        if let Err(e) = self.cni(n, pod, "DEL") {
+                            eprintln!("weftctl lab down: {e}");
+                        }
                     }
-                }
+                });
             }
-        }
+        });
         for n in &self.spec.nodes {
             if let Some(pid) = self.daemon_pid(&n.name) {
                 let _ = nix::sys::signal::kill(
@@ -1038,6 +1133,6 @@ impl Lab {
             }
         }
         let _ = fs::remove_dir_all(&self.state);
-        Ok(())
+        crate::neigh::release(&self.state.display().to_string())
     }
 }

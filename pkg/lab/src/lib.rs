@@ -7,6 +7,9 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod generate;
+pub mod neigh;
+pub mod ping;
 
 pub use cluster::{Lab, LabSpec, LinkCheck, NodeSpec, OUTSIDE_ADDRESS, PodSpec, Underlay, WireSecurityMode};
 

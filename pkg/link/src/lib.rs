@@ -12,6 +12,10 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub mod impair;
+
+pub use impair::{DownBy, EndSettings, Impairment, ImpairmentError, LinkChange, LinkView};
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use weft_daemon::{PodDefaults, WiredPod, Wiring};
-use weft_link::WireReport;
+use weft_daemon::{LinkError, LinkRef, PodDefaults, WiredPod, Wiring};
+use weft_link::{LinkChange, LinkView, WireReport};
 use weft_store::Store;
-use weft_wires::{Engine, LocalPod};
+use weft_wires::{Engine, LocalPod, WireError};
 
 /// The wire engine as the handler's wiring seam.
 pub struct EngineWiring(pub Arc<Engine>);
@@ -35,6 +35,39 @@ impl Wiring for EngineWiring {
                 Vec::new()
             })
         })
+    }
+    fn link_change(
+        &self,
+        link: LinkRef,
+        change: LinkChange,
+    ) -> futures::future::BoxFuture<'_, Result<LinkView, LinkError>> {
+        Box::pin(async move {
+            self.0
+                .link_change(link.namespace.as_deref(), &link.pod, &link.intf, change)
+                .await
+                .map_err(link_error)
+        })
+    }
+    fn links(
+        &self,
+        namespace: Option<String>,
+        pod: Option<String>,
+    ) -> futures::future::BoxFuture<'_, Result<Vec<LinkView>, LinkError>> {
+        Box::pin(async move {
+            self.0
+                .links(namespace.as_deref(), pod.as_deref())
+                .await
+                .map_err(link_error)
+        })
+    }
+}
+
+/// A wire engine error as the admin service reports it: whose fault, and what.
+fn link_error(e: WireError) -> LinkError {
+    match e {
+        WireError::NoSuchLink(m) => LinkError::NotFound(m),
+        WireError::Invalid(m) => LinkError::Invalid(m),
+        other => LinkError::Failed(other.to_string()),
     }
 }
 

@@ -121,6 +121,15 @@ pub enum StoreError {
         /// The name that did not parse.
         source: weft_link::UnknownName,
     },
+    /// A run-time link setting in the store does not read (written by a newer weftd,
+    /// or a damaged one).
+    #[error("link settings of wire {id:#x} in the state store: {what}")]
+    BadLinkSettings {
+        /// The wire id of the row.
+        id: u64,
+        /// What did not parse.
+        what: String,
+    },
     /// A host port cannot be set up for this pod.
     #[error("host port {0}")]
     PortInvalid(String),

@@ -115,6 +115,22 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE attachments ADD COLUMN pod_mac TEXT;
     CREATE INDEX attachments_by_container ON attachments(container_id);
     ",
+    // 6: link emulation set at run time (`weftctl link`), per wire end, kept apart from
+    // the wire ends so it outlives an end rebuilt under the same wire id.
+    r"
+    CREATE TABLE link_settings (
+        -- the wire end's id (wires.id; no foreign key: a setting may precede or
+        -- outlive the end's row while the end is rebuilt)
+        id          INTEGER PRIMARY KEY,
+        -- 'param=value' pairs separated by ','; '' sets no impairment; NULL leaves
+        -- the topology's
+        impairment  TEXT,
+        -- NULL: up; 'named': an operator took this end's link down; 'peer': the
+        -- other end's
+        down        TEXT CHECK (down IN ('named', 'peer')),
+        updated_at  INTEGER NOT NULL
+    );
+    ",
 ];
 
 /// The schema version this binary writes.

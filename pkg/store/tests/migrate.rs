@@ -13,11 +13,12 @@ use weft_store::{
     StoreError,
 };
 
-const FIXTURES: [&str; 4] = [
+const FIXTURES: [&str; 5] = [
     include_str!("fixtures/weft-schema-1.sql"),
     include_str!("fixtures/weft-schema-2.sql"),
     include_str!("fixtures/weft-schema-3.sql"),
     include_str!("fixtures/weft-schema-4.sql"),
+    include_str!("fixtures/weft-schema-5.sql"),
 ];
 
 fn ip(s: &str) -> IpAddr {
@@ -47,7 +48,7 @@ fn migrates_from(version: u32) {
 
     let store = Store::open(&path).unwrap();
     assert_eq!(store.schema_found(), version);
-    let (web0, web1, dns0, usage, allocated, ports, wires, prev) = store
+    let (web0, web1, dns0, usage, allocated, ports, wires, prev, settings) = store
         .run_blocking(|db| {
             let prev = db.begin_run("test")?.1;
             Ok((
@@ -59,6 +60,7 @@ fn migrates_from(version: u32) {
                 db.ports()?,
                 db.wires()?,
                 prev,
+                db.link_settings()?,
             ))
         })
         .unwrap();
@@ -168,6 +170,16 @@ fn migrates_from(version: u32) {
         assert_eq!(prev, PreviousRun::None);
     }
 
+    // Run-time link settings (schema 6) start empty and take a setting.
+    assert!(settings.is_empty());
+    let down = weft_link::EndSettings {
+        impairment: None,
+        down: Some(weft_link::DownBy::Named),
+    };
+    store
+        .run_blocking(move |db| db.put_link_settings(0x1234, &down))
+        .unwrap();
+
     // The migrated store goes on: a new attachment gets the next address after the
     // range's cursor, not one an old pod holds, and an old one can be deleted.
     let got = store
@@ -200,6 +212,11 @@ fn migrates_from(version: u32) {
 }
 
 #[test]
+fn a_database_from_schema_5_is_migrated_in_place() {
+    migrates_from(5);
+}
+
+#[test]
 fn a_database_from_schema_4_is_migrated_in_place() {
     migrates_from(4);
 }
@@ -223,7 +240,7 @@ fn a_database_from_schema_1_is_migrated_in_place() {
 fn a_database_from_a_newer_weft_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("weft.db");
-    write_fixture(&path, 4);
+    write_fixture(&path, 5);
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();

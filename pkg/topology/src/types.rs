@@ -41,6 +41,54 @@ pub struct Link {
     /// daemon's `--inter-node-link`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<LinkKind>,
+    /// weft: link emulation (netem) for the link's directions.
+    #[serde(flatten)]
+    pub impair: LinkImpairments,
+}
+
+/// weft: what a link does to the frames crossing it, in `tc netem`'s words; each value
+/// applies to both directions (set on either end's entry; where both entries set a
+/// parameter, each end's own value applies to what it sends). Meshnet files without
+/// them load unchanged.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LinkImpairments {
+    /// weft: added latency, e.g. "20ms" (us, ms, s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<String>,
+    /// weft: random variation of the delay, e.g. "2ms" (needs a delay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<String>,
+    /// weft: frames lost, e.g. "1%".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<String>,
+    /// weft: sending rate, e.g. "100mbit" (bit, kbit, mbit, gbit; bps… for bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// weft: frames corrupted (a bit flipped), e.g. "0.1%".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corrupt: Option<String>,
+    /// weft: frames duplicated, e.g. "0.1%".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicate: Option<String>,
+    /// weft: frames sent ahead of delayed ones, e.g. "5%" (needs a delay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reorder: Option<String>,
+}
+
+impl LinkImpairments {
+    /// The values, parsed and checked.
+    pub fn parse(&self) -> Result<weft_link::Impairment, weft_link::ImpairmentError> {
+        let given = [
+            ("delay", &self.delay),
+            ("jitter", &self.jitter),
+            ("loss", &self.loss),
+            ("rate", &self.rate),
+            ("corrupt", &self.corrupt),
+            ("duplicate", &self.duplicate),
+            ("reorder", &self.reorder),
+        ];
+        weft_link::Impairment::from_params(given.into_iter().filter_map(|(k, v)| v.as_deref().map(|v| (k, v))))
+    }
 }
 
 /// A link meshnet's protocol marked as skipped (kept for compatibility; weft decides

@@ -61,6 +61,9 @@ fn check_link(link: &Link, pod: &str, err: &mut dyn FnMut(String)) {
             err(format!("{field} {mac:?} {why}"));
         }
     }
+    if let Err(e) = link.impair.parse() {
+        err(format!("impairment {e}"));
+    }
 }
 
 /// The kernel's rule (`dev_valid_name`): what `ip link` would refuse, refused up front.
@@ -120,6 +123,7 @@ mod tests {
             local_mac: None,
             peer_mac: None,
             kind: None,
+            impair: Default::default(),
         }
     }
 
@@ -145,6 +149,27 @@ mod tests {
         l2.local_ip = "2001:db8::1/64".into();
         assert_eq!(validate(&topo(vec![l1, l2, link(3, "r2", "eth3", "eth3")])), Ok(()));
         assert_eq!(validate(&topo(vec![])), Ok(()));
+    }
+
+    #[test]
+    fn impairments_are_checked_and_named() {
+        let mut l = link(1, "r2", "eth1", "eth1");
+        l.impair.delay = Some("20ms".into());
+        l.impair.loss = Some("10%".into());
+        l.impair.rate = Some("50mbit".into());
+        assert_eq!(validate(&topo(vec![l.clone()])), Ok(()));
+        l.impair.loss = Some("ten".into());
+        let e = errors(&topo(vec![l.clone()]));
+        assert_eq!(
+            e,
+            vec![
+                "topology lab/r1: link #0 (uid 1): impairment loss \"ten\": expected a number with a unit".to_string()
+            ]
+        );
+        l.impair.loss = None;
+        l.impair.delay = None;
+        l.impair.jitter = Some("2ms".into());
+        assert!(errors(&topo(vec![l]))[0].ends_with("impairment jitter \"2ms\": needs a delay"));
     }
 
     #[test]

@@ -30,6 +30,7 @@ fn link(uid: i64, peer: &str, local_intf: &str) -> Link {
         local_mac: None,
         peer_mac: None,
         kind: None,
+        impair: Default::default(),
     }
 }
 

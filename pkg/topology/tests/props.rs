@@ -97,6 +97,7 @@ fn topology() -> impl Strategy<Value = Topology> {
                         local_mac,
                         peer_mac,
                         kind,
+                        impair: Default::default(),
                     },
                 )
                 .collect();

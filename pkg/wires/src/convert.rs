@@ -59,6 +59,7 @@ pub(crate) fn to_message(end: &WireEnd, present: bool) -> End {
         vni: end.vni.unwrap_or(0),
         present,
         wire_id: end.id,
+        control: None,
     }
 }
 

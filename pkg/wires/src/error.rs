@@ -30,6 +30,20 @@ pub enum WireError {
     /// The data plane could not take a gRPC end.
     #[error("{0}")]
     DataPlane(String),
+    /// An operator named a link this node holds no end of (or an ambiguous one).
+    #[error("{0}")]
+    NoSuchLink(String),
+    /// An operator's setting does not apply.
+    #[error("{0}")]
+    Invalid(String),
+    /// The local end changed but the peer's node refused or could not be reached.
+    #[error("changed at this end, but the peer node {node} did not take it: {reason}")]
+    PeerNotTold {
+        /// The peer's node.
+        node: String,
+        /// What it (or the transport) said.
+        reason: String,
+    },
     /// A blocking kernel task died (panicked or was cancelled).
     #[error("kernel task: {0}")]
     Task(String),

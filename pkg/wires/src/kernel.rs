@@ -11,7 +11,8 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use weft_kernel::wire::{self as kwire, FdbEntry};
-use weft_kernel::{KernelError, LinkStats, NetNs, Netlink, packet};
+use weft_kernel::{KernelError, LinkStats, NetNs, Netem, Netlink, packet};
+use weft_link::Impairment;
 
 /// One end of a wire as the kernel should hold it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +69,31 @@ pub trait WireKernel: Send + Sync + 'static {
     fn set_interface_up(&self, netns: &str, intf: &str, up: bool) -> Result<bool, KernelError>;
     /// An interface's kernel counters; `None` when it does not exist.
     fn link_stats(&self, netns: &str, intf: &str) -> Result<Option<LinkStats>, KernelError>;
+    /// Applies `imp` to what the interface sends (an empty one removes weft's
+    /// emulation); returns whether the interface exists.
+    fn set_impairment(&self, netns: &str, intf: &str, imp: &Impairment) -> Result<bool, KernelError>;
+    /// Drops (or restores) a VXLAN end's carrier while it stays up; returns whether it
+    /// exists.
+    fn set_proto_down(&self, netns: &str, intf: &str, down: bool) -> Result<bool, KernelError>;
+    /// Sets the node end of gRPC end `id` up or down (its pod end's carrier follows);
+    /// returns whether it exists.
+    fn set_node_end_up(&self, id: u64, up: bool) -> Result<bool, KernelError>;
+}
+
+/// An impairment in netem's units: microseconds to nanoseconds, parts per million to
+/// the kernel's `u32` probabilities, bits to bytes per second.
+pub fn netem_of(imp: &Impairment) -> Netem {
+    let p = |v: Option<u32>| weft_kernel::probability(v.unwrap_or(0));
+    Netem {
+        latency_ns: imp.delay_us.unwrap_or(0) * 1000,
+        jitter_ns: imp.jitter_us.unwrap_or(0) * 1000,
+        loss: p(imp.loss_ppm),
+        duplicate: p(imp.duplicate_ppm),
+        corrupt: p(imp.corrupt_ppm),
+        reorder: p(imp.reorder_ppm),
+        rate_bytes: imp.rate_bps.map_or(0, |b| (b / 8).max(1)),
+        limit: 0,
+    }
 }
 
 /// [`WireKernel`] on the real kernel: every procedure opens the pod's namespace and a
@@ -177,5 +203,24 @@ impl WireKernel for HostWireKernel {
     fn link_stats(&self, netns: &str, intf: &str) -> Result<Option<LinkStats>, KernelError> {
         let (_, mut nl) = pod(netns)?;
         Ok(kwire::stats(&mut nl, intf)?.map(|(_, st)| st))
+    }
+
+    fn set_impairment(&self, netns: &str, intf: &str, imp: &Impairment) -> Result<bool, KernelError> {
+        let Ok((_, mut nl)) = pod(netns) else {
+            return Ok(false);
+        };
+        let netem = (!imp.is_empty()).then(|| netem_of(imp));
+        kwire::set_netem(&mut nl, intf, netem.as_ref())
+    }
+
+    fn set_proto_down(&self, netns: &str, intf: &str, down: bool) -> Result<bool, KernelError> {
+        let Ok((_, mut nl)) = pod(netns) else {
+            return Ok(false);
+        };
+        kwire::set_proto_down(&mut nl, intf, down)
+    }
+
+    fn set_node_end_up(&self, id: u64, up: bool) -> Result<bool, KernelError> {
+        packet::set_node_end_up(id, up)
     }
 }

@@ -37,6 +37,17 @@ pub struct WireDirLabels {
     pub direction: &'static str,
 }
 
+/// [`WireLabels`] plus an impairment parameter (`delay`, `jitter`, `loss`, `rate`,
+/// `corrupt`, `duplicate`, `reorder`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WireParamLabels {
+    /// The wire.
+    #[prometheus(flatten)]
+    pub wire: WireLabels,
+    /// The parameter.
+    pub param: &'static str,
+}
+
 /// [`WireLabels`] plus a drop reason.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WireDropLabels {
@@ -94,6 +105,11 @@ pub struct WireMetrics {
     pub drops: Family<WireDropLabels, Counter>,
     /// `weft_wire_up`.
     pub up: Family<WireLabels, Gauge>,
+    /// `weft_wire_impairment`: the active setting of each parameter an end applies
+    /// (seconds, ratio, bits per second).
+    pub impairment: Family<WireParamLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `weft_wire_down_by_intent`: 1 while an operator holds the link down.
+    pub down_by_intent: Family<WireLabels, Gauge>,
     /// `weft_peer_stream_up`.
     pub peer_stream_up: Family<PeerLabels, Gauge>,
     /// `weft_peer_stream_reconnects_total`.
@@ -117,6 +133,8 @@ impl WireMetrics {
     /// Removes every series of a wire end (it was removed: its series go with it).
     pub fn remove_wire(&self, wire: &WireLabels) {
         self.up.remove(wire);
+        self.down_by_intent.remove(wire);
+        self.set_impairment(wire, &weft_link::Impairment::default());
         for direction in ["rx", "tx"] {
             let l = WireDirLabels {
                 wire: wire.clone(),
@@ -134,6 +152,27 @@ impl WireMetrics {
     }
 }
 
+impl WireMetrics {
+    /// Shows `imp` as an end's active impairment: one series per parameter set, none
+    /// for those left off.
+    pub fn set_impairment(&self, wire: &WireLabels, imp: &weft_link::Impairment) {
+        for param in weft_link::impair::PARAMS {
+            let l = WireParamLabels {
+                wire: wire.clone(),
+                param,
+            };
+            match imp.gauge(param) {
+                Some(v) => {
+                    self.impairment.get_or_create(&l).set(v);
+                }
+                None => {
+                    self.impairment.remove(&l);
+                }
+            }
+        }
+    }
+}
+
 impl Families for WireMetrics {
     fn register(metrics: &Metrics) -> Self {
         let m = WireMetrics {
@@ -141,6 +180,8 @@ impl Families for WireMetrics {
             bytes: Family::default(),
             drops: Family::default(),
             up: Family::default(),
+            impairment: Family::default(),
+            down_by_intent: Family::default(),
             peer_stream_up: Family::default(),
             peer_reconnects: Family::default(),
             // 1 .. 512 frames, doubling.
@@ -170,6 +211,16 @@ impl Families for WireMetrics {
             "weft_wire_up",
             "Whether a wire end is up (1) or waiting for its peer (0)",
             m.up.clone(),
+        );
+        metrics.register(
+            "weft_wire_impairment",
+            "Active impairment of what a wire end sends, by parameter: delay and jitter in seconds, loss, corrupt, duplicate and reorder as a ratio, rate in bits per second",
+            m.impairment.clone(),
+        );
+        metrics.register(
+            "weft_wire_down_by_intent",
+            "Whether an operator holds the wire's link down (weftctl link down): 1, or not: 0",
+            m.down_by_intent.clone(),
         );
         metrics.register(
             "weft_peer_stream_up",

@@ -35,6 +35,9 @@ pub trait GrpcPlane: Send + Sync + 'static {
     fn detach(&self, id: u64);
     /// Whether an end has a worker.
     fn attached(&self, id: u64) -> bool;
+    /// Emulates a link on what end `id`'s pod sends (empty: none), kept across
+    /// re-attachments.
+    fn set_impairment(&self, id: u64, imp: weft_link::Impairment);
 }
 
 impl GrpcPlane for DataPlane {
@@ -53,5 +56,9 @@ impl GrpcPlane for DataPlane {
 
     fn attached(&self, id: u64) -> bool {
         DataPlane::attached(self, id)
+    }
+
+    fn set_impairment(&self, id: u64, imp: weft_link::Impairment) {
+        DataPlane::set_impairment(self, id, imp)
     }
 }

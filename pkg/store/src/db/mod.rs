@@ -4,6 +4,7 @@
 
 mod addresses;
 mod attachments;
+mod links;
 mod ports;
 mod rebuild;
 mod runs;

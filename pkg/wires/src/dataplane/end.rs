@@ -12,6 +12,7 @@ use tracing::debug;
 use weft_kernel::packet::{self, PacketSocket};
 use weft_rpc::wire::Frame;
 
+use super::impair::Impairer;
 use super::outbox::Outbox;
 
 /// Largest frame read from an end: a GSO super-frame plus its headers.
@@ -117,6 +118,9 @@ pub struct PacketEnd {
     counters: Arc<Counters>,
     up: AtomicBool,
     pub(super) outbox: Arc<Outbox>,
+    /// Whether `impair` holds an emulation: the one load an unimpaired burst pays.
+    impaired: AtomicBool,
+    impair: std::sync::RwLock<Option<Arc<Impairer>>>,
 }
 
 impl PacketEnd {
@@ -138,6 +142,8 @@ impl PacketEnd {
             counters,
             up: AtomicBool::new(false),
             outbox,
+            impaired: AtomicBool::new(false),
+            impair: std::sync::RwLock::new(None),
         }
     }
 
@@ -160,6 +166,13 @@ impl PacketEnd {
         c.metrics.up.get_or_create(&c.labels).set(i64::from(up));
     }
 
+    /// Emulates a link on what the pod sends (`None`: carries frames untouched).
+    pub(super) fn set_impairer(&self, i: Option<Arc<Impairer>>) {
+        let on = i.is_some();
+        *self.impair.write().expect("impair lock") = i;
+        self.impaired.store(on, Ordering::Release);
+    }
+
     /// Hands a burst of frames read from the pod to the peer's queue.
     fn flush(&self, burst: &mut Vec<Frame>) {
         if burst.is_empty() {
@@ -169,6 +182,14 @@ impl PacketEnd {
             self.counters.dropped(DropReason::PeerDown, burst.len() as u64);
             burst.clear();
             return;
+        }
+        if self.impaired.load(Ordering::Acquire)
+            && let Some(i) = self.impair.read().expect("impair lock").as_ref()
+        {
+            i.apply(burst);
+            if burst.is_empty() {
+                return;
+            }
         }
         self.outbox.offer(self.id, burst);
     }

@@ -10,6 +10,7 @@
 //! the stream and reconnects with backoff; the other accepts it.
 
 mod end;
+mod impair;
 mod outbox;
 mod runtime;
 
@@ -119,6 +120,8 @@ pub struct DataPlane {
     ends: RwLock<HashMap<u64, Arc<PacketEnd>>>,
     peers: Mutex<HashMap<IpAddr, Peer>>,
     readers: Mutex<HashMap<u64, tokio::task::JoinHandle<()>>>,
+    /// The emulation of each impaired end, kept across re-attachments.
+    impairments: Mutex<HashMap<u64, weft_link::Impairment>>,
     /// Where every task of this data plane runs (a [`DataPlaneRuntime`]'s, in weftd).
     rt: Handle,
 }
@@ -137,6 +140,7 @@ impl DataPlane {
             ends: RwLock::default(),
             peers: Mutex::default(),
             readers: Mutex::default(),
+            impairments: Mutex::default(),
             rt,
         })
     }
@@ -176,6 +180,9 @@ impl DataPlane {
             outbox.clone(),
         ));
         end.set_up(up);
+        if let Some(imp) = self.impairments.lock().expect("impairments lock").get(&id) {
+            end.set_impairer(Some(impair::Impairer::new(*imp, id, outbox.clone(), &self.rt)));
+        }
         if let Some(old) = self.ends.write().expect("ends lock").insert(id, end.clone()) {
             old.outbox.remove(id);
         }
@@ -201,6 +208,21 @@ impl DataPlane {
         }
         if let Some(end) = self.ends.write().expect("ends lock").remove(&id) {
             end.outbox.remove(id);
+        }
+    }
+
+    /// Emulates a link on what end `id`'s pod sends (an empty impairment: none), now
+    /// and whenever the end is attached again.
+    pub fn set_impairment(&self, id: u64, imp: weft_link::Impairment) {
+        let mut all = self.impairments.lock().expect("impairments lock");
+        if imp.is_empty() {
+            all.remove(&id);
+        } else {
+            all.insert(id, imp);
+        }
+        if let Some(end) = self.ends.read().expect("ends lock").get(&id) {
+            let i = (!imp.is_empty()).then(|| impair::Impairer::new(imp, id, end.outbox.clone(), &self.rt));
+            end.set_impairer(i);
         }
     }
 

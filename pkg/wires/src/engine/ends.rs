@@ -52,6 +52,12 @@ impl<P: GrpcPlane> Engine<P> {
             return refuse(format!("pod {}/{} is not on this node", end.namespace, end.peer_pod));
         };
         let id = end.peer_id;
+        if let Some(control) = &msg.control {
+            return match self.controlled(id, &from.address, &msg, control).await {
+                Ok(()) => accept(),
+                Err(reason) => refuse(reason),
+            };
+        }
         if end.state == WireState::Down {
             self.peer_end_gone(id, &pod.netns).await;
             return accept();

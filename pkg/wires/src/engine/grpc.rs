@@ -95,6 +95,7 @@ impl<P: GrpcPlane> Engine<P> {
             }
         }
         let end = plan::local_spec(ns, name, &pod.netns, link, self.cfg.mtu);
+        self.forget_applied(id);
         self.kernel(move |k| k.create_packet_end(&end, id)).await?;
         let r = plan::record(ns, name, &pod.netns, link, LinkKind::Grpc, node.to_string());
         dp.attach(convert::grpc_end(&r, node))?;

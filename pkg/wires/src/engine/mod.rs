@@ -18,9 +18,11 @@
 //! other nodes ([`Peers`]) and the workers of gRPC ends ([`GrpcPlane`]); [`Seams`]
 //! bundles them. Its modules: `plan` (the decisions, without I/O), `run` (the loop and
 //! the pass, veth pairs, removal), `vxlan` (VXLAN ends and VNI negotiation), `grpc`
-//! (gRPC ends), `ends` (the server side of `Ends`), `counters` (per-wire counters).
+//! (gRPC ends), `ends` (the server side of `Ends`), `counters` (per-wire counters),
+//! `emulate` (impairments and link state by intent, at each pass and at run time).
 
 mod counters;
+mod emulate;
 mod ends;
 mod grpc;
 pub(crate) mod plan;
@@ -148,6 +150,10 @@ pub struct Engine<P = DataPlane> {
     /// Kernel counters of veth and VXLAN ends as last sampled (counters grow by the
     /// difference, so a re-created interface never makes them go back).
     sampled: Mutex<HashMap<u64, weft_kernel::LinkStats>>,
+    /// What each end's emulation (impairment, carrier by intent) was last set to.
+    applied: Mutex<HashMap<u64, emulate::Applied>>,
+    /// Why an end's emulation is not in force, per end that has a reason.
+    problems: Mutex<HashMap<u64, String>>,
 }
 
 impl Engine {
@@ -192,6 +198,8 @@ impl<P: GrpcPlane> Engine<P> {
             retry: AtomicBool::new(false),
             mirrored: AtomicBool::new(false),
             sampled: Mutex::default(),
+            applied: Mutex::default(),
+            problems: Mutex::default(),
         });
         engine.restore_grpc_ends().await;
         tokio::spawn(engine.clone().run());
@@ -269,11 +277,16 @@ impl<P: GrpcPlane> Engine<P> {
     /// Whether `addr` is a node some pod of the topologies runs on (the wire service
     /// talks to no one else).
     pub fn known_node(&self, addr: IpAddr) -> bool {
-        self.source
-            .topologies()
-            .iter()
-            .filter_map(|t| t.status.as_ref())
-            .any(|s| s.src_ip.parse::<IpAddr>().ok() == Some(addr))
+        // A Node object at that address counts as well as a topology status naming it:
+        // a peer that calls before its pods' statuses reached this node's cache (every
+        // start of a lab or a node) is a node all the same, not a stranger to refuse.
+        self.source.nodes().iter().any(|n| n.addresses.contains(&addr))
+            || self
+                .source
+                .topologies()
+                .iter()
+                .filter_map(|t| t.status.as_ref())
+                .any(|s| s.src_ip.parse::<IpAddr>().ok() == Some(addr))
     }
 
     /// Whether every local pod's topology is readable (used by readiness).

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use weft_kernel::wire::FdbEntry;
-use weft_link::{WireEnd, WireState};
+use weft_link::{DownBy, EndSettings, Impairment, LinkChange, LinkView, WireEnd, WireState};
 use weft_rpc::wire::End;
 use weft_topology::{Link, LinkKind, Topology, TopologyStatus};
 
@@ -203,6 +203,63 @@ pub(crate) fn end_of(ns: &str, pod: &str, link: &Link, kind: LinkKind, vni: Opti
     convert::to_message(&end, true)
 }
 
+/// How an end's carrier is held by intent, by kind: a veth pair has no carrier switch,
+/// so the named end goes administratively down and its peer sees `NO-CARRIER`; a VXLAN
+/// end drops its carrier itself (protodown); a gRPC end's node end goes down, so its
+/// pod end sees `NO-CARRIER`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Carrier {
+    /// Set the pod's interface up or down.
+    PodAdmin { up: bool },
+    /// Set the VXLAN end's protodown.
+    ProtoDown { down: bool },
+    /// Set the gRPC end's node end up or down.
+    NodeEnd { up: bool },
+}
+
+/// What holds `kind`'s end where `down` says (`None`: up).
+pub(crate) fn carrier(kind: LinkKind, down: Option<DownBy>) -> Carrier {
+    match kind {
+        LinkKind::Veth => Carrier::PodAdmin {
+            up: down != Some(DownBy::Named),
+        },
+        LinkKind::Vxlan => Carrier::ProtoDown { down: down.is_some() },
+        LinkKind::Grpc => Carrier::NodeEnd { up: down.is_none() },
+    }
+}
+
+/// The settings both ends of a link get when an operator asks for `change` at one of
+/// them: (the named end's, the other end's), each from its current settings.
+pub(crate) fn settle_change(change: &LinkChange, named: EndSettings, other: EndSettings) -> (EndSettings, EndSettings) {
+    let (mut a, mut b) = (named, other);
+    match change {
+        LinkChange::Set(imp) => (a.impairment, b.impairment) = (Some(*imp), Some(*imp)),
+        LinkChange::Reset => (a.impairment, b.impairment) = (None, None),
+        LinkChange::Down => (a.down, b.down) = (Some(DownBy::Named), Some(DownBy::Peer)),
+        LinkChange::Up => (a.down, b.down) = (None, None),
+    }
+    (a, b)
+}
+
+/// What an end applies: the run-time override, else the topology's `topology`.
+pub(crate) fn view(end: WireEnd, topology: Impairment, settings: EndSettings) -> LinkView {
+    LinkView {
+        end,
+        topology,
+        active: settings.impairment.unwrap_or(topology),
+        overridden: settings.impairment.is_some(),
+        down: settings.down,
+        problem: None,
+    }
+}
+
+/// The topology's impairment of link `uid` as the end of `pod` sends: its own entry's
+/// values, and the peer entry's where its own leaves a parameter off.
+pub(crate) fn topology_impairment(own: Option<&Link>, peer: Option<&Link>) -> Impairment {
+    let parse = |l: Option<&Link>| l.and_then(|l| l.impair.parse().ok()).unwrap_or_default();
+    parse(own).or(&parse(peer))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +276,7 @@ mod tests {
             local_mac: None,
             peer_mac: Some("02:00:00:00:00:02".into()),
             kind,
+            impair: Default::default(),
         }
     }
 
@@ -320,6 +378,58 @@ mod tests {
                 node
             }
         );
+    }
+
+    #[test]
+    fn carrier_by_intent_depends_on_the_kind() {
+        use Carrier::*;
+        assert_eq!(carrier(LinkKind::Veth, Some(DownBy::Named)), PodAdmin { up: false });
+        // The far end of a pair stays up, so it shows NO-CARRIER.
+        assert_eq!(carrier(LinkKind::Veth, Some(DownBy::Peer)), PodAdmin { up: true });
+        assert_eq!(carrier(LinkKind::Veth, None), PodAdmin { up: true });
+        assert_eq!(carrier(LinkKind::Vxlan, Some(DownBy::Peer)), ProtoDown { down: true });
+        assert_eq!(carrier(LinkKind::Vxlan, None), ProtoDown { down: false });
+        assert_eq!(carrier(LinkKind::Grpc, Some(DownBy::Named)), NodeEnd { up: false });
+        assert_eq!(carrier(LinkKind::Grpc, None), NodeEnd { up: true });
+    }
+
+    #[test]
+    fn a_change_settles_on_both_ends_and_keeps_the_rest() {
+        let imp = Impairment::from_params([("delay", "20ms")]).unwrap();
+        let down = EndSettings {
+            impairment: None,
+            down: Some(DownBy::Named),
+        };
+        let (a, b) = settle_change(&LinkChange::Set(imp), down, EndSettings::default());
+        assert_eq!((a.impairment, b.impairment), (Some(imp), Some(imp)));
+        assert_eq!((a.down, b.down), (Some(DownBy::Named), None), "the state is left alone");
+        let (a, b) = settle_change(&LinkChange::Down, a, b);
+        assert_eq!((a.down, b.down), (Some(DownBy::Named), Some(DownBy::Peer)));
+        let (a, b) = settle_change(&LinkChange::Reset, a, b);
+        assert_eq!((a.impairment, b.impairment), (None, None));
+        let (a, b) = settle_change(&LinkChange::Up, a, b);
+        assert!(a.is_empty() && b.is_empty());
+    }
+
+    #[test]
+    fn either_entry_gives_the_topology_impairment_and_an_override_wins() {
+        let mut own = link(1, "r2", None);
+        let mut peer = link(1, "r1", None);
+        own.impair.delay = Some("20ms".into());
+        peer.impair.delay = Some("50ms".into());
+        peer.impair.loss = Some("10%".into());
+        let t = topology_impairment(Some(&own), Some(&peer));
+        assert_eq!((t.delay_us, t.loss_ppm), (Some(20_000), Some(100_000)));
+        assert!(topology_impairment(None, None).is_empty());
+        let rec = record("lab", "r1", "/a", &own, LinkKind::Veth, String::new());
+        let v = view(rec.clone(), t, EndSettings::default());
+        assert_eq!((v.active, v.overridden), (t, false));
+        let none = EndSettings {
+            impairment: Some(Impairment::default()),
+            down: None,
+        };
+        let v = view(rec, t, none);
+        assert!(v.active.is_empty() && v.overridden);
     }
 
     #[test]

@@ -117,7 +117,21 @@ impl<P: GrpcPlane> Engine<P> {
         let stale: Vec<WireEnd> = records.values().filter(|r| !wanted.contains(&r.id)).cloned().collect();
         for r in stale {
             self.teardown(&r, true).await;
+            // A run-time setting lasts as long as its end: the link or the pod left.
+            let id = r.id;
+            if let Err(e) = self
+                .store
+                .run(move |db| db.put_link_settings(id, &weft_link::EndSettings::default()))
+                .await
+            {
+                warn!(wire = r.id, error = %e, "could not forget a wire end's link settings");
+            }
             records.remove(&r.id);
+        }
+
+        // Impairments and carrier by intent, on every end built so far.
+        if self.emulate(&records).await.is_err() {
+            self.retry.store(true, Ordering::Relaxed);
         }
 
         let after: BTreeSet<_> = records.values().map(|r| (r.id, r.state, r.peer_node.clone())).collect();
@@ -187,6 +201,8 @@ impl<P: GrpcPlane> Engine<P> {
             self.teardown(&r, false).await;
             records.remove(&r.id);
         }
+        self.forget_applied(id);
+        self.forget_applied(peer_id);
         self.kernel(move |k| k.create_veth(&a, &b)).await?;
         let ours = plan::record(ns, name, &pod.netns, link, LinkKind::Veth, String::new());
         let theirs = plan::mirror(&ours, &peer.netns);
@@ -244,8 +260,10 @@ impl<P: GrpcPlane> Engine<P> {
 
     /// Removes an end: its interface, its worker, its record; tells a remote peer.
     pub(super) async fn teardown(&self, r: &WireEnd, tell_peer: bool) {
+        self.forget_applied(r.id);
         if let Some(dp) = self.dataplane() {
             dp.detach(r.id);
+            dp.set_impairment(r.id, weft_link::Impairment::default());
         }
         let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
         if let Err(e) = self.kernel(move |k| k.remove_interface(&netns, &intf)).await {

@@ -77,6 +77,7 @@ impl<P: GrpcPlane> Engine<P> {
             self.teardown(r, false).await;
         }
         let end = plan::local_spec(ns, name, &pod.netns, link, plan::vxlan_mtu(self.cfg.mtu, me));
+        self.forget_applied(id);
         self.kernel(move |k| k.create_vxlan(&end, vni, me, &peer)).await?;
         let mut r = plan::record(ns, name, &pod.netns, link, LinkKind::Vxlan, node.to_string());
         r.vni = Some(vni);

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 use futures::future::BoxFuture;
 use weft_kernel::wire::FdbEntry;
 use weft_kernel::{KernelError, LinkStats};
-use weft_link::LinkKind;
+use weft_link::{Impairment, LinkKind};
 use weft_rpc::wire::{EndResult, EndsRequest};
 use weft_wires::{EndSpec, Engine, GrpcEnd, GrpcPlane, PeerError, Peers, VxlanPeer, WireError, WireKernel};
 
@@ -34,6 +34,10 @@ pub struct Iface {
     pub address: Option<(IpAddr, u8)>,
     pub fdb: Vec<FdbEntry>,
     pub stats: LinkStats,
+    /// The emulation on what it sends (empty: none).
+    pub impairment: Impairment,
+    /// Its carrier is dropped by protodown (VXLAN ends).
+    pub proto_down: bool,
 }
 
 #[derive(Default)]
@@ -44,6 +48,11 @@ struct State {
     node_ends: BTreeSet<u64>,
     /// Every creating procedure run, as "veth <netns>/<intf>", "vxlan …", "packet …".
     created: Vec<String>,
+    /// Node ends of gRPC pairs set down.
+    node_ends_down: BTreeSet<u64>,
+    /// Every emulation procedure run, as "netem <netns>/<intf> <impairment>",
+    /// "protodown …", "node-end <id> up|down", "admin <netns>/<intf> up|down".
+    emulation: Vec<String>,
 }
 
 /// A node's kernel in memory.
@@ -93,6 +102,8 @@ impl State {
                 address: end.address,
                 fdb: Vec::new(),
                 stats: LinkStats::default(),
+                impairment: Impairment::default(),
+                proto_down: false,
             },
         );
     }
@@ -172,6 +183,16 @@ impl FakeKernel {
     /// The creating procedures run so far.
     pub fn created(&self) -> Vec<String> {
         self.state().created.clone()
+    }
+
+    /// The emulation procedures run so far (then forgets them).
+    pub fn take_emulation(&self) -> Vec<String> {
+        std::mem::take(&mut self.state().emulation)
+    }
+
+    /// Whether the node end of gRPC end `id` is down.
+    pub fn node_end_down(&self, id: u64) -> bool {
+        self.state().node_ends_down.contains(&id)
     }
 }
 
@@ -284,6 +305,41 @@ impl WireKernel for FakeKernel {
         s.pod(netns)?;
         Ok(s.ifaces.get(&(netns.to_string(), intf.to_string())).map(|i| i.stats))
     }
+
+    fn set_impairment(&self, netns: &str, intf: &str, imp: &Impairment) -> Result<bool, KernelError> {
+        let mut s = self.state();
+        let Some(i) = s.ifaces.get_mut(&(netns.to_string(), intf.to_string())) else {
+            return Ok(false);
+        };
+        i.impairment = *imp;
+        s.emulation.push(format!("netem {netns}/{intf} {imp}"));
+        Ok(true)
+    }
+
+    fn set_proto_down(&self, netns: &str, intf: &str, down: bool) -> Result<bool, KernelError> {
+        let mut s = self.state();
+        let Some(i) = s.ifaces.get_mut(&(netns.to_string(), intf.to_string())) else {
+            return Ok(false);
+        };
+        i.proto_down = down;
+        s.emulation.push(format!("protodown {netns}/{intf} {down}"));
+        Ok(true)
+    }
+
+    fn set_node_end_up(&self, id: u64, up: bool) -> Result<bool, KernelError> {
+        let mut s = self.state();
+        if !s.node_ends.contains(&id) {
+            return Ok(false);
+        }
+        if up {
+            s.node_ends_down.remove(&id);
+        } else {
+            s.node_ends_down.insert(id);
+        }
+        s.emulation
+            .push(format!("node-end {id:x} {}", if up { "up" } else { "down" }));
+        Ok(true)
+    }
 }
 
 /// A data plane that remembers which ends have workers, and whether each is up.
@@ -292,12 +348,19 @@ pub struct FakePlane {
     ends: Mutex<BTreeMap<u64, (GrpcEnd, bool)>>,
     /// How many times each end was attached.
     attaches: Mutex<BTreeMap<u64, usize>>,
+    /// The emulation each end was given.
+    impairments: Mutex<BTreeMap<u64, Impairment>>,
 }
 
 impl FakePlane {
     /// The attached end `id` and whether it is up.
     pub fn end(&self, id: u64) -> Option<(GrpcEnd, bool)> {
         self.ends.lock().unwrap().get(&id).cloned()
+    }
+
+    /// The emulation end `id` was given last (empty when none).
+    pub fn impairment(&self, id: u64) -> Impairment {
+        self.impairments.lock().unwrap().get(&id).copied().unwrap_or_default()
     }
 
     /// Whether end `id` has a worker, attached exactly once.
@@ -323,6 +386,9 @@ impl GrpcPlane for FakePlane {
     }
     fn attached(&self, id: u64) -> bool {
         self.ends.lock().unwrap().contains_key(&id)
+    }
+    fn set_impairment(&self, id: u64, imp: Impairment) {
+        self.impairments.lock().unwrap().insert(id, imp);
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use fakes::{FakeKernel, FakePeers, FakePlane, Kind};
 use weft_kernel::LinkStats;
-use weft_link::{WireEnd, WireState};
+use weft_link::{DownBy, Impairment, LinkChange, WireEnd, WireState};
 use weft_rpc::wire::{End, EndsRequest, Hello};
 use weft_store::Store;
 use weft_telemetry::Metrics;
@@ -148,9 +148,24 @@ impl Lab {
             local_mac: None,
             peer_mac: None,
             kind,
+            impair: Default::default(),
         };
         self.links.entry(a.0.into()).or_default().push(end(a, b));
         self.links.entry(b.0.into()).or_default().push(end(b, a));
+        self.publish();
+    }
+
+    /// Sets impairment `param` to `value` on `pod`'s entry of link `uid`.
+    fn impair(&mut self, uid: i64, pod: &str, param: &str, value: &str) {
+        for l in self.links.get_mut(pod).unwrap().iter_mut().filter(|l| l.uid == uid) {
+            let v = Some(value.to_string());
+            match param {
+                "delay" => l.impair.delay = v,
+                "loss" => l.impair.loss = v,
+                "rate" => l.impair.rate = v,
+                other => panic!("{other}"),
+            }
+        }
         self.publish();
     }
 
@@ -414,6 +429,7 @@ async fn a_node_refuses_a_vni_another_end_holds_there() {
             vni,
             present: true,
             wire_id: id("r3", 2),
+            control: None,
         }],
     };
     let reply = lab.engine("b").ends(offer(vni)).await;
@@ -701,4 +717,224 @@ fn a_restart_keeps_the_ends_the_kernel_kept_and_rebuilds_the_missing() {
         assert!(lab.node("b").plane.end(id("r4", 3)).is_some());
         lab.stop();
     });
+}
+
+fn imp(params: &[(&str, &str)]) -> Impairment {
+    Impairment::from_params(params.iter().copied()).unwrap()
+}
+
+/// A lab with a veth link r1:eth1-r2:eth2 on a, a VXLAN link r1:eth2-r3:eth1 and a
+/// gRPC link r1:eth3-r4:eth1 to b, the topology impairing each.
+async fn emulation_lab() -> Lab {
+    let mut lab = Lab::new(&["a", "b"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), None);
+    lab.connect(2, ("r1", "eth2"), ("r3", "eth1"), None);
+    lab.connect(3, ("r1", "eth3"), ("r4", "eth1"), Some(LinkKind::Grpc));
+    // Written on one entry: both directions. Written on both: each end its own.
+    lab.impair(1, "r1", "delay", "20ms");
+    lab.impair(2, "r3", "loss", "10%");
+    lab.impair(3, "r1", "rate", "50mbit");
+    lab.impair(3, "r4", "rate", "20mbit");
+    lab.start().await;
+    for (n, p) in [("a", "r1"), ("a", "r2"), ("b", "r3"), ("b", "r4")] {
+        lab.add(n, p).await;
+    }
+    lab.settle().await;
+    lab
+}
+
+/// The emulation on what `pod`'s end `intf` sends: netem on a kernel end, in the
+/// worker of a gRPC end (link 3), which then has no netem.
+fn impairment_of(lab: &Lab, node: &str, pod: &str, intf: &str) -> Impairment {
+    let kernel = lab.kernel(node).iface(&netns(node, pod), intf).unwrap().impairment;
+    if intf == "eth3" || (pod == "r4" && intf == "eth1") {
+        assert!(kernel.is_empty(), "a gRPC end is impaired in its worker, not by netem");
+        return lab.node(node).plane.impairment(id(pod, 3));
+    }
+    kernel
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_topology_impairs_both_directions_of_every_kind_once() {
+    let lab = emulation_lab().await;
+    let delay = imp(&[("delay", "20ms")]);
+    let loss = imp(&[("loss", "10%")]);
+    assert_eq!(impairment_of(&lab, "a", "r1", "eth1"), delay);
+    assert_eq!(impairment_of(&lab, "a", "r2", "eth2"), delay);
+    assert_eq!(impairment_of(&lab, "a", "r1", "eth2"), loss);
+    assert_eq!(impairment_of(&lab, "b", "r3", "eth1"), loss);
+    assert_eq!(impairment_of(&lab, "a", "r1", "eth3"), imp(&[("rate", "50mbit")]));
+    assert_eq!(impairment_of(&lab, "b", "r4", "eth1"), imp(&[("rate", "20mbit")]));
+    // Applied once: later passes leave the kernel alone.
+    lab.kernel("a").take_emulation();
+    lab.settle().await;
+    assert!(lab.kernel("a").take_emulation().is_empty());
+    let views = lab.engine("a").links(None, Some("r1")).await.unwrap();
+    assert_eq!(views.len(), 3);
+    assert!(
+        views
+            .iter()
+            .all(|v| !v.overridden && v.active == v.topology && v.down.is_none())
+    );
+    let m = lab.metrics.render("text/plain").1;
+    assert!(
+        m.contains("weft_wire_impairment{namespace=\"lab\",link_uid=\"1\",pod=\"r1\",intf=\"eth1\",peer_node=\"\",kind=\"veth\",param=\"delay\"} 0.02"),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_time_change_reaches_both_ends_and_a_reset_restores_the_topology() {
+    let lab = emulation_lab().await;
+    let new = imp(&[("delay", "5ms"), ("loss", "1%")]);
+    for (intf, far) in [
+        ("eth1", ("a", "r2", "eth2")),
+        ("eth2", ("b", "r3", "eth1")),
+        ("eth3", ("b", "r4", "eth1")),
+    ] {
+        let v = lab
+            .engine("a")
+            .link_change(None, "r1", intf, LinkChange::Set(new))
+            .await
+            .unwrap();
+        assert!(v.overridden && v.active == new, "{intf}: {v:?}");
+        lab.settle().await;
+        assert_eq!(impairment_of(&lab, "a", "r1", intf), new, "{intf}");
+        assert_eq!(impairment_of(&lab, far.0, far.1, far.2), new, "{intf}: the far end");
+        let far_view = lab.engine(far.0).links(None, Some(far.1)).await.unwrap();
+        assert!(far_view.iter().find(|v| v.end.local_intf == far.2).unwrap().overridden);
+    }
+    lab.engine("a")
+        .link_change(None, "r1", "eth2", LinkChange::Reset)
+        .await
+        .unwrap();
+    lab.settle().await;
+    let loss = imp(&[("loss", "10%")]);
+    assert_eq!(impairment_of(&lab, "a", "r1", "eth2"), loss);
+    assert_eq!(impairment_of(&lab, "b", "r3", "eth1"), loss);
+
+    // What cannot be done is refused with the reason.
+    let e = lab
+        .engine("a")
+        .link_change(None, "r1", "eth9", LinkChange::Down)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no wire end r1:eth9 on this node"), "{e}");
+    let jitter = Impairment {
+        jitter_us: Some(2000),
+        ..Impairment::default()
+    };
+    let e = lab
+        .engine("a")
+        .link_change(None, "r1", "eth1", LinkChange::Set(jitter))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("needs a delay"), "{e}");
+}
+
+#[test]
+fn a_link_down_by_intent_drops_carrier_at_both_ends_and_stays_down_across_a_restart() {
+    let mut lab = Lab::new(&["a", "b"]);
+    life(async {
+        let l = emulation_lab().await;
+        lab = l;
+        for intf in ["eth1", "eth2", "eth3"] {
+            lab.engine("a")
+                .link_change(None, "r1", intf, LinkChange::Down)
+                .await
+                .unwrap();
+        }
+        lab.settle().await;
+        let (ka, kb) = (lab.kernel("a"), lab.kernel("b"));
+        // veth: the named end goes down, the far end stays up (NO-CARRIER).
+        assert!(!ka.iface("/fake/a/r1", "eth1").unwrap().up);
+        assert!(ka.iface("/fake/a/r2", "eth2").unwrap().up);
+        // VXLAN: both ends lose their carrier, up all the same.
+        assert!(ka.iface("/fake/a/r1", "eth2").unwrap().proto_down);
+        assert!(kb.iface("/fake/b/r3", "eth1").unwrap().proto_down);
+        // gRPC: both node ends go down.
+        assert!(ka.node_end_down(id("r1", 3)) && kb.node_end_down(id("r4", 3)));
+        let views = lab.engine("b").links(None, None).await.unwrap();
+        assert!(views.iter().all(|v| v.down == Some(DownBy::Peer)), "{views:?}");
+        lab.stop();
+    });
+    // Someone rebuilds nothing; a restart finds the settings in the store.
+    life(async {
+        lab.start().await;
+        lab.settle().await;
+        let views = lab.engine("a").links(None, Some("r1")).await.unwrap();
+        assert!(views.iter().all(|v| v.down == Some(DownBy::Named)), "{views:?}");
+        assert!(!lab.kernel("a").iface("/fake/a/r1", "eth1").unwrap().up);
+        assert!(lab.kernel("b").iface("/fake/b/r3", "eth1").unwrap().proto_down);
+        let m = lab.metrics.render("text/plain").1;
+        assert!(
+            m.contains("weft_wire_down_by_intent{namespace=\"lab\",link_uid=\"2\",pod=\"r1\""),
+            "{m}"
+        );
+        // Up again: every end gets its carrier back, the gRPC workers fresh sockets.
+        for intf in ["eth1", "eth2", "eth3"] {
+            lab.engine("a")
+                .link_change(None, "r1", intf, LinkChange::Up)
+                .await
+                .unwrap();
+        }
+        lab.settle().await;
+        let (ka, kb) = (lab.kernel("a"), lab.kernel("b"));
+        assert!(ka.iface("/fake/a/r1", "eth1").unwrap().up);
+        assert!(!ka.iface("/fake/a/r1", "eth2").unwrap().proto_down);
+        assert!(!kb.iface("/fake/b/r3", "eth1").unwrap().proto_down);
+        assert!(!ka.node_end_down(id("r1", 3)) && !kb.node_end_down(id("r4", 3)));
+        assert!(lab.node("a").plane.end(id("r1", 3)).is_some());
+        lab.stop();
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_peer_node_may_change_an_end_and_a_removed_link_forgets_its_settings() {
+    let mut lab = emulation_lab().await;
+    // A node that does not hold the other end of b's r3:eth1 asks to take it down.
+    let req = EndsRequest {
+        from: Some(Hello {
+            node: "c".into(),
+            address: "192.0.2.3".into(),
+        }),
+        ends: vec![End {
+            namespace: NS.into(),
+            link_uid: 2,
+            pod: "r1".into(),
+            peer_pod: "r3".into(),
+            kind: LinkKind::Vxlan.to_string(),
+            vni: derived_vni(NS, 2),
+            present: true,
+            wire_id: id("r1", 2),
+            control: Some(weft_rpc::wire::LinkControl {
+                carrier: weft_rpc::wire::Carrier::Down as i32,
+                ..Default::default()
+            }),
+        }],
+    };
+    let reply = lab.engine("b").ends(req).await;
+    assert!(!reply.results[0].accepted);
+    assert!(
+        reply.results[0].reason.contains("does not hold the other end"),
+        "{:?}",
+        reply.results[0]
+    );
+    lab.settle().await;
+    assert!(!lab.kernel("b").iface("/fake/b/r3", "eth1").unwrap().proto_down);
+
+    // Settings go with their link.
+    lab.engine("a")
+        .link_change(None, "r1", "eth2", LinkChange::Down)
+        .await
+        .unwrap();
+    lab.disconnect(2);
+    lab.settle().await;
+    lab.connect(2, ("r1", "eth2"), ("r3", "eth1"), None);
+    lab.settle().await;
+    for (node, pod) in [("a", "r1"), ("b", "r3")] {
+        let v = lab.engine(node).links(None, Some(pod)).await.unwrap();
+        let end = v.iter().find(|v| v.end.link_uid == 2).expect("rebuilt");
+        assert_eq!(end.down, None, "{node}: {end:?}");
+    }
 }

@@ -1,0 +1,436 @@
+//! `weftctl link`: link emulation at run time. Impairments (`set`, `reset`), state by
+//! intent (`down`, `up`, `flap`) and what is in force (`show`), asked of the daemon of
+//! the pod's node: the one at `--socket`, or, given `--lab FILE`, the lab's node the
+//! pod runs on. Each change applies to both ends of the link and survives restarts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use weft_link::Impairment;
+use weft_rpc::admin::admin_client::AdminClient;
+use weft_rpc::admin::{LinkInfo, LinkRef, LinkResetRequest, LinkSetRequest, LinkShowRequest, LinkStateRequest};
+
+/// Where the pod's daemon is, and which namespace the pod is in.
+#[derive(Debug, Clone, Args)]
+pub struct Target {
+    /// Find the pod's node in this lab (`weftctl lab`) instead of using `--socket`.
+    #[arg(long)]
+    lab: Option<PathBuf>,
+    /// The pod's Topology namespace (needed only when several have such a pod).
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+}
+
+/// One link, by its end in a pod.
+#[derive(Debug, Clone, Args)]
+pub struct LinkArgs {
+    /// The pod.
+    pod: String,
+    /// Its interface (the link's end in it).
+    intf: String,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// The impairment flags, in `tc netem`'s words.
+#[derive(Debug, Clone, Args)]
+pub struct ImpairArgs {
+    /// Added latency (e.g. 20ms; us, ms, s).
+    #[arg(long)]
+    delay: Option<String>,
+    /// Random variation of the delay (e.g. 2ms; needs --delay).
+    #[arg(long)]
+    jitter: Option<String>,
+    /// Frames lost (e.g. 1%).
+    #[arg(long)]
+    loss: Option<String>,
+    /// Sending rate (e.g. 100mbit; bit, kbit, mbit, gbit, or bps, kbps… for bytes).
+    #[arg(long)]
+    rate: Option<String>,
+    /// Frames corrupted (e.g. 0.1%).
+    #[arg(long)]
+    corrupt: Option<String>,
+    /// Frames duplicated (e.g. 0.1%).
+    #[arg(long)]
+    duplicate: Option<String>,
+    /// Frames sent ahead of delayed ones (e.g. 5%; needs --delay).
+    #[arg(long)]
+    reorder: Option<String>,
+}
+
+impl ImpairArgs {
+    /// The flags given, checked here so a typo is named before anything changes.
+    fn impairment(&self) -> anyhow::Result<Impairment> {
+        let given = [
+            ("delay", &self.delay),
+            ("jitter", &self.jitter),
+            ("loss", &self.loss),
+            ("rate", &self.rate),
+            ("corrupt", &self.corrupt),
+            ("duplicate", &self.duplicate),
+            ("reorder", &self.reorder),
+        ];
+        Ok(Impairment::from_params(
+            given.into_iter().filter_map(|(k, v)| v.as_deref().map(|v| (k, v))),
+        )?)
+    }
+}
+
+/// `weftctl link` actions.
+#[derive(Debug, Subcommand)]
+pub enum LinkAction {
+    /// Impairs both directions of a link (replacing the topology's values until
+    /// `reset`; no flag at all sets no impairment).
+    Set {
+        #[command(flatten)]
+        link: LinkArgs,
+        #[command(flatten)]
+        impair: ImpairArgs,
+    },
+    /// Back to the topology's impairment in both directions.
+    Reset {
+        #[command(flatten)]
+        link: LinkArgs,
+    },
+    /// Takes a link down by intent: both ends lose their carrier (until `up`, across
+    /// restarts; `lab check` reports it as down by intent).
+    Down {
+        #[command(flatten)]
+        link: LinkArgs,
+    },
+    /// Brings a link taken down back up.
+    Up {
+        #[command(flatten)]
+        link: LinkArgs,
+    },
+    /// Takes a link down and up again, `--count` times, a state every `--every`.
+    Flap {
+        #[command(flatten)]
+        link: LinkArgs,
+        /// Time in each state (e.g. 2s, 500ms).
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        every: Duration,
+        /// How many down-up cycles.
+        #[arg(long, default_value_t = 5)]
+        count: u32,
+    },
+    /// The links of a pod (or of every pod of the node, or of the lab) with their
+    /// impairment and state.
+    Show {
+        /// The pod (all pods when left out).
+        pod: Option<String>,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// The sockets to ask: the lab node's of `pod`, every lab node's, or `socket`.
+fn sockets(socket: &Path, target: &Target, pod: Option<&str>) -> anyhow::Result<Vec<PathBuf>> {
+    let Some(file) = &target.lab else {
+        return Ok(vec![socket.to_path_buf()]);
+    };
+    let lab = weft_lab::Lab::load(file).with_context(|| format!("loading lab {}", file.display()))?;
+    match pod {
+        Some(pod) => {
+            let node = lab
+                .node_of(pod)
+                .with_context(|| format!("pod {pod} is not in lab {}", file.display()))?;
+            Ok(vec![lab.socket(node)])
+        }
+        None => Ok(lab.spec.nodes.iter().map(|n| lab.socket(&n.name)).collect()),
+    }
+}
+
+async fn client(socket: &Path) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
+    Ok(AdminClient::new(super::connect(socket).await?))
+}
+
+fn link_ref(l: &LinkArgs) -> Option<LinkRef> {
+    Some(LinkRef {
+        namespace: l.target.namespace.clone().unwrap_or_default(),
+        pod: l.pod.clone(),
+        intf: l.intf.clone(),
+    })
+}
+
+/// A status as an error that says what the daemon said.
+fn failed(what: &str, l: &LinkArgs, s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{what} {}:{}: {}", l.pod, l.intf, s.message())
+}
+
+/// Runs `action` against the daemon(s) it names.
+pub async fn run(action: LinkAction, socket: &Path, json: bool) -> anyhow::Result<()> {
+    match action {
+        LinkAction::Set { link, impair } => {
+            let imp = impair.impairment()?;
+            let req = LinkSetRequest {
+                link: link_ref(&link),
+                impairment: imp.to_map().into_iter().collect(),
+            };
+            let info = one(socket, &link).await?.link_set(req).await;
+            print_one(
+                info.map_err(|s| failed("cannot set", &link, s))?.into_inner(),
+                json,
+                true,
+            )
+        }
+        LinkAction::Reset { link } => {
+            let req = LinkResetRequest { link: link_ref(&link) };
+            let info = one(socket, &link).await?.link_reset(req).await;
+            print_one(
+                info.map_err(|s| failed("cannot reset", &link, s))?.into_inner(),
+                json,
+                true,
+            )
+        }
+        LinkAction::Down { link } => print_one(state(socket, &link, false).await?, json, false),
+        LinkAction::Up { link } => print_one(state(socket, &link, true).await?, json, false),
+        LinkAction::Flap { link, every, count } => {
+            if count == 0 {
+                bail!("--count must be at least 1");
+            }
+            let start = Instant::now();
+            for i in 1..=count {
+                for up in [false, true] {
+                    state(socket, &link, up).await?;
+                    println!(
+                        "{:>8.3}s  {}:{} {} ({i}/{count})",
+                        start.elapsed().as_secs_f64(),
+                        link.pod,
+                        link.intf,
+                        if up { "up" } else { "down" }
+                    );
+                    if !(up && i == count) {
+                        tokio::time::sleep(every).await;
+                    }
+                }
+            }
+            Ok(())
+        }
+        LinkAction::Show { pod, target } => {
+            let mut links = Vec::new();
+            for s in sockets(socket, &target, pod.as_deref())? {
+                let req = LinkShowRequest {
+                    namespace: target.namespace.clone().unwrap_or_default(),
+                    pod: pod.clone().unwrap_or_default(),
+                };
+                let reply = client(&s)
+                    .await?
+                    .link_show(req)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot list the links at {}: {}", s.display(), e.message()))?;
+                links.extend(reply.into_inner().links);
+            }
+            print_all(&links, json)
+        }
+    }
+}
+
+/// The client of the daemon of `link`'s pod.
+async fn one(socket: &Path, link: &LinkArgs) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
+    let s = sockets(socket, &link.target, Some(&link.pod))?;
+    client(&s[0]).await
+}
+
+async fn state(socket: &Path, link: &LinkArgs, up: bool) -> anyhow::Result<LinkInfo> {
+    let req = LinkStateRequest {
+        link: link_ref(link),
+        up,
+    };
+    let what = if up { "cannot bring up" } else { "cannot take down" };
+    Ok(one(socket, link)
+        .await?
+        .link_state(req)
+        .await
+        .map_err(|s| failed(what, link, s))?
+        .into_inner())
+}
+
+/// An impairment map as `delay 20ms loss 1%` (`-` for none), in the parameters' order.
+fn impairment_text(map: &std::collections::HashMap<String, String>) -> String {
+    let m: BTreeMap<&String, &String> = map.iter().collect();
+    Impairment::from_map(m)
+        .map(|i| i.to_string())
+        .unwrap_or_else(|e| format!("? ({e})"))
+}
+
+/// Where a link stands by intent: `up`, `down` (named here) or `down (peer)`.
+fn link_state(l: &LinkInfo) -> &'static str {
+    match (l.down, l.down_by_peer) {
+        (false, _) => "up",
+        (true, false) => "down",
+        (true, true) => "down(peer)",
+    }
+}
+
+fn row_json(l: &LinkInfo) -> serde_json::Value {
+    serde_json::json!({
+        "namespace": l.namespace,
+        "link_uid": l.link_uid,
+        "pod": l.pod,
+        "intf": l.intf,
+        "peer_pod": l.peer_pod,
+        "peer_intf": l.peer_intf,
+        "peer_node": l.peer_node,
+        "kind": l.kind,
+        "state": l.state,
+        "down_by_intent": l.down,
+        "down_by_peer": l.down_by_peer,
+        "active": l.active.iter().collect::<BTreeMap<_, _>>(),
+        "topology": l.topology.iter().collect::<BTreeMap<_, _>>(),
+        "overridden": l.overridden,
+        "problem": l.problem,
+    })
+}
+
+/// Prints one end; `strict`: a setting not in force fails the command (the impairment
+/// was what was asked), else it is only shown.
+fn print_one(l: LinkInfo, json: bool, strict: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(&row_json(&l))?);
+        anyhow::ensure!(
+            !strict || l.problem.is_empty(),
+            "{}:{}: not in force: {}",
+            l.pod,
+            l.intf,
+            l.problem
+        );
+        return Ok(());
+    }
+    let source = if l.overridden {
+        format!("run time, overrides the topology's: {}", impairment_text(&l.topology))
+    } else {
+        "the topology's".to_string()
+    };
+    println!(
+        "{}:{} <-> {}:{} ({}): link {}, impairment {} ({source})",
+        l.pod,
+        l.intf,
+        l.peer_pod,
+        l.peer_intf,
+        l.kind,
+        link_state(&l),
+        impairment_text(&l.active)
+    );
+    if !l.problem.is_empty() && !strict {
+        println!("  impairment not in force at this end: {}", l.problem);
+    } else if !l.problem.is_empty() {
+        bail!(
+            "{}:{}: kept, but not in force at this end: {}",
+            l.pod,
+            l.intf,
+            l.problem
+        );
+    }
+    Ok(())
+}
+
+fn print_all(links: &[LinkInfo], json: bool) -> anyhow::Result<()> {
+    if json {
+        let rows: Vec<_> = links.iter().map(row_json).collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:<20} {:<6} {:<8} {:<10} {:<40} SOURCE",
+        "END", "PEER", "KIND", "WIRE", "LINK", "IMPAIRMENT"
+    );
+    for l in links {
+        let mut source = if l.overridden {
+            format!("run time (topology: {})", impairment_text(&l.topology))
+        } else {
+            "topology".into()
+        };
+        if !l.problem.is_empty() {
+            source = format!("{source}; NOT IN FORCE: {}", l.problem);
+        }
+        println!(
+            "{:<24} {:<20} {:<6} {:<8} {:<10} {:<40} {source}",
+            format!("{}/{}:{}", l.namespace, l.pod, l.intf),
+            format!("{}:{}", l.peer_pod, l.peer_intf),
+            l.kind,
+            l.state,
+            link_state(l),
+            impairment_text(&l.active),
+        );
+    }
+    Ok(())
+}
+
+/// Marks the checks of link ends an operator took down (asked of every node of `lab`;
+/// a node that does not answer marks nothing, so its links count as they are).
+pub fn mark_down_by_intent(lab: &weft_lab::Lab, checks: &mut [weft_lab::LinkCheck]) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        return;
+    };
+    let down: std::collections::BTreeSet<String> = rt.block_on(async {
+        let mut down = std::collections::BTreeSet::new();
+        for n in &lab.spec.nodes {
+            let Ok(mut c) = client(&lab.socket(&n.name)).await else {
+                continue;
+            };
+            if let Ok(reply) = c.link_show(LinkShowRequest::default()).await {
+                down.extend(
+                    reply
+                        .into_inner()
+                        .links
+                        .into_iter()
+                        .filter(|l| l.down)
+                        .map(|l| format!("{}:{}", l.pod, l.intf)),
+                );
+            }
+        }
+        down
+    });
+    for c in checks {
+        c.down_by_intent = down.contains(&c.from) || down.contains(&c.to);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_checked_before_anything_is_asked() {
+        let args = ImpairArgs {
+            delay: Some("20ms".into()),
+            jitter: Some("2ms".into()),
+            loss: None,
+            rate: Some("100mbit".into()),
+            corrupt: None,
+            duplicate: None,
+            reorder: None,
+        };
+        assert_eq!(
+            args.impairment().unwrap().to_string(),
+            "delay 20ms jitter 2ms rate 100mbit"
+        );
+        let bad = ImpairArgs {
+            loss: Some("lots".into()),
+            ..args
+        };
+        assert!(bad.impairment().unwrap_err().to_string().starts_with("loss \"lots\""));
+    }
+
+    #[test]
+    fn a_row_says_what_is_active_and_where_it_comes_from() {
+        let l = LinkInfo {
+            pod: "r1".into(),
+            intf: "e1".into(),
+            active: [("delay".to_string(), "20ms".to_string())].into(),
+            topology: Default::default(),
+            overridden: true,
+            down: true,
+            down_by_peer: true,
+            ..Default::default()
+        };
+        assert_eq!(impairment_text(&l.active), "delay 20ms");
+        assert_eq!(impairment_text(&l.topology), "-");
+        assert_eq!(link_state(&l), "down(peer)");
+        assert_eq!(row_json(&l)["active"]["delay"], "20ms");
+    }
+}
