@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod generate;
+pub mod graph;
 pub mod neigh;
 pub mod ping;
 

@@ -67,6 +67,19 @@ pub enum LabAction {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// Draws the lab: nodes, their pods, and every link with its ends, kind, state,
+    /// impairment and (when the lab is up) the rate it carries. DOT on standard output,
+    /// or to `-o FILE` as .dot, or .svg/.png rendered by Graphviz's `dot`.
+    Graph {
+        /// The lab file.
+        file: PathBuf,
+        /// Where to write it (.svg, .png or .dot; default: DOT on standard output).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// How long between the two counter samples a rate is made of (0s: no rates).
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        sample: Duration,
+    },
     /// Removes everything the lab made.
     Down {
         /// The lab file.
@@ -154,6 +167,7 @@ pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
                 None => print!("{text}"),
             }
         }
+        LabAction::Graph { file, output, sample } => super::lab_graph::run(&load(&file)?, output.as_deref(), sample)?,
         LabAction::Down { file } => load(&file)?.down()?,
     }
     Ok(())

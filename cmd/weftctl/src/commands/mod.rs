@@ -6,6 +6,7 @@ pub mod certs;
 pub mod crds;
 pub mod install;
 pub mod lab;
+pub mod lab_graph;
 pub mod link;
 pub mod ports;
 pub mod status;
