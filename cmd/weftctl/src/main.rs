@@ -38,6 +38,10 @@ enum Command {
     /// intent (down, up, flap), at both ends of a link; `--lab FILE` finds the pod's node.
     #[command(subcommand)]
     Link(commands::link::LinkAction),
+    /// Captures the frames of a link end as pcapng, to a file (-w) or standard output
+    /// (`| tcpdump -r -`, `| wireshark -k -i -`); bounded by --count, --duration and the
+    /// daemon's caps; `--lab FILE` finds the pod's node.
+    Capture(commands::capture::CaptureArgs),
     /// Benchmark weft beside the reference plugins (ptp + host-local), in namespaces
     /// it creates and removes. Needs root.
     Bench(commands::bench::BenchArgs),
@@ -87,6 +91,7 @@ fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyh
             Command::Ports => commands::ports::run(socket, json).await,
             Command::Wires => commands::wires::run(socket, json).await,
             Command::Link(action) => commands::link::run(action, socket, json).await,
+            Command::Capture(args) => commands::capture::run(args, socket).await,
             Command::Bench(_) | Command::Lab(_) | Command::Crds | Command::Certs(_) | Command::InstallCni(_) => {
                 unreachable!("run outside the runtime")
             }

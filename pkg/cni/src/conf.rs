@@ -237,6 +237,10 @@ pub struct NetworkConfig {
     pub runtime_config: Option<RuntimeConf>,
     /// Host ports (`runtimeConfig.portMappings`), validated for ADD.
     pub port_mappings: Vec<PortMappingConf>,
+    /// ADD: `waitForLinks`, how long the ADD of a pod with a Topology waits for all its
+    /// links to be up before answering (a pod's own Topology may say otherwise).
+    /// `None` or zero: the ADD answers once `eth0` is up and the links are started.
+    pub wait_for_links: Option<std::time::Duration>,
 }
 
 impl NetworkConfig {
@@ -268,6 +272,11 @@ impl NetworkConfig {
             Err(_) => None,
         };
         let add = cmd == Cmd::Add;
+        let wait_for_links = if add {
+            parse_wait_for_links(conf.custom.get("waitForLinks"))?
+        } else {
+            None
+        };
         let (routes, default_route, ips, mac, port_mappings) = if add {
             let routes = parse_routes(conf.custom.get("routes"))?;
             let default_route = parse_default_route(conf.custom.get("defaultRoute"), &routes)?;
@@ -291,6 +300,7 @@ impl NetworkConfig {
             valid_attachments: conf.valid_attachments,
             runtime_config: conf.runtime_config,
             port_mappings,
+            wait_for_links,
         })
     }
 }
@@ -431,6 +441,16 @@ fn parse_routes(v: Option<&Value>) -> Result<Vec<RouteConf>, CniError> {
         out.push(RouteConf { dst, gw });
     }
     Ok(out)
+}
+
+/// Parses `waitForLinks`: a duration string ("30s", "500ms"), bounded.
+fn parse_wait_for_links(v: Option<&Value>) -> Result<Option<std::time::Duration>, CniError> {
+    let bad = |d: String| CniError::new(code::INVALID_CONFIG, format!("`waitForLinks`: {d}"));
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => weft_link::parse_link_wait(s).map(Some).map_err(bad),
+        Some(other) => Err(bad(format!("must be a duration string such as \"30s\", got {other}"))),
+    }
 }
 
 fn parse_default_route(v: Option<&Value>, routes: &[RouteConf]) -> Result<Option<bool>, CniError> {
@@ -642,6 +662,24 @@ mod tests {
         assert!(NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"],"mtu":0"#), Cmd::Add).is_err());
         assert!(NetworkConfig::parse(&conf(r#","ranges":["fd00::/64"],"mtu":1000"#), Cmd::Add).is_err());
         assert!(NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"],"mtu":"9000""#), Cmd::Add).is_err());
+    }
+
+    #[test]
+    fn wait_for_links_is_a_bounded_duration_read_for_add_only() {
+        let c = NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"],"waitForLinks":"3s""#), Cmd::Add).unwrap();
+        assert_eq!(c.wait_for_links, Some(std::time::Duration::from_secs(3)));
+        let none = NetworkConfig::parse(&conf(r#","ranges":["10.0.0.0/24"]"#), Cmd::Add).unwrap();
+        assert_eq!(none.wait_for_links, None);
+        for bad in [
+            r#","waitForLinks":30"#,
+            r#","waitForLinks":"later""#,
+            r#","waitForLinks":"1h""#,
+        ] {
+            let e = NetworkConfig::parse(&conf(&format!(r#","ranges":["10.0.0.0/24"]{bad}"#)), Cmd::Add).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
+            assert!(e.details.contains("waitForLinks"), "{bad}: {}", e.details);
+            assert!(NetworkConfig::parse(&conf(&format!(r#","ranges":["10.0.0.0/24"]{bad}"#)), Cmd::Del).is_ok());
+        }
     }
 
     #[test]

@@ -623,7 +623,22 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         failpoint!("add.done");
         info!(attachment = %key, host_ifname = %att.host_ifname, addresses = ?att.addresses.iter().map(|a| a.address).collect::<Vec<_>>(), "pod attached");
         if let (Some(w), Some(pod)) = (&self.wiring, Self::wired_pod(&att)) {
-            w.pod_added(pod).instrument(phase!("wires")).await;
+            w.pod_added(pod.clone()).instrument(phase!("wires")).await;
+            let waited = w
+                .wait_links(pod.clone(), conf.wait_for_links)
+                .instrument(phase!("wait_links"))
+                .await;
+            if let Err(why) = waited {
+                warn!(attachment = %key, error = %why, "the pod's links did not come up in time: removing the attachment");
+                self.abandon_add(&att, w.as_ref(), pod).await;
+                return Err(CniError::new(
+                    code::TRY_AGAIN_LATER,
+                    format!(
+                        "pod {}/{}: {why}; the attachment was removed and the ADD can be retried",
+                        att.pod.namespace, att.pod.name
+                    ),
+                ));
+            }
         }
         Ok(result::render(
             conf.version,
@@ -653,6 +668,26 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         if let Err(e) = self.ipam.remove(att.id).await {
             // The row stays in state `creating`; the next start rolls it back.
             warn!(attachment = %att.key, error = %e, "could not release the addresses of a failed ADD");
+        }
+    }
+
+    /// Takes back a finished ADD whose pod's links did not come up in time, as a DEL
+    /// would (wires, host ports, veth, addresses), waiting for all of it, so the
+    /// failed ADD leaves nothing behind.
+    async fn abandon_add(&self, att: &Attachment, wiring: &dyn Wiring, pod: WiredPod) {
+        if self.is_last_of_pod(att).await {
+            wiring.pod_removed(pod).await;
+        }
+        match self.ipam.begin_del(att.key.clone()).await {
+            Ok(Some(att)) => {
+                if let Some(work) = self.start_teardown(att).await {
+                    let _ = work.await;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                warn!(attachment = %att.key, error = %e, "could not record the removal of an abandoned ADD; the next start finishes it")
+            }
         }
     }
 

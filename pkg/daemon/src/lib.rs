@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod call;
+pub mod capture;
 pub mod defaults;
 pub mod handler;
 pub mod locks;
@@ -27,6 +28,6 @@ pub use call::CniCall;
 pub use defaults::PodDefaults;
 pub use handler::{Handler, NodeInfo};
 pub use seams::{
-    AdminState, Ipam, KernelNetworking, LinkError, LinkRef, PodNetworking, StateSummary, WiredPod, Wiring,
+    AdminState, FrameStream, Ipam, KernelNetworking, LinkError, LinkRef, PodNetworking, StateSummary, WiredPod, Wiring,
 };
 pub use spool::{DelSpool, Replayed};

@@ -258,6 +258,18 @@ pub trait Wiring: Send + Sync + 'static {
         let _ = (link, change);
         Box::pin(async { Err(LinkError::Failed("this daemon has no link emulation".into())) })
     }
+    /// Waits until every link of the (just added) pod is up, for as long as its
+    /// Topology says or else `default` (the network config's `waitForLinks`); the
+    /// error says which links are not up and why. A wiring that cannot tell does not
+    /// wait.
+    fn wait_links(
+        &self,
+        pod: WiredPod,
+        default: Option<std::time::Duration>,
+    ) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        let _ = (pod, default);
+        Box::pin(async { Ok(()) })
+    }
     /// The wire ends of this node (of one namespace, one pod) with their emulation
     /// settings.
     fn links(
@@ -268,7 +280,18 @@ pub trait Wiring: Send + Sync + 'static {
         let _ = (namespace, pod);
         Box::pin(async { Ok(Vec::new()) })
     }
+    /// Opens a capture of the link end `link` (its interface in the pod), each frame
+    /// cut to `snaplen` bytes; frames come until the stream is dropped, which closes
+    /// the capture. A wiring that cannot capture refuses.
+    fn capture(&self, link: LinkRef, snaplen: u32) -> futures::future::BoxFuture<'_, Result<FrameStream, LinkError>> {
+        let _ = (link, snaplen);
+        Box::pin(async { Err(LinkError::Failed("this daemon cannot capture links".into())) })
+    }
 }
+
+/// The frames of one capture, as the wiring reads them; an error ends the capture (the
+/// interface went away, or the socket failed).
+pub type FrameStream = futures::stream::BoxStream<'static, std::io::Result<weft_link::CapturedFrame>>;
 
 /// One link of a pod of this node, named by its end here.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
@@ -11,9 +12,10 @@ use weft_cni::{CniError, code};
 use weft_link::{DownBy, Impairment, LinkChange, LinkView, WireReport};
 use weft_rpc::admin::admin_server::Admin;
 use weft_rpc::admin::{
-    Call, CallsReply, CallsRequest, HostPort as HostPortMsg, LinkInfo, LinkRef as LinkRefMsg, LinkResetRequest,
-    LinkSetRequest, LinkShowReply, LinkShowRequest, LinkStateRequest, PortsReply, PortsRequest,
-    RangeUsage as RangeUsageMsg, StatusReply, StatusRequest, WireEnd as WireEndMsg, WiresReply, WiresRequest,
+    Call, CallsReply, CallsRequest, CaptureRequest, CapturedFrame as CapturedFrameMsg, HostPort as HostPortMsg,
+    LinkInfo, LinkRef as LinkRefMsg, LinkResetRequest, LinkSetRequest, LinkShowReply, LinkShowRequest,
+    LinkStateRequest, PortsReply, PortsRequest, RangeUsage as RangeUsageMsg, StatusReply, StatusRequest,
+    WireEnd as WireEndMsg, WiresReply, WiresRequest,
 };
 use weft_rpc::cnirpc::cni_server::Cni;
 use weft_rpc::cnirpc::{AddResponse, CheckResponse, CniArgs, DelResponse, GcResponse, StatusResponse};
@@ -21,6 +23,7 @@ use weft_store::{SCHEMA_VERSION, Store};
 use weft_telemetry::{CallInfo, CallLog, CniCallFields, Readiness};
 
 use crate::call::CniCall;
+use crate::capture::{Bounds, Captures};
 use crate::handler::Handler;
 use crate::seams::{AdminState, Ipam, LinkError, LinkRef, PodNetworking, Wiring};
 use crate::spool::DelSpool;
@@ -173,7 +176,11 @@ pub struct AdminService<S = Store> {
     wiring: Option<Arc<dyn Wiring>>,
     node_network: Option<NodeNetworkReport>,
     del_spool: Option<Arc<DelSpool>>,
+    captures: Captures,
 }
+
+/// The frames of one capture as the admin service streams them.
+pub type CaptureStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<CapturedFrameMsg, Status>> + Send>>;
 
 /// Reports the pod network between nodes for `weftctl status` (the daemon knows it; the
 /// admin service only relays it).
@@ -199,7 +206,14 @@ impl<S: AdminState> AdminService<S> {
             wiring: None,
             node_network: None,
             del_spool: None,
+            captures: Captures::default(),
         }
+    }
+
+    /// Holds link captures to `captures` (its limit, its gauge).
+    pub fn with_captures(mut self, captures: Captures) -> Self {
+        self.captures = captures;
+        self
     }
 
     /// Reports how many DELs wait in `spool`.
@@ -339,6 +353,52 @@ impl<S: AdminState> Admin for AdminService<S> {
         let wires = wiring.wires().await.into_iter().map(wire_message).collect();
         Ok(Response::new(WiresReply { wires }))
     }
+
+    type CaptureStream = CaptureStream;
+
+    async fn capture(&self, request: Request<CaptureRequest>) -> Result<Response<CaptureStream>, Status> {
+        let Some(wiring) = &self.wiring else {
+            return Err(Status::failed_precondition("this daemon wires no pods"));
+        };
+        let r = request.into_inner();
+        let link = r.link.unwrap_or_default();
+        if link.pod.is_empty() || link.intf.is_empty() {
+            return Err(Status::invalid_argument("name the link by its pod and interface"));
+        }
+        let what = format!("{}:{}", link.pod, link.intf);
+        let target = LinkRef {
+            namespace: (!link.namespace.is_empty()).then_some(link.namespace),
+            pod: link.pod,
+            intf: link.intf,
+        };
+        let bounds = Bounds::new(r.max_frames, r.max_bytes, r.max_duration_ms, r.snaplen);
+        let permit = self.captures.try_start().ok_or_else(|| {
+            Status::resource_exhausted(format!(
+                "this node runs {} captures already, as many as it allows at once; end one first",
+                self.captures.max()
+            ))
+        })?;
+        let frames = wiring
+            .capture(target, bounds.snaplen)
+            .await
+            .map_err(|e| link_status(&e))?;
+        tracing::info!(capture = %what, ?bounds, "capture started");
+        let frames = crate::capture::bounded(frames, bounds, permit, what).map(|f| {
+            f.map(frame_message)
+                .map_err(|e| Status::unavailable(format!("the capture ended: {e}")))
+        });
+        Ok(Response::new(Box::pin(frames)))
+    }
+}
+
+/// A captured frame as the admin API streams it.
+fn frame_message(f: weft_link::CapturedFrame) -> CapturedFrameMsg {
+    CapturedFrameMsg {
+        unix_nanos: f.unix_nanos,
+        outgoing: f.outgoing,
+        original_length: f.original_len,
+        data: f.data,
+    }
 }
 
 impl<S: AdminState> AdminService<S> {
@@ -414,6 +474,7 @@ fn wire_message(w: WireReport) -> WireEndMsg {
         rx_frames: c.rx_frames,
         rx_bytes: c.rx_bytes,
         dropped: c.dropped,
+        reason: w.reason,
     }
 }
 
@@ -544,6 +605,87 @@ mod tests {
         assert!(err.message().contains("closed"), "{}", err.message());
     }
 
+    /// A wiring whose captures yield endless 100-byte frames of pod r1's e1 only.
+    struct CapturingWiring;
+
+    impl Wiring for CapturingWiring {
+        fn pod_added(&self, _: crate::seams::WiredPod) -> futures::future::BoxFuture<'_, ()> {
+            Box::pin(async {})
+        }
+        fn pod_removed(&self, _: crate::seams::WiredPod) -> futures::future::BoxFuture<'_, ()> {
+            Box::pin(async {})
+        }
+        fn wires(&self) -> futures::future::BoxFuture<'_, Vec<WireReport>> {
+            Box::pin(async { Vec::new() })
+        }
+        fn capture(
+            &self,
+            link: LinkRef,
+            snaplen: u32,
+        ) -> futures::future::BoxFuture<'_, Result<crate::seams::FrameStream, LinkError>> {
+            Box::pin(async move {
+                if (link.pod.as_str(), link.intf.as_str()) != ("r1", "e1") {
+                    return Err(LinkError::NotFound(format!("no wire end {}:{}", link.pod, link.intf)));
+                }
+                let frames = futures::stream::repeat_with(move || {
+                    Ok(weft_link::CapturedFrame {
+                        unix_nanos: 7,
+                        outgoing: true,
+                        original_len: 100,
+                        data: vec![1; 100.min(snaplen as usize)],
+                    })
+                });
+                Ok(frames.boxed())
+            })
+        }
+    }
+
+    fn capture_request(pod: &str, max_frames: u64) -> Request<CaptureRequest> {
+        Request::new(CaptureRequest {
+            link: Some(LinkRefMsg {
+                namespace: String::new(),
+                pod: pod.into(),
+                intf: "e1".into(),
+            }),
+            max_frames,
+            snaplen: 60,
+            ..Default::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_capture_streams_bounded_frames_and_refuses_what_it_cannot_serve() {
+        let state = || FakeState {
+            summary: None,
+            ports: Vec::new(),
+        };
+        let err = admin(state()).capture(capture_request("r1", 3)).await.err().unwrap();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "no wiring");
+
+        let svc = admin(state())
+            .with_wiring(Arc::new(CapturingWiring))
+            .with_captures(Captures::new(1));
+        let err = svc.capture(capture_request("r9", 3)).await.err().unwrap();
+        assert_eq!(err.code(), tonic::Code::NotFound);
+        assert!(err.message().contains("r9:e1"), "{}", err.message());
+
+        let stream = svc.capture(capture_request("r1", 3)).await.unwrap().into_inner();
+        let err = svc.capture(capture_request("r1", 3)).await.err().unwrap();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "one at a time here");
+        assert!(err.message().contains("runs 1 captures already"), "{}", err.message());
+        let frames: Vec<_> = stream.collect().await;
+        assert_eq!(frames.len(), 3, "the count ends it");
+        let f = frames[0].as_ref().unwrap();
+        assert_eq!(
+            (f.data.len(), f.original_length, f.outgoing, f.unix_nanos),
+            (60, 100, true, 7)
+        );
+        assert!(
+            svc.capture(capture_request("r1", 1)).await.is_ok(),
+            "the place is free again"
+        );
+    }
+
     #[test]
     fn a_wire_end_is_listed_with_its_names_and_counters() {
         use weft_link::{LinkKind, WireCounters, WireEnd, WireState};
@@ -572,6 +714,7 @@ mod tests {
         let m = wire_message(WireReport {
             end: end.clone(),
             counters: Some(counters),
+            reason: String::new(),
         });
         assert_eq!(
             (m.pod.as_str(), m.intf.as_str(), m.peer_node.as_str()),
@@ -592,7 +735,9 @@ mod tests {
                 ..end
             },
             counters: None,
+            reason: "peer pod r2 is not running on any node yet".into(),
         });
         assert_eq!((m.kind.as_str(), m.vni, m.counted, m.tx_frames), ("grpc", 0, false, 0));
+        assert_eq!(m.reason, "peer pod r2 is not running on any node yet");
     }
 }

@@ -815,13 +815,27 @@ async fn a_requested_address_being_released_is_waited_for() {
     assert_eq!(*e.net.removes.lock().unwrap(), 1);
 }
 
-/// Records what the wiring seam is told.
+/// Records what the wiring seam is told; `links_fail` makes every wait for links
+/// end with that reason.
 #[derive(Default)]
 struct FakeWiring {
     calls: Mutex<Vec<String>>,
+    links_fail: Option<String>,
 }
 
 impl Wiring for FakeWiring {
+    fn wait_links(
+        &self,
+        pod: WiredPod,
+        default: Option<Duration>,
+    ) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("wait {} {default:?}", pod.name));
+        let r = self.links_fail.clone().map_or(Ok(()), Err);
+        Box::pin(async move { r })
+    }
     fn pod_added(&self, pod: WiredPod) -> futures::future::BoxFuture<'_, ()> {
         self.calls.lock().unwrap().push(format!("added {}", pod.name));
         Box::pin(async {})
@@ -850,6 +864,47 @@ async fn the_pods_wires_go_with_its_last_network_only() {
     );
     e.h.del(&args("c1", CONF)).await.unwrap();
     assert_eq!(w.calls.lock().unwrap().last().unwrap(), "removed pod-c1");
+}
+
+#[tokio::test]
+async fn an_add_whose_links_do_not_come_up_fails_and_leaves_nothing() {
+    let w = Arc::new(FakeWiring {
+        links_fail: Some(
+            "links not up within 2s: e1 (to r2:e1): pending: peer pod r2 is not running on any node yet".into(),
+        ),
+        ..Default::default()
+    });
+    let wiring = w.clone();
+    let e = env_with(move |h| h.with_wiring(wiring));
+    let before = allocated(&e.store).await;
+    let conf = CONF.replacen('{', r#"{"waitForLinks":"2s","#, 1);
+    let err = e.h.add(&args("c1", &conf)).await.unwrap_err();
+    assert_eq!(err.code, weft_cni::code::TRY_AGAIN_LATER);
+    assert!(
+        err.details.contains("peer pod r2 is not running") && err.details.contains("can be retried"),
+        "{}",
+        err.details
+    );
+    assert_eq!(
+        *w.calls.lock().unwrap(),
+        ["added pod-c1", "wait pod-c1 Some(2s)", "removed pod-c1"]
+    );
+    assert!(
+        attachment(&e.store, "c1", "weft", "eth0").await.is_none(),
+        "the row stayed"
+    );
+    assert_eq!(allocated(&e.store).await, before, "the address stayed allocated");
+    assert!(e.net.links.lock().unwrap().is_empty(), "the veth stayed");
+}
+
+#[tokio::test]
+async fn an_add_whose_links_come_up_answers_with_its_result() {
+    let w = Arc::new(FakeWiring::default());
+    let wiring = w.clone();
+    let e = env_with(move |h| h.with_wiring(wiring));
+    let v = json(e.h.add(&args("c1", CONF)).await.unwrap());
+    assert!(v["ips"][0]["address"].is_string());
+    assert_eq!(*w.calls.lock().unwrap(), ["added pod-c1", "wait pod-c1 None"]);
 }
 
 /// A spooled DEL as the plugin writes it when weftd cannot be reached.

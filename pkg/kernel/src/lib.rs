@@ -12,6 +12,7 @@
 //! Steps of the pod driver are spans with target `weft::phase` (`veth`, `addresses`,
 //! `routes`), which the daemon turns into phase metrics and trace spans.
 
+pub mod capture;
 mod error;
 pub mod hostends;
 pub mod limits;

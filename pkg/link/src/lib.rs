@@ -12,9 +12,13 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub mod capture;
 pub mod impair;
+pub mod status;
 
+pub use capture::CapturedFrame;
 pub use impair::{DownBy, EndSettings, Impairment, ImpairmentError, LinkChange, LinkView};
+pub use status::{LinkPhase, LinkStatus, MAX_LINK_WAIT, parse_link_wait};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -192,6 +196,8 @@ pub struct WireReport {
     pub end: WireEnd,
     /// Its interface's counters, when the interface could be read.
     pub counters: Option<WireCounters>,
+    /// Why the link is not up (pending, down by intent or failed); empty when it is.
+    pub reason: String,
 }
 
 #[cfg(test)]

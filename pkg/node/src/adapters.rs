@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use weft_daemon::{LinkError, LinkRef, PodDefaults, WiredPod, Wiring};
+use weft_daemon::{FrameStream, LinkError, LinkRef, PodDefaults, WiredPod, Wiring};
+use weft_kernel::capture::CaptureSocket;
 use weft_link::{LinkChange, LinkView, WireReport};
 use weft_store::Store;
 use weft_wires::{Engine, LocalPod, WireError};
@@ -36,6 +37,18 @@ impl Wiring for EngineWiring {
             })
         })
     }
+    fn wait_links(
+        &self,
+        pod: WiredPod,
+        default: Option<std::time::Duration>,
+    ) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.0
+                .wait_links(&pod.namespace, &pod.name, default)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
     fn link_change(
         &self,
         link: LinkRef,
@@ -58,6 +71,25 @@ impl Wiring for EngineWiring {
                 .links(namespace.as_deref(), pod.as_deref())
                 .await
                 .map_err(link_error)
+        })
+    }
+    fn capture(&self, link: LinkRef, snaplen: u32) -> futures::future::BoxFuture<'_, Result<FrameStream, LinkError>> {
+        Box::pin(async move {
+            let (netns, intf) = self
+                .0
+                .capture_target(link.namespace.as_deref(), &link.pod, &link.intf)
+                .await
+                .map_err(link_error)?;
+            let what = format!("{}:{}", link.pod, link.intf);
+            let sock = tokio::task::spawn_blocking(move || {
+                let ns = weft_kernel::NetNs::open(std::path::Path::new(&netns))?;
+                CaptureSocket::open_in(&ns, &intf)
+            })
+            .await
+            .map_err(|e| LinkError::Failed(format!("cannot capture {what}: {e}")))?
+            .map_err(|e| LinkError::Failed(format!("cannot capture {what}: {e}")))?;
+            weft_wires::capture::frames(sock, snaplen)
+                .map_err(|e| LinkError::Failed(format!("cannot capture {what}: {e}")))
         })
     }
 }

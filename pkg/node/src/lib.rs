@@ -291,7 +291,8 @@ impl Node {
         }
         admin = admin
             .with_node_network(adapters::node_network_report(&nodenet, config.masquerade))
-            .with_del_spool(spool);
+            .with_del_spool(spool)
+            .with_captures(weft_daemon::capture::Captures::default().with_metrics(&metrics));
 
         let (stop, stop_rx) = watch::channel(false);
         let http = servers::serve_http(

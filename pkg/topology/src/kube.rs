@@ -249,6 +249,7 @@ fn status_patch(status: &TopologyStatus) -> Value {
             "net_ns": s(&status.net_ns),
             "container_id": s(&status.container_id),
             "skipped": if status.skipped.is_empty() { Value::Null } else { json!(status.skipped) },
+            "links": if status.links.is_empty() { Value::Null } else { json!(status.links) },
         }
     })
 }
@@ -328,7 +329,7 @@ mod tests {
     fn clearing_a_status_nulls_every_field() {
         assert_eq!(
             status_patch(&TopologyStatus::default()),
-            json!({"status": {"src_ip": null, "net_ns": null, "container_id": null, "skipped": null}})
+            json!({"status": {"src_ip": null, "net_ns": null, "container_id": null, "skipped": null, "links": null}})
         );
         let st = TopologyStatus {
             src_ip: "10.0.0.1".into(),
@@ -337,7 +338,21 @@ mod tests {
         };
         assert_eq!(
             status_patch(&st),
-            json!({"status": {"src_ip": "10.0.0.1", "net_ns": "/var/run/netns/x", "container_id": null, "skipped": null}})
+            json!({"status": {"src_ip": "10.0.0.1", "net_ns": "/var/run/netns/x", "container_id": null, "skipped": null, "links": null}})
         );
+        let with_links = TopologyStatus {
+            links: vec![weft_link::LinkStatus {
+                uid: 1,
+                local_intf: "e1".into(),
+                peer_pod: "r2".into(),
+                peer_intf: "e1".into(),
+                state: weft_link::LinkPhase::Pending,
+                reason: "the peer pod runs nowhere yet".into(),
+            }],
+            ..st
+        };
+        let patch = status_patch(&with_links);
+        assert_eq!(patch["status"]["links"][0]["state"], "pending");
+        assert_eq!(patch["status"]["links"][0]["reason"], "the peer pod runs nowhere yet");
     }
 }

@@ -117,6 +117,20 @@ pub struct TopologySpec {
     /// The pod's links.
     #[serde(default)]
     pub links: Vec<Link>,
+    /// How long the pod's ADD waits for all its links to be up (weft's addition), such
+    /// as "30s"; "0s" not at all. Unset: the network config's `waitForLinks`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for_links: Option<String>,
+}
+
+impl TopologySpec {
+    /// The pod's own wait for its links, when its topology sets one (checked when
+    /// the topology is loaded, so a bad value reads as unset here).
+    pub fn link_wait(&self) -> Option<std::time::Duration> {
+        self.wait_for_links
+            .as_deref()
+            .and_then(|s| weft_link::parse_link_wait(s).ok())
+    }
 }
 
 /// Where the pod runs, written by the daemon of its node when it is attached.
@@ -134,6 +148,10 @@ pub struct TopologyStatus {
     /// The pod sandbox's container id.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub container_id: String,
+    /// Each link of the pod and where it stands (weft's addition), written by the
+    /// pod's node whenever a link's state changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkStatus>,
 }
 
 impl TopologyStatus {
@@ -146,6 +164,9 @@ impl TopologyStatus {
 /// One wire end on a node: one type for every crate (see `weft-link`); the status
 /// entry is its serialized form.
 pub use weft_link::WireEnd;
+
+/// One link of a pod and where it stands, as the Topology's status lists it.
+pub use weft_link::{LinkPhase, LinkStatus};
 
 /// The wire ends of one node (status only; spec is empty).
 #[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]

@@ -16,6 +16,9 @@ pub fn validate(t: &Topology) -> Result<(), Vec<String>> {
     if pod.is_empty() {
         errors.push(format!("topology in namespace {ns}: metadata.name (the pod) is empty"));
     }
+    if let Some(Err(e)) = t.spec.wait_for_links.as_deref().map(weft_link::parse_link_wait) {
+        errors.push(format!("topology {ns}/{pod}: wait_for_links: {e}"));
+    }
     let mut uids: BTreeMap<i64, usize> = BTreeMap::new();
     let mut intfs: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, link) in t.spec.links.iter().enumerate() {
@@ -128,7 +131,13 @@ mod tests {
     }
 
     fn topo(links: Vec<Link>) -> Topology {
-        let mut t = Topology::new("r1", TopologySpec { links });
+        let mut t = Topology::new(
+            "r1",
+            TopologySpec {
+                links,
+                ..Default::default()
+            },
+        );
         t.metadata.namespace = Some("lab".into());
         t
     }
@@ -178,6 +187,20 @@ mod tests {
         assert_eq!(
             e,
             vec!["topology lab/r1: link #0 (uid 7): peer_pod is empty".to_string()]
+        );
+    }
+
+    #[test]
+    fn a_wait_for_links_must_be_a_bounded_duration() {
+        let mut t = topo(vec![]);
+        t.spec.wait_for_links = Some("3s".into());
+        assert_eq!(validate(&t), Ok(()));
+        assert_eq!(t.spec.link_wait(), Some(std::time::Duration::from_secs(3)));
+        t.spec.wait_for_links = Some("soon".into());
+        let e = errors(&t);
+        assert!(
+            e[0].contains("wait_for_links") && e[0].contains("not a duration"),
+            "{e:?}"
         );
     }
 

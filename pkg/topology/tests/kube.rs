@@ -35,7 +35,13 @@ fn link(uid: i64, peer: &str, local_intf: &str) -> Link {
 }
 
 fn topo(namespace: &str, pod: &str, links: Vec<Link>) -> Topology {
-    let mut t = Topology::new(pod, TopologySpec { links });
+    let mut t = Topology::new(
+        pod,
+        TopologySpec {
+            links,
+            ..Default::default()
+        },
+    );
     t.metadata.namespace = Some(namespace.into());
     t
 }
@@ -388,6 +394,14 @@ async fn set_status_writes_the_status_and_clearing_removes_it() {
         src_ip: "10.1.2.3".into(),
         net_ns: "/var/run/netns/cni-1".into(),
         container_id: "c0ffee".into(),
+        links: vec![weft_topology::LinkStatus {
+            uid: 1,
+            local_intf: "eth1".into(),
+            peer_pod: "r2".into(),
+            peer_intf: "eth1".into(),
+            state: weft_topology::LinkPhase::Pending,
+            reason: "peer pod r2 is not running on any node yet".into(),
+        }],
     };
     source.set_status("lab", "r1", up.clone()).await.expect("set_status");
     let stored = server.get::<Topology>(Some("lab"), "r1").expect("r1");

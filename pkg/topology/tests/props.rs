@@ -101,7 +101,13 @@ fn topology() -> impl Strategy<Value = Topology> {
                     },
                 )
                 .collect();
-            let mut t = Topology::new(&name, TopologySpec { links });
+            let mut t = Topology::new(
+                &name,
+                TopologySpec {
+                    links,
+                    ..Default::default()
+                },
+            );
             // The loader fills in the namespace; generate it filled so the round trip is exact.
             t.metadata.namespace = Some(namespace.unwrap_or_else(|| "default".into()));
             t

@@ -49,6 +49,18 @@ pub enum WireError {
     Task(String),
 }
 
+impl WireError {
+    /// Whether the wire waits on the peer's node (unreachable, not answering, not told)
+    /// or on this node's address, rather than being refused here: a link in that case
+    /// is pending, not failed.
+    pub fn waits_on_peer(&self) -> bool {
+        matches!(
+            self,
+            WireError::Peer(_) | WireError::NoNodeAddress | WireError::NoAnswer | WireError::PeerNotTold { .. }
+        )
+    }
+}
+
 /// Why an `Ends` call to another node failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {

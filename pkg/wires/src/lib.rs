@@ -7,10 +7,11 @@
 //! other nodes through [`Peers`] and the workers of gRPC ends through [`GrpcPlane`],
 //! so its decisions are tested against fakes without root.
 
-// No unsafe code but registering a packet socket with Tokio's reactor (`dataplane`),
-// which Tokio marks unsafe and which is allowed at that one place.
+// No unsafe code but registering a packet socket with Tokio's reactor (`dataplane`,
+// `capture`), which Tokio marks unsafe and which is allowed at those places.
 #![deny(unsafe_code)]
 
+pub mod capture;
 pub mod convert;
 pub mod dataplane;
 pub mod engine;
@@ -23,7 +24,7 @@ pub mod plane;
 pub mod service;
 
 pub use convert::{counters, labels};
-pub use engine::{Engine, EngineConfig, LocalPod, PlaneFactory, PodKey, Seams};
+pub use engine::{Engine, EngineConfig, LinkWaitTimeout, LocalPod, PlaneFactory, PodKey, Seams};
 pub use error::{PeerError, WireError};
 pub use kernel::{EndSpec, HostWireKernel, VxlanPeer, WireKernel};
 pub use metrics::WireMetrics;

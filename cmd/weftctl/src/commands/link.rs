@@ -18,10 +18,10 @@ use weft_rpc::admin::{LinkInfo, LinkRef, LinkResetRequest, LinkSetRequest, LinkS
 pub struct Target {
     /// Find the pod's node in this lab (`weftctl lab`) instead of using `--socket`.
     #[arg(long)]
-    lab: Option<PathBuf>,
+    pub(crate) lab: Option<PathBuf>,
     /// The pod's Topology namespace (needed only when several have such a pod).
     #[arg(long, short = 'n')]
-    namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
 }
 
 /// One link, by its end in a pod.
@@ -128,7 +128,7 @@ pub enum LinkAction {
 }
 
 /// The sockets to ask: the lab node's of `pod`, every lab node's, or `socket`.
-fn sockets(socket: &Path, target: &Target, pod: Option<&str>) -> anyhow::Result<Vec<PathBuf>> {
+pub(crate) fn sockets(socket: &Path, target: &Target, pod: Option<&str>) -> anyhow::Result<Vec<PathBuf>> {
     let Some(file) = &target.lab else {
         return Ok(vec![socket.to_path_buf()]);
     };

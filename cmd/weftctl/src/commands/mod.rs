@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod calls;
+pub mod capture;
 pub mod certs;
 pub mod crds;
 pub mod install;

@@ -14,7 +14,7 @@ struct Json<'a>(&'a WireEnd);
 impl Serialize for Json<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let w = self.0;
-        let mut m = s.serialize_map(Some(16))?;
+        let mut m = s.serialize_map(Some(17))?;
         m.serialize_entry("id", &hex_id(w))?;
         m.serialize_entry("namespace", &w.namespace)?;
         m.serialize_entry("link_uid", &w.link_uid)?;
@@ -29,6 +29,7 @@ impl Serialize for Json<'_> {
         for (name, v) in counters(w) {
             m.serialize_entry(name, &v)?;
         }
+        m.serialize_entry("reason", &w.reason)?;
         m.end()
     }
 }
@@ -59,7 +60,7 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:<24} {:<6} {:<8} {:<16} {:>10} {:>10} {:>8} {:<16}",
+        "{:<24} {:<24} {:<6} {:<8} {:<16} {:>10} {:>10} {:>8} {:<16} REASON",
         "END", "PEER", "KIND", "STATE", "PEER NODE", "TX FRAMES", "RX FRAMES", "DROPPED", "WIRE ID"
     );
     let n = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
@@ -71,7 +72,7 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
         };
         let [(_, tx_frames), _, (_, rx_frames), _, (_, dropped)] = counters(w);
         println!(
-            "{:<24} {:<24} {:<6} {:<8} {:<16} {:>10} {:>10} {:>8} {:<16}",
+            "{:<24} {:<24} {:<6} {:<8} {:<16} {:>10} {:>10} {:>8} {:<16} {}",
             format!("{}/{}:{}", w.namespace, w.pod, w.intf),
             format!("{}:{}", w.peer_pod, w.peer_intf),
             w.kind,
@@ -80,7 +81,8 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
             n(tx_frames),
             n(rx_frames),
             n(dropped),
-            hex_id(w)
+            hex_id(w),
+            w.reason
         );
     }
     Ok(())
@@ -109,7 +111,7 @@ mod tests {
         let out = serde_json::to_string(&Json(&w)).unwrap();
         assert_eq!(
             out,
-            r#"{"id":"00000000000000ab","namespace":"lab","link_uid":1,"pod":"r1","intf":"eth1","peer_pod":"r2","peer_intf":"eth2","peer_node":"","kind":"veth","state":"up","vni":0,"tx_frames":null,"tx_bytes":null,"rx_frames":null,"rx_bytes":null,"dropped":null}"#
+            r#"{"id":"00000000000000ab","namespace":"lab","link_uid":1,"pod":"r1","intf":"eth1","peer_pod":"r2","peer_intf":"eth2","peer_node":"","kind":"veth","state":"up","vni":0,"tx_frames":null,"tx_bytes":null,"rx_frames":null,"rx_bytes":null,"dropped":null,"reason":""}"#
         );
         let counted = WireEnd { counted: true, ..w };
         let v: serde_json::Value = serde_json::to_value(Json(&counted)).unwrap();

@@ -2,15 +2,15 @@
 //! interfaces before each scrape; gRPC ends count in their workers, seeded from their
 //! pod ends' kernel counters after a restart.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use super::Engine;
+use super::{Engine, plan};
 use crate::convert;
 use crate::error::WireError;
 use crate::metrics::{WireDirLabels, WireDropLabels};
 use crate::plane::GrpcPlane;
 use weft_kernel::LinkStats;
-use weft_link::{LinkKind, WireEnd, WireReport};
+use weft_link::{LinkKind, WireEnd, WireReport, WireState};
 use weft_store::StoreError;
 
 impl<P: GrpcPlane> Engine<P> {
@@ -71,13 +71,51 @@ impl<P: GrpcPlane> Engine<P> {
     pub async fn report(&self) -> Result<Vec<WireReport>, StoreError> {
         let ends = self.wires().await?;
         let stats = self.interface_stats(&ends).await.unwrap_or_default();
-        Ok(ends
+        // Why each link of a local pod is not up, by its end's wire id.
+        let mut unbuilt: BTreeMap<u64, WireReport> = BTreeMap::new();
+        let pods = self.pods.lock().expect("pods lock").clone();
+        for ((ns, name), links) in self.link_states() {
+            for l in links {
+                let netns = pods
+                    .get(&(ns.clone(), name.clone()))
+                    .map(|p| p.netns.clone())
+                    .unwrap_or_default();
+                let link = weft_topology::Link {
+                    uid: l.uid,
+                    peer_pod: l.peer_pod.clone(),
+                    local_intf: l.local_intf.clone(),
+                    peer_intf: l.peer_intf.clone(),
+                    local_ip: String::new(),
+                    peer_ip: String::new(),
+                    local_mac: None,
+                    peer_mac: None,
+                    kind: None,
+                    impair: Default::default(),
+                };
+                let mut end = plan::record(&ns, &name, &netns, &link, self.cfg.default_kind, String::new());
+                end.state = WireState::Pending;
+                unbuilt.insert(
+                    end.id,
+                    WireReport {
+                        end,
+                        counters: None,
+                        reason: l.reason,
+                    },
+                );
+            }
+        }
+        let mut out: Vec<WireReport> = ends
             .into_iter()
             .map(|end| WireReport {
                 counters: stats.get(&end.id).map(convert::counters),
+                reason: unbuilt.remove(&end.id).map(|r| r.reason).unwrap_or_default(),
                 end,
             })
-            .collect())
+            .collect();
+        // Links with no end here yet (the peer pod runs nowhere, the pair is not
+        // built): listed as pending, with why.
+        out.extend(unbuilt.into_values());
+        Ok(out)
     }
 
     /// Starts a re-attached gRPC end's frame and byte counters at its pod end's kernel

@@ -66,8 +66,13 @@ impl<P: GrpcPlane> Engine<P> {
         }
     }
 
-    /// Brings every built end of `records` to its impairment and carrier by intent.
-    pub(super) async fn emulate(&self, records: &HashMap<u64, WireEnd>) -> Result<(), WireError> {
+    /// Brings every built end of `records` to its impairment and carrier by intent, and
+    /// returns the run-time settings it went by (the pass reports links down by intent
+    /// from them).
+    pub(super) async fn emulate(
+        &self,
+        records: &HashMap<u64, WireEnd>,
+    ) -> Result<HashMap<u64, EndSettings>, WireError> {
         let settings = self.store.run(|db| db.link_settings()).await?;
         for r in records.values().filter(|r| r.state != WireState::Pending) {
             let s = settings.get(&r.id).copied().unwrap_or_default();
@@ -122,7 +127,7 @@ impl<P: GrpcPlane> Engine<P> {
             self.set_problem(r, problem);
             self.applied.lock().expect("applied lock").insert(r.id, a);
         }
-        Ok(())
+        Ok(settings)
     }
 
     /// Applies impairment `imp` to what end `r` sends: netem on its pod's interface, or,
@@ -186,6 +191,16 @@ impl<P: GrpcPlane> Engine<P> {
                 many.iter().map(|r| r.namespace.as_str()).collect::<Vec<_>>().join(", ")
             ))),
         }
+    }
+
+    /// Where the frames of the end `pod`:`intf` of this node can be captured: the pod's
+    /// namespace path and the end's interface in it. Every kind of end is an interface
+    /// in the pod, so a capture there sees the link as the pod does.
+    pub async fn capture_target(&self, ns: Option<&str>, pod: &str, intf: &str) -> Result<(String, String), WireError> {
+        // A pending end may have its interface already (a gRPC end is built before its
+        // peer answers): whether it can be captured is the kernel's to say.
+        let r = self.named_end(ns, pod, intf).await?;
+        Ok((r.netns, r.local_intf))
     }
 
     /// Changes the link whose end here is `pod`:`intf` at both ends (the other end on

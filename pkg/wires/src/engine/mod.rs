@@ -38,7 +38,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tracing::warn;
 use weft_kernel::KernelError;
-use weft_link::WireEnd;
+use weft_link::{LinkStatus, WireEnd};
 use weft_rpc::wire::{End, EndResult, EndsRequest, Hello};
 use weft_store::{Store, StoreError};
 use weft_telemetry::Metrics;
@@ -82,6 +82,24 @@ pub struct LocalPod {
     pub netns: String,
     /// Its sandbox's container id.
     pub container_id: String,
+}
+
+/// A pod's links were not all up when its wait for them ran out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("links not up within {}: {}", humantime::format_duration(*.bound), list(.links))]
+pub struct LinkWaitTimeout {
+    /// How long was waited.
+    pub bound: Duration,
+    /// The links that were not up (all of the pod's known links if none was known
+    /// to be pending), with why.
+    pub links: Vec<LinkStatus>,
+}
+
+fn list(links: &[LinkStatus]) -> String {
+    if links.is_empty() {
+        return "no pass has reported them yet".into();
+    }
+    links.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
 /// One link of one local pod, as a pass walks them: the topology namespace, the pod's
@@ -154,6 +172,11 @@ pub struct Engine<P = DataPlane> {
     applied: Mutex<HashMap<u64, emulate::Applied>>,
     /// Why an end's emulation is not in force, per end that has a reason.
     problems: Mutex<HashMap<u64, String>>,
+    /// Where each link of each local pod stood after the last pass (what the pods'
+    /// Topology statuses say, and what ADDs waiting for their links watch).
+    links: watch::Sender<BTreeMap<PodKey, Vec<LinkStatus>>>,
+    /// Pods whose link states could not be written to their Topology status yet.
+    links_unwritten: Mutex<std::collections::BTreeSet<PodKey>>,
 }
 
 impl Engine {
@@ -200,6 +223,8 @@ impl<P: GrpcPlane> Engine<P> {
             sampled: Mutex::default(),
             applied: Mutex::default(),
             problems: Mutex::default(),
+            links: watch::channel(BTreeMap::new()).0,
+            links_unwritten: Mutex::default(),
         });
         engine.restore_grpc_ends().await;
         tokio::spawn(engine.clone().run());
@@ -254,6 +279,63 @@ impl<P: GrpcPlane> Engine<P> {
             }
         }
         self.pass_and_wait().await;
+    }
+
+    /// Waits until every link of pod `name` (in `namespace`) is up or down by intent,
+    /// for as long as its Topology's `wait_for_links` says, or `default` (the network
+    /// config's) when it says nothing. A pod without a Topology or links, or a zero
+    /// wait, does not wait. Passes are asked for while waiting, so a peer that appears
+    /// is seen at once. On time out, the links that are not up, with their reasons.
+    pub async fn wait_links(
+        &self,
+        namespace: &str,
+        name: &str,
+        default: Option<Duration>,
+    ) -> Result<(), LinkWaitTimeout> {
+        let Some(t) = self.source.topology(namespace, name) else {
+            return Ok(());
+        };
+        let bound = t.spec.link_wait().or(default).unwrap_or_default();
+        if bound.is_zero() || t.spec.links.is_empty() {
+            return Ok(());
+        }
+        let key: PodKey = (namespace.to_string(), name.to_string());
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut rx = self.links.subscribe();
+        loop {
+            let uids: Vec<i64> = self
+                .source
+                .topology(namespace, name)
+                .map(|t| t.spec.links.iter().map(|l| l.uid).collect())
+                .unwrap_or_default();
+            let known = rx.borrow_and_update().get(&key).cloned().unwrap_or_default();
+            let unsettled: Vec<LinkStatus> = known.iter().filter(|l| !l.state.settled()).cloned().collect();
+            let all_known = uids.iter().all(|u| known.iter().any(|l| l.uid == *u));
+            if all_known && unsettled.is_empty() {
+                return Ok(());
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(LinkWaitTimeout {
+                    bound,
+                    links: if unsettled.is_empty() { known } else { unsettled },
+                });
+            }
+            // A pass every second at most while waiting: a peer's arrival also kicks
+            // one through the source, this only bounds a missed change.
+            if tokio::time::timeout((deadline - now).min(Duration::from_secs(1)), rx.changed())
+                .await
+                .is_err()
+            {
+                self.requested.fetch_add(1, Ordering::AcqRel);
+                self.kick.notify_one();
+            }
+        }
+    }
+
+    /// Where the links of this node's pods stood after the last pass.
+    pub fn link_states(&self) -> BTreeMap<PodKey, Vec<LinkStatus>> {
+        self.links.borrow().clone()
     }
 
     /// Asks for a pass and waits until one that started after the request is done.

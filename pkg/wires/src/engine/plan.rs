@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use weft_kernel::wire::FdbEntry;
-use weft_link::{DownBy, EndSettings, Impairment, LinkChange, LinkView, WireEnd, WireState};
+use weft_link::{DownBy, EndSettings, Impairment, LinkChange, LinkPhase, LinkStatus, LinkView, WireEnd, WireState};
 use weft_rpc::wire::End;
 use weft_topology::{Link, LinkKind, Topology, TopologyStatus};
 
@@ -185,14 +185,89 @@ pub(crate) fn mirror(ours: &WireEnd, netns: &str) -> WireEnd {
     }
 }
 
-/// The status a pod of this node should carry: where it runs (what meshnet's
-/// `skipped` says is kept).
-pub(crate) fn status_for(me: IpAddr, pod: &LocalPod, current: Option<&TopologyStatus>) -> TopologyStatus {
+/// The status a pod of this node should carry: where it runs and where its links stand
+/// (what meshnet's `skipped` says is kept).
+pub(crate) fn status_for(
+    me: IpAddr,
+    pod: &LocalPod,
+    current: Option<&TopologyStatus>,
+    links: Vec<LinkStatus>,
+) -> TopologyStatus {
     TopologyStatus {
         src_ip: me.to_string(),
         net_ns: pod.netns.clone(),
         container_id: pod.container_id.clone(),
         skipped: current.map(|s| s.skipped.clone()).unwrap_or_default(),
+        links,
+    }
+}
+
+/// What a pass did about one link of a local pod, as far as its state goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Brought where the plan says (or nothing was needed).
+    Done,
+    /// The peer pod runs nowhere the topologies say.
+    PeerAbsent,
+    /// Failed; `transient` when waiting on the peer's node rather than refused here.
+    Failed { transient: bool, error: String },
+}
+
+/// Where link `link` of pod `pod` stands after a pass: `rec` is its end as recorded,
+/// `attempt` what the pass did, `down` whether an operator took it down.
+pub(crate) fn link_status(
+    pod: &str,
+    link: &Link,
+    rec: Option<&WireEnd>,
+    attempt: &Attempt,
+    down: Option<DownBy>,
+) -> LinkStatus {
+    let (state, reason) = match (attempt, rec) {
+        (Attempt::Failed { transient: true, error }, _) => (LinkPhase::Pending, error.clone()),
+        (
+            Attempt::Failed {
+                transient: false,
+                error,
+            },
+            _,
+        ) => (LinkPhase::Failed, error.clone()),
+        (_, Some(_)) if down.is_some() => (
+            LinkPhase::Down,
+            match down {
+                Some(DownBy::Named) => format!("taken down by an operator at {pod}:{}", link.local_intf),
+                _ => format!("taken down by an operator at {}:{}", link.peer_pod, link.peer_intf),
+            },
+        ),
+        (Attempt::PeerAbsent, _) => (
+            LinkPhase::Pending,
+            format!("peer pod {} is not running on any node yet", link.peer_pod),
+        ),
+        (Attempt::Done, None) => (
+            LinkPhase::Pending,
+            format!("waiting for pod {}'s side to build the link", link.peer_pod),
+        ),
+        (Attempt::Done, Some(r)) => match r.state {
+            WireState::Up => (LinkPhase::Up, String::new()),
+            WireState::Down => (
+                LinkPhase::Pending,
+                format!("peer pod {} went away; the end waits for it", link.peer_pod),
+            ),
+            WireState::Pending => (
+                LinkPhase::Pending,
+                match r.kind {
+                    LinkKind::Vxlan => format!("agreeing on a VNI with the node of pod {}", link.peer_pod),
+                    _ => format!("waiting for the node of pod {} to build its end", link.peer_pod),
+                },
+            ),
+        },
+    };
+    LinkStatus {
+        uid: link.uid,
+        local_intf: link.local_intf.clone(),
+        peer_pod: link.peer_pod.clone(),
+        peer_intf: link.peer_intf.clone(),
+        state,
+        reason,
     }
 }
 
@@ -281,7 +356,13 @@ mod tests {
     }
 
     fn topo(name: &str, links: Vec<Link>, node: Option<&str>) -> Arc<Topology> {
-        let mut t = Topology::new(name, TopologySpec { links });
+        let mut t = Topology::new(
+            name,
+            TopologySpec {
+                links,
+                ..Default::default()
+            },
+        );
         t.metadata.namespace = Some("lab".into());
         t.status = node.map(|n| TopologyStatus {
             src_ip: n.into(),
@@ -296,6 +377,58 @@ mod tests {
             netns: format!("/run/netns/{name}"),
             container_id: format!("c-{name}"),
         }
+    }
+
+    #[test]
+    fn a_links_state_says_why_it_is_not_up() {
+        let l = link(1, "r2", None);
+        let mut r = record("lab", "r1", "/run/netns/r1", &l, LinkKind::Grpc, "10.0.0.2".into());
+        let st = |rec: Option<&WireEnd>, a: &Attempt, down| link_status("r1", &l, rec, a, down);
+
+        let absent = st(None, &Attempt::PeerAbsent, None);
+        assert_eq!(absent.state, LinkPhase::Pending);
+        assert_eq!(absent.reason, "peer pod r2 is not running on any node yet");
+        assert_eq!(
+            (absent.uid, absent.local_intf.as_str(), absent.peer_intf.as_str()),
+            (1, "eth1", "eth2")
+        );
+
+        r.state = WireState::Up;
+        let up = st(Some(&r), &Attempt::Done, None);
+        assert_eq!((up.state, up.reason.as_str()), (LinkPhase::Up, ""));
+
+        // Down by intent wins over how the end was last seen, and says which end was named.
+        let down = st(Some(&r), &Attempt::Done, Some(DownBy::Peer));
+        assert_eq!(down.state, LinkPhase::Down);
+        assert_eq!(down.reason, "taken down by an operator at r2:eth2");
+        assert!(down.state.settled());
+        // A link down by intent whose end is gone is waiting, not down.
+        assert_eq!(
+            st(None, &Attempt::PeerAbsent, Some(DownBy::Named)).state,
+            LinkPhase::Pending
+        );
+
+        r.state = WireState::Pending;
+        assert!(st(Some(&r), &Attempt::Done, None).reason.contains("to build its end"));
+        r.kind = LinkKind::Vxlan;
+        assert!(st(Some(&r), &Attempt::Done, None).reason.contains("VNI"));
+        r.state = WireState::Down;
+        assert!(st(Some(&r), &Attempt::Done, None).reason.contains("went away"));
+
+        let waiting = Attempt::Failed {
+            transient: true,
+            error: "connecting to 10.0.0.2: refused".into(),
+        };
+        assert_eq!(st(Some(&r), &waiting, None).state, LinkPhase::Pending);
+        let refused = Attempt::Failed {
+            transient: false,
+            error: "kernel: File exists".into(),
+        };
+        let failed = st(None, &refused, None);
+        assert_eq!(
+            (failed.state, failed.reason.as_str()),
+            (LinkPhase::Failed, "kernel: File exists")
+        );
     }
 
     const ME: &str = "192.0.2.1";

@@ -9,10 +9,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
-use weft_link::{LinkKind, WireEnd, WireState};
+use weft_link::{EndSettings, LinkKind, LinkStatus, WireEnd, WireState};
 use weft_topology::Link;
 
-use super::plan::{self, PodKey, Want};
+use super::plan::{self, Attempt, PodKey, Want};
 use super::{Engine, LocalLink, LocalPod};
 use crate::convert;
 use crate::error::WireError;
@@ -76,7 +76,14 @@ impl<P: GrpcPlane> Engine<P> {
             let Some(t) = self.source.topology(ns, name) else {
                 continue;
             };
-            let want = plan::status_for(me, pod, t.status.as_ref());
+            // The links as the last pass left them; this pass's come at its end.
+            let links = self
+                .links
+                .borrow()
+                .get(&(ns.clone(), name.clone()))
+                .cloned()
+                .unwrap_or_else(|| t.status.as_ref().map(|s| s.links.clone()).unwrap_or_default());
+            let want = plan::status_for(me, pod, t.status.as_ref(), links);
             if t.status.as_ref() != Some(&want)
                 && let Err(e) = self.source.set_status(ns, name, want).await
             {
@@ -86,6 +93,7 @@ impl<P: GrpcPlane> Engine<P> {
         }
 
         let mut wanted: BTreeSet<u64> = BTreeSet::new();
+        let mut attempts: HashMap<u64, Attempt> = HashMap::new();
         for ((ns, name), pod) in &pods {
             let Some(t) = self.source.topology(ns, name) else {
                 continue;
@@ -94,22 +102,43 @@ impl<P: GrpcPlane> Engine<P> {
                 let want = plan::want(me, self.cfg.default_kind, ns, name, link, &pods, |n, p| {
                     self.source.topology(n, p)
                 });
-                wanted.insert(wire_id(ns, link.uid, name));
+                let id = wire_id(ns, link.uid, name);
+                wanted.insert(id);
+                let mut builds_peer = None;
                 match want {
                     // The other pod's pass builds the pair and writes both records.
-                    Want::Veth { builder: false, .. } => continue,
+                    Want::Veth { builder: false, .. } => {
+                        attempts.entry(id).or_insert(Attempt::Done);
+                        continue;
+                    }
                     Want::Veth { builder: true, .. } => {
-                        wanted.insert(wire_id(ns, link.uid, &link.peer_pod));
+                        let peer_id = wire_id(ns, link.uid, &link.peer_pod);
+                        wanted.insert(peer_id);
+                        builds_peer = Some(peer_id);
                     }
                     _ => {}
                 }
-                if let Err(e) = self
+                let absent = want == Want::Absent;
+                let attempt = match self
                     .reconcile_link(me, LocalLink { ns, name, pod, link }, want, &mut records)
                     .await
                 {
-                    warn!(pod = %format!("{ns}/{name}"), intf = %link.local_intf, link = link.uid, error = %e, "wire not ready; retrying");
-                    self.retry.store(true, Ordering::Relaxed);
+                    Ok(()) if absent => Attempt::PeerAbsent,
+                    Ok(()) => Attempt::Done,
+                    Err(e) => {
+                        warn!(pod = %format!("{ns}/{name}"), intf = %link.local_intf, link = link.uid, error = %e, "wire not ready; retrying");
+                        self.retry.store(true, Ordering::Relaxed);
+                        Attempt::Failed {
+                            transient: e.waits_on_peer(),
+                            error: e.to_string(),
+                        }
+                    }
+                };
+                // The pair's other end stands or falls with this one.
+                if let Some(peer_id) = builds_peer {
+                    attempts.insert(peer_id, attempt.clone());
                 }
+                attempts.insert(id, attempt);
             }
         }
 
@@ -130,9 +159,11 @@ impl<P: GrpcPlane> Engine<P> {
         }
 
         // Impairments and carrier by intent, on every end built so far.
-        if self.emulate(&records).await.is_err() {
+        let settings = self.emulate(&records).await.unwrap_or_else(|_| {
             self.retry.store(true, Ordering::Relaxed);
-        }
+            HashMap::new()
+        });
+        self.report_links(me, &pods, &records, &attempts, &settings).await;
 
         let after: BTreeSet<_> = records.values().map(|r| (r.id, r.state, r.peer_node.clone())).collect();
         if before != after || !self.mirrored.swap(true, Ordering::AcqRel) {
@@ -143,6 +174,53 @@ impl<P: GrpcPlane> Engine<P> {
             }
         }
         Ok(())
+    }
+
+    /// Works out where each link of each local pod stands, writes a pod's Topology
+    /// status when its links moved, and publishes the lot to waiting ADDs.
+    async fn report_links(
+        &self,
+        me: IpAddr,
+        pods: &BTreeMap<PodKey, LocalPod>,
+        records: &HashMap<u64, WireEnd>,
+        attempts: &HashMap<u64, Attempt>,
+        settings: &HashMap<u64, EndSettings>,
+    ) {
+        let before = self.links.borrow().clone();
+        let mut now: BTreeMap<PodKey, Vec<LinkStatus>> = BTreeMap::new();
+        for (key @ (ns, name), pod) in pods {
+            let Some(t) = self.source.topology(ns, name) else {
+                continue;
+            };
+            let links: Vec<LinkStatus> = t
+                .spec
+                .links
+                .iter()
+                .map(|link| {
+                    let id = wire_id(ns, link.uid, name);
+                    let attempt = attempts.get(&id).unwrap_or(&Attempt::Done);
+                    let down = settings.get(&id).and_then(|s| s.down);
+                    plan::link_status(name, link, records.get(&id), attempt, down)
+                })
+                .collect();
+            let stale = self.links_unwritten.lock().expect("links lock").remove(key);
+            if stale || before.get(key) != Some(&links) {
+                for l in &links {
+                    let was = before.get(key).and_then(|b| b.iter().find(|o| o.uid == l.uid));
+                    if was.map(|w| (w.state, &w.reason)) != Some((l.state, &l.reason)) {
+                        info!(pod = %format!("{ns}/{name}"), intf = %l.local_intf, state = %l.state, reason = %l.reason, "link state");
+                    }
+                }
+                let status = plan::status_for(me, pod, t.status.as_ref(), links.clone());
+                if let Err(e) = self.source.set_status(ns, name, status).await {
+                    warn!(pod = %format!("{ns}/{name}"), error = %e, "could not publish the pod's link states");
+                    self.retry.store(true, Ordering::Relaxed);
+                    self.links_unwritten.lock().expect("links lock").insert(key.clone());
+                }
+            }
+            now.insert(key.clone(), links);
+        }
+        self.links.send_replace(now);
     }
 
     /// Brings one link of a local pod where `want` says.

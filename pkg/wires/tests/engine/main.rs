@@ -180,7 +180,13 @@ impl Lab {
     /// Puts every pod's topology in the source, keeping the statuses daemons wrote.
     fn publish(&self) {
         for (pod, links) in &self.links {
-            let mut t = Topology::new(pod, TopologySpec { links: links.clone() });
+            let mut t = Topology::new(
+                pod,
+                TopologySpec {
+                    links: links.clone(),
+                    ..Default::default()
+                },
+            );
             t.metadata.namespace = Some(NS.into());
             t.status = self.source.topology(NS, pod).and_then(|t| t.status.clone());
             self.source.put(t);
@@ -937,4 +943,117 @@ async fn only_the_peer_node_may_change_an_end_and_a_removed_link_forgets_its_set
         let end = v.iter().find(|v| v.end.link_uid == 2).expect("rebuilt");
         assert_eq!(end.down, None, "{node}: {end:?}");
     }
+}
+
+/// The link states pod `pod`'s Topology status carries, as (interface, state, reason).
+fn link_states(lab: &Lab, pod: &str) -> Vec<(String, String, String)> {
+    let t = lab.source.topology(NS, pod).unwrap();
+    t.status
+        .as_ref()
+        .map(|s| {
+            s.links
+                .iter()
+                .map(|l| (l.local_intf.clone(), l.state.to_string(), l.reason.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_waiting_for_its_links_is_answered_once_its_peers_arrive() {
+    let mut lab = Lab::new(&["a", "b"]);
+    lab.connect(1, ("r1", "e1"), ("r2", "e1"), Some(LinkKind::Grpc));
+    lab.connect(2, ("r1", "e2"), ("r3", "e2"), None);
+    lab.start().await;
+    lab.add("a", "r1").await;
+
+    let engine = lab.engine("a").clone();
+    let waiting = tokio::spawn(async move { engine.wait_links(NS, "r1", Some(Duration::from_secs(10))).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "answered before any peer came");
+    let states = link_states(&lab, "r1");
+    assert_eq!(states.len(), 2, "{states:?}");
+    for (intf, state, reason) in &states {
+        let peer = if intf == "e1" { "r2" } else { "r3" };
+        assert_eq!(state, "pending");
+        assert_eq!(reason, &format!("peer pod {peer} is not running on any node yet"));
+    }
+    // `weftctl wires` lists the links with no end yet, with why.
+    let report = lab.engine("a").report().await.unwrap();
+    let e1 = report.iter().find(|r| r.end.local_intf == "e1").expect("e1 listed");
+    assert_eq!(
+        (e1.end.state, e1.reason.as_str()),
+        (WireState::Pending, "peer pod r2 is not running on any node yet")
+    );
+
+    lab.add("b", "r2").await;
+    assert!(!waiting.is_finished(), "answered with r3 still missing");
+    lab.add("a", "r3").await;
+    let answered = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("still waiting");
+    assert_eq!(answered.unwrap(), Ok(()));
+    lab.settle().await;
+    for pod in ["r1", "r2", "r3"] {
+        assert!(
+            link_states(&lab, pod).iter().all(|(_, s, r)| s == "up" && r.is_empty()),
+            "{pod}: {:?}",
+            link_states(&lab, pod)
+        );
+    }
+
+    // Down by intent is where the operator wants it: settled, and said so.
+    lab.engine("a")
+        .link_change(None, "r1", "e2", LinkChange::Down)
+        .await
+        .unwrap();
+    lab.settle().await;
+    let e2 = link_states(&lab, "r3");
+    assert_eq!(e2[0].1, "down");
+    assert_eq!(e2[0].2, "taken down by an operator at r1:e2");
+    assert_eq!(
+        lab.engine("a").wait_links(NS, "r3", Some(Duration::from_secs(1))).await,
+        Ok(())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_links_ends_at_its_bound_and_a_topology_may_set_its_own() {
+    let mut lab = Lab::new(&["a"]);
+    lab.connect(1, ("r1", "e1"), ("r2", "e1"), None);
+    lab.start().await;
+    lab.add("a", "r1").await;
+    let e = lab
+        .engine("a")
+        .wait_links(NS, "r1", Some(Duration::from_millis(400)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.bound, Duration::from_millis(400));
+    assert_eq!(
+        e.to_string(),
+        "links not up within 400ms: e1 (to r2:e1): pending: peer pod r2 is not running on any node yet"
+    );
+    // No wait configured, or none for pods without links: answered at once.
+    assert_eq!(lab.engine("a").wait_links(NS, "r1", None).await, Ok(()));
+    assert_eq!(
+        lab.engine("a")
+            .wait_links(NS, "nobody", Some(Duration::from_secs(5)))
+            .await,
+        Ok(())
+    );
+
+    // The pod's own Topology overrides the network's wait, both ways.
+    let mut t = (*lab.source.topology(NS, "r1").unwrap()).clone();
+    t.spec.wait_for_links = Some("0s".into());
+    lab.source.put(t.clone());
+    assert_eq!(
+        lab.engine("a")
+            .wait_links(NS, "r1", Some(Duration::from_secs(30)))
+            .await,
+        Ok(())
+    );
+    t.spec.wait_for_links = Some("200ms".into());
+    lab.source.put(t);
+    let e = lab.engine("a").wait_links(NS, "r1", None).await.unwrap_err();
+    assert_eq!(e.bound, Duration::from_millis(200));
 }
