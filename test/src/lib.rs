@@ -745,3 +745,41 @@ pub fn result_address(result: &Value, v6: bool) -> String {
         .expect("an address")
         .to_string()
 }
+
+/// The lab file of the link-emulation tests: two nodes, pods a1 and b1 on n1 and c2 and
+/// d2 on n2, in Topology namespace `namespace`, with one link of each kind: a1:e1 to
+/// b1:e1 (veth, uid 1), a1:e2 to c2:e2 (VXLAN, uid 2) and b1:e3 to d2:e3 (gRPC, uid 3),
+/// addressed `<subnet>.<uid>.1/30` on the first pod named and `.2` on the other.
+/// `extra(pod, uid)` adds fields to that pod's entry of the link (`", delay: 20ms"`).
+pub fn kinds_lab_file(name: &str, namespace: &str, subnet: &str, extra: &dyn Fn(&str, i64) -> String) -> String {
+    // (uid, peer, interface, kind, whether the pod holds the link's .1 address)
+    type Entry<'a> = (i64, &'a str, &'a str, &'a str, bool);
+    let entries: [(&str, &[Entry]); 4] = [
+        (
+            "a1",
+            &[(1, "b1", "e1", "", true), (2, "c2", "e2", ", kind: vxlan", true)],
+        ),
+        (
+            "b1",
+            &[(1, "a1", "e1", "", false), (3, "d2", "e3", ", kind: grpc", true)],
+        ),
+        ("c2", &[(2, "a1", "e2", ", kind: vxlan", false)]),
+        ("d2", &[(3, "b1", "e3", ", kind: grpc", false)]),
+    ];
+    let mut topologies = String::new();
+    for (pod, links) in entries {
+        topologies += &format!(
+            "  - apiVersion: networkop.co.uk/v1beta1\n    kind: Topology\n    metadata: {{name: {pod}, namespace: {namespace}}}\n    spec:\n      links:\n"
+        );
+        for &(uid, peer, intf, kind, first) in links {
+            let (me, them) = if first { (1, 2) } else { (2, 1) };
+            topologies += &format!(
+                "      - {{uid: {uid}, peer_pod: {peer}, local_intf: {intf}, peer_intf: {intf}, local_ip: {subnet}.{uid}.{me}/30, peer_ip: {subnet}.{uid}.{them}/30{kind}{}}}\n",
+                extra(pod, uid)
+            );
+        }
+    }
+    format!(
+        "name: {name}\nnodes: [n1, n2]\npods:\n  - {{name: a1, node: n1}}\n  - {{name: b1, node: n1}}\n  - {{name: c2, node: n2}}\n  - {{name: d2, node: n2}}\ntopologies:\n{topologies}"
+    )
+}

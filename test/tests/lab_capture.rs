@@ -35,46 +35,8 @@ const LINKS: [LinkRow; 3] = [
     ("b1", "e3", "10.78.3.1", "d2", "e3", "10.78.3.2", "grpc"),
 ];
 
-fn topology(pod: &str, links: &[String]) -> String {
-    format!(
-        "  - apiVersion: networkop.co.uk/v1beta1\n    kind: Topology\n    metadata: {{name: {pod}, namespace: cap}}\n    spec:\n      links:\n{}",
-        links.concat()
-    )
-}
-
-fn link(uid: i64, peer: &str, intf: &str, ips: (&str, &str), extra: &str) -> String {
-    format!(
-        "      - {{uid: {uid}, peer_pod: {peer}, local_intf: {intf}, peer_intf: {intf}, local_ip: {}/30, peer_ip: {}/30{extra}}}\n",
-        ips.0, ips.1
-    )
-}
-
 fn lab_file(name: &str) -> String {
-    let topologies = [
-        topology(
-            "a1",
-            &[
-                link(1, "b1", "e1", ("10.78.1.1", "10.78.1.2"), ""),
-                link(2, "c2", "e2", ("10.78.2.1", "10.78.2.2"), ", kind: vxlan"),
-            ],
-        ),
-        topology(
-            "b1",
-            &[
-                link(1, "a1", "e1", ("10.78.1.2", "10.78.1.1"), ""),
-                link(3, "d2", "e3", ("10.78.3.1", "10.78.3.2"), ", kind: grpc"),
-            ],
-        ),
-        topology(
-            "c2",
-            &[link(2, "a1", "e2", ("10.78.2.2", "10.78.2.1"), ", kind: vxlan")],
-        ),
-        topology("d2", &[link(3, "b1", "e3", ("10.78.3.2", "10.78.3.1"), ", kind: grpc")]),
-    ];
-    format!(
-        "name: {name}\nnodes: [n1, n2]\npods:\n  - {{name: a1, node: n1}}\n  - {{name: b1, node: n1}}\n  - {{name: c2, node: n2}}\n  - {{name: d2, node: n2}}\ntopologies:\n{}",
-        topologies.concat()
-    )
+    weft_tests::kinds_lab_file(name, "cap", "10.78", &|_, _| String::new())
 }
 
 /// The lab of the test, its file, and where `weftctl --lab` finds its state.

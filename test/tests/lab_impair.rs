@@ -29,64 +29,13 @@ const LINKS: [(&str, &str, &str, &str, &str, &str, &str); 3] = [
     ("b1", "e3", "10.77.3.1", "d2", "e3", "10.77.3.2", "grpc"),
 ];
 
-fn topology(pod: &str, links: &[String]) -> String {
-    format!(
-        "  - apiVersion: networkop.co.uk/v1beta1\n    kind: Topology\n    metadata: {{name: {pod}, namespace: emu}}\n    spec:\n      links:\n{}",
-        links.concat()
-    )
-}
-
-fn link(uid: i64, peer: &str, intf: &str, ips: (&str, &str), extra: &str) -> String {
-    format!(
-        "      - {{uid: {uid}, peer_pod: {peer}, local_intf: {intf}, peer_intf: {intf}, local_ip: {}/30, peer_ip: {}/30{extra}}}\n",
-        ips.0, ips.1
-    )
-}
-
 /// The lab file: the veth link's delay on a1's entry only, the VXLAN link's on the far
 /// pod's entry only, the gRPC link's on both (either entry gives both directions).
 fn lab_file(name: &str) -> String {
-    let d = ", delay: 20ms";
-    let topologies = [
-        topology(
-            "a1",
-            &[
-                link(1, "b1", "e1", ("10.77.1.1", "10.77.1.2"), d),
-                link(2, "c2", "e2", ("10.77.2.1", "10.77.2.2"), ", kind: vxlan"),
-            ],
-        ),
-        topology(
-            "b1",
-            &[
-                link(1, "a1", "e1", ("10.77.1.2", "10.77.1.1"), ""),
-                link(3, "d2", "e3", ("10.77.3.1", "10.77.3.2"), ", kind: grpc, delay: 20ms"),
-            ],
-        ),
-        topology(
-            "c2",
-            &[link(
-                2,
-                "a1",
-                "e2",
-                ("10.77.2.2", "10.77.2.1"),
-                ", kind: vxlan, delay: 20ms",
-            )],
-        ),
-        topology(
-            "d2",
-            &[link(
-                3,
-                "b1",
-                "e3",
-                ("10.77.3.2", "10.77.3.1"),
-                ", kind: grpc, delay: 20ms",
-            )],
-        ),
-    ];
-    format!(
-        "name: {name}\nnodes: [n1, n2]\npods:\n  - {{name: a1, node: n1}}\n  - {{name: b1, node: n1}}\n  - {{name: c2, node: n2}}\n  - {{name: d2, node: n2}}\ntopologies:\n{}",
-        topologies.concat()
-    )
+    weft_tests::kinds_lab_file(name, "emu", "10.77", &|pod, uid| match (pod, uid) {
+        ("a1", 1) | ("c2", 2) | ("b1", 3) | ("d2", 3) => ", delay: 20ms".to_string(),
+        _ => String::new(),
+    })
 }
 
 /// The lab of one test, its file, and where `weftctl --lab` finds its state.

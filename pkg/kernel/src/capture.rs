@@ -14,6 +14,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
+use crate::packet::{bind_to_interface, set_int_option as setsockopt};
 use crate::{KernelError, NetNs, in_netns};
 
 /// Kernel buffer of a capture socket: frames wait here while the client reads slowly;
@@ -42,20 +43,6 @@ pub struct Captured {
 #[derive(Debug)]
 pub struct CaptureSocket {
     fd: OwnedFd,
-}
-
-fn setsockopt(fd: &OwnedFd, level: libc::c_int, opt: libc::c_int, value: libc::c_int) -> io::Result<()> {
-    // SAFETY: the option value is a live c_int of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            opt,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
 impl CaptureSocket {
@@ -101,25 +88,7 @@ impl CaptureSocket {
         }
         // The time the kernel took the frame, not when weftd got round to reading it.
         setsockopt(&fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1).map_err(os("SO_TIMESTAMPNS".to_string()))?;
-        // SAFETY: sockaddr_ll is plain data; all-zeros is a valid start.
-        let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sa.sll_family = libc::AF_PACKET as libc::c_ushort;
-        sa.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-        sa.sll_ifindex = index as libc::c_int;
-        // SAFETY: binding to a live sockaddr_ll of the size passed.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(KernelError::os(
-                format!("binding a capture socket to {intf}"),
-                io::Error::last_os_error(),
-            ));
-        }
+        bind_to_interface(&fd, index).map_err(os(format!("binding a capture socket to {intf}")))?;
         Ok(Self { fd })
     }
 

@@ -154,6 +154,11 @@ fn setsockopt(
     value: libc::c_int,
     what: &str,
 ) -> Result<(), KernelError> {
+    set_int_option(fd, level, opt, value).map_err(|e| KernelError::os(what.to_string(), e))
+}
+
+/// Sets an integer socket option (what every option of a packet socket here is).
+pub(crate) fn set_int_option(fd: &OwnedFd, level: libc::c_int, opt: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: the option value is a live c_int of the size passed.
     let r = unsafe {
         libc::setsockopt(
@@ -164,11 +169,26 @@ fn setsockopt(
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    if r < 0 {
-        Err(KernelError::os(what.to_string(), std::io::Error::last_os_error()))
-    } else {
-        Ok(())
-    }
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Binds packet socket `fd` to every protocol on interface `index`: from then on it
+/// sees that interface's frames only.
+pub(crate) fn bind_to_interface(fd: &OwnedFd, index: u32) -> io::Result<()> {
+    // SAFETY: sockaddr_ll is plain data; all-zeros is a valid start.
+    let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sa.sll_family = libc::AF_PACKET as libc::c_ushort;
+    sa.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+    sa.sll_ifindex = index as libc::c_int;
+    // SAFETY: binding to a live sockaddr_ll of the size passed.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
 /// Opens the packet socket of wire end `id` (see [`PacketSocket::open`]).
@@ -233,25 +253,7 @@ fn open_fd(id: u64) -> Result<OwnedFd, KernelError> {
         SOCKET_BUFFER,
         "SO_SNDBUFFORCE",
     )?;
-    // SAFETY: sockaddr_ll is plain data; all-zeros is a valid start.
-    let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    sa.sll_family = libc::AF_PACKET as libc::c_ushort;
-    sa.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-    sa.sll_ifindex = index as libc::c_int;
-    // SAFETY: binding to a live sockaddr_ll of the size passed.
-    let r = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&sa as *const libc::sockaddr_ll).cast(),
-            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(KernelError::os(
-            format!("binding to node end {node_end}"),
-            std::io::Error::last_os_error(),
-        ));
-    }
+    bind_to_interface(&fd, index).map_err(|e| KernelError::os(format!("binding to node end {node_end}"), e))?;
     Ok(fd)
 }
 

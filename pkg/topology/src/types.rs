@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 pub use weft_link::LinkKind;
 
 /// One link of a pod: a point-to-point wire to an interface of a peer pod.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Link {
     /// The link's id; the same on both ends, unique within the namespace.
     pub uid: i64,

@@ -85,12 +85,7 @@ impl<P: GrpcPlane> Engine<P> {
                     peer_pod: l.peer_pod.clone(),
                     local_intf: l.local_intf.clone(),
                     peer_intf: l.peer_intf.clone(),
-                    local_ip: String::new(),
-                    peer_ip: String::new(),
-                    local_mac: None,
-                    peer_mac: None,
-                    kind: None,
-                    impair: Default::default(),
+                    ..Default::default()
                 };
                 let mut end = plan::record(&ns, &name, &netns, &link, self.cfg.default_kind, String::new());
                 end.state = WireState::Pending;
