@@ -97,7 +97,14 @@ pub struct Options {
     pub work_dir: PathBuf,
     /// What is compared.
     pub comparison: Comparison,
+    /// Exec every plugin (both sides) through `nsenter --net` into the node's
+    /// namespace, as a runtime in another namespace does, instead of entering it in the
+    /// child before the exec.
+    pub nsenter: bool,
 }
+
+/// Where `nsenter` (util-linux) is looked for.
+pub const NSENTER: &str = "/usr/bin/nsenter";
 
 /// One side of a comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -180,6 +187,8 @@ pub struct Report {
     pub workers: usize,
     /// Rounds.
     pub rounds: usize,
+    /// Whether every plugin was exec'd through `nsenter`.
+    pub nsenter: bool,
     /// The side measured.
     pub a: Summary,
     /// The side it is compared with.
@@ -317,7 +326,7 @@ impl Round<'_> {
             .map(|i| NamedNetns::create(&format!("{}-p{i}", self.tag)))
             .collect::<Result<_, _>>()
             .map_err(lab)?;
-        let exec = CniExec::new(&self.plugin());
+        let exec = CniExec::new(&self.plugin()).through_nsenter(self.opts.nsenter.then(|| PathBuf::from(NSENTER)));
         let conf = self.config(&dir, &socket);
         let configs = vec![conf.clone(); pods.len()];
         let add = self.phase(&node, &exec, "ADD", &configs, &pods);
@@ -376,6 +385,9 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     if b == Target::Reference {
         needed.push(("ptp", opts.reference_dir.join("ptp")));
     }
+    if opts.nsenter {
+        needed.push(("nsenter", PathBuf::from(NSENTER)));
+    }
     for (what, p) in needed {
         if !p.exists() {
             return Err(format!("{what} not found at {}", p.display()));
@@ -397,6 +409,7 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         pods: opts.pods,
         workers: opts.workers,
         rounds: opts.rounds,
+        nsenter: opts.nsenter,
         a: sa.summary(a, opts.pods),
         b: sb.summary(b, opts.pods),
         samples: vec![(a, sa), (b, sb)],
@@ -415,8 +428,13 @@ impl Report {
             Target::Reference => "reference = ptp + host-local",
             _ => "weft with OTLP trace export against weft without it",
         };
+        let via = if self.nsenter {
+            "; every plugin exec'd through nsenter --net into the node namespace"
+        } else {
+            ""
+        };
         let mut out = format!(
-            "CNI ADD/DEL, {} pods x {} rounds, {} worker(s); {what}\n\n| metric | {} | {} | {} / {} |\n|---|---:|---:|---:|\n",
+            "CNI ADD/DEL, {} pods x {} rounds, {} worker(s); {what}{via}\n\n| metric | {} | {} | {} / {} |\n|---|---:|---:|---:|\n",
             self.pods,
             self.rounds,
             self.workers,

@@ -55,6 +55,9 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         workers: 1,
         rounds: 1,
         work_dir: o.work_dir.clone(),
+        // The reference comparison runs as a runtime in another namespace would, so the
+        // nsenter path is exercised too.
+        nsenter: comparison == Comparison::Reference,
         comparison,
     };
     let reference = crate::run(&cni(Comparison::Reference)).map_err(|e| format!("reference: {e}"))?;

@@ -106,6 +106,10 @@ pub struct CniExec {
     pub plugin: PathBuf,
     /// `CNI_PATH` for [`CniExec::call`]: the plugin's directory.
     pub cni_path: String,
+    /// `nsenter`, when [`CniExec::call`] goes through it into the node's namespace (as a
+    /// runtime in another namespace execs a plugin) instead of the child entering the
+    /// namespace itself before its exec.
+    pub nsenter: Option<PathBuf>,
 }
 
 impl CniExec {
@@ -115,7 +119,15 @@ impl CniExec {
         Self {
             plugin: plugin.to_path_buf(),
             cni_path,
+            nsenter: None,
         }
+    }
+
+    /// Calls go through `nsenter` (the binary at that path) into the node's network
+    /// namespace: one more exec per call, as a runtime outside the node's namespace pays.
+    pub fn through_nsenter(mut self, nsenter: Option<PathBuf>) -> Self {
+        self.nsenter = nsenter;
+        self
     }
 
     /// One call as a runtime makes it, inside `node`: `vars` and [`RUNTIME_PATH`] as
@@ -139,7 +151,15 @@ impl CniExec {
         K: AsRef<OsStr>,
         V: AsRef<OsStr>,
     {
-        let mut cmd = Command::new(&self.plugin);
+        let through = self.nsenter.as_ref().zip(opts.node);
+        let mut cmd = match through {
+            Some((nsenter, node)) => {
+                let mut c = Command::new(nsenter);
+                c.arg(format!("--net={}", node.path())).arg("--").arg(&self.plugin);
+                c
+            }
+            None => Command::new(&self.plugin),
+        };
         cmd.env_clear()
             .envs(env)
             .stdin(Stdio::piped())
@@ -150,7 +170,7 @@ impl CniExec {
                 Stdio::null()
             });
         // Only when asked: either one makes std fork instead of posix_spawn.
-        if let Some(node) = opts.node {
+        if let (Some(node), None) = (opts.node, through) {
             node.enter_in_child(&mut cmd)?;
         }
         if let Some(uid) = opts.uid {

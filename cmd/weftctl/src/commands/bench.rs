@@ -53,6 +53,11 @@ pub struct BenchArgs {
     /// With `--compare wires` or `pod-network`: seconds of each 64-byte UDP flood.
     #[arg(long, default_value_t = 3.0)]
     udp_seconds: f64,
+    /// With `--compare reference` or `otlp`: exec every plugin, weft's and the
+    /// reference's alike, through `nsenter --net` into the node namespace, as a runtime
+    /// in another namespace does (one more exec per call on both sides).
+    #[arg(long)]
+    nsenter: bool,
     /// Every comparison, tiny and once (for CI; timings mean nothing); ignores the
     /// other options.
     #[arg(long)]
@@ -211,6 +216,7 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
         rounds: args.rounds,
         work_dir,
         comparison,
+        nsenter: args.nsenter,
     };
     let report = weft_bench::run(&opts).map_err(fail)?;
     print(&report, weft_bench::Report::markdown, json)
