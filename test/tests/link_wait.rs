@@ -131,6 +131,16 @@ fn an_add_waits_for_its_links_and_gives_up_clearly_at_its_bound() {
         "weftctl wires does not say why the link is pending:\n{wires}"
     );
 
+    let page = d.http_get("/metrics", "text/plain");
+    assert!(
+        page.lines().any(|l| l == r#"weft_links{state="pending"} 1"#),
+        "weft_links does not count the pending link:\n{}",
+        page.lines()
+            .filter(|l| l.starts_with("weft_links"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
     let b_added = Instant::now();
     Call::new("ADD", "b", &b.path(), &wait10).run().ok();
     let (out_a, took_a) = waiter.join().unwrap();

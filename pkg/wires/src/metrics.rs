@@ -95,6 +95,13 @@ pub struct ReloadLabels {
     pub result: &'static str,
 }
 
+/// A state of a pod's link (`pending`, `up`, `down`, `failed`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LinkStateLabels {
+    /// The state, as the Topology status names it.
+    pub state: &'static str,
+}
+
 /// What the wires count; get it with `metrics.families::<WireMetrics>()`.
 pub struct WireMetrics {
     /// `weft_wire_frames_total`.
@@ -110,6 +117,9 @@ pub struct WireMetrics {
     pub impairment: Family<WireParamLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// `weft_wire_down_by_intent`: 1 while an operator holds the link down.
     pub down_by_intent: Family<WireLabels, Gauge>,
+    /// `weft_links`: the links of this node's pods, by state, as the last pass saw them
+    /// (pods waiting for links, links that failed).
+    pub links: Family<LinkStateLabels, Gauge>,
     /// `weft_peer_stream_up`.
     pub peer_stream_up: Family<PeerLabels, Gauge>,
     /// `weft_peer_stream_reconnects_total`.
@@ -182,6 +192,7 @@ impl Families for WireMetrics {
             up: Family::default(),
             impairment: Family::default(),
             down_by_intent: Family::default(),
+            links: Family::default(),
             peer_stream_up: Family::default(),
             peer_reconnects: Family::default(),
             // 1 .. 512 frames, doubling.
@@ -221,6 +232,11 @@ impl Families for WireMetrics {
             "weft_wire_down_by_intent",
             "Whether an operator holds the wire's link down (weftctl link down): 1, or not: 0",
             m.down_by_intent.clone(),
+        );
+        metrics.register(
+            "weft_links",
+            "Links of this node's pods by state: pending, up, down (by intent) or failed",
+            m.links.clone(),
         );
         metrics.register(
             "weft_peer_stream_up",

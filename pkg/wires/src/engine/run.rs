@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
-use weft_link::{EndSettings, LinkKind, LinkStatus, WireEnd, WireState};
+use weft_link::{EndSettings, LinkKind, LinkPhase, LinkStatus, WireEnd, WireState};
 use weft_topology::Link;
 
 use super::plan::{self, Attempt, PodKey, Want};
@@ -17,6 +17,7 @@ use super::{Engine, LocalLink, LocalPod};
 use crate::convert;
 use crate::error::WireError;
 use crate::ids::wire_id;
+use crate::metrics::LinkStateLabels;
 use crate::plane::GrpcPlane;
 
 impl<P: GrpcPlane> Engine<P> {
@@ -219,6 +220,13 @@ impl<P: GrpcPlane> Engine<P> {
                 }
             }
             now.insert(key.clone(), links);
+        }
+        for state in [LinkPhase::Pending, LinkPhase::Up, LinkPhase::Down, LinkPhase::Failed] {
+            let n = now.values().flatten().filter(|l| l.state == state).count();
+            self.metrics
+                .links
+                .get_or_create(&LinkStateLabels { state: state.as_str() })
+                .set(n as i64);
         }
         self.links.send_replace(now);
     }

@@ -1033,6 +1033,15 @@ async fn a_wait_for_links_ends_at_its_bound_and_a_topology_may_set_its_own() {
         e.to_string(),
         "links not up within 400ms: e1 (to r2:e1): pending: peer pod r2 is not running on any node yet"
     );
+    // The node counts its pods' links by state.
+    let links = |state| {
+        lab.metrics
+            .families::<WireMetrics>()
+            .links
+            .get_or_create(&weft_wires::metrics::LinkStateLabels { state })
+            .get()
+    };
+    assert_eq!((links("pending"), links("up"), links("failed")), (1, 0, 0));
     // No wait configured, or none for pods without links: answered at once.
     assert_eq!(lab.engine("a").wait_links(NS, "r1", None).await, Ok(()));
     assert_eq!(
