@@ -783,3 +783,17 @@ pub fn kinds_lab_file(name: &str, namespace: &str, subnet: &str, extra: &dyn Fn(
         "name: {name}\nnodes: [n1, n2]\npods:\n  - {{name: a1, node: n1}}\n  - {{name: b1, node: n1}}\n  - {{name: c2, node: n2}}\n  - {{name: d2, node: n2}}\ntopologies:\n{topologies}"
     )
 }
+
+/// Writes lab file `text` (for a lab named `name`) into `dir` and loads it with this
+/// build's weftd and plugin, its state under `dir/labs/<name>` (not started yet): the
+/// lab, the file's path, and the state directory's parent, where `weftctl --lab` looks.
+pub fn load_lab(dir: &Path, name: &str, text: &str) -> (weft_lab::Lab, PathBuf, PathBuf) {
+    let file = dir.join("lab.yaml");
+    std::fs::write(&file, text).unwrap();
+    let lab_dir = dir.join("labs");
+    let lab = weft_lab::Lab::load(&file)
+        .unwrap()
+        .with_binaries(bin("weftd"), bin("weft"))
+        .with_state_dir(lab_dir.join(name));
+    (lab, file, lab_dir)
+}

@@ -15,7 +15,6 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use weft_lab::Lab;
 use weft_tests::{LabDown, TempDir, bin, privileged};
 
 /// (pod, interface, its address, the far pod, its interface, its address, the kind).
@@ -274,13 +273,7 @@ fn directions(file: &Path) -> (usize, usize, usize, usize) {
 
 fn up(dir: &TempDir) -> Cap {
     let name = format!("wt{}cap", std::process::id());
-    let file = dir.path().join("lab.yaml");
-    std::fs::write(&file, lab_file(&name)).unwrap();
-    let lab_dir = dir.path().join("labs");
-    let lab = Lab::load(&file)
-        .unwrap()
-        .with_binaries(bin("weftd"), bin("weft"))
-        .with_state_dir(lab_dir.join(&name));
+    let (lab, file, lab_dir) = weft_tests::load_lab(dir.path(), &name, &lab_file(&name));
     let cap = Cap {
         lab: LabDown(lab),
         file,

@@ -19,7 +19,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use weft_lab::Lab;
 use weft_tests::{LabDown, TempDir, bin, privileged};
 
 /// (pod, interface, its address, the far pod, its interface, its address, the kind).
@@ -166,13 +165,7 @@ impl Emu {
 
 fn up(tag: &str, dir: &TempDir) -> Emu {
     let name = format!("wt{}{tag}", std::process::id());
-    let file = dir.path().join("lab.yaml");
-    std::fs::write(&file, lab_file(&name)).unwrap();
-    let lab_dir = dir.path().join("labs");
-    let lab = Lab::load(&file)
-        .unwrap()
-        .with_binaries(bin("weftd"), bin("weft"))
-        .with_state_dir(lab_dir.join(&name));
+    let (lab, file, lab_dir) = weft_tests::load_lab(dir.path(), &name, &lab_file(&name));
     let emu = Emu {
         lab: LabDown(lab),
         file,
