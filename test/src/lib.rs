@@ -797,3 +797,23 @@ pub fn load_lab(dir: &Path, name: &str, text: &str) -> (weft_lab::Lab, PathBuf, 
         .with_state_dir(lab_dir.join(name));
     (lab, file, lab_dir)
 }
+
+/// Runs `argv` inside lab pod `pod`'s network namespace and returns what it printed.
+pub fn in_lab_pod(lab: &weft_lab::Lab, pod: &str, argv: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", &lab.pod_ns(pod)])
+        .args(argv)
+        .output()
+        .unwrap()
+}
+
+/// Waits (up to 15 s) until lab pod `pod` gets an answer to a ping of `addr`.
+pub fn wait_lab_reachable(lab: &weft_lab::Lab, pod: &str, addr: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !in_lab_pod(lab, pod, &["ping", "-n", "-c", "1", "-W", "1", addr])
+        .status
+        .success()
+    {
+        assert!(Instant::now() < deadline, "{pod} never reached {addr}");
+    }
+}

@@ -157,11 +157,7 @@ impl Cap {
     }
 
     fn in_pod(&self, pod: &str, argv: &[&str]) -> std::process::Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.lab.0.pod_ns(pod)])
-            .args(argv)
-            .output()
-            .unwrap()
+        weft_tests::in_lab_pod(&self.lab.0, pod, argv)
     }
 
     /// `count` echoes from `pod` to `addr`, 50 ms apart; how many were answered.
@@ -174,14 +170,7 @@ impl Cap {
     }
 
     fn wait_reachable(&self, pod: &str, addr: &str) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !self
-            .in_pod(pod, &["ping", "-n", "-c", "1", "-W", "1", addr])
-            .status
-            .success()
-        {
-            assert!(Instant::now() < deadline, "{pod} never reached {addr}");
-        }
+        weft_tests::wait_lab_reachable(&self.lab.0, pod, addr);
     }
 
     /// Packet sockets open in `pod`'s namespace (a capture's socket lives there).

@@ -46,11 +46,7 @@ struct Emu {
 
 impl Emu {
     fn in_pod(&self, pod: &str, argv: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.lab.0.pod_ns(pod)])
-            .args(argv)
-            .output()
-            .unwrap()
+        weft_tests::in_lab_pod(&self.lab.0, pod, argv)
     }
 
     /// `weftctl ARGS --lab FILE`, which must succeed; its standard output.
@@ -96,14 +92,7 @@ impl Emu {
 
     /// Waits (bounded) until `pod` reaches `addr`.
     fn wait_reachable(&self, pod: &str, addr: &str) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !self
-            .in_pod(pod, &["ping", "-n", "-c", "1", "-W", "1", addr])
-            .status
-            .success()
-        {
-            assert!(Instant::now() < deadline, "{pod} never reached {addr}");
-        }
+        weft_tests::wait_lab_reachable(&self.lab.0, pod, addr);
     }
 
     /// The flags of `pod`'s interface `intf` (`UP`, `NO-CARRIER`, …).

@@ -64,18 +64,17 @@ pub struct ImpairArgs {
 impl ImpairArgs {
     /// The flags given, checked here so a typo is named before anything changes.
     fn impairment(&self) -> anyhow::Result<Impairment> {
-        let given = [
-            ("delay", &self.delay),
-            ("jitter", &self.jitter),
-            ("loss", &self.loss),
-            ("rate", &self.rate),
-            ("corrupt", &self.corrupt),
-            ("duplicate", &self.duplicate),
-            ("reorder", &self.reorder),
-        ];
-        Ok(Impairment::from_params(
-            given.into_iter().filter_map(|(k, v)| v.as_deref().map(|v| (k, v))),
-        )?)
+        // The same fields a Topology link carries, read the same way.
+        let given = weft_topology::LinkImpairments {
+            delay: self.delay.clone(),
+            jitter: self.jitter.clone(),
+            loss: self.loss.clone(),
+            rate: self.rate.clone(),
+            corrupt: self.corrupt.clone(),
+            duplicate: self.duplicate.clone(),
+            reorder: self.reorder.clone(),
+        };
+        Ok(given.parse()?)
     }
 }
 

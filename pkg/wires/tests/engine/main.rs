@@ -838,18 +838,23 @@ async fn a_run_time_change_reaches_both_ends_and_a_reset_restores_the_topology()
     assert!(e.to_string().contains("needs a delay"), "{e}");
 }
 
+/// Makes `change` to every link of the emulation lab's r1 (one of each kind), from node a.
+async fn change_every_link_of_r1(lab: &Lab, change: LinkChange) {
+    for intf in ["eth1", "eth2", "eth3"] {
+        lab.engine("a")
+            .link_change(None, "r1", intf, change.clone())
+            .await
+            .unwrap();
+    }
+}
+
 #[test]
 fn a_link_down_by_intent_drops_carrier_at_both_ends_and_stays_down_across_a_restart() {
     let mut lab = Lab::new(&["a", "b"]);
     life(async {
         let l = emulation_lab().await;
         lab = l;
-        for intf in ["eth1", "eth2", "eth3"] {
-            lab.engine("a")
-                .link_change(None, "r1", intf, LinkChange::Down)
-                .await
-                .unwrap();
-        }
+        change_every_link_of_r1(&lab, LinkChange::Down).await;
         lab.settle().await;
         let (ka, kb) = (lab.kernel("a"), lab.kernel("b"));
         // veth: the named end goes down, the far end stays up (NO-CARRIER).
@@ -878,12 +883,7 @@ fn a_link_down_by_intent_drops_carrier_at_both_ends_and_stays_down_across_a_rest
             "{m}"
         );
         // Up again: every end gets its carrier back, the gRPC workers fresh sockets.
-        for intf in ["eth1", "eth2", "eth3"] {
-            lab.engine("a")
-                .link_change(None, "r1", intf, LinkChange::Up)
-                .await
-                .unwrap();
-        }
+        change_every_link_of_r1(&lab, LinkChange::Up).await;
         lab.settle().await;
         let (ka, kb) = (lab.kernel("a"), lab.kernel("b"));
         assert!(ka.iface("/fake/a/r1", "eth1").unwrap().up);
