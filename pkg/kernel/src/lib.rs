@@ -12,7 +12,9 @@
 //! Steps of the pod driver are spans with target `weft::phase` (`veth`, `addresses`,
 //! `routes`), which the daemon turns into phase metrics and trace spans.
 
+mod bpf;
 pub mod capture;
+pub mod detour;
 mod error;
 pub mod hostends;
 pub mod limits;

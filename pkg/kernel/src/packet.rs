@@ -196,11 +196,12 @@ pub fn open(id: u64) -> Result<PacketSocket, KernelError> {
     PacketSocket::open(id)
 }
 
-/// Opens a non-blocking packet socket on the node end of wire end `id` (in the calling
-/// thread's namespace): a read returns one frame the pod sent, behind its virtio-net
-/// header; a write hands one frame, behind its header, to the pod.
-fn open_fd(id: u64) -> Result<OwnedFd, KernelError> {
-    let node_end = node_end_name(id);
+/// Opens a non-blocking packet socket on interface `node_end` (in the calling thread's
+/// namespace; the node end of a wire end or of a link detour): a read returns one
+/// frame the pod sent, behind its virtio-net header; a write hands one frame, behind
+/// its header, to the pod.
+fn open_fd(node_end: &str) -> Result<OwnedFd, KernelError> {
+    let node_end = node_end.to_string();
     let cname = std::ffi::CString::new(node_end.clone()).expect("no NUL in a generated name");
     // SAFETY: if_nametoindex reads a NUL-terminated string that outlives the call.
     let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
@@ -270,7 +271,12 @@ impl PacketSocket {
     /// Opens the socket on the node end of wire end `id`, in the calling thread's
     /// namespace; the pair must exist ([`create`]).
     pub fn open(id: u64) -> Result<Self, KernelError> {
-        open_fd(id).map(|fd| Self { fd })
+        Self::open_named(&node_end_name(id))
+    }
+
+    /// Opens the socket on node-side interface `node_end` (see [`open`](Self::open)).
+    pub(crate) fn open_named(node_end: &str) -> Result<Self, KernelError> {
+        open_fd(node_end).map(|fd| Self { fd })
     }
 
     /// Reads one frame into `buf`: its length, or `WouldBlock` when none waits. A frame

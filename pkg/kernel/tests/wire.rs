@@ -33,11 +33,22 @@ fn tcp_echo(server: &TempNetns, client: &TempNetns, addr: &str) -> bool {
         s.spawn(|| {
             server.run(|| {
                 let l = TcpListener::bind(addr).unwrap();
+                // Polled, so a client that never gets through cannot hang the test.
+                l.set_nonblocking(true).unwrap();
                 tx.send(()).unwrap();
-                if let Ok((mut c, _)) = l.accept() {
-                    let mut b = [0u8; 4];
-                    if c.read_exact(&mut b).is_ok() {
-                        let _ = c.write_all(&b);
+                let deadline = std::time::Instant::now() + Duration::from_secs(4);
+                while std::time::Instant::now() < deadline {
+                    match l.accept() {
+                        Ok((mut c, _)) => {
+                            c.set_nonblocking(false).unwrap();
+                            c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+                            let mut b = [0u8; 4];
+                            if c.read_exact(&mut b).is_ok() {
+                                let _ = c.write_all(&b);
+                            }
+                            return;
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
                     }
                 }
             })
@@ -265,4 +276,84 @@ fn a_grpc_end_offers_big_tcp_and_survives_its_socket() {
         !in_netns(&node, || packet::exists(id)).unwrap(),
         "the node end went with the pod end"
     );
+}
+
+/// Relays every frame read from `sock` back into it until `stop`; returns how many.
+fn relay(sock: &packet::PacketSocket, stop: &std::sync::atomic::AtomicBool) -> usize {
+    let mut buf = vec![0u8; packet::MAX_FRAME];
+    let mut n = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        match sock.read(&mut buf) {
+            Ok(len) => {
+                sock.write(&buf[..len]).unwrap();
+                n += 1;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) => panic!("detour read: {e}"),
+        }
+    }
+    n
+}
+
+#[test]
+fn a_detour_steers_what_an_end_sends_through_a_packet_socket_and_back() {
+    if !privileged() {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use weft_kernel::detour;
+    let node = TempNetns::new();
+    let (a, b) = (TempNetns::new(), TempNetns::new());
+    node.run(|| {
+        wire::veth_between(
+            wire::PodEnd {
+                pod: &ns(&a),
+                name: "e1",
+                mac: [2, 0, 0, 0, 1, 1],
+            },
+            wire::PodEnd {
+                pod: &ns(&b),
+                name: "e2",
+                mac: [2, 0, 0, 0, 2, 1],
+            },
+            1500,
+        )
+    })
+    .unwrap();
+    for (t, name, mac, ip) in [
+        (&a, "e1", [2, 0, 0, 0, 1, 1], "13.0.0.1"),
+        (&b, "e2", [2, 0, 0, 0, 2, 1], "13.0.0.2"),
+    ] {
+        let mut s = wire::socket_in(&ns(t)).unwrap();
+        wire::configure(&mut s, name, mac, 1500, Some((ip.parse().unwrap(), 24)), true).unwrap();
+    }
+    let id = 0xabc_def0_1234;
+    assert!(!in_netns(&ns(&node), || detour::create(&ns(&a), "nope", id)).unwrap());
+    assert!(in_netns(&ns(&node), || detour::create(&ns(&a), "e1", id)).unwrap());
+    // Taking over what is there (as a restarted weftd does) works too.
+    assert!(in_netns(&ns(&node), || detour::create(&ns(&a), "e1", id)).unwrap());
+    assert_eq!(in_netns(&ns(&node), detour::list).unwrap(), vec![id]);
+    let sock = in_netns(&ns(&node), || detour::open(id)).unwrap();
+    let stop = AtomicBool::new(false);
+    let (relayed, echoed) = std::thread::scope(|s| {
+        let r = s.spawn(|| relay(&sock, &stop));
+        let echoed = tcp_echo(&b, &a, "13.0.0.2:7000");
+        stop.store(true, Ordering::Relaxed);
+        (r.join().unwrap(), echoed)
+    });
+    assert!(echoed, "TCP through the detour");
+    // ARP, SYN, data, ACKs, FIN: every frame a:e1 sent went through the socket.
+    assert!(relayed >= 4, "{relayed} frames relayed");
+    let mut sa = wire::socket_in(&ns(&a)).unwrap();
+    let (_, stats) = wire::stats(&mut sa, "e1").unwrap().unwrap();
+    assert!(stats.tx_packets >= relayed as u64, "{stats:?}");
+    // Nobody reading: what a:e1 sends goes nowhere.
+    assert!(!tcp_echo(&b, &a, "13.0.0.2:7001"));
+    drop(sock);
+    // Removed: the direct path again, and nothing of the detour left on either side.
+    assert!(in_netns(&ns(&node), || detour::remove(&a.path().display().to_string(), "e1", id)).unwrap());
+    assert!(tcp_echo(&b, &a, "13.0.0.2:7002"));
+    assert!(wire::find(&mut sa, &detour::pod_side_name(id)).unwrap().is_none());
+    assert!(in_netns(&ns(&node), detour::list).unwrap().is_empty());
+    assert!(!in_netns(&ns(&node), || detour::remove(&a.path().display().to_string(), "e1", id)).unwrap());
 }
