@@ -56,16 +56,16 @@ const TC_ACT_OK: i32 = 0;
 /// interface `detour` (to weftd); one with it has the mark cleared and goes out.
 pub fn steer(detour: u32) -> Vec<Insn> {
     vec![
-        insn(LDX_W, 2, 1, MARK, 0),                  // r2 = skb->mark
-        insn(JNE_K, 2, 0, 4, RETURN_MARK as i32),    // if r2 != RETURN_MARK goto redirect
-        insn(MOV_K, 2, 0, 0, 0),                     // r2 = 0
-        insn(STX_W, 1, 2, MARK, 0),                  // skb->mark = r2
-        insn(MOV_K, 0, 0, 0, TC_ACT_OK),             // return TC_ACT_OK
-        insn(EXIT, 0, 0, 0, 0),                      //
-        insn(MOV_K, 1, 0, 0, detour as i32),         // redirect: r1 = detour
-        insn(MOV_K, 2, 0, 0, 0),                     // r2 = 0 (egress)
-        insn(CALL, 0, 0, 0, FN_REDIRECT),            // r0 = bpf_redirect(r1, r2)
-        insn(EXIT, 0, 0, 0, 0),                      // return r0
+        insn(LDX_W, 2, 1, MARK, 0),               // r2 = skb->mark
+        insn(JNE_K, 2, 0, 4, RETURN_MARK as i32), // if r2 != RETURN_MARK goto redirect
+        insn(MOV_K, 2, 0, 0, 0),                  // r2 = 0
+        insn(STX_W, 1, 2, MARK, 0),               // skb->mark = r2
+        insn(MOV_K, 0, 0, 0, TC_ACT_OK),          // return TC_ACT_OK
+        insn(EXIT, 0, 0, 0, 0),                   //
+        insn(MOV_K, 1, 0, 0, detour as i32),      // redirect: r1 = detour
+        insn(MOV_K, 2, 0, 0, 0),                  // r2 = 0 (egress)
+        insn(CALL, 0, 0, 0, FN_REDIRECT),         // r0 = bpf_redirect(r1, r2)
+        insn(EXIT, 0, 0, 0, 0),                   // return r0
     ]
 }
 

@@ -34,7 +34,6 @@ const FILTER_PRIO: u16 = 1;
 /// Handle of weft's filters.
 const FILTER_HANDLE: u16 = 1;
 
-
 /// Name of the detour's side in the pod, for wire end `id` (within `IFNAMSIZ`).
 pub fn pod_side_name(id: u64) -> String {
     format!("wd{:013x}", id & ((1 << 52) - 1))
@@ -67,7 +66,10 @@ pub fn create(pod: &NetNs, intf: &str, id: u64) -> Result<bool, KernelError> {
     };
     let (pod_side, node_side) = (pod_side_name(id), node_side_name(id));
     let mut node = Netlink::new().map_err(os("opening netlink"))?;
-    let whole = node.link_by_name(&node_side).map_err(os("looking up a detour"))?.is_some()
+    let whole = node
+        .link_by_name(&node_side)
+        .map_err(os("looking up a detour"))?
+        .is_some()
         && wire::find(&mut in_pod, &pod_side)?.is_some();
     if !whole {
         let _ = node.delete_link(&node_side);
@@ -79,13 +81,17 @@ pub fn create(pod: &NetNs, intf: &str, id: u64) -> Result<bool, KernelError> {
     // The way back first, so no frame steered away finds it missing.
     let back = bpf::load_sched_cls(&bpf::hand_back(end.index), "weft_hand_back")
         .map_err(os("loading the detour's hand-back program"))?;
-    in_pod.add_clsact(detour.index).map_err(os("adding clsact to the detour"))?;
+    in_pod
+        .add_clsact(detour.index)
+        .map_err(os("adding clsact to the detour"))?;
     in_pod
         .attach_bpf(detour.index, false, &back, "weft_hand_back")
         .map_err(os("attaching the detour's hand-back program"))?;
-    let steer =
-        bpf::load_sched_cls(&bpf::steer(detour.index), "weft_steer").map_err(os("loading the detour's steering program"))?;
-    in_pod.add_clsact(end.index).map_err(|e| KernelError::os(format!("adding clsact to {intf}"), e))?;
+    let steer = bpf::load_sched_cls(&bpf::steer(detour.index), "weft_steer")
+        .map_err(os("loading the detour's steering program"))?;
+    in_pod
+        .add_clsact(end.index)
+        .map_err(|e| KernelError::os(format!("adding clsact to {intf}"), e))?;
     in_pod
         .attach_bpf(end.index, true, &steer, "weft_steer")
         .map_err(|e| KernelError::os(format!("attaching the steering program to {intf}"), e))?;
@@ -132,8 +138,11 @@ fn build_pair(pod: &NetNs, node: &mut Netlink, in_pod: &mut Netlink, id: u64) ->
         {
             tracing::debug!(node_side, error = %e, "link detour without BIG TCP");
         }
-        in_pod.set_up(p.index, true).map_err(os("setting the detour's pod side up"))?;
-        node.set_up(n.index, true).map_err(os("setting the detour's node side up"))
+        in_pod
+            .set_up(p.index, true)
+            .map_err(os("setting the detour's pod side up"))?;
+        node.set_up(n.index, true)
+            .map_err(os("setting the detour's node side up"))
     };
     let done = finish();
     if done.is_err() {
@@ -155,7 +164,8 @@ pub fn remove(netns: &str, intf: &str, id: u64) -> Result<bool, KernelError> {
         }
     }
     let mut node = Netlink::new().map_err(os("opening netlink"))?;
-    node.delete_link(&node_side_name(id)).map_err(os("removing a link detour"))
+    node.delete_link(&node_side_name(id))
+        .map_err(os("removing a link detour"))
 }
 
 /// The wire ids (their low 52 bits, as the names keep them) of every detour whose node
@@ -181,7 +191,11 @@ fn filter_message(index: u32, egress: bool) -> TcMessage {
     msg.header.index = index as i32;
     msg.header.parent = TcHandle {
         major: 0xffff,
-        minor: if egress { TcHandle::MIN_EGRESS } else { TcHandle::MIN_INGRESS },
+        minor: if egress {
+            TcHandle::MIN_EGRESS
+        } else {
+            TcHandle::MIN_INGRESS
+        },
     };
     msg.header.handle = TcHandle {
         major: 0,
@@ -198,7 +212,10 @@ impl Netlink {
         let mut msg = TcMessage::default();
         msg.header.index = index as i32;
         msg.header.parent = TcHandle::CLSACT;
-        msg.header.handle = TcHandle { major: 0xffff, minor: 0 };
+        msg.header.handle = TcHandle {
+            major: 0xffff,
+            minor: 0,
+        };
         msg.attributes = vec![TcAttribute::Kind("clsact".into())];
         match self.execute(RouteNetlinkMessage::NewQueueDiscipline(msg), NLM_F_CREATE | NLM_F_EXCL) {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),

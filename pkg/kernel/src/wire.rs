@@ -199,33 +199,48 @@ pub fn remove(pod: &mut Netlink, name: &str) -> Result<bool, KernelError> {
     pod.delete_link(name).map_err(os("removing the wire end"))
 }
 
+/// What became of an emulation asked of an end's root qdisc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Emulated {
+    /// In force (or removed, when none was asked).
+    Applied,
+    /// The end does not exist.
+    NoSuchEnd,
+    /// The kernel has no qdisc for it (no netem): weftd must carry the end's frames
+    /// itself (see [`crate::detour`]). Whatever weft's qdisc the end had is removed.
+    Unsupported,
+}
+
 /// Applies `netem` to what an end sends (`None`: removes weft's netem, leaving the
-/// device's default qdisc); returns whether the end exists. On a kernel without netem,
-/// an impairment that is only a rate is applied with a token bucket instead.
-pub fn set_netem(pod: &mut Netlink, name: &str, netem: Option<&crate::Netem>) -> Result<bool, KernelError> {
-    let Some(link) = find(pod, name)? else { return Ok(false) };
-    match netem {
-        Some(n) => pod.set_netem(link.index, n).or_else(|e| {
+/// device's default qdisc). On a kernel without netem, an impairment that is only a
+/// rate is applied with a token bucket instead, and any other is `Unsupported`.
+pub fn set_netem(pod: &mut Netlink, name: &str, netem: Option<&crate::Netem>) -> Result<Emulated, KernelError> {
+    let Some(link) = find(pod, name)? else {
+        return Ok(Emulated::NoSuchEnd);
+    };
+    let clear = |pod: &mut Netlink| {
+        pod.clear_netem(link.index)
+            .map_err(|e| KernelError::os(format!("removing netem from wire end {name}"), e))
+    };
+    let Some(n) = netem else {
+        clear(pod)?;
+        return Ok(Emulated::Applied);
+    };
+    match pod.set_netem(link.index, n) {
+        Ok(()) => Ok(Emulated::Applied),
+        // The kernel answers a qdisc kind it does not know with ENOENT.
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
             let only_rate = n.rate_bytes > 0 && crate::Netem { rate_bytes: 0, ..*n } == crate::Netem::default();
-            if e.raw_os_error() == Some(libc::ENOENT) && only_rate {
-                return pod
-                    .set_tbf(link.index, &crate::Tbf::for_rate(n.rate_bytes))
-                    .map_err(|e| KernelError::os(format!("setting tbf on wire end {name}"), e));
+            if only_rate {
+                pod.set_tbf(link.index, &crate::Tbf::for_rate(n.rate_bytes))
+                    .map_err(|e| KernelError::os(format!("setting tbf on wire end {name}"), e))?;
+                return Ok(Emulated::Applied);
             }
-            // The kernel answers a qdisc kind it does not know with ENOENT.
-            let missing = if e.raw_os_error() == Some(libc::ENOENT) {
-                " (this kernel has no netem qdisc: module sch_netem, CONFIG_NET_SCH_NETEM)"
-            } else {
-                ""
-            };
-            Err(KernelError::os(format!("setting netem on wire end {name}{missing}"), e))
-        })?,
-        None => {
-            pod.clear_netem(link.index)
-                .map_err(|e| KernelError::os(format!("removing netem from wire end {name}"), e))?;
+            clear(pod)?;
+            Ok(Emulated::Unsupported)
         }
+        Err(e) => Err(KernelError::os(format!("setting netem on wire end {name}"), e)),
     }
-    Ok(true)
 }
 
 /// Drops (or restores) an end's carrier by intent, keeping it administratively up;

@@ -10,7 +10,8 @@
 use std::net::IpAddr;
 use std::path::Path;
 
-use weft_kernel::wire::{self as kwire, FdbEntry};
+use weft_kernel::detour;
+use weft_kernel::wire::{self as kwire, Emulated, FdbEntry};
 use weft_kernel::{KernelError, LinkStats, NetNs, Netem, Netlink, packet};
 use weft_link::Impairment;
 
@@ -69,9 +70,16 @@ pub trait WireKernel: Send + Sync + 'static {
     fn set_interface_up(&self, netns: &str, intf: &str, up: bool) -> Result<bool, KernelError>;
     /// An interface's kernel counters; `None` when it does not exist.
     fn link_stats(&self, netns: &str, intf: &str) -> Result<Option<LinkStats>, KernelError>;
-    /// Applies `imp` to what the interface sends (an empty one removes weft's
-    /// emulation); returns whether the interface exists.
-    fn set_impairment(&self, netns: &str, intf: &str, imp: &Impairment) -> Result<bool, KernelError>;
+    /// Applies `imp` to what the interface sends with a qdisc (an empty one removes
+    /// weft's); says whether the interface exists and whether the kernel could.
+    fn set_impairment(&self, netns: &str, intf: &str, imp: &Impairment) -> Result<Emulated, KernelError>;
+    /// Steers what the interface sends through the link detour of wire end `id`
+    /// (built, or taken over from an earlier run); returns whether the interface exists.
+    fn detour(&self, netns: &str, intf: &str, id: u64) -> Result<bool, KernelError>;
+    /// Removes wire end `id`'s link detour from the interface; returns whether it had one.
+    fn remove_detour(&self, netns: &str, intf: &str, id: u64) -> Result<bool, KernelError>;
+    /// The wire ids (low 52 bits) of the link detours on this node.
+    fn detours(&self) -> Result<Vec<u64>, KernelError>;
     /// Drops (or restores) a VXLAN end's carrier while it stays up; returns whether it
     /// exists.
     fn set_proto_down(&self, netns: &str, intf: &str, down: bool) -> Result<bool, KernelError>;
@@ -205,12 +213,27 @@ impl WireKernel for HostWireKernel {
         Ok(kwire::stats(&mut nl, intf)?.map(|(_, st)| st))
     }
 
-    fn set_impairment(&self, netns: &str, intf: &str, imp: &Impairment) -> Result<bool, KernelError> {
+    fn set_impairment(&self, netns: &str, intf: &str, imp: &Impairment) -> Result<Emulated, KernelError> {
         let Ok((_, mut nl)) = pod(netns) else {
-            return Ok(false);
+            return Ok(Emulated::NoSuchEnd);
         };
         let netem = (!imp.is_empty()).then(|| netem_of(imp));
         kwire::set_netem(&mut nl, intf, netem.as_ref())
+    }
+
+    fn detour(&self, netns: &str, intf: &str, id: u64) -> Result<bool, KernelError> {
+        let Ok(ns) = NetNs::open(Path::new(netns)) else {
+            return Ok(false);
+        };
+        detour::create(&ns, intf, id)
+    }
+
+    fn remove_detour(&self, netns: &str, intf: &str, id: u64) -> Result<bool, KernelError> {
+        detour::remove(netns, intf, id)
+    }
+
+    fn detours(&self) -> Result<Vec<u64>, KernelError> {
+        detour::list()
     }
 
     fn set_proto_down(&self, netns: &str, intf: &str, down: bool) -> Result<bool, KernelError> {

@@ -1,5 +1,5 @@
 //! The data-plane seam of wires: what the engine asks of the workers that carry gRPC
-//! wire ends ([`GrpcPlane`]), so its decisions are tested without packet sockets or
+//! wire ends and link detours ([`GrpcPlane`]), so its decisions are tested without packet sockets or
 //! streams, and the one place it meets the real [`DataPlane`].
 
 use std::net::IpAddr;
@@ -38,6 +38,11 @@ pub trait GrpcPlane: Send + Sync + 'static {
     /// Emulates a link on what end `id`'s pod sends (empty: none), kept across
     /// re-attachments.
     fn set_impairment(&self, id: u64, imp: weft_link::Impairment);
+    /// Emulates `imp` on what veth or VXLAN end `id` sends through its link detour
+    /// (built by the kernel seam), starting the detour's worker or changing it in place.
+    fn detour(&self, id: u64, imp: weft_link::Impairment, labels: WireLabels) -> Result<(), WireError>;
+    /// Stops end `id`'s detour worker; returns whether it had one.
+    fn undetour(&self, id: u64) -> bool;
 }
 
 impl GrpcPlane for DataPlane {
@@ -60,5 +65,16 @@ impl GrpcPlane for DataPlane {
 
     fn set_impairment(&self, id: u64, imp: weft_link::Impairment) {
         DataPlane::set_impairment(self, id, imp)
+    }
+
+    fn detour(&self, id: u64, imp: weft_link::Impairment, labels: WireLabels) -> Result<(), WireError> {
+        DataPlane::detour(self, id, imp, labels, || {
+            weft_kernel::detour::open(id).map_err(std::io::Error::other)
+        })
+        .map_err(WireError::DataPlane)
+    }
+
+    fn undetour(&self, id: u64) -> bool {
+        DataPlane::undetour(self, id)
     }
 }

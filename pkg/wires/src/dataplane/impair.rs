@@ -1,8 +1,9 @@
-//! Link emulation inside a gRPC wire end's worker: what the pod sends is lost,
-//! corrupted, duplicated, paced to a rate and delayed (with jitter, or sent at once
-//! when reordered) before it joins the peer's queue, as netem would on an interface.
-//! weftd carries these frames itself, so it needs no qdisc for them and works on
-//! kernels built without netem.
+//! Link emulation inside a worker of weftd's (a gRPC wire end's, or a link detour's):
+//! what the pod sends is lost, corrupted, duplicated, paced to a rate and delayed (with
+//! jitter, or sent at once when reordered) before it joins the peer's queue or goes
+//! back out of the pod's interface, as netem would on an interface. weftd carries these
+//! frames itself, so it needs no qdisc for them and works on kernels built without
+//! netem.
 //!
 //! An end without an impairment never reaches this module (one relaxed atomic load per
 //! burst). Frames held for later wait in a task of their own, at most [`LIMIT`] of
@@ -21,6 +22,19 @@ use weft_link::Impairment;
 use weft_rpc::wire::Frame;
 
 use super::outbox::Outbox;
+
+/// Where an impaired end's frames go once their time comes: the peer node's queue for
+/// a gRPC end, back out of the pod's interface for a link detour.
+pub(super) trait Sink: Send + Sync + 'static {
+    /// Takes `frames` of end `id` (leaving the vector empty).
+    fn offer(&self, id: u64, frames: &mut Vec<Frame>);
+}
+
+impl Sink for Outbox {
+    fn offer(&self, id: u64, frames: &mut Vec<Frame>) {
+        Outbox::offer(self, id, frames)
+    }
+}
 
 /// Frames held for later at most (netem's default `limit`).
 pub(super) const LIMIT: usize = 1000;
@@ -92,11 +106,11 @@ impl Drop for Impairer {
 }
 
 impl Impairer {
-    /// Emulation `imp` for end `id`, whose frames go to `outbox`; the task holding
+    /// Emulation `imp` for end `id`, whose frames go to `sink`; the task holding
     /// delayed frames runs on `rt`.
-    pub(super) fn new(imp: Impairment, id: u64, outbox: Arc<Outbox>, rt: &tokio::runtime::Handle) -> Arc<Self> {
+    pub(super) fn new(imp: Impairment, id: u64, sink: Arc<dyn Sink>, rt: &tokio::runtime::Handle) -> Arc<Self> {
         let (tx, rx) = mpsc::channel(LIMIT);
-        let releaser = rt.spawn(release(rx, id, outbox));
+        let releaser = rt.spawn(release(rx, id, sink));
         let seed = id
             ^ std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -174,8 +188,8 @@ fn corrupt(data: &Bytes, draw: u64) -> Bytes {
     b.freeze()
 }
 
-/// Holds frames until their time, then hands them to the peer's queue.
-async fn release(mut rx: mpsc::Receiver<Held>, id: u64, outbox: Arc<Outbox>) {
+/// Holds frames until their time, then hands them to the sink.
+async fn release(mut rx: mpsc::Receiver<Held>, id: u64, sink: Arc<dyn Sink>) {
     let mut heap: BinaryHeap<Reverse<Held>> = BinaryHeap::new();
     let mut due = Vec::new();
     loop {
@@ -190,7 +204,7 @@ async fn release(mut rx: mpsc::Receiver<Held>, id: u64, outbox: Arc<Outbox>) {
                 while heap.peek().is_some_and(|h| h.0.at <= now) {
                     due.push(heap.pop().expect("peeked").0.frame);
                 }
-                outbox.offer(id, &mut due);
+                sink.offer(id, &mut due);
                 due.clear();
             }
         }

@@ -9,6 +9,7 @@
 //! not hold, so no frame can reach another wire. The node with the lower address opens
 //! the stream and reconnects with backoff; the other accepts it.
 
+mod detour;
 mod end;
 mod impair;
 mod outbox;
@@ -122,6 +123,8 @@ pub struct DataPlane {
     readers: Mutex<HashMap<u64, tokio::task::JoinHandle<()>>>,
     /// The emulation of each impaired end, kept across re-attachments.
     impairments: Mutex<HashMap<u64, weft_link::Impairment>>,
+    /// The link detours of veth and VXLAN ends emulated here, with their readers.
+    detours: Mutex<HashMap<u64, detour::Running>>,
     /// Where every task of this data plane runs (a [`DataPlaneRuntime`]'s, in weftd).
     rt: Handle,
 }
@@ -141,6 +144,7 @@ impl DataPlane {
             peers: Mutex::default(),
             readers: Mutex::default(),
             impairments: Mutex::default(),
+            detours: Mutex::default(),
             rt,
         })
     }
@@ -224,6 +228,49 @@ impl DataPlane {
             let i = (!imp.is_empty()).then(|| impair::Impairer::new(imp, id, end.outbox.clone(), &self.rt));
             end.set_impairer(i);
         }
+    }
+
+    /// Emulates `imp` on what a veth or VXLAN end `id` sends, through its link detour
+    /// (see `weft_kernel::detour`): a running detour takes the new emulation in place;
+    /// otherwise `open` gives the detour's socket and a reader starts on it.
+    pub fn detour(
+        &self,
+        id: u64,
+        imp: weft_link::Impairment,
+        labels: WireLabels,
+        open: impl FnOnce() -> std::io::Result<PacketSocket>,
+    ) -> Result<(), String> {
+        let mut all = self.detours.lock().expect("detours lock");
+        if let Some((d, reader)) = all.get(&id)
+            && !reader.is_finished()
+        {
+            *d.impair.write().expect("impair lock") = impair::Impairer::new(imp, id, d.sink.clone(), &self.rt);
+            return Ok(());
+        }
+        let sock = open().map_err(|e| format!("opening the link detour's socket: {e}"))?;
+        let sock = {
+            let _rt = self.rt.enter();
+            end::register(sock).map_err(|e| format!("registering the link detour's socket: {e}"))?
+        };
+        let sink = detour::Detour::sink(sock, Arc::new(Counters::new(labels, self.metrics.clone())));
+        let d = Arc::new(detour::Detour {
+            impair: std::sync::RwLock::new(impair::Impairer::new(imp, id, sink.clone(), &self.rt)),
+            sink,
+        });
+        let reader = self.rt.spawn(detour::read_loop(id, d.clone()));
+        if let Some((_, old)) = all.insert(id, (d, reader)) {
+            old.abort();
+        }
+        Ok(())
+    }
+
+    /// Stops end `id`'s detour reader; returns whether it had one.
+    pub fn undetour(&self, id: u64) -> bool {
+        let gone = self.detours.lock().expect("detours lock").remove(&id);
+        if let Some((_, reader)) = &gone {
+            reader.abort();
+        }
+        gone.is_some()
     }
 
     /// Whether a wire end is attached.

@@ -15,6 +15,10 @@ use weft_link::{DownBy, EndSettings, Impairment, LinkChange, LinkView, WireEnd, 
 use weft_rpc::wire::{Carrier as CarrierMsg, End, EndResult, LinkControl};
 
 use super::Engine;
+use weft_kernel::wire::Emulated;
+
+/// The bits of a wire id a link detour's interface names keep.
+pub(super) const DETOUR_ID_BITS: u64 = (1 << 52) - 1;
 use super::plan::{self, Carrier};
 use crate::convert;
 use crate::error::WireError;
@@ -74,6 +78,7 @@ impl<P: GrpcPlane> Engine<P> {
         records: &HashMap<u64, WireEnd>,
     ) -> Result<HashMap<u64, EndSettings>, WireError> {
         let settings = self.store.run(|db| db.link_settings()).await?;
+        self.list_leftover_detours().await?;
         for r in records.values().filter(|r| r.state != WireState::Pending) {
             let s = settings.get(&r.id).copied().unwrap_or_default();
             let want_imp = s.impairment.unwrap_or_else(|| self.topology_impairment(r));
@@ -85,7 +90,13 @@ impl<P: GrpcPlane> Engine<P> {
             // An end nothing was ever set on is as it was built (up, unimpaired): a
             // start need not visit every such end's namespace, which at thousands of
             // ends would slow the first pass.
-            if known.is_none() && want_imp.is_empty() && s.down.is_none() {
+            let left_detour = || {
+                self.leftover_detours
+                    .lock()
+                    .expect("detours lock")
+                    .contains(&(r.id & DETOUR_ID_BITS))
+            };
+            if known.is_none() && want_imp.is_empty() && s.down.is_none() && !left_detour() {
                 self.applied.lock().expect("applied lock").insert(r.id, want);
                 continue;
             }
@@ -130,8 +141,10 @@ impl<P: GrpcPlane> Engine<P> {
         Ok(settings)
     }
 
-    /// Applies impairment `imp` to what end `r` sends: netem on its pod's interface, or,
-    /// for a gRPC end, in its worker; returns whether the end exists.
+    /// Applies impairment `imp` to what end `r` sends: in its worker for a gRPC end;
+    /// for a veth or VXLAN end, with netem on its pod's interface or, on a kernel
+    /// without netem, in a worker of weftd's through the end's link detour. Returns
+    /// whether the end exists.
     async fn apply_impairment(&self, r: &WireEnd, imp: Impairment) -> Result<bool, WireError> {
         if r.kind == weft_link::LinkKind::Grpc {
             let Some(dp) = self.dataplane() else { return Ok(false) };
@@ -139,7 +152,67 @@ impl<P: GrpcPlane> Engine<P> {
             return Ok(true);
         }
         let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
-        self.kernel(move |k| k.set_impairment(&netns, &intf, &imp)).await
+        match self.kernel(move |k| k.set_impairment(&netns, &intf, &imp)).await? {
+            Emulated::NoSuchEnd => Ok(false),
+            Emulated::Applied => {
+                self.end_detour(r).await?;
+                Ok(true)
+            }
+            Emulated::Unsupported => {
+                let dp = self.dataplane().ok_or_else(|| {
+                    WireError::DataPlane(
+                        "this kernel has no netem, and weftd can carry the link's emulation only once this node's address is known".into(),
+                    )
+                })?;
+                let (netns, intf, id) = (r.netns.clone(), r.local_intf.clone(), r.id);
+                if !self.kernel(move |k| k.detour(&netns, &intf, id)).await? {
+                    return Ok(false);
+                }
+                dp.detour(r.id, imp, convert::labels(r))?;
+                info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, "this kernel has no netem: weftd carries the end's frames through a link detour");
+                Ok(true)
+            }
+        }
+    }
+
+    /// Takes end `r`'s link detour away, if it has one (a worker here, or a pair an
+    /// earlier run left): what the pod sends goes straight out again.
+    pub(super) async fn end_detour(&self, r: &WireEnd) -> Result<(), WireError> {
+        let worker = self
+            .plane
+            .lock()
+            .expect("dataplane lock")
+            .as_ref()
+            .is_some_and(|dp| dp.undetour(r.id));
+        let left = self
+            .leftover_detours
+            .lock()
+            .expect("detours lock")
+            .remove(&(r.id & DETOUR_ID_BITS));
+        if worker || left {
+            let (netns, intf, id) = (r.netns.clone(), r.local_intf.clone(), r.id);
+            self.kernel(move |k| k.remove_detour(&netns, &intf, id)).await?;
+            info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, "link detour removed");
+        }
+        Ok(())
+    }
+
+    /// Notes the link detours an earlier run left on this node, once: an end that no
+    /// longer needs its detour is visited by the first pass even if it has no settings.
+    async fn list_leftover_detours(&self) -> Result<(), WireError> {
+        if self.detours_listed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        match self.kernel(|k| k.detours()).await {
+            Ok(ids) => {
+                *self.leftover_detours.lock().expect("detours lock") = ids.into_iter().collect();
+                Ok(())
+            }
+            Err(e) => {
+                self.detours_listed.store(false, std::sync::atomic::Ordering::Relaxed);
+                Err(e)
+            }
+        }
     }
 
     /// Holds end `r`'s carrier where `want` says (`before`: as last applied, if known);

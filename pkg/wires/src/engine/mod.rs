@@ -172,6 +172,10 @@ pub struct Engine<P = DataPlane> {
     applied: Mutex<HashMap<u64, emulate::Applied>>,
     /// Why an end's emulation is not in force, per end that has a reason.
     problems: Mutex<HashMap<u64, String>>,
+    /// Link detours found on the node at start (wire ids' low bits) that no pass has
+    /// taken over or removed yet; listed once, by the first pass.
+    leftover_detours: Mutex<std::collections::HashSet<u64>>,
+    detours_listed: AtomicBool,
     /// Where each link of each local pod stood after the last pass (what the pods'
     /// Topology statuses say, and what ADDs waiting for their links watch).
     links: watch::Sender<BTreeMap<PodKey, Vec<LinkStatus>>>,
@@ -223,6 +227,8 @@ impl<P: GrpcPlane> Engine<P> {
             sampled: Mutex::default(),
             applied: Mutex::default(),
             problems: Mutex::default(),
+            leftover_detours: Mutex::default(),
+            detours_listed: AtomicBool::new(false),
             links: watch::channel(BTreeMap::new()).0,
             links_unwritten: Mutex::default(),
         });

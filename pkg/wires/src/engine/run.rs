@@ -351,6 +351,9 @@ impl<P: GrpcPlane> Engine<P> {
             dp.detach(r.id);
             dp.set_impairment(r.id, weft_link::Impairment::default());
         }
+        if let Err(e) = self.end_detour(r).await {
+            warn!(wire = r.id, error = %e, "could not remove a wire end's link detour");
+        }
         let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
         if let Err(e) = self.kernel(move |k| k.remove_interface(&netns, &intf)).await {
             warn!(wire = r.id, error = %e, "could not remove a wire end's interface");

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, Weak};
 
 use futures::future::BoxFuture;
-use weft_kernel::wire::FdbEntry;
+use weft_kernel::wire::{Emulated, FdbEntry};
 use weft_kernel::{KernelError, LinkStats};
 use weft_link::{Impairment, LinkKind};
 use weft_rpc::wire::{EndResult, EndsRequest};
@@ -53,6 +53,10 @@ struct State {
     /// Every emulation procedure run, as "netem <netns>/<intf> <impairment>",
     /// "protodown …", "node-end <id> up|down", "admin <netns>/<intf> up|down".
     emulation: Vec<String>,
+    /// Whether the kernel lacks netem (only a rate can be set with a qdisc).
+    no_netem: bool,
+    /// Link detours by wire id: the end's namespace and interface.
+    detours: BTreeMap<u64, (String, String)>,
 }
 
 /// A node's kernel in memory.
@@ -144,6 +148,23 @@ impl FakeKernel {
         for intf in gone {
             s.remove(netns, &intf);
         }
+        // A detour's pair goes with the pod's side of it.
+        s.detours.retain(|_, (n, _)| n != netns);
+    }
+
+    /// From now on the kernel has no netem, as some kernels are built.
+    pub fn without_netem(&self) {
+        self.state().no_netem = true;
+    }
+
+    /// Where end `id`'s link detour is, if it has one.
+    pub fn detour_of(&self, id: u64) -> Option<(String, String)> {
+        self.state().detours.get(&id).cloned()
+    }
+
+    /// Leaves a link detour behind, as a run that ended would.
+    pub fn leave_detour(&self, id: u64, netns: &str, intf: &str) {
+        self.state().detours.insert(id, (netns.into(), intf.into()));
     }
 
     /// An interface, if there.
@@ -306,14 +327,40 @@ impl WireKernel for FakeKernel {
         Ok(s.ifaces.get(&(netns.to_string(), intf.to_string())).map(|i| i.stats))
     }
 
-    fn set_impairment(&self, netns: &str, intf: &str, imp: &Impairment) -> Result<bool, KernelError> {
+    fn set_impairment(&self, netns: &str, intf: &str, imp: &Impairment) -> Result<Emulated, KernelError> {
         let mut s = self.state();
+        let no_netem = s.no_netem;
         let Some(i) = s.ifaces.get_mut(&(netns.to_string(), intf.to_string())) else {
-            return Ok(false);
+            return Ok(Emulated::NoSuchEnd);
         };
+        if no_netem && (Impairment { rate_bps: None, ..*imp }) != Impairment::default() {
+            i.impairment = Impairment::default();
+            s.emulation.push(format!("no netem {netns}/{intf} {imp}"));
+            return Ok(Emulated::Unsupported);
+        }
         i.impairment = *imp;
         s.emulation.push(format!("netem {netns}/{intf} {imp}"));
+        Ok(Emulated::Applied)
+    }
+
+    fn detour(&self, netns: &str, intf: &str, id: u64) -> Result<bool, KernelError> {
+        let mut s = self.state();
+        if !s.ifaces.contains_key(&(netns.to_string(), intf.to_string())) {
+            return Ok(false);
+        }
+        s.detours.insert(id, (netns.into(), intf.into()));
+        s.emulation.push(format!("detour {netns}/{intf}"));
         Ok(true)
+    }
+
+    fn remove_detour(&self, netns: &str, intf: &str, id: u64) -> Result<bool, KernelError> {
+        let mut s = self.state();
+        s.emulation.push(format!("undetour {netns}/{intf}"));
+        Ok(s.detours.remove(&id).is_some())
+    }
+
+    fn detours(&self) -> Result<Vec<u64>, KernelError> {
+        Ok(self.state().detours.keys().map(|id| id & ((1 << 52) - 1)).collect())
     }
 
     fn set_proto_down(&self, netns: &str, intf: &str, down: bool) -> Result<bool, KernelError> {
@@ -350,6 +397,8 @@ pub struct FakePlane {
     attaches: Mutex<BTreeMap<u64, usize>>,
     /// The emulation each end was given.
     impairments: Mutex<BTreeMap<u64, Impairment>>,
+    /// The emulation each veth or VXLAN end's detour worker applies.
+    detours: Mutex<BTreeMap<u64, Impairment>>,
 }
 
 impl FakePlane {
@@ -361,6 +410,11 @@ impl FakePlane {
     /// The emulation end `id` was given last (empty when none).
     pub fn impairment(&self, id: u64) -> Impairment {
         self.impairments.lock().unwrap().get(&id).copied().unwrap_or_default()
+    }
+
+    /// The emulation end `id`'s detour worker applies, if it has one.
+    pub fn detoured(&self, id: u64) -> Option<Impairment> {
+        self.detours.lock().unwrap().get(&id).copied()
     }
 
     /// Whether end `id` has a worker, attached exactly once.
@@ -389,6 +443,13 @@ impl GrpcPlane for FakePlane {
     }
     fn set_impairment(&self, id: u64, imp: Impairment) {
         self.impairments.lock().unwrap().insert(id, imp);
+    }
+    fn detour(&self, id: u64, imp: Impairment, _labels: weft_wires::metrics::WireLabels) -> Result<(), WireError> {
+        self.detours.lock().unwrap().insert(id, imp);
+        Ok(())
+    }
+    fn undetour(&self, id: u64) -> bool {
+        self.detours.lock().unwrap().remove(&id).is_some()
     }
 }
 

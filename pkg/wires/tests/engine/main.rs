@@ -1066,3 +1066,87 @@ async fn a_wait_for_links_ends_at_its_bound_and_a_topology_may_set_its_own() {
     let e = lab.engine("a").wait_links(NS, "r1", None).await.unwrap_err();
     assert_eq!(e.bound, Duration::from_millis(200));
 }
+
+/// On a kernel without netem, a veth or VXLAN end's emulation is carried by a worker
+/// through the end's link detour; a rate alone stays a qdisc. A change reaches the
+/// worker in place, a qdisc-only setting or the end's removal takes the detour away,
+/// and a detour an earlier run left for an end that needs none is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_netem_kernel_ends_are_emulated_through_a_detour() {
+    let mut lab = Lab::new(&["a", "b"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), None);
+    lab.connect(2, ("r1", "eth2"), ("r3", "eth1"), None);
+    lab.impair(1, "r1", "delay", "20ms");
+    lab.impair(2, "r3", "rate", "10mbit");
+    for n in ["a", "b"] {
+        lab.kernel(n).without_netem();
+    }
+    lab.kernel("b").leave_detour(id("r3", 2), &netns("b", "r3"), "eth1");
+    lab.start().await;
+    for (n, p) in [("a", "r1"), ("a", "r2"), ("b", "r3")] {
+        lab.add(n, p).await;
+    }
+    lab.settle().await;
+    let delay = imp(&[("delay", "20ms")]);
+    for (pod, intf) in [("r1", "eth1"), ("r2", "eth2")] {
+        let end = id(pod, 1);
+        assert_eq!(lab.node("a").plane.detoured(end), Some(delay), "{pod}");
+        assert_eq!(
+            lab.kernel("a").detour_of(end),
+            Some((netns("a", pod), intf.to_string()))
+        );
+        assert!(
+            lab.kernel("a")
+                .iface(&netns("a", pod), intf)
+                .unwrap()
+                .impairment
+                .is_empty()
+        );
+    }
+    // A rate alone is the kernel's (tbf): no detour, and the one left behind is gone.
+    let rate = imp(&[("rate", "10mbit")]);
+    assert_eq!(
+        lab.kernel("b").iface(&netns("b", "r3"), "eth1").unwrap().impairment,
+        rate
+    );
+    assert_eq!(
+        lab.kernel("a").iface(&netns("a", "r1"), "eth2").unwrap().impairment,
+        rate
+    );
+    assert_eq!(lab.kernel("b").detour_of(id("r3", 2)), None);
+    assert_eq!(lab.node("b").plane.detoured(id("r3", 2)), None);
+    let views = lab.engine("a").links(None, Some("r1")).await.unwrap();
+    assert!(views.iter().all(|v| v.problem.is_none()), "{views:?}");
+
+    // A change reaches both workers in place.
+    let loss = imp(&[("loss", "5%")]);
+    lab.engine("a")
+        .link_change(None, "r1", "eth1", LinkChange::Set(loss))
+        .await
+        .unwrap();
+    assert_eq!(lab.node("a").plane.detoured(id("r1", 1)), Some(loss));
+    assert_eq!(lab.node("a").plane.detoured(id("r2", 1)), Some(loss));
+    // A rate alone needs no detour: both ends go back to the kernel's path.
+    let slow = imp(&[("rate", "1mbit")]);
+    lab.engine("a")
+        .link_change(None, "r2", "eth2", LinkChange::Set(slow))
+        .await
+        .unwrap();
+    for (pod, intf) in [("r1", "eth1"), ("r2", "eth2")] {
+        assert_eq!(lab.node("a").plane.detoured(id(pod, 1)), None, "{pod}");
+        assert_eq!(lab.kernel("a").detour_of(id(pod, 1)), None, "{pod}");
+        assert_eq!(lab.kernel("a").iface(&netns("a", pod), intf).unwrap().impairment, slow);
+    }
+    // Back to the topology's delay, then the pod goes: its worker and detour with it.
+    lab.engine("a")
+        .link_change(None, "r2", "eth2", LinkChange::Reset)
+        .await
+        .unwrap();
+    assert_eq!(lab.node("a").plane.detoured(id("r2", 1)), Some(delay));
+    lab.remove("a", "r2").await;
+    lab.settle().await;
+    for pod in ["r1", "r2"] {
+        assert_eq!(lab.node("a").plane.detoured(id(pod, 1)), None, "{pod}");
+        assert_eq!(lab.kernel("a").detour_of(id(pod, 1)), None, "{pod}");
+    }
+}
