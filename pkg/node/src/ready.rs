@@ -54,7 +54,7 @@ pub async fn probe_unwritable_store<F, Fut>(
                 match now {
                     Ok(true) => on_writable().await,
                     Ok(false) => {}
-                    // The writer thread is gone: nothing turns it writable again.
+                    // The store went down: nothing turns it writable again.
                     Err(_) => writable = None,
                 }
                 continue;
@@ -198,14 +198,14 @@ mod tests {
         task.await.unwrap();
     }
 
-    /// The check as the node wires it, over a real store whose writer thread dies.
+    /// The check as the node wires it, over a real store that goes down.
     #[tokio::test]
     async fn a_real_store_without_its_writer_turns_the_node_not_ready() {
         let dir = tempfile::tempdir().unwrap();
         let die = Arc::new(AtomicBool::new(false));
         let observer: weft_store::Observer = {
             let die = die.clone();
-            Arc::new(move |_| assert!(!die.load(Ordering::SeqCst), "the writer thread dies (test)"))
+            Arc::new(move |_| assert!(!die.load(Ordering::SeqCst), "the store goes down (test)"))
         };
         let store = weft_store::Store::open_observed(&dir.path().join("weft.db"), Some(observer)).unwrap();
         let ready = Readiness::default();

@@ -628,24 +628,24 @@ fn a_store_that_cannot_write_is_unwritable_until_a_write_goes_through() {
 }
 
 #[test]
-fn a_store_whose_writer_is_gone_is_unwritable() {
+fn a_store_that_went_down_is_unwritable() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let die = Arc::new(AtomicBool::new(false));
     let observer: Observer = {
         let die = die.clone();
-        Arc::new(move |_| assert!(!die.load(Ordering::SeqCst), "the writer thread dies (test)"))
+        Arc::new(move |_| assert!(!die.load(Ordering::SeqCst), "the store goes down (test)"))
     };
     let store = Store::open_observed(&dir.path().join("weft.db"), Some(observer)).unwrap();
     assert!(store.writable());
     die.store(true, Ordering::SeqCst);
-    // The job answers, then its observer takes the writer thread down.
+    // The job runs, then its observer takes the store down.
     let _ = store.run_blocking(|db| db.counts());
     let deadline = Instant::now() + Duration::from_secs(5);
     while store.writable() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(!store.writable(), "a store without its writer is not writable");
+    assert!(!store.writable(), "a store that went down is not writable");
     assert!(matches!(store.run_blocking(|db| db.counts()), Err(StoreError::Closed)));
 }
 
