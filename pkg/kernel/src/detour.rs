@@ -141,7 +141,7 @@ fn build_pair(pod: &NetNs, node: &mut Netlink, in_pod: &mut Netlink, id: u64) ->
         in_pod
             .set_up(p.index, true)
             .map_err(os("setting the detour's pod side up"))?;
-        node.set_up(n.index, true)
+        node.set_up_without_arp(n.index)
             .map_err(os("setting the detour's node side up"))
     };
     let done = finish();

@@ -681,6 +681,17 @@ impl Netlink {
         self.execute(RouteNetlinkMessage::SetLink(msg), 0)
     }
 
+    /// Sets link `index` up, with ARP off (`IFF_NOARP`): the node side of a wire end or
+    /// detour, which carries a pod's frames only, so the node's stack must not answer
+    /// an ARP request a pod broadcasts into it.
+    pub fn set_up_without_arp(&mut self, index: u32) -> io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.header.flags = LinkFlags::Up | LinkFlags::Noarp;
+        msg.header.change_mask = LinkFlags::Up | LinkFlags::Noarp;
+        self.execute(RouteNetlinkMessage::SetLink(msg), 0)
+    }
+
     /// Deletes a link by name. Deleting one that does not exist is not an error:
     /// returns whether it existed.
     pub fn delete_link(&mut self, name: &str) -> io::Result<bool> {

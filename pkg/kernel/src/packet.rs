@@ -115,7 +115,8 @@ pub fn create(pod: &NetNs, name: &str, mac: [u8; 6], mtu: u32, id: u64) -> Resul
         {
             tracing::info!(node_end, error = %e, "gRPC wire end without BIG TCP: super-frames stay at 64 KiB");
         }
-        node.set_up(link.index, true).map_err(os("setting the node end up"))
+        node.set_up_without_arp(link.index)
+            .map_err(os("setting the node end up"))
     };
     let done = finish();
     if done.is_err() {

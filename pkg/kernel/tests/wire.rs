@@ -333,6 +333,14 @@ fn a_detour_steers_what_an_end_sends_through_a_packet_socket_and_back() {
     // Taking over what is there (as a restarted weftd does) works too.
     assert!(in_netns(&ns(&node), || detour::create(&ns(&a), "e1", id)).unwrap());
     assert_eq!(in_netns(&ns(&node), detour::list).unwrap(), vec![id]);
+    // The node side answers no ARP: the node's stack stays out of the pod's link.
+    let shown = Command::new("nsenter")
+        .arg(format!("--net={}", node.path().display()))
+        .args(["ip", "-o", "link", "show", &detour::node_side_name(id)])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("NOARP") && shown.contains(",UP"), "{shown}");
     let sock = in_netns(&ns(&node), || detour::open(id)).unwrap();
     let stop = AtomicBool::new(false);
     let (relayed, echoed) = std::thread::scope(|s| {
