@@ -81,19 +81,21 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for JsonLogLayer {
         line.insert("timestamp".into(), Value::from(ts));
         line.insert("level".into(), Value::from(event.metadata().level().as_str()));
         line.insert("target".into(), Value::from(event.metadata().target()));
-        let mut leaf = None;
+        let mut spans = Vec::new();
         if let Some(scope) = ctx.event_scope(event) {
             for span in scope.from_root() {
                 if let Some(SpanFields(m)) = span.extensions().get::<SpanFields>() {
                     line.extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
                 }
-                leaf = Some(span.id());
+                spans.push(span.id());
             }
         }
         let mut fields = Map::new();
         event.record(&mut JsonVisitor(&mut fields));
         line.extend(fields);
-        if let Some(span_id) = leaf.and_then(|id| otel_span_id(&id, &ctx)) {
+        // The innermost span OpenTelemetry knows (phase spans it knows only when they
+        // are exported).
+        if let Some(span_id) = spans.iter().rev().find_map(|id| otel_span_id(id, &ctx)) {
             line.insert("span_id".into(), Value::from(span_id));
         }
         let mut out = serde_json::to_vec(&line).unwrap_or_default();

@@ -144,10 +144,8 @@ pub(super) fn allocate_exact(
             deleting,
         });
     }
-    tx.execute(
-        "INSERT INTO allocations (address, range_id, attachment_id) VALUES (?1, ?2, ?3)",
-        params![key_blob(k), range_id, attachment],
-    )?;
+    tx.prepare_cached("INSERT INTO allocations (address, range_id, attachment_id) VALUES (?1, ?2, ?3)")?
+        .execute(params![key_blob(k), range_id, attachment])?;
     Ok(Allocation {
         address: want,
         range: *range,
@@ -163,7 +161,8 @@ pub(super) fn ensure_range(tx: &Transaction<'_>, range: &IpNet) -> Result<i64, S
     {
         return Ok(id);
     }
-    tx.execute("INSERT INTO ranges (cidr) VALUES (?1)", params![cidr])?;
+    tx.prepare_cached("INSERT INTO ranges (cidr) VALUES (?1)")?
+        .execute(params![cidr])?;
     Ok(tx.last_insert_rowid())
 }
 
@@ -175,9 +174,9 @@ pub(super) fn allocate_in(
     attachment: i64,
 ) -> Result<Option<IpAddr>, StoreError> {
     let (lo, hi) = addr::pool(range);
-    let cursor: Option<Vec<u8>> = tx.query_row("SELECT cursor FROM ranges WHERE id = ?1", params![range_id], |r| {
-        r.get(0)
-    })?;
+    let cursor: Option<Vec<u8>> = tx
+        .prepare_cached("SELECT cursor FROM ranges WHERE id = ?1")?
+        .query_row(params![range_id], |r| r.get(0))?;
     let start = cursor
         .map(|c| blob_key(&c).saturating_add(1))
         .filter(|s| (lo..=hi).contains(s))
@@ -188,14 +187,10 @@ pub(super) fn allocate_in(
         None => None,
     };
     let Some(k) = found else { return Ok(None) };
-    tx.execute(
-        "INSERT INTO allocations (address, range_id, attachment_id) VALUES (?1, ?2, ?3)",
-        params![key_blob(k), range_id, attachment],
-    )?;
-    tx.execute(
-        "UPDATE ranges SET cursor = ?2 WHERE id = ?1",
-        params![range_id, key_blob(k)],
-    )?;
+    tx.prepare_cached("INSERT INTO allocations (address, range_id, attachment_id) VALUES (?1, ?2, ?3)")?
+        .execute(params![key_blob(k), range_id, attachment])?;
+    tx.prepare_cached("UPDATE ranges SET cursor = ?2 WHERE id = ?1")?
+        .execute(params![range_id, key_blob(k)])?;
     Ok(Some(addr::from_key(range, k)))
 }
 

@@ -36,24 +36,24 @@ impl Db {
             )));
         }
         let now = now_ms();
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO attachments (network, container_id, ifname, netns, pod_namespace, pod_name,
                  pod_uid, host_ifname, mtu, state, created_at, updated_at, routes, pod_mac)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'creating', ?10, ?10, '', ?11)",
-            params![
-                spec.key.network,
-                spec.key.container_id,
-                spec.key.ifname,
-                spec.netns,
-                spec.pod.namespace,
-                spec.pod.name,
-                spec.pod.uid,
-                spec.host_ifname,
-                spec.mtu,
-                now,
-                spec.pod_mac.as_ref().map(mac_text),
-            ],
-        )?;
+        )?
+        .execute(params![
+            spec.key.network,
+            spec.key.container_id,
+            spec.key.ifname,
+            spec.netns,
+            spec.pod.namespace,
+            spec.pod.name,
+            spec.pod.uid,
+            spec.host_ifname,
+            spec.mtu,
+            now,
+            spec.pod_mac.as_ref().map(mac_text),
+        ])?;
         let id = tx.last_insert_rowid();
         let mut addresses = Vec::new();
         for family in [Family::V4, Family::V6] {
@@ -109,10 +109,11 @@ impl Db {
     /// Marks an attachment ready and stores its ADD result and the routes it installed.
     pub fn finish_add(&mut self, id: i64, result_json: &str, routes: &[InstalledRoute]) -> Result<(), StoreError> {
         let tx = self.immediate()?;
-        let n = tx.execute(
-            "UPDATE attachments SET state = 'ready', result = ?2, routes = ?3, updated_at = ?4 WHERE id = ?1",
-            params![id, result_json, routes_text(routes), now_ms()],
-        )?;
+        let n = tx
+            .prepare_cached(
+                "UPDATE attachments SET state = 'ready', result = ?2, routes = ?3, updated_at = ?4 WHERE id = ?1",
+            )?
+            .execute(params![id, result_json, routes_text(routes), now_ms()])?;
         tx.commit()?;
         if n == 0 { Err(StoreError::Missing(id)) } else { Ok(()) }
     }
@@ -121,7 +122,8 @@ impl Db {
     /// a teardown). Removing one that is already gone is not an error.
     pub fn remove(&mut self, id: i64) -> Result<(), StoreError> {
         let tx = self.immediate()?;
-        tx.execute("DELETE FROM attachments WHERE id = ?1", params![id])?;
+        tx.prepare_cached("DELETE FROM attachments WHERE id = ?1")?
+            .execute(params![id])?;
         tx.commit()?;
         Ok(())
     }
@@ -135,12 +137,11 @@ impl Db {
         };
         // Host ports are released at once: DEL removes them from the kernel before it
         // answers, unlike the veth, whose removal finishes afterwards.
-        tx.execute("DELETE FROM port_mappings WHERE attachment_id = ?1", params![att.id])?;
+        tx.prepare_cached("DELETE FROM port_mappings WHERE attachment_id = ?1")?
+            .execute(params![att.id])?;
         if att.state != State::Deleting {
-            tx.execute(
-                "UPDATE attachments SET state = 'deleting', updated_at = ?2 WHERE id = ?1",
-                params![att.id, now_ms()],
-            )?;
+            tx.prepare_cached("UPDATE attachments SET state = 'deleting', updated_at = ?2 WHERE id = ?1")?
+                .execute(params![att.id, now_ms()])?;
             att.state = State::Deleting;
         }
         tx.commit()?;

@@ -15,18 +15,19 @@ impl Db {
     pub fn put_link_settings(&mut self, id: u64, s: &EndSettings) -> Result<(), StoreError> {
         let tx = self.immediate()?;
         if s.is_empty() {
-            tx.execute("DELETE FROM link_settings WHERE id = ?1", params![id as i64])?;
+            tx.prepare_cached("DELETE FROM link_settings WHERE id = ?1")?
+                .execute(params![id as i64])?;
         } else {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO link_settings (id, impairment, down, updated_at) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (id) DO UPDATE SET impairment = ?2, down = ?3, updated_at = ?4",
-                params![
-                    id as i64,
-                    s.impairment.as_ref().map(impairment_text),
-                    s.down.map(DownBy::as_str),
-                    now_ms()
-                ],
-            )?;
+            )?
+            .execute(params![
+                id as i64,
+                s.impairment.as_ref().map(impairment_text),
+                s.down.map(DownBy::as_str),
+                now_ms()
+            ])?;
         }
         tx.commit()?;
         Ok(())

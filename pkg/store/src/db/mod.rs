@@ -58,6 +58,10 @@ impl Db {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Every statement of a job is taken from the cache rather than parsed again:
+        // parsing was a quarter of the store's CPU in an ADD/DEL profile. Room for all
+        // of the store's statements.
+        conn.set_prepared_statement_cache_capacity(128);
         let schema_found = schema::migrate(&mut conn)?;
         Ok(Self { conn, schema_found })
     }

@@ -127,9 +127,8 @@ pub(super) fn hold_ports(
             if let Some(holder) = holder(tx, family, &host, req.host_port, &req.protocol)? {
                 return Err(StoreError::PortTaken { mapping: shown, holder });
             }
-            tx.execute(
-                "INSERT INTO port_mappings (attachment_id, family, host_ip, host_port, protocol, container_ip, container_port)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            tx.prepare_cached("INSERT INTO port_mappings (attachment_id, family, host_ip, host_port, protocol, container_ip, container_port)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?.execute(
                 params![id, family, host, req.host_port, req.protocol, a.address.to_string(), req.container_port],
             )?;
             held.push(PortMapping {

@@ -39,40 +39,44 @@ impl Db {
     /// addresses is held: the store's word wins over the kernel's.
     pub fn record_rebuilt(&mut self, r: &RebuiltAttachment) -> Result<bool, StoreError> {
         let tx = self.immediate()?;
-        let taken: i64 = tx.query_row(
-            "SELECT COUNT(*) FROM attachments
+        let taken: i64 = tx
+            .prepare_cached(
+                "SELECT COUNT(*) FROM attachments
              WHERE (network = ?1 AND container_id = ?2 AND ifname = ?3) OR host_ifname = ?4",
-            params![r.key.network, r.key.container_id, r.key.ifname, r.host_ifname],
-            |row| row.get(0),
-        )?;
+            )?
+            .query_row(
+                params![r.key.network, r.key.container_id, r.key.ifname, r.host_ifname],
+                |row| row.get(0),
+            )?;
         if taken > 0 {
             return Ok(false);
         }
         let now = now_ms();
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO attachments (network, container_id, ifname, netns, host_ifname, mtu, state,
                  result, created_at, updated_at, routes, pod_mac)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'ready', ?10, ?7, ?7, ?8, ?9)",
-            params![
-                r.key.network,
-                r.key.container_id,
-                r.key.ifname,
-                r.netns,
-                r.host_ifname,
-                r.mtu,
-                now,
-                routes_text(&r.routes),
-                r.pod_mac.as_ref().map(mac_text),
-                r.result,
-            ],
-        )?;
+        )?
+        .execute(params![
+            r.key.network,
+            r.key.container_id,
+            r.key.ifname,
+            r.netns,
+            r.host_ifname,
+            r.mtu,
+            now,
+            routes_text(&r.routes),
+            r.pod_mac.as_ref().map(mac_text),
+            r.result,
+        ])?;
         let id = tx.last_insert_rowid();
         for a in &r.addresses {
             let range_id = ensure_range(&tx, &a.range)?;
-            let n = tx.execute(
-                "INSERT OR IGNORE INTO allocations (address, range_id, attachment_id) VALUES (?1, ?2, ?3)",
-                params![key_blob(addr::to_key(a.address)), range_id, id],
-            )?;
+            let n = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO allocations (address, range_id, attachment_id) VALUES (?1, ?2, ?3)",
+                )?
+                .execute(params![key_blob(addr::to_key(a.address)), range_id, id])?;
             if n == 0 {
                 // Held already: drop the whole attachment (the transaction rolls back).
                 return Ok(false);

@@ -27,12 +27,11 @@ impl Db {
             },
             Some((version, started_at_ms, None)) => PreviousRun::Crashed { version, started_at_ms },
         };
-        tx.execute(
-            "INSERT INTO daemon_runs (version, started_at) VALUES (?1, ?2)",
-            params![version, now_ms()],
-        )?;
+        tx.prepare_cached("INSERT INTO daemon_runs (version, started_at) VALUES (?1, ?2)")?
+            .execute(params![version, now_ms()])?;
         let id = tx.last_insert_rowid();
-        tx.execute("DELETE FROM daemon_runs WHERE id <= ?1 - 100", params![id])?;
+        tx.prepare_cached("DELETE FROM daemon_runs WHERE id <= ?1 - 100")?
+            .execute(params![id])?;
         tx.commit()?;
         Ok((id, previous))
     }

@@ -74,7 +74,8 @@ impl Db {
     /// Forgets a wire end.
     pub fn remove_wire(&mut self, id: u64) -> Result<(), StoreError> {
         let tx = self.immediate()?;
-        tx.execute("DELETE FROM wires WHERE id = ?1", params![id as i64])?;
+        tx.prepare_cached("DELETE FROM wires WHERE id = ?1")?
+            .execute(params![id as i64])?;
         tx.commit()?;
         Ok(())
     }
