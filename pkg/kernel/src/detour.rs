@@ -23,7 +23,7 @@ use netlink_packet_route::tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHan
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use crate::netlink::{NewLink, VethPair};
-use crate::packet::{GSO_MAX, PacketSocket};
+use crate::packet::{self, PacketSocket};
 use crate::{KernelError, NetNs, Netlink, bpf, in_netns, sysctl, wire};
 
 /// MTU of both sides of the pair: the largest a veth takes, so a frame of any end
@@ -117,34 +117,12 @@ fn build_pair(pod: &NetNs, node: &mut Netlink, in_pod: &mut Netlink, id: u64) ->
         alias: Some("weft link detour"),
     })
     .map_err(os("creating a link detour's veth pair"))?;
-    let mut finish = || -> Result<(), KernelError> {
-        // Neither side may send frames of its own: they would reach the link.
-        if let Err(e) = sysctl::write(&format!("net/ipv6/conf/{node_side}/disable_ipv6"), "1") {
-            tracing::debug!(node_side, error = %e, "could not turn IPv6 off on a detour's node side");
-        }
-        let path = format!("net/ipv6/conf/{pod_side}/disable_ipv6");
-        if let Err(e) = in_netns(pod, || sysctl::write(&path, "1")) {
-            tracing::debug!(pod_side, error = %e, "could not turn IPv6 off on a detour's pod side");
-        }
-        let n = node
-            .link_by_name(&node_side)
-            .map_err(os("looking up the detour's node side"))?
-            .ok_or_else(|| KernelError::os(node_side.clone(), std::io::Error::from_raw_os_error(libc::ENODEV)))?;
-        let p = wire::find(in_pod, &pod_side)?
-            .ok_or_else(|| KernelError::os(pod_side.clone(), std::io::Error::from_raw_os_error(libc::ENODEV)))?;
-        if let Err(e) = node
-            .set_gso_max_size(n.index, GSO_MAX)
-            .and_then(|()| in_pod.set_gso_max_size(p.index, GSO_MAX))
-        {
-            tracing::debug!(node_side, error = %e, "link detour without BIG TCP");
-        }
-        in_pod
-            .set_up(p.index, true)
-            .map_err(os("setting the detour's pod side up"))?;
-        node.set_up_without_arp(n.index)
-            .map_err(os("setting the detour's node side up"))
-    };
-    let done = finish();
+    // Neither side may send frames of its own: they would reach the link.
+    let path = format!("net/ipv6/conf/{pod_side}/disable_ipv6");
+    if let Err(e) = in_netns(pod, || sysctl::write(&path, "1")) {
+        tracing::debug!(pod_side, error = %e, "could not turn IPv6 off on a detour's pod side");
+    }
+    let done = packet::raise_pair(node, in_pod, &node_side, &pod_side, true);
     if done.is_err() {
         let _ = node.delete_link(&node_side);
     }

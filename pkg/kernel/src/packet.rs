@@ -94,35 +94,48 @@ pub fn create(pod: &NetNs, name: &str, mac: [u8; 6], mtu: u32, id: u64) -> Resul
             KernelError::os("creating the gRPC wire end's veth pair", e)
         }
     })?;
-    let mut finish = || -> Result<(), KernelError> {
-        // The node end carries the pod's frames only; router solicitations or MLD from
-        // the node's own stack have no business on the wire.
-        if let Err(e) = sysctl::write(&format!("net/ipv6/conf/{node_end}/disable_ipv6"), "1") {
-            tracing::debug!(node_end, error = %e, "could not turn IPv6 off on a gRPC wire's node end");
-        }
-        let link = node
-            .link_by_name(&node_end)
-            .map_err(os("looking up the node end"))?
-            .ok_or_else(|| KernelError::os(node_end.clone(), std::io::Error::from_raw_os_error(libc::ENODEV)))?;
-        let mut in_pod = wire::socket_in(pod)?;
-        let pod_end = wire::find(&mut in_pod, name)?
-            .ok_or_else(|| KernelError::os(name.to_string(), std::io::Error::from_raw_os_error(libc::ENODEV)))?;
-        // Kernels before 6.3 refuse BIG TCP for IPv4; the wire then carries 64 KiB
-        // super-frames, as a TAP would.
-        if let Err(e) = node
-            .set_gso_max_size(link.index, GSO_MAX)
-            .and_then(|()| in_pod.set_gso_max_size(pod_end.index, GSO_MAX))
-        {
-            tracing::info!(node_end, error = %e, "gRPC wire end without BIG TCP: super-frames stay at 64 KiB");
-        }
-        node.set_up_without_arp(link.index)
-            .map_err(os("setting the node end up"))
-    };
-    let done = finish();
+    let done = wire::socket_in(pod).and_then(|mut in_pod| raise_pair(&mut node, &mut in_pod, &node_end, name, false));
     if done.is_err() {
         let _ = node.delete_link(&node_end);
     }
     done
+}
+
+/// Finishes a pair whose node end `node_end` is in `node`'s namespace and whose other
+/// end `pod_end` is in `in_pod`'s: IPv6 off on the node end (router solicitations or
+/// MLD of the node's own stack have no business in a pod's link), [`GSO_MAX`] on both
+/// ends, the pod end up when `pod_up` says so, the node end up without ARP.
+pub(crate) fn raise_pair(
+    node: &mut Netlink,
+    in_pod: &mut Netlink,
+    node_end: &str,
+    pod_end: &str,
+    pod_up: bool,
+) -> Result<(), KernelError> {
+    if let Err(e) = sysctl::write(&format!("net/ipv6/conf/{node_end}/disable_ipv6"), "1") {
+        tracing::debug!(node_end, error = %e, "could not turn IPv6 off on a node end");
+    }
+    let missing = |name: &str| KernelError::os(name.to_string(), std::io::Error::from_raw_os_error(libc::ENODEV));
+    let link = node
+        .link_by_name(node_end)
+        .map_err(os("looking up the node end"))?
+        .ok_or_else(|| missing(node_end))?;
+    let pod_link = wire::find(in_pod, pod_end)?.ok_or_else(|| missing(pod_end))?;
+    // Kernels before 6.3 refuse BIG TCP for IPv4; the pair then carries 64 KiB
+    // super-frames, as a TAP would.
+    if let Err(e) = node
+        .set_gso_max_size(link.index, GSO_MAX)
+        .and_then(|()| in_pod.set_gso_max_size(pod_link.index, GSO_MAX))
+    {
+        tracing::info!(node_end, error = %e, "a node end without BIG TCP: super-frames stay at 64 KiB");
+    }
+    if pod_up {
+        in_pod
+            .set_up(pod_link.index, true)
+            .map_err(os("setting the pod end up"))?;
+    }
+    node.set_up_without_arp(link.index)
+        .map_err(os("setting the node end up"))
 }
 
 /// Whether the node end of wire end `id` exists in the calling thread's namespace.

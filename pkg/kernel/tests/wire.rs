@@ -66,22 +66,18 @@ fn tcp_echo(server: &TempNetns, client: &TempNetns, addr: &str) -> bool {
     })
 }
 
-#[test]
-fn a_veth_wire_joins_two_pods() {
-    if !privileged() {
-        return;
-    }
-    let node = TempNetns::new();
-    let (a, b) = (TempNetns::new(), TempNetns::new());
+/// Joins pods `a` (`e1`, `<net>.0.0.1/24`) and `b` (`e2`, `<net>.0.0.2/24`) with a veth
+/// pair made from `node`, both ends configured and up.
+fn joined(node: &TempNetns, a: &TempNetns, b: &TempNetns, net: &str) {
     node.run(|| {
         wire::veth_between(
             wire::PodEnd {
-                pod: &ns(&a),
+                pod: &ns(a),
                 name: "e1",
                 mac: [2, 0, 0, 0, 1, 1],
             },
             wire::PodEnd {
-                pod: &ns(&b),
+                pod: &ns(b),
                 name: "e2",
                 mac: [2, 0, 0, 0, 2, 1],
             },
@@ -89,13 +85,21 @@ fn a_veth_wire_joins_two_pods() {
         )
     })
     .unwrap();
-    for (t, name, mac, ip) in [
-        (&a, "e1", [2, 0, 0, 0, 1, 1], "12.0.0.1"),
-        (&b, "e2", [2, 0, 0, 0, 2, 1], "12.0.0.2"),
-    ] {
+    for (t, name, mac, host) in [(a, "e1", [2, 0, 0, 0, 1, 1], 1), (b, "e2", [2, 0, 0, 0, 2, 1], 2)] {
+        let ip = format!("{net}.0.0.{host}");
         let mut s = wire::socket_in(&ns(t)).unwrap();
         wire::configure(&mut s, name, mac, 1500, Some((ip.parse().unwrap(), 24)), true).unwrap();
     }
+}
+
+#[test]
+fn a_veth_wire_joins_two_pods() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let (a, b) = (TempNetns::new(), TempNetns::new());
+    joined(&node, &a, &b, "12");
     assert!(tcp_echo(&b, &a, "12.0.0.2:7000"));
     // Counters come from the kernel.
     let mut s = wire::socket_in(&ns(&a)).unwrap();
@@ -304,29 +308,7 @@ fn a_detour_steers_what_an_end_sends_through_a_packet_socket_and_back() {
     use weft_kernel::detour;
     let node = TempNetns::new();
     let (a, b) = (TempNetns::new(), TempNetns::new());
-    node.run(|| {
-        wire::veth_between(
-            wire::PodEnd {
-                pod: &ns(&a),
-                name: "e1",
-                mac: [2, 0, 0, 0, 1, 1],
-            },
-            wire::PodEnd {
-                pod: &ns(&b),
-                name: "e2",
-                mac: [2, 0, 0, 0, 2, 1],
-            },
-            1500,
-        )
-    })
-    .unwrap();
-    for (t, name, mac, ip) in [
-        (&a, "e1", [2, 0, 0, 0, 1, 1], "13.0.0.1"),
-        (&b, "e2", [2, 0, 0, 0, 2, 1], "13.0.0.2"),
-    ] {
-        let mut s = wire::socket_in(&ns(t)).unwrap();
-        wire::configure(&mut s, name, mac, 1500, Some((ip.parse().unwrap(), 24)), true).unwrap();
-    }
+    joined(&node, &a, &b, "13");
     let id = 0xabc_def0_1234;
     assert!(!in_netns(&ns(&node), || detour::create(&ns(&a), "nope", id)).unwrap());
     assert!(in_netns(&ns(&node), || detour::create(&ns(&a), "e1", id)).unwrap());
