@@ -274,6 +274,29 @@ fn a_grpc_end_offers_big_tcp_and_survives_its_socket() {
         &[0xff; 6],
         "an ARP broadcast first"
     );
+    // A burst written with one call reaches the pod whole, in order of the counters.
+    let before = wire::stats(&mut s, "e7").unwrap().unwrap().1.rx_packets;
+    let frames: Vec<Vec<u8>> = (0..100u8)
+        .map(|i| {
+            let mut f = vec![0u8; packet::VNET_HDR_LEN];
+            f.extend_from_slice(&[0xff; 6]);
+            f.extend_from_slice(&[2, 0, 0, 0, 9, i]);
+            f.extend_from_slice(&[0x88, 0xb5]); // local experimental ethertype
+            f.extend_from_slice(&[i; 46]);
+            f
+        })
+        .collect();
+    let slices: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    let sock = in_netns(&node, || packet::open(id)).unwrap();
+    let mut sent = 0;
+    while sent < slices.len() {
+        let n = sock.write_many(&slices[sent..]).unwrap();
+        assert!((1..=packet::WRITE_BATCH).contains(&n), "{n}");
+        sent += n;
+    }
+    let after = wire::stats(&mut s, "e7").unwrap().unwrap().1.rx_packets;
+    assert_eq!(after - before, 100, "every frame of the burst reached the pod end");
+    assert_eq!(sock.write_many(&[]).unwrap(), 0);
     // Removing the pod end removes the pair: nothing is left in the node.
     assert!(wire::remove(&mut s, "e7").unwrap());
     assert!(

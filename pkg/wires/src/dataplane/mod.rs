@@ -327,12 +327,24 @@ impl DataPlane {
         self.metrics.rejected.get_or_create(&RejectLabels { reason }).inc();
     }
 
-    /// Delivers a batch that came from a peer.
+    /// Delivers a batch that came from a peer: each run of frames for one end in one
+    /// write to it.
     fn dispatch(&self, from: IpAddr, batch: FrameBatch) {
         let ends = self.ends.read().expect("ends lock");
-        for f in batch.frames {
+        let mut run: Vec<&[u8]> = Vec::with_capacity(batch.frames.len().min(weft_kernel::packet::WRITE_BATCH));
+        let mut run_end: Option<&Arc<PacketEnd>> = None;
+        for f in &batch.frames {
             match route(&ends, |e| e.peer, from, f.wire_id) {
-                Route::Deliver(end) => end.deliver(&f.data),
+                Route::Deliver(end) => {
+                    if !run_end.is_some_and(|r| Arc::ptr_eq(r, end)) {
+                        if let Some(r) = run_end {
+                            r.deliver(&run);
+                        }
+                        run.clear();
+                        run_end = Some(end);
+                    }
+                    run.push(&f.data);
+                }
                 Route::OtherPeer => {
                     self.refused("other_peer_wire");
                     debug!(wire = f.wire_id, %from, "frame for a wire of another peer dropped")
@@ -342,6 +354,9 @@ impl DataPlane {
                     debug!(wire = f.wire_id, %from, "frame for an unknown wire dropped")
                 }
             }
+        }
+        if let Some(r) = run_end {
+            r.deliver(&run);
         }
     }
 
