@@ -99,7 +99,8 @@ pub fn create(pod: &NetNs, intf: &str, id: u64) -> Result<bool, KernelError> {
 }
 
 /// Creates the pair of wire end `id`'s detour: the node side in the calling thread's
-/// namespace, the pod side in `pod`, both up, without IPv6, offering [`GSO_MAX`].
+/// namespace, the pod side in `pod`, both up, without IPv6, offering
+/// [`GSO_MAX`](packet::GSO_MAX).
 fn build_pair(pod: &NetNs, node: &mut Netlink, in_pod: &mut Netlink, id: u64) -> Result<(), KernelError> {
     let (pod_side, node_side) = (pod_side_name(id), node_side_name(id));
     node.create_veth(&VethPair {
