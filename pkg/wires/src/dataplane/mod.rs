@@ -8,6 +8,10 @@
 //! the receiver writes each into the end of that id, and drops frames for ids it does
 //! not hold, so no frame can reach another wire. The node with the lower address opens
 //! the stream and reconnects with backoff; the other accepts it.
+//!
+//! The same runtime runs the workers of link detours (`detour`): veth and VXLAN ends
+//! whose emulation the kernel cannot hold (no netem) have their frames read, impaired
+//! and written back here, with the gRPC ends' emulation code.
 
 mod detour;
 mod end;

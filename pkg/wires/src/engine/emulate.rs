@@ -1,7 +1,8 @@
-//! Link emulation: each pass brings every end's impairment (netem on what it sends) and
-//! carrier by intent where the topology and the operator's run-time settings say, and
-//! operators change a link at one end (`link_change`), the other end following on this
-//! node or, told over `Ends`, on the peer's.
+//! Link emulation: each pass brings every end's impairment (netem on what it sends, or
+//! a link detour through weftd where the kernel has no netem) and carrier by intent
+//! where the topology and the operator's run-time settings say, and operators change a
+//! link at one end (`link_change`), the other end following on this node or, told over
+//! `Ends`, on the peer's.
 //!
 //! What was applied to each end is remembered, so a pass touches the kernel only for
 //! ends whose settings changed or that were (re)built; a restarted daemon applies
@@ -11,18 +12,18 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use tracing::{info, warn};
+use weft_kernel::wire::Emulated;
 use weft_link::{DownBy, EndSettings, Impairment, LinkChange, LinkView, WireEnd, WireState};
 use weft_rpc::wire::{Carrier as CarrierMsg, End, EndResult, LinkControl};
 
 use super::Engine;
-use weft_kernel::wire::Emulated;
-
-/// The bits of a wire id a link detour's interface names keep.
-pub(super) const DETOUR_ID_BITS: u64 = (1 << 52) - 1;
 use super::plan::{self, Carrier};
 use crate::convert;
 use crate::error::WireError;
 use crate::plane::GrpcPlane;
+
+/// The bits of a wire id a link detour's interface names keep.
+pub(super) const DETOUR_ID_BITS: u64 = (1 << 52) - 1;
 
 /// What a pass last applied to an end (`None`: not yet, or it failed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
