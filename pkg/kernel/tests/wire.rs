@@ -305,6 +305,68 @@ fn a_grpc_end_offers_big_tcp_and_survives_its_socket() {
     );
 }
 
+/// What a pod sends into a gRPC wire end is read in batches, small frames many to a
+/// call and a super-frame whole among them; what overflows an unread socket is dropped
+/// by the kernel and counted once.
+#[test]
+fn a_grpc_end_is_read_in_batches_and_counts_what_overflows() {
+    if !privileged() {
+        return;
+    }
+    let (n, p) = (TempNetns::new(), TempNetns::new());
+    let (node, pod) = (ns(&n), ns(&p));
+    let id = 0x0bad_cafe_0001;
+    in_netns(&node, || packet::create(&pod, "e7", [2, 0, 0, 7, 7, 8], 1500, id)).unwrap();
+    let mut s = wire::socket_in(&pod).unwrap();
+    wire::configure(
+        &mut s,
+        "e7",
+        [2, 0, 0, 7, 7, 8],
+        1500,
+        Some(("12.8.0.1".parse().unwrap(), 24)),
+        true,
+    )
+    .unwrap();
+    // No neighbour answers on a wire end: a static entry lets the pod send at once.
+    ip(
+        &p,
+        &["neigh", "add", "12.8.0.2", "lladdr", "02:00:00:07:07:09", "dev", "e7"],
+    );
+    let sock = in_netns(&node, || packet::open(id)).unwrap();
+    sock.take_drops().unwrap();
+    let flood = |count: usize, len: usize| {
+        p.run(|| {
+            let u = std::net::UdpSocket::bind("12.8.0.1:0").unwrap();
+            for _ in 0..count {
+                let _ = u.send_to(&vec![7u8; len], "12.8.0.2:9");
+            }
+        })
+    };
+    flood(40, 64);
+    let mut room = packet::ReadRoom::new();
+    let mut buf = bytes::BytesMut::new();
+    let mut lens = Vec::new();
+    let mut calls = 0;
+    let udp_frame = packet::VNET_HDR_LEN + 14 + 20 + 8 + 64;
+    let udp = |lens: &[usize]| lens.iter().filter(|l| **l == udp_frame).count();
+    while udp(&lens) < 40 && calls < 100 {
+        match sock.read_many(&mut buf, &mut room, packet::READ_BATCH, &mut lens) {
+            Ok(_) => calls += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("read_many: {e}"),
+        }
+    }
+    assert_eq!(udp(&lens), 40, "every datagram came out, whole");
+    assert!(calls < lens.len() / 4, "{} frames took {calls} calls", lens.len());
+    assert_eq!(buf.len(), lens.iter().sum::<usize>());
+    // Unread, the socket's buffer fills and the kernel drops the rest: counted once.
+    flood(40_000, 64);
+    let dropped = sock.take_drops().unwrap();
+    assert!(dropped > 0, "an unread end overflowed");
+    assert_eq!(sock.take_drops().unwrap(), 0, "reading the count resets it");
+    assert!(wire::remove(&mut s, "e7").unwrap());
+}
+
 /// Relays every frame read from `sock` back into it until `stop`; returns how many.
 fn relay(sock: &packet::PacketSocket, stop: &std::sync::atomic::AtomicBool) -> usize {
     let mut buf = vec![0u8; packet::MAX_FRAME];

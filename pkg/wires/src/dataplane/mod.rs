@@ -194,7 +194,7 @@ impl DataPlane {
         if let Some(old) = self.ends.write().expect("ends lock").insert(id, end.clone()) {
             old.outbox.remove(id);
         }
-        outbox.add(id, counters);
+        outbox.add(id, counters, end.room.clone());
         let reader = self.rt.spawn(end.read_loop());
         if let Some(old) = self.readers.lock().expect("readers lock").insert(id, reader) {
             old.abort();

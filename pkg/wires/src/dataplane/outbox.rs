@@ -8,6 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use super::end::{Counters, DropReason};
+use tokio::sync::Notify;
+use weft_kernel::packet;
+
 use super::{BATCH_BYTES, BATCH_FRAMES, WIRE_QUEUE, WIRE_QUEUE_BYTES};
 use crate::metrics::{PeerLabels, WireMetrics};
 use futures::Stream;
@@ -21,6 +24,24 @@ struct WireQueue {
     /// Bytes of the frames queued.
     bytes: usize,
     counters: Arc<Counters>,
+    /// Where the end's reader waits for room once an offer filled the queue.
+    room: Arc<Notify>,
+    /// Whether the reader was told the queue is full and waits for [`Self::room`].
+    waiting: bool,
+}
+
+impl WireQueue {
+    fn full(&self) -> bool {
+        self.frames.len() >= WIRE_QUEUE || self.bytes >= WIRE_QUEUE_BYTES - packet::MAX_FRAME
+    }
+
+    /// Wakes a waiting reader once the stream took the queue down to half.
+    fn taken(&mut self) {
+        if self.waiting && self.frames.len() <= WIRE_QUEUE / 2 && self.bytes <= WIRE_QUEUE_BYTES / 2 {
+            self.waiting = false;
+            self.room.notify_one();
+        }
+    }
 }
 
 /// What an [`Outbox`] guards.
@@ -97,6 +118,7 @@ impl Outbox {
                 q.counters.dropped(DropReason::NoStream, q.frames.len() as u64);
                 q.frames.clear();
                 q.bytes = 0;
+                q.taken();
             }
             st.ready.clear();
             st.queued = 0;
@@ -108,8 +130,9 @@ impl Outbox {
         }
     }
 
-    /// Gives wire end `id` a (new, empty) queue.
-    pub(super) fn add(&self, id: u64, counters: Arc<Counters>) {
+    /// Gives wire end `id` a (new, empty) queue; `room` is notified when a full queue
+    /// has room again (see [`offer`](Self::offer)).
+    pub(super) fn add(&self, id: u64, counters: Arc<Counters>, room: Arc<Notify>) {
         let mut st = self.lock();
         let st = &mut *st;
         if let Some(old) = st.queues.insert(
@@ -118,6 +141,8 @@ impl Outbox {
                 frames: VecDeque::new(),
                 bytes: 0,
                 counters,
+                room,
+                waiting: false,
             },
         ) {
             st.queued -= old.frames.len();
@@ -135,19 +160,23 @@ impl Outbox {
     }
 
     /// Queues frames of wire end `id`, dropping (and counting) what finds no stream or
-    /// no room; wakes the stream if it waits.
-    pub(super) fn offer(&self, id: u64, frames: &mut Vec<Frame>) {
-        let waker = {
+    /// no room; wakes the stream if it waits. Returns whether the queue has room left:
+    /// `false` means it is full, and the end's `room` (see [`add`](Self::add)) will be
+    /// notified once the stream has taken it down to half. A reader that waits for that
+    /// leaves what the pod sends meanwhile to its socket's buffer, where the kernel drops
+    /// a flood's excess before it costs this thread a read.
+    pub(super) fn offer(&self, id: u64, frames: &mut Vec<Frame>) -> bool {
+        let (waker, room) = {
             let mut guard = self.lock();
             let st = &mut *guard;
             let Some(q) = st.queues.get_mut(&id) else {
                 frames.clear();
-                return;
+                return true;
             };
             if st.stream.is_none() {
                 q.counters.dropped(DropReason::NoStream, frames.len() as u64);
                 frames.clear();
-                return;
+                return true;
             }
             let was_empty = q.frames.is_empty();
             let room = WIRE_QUEUE.saturating_sub(q.frames.len());
@@ -162,18 +191,20 @@ impl Outbox {
             q.counters.dropped(DropReason::QueueFull, (frames.len() - taken) as u64);
             frames.truncate(taken);
             q.frames.extend(frames.drain(..));
-            if taken == 0 {
-                return;
+            let room = !q.full();
+            q.waiting = !room;
+            if taken > 0 {
+                st.queued += taken;
+                if was_empty {
+                    st.ready.push_back(id);
+                }
             }
-            st.queued += taken;
-            if was_empty {
-                st.ready.push_back(id);
-            }
-            st.waker.take()
+            (st.waker.take().filter(|_| taken > 0), room)
         };
         if let Some(w) = waker {
             w.wake();
         }
+        room
     }
 }
 
@@ -208,6 +239,7 @@ impl Stream for OutboundBatches {
             let Some(q) = st.queues.get_mut(&id) else { continue };
             let Some(f) = q.frames.pop_front() else { continue };
             q.bytes -= f.data.len();
+            q.taken();
             bytes += f.data.len();
             frames.push(f);
             if !q.frames.is_empty() {
@@ -265,6 +297,10 @@ mod tests {
         c.drops[reason as usize].get().map_or(0, Counter::get)
     }
 
+    fn room() -> Arc<Notify> {
+        Arc::new(Notify::new())
+    }
+
     fn outbox(metrics: &Arc<WireMetrics>) -> Arc<Outbox> {
         Arc::new(Outbox::new("192.0.2.2".parse().unwrap(), metrics))
     }
@@ -276,13 +312,53 @@ mod tests {
         let m = metrics();
         let ob = outbox(&m);
         let c = counters(&m, "a");
-        ob.add(1, c.clone());
+        ob.add(1, c.clone(), room());
         ob.offer(1, &mut frames(11, 3, 60));
         assert_eq!(drops(&c, DropReason::NoStream), 3);
         let _stream = ob.open();
         ob.offer(1, &mut frames(11, WIRE_QUEUE + 5, 60));
         assert_eq!(drops(&c, DropReason::QueueFull), 5);
         assert_eq!(ob.lock().queued, WIRE_QUEUE);
+    }
+
+    /// An offer that fills the queue says so, and the end's `room` is notified once the
+    /// stream has taken the queue down to half (not before); without a stream nothing
+    /// waits, and closing the stream frees a waiting reader too.
+    #[tokio::test]
+    async fn a_full_queue_holds_its_reader_until_half_is_taken() {
+        let m = metrics();
+        let ob = outbox(&m);
+        let r = room();
+        ob.add(1, counters(&m, "a"), r.clone());
+        assert!(
+            ob.offer(1, &mut frames(11, WIRE_QUEUE + 1, 60)),
+            "no stream: nothing to wait for"
+        );
+        let mut stream = ob.open();
+        assert!(ob.offer(1, &mut frames(11, WIRE_QUEUE / 2, 60)), "room left");
+        assert!(!ob.offer(1, &mut frames(11, WIRE_QUEUE / 2, 60)), "full");
+        let notified = r.notified();
+        tokio::pin!(notified);
+        let mut taken = 0;
+        while taken + BATCH_FRAMES <= WIRE_QUEUE / 2 - 1 {
+            taken += stream.next().await.unwrap().frames.len();
+            assert!(
+                notified.as_mut().now_or_never().is_none(),
+                "{taken} taken: still waiting"
+            );
+        }
+        while taken < WIRE_QUEUE / 2 {
+            taken += stream.next().await.unwrap().frames.len();
+        }
+        assert!(
+            notified.as_mut().now_or_never().is_some(),
+            "half taken: the reader goes on"
+        );
+
+        assert!(!ob.offer(1, &mut frames(11, WIRE_QUEUE, 60)));
+        let notified = r.notified();
+        ob.close(stream.generation);
+        assert!(notified.now_or_never().is_some(), "a closed stream frees the reader");
     }
 
     /// Large frames are bounded by bytes before the frame count is reached, and the
@@ -292,7 +368,7 @@ mod tests {
         let m = metrics();
         let ob = outbox(&m);
         let c = counters(&m, "a");
-        ob.add(1, c.clone());
+        ob.add(1, c.clone(), room());
         let mut stream = ob.open();
         let fit = WIRE_QUEUE_BYTES / 65_546;
         assert!(fit < WIRE_QUEUE, "the byte bound is the tighter one for GSO frames");
@@ -311,8 +387,8 @@ mod tests {
     async fn batches_are_fair_and_bounded() {
         let m = metrics();
         let ob = outbox(&m);
-        ob.add(1, counters(&m, "a"));
-        ob.add(2, counters(&m, "b"));
+        ob.add(1, counters(&m, "a"), room());
+        ob.add(2, counters(&m, "b"), room());
         let mut stream = ob.open();
         let mut a = frames(11, 3, 10);
         a[1].data = vec![7; 10].into();
@@ -340,7 +416,7 @@ mod tests {
         let m = metrics();
         let ob = outbox(&m);
         let c = counters(&m, "a");
-        ob.add(1, c.clone());
+        ob.add(1, c.clone(), room());
         let mut old = ob.open();
         let mut new = ob.open();
         assert!(old.next().await.is_none());
@@ -357,8 +433,8 @@ mod tests {
     async fn a_removed_wire_sends_nothing() {
         let m = metrics();
         let ob = outbox(&m);
-        ob.add(1, counters(&m, "a"));
-        ob.add(2, counters(&m, "b"));
+        ob.add(1, counters(&m, "a"), room());
+        ob.add(2, counters(&m, "b"), room());
         let mut stream = ob.open();
         ob.offer(1, &mut frames(11, 2, 10));
         ob.offer(2, &mut frames(22, 1, 10));
