@@ -340,7 +340,7 @@ mod tests {
         let notified = r.notified();
         tokio::pin!(notified);
         let mut taken = 0;
-        while taken + BATCH_FRAMES <= WIRE_QUEUE / 2 - 1 {
+        while taken + BATCH_FRAMES < WIRE_QUEUE / 2 {
             taken += stream.next().await.unwrap().frames.len();
             assert!(
                 notified.as_mut().now_or_never().is_none(),
