@@ -210,6 +210,15 @@ fn a_vxlan_wire_crosses_a_routed_underlay_with_unicast_fdb() {
     assert_eq!(wire::vxlan_vtep(&mut s, "e1").unwrap(), Some(moved));
 }
 
+/// Makes gRPC wire end `id` as `e7` in `pod` (MAC `mac`, MTU 1500, `addr`/24, up) and
+/// returns a netlink socket in the pod.
+fn grpc_end(node: &NetNs, pod: &NetNs, id: u64, mac: [u8; 6], addr: &str) -> weft_kernel::Netlink {
+    in_netns(node, || packet::create(pod, "e7", mac, 1500, id)).unwrap();
+    let mut s = wire::socket_in(pod).unwrap();
+    wire::configure(&mut s, "e7", mac, 1500, Some((addr.parse().unwrap(), 24)), true).unwrap();
+    s
+}
+
 #[test]
 fn a_grpc_end_offers_big_tcp_and_survives_its_socket() {
     if !privileged() {
@@ -218,17 +227,7 @@ fn a_grpc_end_offers_big_tcp_and_survives_its_socket() {
     let (n, p) = (TempNetns::new(), TempNetns::new());
     let (node, pod) = (ns(&n), ns(&p));
     let id = 0x1234_5678_9abc_def0;
-    in_netns(&node, || packet::create(&pod, "e7", [2, 0, 0, 7, 7, 7], 1500, id)).unwrap();
-    let mut s = wire::socket_in(&pod).unwrap();
-    wire::configure(
-        &mut s,
-        "e7",
-        [2, 0, 0, 7, 7, 7],
-        1500,
-        Some(("12.7.0.1".parse().unwrap(), 24)),
-        true,
-    )
-    .unwrap();
+    let mut s = grpc_end(&node, &pod, id, [2, 0, 0, 7, 7, 7], "12.7.0.1");
     // A second pair under the same names is refused, not half made.
     let again = in_netns(&node, || Ok(packet::create(&pod, "e7", [2, 0, 0, 7, 7, 7], 1500, id))).unwrap();
     assert!(
@@ -316,17 +315,7 @@ fn a_grpc_end_is_read_in_batches_and_counts_what_overflows() {
     let (n, p) = (TempNetns::new(), TempNetns::new());
     let (node, pod) = (ns(&n), ns(&p));
     let id = 0x0bad_cafe_0001;
-    in_netns(&node, || packet::create(&pod, "e7", [2, 0, 0, 7, 7, 8], 1500, id)).unwrap();
-    let mut s = wire::socket_in(&pod).unwrap();
-    wire::configure(
-        &mut s,
-        "e7",
-        [2, 0, 0, 7, 7, 8],
-        1500,
-        Some(("12.8.0.1".parse().unwrap(), 24)),
-        true,
-    )
-    .unwrap();
+    let mut s = grpc_end(&node, &pod, id, [2, 0, 0, 7, 7, 8], "12.8.0.1");
     // No neighbour answers on a wire end: a static entry lets the pod send at once.
     ip(
         &p,
