@@ -43,8 +43,8 @@ pub const WRITE_BATCH: usize = 64;
 /// Frames one [`PacketSocket::read_many`] takes from the kernel at most.
 pub const READ_BATCH: usize = 32;
 
-/// A frame up to this long (virtio-net header included: an Ethernet frame of a
-/// 2,000-byte MTU) that [`PacketSocket::read_many`] takes after the first of a batch
+/// A frame up to this long (virtio-net header included: an Ethernet frame of an MTU
+/// up to 2,024 bytes) that [`PacketSocket::read_many`] takes after the first of a batch
 /// costs one copy of its own bytes; a longer one two (see there).
 pub const READ_SLOT: usize = 2048;
 

@@ -19,6 +19,7 @@ use super::outbox::Outbox;
 
 /// Largest frame read from an end: a GSO super-frame plus its headers.
 const MAX_FRAME: usize = packet::MAX_FRAME;
+
 thread_local! {
     /// The scratch room of batched reads, one per thread: the readers of a data plane
     /// take turns on its one thread, none holding it across an await.

@@ -8,14 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use super::end::{Counters, DropReason};
-use tokio::sync::Notify;
-use weft_kernel::packet;
-
 use super::{BATCH_BYTES, BATCH_FRAMES, WIRE_QUEUE, WIRE_QUEUE_BYTES};
 use crate::metrics::{PeerLabels, WireMetrics};
 use futures::Stream;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use tokio::sync::Notify;
+use weft_kernel::packet;
 use weft_rpc::wire::{Frame, FrameBatch};
 
 /// The frames of one wire end waiting for the stream to its peer node.
@@ -199,7 +198,7 @@ impl Outbox {
                     st.ready.push_back(id);
                 }
             }
-            (st.waker.take().filter(|_| taken > 0), room)
+            (if taken > 0 { st.waker.take() } else { None }, room)
         };
         if let Some(w) = waker {
             w.wake();
