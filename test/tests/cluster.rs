@@ -79,7 +79,8 @@ fn fdb(lab: &Lab, node: &str) -> Vec<(String, String)> {
     out
 }
 
-/// weft's routes to other nodes' pod ranges (protocol 75), both families.
+/// weft's routes to other nodes' pod ranges (protocol 75, the unreachable routes of
+/// the node's own ranges left out), both families.
 fn routes(lab: &Lab, node: &str) -> Vec<String> {
     let mut out = Vec::new();
     for family in ["-4", "-6"] {
@@ -92,6 +93,7 @@ fn routes(lab: &Lab, node: &str) -> Vec<String> {
             v.as_array()
                 .unwrap()
                 .iter()
+                .filter(|r| r["type"] != "unreachable")
                 .map(|r| r["dst"].as_str().unwrap_or_default().to_string()),
         );
     }

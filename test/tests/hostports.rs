@@ -1,10 +1,15 @@
 //! Host ports through the real plugin and daemon: a client namespace reaches a pod
 //! through the node's address, the node reaches it through its own address and
-//! 127.0.0.1, the pod reaches itself through its own host port, a taken port is refused cleanly, DEL closes the port, and a flushed table
-//! comes back.
+//! 127.0.0.1, the pod reaches itself through its own host port, a taken port is refused
+//! cleanly, DEL closes the port, and a flushed table comes back. Then the defects found
+//! under podman: traffic for a pod deleted while weftd was away never leaves the node,
+//! `route_localnet` goes back as weft found it (and 127/8 is guarded whenever it is on),
+//! loopback clients are refused at once instead of hanging, one container may ask for
+//! the same host port on two networks, and a start or a spool replay reports no drift.
 
-use std::net::UdpSocket;
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -180,4 +185,430 @@ fn host_ports_reach_the_pod_and_go_away_with_it() {
     assert!(!table.contains("18080"), "no element left:\n{table}");
     // Only weft's own table and the client link are left on the node.
     assert_eq!(d.node.links(), vec!["lo", "up0"]);
+}
+
+/// How a TCP connection from `ns` to `addr` ends: `Ok` when it was accepted, else the
+/// kind of error (refused and unreachable come at once; a timeout means it hung).
+fn connect(ns: &Netns, addr: &str) -> Result<(), std::io::ErrorKind> {
+    let addr: SocketAddr = addr.parse().unwrap();
+    ns.within(|| {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+            .map(|_| ())
+            .map_err(|e| e.kind())
+    })
+}
+
+/// A capture (`tcpdump`) of what leaves through `dev` of `ns` matching `filter`.
+struct Capture {
+    child: Child,
+    out: std::path::PathBuf,
+}
+
+impl Capture {
+    fn start(ns: &Netns, dev: &str, filter: &str, out: std::path::PathBuf) -> Self {
+        let mut child = ns
+            .cmd("tcpdump")
+            .args(["-i", dev, "-n", "-l", "-Q", "out", filter])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tcpdump (package tcpdump)");
+        // It says so once its socket is open: nothing sent after that is missed.
+        let mut said = String::new();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        while !said.contains("listening") {
+            let n = err.read_line(&mut said).unwrap();
+            assert!(n > 0, "tcpdump ended: {said}");
+        }
+        Self { child, out }
+    }
+
+    /// Stops it and returns the packets it saw.
+    fn stop(mut self) -> Vec<String> {
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// weft's unreachable routes in the node namespace (its pod ranges), both families.
+fn unreachable_routes(d: &Daemon) -> Vec<String> {
+    let mut out = Vec::new();
+    for family in ["-4", "-6"] {
+        let v = d
+            .node
+            .ip_json(&[family, "route", "show", "proto", "75", "type", "unreachable"]);
+        out.extend(
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["dst"].as_str().unwrap().to_string()),
+        );
+    }
+    out.sort();
+    out
+}
+
+/// A pod with a host port is deleted while weftd is stopped: its namespace and veth go,
+/// the DNAT to its address stays. A connection to the host port is then answered on
+/// the node (no route to the pod's address) and nothing for the pod ranges leaves
+/// through the node's uplink, from the node itself or from a client outside.
+#[test]
+fn traffic_for_a_pod_deleted_while_weftd_is_away_never_leaves_the_node() {
+    if !privileged() {
+        return;
+    }
+    let mut d = Daemon::start("hpgone");
+    let client = client_for(&d);
+    // The uplink is the node's way out: a default route through the client, as a
+    // node's through its router.
+    sh(d.node
+        .cmd("ip")
+        .args(["route", "add", "default", "via", "192.168.77.2"]));
+    sh(d.node
+        .cmd("ip")
+        .args(["-6", "route", "add", "default", "via", "fd77::2"]));
+    let pod = Netns::new("pod");
+    let conf = conf_with_ports(&d, json!([{"hostPort": 18081, "containerPort": 80, "protocol": "tcp"}]));
+    Call::new("ADD", "ctr-gone", &pod.path(), &conf).run().ok();
+    let mut want: Vec<String> = RANGES.iter().map(ToString::to_string).collect();
+    want.sort();
+    eventually("the node's ranges got no unreachable route", || {
+        unreachable_routes(&d) == want
+    });
+    assert!(
+        !d.log().contains("had drifted"),
+        "a first start is no drift:\n{}",
+        d.log()
+    );
+
+    d.stop().expect("weftd stops on SIGTERM");
+    pod.delete();
+    eventually("the pod's host end did not go with its namespace", || {
+        d.node.links() == vec!["lo", "up0"]
+    });
+    let table = sh(d
+        .node
+        .cmd("nft")
+        .args(["list", "map", "inet", "weft", "hostports_v4_any"]));
+    assert!(
+        table.contains("18081"),
+        "the DNAT is still there, as after a crash:\n{table}"
+    );
+
+    let capture = Capture::start(
+        &d.node,
+        "up0",
+        "net 10.244.5.0/24 or net fd00:10:244:5::/64",
+        d.dir().join("uplink.txt"),
+    );
+    let from_client = connect(&client, "192.168.77.1:18081");
+    let v6 = connect(&client, "[fd77::1]:18081");
+    // The node's own connections are dropped where the kernel routes them again after
+    // the DNAT (it reports no error to a connecting socket, which waits): what matters
+    // is that nothing leaves.
+    let from_node = connect(&d.node, "192.168.77.1:18081");
+    let unused = connect(&d.node, "10.244.5.200:80");
+    let leaked = capture.stop();
+    assert!(
+        leaked.is_empty(),
+        "pod-range traffic left the node:\n{}",
+        leaked.join("\n")
+    );
+    for (what, got) in [
+        ("client -> the node's host port", from_client),
+        ("client -> the node's IPv6 host port", v6),
+        ("node -> an address no pod holds", unused),
+    ] {
+        // ICMP host unreachable (IPv6: no route), sent by the node.
+        assert!(
+            matches!(
+                got,
+                Err(std::io::ErrorKind::HostUnreachable | std::io::ErrorKind::NetworkUnreachable)
+            ),
+            "{what}: {got:?}, not answered by the node at once"
+        );
+    }
+    assert!(from_node.is_err(), "node -> its own host port: {from_node:?}");
+
+    // weftd back: the attachment of the vanished pod is collected, its port released.
+    d.start_again();
+    eventually("the vanished pod was not collected", || d.allocated() == 0);
+    let table = sh(d
+        .node
+        .cmd("nft")
+        .args(["list", "map", "inet", "weft", "hostports_v4_any"]));
+    assert!(!table.contains("18081"), "{table}");
+    assert_eq!(unreachable_routes(&d), want, "the ranges stay the node's");
+}
+
+fn route_localnet(d: &Daemon) -> String {
+    sh(d.node.cmd("cat").arg("/proc/sys/net/ipv4/conf/all/route_localnet"))
+        .trim()
+        .to_string()
+}
+
+/// Whether weft's table drops packets to 127/8 that come from outside the node.
+fn guarded(d: &Daemon) -> bool {
+    let out = run(d
+        .node
+        .cmd("nft")
+        .args(["list", "chain", "inet", "weft", "localnet_guard"]));
+    String::from_utf8_lossy(&out.stdout).contains("127.0.0.0/8 drop")
+}
+
+/// `--hostports-localhost` turns `route_localnet` on; a crash keeps the table's guard
+/// beside it; a start without the flag puts the value weft found back and drops the
+/// guard; a `route_localnet` someone else turned on is guarded too, and never turned
+/// off by weft.
+#[test]
+fn route_localnet_goes_back_without_the_flag_and_is_guarded_whenever_it_is_on() {
+    if !privileged() {
+        return;
+    }
+    let node = Netns::new("rl");
+    assert_eq!(
+        String::from_utf8_lossy(&run(node.cmd("cat").arg("/proc/sys/net/ipv4/conf/all/route_localnet")).stdout).trim(),
+        "0",
+        "a new namespace starts with route_localnet off"
+    );
+    let mut d = Daemon::start_in(
+        node,
+        "rl",
+        &[("WEFT_HOSTPORTS_LOCALHOST", "true"), ("WEFT_RECONCILE_INTERVAL", "1")],
+    );
+    assert_eq!(route_localnet(&d), "1");
+    assert!(guarded(&d), "127/8 is routable: the guard must be there");
+
+    d.kill();
+    assert_eq!(route_localnet(&d), "1", "a crash changes nothing");
+    assert!(guarded(&d), "and the table keeps its guard");
+
+    d.set_env(&[("WEFT_RECONCILE_INTERVAL", "1")]);
+    d.start_again();
+    assert_eq!(route_localnet(&d), "0", "no flag: back to what weft found");
+    assert!(!guarded(&d));
+    assert!(
+        !d.log().contains("had drifted"),
+        "new options are no drift:\n{}",
+        d.log()
+    );
+
+    // Someone else (kube-proxy, an operator) turns it on: guarded within a pass.
+    sh(d.node.cmd("sysctl").args(["-qw", "net.ipv4.conf.all.route_localnet=1"]));
+    eventually("the guard did not follow route_localnet", || guarded(&d));
+    d.stop().expect("weftd stops on SIGTERM");
+    d.start_again();
+    assert_eq!(route_localnet(&d), "1", "not weft's to turn off");
+    assert!(guarded(&d));
+}
+
+/// A pod serving on 8080 with host port `port`, from the client namespace's node.
+fn serving_pod(d: &Daemon, cid: &str, port: u16) -> (Netns, weft_tests::ChildGuard) {
+    let pod = Netns::new("pod");
+    let conf = conf_with_ports(d, json!([{"hostPort": port, "containerPort": 8080, "protocol": "tcp"}]));
+    Call::new("ADD", cid, &pod.path(), &conf).run().ok();
+    let http = pod.spawn(
+        "python3",
+        &["-m", "http.server", "8080", "--bind", "::"],
+        &d.dir().join(format!("{cid}.log")),
+    );
+    eventually("the pod's server did not start", || {
+        run(pod
+            .cmd("curl")
+            .args(["-sf", "--max-time", "1", "-o", "/dev/null", "http://127.0.0.1:8080/"]))
+        .status
+        .success()
+    });
+    (pod, http)
+}
+
+/// Loopback traffic weft cannot deliver is not DNATed, so the client is refused at
+/// once: 127.0.0.1 without `--hostports-localhost`, ::1 always. With the flag,
+/// 127.0.0.1 reaches the pod.
+#[test]
+fn loopback_clients_are_refused_at_once_unless_weft_can_deliver() {
+    if !privileged() {
+        return;
+    }
+    let mut d = Daemon::start("lo");
+    let _client = client_for(&d);
+    let (_pod, _http) = serving_pod(&d, "ctr-lo", 18082);
+    assert!(http_ok(&d.node, "http://192.168.77.1:18082/"), "the node's own address");
+    assert_eq!(
+        connect(&d.node, "127.0.0.1:18082"),
+        Err(std::io::ErrorKind::ConnectionRefused)
+    );
+    assert_eq!(
+        connect(&d.node, "[::1]:18082"),
+        Err(std::io::ErrorKind::ConnectionRefused)
+    );
+
+    d.set_env(&[("WEFT_HOSTPORTS_LOCALHOST", "true")]);
+    d.restart();
+    assert!(http_ok(&d.node, "http://127.0.0.1:18082/"), "127.0.0.1 with the flag");
+    assert_eq!(
+        connect(&d.node, "[::1]:18082"),
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "IPv6 has no route_localnet"
+    );
+}
+
+/// podman with `--network weftA,weftB -p 18086:8080`: the same `portMappings` reach
+/// both networks. Neither is refused; the port reaches the container through whichever
+/// network holds it, also while `network reload` DELs one and then the other, and in
+/// either ADD order; a second container is refused, named as podman names it.
+#[test]
+fn one_container_on_two_networks_keeps_its_host_port_through_a_reload() {
+    if !privileged() {
+        return;
+    }
+    let d = Daemon::start("mp");
+    let client = client_for(&d);
+    let pod = Netns::new("mp");
+    let net = |name: &str, ranges: &[&str]| {
+        json!({
+            "cniVersion": "1.0.0", "name": name, "type": "weft", "socket": d.socket(),
+            "ranges": ranges, "mtu": 1500,
+            "runtimeConfig": {"portMappings": [{"hostPort": 18086, "containerPort": 8080, "protocol": "tcp"}]},
+        })
+        .to_string()
+    };
+    let weft_a = net("weftA", &["10.123.0.0/24"]);
+    let weft_b = net("weftB", &["10.124.0.0/24", "fd00:124::/64"]);
+    // podman 4.3's CNI_ARGS: the container's name, no Kubernetes namespace.
+    let call = |cmd: &str, cid: &str, ns: &Netns, conf: &str, ifname: &str| {
+        Call::new(cmd, cid, &ns.path(), conf)
+            .set("CNI_IFNAME", ifname)
+            .set("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME=mp")
+            .run()
+    };
+    // Where the node's IPv4 mapping of the port points.
+    let target = || {
+        let map = sh(d
+            .node
+            .cmd("nft")
+            .args(["list", "map", "inet", "weft", "hostports_v4_any"]));
+        map.split("18086 : ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_string)
+    };
+    // The port from the node, with the gateway of the network holding the mapping as the
+    // source: the pod answers that through the same interface, whatever its default
+    // route (a network left alone by a reload has none; see docs/configuration.md).
+    let via = |gw: &str| {
+        run(d.node.cmd("curl").args([
+            "-sf",
+            "--max-time",
+            "3",
+            "-o",
+            "/dev/null",
+            "--interface",
+            gw,
+            "http://192.168.77.1:18086/",
+        ]))
+        .status
+        .success()
+    };
+    let gateway = |conf: &str| {
+        if conf.contains("weftA") {
+            "10.123.0.1"
+        } else {
+            "10.124.0.1"
+        }
+    };
+    let range = |conf: &str| {
+        if conf.contains("weftA") {
+            "10.123.0."
+        } else {
+            "10.124.0."
+        }
+    };
+    let _http = pod.spawn(
+        "python3",
+        &["-m", "http.server", "8080", "--bind", "::"],
+        &d.dir().join("http.log"),
+    );
+    eventually("the pod's server did not start", || {
+        run(pod
+            .cmd("curl")
+            .args(["-sf", "--max-time", "1", "-o", "/dev/null", "http://127.0.0.1:8080/"]))
+        .status
+        .success()
+    });
+    for (first, second) in [
+        ((&weft_a, "eth0"), (&weft_b, "eth1")),
+        ((&weft_b, "eth0"), (&weft_a, "eth1")),
+    ] {
+        call("ADD", "ctr-mp", &pod, first.0, first.1).ok();
+        call("ADD", "ctr-mp", &pod, second.0, second.1).ok();
+        assert!(
+            target().is_some_and(|t| t.starts_with(range(first.0))),
+            "IPv4 follows the network that asked first: {:?}",
+            target()
+        );
+        assert!(http_ok(&client, "http://192.168.77.1:18086/"), "a client, over IPv4");
+        assert!(
+            http_ok(&client, "http://[fd77::1]:18086/"),
+            "a client, over IPv6 (weftB)"
+        );
+
+        let other = Netns::new("other");
+        let refused = call("ADD", "ctr-other", &other, &weft_a, "eth0");
+        assert_eq!(refused.err_code(), 106, "{refused:?}");
+        let details = refused.json()["details"].as_str().unwrap().to_string();
+        assert!(
+            details.contains("held by pod mp") && !details.contains("/mp"),
+            "{details}"
+        );
+
+        // `podman network reload`: every network's DEL, then every ADD again.
+        call("DEL", "ctr-mp", &pod, first.0, first.1).ok();
+        assert!(
+            target().is_some_and(|t| t.starts_with(range(second.0))),
+            "the port passed to the network that is left: {:?}",
+            target()
+        );
+        assert!(
+            via(gateway(second.0)),
+            "the port reaches the pod through the network left"
+        );
+        call("DEL", "ctr-mp", &pod, second.0, second.1).ok();
+        assert_eq!(target(), None, "the last network out closes it");
+        assert!(!http_ok(&client, "http://192.168.77.1:18086/"));
+        d.settle();
+    }
+    assert!(!d.log().contains("had drifted"), "{}", d.log());
+}
+
+/// A DEL spooled while weftd was down and replayed at its start is no drift of the
+/// host port table: nothing is reported, and the port is closed.
+#[test]
+fn a_spooled_del_of_a_pod_with_host_ports_is_replayed_without_drift() {
+    if !privileged() {
+        return;
+    }
+    let mut d = Daemon::start("hpspool");
+    let client = client_for(&d);
+    let (pod, _http) = serving_pod(&d, "ctr-sp", 18087);
+    assert!(http_ok(&client, "http://192.168.77.1:18087/"));
+    d.kill();
+    let conf = conf_with_ports(
+        &d,
+        json!([{"hostPort": 18087, "containerPort": 8080, "protocol": "tcp"}]),
+    );
+    Call::new("DEL", "ctr-sp", &pod.path(), &conf).run().ok();
+    d.start_again();
+    assert!(d.log().contains("spooled DEL replayed"), "{}", d.log());
+    assert!(!d.log().contains("had drifted"), "{}", d.log());
+    assert!(
+        !http_ok(&client, "http://192.168.77.1:18087/"),
+        "the port went with the DEL"
+    );
 }

@@ -147,6 +147,43 @@ fn label_names(classic: &str, name: &str) -> Vec<String> {
     v
 }
 
+/// An IPv6 /64 has more free addresses than an integer gauge holds: the metric says
+/// what `weftctl status` says (to a float's precision), not i64::MAX.
+#[test]
+fn a_v6_range_reports_its_free_addresses_alike_in_metrics_and_status() {
+    if !privileged() {
+        return;
+    }
+    let d = Daemon::start("v6free");
+    let pod = Netns::new("p");
+    Call::new("ADD", "v6free-0", &pod.path(), &d.conf("1.1.0", &["fd00:124::/64"]))
+        .run()
+        .ok();
+    let status = d.status();
+    let range = status["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["cidr"] == "fd00:124::/64")
+        .unwrap_or_else(|| panic!("{status}"))
+        .clone();
+    let free = range["free"].as_u64().unwrap();
+    assert_eq!(
+        free,
+        u64::MAX - 2,
+        "a /64 less the router anycast, gateway and one pod: {range}"
+    );
+    let classic = d.http_get("/metrics", "text/plain");
+    let metric: f64 = classic
+        .lines()
+        .find_map(|l| l.strip_prefix("weft_ipam_addresses{range=\"fd00:124::/64\",state=\"free\"} "))
+        .unwrap_or_else(|| panic!("{classic}"))
+        .parse()
+        .unwrap();
+    assert_eq!(metric, free as f64);
+    assert!(metric > i64::MAX as f64, "not capped: {metric}");
+}
+
 #[test]
 fn metrics_have_their_families_types_labels_and_exemplars() {
     if !privileged() {
@@ -214,7 +251,7 @@ fn metrics_have_their_families_types_labels_and_exemplars() {
         "{classic}"
     );
     assert!(
-        classic.contains("weft_ipam_addresses{range=\"10.244.3.0/24\",state=\"allocated\"} 1"),
+        classic.contains("weft_ipam_addresses{range=\"10.244.3.0/24\",state=\"allocated\"} 1.0"),
         "{classic}"
     );
     assert!(classic.contains("weft_pods 1"), "{classic}");

@@ -26,7 +26,7 @@ use crate::call::CniCall;
 use crate::defaults::{self, PodDefaults};
 use crate::locks::{KeyedLocks, Teardowns};
 use crate::naming;
-use crate::seams::{Ipam, PodNetworking, WiredPod, Wiring};
+use crate::seams::{Ipam, PodNetworking, TableSync, WiredPod, Wiring};
 use crate::spool::DelSpool;
 
 /// A span for one phase of a call; closed phases become
@@ -54,7 +54,13 @@ pub struct Handler<I, K> {
     wiring: Option<Arc<dyn Wiring>>,
     defaults: Option<watch::Receiver<PodDefaults>>,
     del_spool: Option<Arc<DelSpool>>,
+    new_range: Option<NewRange>,
+    /// Ranges ADDs gave addresses from since start (a new one is announced once).
+    seen_ranges: std::sync::Mutex<HashSet<IpNet>>,
 }
+
+/// Called when an ADD gave an address from a range no ADD used since start.
+pub type NewRange = Arc<dyn Fn() + Send + Sync>;
 
 fn store_err(e: StoreError) -> CniError {
     match e {
@@ -448,6 +454,28 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             wiring: None,
             defaults: None,
             del_spool: None,
+            new_range: None,
+            seen_ranges: Default::default(),
+        }
+    }
+
+    /// Calls `f` when an ADD gives an address from a range no ADD used since start, so
+    /// the node network takes up a range a network config brought (its unreachable
+    /// route, masquerade) at once rather than at its next pass.
+    pub fn on_new_range(mut self, f: NewRange) -> Self {
+        self.new_range = Some(f);
+        self
+    }
+
+    fn note_ranges(&self, att: &Attachment) {
+        let Some(f) = &self.new_range else { return };
+        let new = {
+            let mut seen = self.seen_ranges.lock().expect("ranges lock");
+            // Every range is recorded, not only up to the first new one.
+            att.addresses.iter().filter(|a| seen.insert(a.range)).count() > 0
+        };
+        if new {
+            f();
         }
     }
 
@@ -621,6 +649,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             return Err(store_err(e));
         }
         failpoint!("add.done");
+        self.note_ranges(&att);
         info!(attachment = %key, host_ifname = %att.host_ifname, addresses = ?att.addresses.iter().map(|a| a.address).collect::<Vec<_>>(), "pod attached");
         if let (Some(w), Some(pod)) = (&self.wiring, Self::wired_pod(&att)) {
             w.pod_added(pod.clone()).instrument(phase!("wires")).await;
@@ -634,8 +663,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 return Err(CniError::new(
                     code::TRY_AGAIN_LATER,
                     format!(
-                        "pod {}/{}: {why}; the attachment was removed and the ADD can be retried",
-                        att.pod.namespace, att.pod.name
+                        "{}: {why}; the attachment was removed and the ADD can be retried",
+                        att.pod.describe(&att.key.container_id)
                     ),
                 ));
             }
@@ -851,6 +880,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 warn!(attachment = %att.key, error = %e, "could not remove host ports; the table sync will");
             }
             failpoint!("del.hostports");
+            self.hand_over_host_ports(att).await;
         }
         if let Err(e) = self
             .net
@@ -861,6 +891,44 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             warn!(attachment = %att.key, error = %e, "could not set the host end down; removing it anyway");
         }
         failpoint!("del.disconnect");
+    }
+
+    /// Points the kernel at the attachments that took over `att`'s host ports: another
+    /// network of the same container that asked for the same mapping (the store handed
+    /// it over when `att`'s DEL began).
+    async fn hand_over_host_ports(&self, att: &Attachment) {
+        let same = |m: &PortMapping, h: &PortMapping| {
+            (m.host_ip, m.host_port, m.protocol.as_str(), m.container_ip.is_ipv6())
+                == (h.host_ip, h.host_port, h.protocol.as_str(), h.container_ip.is_ipv6())
+        };
+        let held = match self.ipam.held_ports().await {
+            Ok(h) => h,
+            Err(e) => {
+                warn!(attachment = %att.key, error = %e, "cannot read who holds the host ports now; the table sync will");
+                return;
+            }
+        };
+        let mut heirs = Entries::default();
+        for h in held
+            .iter()
+            .filter(|h| h.key != att.key && att.ports.iter().any(|m| same(m, &h.mapping)))
+        {
+            let e = host_port_entries(&h.host_ifname, std::slice::from_ref(&h.mapping));
+            heirs.ports.extend(e.ports);
+            heirs.hairpins.extend(
+                e.hairpins
+                    .into_iter()
+                    .filter(|x| !heirs.hairpins.contains(x))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        if heirs.ports.is_empty() {
+            return;
+        }
+        info!(attachment = %att.key, mappings = heirs.ports.len(), "host ports pass to another network of the container");
+        if let Err(e) = self.net.add_host_ports(heirs).await {
+            warn!(attachment = %att.key, error = %e, "could not hand the host ports over; the table sync will");
+        }
     }
 
     /// Compares every attachment with the kernel and repairs what drifted (a deleted
@@ -915,16 +983,20 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 Err(e) => warn!(attachment = %att.key, error = %e, "could not repair the pod's networking"),
             }
         }
-        if self.sync_host_ports().await? {
-            warn!("the host port table had drifted from the store and was rewritten");
-            *repaired.entry("hostports").or_default() += 1;
+        match self.sync_host_ports().await? {
+            TableSync::InSync => {}
+            TableSync::Created => info!("host port table created"),
+            TableSync::Reshaped => info!("host port table rewritten for the current options"),
+            TableSync::Drifted => {
+                warn!("the host port table had drifted from the store and was rewritten");
+                *repaired.entry("hostports").or_default() += 1;
+            }
         }
         Ok(repaired)
     }
 
-    /// Makes the kernel's host port table match the store; returns whether it had
-    /// drifted (and was rewritten).
-    pub async fn sync_host_ports(&self) -> Result<bool, CniError> {
+    /// Makes the kernel's host port table match the store; says what it found.
+    pub async fn sync_host_ports(&self) -> Result<TableSync, CniError> {
         let held = self.ipam.held_ports().await.map_err(store_err)?;
         let mut all = Entries::default();
         // The host ports of a pod whose DEL waits in the spool went with that DEL.

@@ -146,16 +146,53 @@ pub trait PodNetworking: Send + Sync + 'static {
     fn remove_host_ports(&self, entries: Entries) -> impl Future<Output = Result<(), KernelError>> + Send;
     /// Makes the host port table hold exactly `entries`; returns whether it had to be
     /// rewritten.
-    fn sync_host_ports(&self, entries: Entries) -> impl Future<Output = Result<bool, KernelError>> + Send;
+    fn sync_host_ports(&self, entries: Entries) -> impl Future<Output = Result<TableSync, KernelError>> + Send;
+}
+
+/// What a sync of the host port table did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableSync {
+    /// Nothing: the table held what it should.
+    InSync,
+    /// Wrote it: there was none (a first start, or after a reboot).
+    Created,
+    /// Wrote it again for options that changed: other flags than the last weftd's, or
+    /// `route_localnet` turned on or off (the table guards 127/8 while it is on).
+    Reshaped,
+    /// Wrote it again: it differed from the store under unchanged options (someone
+    /// changed weft's table, or a crash cut a change short).
+    Drifted,
 }
 
 /// [`PodNetworking`] on the real kernel, through the ptp driver and weft's nftables
 /// table. Every call runs on the blocking pool; work inside a pod's namespace gets a
 /// thread of its own there.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct KernelNetworking {
-    /// How the host port table is built.
-    pub host_ports: weft_portmap::Options,
+    /// `--hostports-localhost`: host ports answer on 127.0.0.1 too.
+    localhost: bool,
+    /// The options of the last sync, to tell a change of options from drift.
+    last: std::sync::Arc<std::sync::Mutex<Option<weft_portmap::Options>>>,
+}
+
+impl KernelNetworking {
+    /// Pod networking on this namespace's kernel; `localhost` is
+    /// `--hostports-localhost`.
+    pub fn new(localhost: bool) -> Self {
+        Self {
+            localhost,
+            last: Default::default(),
+        }
+    }
+
+    /// The table's options now: 127/8 is guarded whenever `route_localnet` is on,
+    /// whoever turned it on.
+    fn options(&self) -> weft_portmap::Options {
+        weft_portmap::Options {
+            localhost: self.localhost,
+            guard_localnet: self.localhost || weft_portmap::localnet_routable(),
+        }
+    }
 }
 
 fn portmap_err(e: weft_portmap::PortmapError) -> KernelError {
@@ -212,14 +249,20 @@ impl PodNetworking for KernelNetworking {
         })
         .await
     }
-    async fn sync_host_ports(&self, entries: Entries) -> Result<bool, KernelError> {
-        let opts = self.host_ports;
+    async fn sync_host_ports(&self, entries: Entries) -> Result<TableSync, KernelError> {
+        let this = self.clone();
         blocking(move || {
-            if weft_portmap::matches(&entries, opts).map_err(portmap_err)? {
-                return Ok(false);
-            }
+            use weft_portmap::Found;
+            let opts = this.options();
+            let last = this.last.lock().expect("options lock").replace(opts);
+            let outcome = match weft_portmap::compare(&entries, opts).map_err(portmap_err)? {
+                Found::Same => return Ok(TableSync::InSync),
+                Found::Absent if last.is_none() && entries.ports.is_empty() => TableSync::Created,
+                Found::OtherRules if last != Some(opts) => TableSync::Reshaped,
+                Found::Absent | Found::OtherRules | Found::OtherElements => TableSync::Drifted,
+            };
             weft_portmap::install(&entries, opts).map_err(portmap_err)?;
-            Ok(true)
+            Ok(outcome)
         })
         .await
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use weft_cni::code;
-use weft_daemon::{CniCall, Handler, NodeInfo, PodDefaults, PodNetworking, WiredPod, Wiring};
+use weft_daemon::{CniCall, Handler, NodeInfo, PodDefaults, PodNetworking, TableSync, WiredPod, Wiring};
 use weft_kernel::KernelError;
 use weft_kernel::ptp::{PodNetwork, PodRoute, RouteRequest};
 use weft_portmap::{Entries, HostPort};
@@ -109,12 +109,12 @@ impl PodNetworking for FakeNet {
         }
         Ok(())
     }
-    async fn sync_host_ports(&self, entries: Entries) -> Result<bool, KernelError> {
+    async fn sync_host_ports(&self, entries: Entries) -> Result<TableSync, KernelError> {
         let want: HashSet<HostPort> = entries.ports.into_iter().collect();
         let mut p = self.ports.lock().unwrap();
         let drift = *p != want;
         *p = want;
-        Ok(drift)
+        Ok(if drift { TableSync::Drifted } else { TableSync::InSync })
     }
     async fn remove(&self, host_ifname: String) -> Result<bool, KernelError> {
         let d = *self.remove_delay.lock().unwrap();
@@ -430,9 +430,13 @@ async fn host_ports_are_held_refused_when_taken_and_released_by_del() {
     assert_eq!(e.net.links.lock().unwrap().len(), 1);
     // Someone drops the kernel's elements: the sync puts them back.
     e.net.ports.lock().unwrap().clear();
-    assert!(e.h.sync_host_ports().await.unwrap());
+    assert_eq!(e.h.sync_host_ports().await.unwrap(), TableSync::Drifted);
     assert_eq!(e.net.ports.lock().unwrap().len(), 2);
-    assert!(!e.h.sync_host_ports().await.unwrap(), "nothing to repair");
+    assert_eq!(
+        e.h.sync_host_ports().await.unwrap(),
+        TableSync::InSync,
+        "nothing to repair"
+    );
     // DEL frees the port before answering: the second pod gets it now.
     e.h.del(&args("c1", &with_ports)).await.unwrap();
     assert!(e.net.ports.lock().unwrap().is_empty());
@@ -444,6 +448,90 @@ async fn host_ports_are_held_refused_when_taken_and_released_by_del() {
         "\"mtu\":1450,\"runtimeConfig\":{\"portMappings\":[{\"hostPort\":0,\"containerPort\":80}]}",
     );
     assert_eq!(e.h.add(&args("c3", &bad)).await.unwrap_err().code, code::INVALID_CONFIG);
+}
+
+/// podman with two weft networks and `-p 18086:80`: the same `portMappings` reach both
+/// networks' ADDs (eth0 and eth1, in either order), and `network reload` DELs both and
+/// ADDs both again. Neither network is refused for the container's own mapping; the
+/// kernel's mapping follows the attachment that asked first and passes to the other
+/// when that one goes; another container is refused, named without an empty namespace.
+#[tokio::test]
+async fn one_container_on_two_networks_shares_its_host_ports() {
+    let e = env();
+    let ports = r#","runtimeConfig":{"portMappings":[{"hostPort":18086,"containerPort":80,"protocol":"tcp"}]}"#;
+    let weft_a = format!(r#"{{"cniVersion":"1.0.0","name":"weftA","type":"weft","ranges":["10.123.0.0/24"]{ports}}}"#);
+    let weft_b = format!(
+        r#"{{"cniVersion":"1.0.0","name":"weftB","type":"weft","ranges":["10.124.0.0/24","fd00:124::/64"]{ports}}}"#
+    );
+    // As podman 4.3 calls a CNI plugin: the container's name, no namespace.
+    let call = |cid: &str, conf: &str, ifname: &str| {
+        let mut a = args(cid, conf);
+        a.ifname = ifname.into();
+        a.args = HashMap::from([
+            ("K8S_POD_NAME".into(), "mp".into()),
+            ("IgnoreUnknown".into(), "1".into()),
+        ]);
+        a
+    };
+    let kernel = |e: &Env| {
+        let mut v: Vec<String> = e
+            .net
+            .ports
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|p| format!("{}:{}", p.container_ip, p.host_port))
+            .collect();
+        v.sort();
+        v
+    };
+    let address = |out: Vec<u8>, v6: bool| -> String {
+        json(out)["ips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|ip| ip["address"].as_str().unwrap().split('/').next().unwrap().to_string())
+            .find(|a| a.contains(':') == v6)
+            .unwrap()
+    };
+    // Both orders of ADD and of the reload's DELs.
+    for (first, second_net) in [
+        ((&weft_a, "eth0"), (&weft_b, "eth1")),
+        ((&weft_b, "eth0"), (&weft_a, "eth1")),
+    ] {
+        let a1 = e.h.add(&call("mp1", first.0, first.1)).await.unwrap();
+        let a2 = e.h.add(&call("mp1", second_net.0, second_net.1)).await.unwrap();
+        let v6 = address(if first.0 == &weft_b { a1.clone() } else { a2.clone() }, true);
+        let (v4_first, v4_second) = (address(a1, false), address(a2, false));
+        let mut want = vec![format!("{v4_first}:18086"), format!("{v6}:18086")];
+        want.sort();
+        assert_eq!(kernel(&e), want, "IPv4 follows the network that asked first");
+
+        // Another container wants the port: refused, and named as podman names it.
+        let taken = e.h.add(&call("other", &weft_a, "eth0")).await.unwrap_err();
+        assert_eq!(taken.code, code::HOST_PORT_IN_USE);
+        assert!(taken.details.contains("held by pod mp"), "{}", taken.details);
+        assert!(!taken.details.contains("/mp"), "{}", taken.details);
+
+        // `network reload`: the first network's DEL hands IPv4 over to the second.
+        e.h.del(&call("mp1", first.0, first.1)).await.unwrap();
+        let left = kernel(&e);
+        assert!(left.contains(&format!("{v4_second}:18086")), "{left:?}");
+        assert_eq!(left.len(), if first.0 == &weft_b { 1 } else { 2 }, "{left:?}");
+        e.h.del(&call("mp1", second_net.0, second_net.1)).await.unwrap();
+        assert!(kernel(&e).is_empty(), "the last network out releases the port");
+        e.h.drain_teardowns().await;
+    }
+
+    // `podman network connect`: a second network joins a running container with `-p`.
+    e.h.add(&call("mp2", &weft_a, "eth0")).await.unwrap();
+    e.h.add(&call("mp2", &weft_b, "eth1")).await.unwrap();
+    assert_eq!(kernel(&e).len(), 2);
+    assert_eq!(
+        e.h.sync_host_ports().await.unwrap(),
+        TableSync::InSync,
+        "the store and the kernel agree"
+    );
 }
 
 #[tokio::test]

@@ -47,6 +47,9 @@ pub struct ProtoRoute {
     pub gateway: Option<IpAddr>,
     /// Output link.
     pub oif: Option<u32>,
+    /// Whether it is an `unreachable` route (answered locally, never forwarded) rather
+    /// than a route somewhere.
+    pub unreachable: bool,
 }
 
 /// The parameters of a VXLAN device, as the kernel reports them.
@@ -170,7 +173,12 @@ impl Netlink {
                 });
             let Ok(dst) = IpNet::new(dst_ip, len) else { continue };
             let (gateway, oif) = next_hop(&r.attributes);
-            out.push(ProtoRoute { dst, gateway, oif });
+            out.push(ProtoRoute {
+                dst,
+                gateway,
+                oif,
+                unreachable: r.header.kind == RouteType::Unreachable,
+            });
         }
         Ok(out)
     }
@@ -215,17 +223,32 @@ impl Netlink {
         self.execute(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL)
     }
 
+    /// Adds `unreachable dst`, marked with `proto`: traffic to `dst` that no more
+    /// specific route takes is answered locally (ICMP unreachable, or `EHOSTUNREACH` to
+    /// a local sender) instead of following the default route out. An existing route
+    /// to `dst` is never replaced: that is `EEXIST`.
+    pub fn add_unreachable_route(&mut self, dst: IpNet, proto: u8) -> io::Result<()> {
+        let mut msg = Self::proto_route_message(dst, None, None, proto);
+        msg.header.kind = RouteType::Unreachable;
+        self.execute(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL)
+    }
+
     /// Deletes a route marked with `proto` (a route of another protocol to the same
-    /// destination is never matched). Returns whether it existed.
+    /// destination is never matched), an `unreachable` one when `unreachable`. Returns
+    /// whether it existed.
     pub fn delete_proto_route(
         &mut self,
         dst: IpNet,
         gateway: Option<IpAddr>,
         oif: Option<u32>,
         proto: u8,
+        unreachable: bool,
     ) -> io::Result<bool> {
         let mut msg = Self::proto_route_message(dst, gateway, oif, proto);
         msg.header.scope = RouteScope::NoWhere;
+        if unreachable {
+            msg.header.kind = RouteType::Unreachable;
+        }
         self.execute_if_present(RouteNetlinkMessage::DelRoute(msg), libc::ESRCH)
     }
 

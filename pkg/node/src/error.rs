@@ -45,12 +45,16 @@ pub enum NodeError {
     /// The start of this run could not be recorded.
     #[error("recording the start")]
     BeginRun(#[source] weft_store::StoreError),
-    /// IP forwarding could not be turned on.
-    #[error("enabling IP forwarding")]
-    Forwarding(#[source] weft_kernel::KernelError),
-    /// `route_localnet` could not be turned on (`--hostports-localhost`).
-    #[error("enabling route_localnet")]
-    RouteLocalnet(#[source] weft_kernel::KernelError),
+    /// A kernel setting weftd needs (IP forwarding, `route_localnet` with
+    /// `--hostports-localhost`) could not be set, or one it no longer needs put back.
+    #[error("settling sysctl {name}")]
+    Sysctl {
+        /// The setting.
+        name: &'static str,
+        /// Why.
+        #[source]
+        source: crate::sysctls::SysctlError,
+    },
     /// What a crash interrupted could not be finished.
     #[error("start-up recovery: {0}")]
     Recovery(String),

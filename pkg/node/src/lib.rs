@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod ready;
 pub mod servers;
 pub mod source;
+pub mod sysctls;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -149,15 +150,19 @@ impl Node {
             }
         }
 
-        weft_kernel::enable_forwarding().map_err(NodeError::Forwarding)?;
-        if config.hostports_localhost {
-            weft_kernel::sysctl::write("net/ipv4/conf/all/route_localnet", "1").map_err(NodeError::RouteLocalnet)?;
+        settle_sysctl(&store, sysctls::IPV4_FORWARDING, true).await?;
+        if std::path::Path::new("/proc/sys")
+            .join(sysctls::IPV6_FORWARDING)
+            .exists()
+        {
+            settle_sysctl(&store, sysctls::IPV6_FORWARDING, true).await?;
         }
-        let kernel = KernelNetworking {
-            host_ports: weft_portmap::Options {
-                localhost: config.hostports_localhost,
-            },
-        };
+        if !config.hostports_localhost {
+            // A previous weftd's flag is gone: route_localnet goes back to what weft
+            // found, before the table loses its guard at the first reconcile.
+            settle_sysctl(&store, sysctls::ROUTE_LOCALNET, false).await?;
+        }
+        let kernel = KernelNetworking::new(config.hostports_localhost);
         let recovered = recover::recover(&store, &kernel).await.map_err(NodeError::Recovery)?;
         info!(
             rolled_back = recovered.rolled_back,
@@ -223,7 +228,11 @@ impl Node {
             NodeInfo {
                 name: node_name.clone(),
             },
-        );
+        )
+        .on_new_range({
+            let n = nodenet.clone();
+            Arc::new(move || n.local_ranges_changed())
+        });
         let wiring = engine
             .as_ref()
             .map(|e| Arc::new(EngineWiring(e.clone())) as Arc<dyn Wiring>);
@@ -268,6 +277,11 @@ impl Node {
         let repaired = handler.reconcile().await.map_err(NodeError::Reconcile)?;
         loops::count_repairs(&metrics, &repaired);
         info!(?repaired, "start-up reconciliation done");
+        if config.hostports_localhost {
+            // Only now: the reconcile above wrote the table with its guard of 127/8,
+            // which must be in place before 127/8 becomes routable.
+            settle_sysctl(&store, sysctls::ROUTE_LOCALNET, true).await?;
+        }
         let ready = Readiness::default();
         {
             let store = store.clone();
@@ -414,6 +428,17 @@ impl Node {
         }
         info!("weftd stopped");
     }
+}
+
+/// Turns sysctl `name` on when `needed` (recording what the node had), else puts back
+/// what weft found, on the blocking pool (the store and /proc are blocking).
+async fn settle_sysctl(store: &Store, name: &'static str, needed: bool) -> Result<(), NodeError> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || sysctls::settle(&mut sysctls::HostSysctls(store), name, needed))
+        .await
+        .map_err(|e| NodeError::Recovery(format!("settling {name}: {e}")))?
+        .map(|_| ())
+        .map_err(|source| NodeError::Sysctl { name, source })
 }
 
 /// The wire port's security from the configuration: mutual TLS with the files of

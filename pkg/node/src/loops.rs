@@ -89,7 +89,7 @@ pub fn refresh_gauges(store: Store, metrics: Arc<NodeMetrics>, engine: Option<Ar
                                 range: range.clone(),
                                 state,
                             })
-                            .set(i64::try_from(v).unwrap_or(i64::MAX));
+                            .set(v as f64);
                     }
                 }
                 metrics.pods.set(i64::try_from(counts.1).unwrap_or(i64::MAX));

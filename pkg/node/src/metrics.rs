@@ -9,6 +9,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use std::sync::atomic::AtomicU64;
 use weft_telemetry::{Families, Metrics};
 
 /// Address usage of a range.
@@ -22,8 +23,9 @@ pub struct RangeLabels {
 
 /// The node's families; get them with `metrics.families::<NodeMetrics>()`.
 pub struct NodeMetrics {
-    /// `weft_ipam_addresses`.
-    pub ipam_addresses: Family<RangeLabels, Gauge>,
+    /// `weft_ipam_addresses`: a float gauge, since an IPv6 /64 holds more addresses
+    /// than an i64 counts (`weftctl status` shows the same numbers, exactly).
+    pub ipam_addresses: Family<RangeLabels, Gauge<f64, AtomicU64>>,
     /// `weft_pods`.
     pub pods: Gauge,
     /// `weft_hostports`.

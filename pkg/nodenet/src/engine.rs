@@ -87,6 +87,8 @@ pub struct NodeNetwork<K> {
     local_ranges: LocalRanges,
     view: watch::Sender<NodeView>,
     last: tokio::sync::Mutex<Option<Desired>>,
+    /// Woken when a network config may have brought a new local range.
+    ranges: tokio::sync::Notify,
 }
 
 impl<K: NodeKernel> NodeNetwork<K> {
@@ -107,7 +109,15 @@ impl<K: NodeKernel> NodeNetwork<K> {
             local_ranges,
             view: watch::channel(NodeView::default()).0,
             last: tokio::sync::Mutex::new(None),
+            ranges: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Says a pod was given an address from a range this node may not have served
+    /// before (a network config's `ranges`): the run loop looks at once, so the range's
+    /// unreachable route and masquerade are in place before weftd could be stopped.
+    pub fn local_ranges_changed(&self) {
+        self.ranges.notify_one();
     }
 
     /// What the last pass decided, and every later decision.
@@ -253,7 +263,8 @@ impl<K: NodeKernel> NodeNetwork<K> {
 
     /// Runs passes until `stop`: at once, whenever what a pass plans from changes (the
     /// source also announces Topology changes, which pod routing does not read: those
-    /// cost no pass), and every resync interval, which is how drift is repaired.
+    /// cost no pass; [`NodeNetwork::local_ranges_changed`] announces new local ranges),
+    /// and every resync interval, which is how drift is repaired.
     pub async fn run(self: Arc<Self>, stop: impl Future<Output = ()>) {
         let mut changes = self.source.as_ref().map(|s| s.changes());
         let mut tick = tokio::time::interval(self.cfg.resync);
@@ -277,6 +288,11 @@ impl<K: NodeKernel> NodeNetwork<K> {
                 tokio::select! {
                     _ = &mut stop => return,
                     _ = changed => {
+                        if planned_from != self.inputs().await {
+                            break;
+                        }
+                    }
+                    _ = self.ranges.notified() => {
                         if planned_from != self.inputs().await {
                             break;
                         }

@@ -104,6 +104,7 @@ impl NodeKernel for HostKernel {
                     dst: r.dst,
                     gateway: r.gateway,
                     oif: r.oif,
+                    unreachable: r.unreachable,
                 })),
                 // A node without IPv6 has no IPv6 routes to own.
                 Err(e) if v6 && e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {}
@@ -238,11 +239,15 @@ impl NodeKernel for HostKernel {
                     .add_proto_route(r.dst, r.gateway, oif, NODE_ROUTE_PROTOCOL)
                     .map_err(os("adding a route to a peer's pod range"))
             }
+            Change::AddUnreachable(dst) => self
+                .nl
+                .add_unreachable_route(*dst, NODE_ROUTE_PROTOCOL)
+                .map_err(os("adding the unreachable route of a pod range of this node")),
             Change::DeleteRoute(r) => self
                 .nl
-                .delete_proto_route(r.dst, r.gateway, r.oif, NODE_ROUTE_PROTOCOL)
+                .delete_proto_route(r.dst, r.gateway, r.oif, NODE_ROUTE_PROTOCOL, r.unreachable)
                 .map(|_| ())
-                .map_err(os("removing a route to a peer's pod range")),
+                .map_err(os("removing a route of weft's")),
         }
     }
 

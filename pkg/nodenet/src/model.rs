@@ -183,6 +183,11 @@ pub struct Desired {
     pub peers: Vec<PeerReport>,
     /// This node's pod ranges (its Node's podCIDRs); empty while unknown.
     pub ranges: Vec<IpNet>,
+    /// An `unreachable` route for every pod range this node serves (its podCIDRs and
+    /// the ranges of its network configs): below the per-pod routes, so traffic for an
+    /// address no pod holds (a pod deleted while weftd was away, an address never
+    /// given out) is answered on the node instead of following the default route out.
+    pub unreachable: BTreeSet<IpNet>,
     /// The MTU pods get when their config sets none; `None` while the underlay is
     /// unknown.
     pub pod_mtu: Option<u32>,
@@ -197,6 +202,8 @@ pub struct ObservedRoute {
     pub gateway: Option<IpAddr>,
     /// Output link.
     pub oif: Option<u32>,
+    /// Whether it is an `unreachable` route of one of this node's pod ranges.
+    pub unreachable: bool,
 }
 
 /// The VXLAN device as found.
@@ -270,6 +277,8 @@ pub enum Change {
     DeleteNeighbour(IpAddr),
     /// Add a route.
     AddRoute(PeerRoute),
+    /// Add the `unreachable` route of one of this node's pod ranges.
+    AddUnreachable(IpNet),
     /// Remove a route.
     DeleteRoute(ObservedRoute),
 }
@@ -288,7 +297,7 @@ impl Change {
             Change::DeleteFdb(..) => ("fdb", "delete"),
             Change::AddNeighbour(..) => ("neighbour", "add"),
             Change::DeleteNeighbour(_) => ("neighbour", "delete"),
-            Change::AddRoute(_) => ("route", "add"),
+            Change::AddRoute(_) | Change::AddUnreachable(_) => ("route", "add"),
             Change::DeleteRoute(_) => ("route", "delete"),
         }
     }
@@ -325,7 +334,9 @@ impl fmt::Display for Change {
                 write!(f, "add route {} via {} dev {VXLAN_DEVICE} onlink", r.dst, r.gateway)
             }
             Change::AddRoute(r) => write!(f, "add route {} via {}", r.dst, r.gateway),
+            Change::AddUnreachable(dst) => write!(f, "add route unreachable {dst}"),
             Change::DeleteRoute(r) => match r.gateway {
+                _ if r.unreachable => write!(f, "delete route unreachable {}", r.dst),
                 Some(g) => write!(f, "delete route {} via {g}", r.dst),
                 None => write!(f, "delete route {}", r.dst),
             },

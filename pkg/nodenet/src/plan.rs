@@ -64,6 +64,7 @@ pub fn plan(cfg: &Config, nodes: &[ClusterNode], local_ranges: &[IpNet], facts: 
     let ours: Vec<IpNet> = ranges.iter().chain(local_ranges).copied().collect();
     let mut d = Desired {
         ranges: ranges.clone(),
+        unreachable: ours.iter().map(IpNet::trunc).collect(),
         ..Desired::default()
     };
     let mut peers_with_ranges = 0usize;
@@ -248,7 +249,8 @@ pub fn diff(d: &Desired, o: &Observed) -> Vec<Change> {
     };
 
     let matches = |r: &PeerRoute, found: &ObservedRoute| {
-        found.dst == r.dst
+        !found.unreachable
+            && found.dst == r.dst
             && found.gateway == Some(r.gateway)
             && (if r.over_vxlan {
                 vxlan_index.is_some() && found.oif == vxlan_index
@@ -257,7 +259,12 @@ pub fn diff(d: &Desired, o: &Observed) -> Vec<Change> {
             })
     };
     for found in &routes {
-        if !d.routes.iter().any(|r| matches(r, found)) {
+        let wanted = if found.unreachable {
+            d.unreachable.contains(&found.dst)
+        } else {
+            d.routes.iter().any(|r| matches(r, found))
+        };
+        if !wanted {
             out.push(Change::DeleteRoute(found.clone()));
         }
     }
@@ -292,6 +299,11 @@ pub fn diff(d: &Desired, o: &Observed) -> Vec<Change> {
             if !neighbours.contains(&(*ip, *mac)) {
                 out.push(Change::AddNeighbour(*ip, *mac));
             }
+        }
+    }
+    for dst in &d.unreachable {
+        if !routes.iter().any(|found| found.unreachable && found.dst == *dst) {
+            out.push(Change::AddUnreachable(*dst));
         }
     }
     for r in &d.routes {

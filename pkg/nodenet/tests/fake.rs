@@ -107,6 +107,19 @@ impl NodeKernel for Fake {
                     dst: r.dst,
                     gateway: Some(r.gateway),
                     oif,
+                    unreachable: false,
+                });
+            }
+            Change::AddUnreachable(dst) => {
+                assert!(
+                    !self.routes.iter().chain(&self.foreign).any(|x| x.dst == *dst),
+                    "route {dst} added over an existing one"
+                );
+                self.routes.push(ObservedRoute {
+                    dst: *dst,
+                    gateway: None,
+                    oif: None,
+                    unreachable: true,
                 });
             }
             Change::DeleteRoute(r) => {
@@ -213,7 +226,7 @@ proptest! {
         states in proptest::collection::vec((cluster(), routing(), any::<bool>()), 1..6)
     ) {
         let mut k = Fake {
-            foreign: vec![ObservedRoute { dst: "10.99.0.0/24".parse().unwrap(), gateway: Some("172.30.1.1".parse().unwrap()), oif: Some(UPLINK) }],
+            foreign: vec![ObservedRoute { dst: "10.99.0.0/24".parse().unwrap(), gateway: Some("172.30.1.1".parse().unwrap()), oif: Some(UPLINK), unreachable: false }],
             ..Fake::default()
         };
         let mut previous: Option<Desired> = None;
@@ -222,9 +235,14 @@ proptest! {
             let (d, out) = run_pass(&cfg, &nodes, &[], previous.as_ref(), &mut k);
             prop_assert!(out.failures.is_empty(), "{:?}", out.failures);
             // The kernel holds the plan.
-            let routes: std::collections::BTreeSet<_> = k.routes.iter().map(|r| (r.dst, r.gateway)).collect();
+            let routes: std::collections::BTreeSet<_> = k.routes.iter().filter(|r| !r.unreachable).map(|r| (r.dst, r.gateway)).collect();
             let want: std::collections::BTreeSet<_> = d.routes.iter().map(|r| (r.dst, Some(r.gateway))).collect();
             prop_assert_eq!(routes, want);
+            // This node's ranges are answered on the node, whatever the routing mode.
+            let unreachable: std::collections::BTreeSet<_> = k.routes.iter().filter(|r| r.unreachable).map(|r| r.dst).collect();
+            let own: std::collections::BTreeSet<IpNet> = nodes.iter().filter(|n| n.name == "n0").flat_map(|n| n.pod_cidrs.clone()).collect();
+            prop_assert_eq!(&unreachable, &own);
+            prop_assert_eq!(&unreachable, &d.unreachable);
             prop_assert_eq!(k.vxlan.is_some(), d.vxlan.is_some());
             let fdb: std::collections::BTreeSet<_> = k.fdb.iter().copied().collect();
             prop_assert_eq!(&fdb, &d.fdb);

@@ -79,6 +79,18 @@ fn programs_direct_and_vxlan_peers_follows_changes_and_repairs_drift() {
     assert_eq!(d.pod_mtu, Some(8950));
     assert_eq!(n.fdb(), vec![(mac("n3"), "172.30.3.2".into())]);
     assert_eq!(n.neighbours(), vec![("10.244.3.0".into(), mac("n3"))]);
+    // This node's own range: an address no pod holds is answered here, never sent out.
+    assert_eq!(n.unreachable(), vec!["10.244.1.0/24".to_string()]);
+    let lookup = Command::new("nsenter")
+        .arg(format!("--net={}", n.ns.path().display()))
+        .args(["ip", "route", "get", "10.244.1.77"])
+        .output()
+        .unwrap();
+    // EHOSTUNREACH from the unreachable route (no route at all would be ENETUNREACH).
+    assert!(
+        !lookup.status.success() && String::from_utf8_lossy(&lookup.stderr).contains("No route to host"),
+        "{lookup:?}"
+    );
     let table = n.masquerade_sets();
     assert!(
         table.contains("10.244.1.0/24") || table.contains("10.244.0.0/22"),
@@ -131,8 +143,13 @@ fn programs_direct_and_vxlan_peers_follows_changes_and_repairs_drift() {
         ],
     );
     sh(n.ns.path(), &["ip", "neigh", "del", "10.244.3.0", "dev", VXLAN_DEVICE]);
+    sh(
+        n.ns.path(),
+        &["ip", "route", "del", "unreachable", "10.244.1.0/24", "proto", "75"],
+    );
     let (d4, out) = n.pass(&cfg(PodRouting::Auto), &nodes, Some(&d3));
-    assert_eq!(out.repairs.len(), 3, "{out:?}");
+    assert_eq!(out.repairs.len(), 4, "{out:?}");
+    assert_eq!(n.unreachable(), vec!["10.244.1.0/24".to_string()]);
     assert!(out.changes.is_empty());
     assert_eq!(n.routes().len(), 3);
     assert_eq!(n.fdb().len(), 2);
@@ -143,6 +160,7 @@ fn programs_direct_and_vxlan_peers_follows_changes_and_repairs_drift() {
     assert!(out.failures.is_empty(), "{:?}", out.failures);
     assert!(n.routes().is_empty());
     assert!(n.link(VXLAN_DEVICE).is_none(), "no device without VXLAN peers");
+    assert_eq!(n.unreachable(), vec!["10.244.1.0/24".to_string()], "still this node's");
     let foreign = sh(n.ns.path(), &["ip", "route", "show", "10.99.0.0/24"]);
     assert!(foreign.contains("proto static"), "{foreign}");
 }
@@ -156,6 +174,11 @@ fn masquerade_off_removes_the_table_and_none_mode_programs_nothing() {
     let (d, _) = n.pass(&cfg(PodRouting::None), &cluster(), None);
     assert!(n.routes().is_empty());
     assert!(n.link(VXLAN_DEVICE).is_none());
+    assert_eq!(
+        n.unreachable(),
+        vec!["10.244.1.0/24".to_string()],
+        "own ranges in every mode"
+    );
     assert_eq!(d.pod_mtu, Some(1500));
     assert!(n.masquerade_sets().contains("masquerade"));
     let mut off = cfg(PodRouting::None);

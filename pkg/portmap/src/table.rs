@@ -44,6 +44,71 @@ const SETS: [(&str, &str); 2] = [
     ("hairpin_v6", "ifname . ipv6_addr"),
 ];
 
+/// One base or regular chain of the table: its name, its hook line (base chains), and
+/// its rules, in order. [`script`] writes them and [`matches`] counts them, so the two
+/// never disagree about what the table holds.
+struct Chain {
+    name: &'static str,
+    hook: Option<&'static str>,
+    rules: Vec<&'static str>,
+}
+
+/// The chains the table holds with `opts`.
+fn chains(opts: Options) -> Vec<Chain> {
+    let mut guard = Vec::new();
+    if opts.guard_localnet {
+        // With route_localnet on, 127/8 is routable: never for packets from outside
+        // (CVE-2020-8558). A filter chain ahead of DNAT sees every packet, not only a
+        // connection's first.
+        guard.push("iifname != \"lo\" ip daddr 127.0.0.0/8 drop");
+    }
+    let mut output = Vec::new();
+    if !opts.localhost {
+        // Loopback traffic DNATed to a pod is dropped by the kernel unless
+        // route_localnet is on: left alone, the client gets a refusal at once.
+        output.push("ip daddr 127.0.0.0/8 return");
+    }
+    // IPv6 has no route_localnet: ::1 is never DNATed.
+    output.push("ip6 daddr ::1 return");
+    output.push("fib daddr type local jump hostports");
+    vec![
+        Chain {
+            name: "hostports",
+            hook: None,
+            rules: vec![
+                "meta nfproto ipv4 dnat ip to ip daddr . meta l4proto . th dport map @hostports_v4",
+                "meta nfproto ipv4 dnat ip to meta l4proto . th dport map @hostports_v4_any",
+                "meta nfproto ipv6 dnat ip6 to ip6 daddr . meta l4proto . th dport map @hostports_v6",
+                "meta nfproto ipv6 dnat ip6 to meta l4proto . th dport map @hostports_v6_any",
+            ],
+        },
+        Chain {
+            name: "localnet_guard",
+            hook: Some("type filter hook prerouting priority -150; policy accept;"),
+            rules: guard,
+        },
+        Chain {
+            name: "prerouting",
+            hook: Some("type nat hook prerouting priority -100; policy accept;"),
+            rules: vec!["fib daddr type local jump hostports"],
+        },
+        Chain {
+            name: "output",
+            hook: Some("type nat hook output priority -100; policy accept;"),
+            rules: output,
+        },
+        Chain {
+            name: "postrouting",
+            hook: Some("type nat hook postrouting priority 100; policy accept;"),
+            rules: vec![
+                "ct status dnat ip saddr 127.0.0.0/8 masquerade",
+                "ct status dnat iifname . ip daddr @hairpin_v4 masquerade",
+                "ct status dnat iifname . ip6 daddr @hairpin_v6 masquerade",
+            ],
+        },
+    ]
+}
+
 /// The nft script that replaces the table with one holding `entries`, atomically.
 pub fn script(entries: &Entries, opts: Options) -> String {
     let mut s = format!("table inet {TABLE} {{}}\ndelete table inet {TABLE}\ntable inet {TABLE} {{\n");
@@ -53,27 +118,17 @@ pub fn script(entries: &Entries, opts: Options) -> String {
     for (name, ty) in SETS {
         s.push_str(&format!("  set {name} {{ type {ty} ; }}\n"));
     }
-    s.push_str(
-        "  chain hostports {\n\
-         \x20   meta nfproto ipv4 dnat ip to ip daddr . meta l4proto . th dport map @hostports_v4\n\
-         \x20   meta nfproto ipv4 dnat ip to meta l4proto . th dport map @hostports_v4_any\n\
-         \x20   meta nfproto ipv6 dnat ip6 to ip6 daddr . meta l4proto . th dport map @hostports_v6\n\
-         \x20   meta nfproto ipv6 dnat ip6 to meta l4proto . th dport map @hostports_v6_any\n\
-         \x20 }\n",
-    );
-    s.push_str("  chain prerouting {\n    type nat hook prerouting priority -100; policy accept;\n");
-    if opts.localhost {
-        // route_localnet lets 127/8 be routed; never for packets that came from outside.
-        s.push_str("    iifname != \"lo\" ip daddr 127.0.0.0/8 drop\n");
+    for c in chains(opts) {
+        s.push_str(&format!("  chain {} {{\n", c.name));
+        if let Some(hook) = c.hook {
+            s.push_str(&format!("    {hook}\n"));
+        }
+        for r in c.rules {
+            s.push_str(&format!("    {r}\n"));
+        }
+        s.push_str("  }\n");
     }
-    s.push_str("    fib daddr type local jump hostports\n  }\n");
-    s.push_str("  chain output {\n    type nat hook output priority -100; policy accept;\n    fib daddr type local jump hostports\n  }\n");
-    s.push_str(
-        "  chain postrouting {\n    type nat hook postrouting priority 100; policy accept;\n\
-         \x20   ct status dnat ip saddr 127.0.0.0/8 masquerade\n\
-         \x20   ct status dnat iifname . ip daddr @hairpin_v4 masquerade\n\
-         \x20   ct status dnat iifname . ip6 daddr @hairpin_v6 masquerade\n  }\n}\n",
-    );
+    s.push_str("}\n");
     for (name, _) in MAPS {
         let elems: Vec<String> = entries
             .ports
@@ -155,25 +210,44 @@ fn parse_hairpin(elem: &Value) -> Option<Hairpin> {
     })
 }
 
+/// How the kernel's table compares with what it should hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// There is no table.
+    Absent,
+    /// Every chain, rule and element is as it should be.
+    Same,
+    /// Its chains or rules differ from what `opts` call for (other options, or someone
+    /// changed them).
+    OtherRules,
+    /// Its chains and rules are right, its elements are not those of the store.
+    OtherElements,
+}
+
 /// Whether the kernel's table has every chain and rule weft writes and exactly the
 /// elements `entries` call for.
 pub fn matches(entries: &Entries, opts: Options) -> Result<bool, PortmapError> {
+    Ok(compare(entries, opts)? == Found::Same)
+}
+
+/// Compares the kernel's table with the one `entries` and `opts` call for.
+pub fn compare(entries: &Entries, opts: Options) -> Result<Found, PortmapError> {
     let out = match nft(&["-j", "list", "table", "inet", TABLE], None) {
         Ok(o) => o,
-        Err(PortmapError::Nft(e)) if e.contains("No such file") => return Ok(false),
+        Err(PortmapError::Nft(e)) if e.contains("No such file") => return Ok(Found::Absent),
         Err(e) => return Err(e),
     };
     let v: Value = serde_json::from_str(&out).map_err(|e| PortmapError::Nft(format!("parsing nft -j output: {e}")))?;
     let objects = v["nftables"].as_array().cloned().unwrap_or_default();
     let mut rules: std::collections::HashMap<String, usize> = Default::default();
-    let mut chains = BTreeSet::new();
+    let mut found_chains = BTreeSet::new();
     let mut maps = BTreeSet::new();
     let mut found = BTreeSet::new();
     let mut sets = BTreeSet::new();
     let mut found_hairpins = BTreeSet::new();
     for o in &objects {
         if let Some(c) = o.get("chain") {
-            chains.insert(c["name"].as_str().unwrap_or_default().to_string());
+            found_chains.insert(c["name"].as_str().unwrap_or_default().to_string());
         }
         if let Some(r) = o.get("rule") {
             *rules
@@ -187,7 +261,7 @@ pub fn matches(entries: &Entries, opts: Options) -> Result<bool, PortmapError> {
                     Some(hp) => {
                         found.insert(hp);
                     }
-                    None => return Ok(false),
+                    None => return Ok(Found::OtherElements),
                 }
             }
             maps.insert(name);
@@ -198,26 +272,26 @@ pub fn matches(entries: &Entries, opts: Options) -> Result<bool, PortmapError> {
                     Some(h) => {
                         found_hairpins.insert(h);
                     }
-                    None => return Ok(false),
+                    None => return Ok(Found::OtherElements),
                 }
             }
             sets.insert(m["name"].as_str().unwrap_or_default().to_string());
         }
     }
-    let want_rules = [
-        ("hostports", 4),
-        ("prerouting", 1 + usize::from(opts.localhost)),
-        ("output", 1),
-        ("postrouting", 3),
-    ];
     let structure = MAPS.iter().all(|(n, _)| maps.contains(*n))
         && SETS.iter().all(|(n, _)| sets.contains(*n))
-        && want_rules
+        && chains(opts)
             .iter()
-            .all(|(c, n)| chains.contains(*c) && rules.get(*c) == Some(n));
+            .all(|c| found_chains.contains(c.name) && rules.get(c.name).copied().unwrap_or(0) == c.rules.len());
     let want: BTreeSet<HostPort> = entries.ports.iter().cloned().collect();
     let want_hairpins: BTreeSet<Hairpin> = entries.hairpins.iter().cloned().collect();
-    Ok(structure && found == want && found_hairpins == want_hairpins)
+    Ok(if !structure {
+        Found::OtherRules
+    } else if found == want && found_hairpins == want_hairpins {
+        Found::Same
+    } else {
+        Found::OtherElements
+    })
 }
 
 /// Deletes UDP conntrack entries to the mappings' host ports, so flows created before a
@@ -282,10 +356,30 @@ mod tests {
             "{s}"
         );
         assert!(!s.contains("127.0.0.0/8 drop"));
-        assert!(
-            script(&Entries::default(), Options { localhost: true })
-                .contains("iifname != \"lo\" ip daddr 127.0.0.0/8 drop")
-        );
+        assert!(s.contains("ip daddr 127.0.0.0/8 return"), "loopback is not DNATed: {s}");
+        let both = Options {
+            localhost: true,
+            guard_localnet: true,
+        };
+        let s = script(&Entries::default(), both);
+        assert!(s.contains("iifname != \"lo\" ip daddr 127.0.0.0/8 drop"), "{s}");
+        assert!(!s.contains("ip daddr 127.0.0.0/8 return"), "{s}");
+        assert!(s.contains("ip6 daddr ::1 return"), "::1 is never DNATed: {s}");
+    }
+
+    /// The guard goes with route_localnet, not with the flag: a node whose
+    /// route_localnet someone else turned on is guarded too.
+    #[test]
+    fn the_guard_follows_its_option_alone() {
+        let guard = |o: Options| script(&Entries::default(), o).contains("127.0.0.0/8 drop");
+        assert!(guard(Options {
+            localhost: false,
+            guard_localnet: true
+        }));
+        assert!(!guard(Options {
+            localhost: true,
+            guard_localnet: false
+        }));
     }
 
     #[test]

@@ -33,6 +33,18 @@ pub struct PodRef {
     pub uid: String,
 }
 
+impl PodRef {
+    /// The pod for people: `pod namespace/name`, `pod name` when the runtime gave no
+    /// namespace (podman), or `container <id>` when it gave no name either.
+    pub fn describe(&self, container_id: &str) -> String {
+        match (self.namespace.is_empty(), self.name.is_empty()) {
+            (_, true) => format!("container {container_id}"),
+            (true, false) => format!("pod {}", self.name),
+            (false, false) => format!("pod {}/{}", self.namespace, self.name),
+        }
+    }
+}
+
 /// Where an attachment is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {

@@ -1,6 +1,6 @@
 //! Node state for weft in SQLite: address ranges, pod attachments and the address
-//! allocations that tie them together, host ports, wire ends and daemon runs (one
-//! module per table under `db/`).
+//! allocations that tie them together, host ports, wire ends, daemon runs and the
+//! kernel settings weftd changed (one module per table under `db/`).
 //!
 //! One connection serves the whole daemon: callers run closures over [`Db`] on it one
 //! at a time ([`Store::run`]), under a lock, on their own thread. SQLite allows one

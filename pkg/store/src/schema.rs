@@ -131,6 +131,32 @@ const MIGRATIONS: &[&str] = &[
         updated_at  INTEGER NOT NULL
     );
     ",
+    // 7: host ports one container asks for on several of its networks (a runtime sends
+    // a container's `portMappings` to each network), and the kernel settings weftd
+    // changed, with the value it found, so it can put them back.
+    r"
+    CREATE TABLE port_shares (
+        id             INTEGER PRIMARY KEY,
+        -- an attachment that asked for a mapping another attachment of the same
+        -- container holds (port_mappings); it takes the mapping over when that one goes
+        attachment_id  INTEGER NOT NULL REFERENCES attachments(id) ON DELETE CASCADE,
+        family         INTEGER NOT NULL CHECK (family IN (4, 6)),
+        host_ip        TEXT NOT NULL,
+        host_port      INTEGER NOT NULL CHECK (host_port BETWEEN 1 AND 65535),
+        protocol       TEXT NOT NULL CHECK (protocol IN ('tcp', 'udp', 'sctp')),
+        container_ip   TEXT NOT NULL,
+        container_port INTEGER NOT NULL CHECK (container_port BETWEEN 1 AND 65535),
+        UNIQUE (attachment_id, family, host_ip, host_port, protocol)
+    );
+    CREATE INDEX port_shares_by_port ON port_shares(family, host_ip, host_port, protocol);
+    CREATE TABLE sysctls (
+        -- the sysctl's path under /proc/sys, as net/ipv4/conf/all/route_localnet
+        name        TEXT PRIMARY KEY,
+        -- the value found before weftd first changed it
+        original    TEXT NOT NULL,
+        changed_at  INTEGER NOT NULL
+    );
+    ",
 ];
 
 /// The schema version this binary writes.

@@ -111,6 +111,78 @@ fn host_ports_are_held_per_family_and_conflicts_are_refused() {
     created(db.begin_add(&f).unwrap());
 }
 
+/// One container on two networks, each asked for the same host port (as podman sends a
+/// container's `portMappings` to every network): no conflict; the mapping stays with the
+/// first network's attachment and passes to the second when the first goes, in either
+/// DEL order; another container is still refused; the last one out releases it.
+#[test]
+fn one_container_shares_its_host_ports_across_its_networks() {
+    let on = |net: &str, cid: &str, ranges: &[&str]| {
+        let mut a = spec(cid, ranges);
+        a.key.network = net.into();
+        a.key.ifname = if net == "a" { "eth0".into() } else { "eth1".into() };
+        a.host_ifname = format!("h{cid}{net}");
+        a.pod = PodRef {
+            namespace: String::new(),
+            name: "mp".into(),
+            uid: String::new(),
+        };
+        a.ports = vec![port(None, 18086, "tcp")];
+        a
+    };
+    for first_out in ["a", "b"] {
+        let (_d, mut db) = open();
+        let a = created(db.begin_add(&on("a", "c1", &["10.123.0.0/24"])).unwrap());
+        let b = created(
+            db.begin_add(&on("b", "c1", &["10.124.0.0/24", "fd00:124::/64"]))
+                .unwrap(),
+        );
+        assert_eq!(a.ports.len(), 1, "{:?}", a.ports);
+        assert_eq!(
+            b.ports.len(),
+            1,
+            "b holds only IPv6 itself; its IPv4 mapping is a's: {:?}",
+            b.ports
+        );
+        assert!(b.ports[0].container_ip.is_ipv6());
+        let held = db.ports().unwrap();
+        assert_eq!(held.len(), 2);
+        let v4 = held.iter().find(|h| h.mapping.container_ip.is_ipv4()).unwrap();
+        assert_eq!(v4.key.network, "a", "the first network asked first");
+
+        // Another container: refused, named without an empty namespace.
+        match db.begin_add(&on("a", "c2", &["10.123.0.0/24"])) {
+            Err(StoreError::PortTaken { holder, mapping }) => {
+                assert_eq!(holder, "pod mp");
+                assert_eq!(mapping, "0.0.0.0:18086/tcp");
+            }
+            other => panic!("expected PortTaken, got {other:?}"),
+        }
+        // The same container asking for another container port: a conflict too.
+        let mut other = on("c", "c1", &["10.125.0.0/24"]);
+        other.ports[0].container_port = 81;
+        assert!(matches!(db.begin_add(&other), Err(StoreError::PortTaken { .. })));
+
+        let (gone, stays) = if first_out == "a" { (&a, &b) } else { (&b, &a) };
+        db.begin_del(&gone.key).unwrap().unwrap();
+        let held = db.ports().unwrap();
+        let v4: Vec<_> = held.iter().filter(|h| h.mapping.container_ip.is_ipv4()).collect();
+        assert_eq!(v4.len(), 1, "the IPv4 mapping stays while one network asks for it");
+        assert_eq!(v4[0].key, stays.key);
+        assert_eq!(v4[0].mapping.container_ip, stays.addresses[0].address);
+        assert_eq!(v4[0].host_ifname, stays.host_ifname);
+        db.remove(gone.id).unwrap();
+        assert_eq!(
+            db.get(&stays.key).unwrap().unwrap().ports.len(),
+            held.iter().filter(|h| h.key == stays.key).count()
+        );
+
+        db.begin_del(&stays.key).unwrap().unwrap();
+        assert!(db.ports().unwrap().is_empty(), "the last one out releases it");
+        created(db.begin_add(&on("a", "c2", &["10.123.0.0/24"])).unwrap());
+    }
+}
+
 fn created(b: BeginAdd) -> Attachment {
     match b {
         BeginAdd::Created(a) => a,

@@ -76,11 +76,7 @@ pub async fn run(socket: &Path, args: CallsArgs, json: bool) -> anyhow::Result<(
         "TIME", "COMMAND", "POD", "IFNAME", "DURATION", "CODE", "TRACE"
     );
     for c in &calls {
-        let pod = if c.pod.is_empty() {
-            "-".to_string()
-        } else {
-            format!("{}/{}", c.pod_namespace, c.pod)
-        };
+        let pod = super::pod_label(&c.pod_namespace, &c.pod, &c.container_id);
         println!(
             "{:<24} {:<7} {:<40} {:<8} {:>8.1}ms {:>4}  {:<32}",
             c.finished,

@@ -20,6 +20,17 @@ use anyhow::Context;
 use tonic::transport::Channel;
 use weft_rpc::{DialOptions, dial_unix};
 
+/// How a pod is shown: `namespace/name`, the name alone when the runtime gave no
+/// namespace (podman), else the container id.
+pub fn pod_label(namespace: &str, name: &str, container_id: &str) -> String {
+    match (namespace.is_empty(), name.is_empty()) {
+        (_, true) if container_id.is_empty() => "-".to_string(),
+        (_, true) => container_id.to_string(),
+        (true, false) => name.to_string(),
+        (false, false) => format!("{namespace}/{name}"),
+    }
+}
+
 /// Connects to weftd at `socket` without waiting for a restarting daemon.
 pub async fn connect(socket: &Path) -> anyhow::Result<Channel> {
     let opts = DialOptions {
@@ -30,4 +41,15 @@ pub async fn connect(socket: &Path) -> anyhow::Result<Channel> {
     dial_unix(socket, &opts)
         .await
         .with_context(|| format!("cannot reach weftd at {}", socket.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pods_without_a_namespace_show_their_name_alone() {
+        assert_eq!(super::pod_label("default", "web", "c1"), "default/web");
+        assert_eq!(super::pod_label("", "s1", "c1"), "s1");
+        assert_eq!(super::pod_label("", "", "c1"), "c1");
+        assert_eq!(super::pod_label("", "", ""), "-");
+    }
 }

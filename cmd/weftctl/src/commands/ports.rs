@@ -56,11 +56,7 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
         } else {
             format!("{}:{}", p.container_ip, p.container_port)
         };
-        let pod = if p.pod.is_empty() {
-            p.container_id.clone()
-        } else {
-            format!("{}/{}", p.pod_namespace, p.pod)
-        };
+        let pod = super::pod_label(&p.pod_namespace, &p.pod, &p.container_id);
         println!("{host:<32} {:<5} {target:<32} {pod}", p.protocol);
     }
     Ok(())

@@ -204,7 +204,14 @@ fn observed_after(d: &Desired) -> Observed {
                 dst: r.dst,
                 gateway: Some(r.gateway),
                 oif: Some(if r.over_vxlan { 7 } else { 2 }),
+                unreachable: false,
             })
+            .chain(d.unreachable.iter().map(|dst| ObservedRoute {
+                dst: *dst,
+                gateway: None,
+                oif: None,
+                unreachable: true,
+            }))
             .collect(),
         vxlan: d.vxlan.as_ref().map(|s| ObservedVxlan {
             index: 7,
@@ -265,7 +272,8 @@ fn a_removed_peer_takes_its_route_neighbour_fdb_and_finally_the_device() {
             Change::DeleteRoute(ObservedRoute {
                 dst: net("10.244.3.0/24"),
                 gateway: Some(ip("10.244.3.0")),
-                oif: Some(7)
+                oif: Some(7),
+                unreachable: false,
             }),
             Change::DeleteNeighbour(ip("10.244.3.0")),
             Change::DeleteFdb(vxlan_mac("n3"), ip("172.30.3.2")),
@@ -288,7 +296,8 @@ fn a_changed_pod_cidr_replaces_the_route() {
             Change::DeleteRoute(ObservedRoute {
                 dst: net("10.244.2.0/24"),
                 gateway: Some(ip("172.30.1.3")),
-                oif: Some(2)
+                oif: Some(2),
+                unreachable: false,
             }),
             Change::AddRoute(PeerRoute {
                 dst: net("10.244.22.0/24"),
@@ -326,6 +335,50 @@ fn drift_is_put_back_and_a_device_with_other_parameters_is_rebuilt_whole() {
         "the direct route survives: {changes:?}"
     );
     assert_eq!(changes.iter().filter(|c| matches!(c, Change::AddRoute(_))).count(), 1);
+}
+
+/// Every range this node serves, from its Node and from network configs, is answered
+/// on the node in every routing mode; a range that stops being ours loses its route;
+/// a rebuilt VXLAN device leaves them alone.
+#[test]
+fn own_ranges_get_unreachable_routes_that_follow_them() {
+    let local = [net("10.123.0.0/24"), net("fd00:124::/64")];
+    for routing in [
+        PodRouting::Auto,
+        PodRouting::Direct,
+        PodRouting::Vxlan,
+        PodRouting::None,
+    ] {
+        let d = plan(&cfg(routing), &cluster(), &local, &facts(1500));
+        let want: std::collections::BTreeSet<IpNet> =
+            [net("10.244.1.0/24"), net("10.123.0.0/24"), net("fd00:124::/64")].into();
+        assert_eq!(d.unreachable, want, "{routing:?}");
+        let changes = diff(&d, &Observed::default());
+        for r in &want {
+            assert!(changes.contains(&Change::AddUnreachable(*r)), "{changes:?}");
+        }
+    }
+    let before = plan(&cfg(PodRouting::Auto), &cluster(), &local, &facts(1500));
+    let after = plan(&cfg(PodRouting::Auto), &cluster(), &local[..1], &facts(1500));
+    assert_eq!(
+        diff(&after, &observed_after(&before)),
+        vec![Change::DeleteRoute(ObservedRoute {
+            dst: net("fd00:124::/64"),
+            gateway: None,
+            oif: None,
+            unreachable: true,
+        })]
+    );
+    let mut o = observed_after(&before);
+    o.vxlan.as_mut().unwrap().vni = Some(99);
+    let changes = diff(&before, &o);
+    assert!(
+        !changes.iter().any(|c| matches!(
+            c,
+            Change::AddUnreachable(_) | Change::DeleteRoute(ObservedRoute { unreachable: true, .. })
+        )),
+        "{changes:?}"
+    );
 }
 
 #[test]

@@ -92,12 +92,14 @@ impl Node {
             .run(move || run_pass(&cfg, &nodes, &[], previous.as_ref(), &mut k))
     }
 
+    /// weft's routes to peers (its unreachable routes left out: see [`Node::unreachable`]).
     pub fn routes(&self) -> Vec<(String, String, String)> {
         let v = json(self.ns.path(), &["ip", "-j", "route", "show", "proto", "75"]);
         let mut out: Vec<_> = v
             .as_array()
             .unwrap()
             .iter()
+            .filter(|r| r["type"] != "unreachable")
             .map(|r| {
                 (
                     r["dst"].as_str().unwrap_or_default().to_string(),
@@ -106,6 +108,35 @@ impl Node {
                 )
             })
             .collect();
+        out.sort();
+        out
+    }
+
+    /// weft's unreachable routes (this node's pod ranges), both families.
+    pub fn unreachable(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for family in ["-4", "-6"] {
+            let v = json(
+                self.ns.path(),
+                &[
+                    "ip",
+                    family,
+                    "-j",
+                    "route",
+                    "show",
+                    "proto",
+                    "75",
+                    "type",
+                    "unreachable",
+                ],
+            );
+            out.extend(
+                v.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["dst"].as_str().unwrap_or_default().to_string()),
+            );
+        }
         out.sort();
         out
     }

@@ -127,11 +127,12 @@ pub(super) fn allocate_exact(
         .optional()?;
     if let Some((key, ns, name, state)) = holder {
         let deleting = State::parse(&state) == State::Deleting;
-        let who = if name.is_empty() {
-            format!("container {}", key.container_id)
-        } else {
-            format!("pod {ns}/{name}")
-        };
+        let who = PodRef {
+            namespace: ns,
+            name,
+            uid: String::new(),
+        }
+        .describe(&key.container_id);
         return Err(StoreError::AddressTaken {
             address: want,
             holder: format!(

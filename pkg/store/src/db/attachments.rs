@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::addresses::{allocate_exact, allocate_in, ensure_range};
-use super::ports::{hold_ports, port_row};
+use super::ports::{hold_ports, port_row, release_ports};
 use super::{Db, blob_key, join, now_ms};
 use crate::addr;
 use crate::{StoreError, attachment::*};
@@ -87,7 +87,7 @@ impl Db {
                 }
             }
         }
-        let ports = hold_ports(&tx, id, &spec.ports, &addresses)?;
+        let ports = hold_ports(&tx, id, &spec.key.container_id, &spec.ports, &addresses)?;
         let att = Attachment {
             id,
             key: spec.key.clone(),
@@ -122,6 +122,8 @@ impl Db {
     /// a teardown). Removing one that is already gone is not an error.
     pub fn remove(&mut self, id: i64) -> Result<(), StoreError> {
         let tx = self.immediate()?;
+        // An ADD undone may hold mappings another network of its container shares.
+        release_ports(&tx, id)?;
         tx.prepare_cached("DELETE FROM attachments WHERE id = ?1")?
             .execute(params![id])?;
         tx.commit()?;
@@ -136,9 +138,9 @@ impl Db {
             return Ok(None);
         };
         // Host ports are released at once: DEL removes them from the kernel before it
-        // answers, unlike the veth, whose removal finishes afterwards.
-        tx.prepare_cached("DELETE FROM port_mappings WHERE attachment_id = ?1")?
-            .execute(params![att.id])?;
+        // answers, unlike the veth, whose removal finishes afterwards. A mapping another
+        // network of the same container shares passes to it.
+        release_ports(&tx, att.id)?;
         if att.state != State::Deleting {
             tx.prepare_cached("UPDATE attachments SET state = 'deleting', updated_at = ?2 WHERE id = ?1")?
                 .execute(params![att.id, now_ms()])?;

@@ -8,6 +8,7 @@ mod links;
 mod ports;
 mod rebuild;
 mod runs;
+mod sysctls;
 mod wires;
 
 pub use rebuild::RebuiltAttachment;

@@ -46,40 +46,60 @@ pub(super) fn port_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PortMapping> {
     })
 }
 
-fn holder(
+/// A mapping found in the way of a request.
+struct Found {
+    /// Who holds it, for people.
+    holder: String,
+    /// Whether the request may share it: the same container asking for the very same
+    /// mapping (host address, port, protocol and container port) on another network.
+    shareable: bool,
+}
+
+/// The mappings of `family` that bind the requested host port: the same address, or
+/// every address (either side binding all addresses overlaps everything).
+fn in_the_way(
     tx: &Transaction<'_>,
     family: i64,
+    req: &PortRequest,
     host_ip: &str,
-    port: u16,
-    proto: &str,
-) -> Result<Option<String>, StoreError> {
-    Ok(tx
-        .query_row(
-            "SELECT a.pod_namespace, a.pod_name, a.container_id FROM port_mappings p
-             JOIN attachments a ON p.attachment_id = a.id
-             WHERE p.family = ?1 AND p.host_port = ?2 AND p.protocol = ?3
-               AND (p.host_ip = ?4 OR p.host_ip = '' OR ?4 = '')
-             LIMIT 1",
-            params![family, port, proto, host_ip],
-            |r| {
-                let (ns, name, cid): (String, String, String) = (r.get(0)?, r.get(1)?, r.get(2)?);
-                Ok(if name.is_empty() {
-                    format!("container {cid}")
-                } else {
-                    format!("pod {ns}/{name}")
-                })
-            },
-        )
-        .optional()?)
+    container_id: &str,
+) -> Result<Vec<Found>, StoreError> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT a.pod_namespace, a.pod_name, a.container_id, p.host_ip, p.container_port FROM port_mappings p
+         JOIN attachments a ON p.attachment_id = a.id
+         WHERE p.family = ?1 AND p.host_port = ?2 AND p.protocol = ?3
+           AND (p.host_ip = ?4 OR p.host_ip = '' OR ?4 = '')",
+    )?;
+    let rows = stmt.query_map(params![family, req.host_port, req.protocol, host_ip], |r| {
+        let pod = PodRef {
+            namespace: r.get(0)?,
+            name: r.get(1)?,
+            uid: String::new(),
+        };
+        let cid: String = r.get(2)?;
+        let (ip, cport): (String, u16) = (r.get(3)?, r.get(4)?);
+        Ok(Found {
+            holder: pod.describe(&cid),
+            shareable: cid == container_id && ip == host_ip && cport == req.container_port,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// Holds the requested host ports for attachment `id`, one row per family: a request
 /// without a host IP binds every family the pod has an address in. A port is taken
 /// when another mapping of the same family, port and protocol binds the same address
 /// or binds all addresses.
+///
+/// The same container asking on another of its networks for a mapping it holds already
+/// (a runtime sends a container's `portMappings` to every network that takes them) is
+/// no conflict: the mapping stays with the attachment that asked first, and this one is
+/// recorded as sharing it ([`release_ports`] hands the mapping over when the first
+/// goes). Only the mappings this attachment holds itself are returned.
 pub(super) fn hold_ports(
     tx: &Transaction<'_>,
     id: i64,
+    container_id: &str,
     requests: &[PortRequest],
     addresses: &[Allocation],
 ) -> Result<Vec<PortMapping>, StoreError> {
@@ -124,21 +144,74 @@ pub(super) fn hold_ports(
                 (None, 4) => format!("0.0.0.0:{}/{}", req.host_port, req.protocol),
                 (None, _) => format!("[::]:{}/{}", req.host_port, req.protocol),
             };
-            if let Some(holder) = holder(tx, family, &host, req.host_port, &req.protocol)? {
-                return Err(StoreError::PortTaken { mapping: shown, holder });
-            }
-            tx.prepare_cached("INSERT INTO port_mappings (attachment_id, family, host_ip, host_port, protocol, container_ip, container_port)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?.execute(
-                params![id, family, host, req.host_port, req.protocol, a.address.to_string(), req.container_port],
-            )?;
-            held.push(PortMapping {
+            let mapping = PortMapping {
                 host_ip: req.host_ip,
                 host_port: req.host_port,
                 protocol: req.protocol.clone(),
                 container_ip: a.address,
                 container_port: req.container_port,
-            });
+            };
+            if held.contains(&mapping) {
+                // Listed twice in one config: one mapping.
+                continue;
+            }
+            let found = in_the_way(tx, family, req, &host, container_id)?;
+            if let Some(other) = found.iter().find(|f| !f.shareable) {
+                return Err(StoreError::PortTaken {
+                    mapping: shown,
+                    holder: other.holder.clone(),
+                });
+            }
+            if !found.is_empty() {
+                tx.prepare_cached(
+                    "INSERT OR IGNORE INTO port_shares (attachment_id, family, host_ip, host_port, protocol, container_ip, container_port)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?
+                .execute(params![id, family, host, req.host_port, req.protocol, a.address.to_string(), req.container_port])?;
+                continue;
+            }
+            tx.prepare_cached("INSERT INTO port_mappings (attachment_id, family, host_ip, host_port, protocol, container_ip, container_port)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?.execute(
+                params![id, family, host, req.host_port, req.protocol, a.address.to_string(), req.container_port],
+            )?;
+            held.push(mapping);
         }
     }
     Ok(held)
+}
+
+/// Releases attachment `id`'s host ports: the mappings it only shared go, and each
+/// mapping it held passes to the oldest other attachment (not being deleted) that asked
+/// for the same one, pointing at that attachment's address (the caller points the
+/// kernel at the new holders: [`Db::ports`] lists them).
+pub(super) fn release_ports(tx: &Transaction<'_>, id: i64) -> Result<(), StoreError> {
+    tx.prepare_cached("DELETE FROM port_shares WHERE attachment_id = ?1")?
+        .execute(params![id])?;
+    let released: Vec<(i64, String, u16, String)> = tx
+        .prepare_cached("SELECT family, host_ip, host_port, protocol FROM port_mappings WHERE attachment_id = ?1")?
+        .query_map(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+        .collect::<Result<_, _>>()?;
+    tx.prepare_cached("DELETE FROM port_mappings WHERE attachment_id = ?1")?
+        .execute(params![id])?;
+    for (family, host_ip, port, proto) in released {
+        let share: Option<i64> = tx
+            .prepare_cached(
+                "SELECT s.id FROM port_shares s JOIN attachments a ON s.attachment_id = a.id
+                 WHERE s.family = ?1 AND s.host_ip = ?2 AND s.host_port = ?3 AND s.protocol = ?4
+                   AND a.state != 'deleting'
+                 ORDER BY s.id LIMIT 1",
+            )?
+            .query_row(params![family, host_ip, port, proto], |r| r.get(0))
+            .optional()?;
+        let Some(share) = share else { continue };
+        tx.prepare_cached(
+            "INSERT INTO port_mappings (attachment_id, family, host_ip, host_port, protocol, container_ip, container_port)
+             SELECT attachment_id, family, host_ip, host_port, protocol, container_ip, container_port
+             FROM port_shares WHERE id = ?1",
+        )?
+        .execute(params![share])?;
+        tx.prepare_cached("DELETE FROM port_shares WHERE id = ?1")?
+            .execute(params![share])?;
+    }
+    Ok(())
 }
