@@ -6,6 +6,7 @@
 //! `route_localnet` goes back as weft found it (and 127/8 is guarded whenever it is on),
 //! loopback clients are refused at once instead of hanging, one container may ask for
 //! the same host port on two networks, and a start or a spool replay reports no drift.
+//! Last, `weftd uninstall` leaves the node as weft found it.
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -611,4 +612,78 @@ fn a_spooled_del_of_a_pod_with_host_ports_is_replayed_without_drift() {
         !http_ok(&client, "http://192.168.77.1:18087/"),
         "the port went with the DEL"
     );
+}
+
+fn sysctl(ns: &Netns, name: &str) -> String {
+    sh(ns.cmd("cat").arg(format!("/proc/sys/{name}"))).trim().to_string()
+}
+
+/// Stopping weftd leaves its tables, routes and settings (pods keep their networking
+/// over a restart); `weftd uninstall` takes them away and puts back every sysctl weft
+/// changed, refusing while weftd runs or while pods are attached.
+#[test]
+fn weftd_uninstall_leaves_the_node_as_weft_found_it() {
+    if !privileged() {
+        return;
+    }
+    let node = Netns::new("un");
+    let settings = [
+        "net/ipv4/ip_forward",
+        "net/ipv6/conf/all/forwarding",
+        "net/ipv4/conf/all/route_localnet",
+    ];
+    let before: Vec<String> = settings.iter().map(|s| sysctl(&node, s)).collect();
+    assert_eq!(before, vec!["0", "0", "0"], "a new namespace forwards nothing");
+    let mut d = Daemon::start_in(node, "un", &[("WEFT_HOSTPORTS_LOCALHOST", "true")]);
+    let _client = client_for(&d);
+    let (pod, _http) = serving_pod(&d, "ctr-un", 18088);
+    let uninstall = |d: &Daemon, force: bool| {
+        let mut c = d.node.cmd(bin("weftd").to_str().unwrap());
+        c.arg("--state-dir")
+            .arg(d.state_dir())
+            .arg("--socket")
+            .arg(d.socket())
+            .arg("uninstall");
+        if force {
+            c.arg("--force");
+        }
+        run(&mut c)
+    };
+    let refused = uninstall(&d, false);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("is running"),
+        "{refused:?}"
+    );
+
+    d.stop().expect("weftd stops on SIGTERM");
+    let after: Vec<String> = settings.iter().map(|s| sysctl(&d.node, s)).collect();
+    assert_eq!(after, vec!["1", "1", "1"], "a stopped weftd leaves what pods need");
+    let refused = uninstall(&d, false);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(
+        !refused.status.success() && said.contains("pod default/pod-ctr-un"),
+        "{said}"
+    );
+
+    // The pod goes (as its runtime would DEL it, weftd down: spooled) and weft with it.
+    let conf = conf_with_ports(
+        &d,
+        json!([{"hostPort": 18088, "containerPort": 8080, "protocol": "tcp"}]),
+    );
+    Call::new("DEL", "ctr-un", &pod.path(), &conf).run().ok();
+    let out = uninstall(&d, true);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(said.contains("deleted table inet weft"), "{said}");
+    let tables = sh(d.node.cmd("nft").args(["list", "tables"]));
+    assert!(!tables.contains("weft"), "{tables}");
+    assert!(unreachable_routes(&d).is_empty());
+    let routes = d.node.ip_json(&["route", "show", "proto", "74"]);
+    assert_eq!(routes, json!([]), "no pod route");
+    assert_eq!(d.node.links(), vec!["lo", "up0"], "no host end, no VXLAN device");
+    let after: Vec<String> = settings.iter().map(|s| sysctl(&d.node, s)).collect();
+    assert_eq!(after, before, "every setting as weft found it");
+    assert!(!d.state_dir().exists());
+    assert!(!d.socket().exists());
 }

@@ -1,5 +1,6 @@
 //! weftd, the weft node daemon. This file only composes: flags into a [`NodeConfig`],
-//! telemetry, [`Node::start`], a signal, [`Node::shutdown`] (see `weft-node`).
+//! telemetry, [`Node::start`], a signal, [`Node::shutdown`] (see `weft-node`); or,
+//! for `weftd uninstall`, the same flags into `weft_node::uninstall`.
 
 #![forbid(unsafe_code)]
 
@@ -22,11 +23,14 @@ use weft_topology::LinkKind;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
+    /// Serve (the default), or take weft off this node.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// UNIX socket the plugin and weftctl connect to.
-    #[arg(long, env = "WEFT_SOCKET", default_value = weft_cni::conf::DEFAULT_SOCKET)]
+    #[arg(long, global = true, env = "WEFT_SOCKET", default_value = weft_cni::conf::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// Directory holding the state database (weft.db).
-    #[arg(long, env = "WEFT_STATE_DIR", default_value = "/var/lib/weft")]
+    #[arg(long, global = true, env = "WEFT_STATE_DIR", default_value = "/var/lib/weft")]
     state_dir: PathBuf,
     /// Address of the HTTP endpoints (/healthz, /readyz, /metrics).
     #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9384")]
@@ -104,6 +108,23 @@ struct Args {
     lock_wait: u64,
 }
 
+/// What weftd does besides serving.
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Take weft off this node (run in the node's network namespace, weftd stopped):
+    /// its nftables tables, routes and VXLAN device go, the sysctls it changed go back
+    /// to the values it found, its state directory, socket and DEL spool go. The CNI
+    /// config and plugin binary stay (the installer's: remove them with it).
+    Uninstall {
+        /// Go on although pods are attached: their networking goes with weft.
+        #[arg(long)]
+        force: bool,
+        /// Leave the state directory in place.
+        #[arg(long)]
+        keep_state: bool,
+    },
+}
+
 /// `--inter-node-link` values.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum InterNodeLink {
@@ -168,7 +189,16 @@ async fn main() -> ExitCode {
     // Before any wire opens a socket: see `raise_open_files_limit`. A failure only
     // leaves the limit where it was, which small nodes never reach.
     let open_files = weft_kernel::limits::raise_open_files_limit();
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if let Some(Command::Uninstall { force, keep_state }) = args.command.take() {
+        return uninstall(weft_node::uninstall::UninstallConfig {
+            state_dir: args.state_dir,
+            socket: args.socket,
+            force,
+            keep_state,
+        })
+        .await;
+    }
     let (log_format, config) = (args.log_format, args.config());
     let metrics = Metrics::new(VERSION, COMMIT);
     let provider = match weft_telemetry::otel::provider(&config.node_name, VERSION) {
@@ -189,6 +219,32 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!(error = format!("{e:#}"), "weftd stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `weftd uninstall`: says what it removed and put back, or why it would not.
+async fn uninstall(cfg: weft_node::uninstall::UninstallConfig) -> ExitCode {
+    match weft_node::uninstall::uninstall(&cfg).await {
+        Ok(done) => {
+            for t in &done.tables {
+                println!("deleted table {t}");
+            }
+            for l in &done.links {
+                println!("deleted link {l}");
+            }
+            println!("deleted {} route(s) of weft's", done.routes);
+            for s in &done.sysctls {
+                println!("put {s} back as weft found it");
+            }
+            if done.state_removed {
+                println!("removed {}", cfg.state_dir.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("weftd uninstall: {e}");
             ExitCode::FAILURE
         }
     }

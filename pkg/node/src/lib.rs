@@ -18,6 +18,7 @@ pub mod ready;
 pub mod servers;
 pub mod source;
 pub mod sysctls;
+pub mod uninstall;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
