@@ -66,7 +66,7 @@ pub enum UninstallError {
         /// The database.
         path: PathBuf,
         /// Why.
-        source: weft_store::StoreError,
+        source: Box<weft_store::StoreError>,
     },
     /// A kernel step failed.
     #[error("{0}")]
@@ -100,7 +100,7 @@ pub async fn uninstall(cfg: &UninstallConfig) -> Result<Uninstalled, UninstallEr
     let store = if db.exists() {
         Some(Store::open(&db).map_err(|source| UninstallError::Store {
             path: db.clone(),
-            source,
+            source: Box::new(source),
         })?)
     } else {
         None
@@ -111,7 +111,7 @@ pub async fn uninstall(cfg: &UninstallConfig) -> Result<Uninstalled, UninstallEr
             .run_blocking(|db| db.list(None, None))
             .map_err(|source| UninstallError::Store {
                 path: db.clone(),
-                source,
+                source: Box::new(source),
             })?;
         let live: Vec<_> = attached.iter().filter(|a| a.state != State::Deleting).collect();
         if !live.is_empty() && !cfg.force {
@@ -164,7 +164,7 @@ pub async fn uninstall(cfg: &UninstallConfig) -> Result<Uninstalled, UninstallEr
             .run_blocking(|db| db.remembered_sysctls())
             .map_err(|source| UninstallError::Store {
                 path: db.clone(),
-                source,
+                source: Box::new(source),
             })?
             .into_iter()
             .map(|(name, _)| name)
