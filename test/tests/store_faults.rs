@@ -169,7 +169,7 @@ fn a_deleted_database_is_rebuilt_from_the_kernel() {
 }
 
 /// The database as schema version 4 had it, made from this one's in place: what
-/// versions 5 and 6 added goes (an attachment of version 4 had no recorded routes: the
+/// versions 5, 6 and 7 added goes (an attachment of version 4 had no recorded routes: the
 /// default route through each gateway, which the pods of this test have). Version 4 is
 /// the last with pods' rows in another shape, so the migration has rows to carry.
 fn downgrade_to_schema_4(db: &Path) {
@@ -178,6 +178,8 @@ import sqlite3, sys
 c = sqlite3.connect(sys.argv[1])
 c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 c.executescript("""
+DROP TABLE sysctls;
+DROP TABLE port_shares;
 DROP TABLE link_settings;
 DROP INDEX attachments_by_container;
 ALTER TABLE attachments DROP COLUMN routes;
