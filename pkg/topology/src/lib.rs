@@ -14,6 +14,7 @@ pub mod crds;
 pub mod dir;
 pub mod kube;
 pub mod node;
+pub mod objects;
 pub mod source;
 #[cfg(feature = "test-util")]
 pub mod testing;
@@ -24,6 +25,7 @@ pub use self::kube::{FIELD_MANAGER, KubeSource};
 pub use crds::crds_yaml;
 pub use dir::{DirSource, LoadProblem, parse_topologies, read_topologies};
 pub use node::ClusterNode;
+pub use objects::{NamedPort, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol};
 pub use source::{MemorySource, SourceError, TopologySource};
 pub use types::*;
 pub use validate::validate;

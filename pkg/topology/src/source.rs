@@ -54,6 +54,16 @@ pub trait TopologySource: Send + Sync + 'static {
     fn changes(&self) -> watch::Receiver<u64>;
     /// Whether the caches are filled (the daemon is not ready before).
     fn ready(&self) -> bool;
+    /// Pods, namespaces and network policies as network policy reads them (a source
+    /// without them: empty, and never synced).
+    fn policy_objects(&self) -> Arc<crate::PolicyObjects> {
+        Arc::default()
+    }
+    /// A counter that moves whenever [`TopologySource::policy_objects`] changes (a
+    /// source without them: never).
+    fn policy_changes(&self) -> watch::Receiver<u64> {
+        watch::channel(0).1
+    }
 }
 
 /// An in-memory source for tests: topologies are put in by hand; statuses written

@@ -1,0 +1,186 @@
+//! Pods, namespaces and network policies as network policy needs them: the few fields
+//! policy reads (labels, addresses, named ports, node), kept by the sources' watch
+//! caches instead of whole objects, and handed out as one snapshot
+//! ([`PolicyObjects`]) that a source rebuilds whenever one of them changes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+/// The namespace annotation that puts a namespace's policies in audit mode: would-be
+/// denies are counted and logged, and forwarded.
+pub const POLICY_MODE_ANNOTATION: &str = "weft.dev/policy-mode";
+
+/// A transport protocol of a port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PortProtocol {
+    /// TCP (the Kubernetes default).
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+impl PortProtocol {
+    /// Parses Kubernetes' spelling (`TCP`, `UDP`, `SCTP`); absent means TCP.
+    pub fn parse(s: Option<&str>) -> Option<Self> {
+        match s.map(str::to_ascii_uppercase).as_deref() {
+            None | Some("TCP") => Some(Self::Tcp),
+            Some("UDP") => Some(Self::Udp),
+            Some("SCTP") => Some(Self::Sctp),
+            Some(_) => None,
+        }
+    }
+
+    /// The lowercase name, as nftables spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+            Self::Sctp => "sctp",
+        }
+    }
+
+    /// The IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Self::Tcp => 6,
+            Self::Udp => 17,
+            Self::Sctp => 132,
+        }
+    }
+
+    /// Every protocol.
+    pub const ALL: [PortProtocol; 3] = [Self::Tcp, Self::Udp, Self::Sctp];
+}
+
+impl fmt::Display for PortProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A named container port (`spec.containers[].ports[]` with a `name`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NamedPort {
+    /// The port's name.
+    pub name: String,
+    /// `containerPort`.
+    pub port: u16,
+    /// Its protocol.
+    pub protocol: PortProtocol,
+}
+
+/// A pod, reduced to what network policy reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyPod {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its addresses (`status.podIPs`, or `status.podIP`); empty until kubelet reports
+    /// them.
+    pub ips: Vec<IpAddr>,
+    /// Its named container ports.
+    pub ports: Vec<NamedPort>,
+    /// The node it runs on (`spec.nodeName`); empty while unscheduled.
+    pub node: String,
+    /// Whether it uses the node's network (`spec.hostNetwork`): never policed, and not
+    /// a pod peer.
+    pub host_network: bool,
+}
+
+impl PolicyPod {
+    /// Reads a Pod object; `None` without a name. Addresses and ports that do not parse
+    /// are left out.
+    pub fn from_pod(pod: &Pod) -> Option<Self> {
+        let name = pod.metadata.name.clone()?;
+        let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let spec = pod.spec.as_ref();
+        let status = pod.status.as_ref();
+        let mut ips: Vec<IpAddr> = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .map(|l| l.iter().filter_map(|i| i.ip.parse().ok()).collect())
+            .unwrap_or_default();
+        if ips.is_empty()
+            && let Some(ip) = status.and_then(|s| s.pod_ip.as_ref()).and_then(|i| i.parse().ok())
+        {
+            ips.push(ip);
+        }
+        let mut ports = Vec::new();
+        for c in spec.map(|s| s.containers.as_slice()).unwrap_or_default() {
+            for p in c.ports.iter().flatten() {
+                let (Some(name), Ok(port), Some(protocol)) = (
+                    p.name.clone(),
+                    u16::try_from(p.container_port),
+                    PortProtocol::parse(p.protocol.as_deref()),
+                ) else {
+                    continue;
+                };
+                ports.push(NamedPort { name, port, protocol });
+            }
+        }
+        Some(PolicyPod {
+            namespace,
+            name,
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            ips,
+            ports,
+            node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+            host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+        })
+    }
+}
+
+/// A namespace, reduced to what network policy reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyNamespace {
+    /// Its name.
+    pub name: String,
+    /// Its labels (the API server adds `kubernetes.io/metadata.name`).
+    pub labels: BTreeMap<String, String>,
+    /// Whether [`POLICY_MODE_ANNOTATION`] says `audit`.
+    pub audit: bool,
+}
+
+impl PolicyNamespace {
+    /// Reads a Namespace object; `None` without a name.
+    pub fn from_namespace(ns: &Namespace) -> Option<Self> {
+        let name = ns.metadata.name.clone()?;
+        let audit = ns
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(POLICY_MODE_ANNOTATION))
+            .is_some_and(|m| m == "audit");
+        Some(PolicyNamespace {
+            name,
+            labels: ns.metadata.labels.clone().unwrap_or_default(),
+            audit,
+        })
+    }
+}
+
+/// Everything network policy reads of the cluster, at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyObjects {
+    /// Every pod (every namespace, every node), sorted by namespace and name.
+    pub pods: Vec<Arc<PolicyPod>>,
+    /// Every namespace, sorted by name.
+    pub namespaces: Vec<Arc<PolicyNamespace>>,
+    /// Every `networking.k8s.io/v1` NetworkPolicy, sorted by namespace and name, as the
+    /// API has it (validated by the policy engine, which refuses bad ones one by one).
+    pub policies: Vec<Arc<NetworkPolicy>>,
+    /// Whether every kind was listed once (before, "no policy" means "not known yet").
+    pub synced: bool,
+    /// Whether a watch is lost now (the objects are the last known; enforcement keeps
+    /// them, and says it is stale).
+    pub stale: bool,
+}
