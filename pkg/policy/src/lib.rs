@@ -1,0 +1,19 @@
+//! Network policy for weft: Kubernetes NetworkPolicy read into a checked model
+//! ([`model`], [`selector`]), the reference evaluation of a flow ([`eval`]: what
+//! `weftctl policy explain` says and what the kernel's rules are tested against), and
+//! the compilation of the policies that select this node's pods into nftables sets and
+//! chains of weft's own table.
+
+#![forbid(unsafe_code)]
+
+pub mod eval;
+pub mod model;
+pub mod nft;
+pub mod plan;
+pub mod selector;
+
+pub use eval::{ClusterView, Endpoint, LocalPod, RuleRef, SideVerdict, Verdict};
+pub use model::{Direction, Namespaces, Peer, Policy, PolicyError, PolicyId, PortMatch, Ports, Rule};
+pub use nft::Observed;
+pub use plan::{Desired, Element, Group, PolicyChain, SetKind, SetSpec, plan};
+pub use selector::{Labels, Requirement, Selector};

@@ -1,0 +1,496 @@
+//! A `networking.k8s.io/v1` NetworkPolicy read into a checked model: the defaults of
+//! `policyTypes` applied, peers and ports in one form each, CIDRs parsed. What the API
+//! server itself would refuse is refused here too ([`PolicyError`]), one policy at a
+//! time, so one bad object never stops the others.
+
+use std::fmt;
+
+use ipnet::IpNet;
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use sha2::{Digest, Sha256};
+use weft_topology::PortProtocol;
+
+use crate::selector::Selector;
+
+/// Which way traffic goes, as seen from the pod a policy selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
+    /// Traffic to the pod.
+    Ingress,
+    /// Traffic from the pod.
+    Egress,
+}
+
+impl Direction {
+    /// Both, ingress first.
+    pub const BOTH: [Direction; 2] = [Direction::Ingress, Direction::Egress];
+
+    /// The metric label and the spelling in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        }
+    }
+
+    /// One letter, for nftables object names.
+    pub fn letter(self) -> char {
+        match self {
+            Direction::Ingress => 'i',
+            Direction::Egress => 'e',
+        }
+    }
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A stable short name for a policy (from its namespace and name), the same on every
+/// node and across restarts: nftables objects of a policy carry it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyId(pub u64);
+
+impl PolicyId {
+    /// The id of policy `namespace/name` (the first 8 bytes of a SHA-256).
+    pub fn of(namespace: &str, name: &str) -> Self {
+        let h = Sha256::digest(format!("networkpolicy/{namespace}/{name}").as_bytes());
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&h[..8]);
+        PolicyId(u64::from_be_bytes(b))
+    }
+}
+
+impl fmt::Display for PolicyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:012x}", self.0 >> 16)
+    }
+}
+
+/// Which namespaces a pod peer may be in.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Namespaces {
+    /// The policy's own (a `podSelector` alone).
+    Own,
+    /// Those whose labels match (`namespaceSelector`; `{}` is every namespace).
+    Matching(Selector),
+}
+
+/// Who a rule lets in (ingress) or out to (egress).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Peer {
+    /// Pods matching `pods` in the namespaces `namespaces` says.
+    Pods {
+        /// Where.
+        namespaces: Namespaces,
+        /// Which (`{}` when only a namespace selector was given).
+        pods: Selector,
+    },
+    /// Addresses in `cidr` but in no `except` range, pods' or not.
+    Block {
+        /// The block.
+        cidr: IpNet,
+        /// Ranges inside it that are left out.
+        except: Vec<IpNet>,
+    },
+}
+
+/// Which destination ports of one protocol a rule takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Ports {
+    /// Every port (a port entry with a protocol only).
+    All,
+    /// One port.
+    One(u16),
+    /// `port` to `endPort`, both included.
+    Range(u16, u16),
+    /// The port the destination pod names so (a pod without that name: none).
+    Named(String),
+}
+
+/// One entry of a rule's `ports`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PortMatch {
+    /// The protocol.
+    pub protocol: PortProtocol,
+    /// The ports.
+    pub ports: Ports,
+}
+
+impl fmt::Display for PortMatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.ports {
+            Ports::All => write!(f, "{}", self.protocol),
+            Ports::One(p) => write!(f, "{p}/{}", self.protocol),
+            Ports::Range(a, b) => write!(f, "{a}-{b}/{}", self.protocol),
+            Ports::Named(n) => write!(f, "{n}/{}", self.protocol),
+        }
+    }
+}
+
+/// One ingress or egress rule: traffic passes when it is to or from one of `peers` and
+/// to one of `ports`. `None` is "every" (the field absent or empty).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Rule {
+    /// `from` (ingress) or `to` (egress).
+    pub peers: Option<Vec<Peer>>,
+    /// `ports`.
+    pub ports: Option<Vec<PortMatch>>,
+}
+
+/// A NetworkPolicy, checked.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Policy {
+    /// Its namespace: it selects pods of this namespace only.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its stable short id.
+    pub id: PolicyId,
+    /// The pods it selects (`spec.podSelector`).
+    pub selector: Selector,
+    /// `Some` when it isolates the pods it selects for ingress (with the rules that
+    /// allow; none: nothing is allowed in).
+    pub ingress: Option<Vec<Rule>>,
+    /// The same for egress.
+    pub egress: Option<Vec<Rule>>,
+}
+
+impl Policy {
+    /// Its rules for `dir`, when it isolates that way.
+    pub fn rules(&self, dir: Direction) -> Option<&[Rule]> {
+        match dir {
+            Direction::Ingress => self.ingress.as_deref(),
+            Direction::Egress => self.egress.as_deref(),
+        }
+    }
+
+    /// `namespace/name`.
+    pub fn full_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Why a NetworkPolicy is not enforced.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("NetworkPolicy {namespace}/{name}: {reason}")]
+pub struct PolicyError {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// What is wrong, naming the field.
+    pub reason: String,
+}
+
+fn cidr(s: &str, what: &str) -> Result<IpNet, String> {
+    s.parse::<IpNet>()
+        .map(|n| n.trunc())
+        .map_err(|_| format!("{what}: {s:?} is not a CIDR"))
+}
+
+fn peer(p: &NetworkPolicyPeer, at: &str) -> Result<Peer, String> {
+    if let Some(block) = &p.ip_block {
+        if p.pod_selector.is_some() || p.namespace_selector.is_some() {
+            return Err(format!("{at}: ipBlock with a selector beside it"));
+        }
+        let net = cidr(&block.cidr, &format!("{at}.ipBlock.cidr"))?;
+        let mut except = Vec::new();
+        for (i, e) in block.except.iter().flatten().enumerate() {
+            let x = cidr(e, &format!("{at}.ipBlock.except[{i}]"))?;
+            if x.addr().is_ipv4() != net.addr().is_ipv4() || !net.contains(&x) || x == net {
+                return Err(format!("{at}.ipBlock.except[{i}]: {x} is not inside {net}"));
+            }
+            except.push(x);
+        }
+        return Ok(Peer::Block { cidr: net, except });
+    }
+    let sel = |s: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>, what: &str| {
+        s.as_ref()
+            .map(Selector::from_k8s)
+            .transpose()
+            .map_err(|e| format!("{at}.{what}: {e}"))
+    };
+    let pods = sel(&p.pod_selector, "podSelector")?;
+    let namespaces = sel(&p.namespace_selector, "namespaceSelector")?;
+    match (pods, namespaces) {
+        (None, None) => Err(format!("{at}: a peer needs podSelector, namespaceSelector or ipBlock")),
+        (Some(pods), None) => Ok(Peer::Pods {
+            namespaces: Namespaces::Own,
+            pods,
+        }),
+        (pods, Some(ns)) => Ok(Peer::Pods {
+            namespaces: Namespaces::Matching(ns),
+            pods: pods.unwrap_or_default(),
+        }),
+    }
+}
+
+fn port(p: &NetworkPolicyPort, at: &str) -> Result<PortMatch, String> {
+    let protocol = PortProtocol::parse(p.protocol.as_deref())
+        .ok_or_else(|| format!("{at}.protocol: {:?} is not TCP, UDP or SCTP", p.protocol))?;
+    let number = |n: i32, what: &str| {
+        u16::try_from(n)
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("{at}.{what}: {n} is not a port"))
+    };
+    let ports = match (&p.port, p.end_port) {
+        (None, None) => Ports::All,
+        (None, Some(_)) => return Err(format!("{at}.endPort: needs a port")),
+        (Some(IntOrString::Int(n)), None) => Ports::One(number(*n, "port")?),
+        (Some(IntOrString::Int(n)), Some(end)) => {
+            let (a, b) = (number(*n, "port")?, number(end, "endPort")?);
+            if b < a {
+                return Err(format!("{at}.endPort: {b} is below port {a}"));
+            }
+            Ports::Range(a, b)
+        }
+        (Some(IntOrString::String(s)), end) => {
+            if end.is_some() {
+                return Err(format!("{at}.endPort: not with a named port"));
+            }
+            match s.parse::<i32>() {
+                // The API server keeps a number written as a string as a number.
+                Ok(n) => Ports::One(number(n, "port")?),
+                Err(_) if s.is_empty() || s.len() > 15 => return Err(format!("{at}.port: {s:?} is not a port name")),
+                Err(_) => Ports::Named(s.clone()),
+            }
+        }
+    };
+    Ok(PortMatch { protocol, ports })
+}
+
+/// One rule, from the fields both directions have: its peers (`from` or `to`, named
+/// `word` in errors) and its ports.
+fn rule(
+    peers: Option<&Vec<NetworkPolicyPeer>>,
+    ports: Option<&Vec<NetworkPolicyPort>>,
+    at: &str,
+    word: &str,
+) -> Result<Rule, String> {
+    let peers = match peers {
+        None => None,
+        Some(list) if list.is_empty() => None,
+        Some(list) => Some(
+            list.iter()
+                .enumerate()
+                .map(|(i, p)| peer(p, &format!("{at}.{word}[{i}]")))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    let ports = match ports {
+        None => None,
+        Some(list) if list.is_empty() => None,
+        Some(list) => Some(
+            list.iter()
+                .enumerate()
+                .map(|(i, p)| port(p, &format!("{at}.ports[{i}]")))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    Ok(Rule { peers, ports })
+}
+
+impl Policy {
+    /// Reads a NetworkPolicy, applying the defaults of `policyTypes`: absent, it is
+    /// `Ingress`, plus `Egress` when `egress` is given. A direction in `policyTypes`
+    /// with no rules isolates and allows nothing.
+    pub fn from_k8s(np: &NetworkPolicy) -> Result<Policy, PolicyError> {
+        let namespace = np.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let name = np.metadata.name.clone().unwrap_or_default();
+        let fail = |reason: String| PolicyError {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            reason,
+        };
+        let spec = np.spec.as_ref().ok_or_else(|| fail("no spec".into()))?;
+        // An absent podSelector is the empty one: every pod of the namespace.
+        let selector = match &spec.pod_selector {
+            Some(s) => Selector::from_k8s(s).map_err(|e| fail(format!("spec.podSelector: {e}")))?,
+            None => Selector::everything(),
+        };
+        let (mut ingress_on, mut egress_on) = (true, spec.egress.is_some());
+        if let Some(types) = &spec.policy_types {
+            ingress_on = false;
+            egress_on = false;
+            for t in types {
+                match t.as_str() {
+                    "Ingress" => ingress_on = true,
+                    "Egress" => egress_on = true,
+                    other => return Err(fail(format!("spec.policyTypes: unknown type {other:?}"))),
+                }
+            }
+        }
+        let ingress = ingress_on
+            .then(|| {
+                spec.ingress
+                    .iter()
+                    .flatten()
+                    .enumerate()
+                    .map(|(i, r)| rule(r.from.as_ref(), r.ports.as_ref(), &format!("spec.ingress[{i}]"), "from"))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()
+            .map_err(fail)?;
+        let egress = egress_on
+            .then(|| {
+                spec.egress
+                    .iter()
+                    .flatten()
+                    .enumerate()
+                    .map(|(i, r)| rule(r.to.as_ref(), r.ports.as_ref(), &format!("spec.egress[{i}]"), "to"))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()
+            .map_err(fail)?;
+        Ok(Policy {
+            id: PolicyId::of(&namespace, &name),
+            namespace,
+            name,
+            selector,
+            ingress,
+            egress,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn np(yaml: serde_json::Value) -> NetworkPolicy {
+        serde_json::from_value(yaml).unwrap()
+    }
+
+    #[test]
+    fn policy_types_default_as_the_api_documents() {
+        let p = Policy::from_k8s(&np(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "x"},
+            "spec": {"podSelector": {}}
+        })))
+        .unwrap();
+        assert_eq!(p.ingress, Some(vec![]), "ingress isolated, nothing allowed");
+        assert_eq!(p.egress, None, "egress left alone");
+        let p = Policy::from_k8s(&np(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "x"},
+            "spec": {"podSelector": {}, "egress": [{}]}
+        })))
+        .unwrap();
+        assert_eq!(
+            p.egress.as_ref().map(Vec::len),
+            Some(1),
+            "egress given: egress isolated"
+        );
+        assert_eq!(
+            p.egress.unwrap()[0],
+            Rule {
+                peers: None,
+                ports: None
+            }
+        );
+        let p = Policy::from_k8s(&np(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "x"},
+            "spec": {"podSelector": {}, "policyTypes": ["Egress"], "ingress": [{}]}
+        })))
+        .unwrap();
+        assert_eq!(p.ingress, None, "policyTypes decides");
+        assert_eq!(p.egress, Some(vec![]));
+    }
+
+    #[test]
+    fn peers_and_ports_take_one_form_each() {
+        let p = Policy::from_k8s(&np(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "x"},
+            "spec": {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{
+                "from": [
+                    {"podSelector": {"matchLabels": {"pod": "b"}}},
+                    {"namespaceSelector": {"matchLabels": {"ns": "y"}}},
+                    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"pod": "c"}}},
+                    {"ipBlock": {"cidr": "10.0.0.7/8", "except": ["10.1.0.0/16"]}}
+                ],
+                "ports": [{"port": 80}, {"protocol": "UDP", "port": 1000, "endPort": 2000},
+                          {"port": "serve-81"}, {"protocol": "SCTP"}, {"port": "82"}]
+            }]}
+        })))
+        .unwrap();
+        let r = &p.ingress.unwrap()[0];
+        let peers = r.peers.as_ref().unwrap();
+        assert!(matches!(
+            &peers[0],
+            Peer::Pods {
+                namespaces: Namespaces::Own,
+                ..
+            }
+        ));
+        assert!(matches!(&peers[1], Peer::Pods { namespaces: Namespaces::Matching(_), pods } if pods.is_everything()));
+        assert!(
+            matches!(&peers[2], Peer::Pods { namespaces: Namespaces::Matching(n), pods } if n.is_everything() && !pods.is_everything())
+        );
+        assert_eq!(
+            peers[3],
+            Peer::Block {
+                cidr: "10.0.0.0/8".parse().unwrap(),
+                except: vec!["10.1.0.0/16".parse().unwrap()]
+            },
+            "host bits are dropped, as the kernel would"
+        );
+        let ports: Vec<String> = r.ports.as_ref().unwrap().iter().map(ToString::to_string).collect();
+        assert_eq!(ports, ["80/tcp", "1000-2000/udp", "serve-81/tcp", "sctp", "82/tcp"]);
+    }
+
+    #[test]
+    fn what_the_api_server_refuses_is_refused_with_the_field_named() {
+        for (spec, field) in [
+            (
+                serde_json::json!({"podSelector": {}, "ingress": [{"from": [{}]}]}),
+                "spec.ingress[0].from[0]",
+            ),
+            (
+                serde_json::json!({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]}]}),
+                "ipBlock.cidr",
+            ),
+            (
+                serde_json::json!({"podSelector": {}, "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["11.0.0.0/16"]}}]}]}),
+                "except[0]",
+            ),
+            (
+                serde_json::json!({"podSelector": {}, "egress": [{"ports": [{"port": 90, "endPort": 80}]}]}),
+                "endPort",
+            ),
+            (
+                serde_json::json!({"podSelector": {}, "egress": [{"ports": [{"port": "web", "endPort": 80}]}]}),
+                "endPort",
+            ),
+            (
+                serde_json::json!({"podSelector": {}, "egress": [{"ports": [{"protocol": "ICMP"}]}]}),
+                "protocol",
+            ),
+            (
+                serde_json::json!({"podSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}),
+                "spec.podSelector",
+            ),
+            (
+                serde_json::json!({"podSelector": {}, "policyTypes": ["Both"]}),
+                "policyTypes",
+            ),
+        ] {
+            let e = Policy::from_k8s(&np(
+                serde_json::json!({"metadata": {"name": "bad", "namespace": "x"}, "spec": spec}),
+            ))
+            .unwrap_err();
+            assert!(e.to_string().contains(field), "{e} should name {field}");
+            assert!(e.to_string().starts_with("NetworkPolicy x/bad: "), "{e}");
+        }
+    }
+
+    #[test]
+    fn ids_are_stable_and_distinct() {
+        assert_eq!(PolicyId::of("x", "a"), PolicyId::of("x", "a"));
+        assert_ne!(PolicyId::of("x", "a"), PolicyId::of("y", "a"));
+        assert_eq!(PolicyId::of("x", "a").to_string().len(), 12);
+    }
+}

@@ -1,0 +1,461 @@
+//! Deciding: from the cluster and this node's pods, the nftables objects weft's policy
+//! table should hold ([`plan`]). Pure, so every decision is tested without root.
+//!
+//! The shape (see docs/policy.md): two base chains on the forward hook, `egress` (a
+//! local pod's traffic entering the node from its host end) and `ingress` (traffic
+//! leaving towards a local pod's host end), each accepting established and related
+//! traffic first, then jumping through a verdict map keyed by the host interface to
+//! the chain of the pod's *group*: the pods of one namespace that the same policies
+//! isolate that way share a chain, so a pod that comes or goes changes map and set
+//! elements only. A group chain jumps to each of its policies' chains, where a rule
+//! that matches accepts (counted per policy), and ends in a logged, counted drop (in
+//! an audit namespace: a logged, counted accept). A policy chain's rules match the
+//! peer sets and ports of its rules; sets hold addresses (pods: single addresses;
+//! `ipBlock`s: ranges with `except` cut out) and, for named ports, address-protocol-port
+//! triples. Object names carry a hash of what they hold, so a changed policy gets new
+//! chains and sets and a name says everything about its rules.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+use weft_topology::{PolicyPod, PortProtocol};
+
+use crate::eval::ClusterView;
+use crate::model::{Direction, Peer, Policy, Ports, Rule};
+
+/// The name of weft's policy table (family `inet`).
+pub const TABLE: &str = "weft-policy";
+
+/// The NFLOG group denied (and audited) flows are logged to.
+pub const LOG_GROUP: u16 = 21845;
+
+/// How many denied packets per second a group chain logs at most (a flood of one flow
+/// must not drown the log; the rest are still counted).
+pub const LOG_RATE: u32 = 20;
+
+/// What a set holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SetKind {
+    /// IPv4 addresses.
+    Addr4,
+    /// IPv6 addresses.
+    Addr6,
+    /// IPv4 ranges.
+    Net4,
+    /// IPv6 ranges.
+    Net6,
+    /// IPv4 address . protocol . port.
+    AddrPort4,
+    /// IPv6 address . protocol . port.
+    AddrPort6,
+}
+
+impl SetKind {
+    /// The set's type and flags in nft syntax.
+    pub fn declaration(self) -> &'static str {
+        match self {
+            SetKind::Addr4 => "type ipv4_addr;",
+            SetKind::Addr6 => "type ipv6_addr;",
+            SetKind::Net4 => "type ipv4_addr; flags interval;",
+            SetKind::Net6 => "type ipv6_addr; flags interval;",
+            SetKind::AddrPort4 => "type ipv4_addr . inet_proto . inet_service;",
+            SetKind::AddrPort6 => "type ipv6_addr . inet_proto . inet_service;",
+        }
+    }
+
+    fn v6(self) -> bool {
+        matches!(self, SetKind::Addr6 | SetKind::Net6 | SetKind::AddrPort6)
+    }
+}
+
+/// One element of a set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Element {
+    /// One address.
+    Addr(IpAddr),
+    /// Addresses from the first to the last, both included.
+    Range(IpAddr, IpAddr),
+    /// A pod's named port: its address, the protocol and the port.
+    AddrPort(IpAddr, PortProtocol, u16),
+}
+
+impl fmt::Display for Element {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Element::Addr(a) => write!(f, "{a}"),
+            Element::Range(a, b) if a == b => write!(f, "{a}"),
+            Element::Range(a, b) => write!(f, "{a}-{b}"),
+            Element::AddrPort(a, p, port) => write!(f, "{a} . {} . {port}", p.as_str()),
+        }
+    }
+}
+
+/// A set and what it should hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetSpec {
+    /// Its type.
+    pub kind: SetKind,
+    /// Its elements.
+    pub elements: BTreeSet<Element>,
+}
+
+/// The local pods one group chain serves: same namespace, same policies isolating them
+/// the same way.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Group {
+    /// The direction.
+    pub direction: Direction,
+    /// The namespace.
+    pub namespace: String,
+    /// The isolating policies' names, sorted.
+    pub policies: Vec<String>,
+    /// Whether the namespace is in audit mode.
+    pub audit: bool,
+}
+
+/// What a policy chain stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyChain {
+    /// The policy's namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The direction.
+    pub direction: Direction,
+    /// The counter of what its rules accepted.
+    pub counter: String,
+}
+
+/// The state weft's policy table should be in on this node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// Sets by name.
+    pub sets: BTreeMap<String, SetSpec>,
+    /// Regular chains by name, with their rules in nft syntax.
+    pub chains: BTreeMap<String, Vec<String>>,
+    /// Named counters.
+    pub counters: BTreeSet<String>,
+    /// Local pods isolated for egress: host interface to group chain.
+    pub egress: BTreeMap<String, String>,
+    /// Local pods isolated for ingress: host interface to group chain.
+    pub ingress: BTreeMap<String, String>,
+    /// Group chains and what they stand for.
+    pub groups: BTreeMap<String, Group>,
+    /// Policy chains and what they stand for.
+    pub policy_chains: BTreeMap<String, PolicyChain>,
+}
+
+fn short_hash(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    let d = h.finalize();
+    d[..5].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The addresses an `ipBlock` takes: `cidr` with every `except` cut out, as inclusive
+/// ranges in order.
+pub fn block_ranges(cidr: &IpNet, except: &[IpNet]) -> Vec<(IpAddr, IpAddr)> {
+    let v6 = cidr.addr().is_ipv6();
+    let to = |a: IpAddr| -> u128 {
+        match a {
+            IpAddr::V4(v) => u128::from(u32::from(v)),
+            IpAddr::V6(v) => u128::from(v),
+        }
+    };
+    let from = |n: u128| -> IpAddr {
+        if v6 {
+            IpAddr::V6(Ipv6Addr::from(n))
+        } else {
+            IpAddr::V4(Ipv4Addr::from(n as u32))
+        }
+    };
+    let mut cuts: Vec<(u128, u128)> = except.iter().map(|x| (to(x.network()), to(x.broadcast()))).collect();
+    cuts.sort();
+    let (mut start, end) = (to(cidr.network()), to(cidr.broadcast()));
+    let mut out = Vec::new();
+    for (a, b) in cuts {
+        if b < start {
+            continue;
+        }
+        if a > start {
+            out.push((from(start), from(a - 1)));
+        }
+        if b >= end {
+            return out;
+        }
+        start = b + 1;
+    }
+    out.push((from(start), from(end)));
+    out
+}
+
+/// Merges ranges that overlap or touch: an interval set refuses overlapping elements.
+fn merge(mut ranges: Vec<(IpAddr, IpAddr)>) -> BTreeSet<Element> {
+    ranges.sort();
+    let next = |a: IpAddr| -> Option<IpAddr> {
+        match a {
+            IpAddr::V4(v) => u32::from(v).checked_add(1).map(|n| IpAddr::V4(n.into())),
+            IpAddr::V6(v) => u128::from(v).checked_add(1).map(|n| IpAddr::V6(n.into())),
+        }
+    };
+    let mut out: Vec<(IpAddr, IpAddr)> = Vec::new();
+    for (a, b) in ranges {
+        match out.last_mut() {
+            Some(last) if a <= last.1 || next(last.1) == Some(a) => {
+                if b > last.1 {
+                    last.1 = b;
+                }
+            }
+            _ => out.push((a, b)),
+        }
+    }
+    out.into_iter().map(|(a, b)| Element::Range(a, b)).collect()
+}
+
+/// The peer-match expression of one side (`saddr` for ingress, `daddr` for egress).
+fn addr_match(dir: Direction, v6: bool) -> &'static str {
+    match (dir, v6) {
+        (Direction::Ingress, false) => "ip saddr",
+        (Direction::Ingress, true) => "ip6 saddr",
+        (Direction::Egress, false) => "ip daddr",
+        (Direction::Egress, true) => "ip6 daddr",
+    }
+}
+
+/// Plans one policy's chain for `dir` on this node: its sets and rules. Named ports
+/// resolve on the destination: the local pods the policy selects (ingress) or any pod
+/// (egress).
+fn plan_policy(
+    view: &ClusterView,
+    policy: &Policy,
+    dir: Direction,
+    selected_local: &[&PolicyPod],
+    d: &mut Desired,
+) -> String {
+    let rules = policy.rules(dir).unwrap_or_default();
+    let spec_text = format!("{:?}", rules);
+    let chain = format!("p{}{}{}", policy.id, dir.letter(), &short_hash(&[&spec_text])[..4]);
+    if d.chains.contains_key(&chain) {
+        return chain;
+    }
+    let counter = format!("a{}{}", policy.id, dir.letter());
+    d.counters.insert(counter.clone());
+    let mut text = Vec::new();
+    for (ri, rule) in rules.iter().enumerate() {
+        let prefix = format!("{chain}r{ri}");
+        let peers = peer_matches(view, policy, rule, dir, &prefix, d);
+        let ports = port_matches(view, rule, dir, &prefix, selected_local, d);
+        for peer in &peers {
+            for port in &ports {
+                // A family-bound match on one side rules out the other family.
+                if let (Some(a), Some(b)) = (peer.1, port.1)
+                    && a != b
+                {
+                    continue;
+                }
+                let mut r = String::new();
+                for part in [peer.0.as_str(), port.0.as_str()] {
+                    if !part.is_empty() {
+                        r.push_str(part);
+                        r.push(' ');
+                    }
+                }
+                r.push_str(&format!("counter name \"{counter}\" accept"));
+                text.push(r);
+            }
+        }
+    }
+    d.chains.insert(chain.clone(), text);
+    d.policy_chains.insert(
+        chain.clone(),
+        PolicyChain {
+            namespace: policy.namespace.clone(),
+            name: policy.name.clone(),
+            direction: dir,
+            counter,
+        },
+    );
+    chain
+}
+
+/// The address matches of a rule's peers, each with the family it binds (`None`: every
+/// family); `[("", None)]` when the rule takes every peer.
+fn peer_matches(
+    view: &ClusterView,
+    policy: &Policy,
+    rule: &Rule,
+    dir: Direction,
+    prefix: &str,
+    d: &mut Desired,
+) -> Vec<(String, Option<bool>)> {
+    let Some(peers) = &rule.peers else {
+        return vec![(String::new(), None)];
+    };
+    let mut out = Vec::new();
+    if peers.iter().any(|p| matches!(p, Peer::Pods { .. })) {
+        let mut addrs = [BTreeSet::new(), BTreeSet::new()];
+        for pod in &view.pods {
+            if peers.iter().any(|p| view.pod_is_peer(policy, p, pod)) {
+                for ip in &pod.ips {
+                    addrs[usize::from(ip.is_ipv6())].insert(Element::Addr(*ip));
+                }
+            }
+        }
+        for (v6, elements) in addrs.into_iter().enumerate() {
+            let v6 = v6 == 1;
+            let name = format!("{prefix}_pods{}", if v6 { 6 } else { 4 });
+            let kind = if v6 { SetKind::Addr6 } else { SetKind::Addr4 };
+            d.sets.insert(name.clone(), SetSpec { kind, elements });
+            out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
+        }
+    }
+    let mut nets: [Vec<(IpAddr, IpAddr)>; 2] = [Vec::new(), Vec::new()];
+    for p in peers {
+        if let Peer::Block { cidr, except } = p {
+            nets[usize::from(cidr.addr().is_ipv6())].extend(block_ranges(cidr, except));
+        }
+    }
+    for (v6, ranges) in nets.into_iter().enumerate() {
+        if ranges.is_empty() {
+            continue;
+        }
+        let v6 = v6 == 1;
+        let name = format!("{prefix}_nets{}", if v6 { 6 } else { 4 });
+        let kind = if v6 { SetKind::Net6 } else { SetKind::Net4 };
+        d.sets.insert(
+            name.clone(),
+            SetSpec {
+                kind,
+                elements: merge(ranges),
+            },
+        );
+        out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
+    }
+    out
+}
+
+/// The port matches of a rule, each with the family it binds; `[("", None)]` when the
+/// rule takes every port.
+fn port_matches(
+    view: &ClusterView,
+    rule: &Rule,
+    dir: Direction,
+    prefix: &str,
+    selected_local: &[&PolicyPod],
+    d: &mut Desired,
+) -> Vec<(String, Option<bool>)> {
+    let Some(ports) = &rule.ports else {
+        return vec![(String::new(), None)];
+    };
+    let mut out = Vec::new();
+    for (pi, pm) in ports.iter().enumerate() {
+        let proto = pm.protocol.as_str();
+        match &pm.ports {
+            Ports::All => out.push((format!("meta l4proto {proto}"), None)),
+            Ports::One(p) => out.push((format!("meta l4proto {proto} th dport {p}"), None)),
+            Ports::Range(a, b) => out.push((format!("meta l4proto {proto} th dport {a}-{b}"), None)),
+            Ports::Named(port_name) => {
+                // Ingress: the destination is one of the local pods the policy selects;
+                // egress: any pod (the peers are matched apart).
+                let candidates: Vec<&PolicyPod> = match dir {
+                    Direction::Ingress => selected_local.to_vec(),
+                    Direction::Egress => view.pods.iter().map(|p| &**p).filter(|p| !p.host_network).collect(),
+                };
+                let mut elems = [BTreeSet::new(), BTreeSet::new()];
+                for pod in candidates {
+                    for np in pod
+                        .ports
+                        .iter()
+                        .filter(|np| &np.name == port_name && np.protocol == pm.protocol)
+                    {
+                        for ip in &pod.ips {
+                            elems[usize::from(ip.is_ipv6())].insert(Element::AddrPort(*ip, np.protocol, np.port));
+                        }
+                    }
+                }
+                for (v6, elements) in elems.into_iter().enumerate() {
+                    let v6 = v6 == 1;
+                    let name = format!("{prefix}_np{pi}_{}", if v6 { 6 } else { 4 });
+                    let kind = if v6 { SetKind::AddrPort6 } else { SetKind::AddrPort4 };
+                    d.sets.insert(name.clone(), SetSpec { kind, elements });
+                    let daddr = if v6 { "ip6 daddr" } else { "ip daddr" };
+                    out.push((format!("{daddr} . meta l4proto . th dport @{name}"), Some(v6)));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Plans weft's policy table for node `node` (its local pods are `view.local`).
+pub fn plan(view: &ClusterView) -> Desired {
+    let mut d = Desired::default();
+    // Local pods, with what the view knows of them (labels from the API).
+    let local: Vec<(String, std::sync::Arc<PolicyPod>)> = view
+        .local
+        .values()
+        .filter_map(|l| view.pod(&l.namespace, &l.name).map(|p| (l.host_ifname.clone(), p)))
+        .filter(|(_, p)| !p.host_network)
+        .collect();
+    for dir in Direction::BOTH {
+        for (host_ifname, pod) in &local {
+            let isolating: Vec<&std::sync::Arc<Policy>> = view.isolating(pod, dir).collect();
+            if isolating.is_empty() {
+                continue;
+            }
+            let audit = view.audit(&pod.namespace);
+            let mut jumps = Vec::new();
+            for policy in &isolating {
+                let selected: Vec<&PolicyPod> = local
+                    .iter()
+                    .map(|(_, p)| &**p)
+                    .filter(|p| p.namespace == policy.namespace && policy.selector.matches(&p.labels))
+                    .collect();
+                jumps.push(plan_policy(view, policy, dir, &selected, &mut d));
+            }
+            let group = Group {
+                direction: dir,
+                namespace: pod.namespace.clone(),
+                policies: isolating.iter().map(|p| p.full_name()).collect(),
+                audit,
+            };
+            let mut key: Vec<&str> = jumps.iter().map(String::as_str).collect();
+            key.push(if audit { "audit" } else { "enforce" });
+            let name = format!("g{}{}", short_hash(&key), dir.letter());
+            if !d.chains.contains_key(&name) {
+                let counter = format!("d{}", &name[1..]);
+                d.counters.insert(counter.clone());
+                let mut rules: Vec<String> = jumps.iter().map(|j| format!("jump {j}")).collect();
+                let (word, verdict) = if audit { ("audit", "accept") } else { ("deny", "drop") };
+                rules.push(format!(
+                    "limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {LOG_GROUP} prefix \"weft {word} {name}\""
+                ));
+                rules.push(format!("counter name \"{counter}\" {verdict}"));
+                d.chains.insert(name.clone(), rules);
+                d.groups.insert(name.clone(), group);
+            }
+            let map = match dir {
+                Direction::Egress => &mut d.egress,
+                Direction::Ingress => &mut d.ingress,
+            };
+            map.insert(host_ifname.clone(), name);
+        }
+    }
+    d
+}
+
+impl Desired {
+    /// Whether a set of this plan holds IPv6 elements (for tests and metrics).
+    pub fn is_v6(&self, set: &str) -> Option<bool> {
+        self.sets.get(set).map(|s| s.kind.v6())
+    }
+}
+
+#[cfg(test)]
+mod tests;

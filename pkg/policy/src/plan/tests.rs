@@ -1,0 +1,214 @@
+//! The plan of one node: which pods get which chains, what the sets hold, what a
+//! change of the cluster changes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use serde_json::{Value, json};
+use weft_topology::{NamedPort, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol};
+
+use super::*;
+use crate::eval::LocalPod;
+use crate::nft::{Observed, diff};
+
+fn pod(ns: &str, name: &str, ip: &str, node: &str, labels: &[(&str, &str)]) -> Arc<PolicyPod> {
+    Arc::new(PolicyPod {
+        namespace: ns.into(),
+        name: name.into(),
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ips: ip.split(',').map(|a| a.parse().unwrap()).collect(),
+        ports: vec![NamedPort {
+            name: "http".into(),
+            port: 8080,
+            protocol: PortProtocol::Tcp,
+        }],
+        node: node.into(),
+        host_network: false,
+    })
+}
+
+fn np(ns: &str, name: &str, spec: Value) -> Arc<NetworkPolicy> {
+    Arc::new(serde_json::from_value(json!({"metadata": {"namespace": ns, "name": name}, "spec": spec})).unwrap())
+}
+
+fn local(p: &PolicyPod, ifname: &str) -> LocalPod {
+    LocalPod {
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        ips: p.ips.clone(),
+        host_ifname: ifname.into(),
+    }
+}
+
+struct World {
+    objects: PolicyObjects,
+    local: Vec<LocalPod>,
+}
+
+impl World {
+    fn new() -> Self {
+        let a = pod("x", "a", "10.244.1.10,fd00::a", "n1", &[("pod", "a")]);
+        let b = pod("x", "b", "10.244.1.11", "n1", &[("pod", "b")]);
+        let c = pod("y", "c", "10.244.2.10", "n2", &[("pod", "c")]);
+        let local = vec![local(&a, "weft-a"), local(&b, "weft-b")];
+        World {
+            objects: PolicyObjects {
+                pods: vec![a, b, c],
+                namespaces: vec![
+                    Arc::new(PolicyNamespace {
+                        name: "x".into(),
+                        labels: [("ns".to_string(), "x".to_string())].into(),
+                        audit: false,
+                    }),
+                    Arc::new(PolicyNamespace {
+                        name: "y".into(),
+                        labels: [("ns".to_string(), "y".to_string())].into(),
+                        audit: false,
+                    }),
+                ],
+                policies: Vec::new(),
+                synced: true,
+                stale: false,
+            },
+            local,
+        }
+    }
+
+    fn plan(&self) -> Desired {
+        plan(&ClusterView::new(&self.objects, "n1", &self.local, HashMap::new()))
+    }
+}
+
+#[test]
+fn without_policies_the_table_holds_nothing_but_its_base() {
+    let d = World::new().plan();
+    assert_eq!(d, Desired::default());
+}
+
+#[test]
+fn pods_one_policy_isolates_share_a_group_chain() {
+    let mut w = World::new();
+    w.objects.policies.push(np(
+        "x",
+        "from-y",
+        json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}],
+                                               "ports": [{"port": 80}, {"port": "http"}]}]}),
+    ));
+    let d = w.plan();
+    assert!(d.egress.is_empty(), "egress is not isolated");
+    assert_eq!(d.ingress.len(), 2);
+    assert_eq!(d.ingress["weft-a"], d.ingress["weft-b"], "one group");
+    let group = &d.ingress["weft-a"];
+    assert_eq!(d.groups[group].policies, vec!["x/from-y"]);
+    let rules = &d.chains[group];
+    assert!(rules[0].starts_with("jump p"), "{rules:?}");
+    assert!(rules.last().unwrap().ends_with("drop"), "{rules:?}");
+    assert!(rules[rules.len() - 2].contains("log group 21845"), "{rules:?}");
+    // The policy chain: y's pod in the peer sets, x's pods' named port resolved.
+    let (chain, pc) = d.policy_chains.iter().next().unwrap();
+    assert_eq!((pc.namespace.as_str(), pc.name.as_str()), ("x", "from-y"));
+    let pods4 = d.sets.iter().find(|(n, _)| n.ends_with("_pods4")).unwrap().1;
+    assert_eq!(
+        pods4.elements.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["10.244.2.10"]
+    );
+    let np4 = d.sets.iter().find(|(n, _)| n.ends_with("_np1_4")).unwrap().1;
+    assert_eq!(
+        np4.elements.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["10.244.1.10 . tcp . 8080", "10.244.1.11 . tcp . 8080"]
+    );
+    let np6 = d.sets.iter().find(|(n, _)| n.ends_with("_np1_6")).unwrap().1;
+    assert_eq!(np6.elements.len(), 1, "a's IPv6 address");
+    let rules = &d.chains[chain];
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.contains("ip saddr @") && r.contains("meta l4proto tcp th dport 80")),
+        "{rules:?}"
+    );
+    assert!(
+        !rules
+            .iter()
+            .any(|r| r.contains("ip saddr @") && r.contains("ip6 daddr")),
+        "no rule mixes families: {rules:?}"
+    );
+}
+
+/// A pod that arrives elsewhere in the cluster changes set elements here; one that
+/// arrives here joins its group's map; neither rewrites a chain.
+#[test]
+fn arrivals_change_elements_only() {
+    let mut w = World::new();
+    w.objects.policies.push(np(
+        "x",
+        "from-y",
+        json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]}),
+    ));
+    let before = w.plan();
+    w.objects.pods.push(pod("y", "d", "10.244.2.11", "n2", &[("pod", "d")]));
+    let e = pod("x", "e", "10.244.1.12", "n1", &[("pod", "e")]);
+    w.local.push(local(&e, "weft-e"));
+    w.objects.pods.push(e);
+    let after = w.plan();
+    let script = diff(&after, &Observed::after(&before)).unwrap();
+    for line in script.lines() {
+        assert!(line.starts_with("add element "), "{script}");
+    }
+    assert_eq!(script.lines().count(), 2, "{script}");
+}
+
+/// A local pod the API has no Pod object for yet is policed with no labels; an
+/// `ipBlock` with `except` becomes ranges; audit mode accepts at the end.
+#[test]
+fn unknown_pods_blocks_and_audit() {
+    let mut w = World::new();
+    w.local.push(LocalPod {
+        namespace: "x".into(),
+        name: "new".into(),
+        ips: vec!["10.244.1.20".parse().unwrap()],
+        host_ifname: "weft-new".into(),
+    });
+    w.objects.policies.push(np(
+        "x",
+        "egress-cidr",
+        json!({"podSelector": {"matchExpressions": [{"key": "pod", "operator": "DoesNotExist"}]},
+               "policyTypes": ["Egress"],
+               "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.244.0.0/16"]}}]}]}),
+    ));
+    let d = w.plan();
+    assert_eq!(d.egress.keys().collect::<Vec<_>>(), ["weft-new"]);
+    let nets = d.sets.iter().find(|(n, _)| n.ends_with("_nets4")).unwrap().1;
+    assert_eq!(
+        nets.elements.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["10.0.0.0-10.243.255.255", "10.245.0.0-10.255.255.255"]
+    );
+    w.objects.namespaces[0] = Arc::new(PolicyNamespace {
+        audit: true,
+        ..(*w.objects.namespaces[0]).clone()
+    });
+    let d = w.plan();
+    let group = &d.egress["weft-new"];
+    assert!(d.groups[group].audit);
+    assert!(d.chains[group].last().unwrap().ends_with("accept"));
+    assert!(d.chains[group].iter().any(|r| r.contains("prefix \"weft audit")));
+}
+
+#[test]
+fn block_ranges_cut_out_every_except() {
+    let net = |s: &str| s.parse::<IpNet>().unwrap();
+    let show = |v: Vec<(IpAddr, IpAddr)>| v.iter().map(|(a, b)| format!("{a}-{b}")).collect::<Vec<_>>();
+    assert_eq!(show(block_ranges(&net("10.0.0.0/30"), &[])), ["10.0.0.0-10.0.0.3"]);
+    assert_eq!(
+        show(block_ranges(
+            &net("10.0.0.0/24"),
+            &[net("10.0.0.0/26"), net("10.0.0.128/26")]
+        )),
+        ["10.0.0.64-10.0.0.127", "10.0.0.192-10.0.0.255"]
+    );
+    assert!(block_ranges(&net("10.0.0.0/24"), &[net("10.0.0.0/25"), net("10.0.0.128/25")]).is_empty());
+    assert_eq!(
+        show(block_ranges(&net("fd00::/126"), &[net("fd00::1/128")])),
+        ["fd00::-fd00::", "fd00::2-fd00::3"]
+    );
+}
