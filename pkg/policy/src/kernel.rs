@@ -1,0 +1,39 @@
+//! The kernel seam of network policy: read weft's policy table, apply one transaction
+//! ([`PolicyKernel`]), so the engine's decisions are tested against a fake; and its
+//! implementation over `nft` in the caller's network namespace ([`NftKernel`]).
+
+use weft_kernel::KernelError;
+
+use crate::nft::{self, Observed};
+use crate::plan::TABLE;
+
+/// What network policy asks of and does to the kernel of the node's namespace.
+pub trait PolicyKernel: Send + 'static {
+    /// What weft's policy table holds (an absent table: [`Observed::default`]).
+    fn observe(&mut self) -> Result<Observed, KernelError>;
+    /// Applies one nft transaction: all of it or nothing.
+    fn apply(&mut self, script: &str) -> Result<(), KernelError>;
+}
+
+/// [`PolicyKernel`] through `nft` (package nftables), in the namespace of the calling
+/// thread: weftd's, the node's.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NftKernel;
+
+impl PolicyKernel for NftKernel {
+    fn observe(&mut self) -> Result<Observed, KernelError> {
+        match weft_kernel::nft::run(&["-j", "list", "table", "inet", TABLE], None) {
+            Ok(json) => {
+                nft::parse(&json).map_err(|e| KernelError::os("reading the policy table", std::io::Error::other(e)))
+            }
+            Err(e) if e.contains("No such file or directory") => Ok(Observed::default()),
+            Err(e) => Err(KernelError::os("reading the policy table", std::io::Error::other(e))),
+        }
+    }
+
+    fn apply(&mut self, script: &str) -> Result<(), KernelError> {
+        weft_kernel::nft::run(&["-f", "-"], Some(script))
+            .map(|_| ())
+            .map_err(|e| KernelError::os("writing the policy table", std::io::Error::other(e)))
+    }
+}

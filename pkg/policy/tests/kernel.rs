@@ -1,0 +1,289 @@
+//! The compiled table on a real kernel: a node namespace with pods of two namespaces
+//! and an address outside the cluster, each serving TCP 80 and 81; every connection
+//! between them is tried and must pass exactly when the evaluator says so. Then a label
+//! change is applied as elements only, and drift (a flushed chain, a deleted table) is
+//! repaired from what the kernel reads back.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use serde_json::{Value, json};
+use weft_kernel::ptp::{PodAddress, PodNetwork};
+use weft_kernel::testutil::{TempNetns, privileged};
+use weft_policy::nft::{self, Observed};
+use weft_policy::{ClusterView, LocalPod, NftKernel, PolicyKernel, plan};
+use weft_topology::{PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol};
+
+struct Host {
+    ns: TempNetns,
+    ip: IpAddr,
+    /// `namespace/name`, or `None` for the address outside the cluster.
+    pod: Option<(String, String)>,
+    host_ifname: String,
+}
+
+fn host(node: &TempNetns, i: u8, ip: &str, gw: &str, pod: Option<(&str, &str)>) -> Host {
+    let ns = TempNetns::new();
+    let host_ifname = format!("wpol{i}");
+    let net = PodNetwork {
+        netns: ns.path().to_path_buf(),
+        ifname: "eth0".into(),
+        host_ifname: host_ifname.clone(),
+        host_mac: [2, 0, 0, 0, 1, i],
+        pod_mac: [2, 0, 0, 0, 2, i],
+        mtu: 1500,
+        addresses: vec![PodAddress {
+            address: ip.parse().unwrap(),
+            gateway: gw.parse().unwrap(),
+        }],
+        alias: format!("weft:test-{i}"),
+    };
+    node.run(|| net.setup()).unwrap();
+    Host {
+        ns,
+        ip: ip.parse().unwrap(),
+        pod: pod.map(|(a, b)| (a.to_string(), b.to_string())),
+        host_ifname,
+    }
+}
+
+/// Accepts on 80 and 81 until `stop`.
+fn serve(h: &Host, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+    [80u16, 81]
+        .into_iter()
+        .map(|port| {
+            let l = h.ns.run(|| TcpListener::bind(("0.0.0.0", port)).unwrap());
+            l.set_nonblocking(true).unwrap();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match l.accept() {
+                        Ok((mut c, _)) => {
+                            let _ = c.write_all(b"ok");
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// Every connection between the hosts, tried at once: `(src, dst, port) -> passed`.
+fn probe(hosts: &[Host]) -> HashMap<(usize, usize, u16), bool> {
+    std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for (i, src) in hosts.iter().enumerate() {
+            for (j, dst) in hosts.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                for port in [80u16, 81] {
+                    let target = SocketAddr::new(dst.ip, port);
+                    handles.push((
+                        (i, j, port),
+                        s.spawn(move || {
+                            src.ns
+                                .run(|| TcpStream::connect_timeout(&target, Duration::from_millis(700)).is_ok())
+                        }),
+                    ));
+                }
+            }
+        }
+        handles.into_iter().map(|(k, h)| (k, h.join().unwrap())).collect()
+    })
+}
+
+fn np(ns: &str, name: &str, spec: Value) -> Arc<NetworkPolicy> {
+    Arc::new(serde_json::from_value(json!({"metadata": {"namespace": ns, "name": name}, "spec": spec})).unwrap())
+}
+
+fn objects(hosts: &[Host], labels: &HashMap<String, String>, policies: Vec<Arc<NetworkPolicy>>) -> PolicyObjects {
+    PolicyObjects {
+        pods: hosts
+            .iter()
+            .filter_map(|h| {
+                let (ns, name) = h.pod.clone()?;
+                Some(Arc::new(PolicyPod {
+                    labels: [("pod".to_string(), labels.get(&name).cloned().unwrap_or(name.clone()))].into(),
+                    namespace: ns,
+                    name,
+                    ips: vec![h.ip],
+                    node: "n1".into(),
+                    ..PolicyPod::default()
+                }))
+            })
+            .collect(),
+        namespaces: ["x", "y"]
+            .iter()
+            .map(|n| {
+                Arc::new(PolicyNamespace {
+                    name: n.to_string(),
+                    labels: [("ns".to_string(), n.to_string())].into(),
+                    audit: false,
+                })
+            })
+            .collect(),
+        policies,
+        synced: true,
+        stale: false,
+    }
+}
+
+fn view(hosts: &[Host], o: &PolicyObjects) -> ClusterView {
+    let local: Vec<LocalPod> = hosts
+        .iter()
+        .filter_map(|h| {
+            let (namespace, name) = h.pod.clone()?;
+            Some(LocalPod {
+                namespace,
+                name,
+                ips: vec![h.ip],
+                host_ifname: h.host_ifname.clone(),
+            })
+        })
+        .collect();
+    ClusterView::new(o, "n1", &local, HashMap::new())
+}
+
+/// Programs the node for `v` from whatever its kernel holds; returns the script.
+fn program(node: &TempNetns, v: &ClusterView) -> Option<String> {
+    let d = plan(v);
+    node.run(|| {
+        let mut k = NftKernel;
+        let observed = k.observe().unwrap();
+        let script = nft::diff(&d, &observed);
+        if let Some(s) = &script {
+            k.apply(s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+        }
+        script
+    })
+}
+
+fn assert_matches_verdicts(hosts: &[Host], v: &ClusterView, what: &str) {
+    let got = probe(hosts);
+    let mut wrong = Vec::new();
+    for ((i, j, port), passed) in &got {
+        let want = v.verdict(hosts[*i].ip, hosts[*j].ip, PortProtocol::Tcp, *port).passes();
+        if want != *passed {
+            wrong.push(format!(
+                "{} -> {}:{port}: kernel {}, evaluator {}",
+                hosts[*i].ip,
+                hosts[*j].ip,
+                if *passed { "passed" } else { "blocked" },
+                if want { "passes" } else { "blocks" }
+            ));
+        }
+    }
+    wrong.sort();
+    assert!(wrong.is_empty(), "{what}:\n{}", wrong.join("\n"));
+    assert!(
+        got.values().any(|p| !p) && got.values().any(|p| *p),
+        "{what}: the case tells nothing"
+    );
+}
+
+#[test]
+fn the_kernel_blocks_exactly_what_the_evaluator_says() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    node.run(weft_kernel::enable_forwarding).unwrap();
+    let hosts = vec![
+        host(&node, 0, "10.9.0.10", "10.9.0.1", Some(("x", "a"))),
+        host(&node, 1, "10.9.0.11", "10.9.0.1", Some(("x", "b"))),
+        host(&node, 2, "10.9.0.12", "10.9.0.1", Some(("y", "c"))),
+        host(&node, 3, "198.51.100.2", "198.51.100.1", None),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let servers: Vec<_> = hosts.iter().flat_map(|h| serve(h, stop.clone())).collect();
+
+    let policies = vec![
+        // x: nothing in but from y, on 80; a also takes b on any port.
+        np("x", "deny", json!({"podSelector": {}})),
+        np(
+            "x",
+            "from-y",
+            json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}],
+                                                   "ports": [{"port": 80}]}]}),
+        ),
+        np(
+            "x",
+            "a-from-b",
+            json!({"podSelector": {"matchLabels": {"pod": "a"}},
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
+        ),
+        // y's c goes out only to x's a (81..81 by range) and to the outside block but
+        // 198.51.100.0/30.
+        np(
+            "y",
+            "c-out",
+            json!({"podSelector": {"matchLabels": {"pod": "c"}}, "policyTypes": ["Egress"],
+                   "egress": [{"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"pod": "a"}}}],
+                               "ports": [{"port": 80, "endPort": 81}]},
+                              {"to": [{"ipBlock": {"cidr": "198.51.100.0/24", "except": ["198.51.100.0/31"]}}]}]}),
+        ),
+    ];
+    let mut labels = HashMap::new();
+    let o = objects(&hosts, &labels, policies.clone());
+    let v = view(&hosts, &o);
+    let first = program(&node, &v).expect("a first install");
+    assert!(first.starts_with("table inet weft-policy {}"), "{first}");
+    assert_eq!(program(&node, &v), None, "nothing to do the second time");
+    assert_matches_verdicts(&hosts, &v, "as installed");
+
+    // b is relabelled `pod=a`: a-from-b now selects it too (and lets in pods labelled
+    // b, of which none is left), and no longer lets it into a.
+    labels.insert("b".to_string(), "a".to_string());
+    let o2 = objects(&hosts, &labels, policies.clone());
+    let v2 = view(&hosts, &o2);
+    let script = program(&node, &v2).expect("a change");
+    // b joins the group of a: elements change, and b's old group, now empty, goes;
+    // nothing is built.
+    for line in script.lines() {
+        assert!(
+            line.starts_with("add element") || line.starts_with("delete ") || line.starts_with("flush chain"),
+            "a label change builds nothing:\n{script}"
+        );
+    }
+    assert_matches_verdicts(&hosts, &v2, "after the label change");
+
+    // Drift: a group chain flushed, then the whole table deleted: each read back and
+    // repaired.
+    let d = plan(&v2);
+    let group = d.ingress.values().next().unwrap().clone();
+    node.run(|| {
+        std::process::Command::new("nft")
+            .args(["flush", "chain", "inet", "weft-policy", &group])
+            .status()
+            .unwrap()
+    });
+    let repair = program(&node, &v2).expect("the flushed chain is seen");
+    assert!(
+        repair.contains(&format!("add rule inet weft-policy {group}")),
+        "{repair}"
+    );
+    node.run(|| {
+        std::process::Command::new("nft")
+            .args(["delete", "table", "inet", "weft-policy"])
+            .status()
+            .unwrap()
+    });
+    assert!(program(&node, &v2).unwrap().starts_with("table inet weft-policy {}"));
+    let read = node.run(|| NftKernel.observe().unwrap());
+    let mut want = Observed::after(&d);
+    want.counters = read.counters.clone();
+    assert_eq!(read, want, "the kernel reads back as the plan");
+    assert_matches_verdicts(&hosts, &v2, "after the repairs");
+
+    stop.store(true, Ordering::Relaxed);
+    for s in servers {
+        s.join().unwrap();
+    }
+}
