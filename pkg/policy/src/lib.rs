@@ -6,15 +6,19 @@
 
 #![forbid(unsafe_code)]
 
+pub mod engine;
 pub mod eval;
 pub mod kernel;
+pub mod metrics;
 pub mod model;
 pub mod nft;
 pub mod plan;
 pub mod selector;
 
+pub use engine::{Config, LocalPods, PassOutcome, PolicyEngine};
 pub use eval::{ClusterView, Endpoint, LocalPod, RuleRef, SideVerdict, Verdict};
 pub use kernel::{NftKernel, PolicyKernel};
+pub use metrics::PolicyMetrics;
 pub use model::{Direction, Namespaces, Peer, Policy, PolicyError, PolicyId, PortMatch, Ports, Rule};
 pub use nft::Observed;
 pub use plan::{Desired, Element, Group, PolicyChain, SetKind, SetSpec, plan};

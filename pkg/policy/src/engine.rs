@@ -1,0 +1,271 @@
+//! The run loop: a pass reads the cluster's pods, namespaces and policies (the watch
+//! cache), this node's pods (its store) and the node addresses, plans the node's policy
+//! table and applies the difference in one transaction. Passes run at start, whenever
+//! what they read changes, before an ADD answers (so a new pod is policed from its
+//! first packet), and every resync interval, when the kernel is read back and drift is
+//! repaired.
+//!
+//! Never open: until the cache has listed every kind once, a pass changes nothing, so a
+//! restarted weftd leaves the last enforced table in place; a lost watch keeps the last
+//! objects (the source says the state is stale) and the table with them.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+use weft_topology::TopologySource;
+
+use crate::eval::{ClusterView, LocalPod};
+use crate::kernel::PolicyKernel;
+use crate::metrics::PolicyMetrics;
+use crate::nft::{self, Observed};
+use crate::plan::{Desired, plan};
+
+/// This node's pods, read fresh at each pass (from the store).
+pub type LocalPods = Arc<dyn Fn() -> BoxFuture<'static, Result<Vec<LocalPod>, String>> + Send + Sync>;
+
+/// How the engine runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This node's name.
+    pub node_name: String,
+    /// How often the kernel is read back and repaired.
+    pub resync: Duration,
+    /// How long an ADD waits for the cache to list everything once before it is
+    /// answered "try again later".
+    pub sync_wait: Duration,
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassOutcome {
+    /// Whether the cluster's objects were known (else nothing was touched).
+    pub synced: bool,
+    /// The transaction applied, if any.
+    pub script: Option<String>,
+    /// Whether it repaired drift (the kernel read back differed from the last plan).
+    pub repaired: bool,
+}
+
+/// What the engine keeps between passes.
+#[derive(Default)]
+struct State {
+    /// The plan last applied; `None` before the first pass that applied one.
+    applied: Option<Desired>,
+    /// Invalid policies already logged, with their error (logged again when it changes).
+    logged: HashMap<(String, String), String>,
+    /// Local pods with no Pod object, already logged.
+    unknown_logged: Vec<(String, String)>,
+}
+
+/// The network policy engine of one node. Cheap to share: wrap it in an `Arc`.
+pub struct PolicyEngine<K> {
+    cfg: Config,
+    source: Arc<dyn TopologySource>,
+    local: LocalPods,
+    kernel: Arc<Mutex<K>>,
+    state: tokio::sync::Mutex<State>,
+    metrics: Arc<PolicyMetrics>,
+    wake: Notify,
+}
+
+impl<K: PolicyKernel> PolicyEngine<K> {
+    /// An engine over `kernel`, reading the cluster from `source` and this node's pods
+    /// from `local`.
+    pub fn new(
+        cfg: Config,
+        source: Arc<dyn TopologySource>,
+        local: LocalPods,
+        kernel: K,
+        metrics: Arc<PolicyMetrics>,
+    ) -> Self {
+        Self {
+            cfg,
+            source,
+            local,
+            kernel: Arc::new(Mutex::new(kernel)),
+            state: tokio::sync::Mutex::new(State::default()),
+            metrics,
+            wake: Notify::new(),
+        }
+    }
+
+    /// The view a pass plans from, with `extra` (a pod being attached, not in the store
+    /// as ready yet) among this node's pods.
+    async fn view(&self, extra: Option<&LocalPod>) -> Result<Option<ClusterView>, String> {
+        let objects = self.source.policy_objects();
+        self.metrics.synced.set(i64::from(objects.synced));
+        self.metrics.stale.set(i64::from(objects.stale));
+        if !objects.synced {
+            return Ok(None);
+        }
+        let mut local = (self.local)().await?;
+        if let Some(p) = extra {
+            local.retain(|l| l.host_ifname != p.host_ifname);
+            local.push(p.clone());
+        }
+        let nodes: HashMap<IpAddr, String> = self
+            .source
+            .nodes()
+            .into_iter()
+            .flat_map(|n| n.addresses.iter().map(|a| (*a, n.name.clone())).collect::<Vec<_>>())
+            .collect();
+        Ok(Some(ClusterView::new(&objects, &self.cfg.node_name, &local, nodes)))
+    }
+
+    /// Runs one pass; `resync` reads the kernel back instead of trusting the last plan.
+    pub async fn pass(&self, resync: bool) -> Result<PassOutcome, String> {
+        self.pass_with(None, resync).await
+    }
+
+    async fn pass_with(&self, extra: Option<&LocalPod>, resync: bool) -> Result<PassOutcome, String> {
+        let mut state = self.state.lock().await;
+        let started = Instant::now();
+        let Some(view) = self.view(extra).await? else {
+            return Ok(PassOutcome::default());
+        };
+        self.report(&view, &mut state);
+        let desired = plan(&view);
+        let base = match (&state.applied, resync) {
+            (Some(last), false) => Some(Observed::after(last)),
+            _ => None,
+        };
+        let kernel = self.kernel.clone();
+        let last = state.applied.clone();
+        let d = desired.clone();
+        let work = tokio::task::spawn_blocking(move || {
+            let mut k = kernel.lock().expect("policy kernel lock");
+            let observed = match base {
+                Some(b) => b,
+                None => k.observe().map_err(|e| e.to_string())?,
+            };
+            let repaired = last.as_ref().is_some_and(|l| *l == d) && nft::diff(&d, &observed).is_some();
+            let script = nft::diff(&d, &observed);
+            if let Some(s) = &script {
+                k.apply(s).map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>((script, repaired))
+        })
+        .await
+        .map_err(|e| format!("policy pass panicked: {e}"))?;
+        let (script, repaired) = match work {
+            Ok(r) => r,
+            Err(e) => {
+                self.metrics.failures.inc();
+                // The kernel may hold part of nothing: the transaction is atomic, but
+                // the next pass must read it back rather than trust the last plan.
+                state.applied = None;
+                return Err(e);
+            }
+        };
+        if script.is_some() {
+            let kind = if repaired { "repair" } else { "change" };
+            self.metrics
+                .changes
+                .get_or_create(&crate::metrics::ChangeLabels { kind })
+                .inc();
+            if repaired {
+                warn!("the policy table had drifted from the plan: repaired");
+            }
+        }
+        self.metrics.pass_seconds.observe(started.elapsed().as_secs_f64());
+        self.metrics.isolated(&desired);
+        state.applied = Some(desired);
+        Ok(PassOutcome {
+            synced: true,
+            script,
+            repaired,
+        })
+    }
+
+    /// Logs and counts what the view says once: invalid policies, local pods the API
+    /// does not know yet.
+    fn report(&self, view: &ClusterView, state: &mut State) {
+        let mut now = HashMap::new();
+        let mut invalid: HashMap<String, i64> = HashMap::new();
+        for e in &view.errors {
+            let key = (e.namespace.clone(), e.name.clone());
+            if state.logged.get(&key) != Some(&e.reason) {
+                warn!(namespace = %e.namespace, policy = %e.name, error = %e.reason, "NetworkPolicy refused: not enforced (the others are)");
+            }
+            *invalid.entry(e.namespace.clone()).or_default() += 1;
+            now.insert(key, e.reason.clone());
+        }
+        state.logged = now;
+        self.metrics.set_invalid(&invalid);
+        for key in &view.unknown_local {
+            if !state.unknown_logged.contains(key) {
+                info!(namespace = %key.0, pod = %key.1, "no Pod object for a pod of this node yet: policed as having no labels until there is");
+            }
+        }
+        state.unknown_logged = view.unknown_local.clone();
+    }
+
+    /// Before an ADD answers: the pod's policies are in the kernel (or the ADD fails).
+    /// Waits up to the configured bound for the cache to list everything once.
+    pub async fn pod_attached(&self, pod: LocalPod) -> Result<(), String> {
+        let deadline = Instant::now() + self.cfg.sync_wait;
+        let mut changes = self.source.policy_changes();
+        loop {
+            let out = self.pass_with(Some(&pod), false).await?;
+            if out.synced {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "network policy state not known yet (the pods, namespaces and NetworkPolicies of the cluster have not been listed within {} s)",
+                    self.cfg.sync_wait.as_secs()
+                ));
+            }
+            // Woken by the cache (or polled: a source without a counter never moves).
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), changes.changed()).await;
+        }
+    }
+
+    /// Says this node's pods changed (a DEL): the next pass comes at once.
+    pub fn local_pods_changed(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Runs passes until `stop`: at once, whenever the cache's policy objects or the
+    /// node's pods change (a burst of changes costs one pass: the loop waits a few
+    /// milliseconds for the rest), and every resync interval with the kernel read back.
+    pub async fn run(self: Arc<Self>, stop: impl Future<Output = ()>) {
+        let mut changes = self.source.policy_changes();
+        let mut nodes = self.source.changes();
+        let mut tick = tokio::time::interval(self.cfg.resync);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        tokio::pin!(stop);
+        let mut resync = true;
+        loop {
+            if let Err(e) = self.pass(resync).await {
+                warn!(error = %e, "policy pass failed; retried");
+            }
+            resync = false;
+            let changed = async {
+                tokio::select! {
+                    r = changes.changed() => if r.is_err() { std::future::pending::<()>().await },
+                    r = nodes.changed() => if r.is_err() { std::future::pending::<()>().await },
+                    _ = self.wake.notified() => {},
+                }
+            };
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = changed => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                _ = tick.tick() => resync = true,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,239 @@
+//! The engine against a fake kernel and an in-memory cluster, without root.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::json;
+use tokio::sync::watch;
+use weft_kernel::KernelError;
+use weft_telemetry::Metrics;
+use weft_topology::{
+    ClusterNode, PolicyNamespace, PolicyObjects, PolicyPod, SourceError, Topology, TopologySource, TopologyStatus,
+    WireEnd,
+};
+
+use super::*;
+
+/// A kernel that records the transactions it is given and reads back what a test says.
+#[derive(Clone, Default)]
+struct FakeKernel {
+    applied: Arc<Mutex<Vec<String>>>,
+    holds: Arc<Mutex<Observed>>,
+}
+
+impl PolicyKernel for FakeKernel {
+    fn observe(&mut self) -> Result<Observed, KernelError> {
+        Ok(self.holds.lock().unwrap().clone())
+    }
+    fn apply(&mut self, script: &str) -> Result<(), KernelError> {
+        self.applied.lock().unwrap().push(script.to_string());
+        Ok(())
+    }
+}
+
+/// A cluster in memory: only what policy reads.
+struct Cluster {
+    objects: Mutex<Arc<PolicyObjects>>,
+    tx: watch::Sender<u64>,
+}
+
+impl Cluster {
+    fn new(synced: bool) -> Arc<Self> {
+        Arc::new(Cluster {
+            objects: Mutex::new(Arc::new(PolicyObjects {
+                synced,
+                namespaces: vec![Arc::new(PolicyNamespace {
+                    name: "x".into(),
+                    ..PolicyNamespace::default()
+                })],
+                ..PolicyObjects::default()
+            })),
+            tx: watch::channel(0).0,
+        })
+    }
+
+    fn change(&self, f: impl FnOnce(&mut PolicyObjects)) {
+        let mut o = self.objects.lock().unwrap();
+        let mut next = (**o).clone();
+        f(&mut next);
+        *o = Arc::new(next);
+        self.tx.send_modify(|g| *g += 1);
+    }
+}
+
+impl TopologySource for Cluster {
+    fn topology(&self, _: &str, _: &str) -> Option<Arc<Topology>> {
+        None
+    }
+    fn topologies(&self) -> Vec<Arc<Topology>> {
+        Vec::new()
+    }
+    fn node_address(&self) -> Option<std::net::IpAddr> {
+        None
+    }
+    fn nodes(&self) -> Vec<ClusterNode> {
+        Vec::new()
+    }
+    fn set_status<'a>(&'a self, _: &'a str, _: &'a str, _: TopologyStatus) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn set_wire_state(&self, _: Vec<WireEnd>) -> BoxFuture<'_, Result<(), SourceError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn changes(&self) -> watch::Receiver<u64> {
+        watch::channel(0).1
+    }
+    fn ready(&self) -> bool {
+        true
+    }
+    fn policy_objects(&self) -> Arc<PolicyObjects> {
+        self.objects.lock().unwrap().clone()
+    }
+    fn policy_changes(&self) -> watch::Receiver<u64> {
+        self.tx.subscribe()
+    }
+}
+
+fn policy(name: &str, spec: serde_json::Value) -> Arc<k8s_openapi::api::networking::v1::NetworkPolicy> {
+    Arc::new(serde_json::from_value(json!({"metadata": {"namespace": "x", "name": name}, "spec": spec})).unwrap())
+}
+
+type Local = Arc<Mutex<Vec<LocalPod>>>;
+
+fn engine_with(
+    cluster: Arc<Cluster>,
+    local: Vec<LocalPod>,
+) -> (Arc<PolicyEngine<FakeKernel>>, FakeKernel, Arc<Metrics>, Local) {
+    let kernel = FakeKernel::default();
+    let metrics = Metrics::new("test", "test");
+    let local = Arc::new(Mutex::new(local));
+    let handle = local.clone();
+    let pods: LocalPods = Arc::new(move || {
+        let l = local.lock().unwrap().clone();
+        Box::pin(async move { Ok(l) })
+    });
+    let e = PolicyEngine::new(
+        Config {
+            node_name: "n1".into(),
+            resync: Duration::from_secs(60),
+            sync_wait: Duration::from_millis(300),
+        },
+        cluster,
+        pods,
+        kernel.clone(),
+        metrics.families::<PolicyMetrics>(),
+    );
+    (Arc::new(e), kernel, metrics, handle)
+}
+
+fn engine(cluster: Arc<Cluster>, local: Vec<LocalPod>) -> (Arc<PolicyEngine<FakeKernel>>, FakeKernel, Arc<Metrics>) {
+    let (e, k, m, _) = engine_with(cluster, local);
+    (e, k, m)
+}
+
+fn local(name: &str, ip: &str) -> LocalPod {
+    LocalPod {
+        namespace: "x".into(),
+        name: name.into(),
+        ips: vec![ip.parse().unwrap()],
+        host_ifname: format!("weft-{name}"),
+    }
+}
+
+#[tokio::test]
+async fn nothing_is_touched_before_the_cluster_is_listed_and_adds_wait_for_it() {
+    let cluster = Cluster::new(false);
+    let (e, k, metrics) = engine(cluster.clone(), vec![]);
+    assert_eq!(e.pass(true).await.unwrap(), PassOutcome::default());
+    assert!(k.applied.lock().unwrap().is_empty(), "a restart keeps the last table");
+    let err = e.pod_attached(local("a", "10.0.0.1")).await.unwrap_err();
+    assert!(err.contains("not known yet"), "{err}");
+    assert!(metrics.render("text/plain").1.contains("weft_policy_synced 0"));
+
+    // Listed while an ADD waits: it goes on.
+    let waiting = {
+        let e = e.clone();
+        tokio::spawn(async move { e.pod_attached(local("a", "10.0.0.1")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    cluster.change(|o| {
+        o.synced = true;
+        o.policies.push(policy("deny", json!({"podSelector": {}})));
+    });
+    waiting.await.unwrap().unwrap();
+    let applied = k.applied.lock().unwrap().clone();
+    assert_eq!(applied.len(), 1);
+    assert!(applied[0].contains("\"weft-a\" : jump g"), "{}", applied[0]);
+}
+
+#[tokio::test]
+async fn passes_apply_differences_and_resyncs_repair_drift() {
+    let cluster = Cluster::new(true);
+    cluster.change(|o| {
+        o.policies.push(policy("deny", json!({"podSelector": {}})));
+        o.pods.push(Arc::new(PolicyPod {
+            namespace: "x".into(),
+            name: "a".into(),
+            ips: vec!["10.0.0.1".parse().unwrap()],
+            ..PolicyPod::default()
+        }));
+    });
+    let (e, k, metrics, pods) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
+    let first = e.pass(true).await.unwrap();
+    assert!(first.script.unwrap().starts_with("table inet weft-policy {}"));
+    assert_eq!(e.pass(false).await.unwrap().script, None, "in step");
+    // A new pod of this node: its map element, before its ADD answers.
+    e.pod_attached(local("b", "10.0.0.2")).await.unwrap();
+    let last = k.applied.lock().unwrap().last().unwrap().clone();
+    assert!(
+        last.starts_with("add element inet weft-policy ingress_pods { \"weft-b\" : jump g")
+            && last.lines().count() == 1,
+        "{last}"
+    );
+    // Its ADD is committed: the store lists it, and nothing changes.
+    pods.lock().unwrap().push(local("b", "10.0.0.2"));
+    assert_eq!(e.pass(false).await.unwrap().script, None);
+    // The kernel read back differs from the plan (a map element deleted): repaired.
+    let mut holds = Observed::after(&{
+        let v = e.view(None).await.unwrap().unwrap();
+        plan(&v)
+    });
+    holds.ingress.clear();
+    *k.holds.lock().unwrap() = holds;
+    let out = e.pass(true).await.unwrap();
+    assert!(out.repaired, "{out:?}");
+    assert!(
+        metrics
+            .render("text/plain")
+            .1
+            .contains("weft_policy_changes_total{kind=\"repair\"} 1")
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_policy_is_refused_alone_and_counted() {
+    let cluster = Cluster::new(true);
+    cluster.change(|o| {
+        o.policies
+            .push(policy("bad", json!({"podSelector": {}, "ingress": [{"from": [{}]}]})));
+        o.policies.push(policy("deny", json!({"podSelector": {}})));
+    });
+    let (e, k, metrics) = engine(cluster.clone(), vec![local("a", "10.0.0.1")]);
+    e.pass(true).await.unwrap();
+    assert!(
+        metrics
+            .render("text/plain")
+            .1
+            .contains("weft_policy_invalid{namespace=\"x\"} 1")
+    );
+    assert_eq!(k.applied.lock().unwrap().len(), 1, "the valid one is enforced");
+    cluster.change(|o| o.policies.retain(|p| p.metadata.name.as_deref() != Some("bad")));
+    e.pass(false).await.unwrap();
+    assert!(
+        metrics
+            .render("text/plain")
+            .1
+            .contains("weft_policy_invalid{namespace=\"x\"} 0")
+    );
+}

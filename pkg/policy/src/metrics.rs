@@ -1,0 +1,142 @@
+//! Network policy's metric families (`weft_policy_*`), registered with telemetry's
+//! registry when the engine is built. Labels are bounded: namespaces, directions, kinds;
+//! never pods or addresses.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use weft_telemetry::{Families, Metrics};
+
+use crate::model::Direction;
+use crate::plan::Desired;
+
+/// A change the engine applied.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChangeLabels {
+    /// `change` (the cluster changed) or `repair` (the kernel had drifted).
+    pub kind: &'static str,
+}
+
+/// A direction.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabels {
+    /// `ingress` or `egress`.
+    pub direction: &'static str,
+}
+
+/// A namespace.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    /// The namespace.
+    pub namespace: String,
+}
+
+/// What network policy counts; get it with `metrics.families::<PolicyMetrics>()`.
+pub struct PolicyMetrics {
+    /// `weft_policy_synced`: the cache has listed every kind once.
+    pub synced: Gauge,
+    /// `weft_policy_stale`: a watch is lost; the last known state is enforced.
+    pub stale: Gauge,
+    /// `weft_policy_changes_total{kind}`.
+    pub changes: Family<ChangeLabels, Counter>,
+    /// `weft_policy_failures_total`: transactions the kernel refused.
+    pub failures: Counter,
+    /// `weft_policy_pass_seconds`.
+    pub pass_seconds: Histogram,
+    /// `weft_policy_isolated_pods{direction}`: this node's pods some policy isolates.
+    pub isolated_pods: Family<DirectionLabels, Gauge>,
+    /// `weft_policy_invalid{namespace}`: NetworkPolicies refused (not enforced).
+    pub invalid: Family<NamespaceLabels, Gauge>,
+    /// Namespaces last reported with invalid policies, to zero them once fixed.
+    invalid_seen: Mutex<Vec<String>>,
+}
+
+impl PolicyMetrics {
+    /// Sets the isolated-pod gauges from a plan.
+    pub fn isolated(&self, d: &Desired) {
+        for (dir, n) in [
+            (Direction::Ingress, d.ingress.len()),
+            (Direction::Egress, d.egress.len()),
+        ] {
+            self.isolated_pods
+                .get_or_create(&DirectionLabels {
+                    direction: dir.as_str(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Sets the invalid-policy gauges: `counts` by namespace, every other namespace
+    /// seen before back to zero.
+    pub fn set_invalid(&self, counts: &HashMap<String, i64>) {
+        let mut seen = self.invalid_seen.lock().expect("metrics lock");
+        for ns in seen.iter().filter(|ns| !counts.contains_key(*ns)) {
+            self.invalid
+                .get_or_create(&NamespaceLabels { namespace: ns.clone() })
+                .set(0);
+        }
+        for (ns, n) in counts {
+            self.invalid
+                .get_or_create(&NamespaceLabels { namespace: ns.clone() })
+                .set(*n);
+        }
+        *seen = counts.keys().cloned().collect();
+    }
+}
+
+impl Families for PolicyMetrics {
+    fn register(metrics: &Metrics) -> Self {
+        let m = PolicyMetrics {
+            synced: Gauge::default(),
+            stale: Gauge::default(),
+            changes: Family::default(),
+            failures: Counter::default(),
+            // 100 µs .. ~3 s, doubling.
+            pass_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            isolated_pods: Family::default(),
+            invalid: Family::default(),
+            invalid_seen: Mutex::default(),
+        };
+        metrics.register(
+            "weft_policy_synced",
+            "Whether the pods, namespaces and NetworkPolicies of the cluster have been listed (1) or not yet (0: nothing is changed)",
+            m.synced.clone(),
+        );
+        metrics.register(
+            "weft_policy_stale",
+            "Whether a watch of policy objects is lost (1): the last known state stays enforced",
+            m.stale.clone(),
+        );
+        metrics.register(
+            "weft_policy_changes",
+            "Transactions applied to the policy table, by kind (change, repair)",
+            m.changes.clone(),
+        );
+        metrics.register(
+            "weft_policy_failures",
+            "Policy table transactions the kernel refused",
+            m.failures.clone(),
+        );
+        metrics.register(
+            "weft_policy_pass_seconds",
+            "Time to plan and apply the policy table",
+            m.pass_seconds.clone(),
+        );
+        metrics.register(
+            "weft_policy_isolated_pods",
+            "Pods of this node isolated by some NetworkPolicy, by direction",
+            m.isolated_pods.clone(),
+        );
+        metrics.register(
+            "weft_policy_invalid",
+            "NetworkPolicies refused as invalid (not enforced), by namespace",
+            m.invalid.clone(),
+        );
+        m
+    }
+}
