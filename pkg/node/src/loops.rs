@@ -1,17 +1,18 @@
 //! The node's periodic work: the reconcile ticker (DEL spool replayed, kernel checked
-//! against the store) and the gauges refreshed before each scrape.
+//! against the store) and the gauges (and pod traffic) refreshed before each scrape.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::info;
+use tracing::{info, warn};
 use weft_daemon::Handler;
-use weft_store::Store;
+use weft_kernel::Netlink;
+use weft_store::{Attachment, State, Store};
 use weft_telemetry::Metrics;
 use weft_wires::Engine;
 
-use crate::metrics::{NodeMetrics, RangeLabels};
+use crate::metrics::{NodeMetrics, RangeLabels, pod_traffic};
 
 /// Checks the kernel against the store every `every` until `stop` (see
 /// [`Handler::reconcile`]), counting what it repaired.
@@ -67,7 +68,7 @@ async fn reconcile_once<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
 }
 
 /// Sets the gauges read from the store (addresses per range, pods, whether it can
-/// write) and the kernel wires' counters before a scrape.
+/// write), the kernel wires' counters and the pods' traffic before a scrape.
 pub fn refresh_gauges(store: Store, metrics: Arc<NodeMetrics>, engine: Option<Arc<Engine>>) -> weft_telemetry::Refresh {
     Arc::new(move || {
         let (store, metrics, engine) = (store.clone(), metrics.clone(), engine.clone());
@@ -76,24 +77,55 @@ pub fn refresh_gauges(store: Store, metrics: Arc<NodeMetrics>, engine: Option<Ar
             if let Some(engine) = engine {
                 engine.sample_counters().await;
             }
-            let read = store.run(|db| Ok((db.range_usage()?, db.counts()?, db.ports()?.len())));
-            if let Ok((usage, counts, ports)) = read.await {
-                metrics.hostports.set(i64::try_from(ports).unwrap_or(i64::MAX));
-                for u in usage {
-                    let range = u.range.to_string();
-                    let free = u.capacity.saturating_sub(u.allocated);
-                    for (state, v) in [("allocated", u.allocated), ("free", free)] {
-                        metrics
-                            .ipam_addresses
-                            .get_or_create(&RangeLabels {
-                                range: range.clone(),
-                                state,
-                            })
-                            .set(v as f64);
-                    }
+            let read = store.run(|db| {
+                Ok((
+                    db.range_usage()?,
+                    db.counts()?,
+                    db.ports()?.len(),
+                    db.list(None, Some(State::Ready))?,
+                ))
+            });
+            let Ok((usage, counts, ports, ready)) = read.await else {
+                // Series of pods the store cannot name now would be stale ones.
+                metrics.pod_traffic.replace(Default::default());
+                return;
+            };
+            metrics.hostports.set(i64::try_from(ports).unwrap_or(i64::MAX));
+            for u in usage {
+                let range = u.range.to_string();
+                let free = u.capacity.saturating_sub(u.allocated);
+                for (state, v) in [("allocated", u.allocated), ("free", free)] {
+                    metrics
+                        .ipam_addresses
+                        .get_or_create(&RangeLabels {
+                            range: range.clone(),
+                            state,
+                        })
+                        .set(v as f64);
                 }
-                metrics.pods.set(i64::try_from(counts.1).unwrap_or(i64::MAX));
             }
+            metrics.pods.set(i64::try_from(counts.1).unwrap_or(i64::MAX));
+            sample_pod_traffic(&metrics, ready).await;
         })
     })
+}
+
+/// Replaces the pods' traffic sample with the counters of their host ends, from one
+/// link dump of the node's namespace (this process's, which the blocking pool's
+/// threads are in). Only ready attachments count: a pod whose DEL was accepted has no
+/// series from then on, though its veth may live a moment longer.
+async fn sample_pod_traffic(metrics: &NodeMetrics, ready: Vec<Attachment>) {
+    let dump = tokio::task::spawn_blocking(|| Netlink::new().and_then(|mut nl| nl.links_with_stats()))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    let pods = match dump {
+        Ok(links) => pod_traffic::sample(&ready, &links),
+        Err(e) => {
+            // No series rather than the last ones: counters that stop moving would
+            // read as a pod gone quiet.
+            warn!(error = %e, "could not read the pods' traffic counters");
+            Default::default()
+        }
+    };
+    metrics.pod_traffic.replace(pods);
 }

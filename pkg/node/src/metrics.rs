@@ -1,14 +1,19 @@
 //! The node's own metric families: the gauges refreshed from the store before each
 //! scrape (addresses per range, pods, host ports), the store's transaction time, the
 //! DELs replayed from the spool, the rebuilds of a lost state database and whether the
-//! store can write.
+//! store can write; each pod's traffic ([`pod_traffic`]) and the node's conntrack table
+//! ([`conntrack`]), which collectors encode at scrape time.
 //! Reconcile repairs go into telemetry's shared `weft_reconcile_repairs_total`.
+
+pub mod conntrack;
+pub mod pod_traffic;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use weft_telemetry::{Families, Metrics};
 
@@ -41,6 +46,9 @@ pub struct NodeMetrics {
     /// `weft_store_writable`: 1 or 0, set from [`weft_store::Store::writable`] before
     /// each scrape.
     pub store_writable: Gauge,
+    /// `weft_pod_network_*`: the sample of every pod interface's counters, replaced
+    /// before each scrape.
+    pub pod_traffic: Arc<pod_traffic::PodTraffic>,
 }
 
 impl Families for NodeMetrics {
@@ -55,6 +63,7 @@ impl Families for NodeMetrics {
             store_rebuilds: Counter::default(),
             store_rebuilt_attachments: Counter::default(),
             store_writable: Gauge::default(),
+            pod_traffic: Arc::default(),
         };
         metrics.register(
             "weft_ipam_addresses",
@@ -92,6 +101,8 @@ impl Families for NodeMetrics {
             "DELs the plugin spooled while weftd was down, replayed by weftd",
             m.del_spool_replayed.clone(),
         );
+        metrics.register_collector(&pod_traffic::family_names(), m.pod_traffic.clone());
+        metrics.register_collector(&conntrack::family_names(), conntrack::ConntrackCollector::default());
         m
     }
 }

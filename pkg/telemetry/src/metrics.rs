@@ -8,13 +8,17 @@
 //! them here on first use.
 //!
 //! Every label value comes from a bounded set: command, CNI code, phase, gRPC method
-//! and code, range (from the node's config). Container ids and pod names never become
-//! labels: they are in the logs, the traces and `weftctl calls`.
+//! and code, range (from the node's config). A call's pod, container and netns path
+//! never label the call's series: they are in the logs, the traces and `weftctl calls`.
+//! Pod names (a container id where the runtime named no pod) label only the series of
+//! one of this node's pods (its wires, its traffic), bounded by the pods on the node
+//! and gone with the pod.
 
 use std::any::{Any, TypeId};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{EncodeLabelSet, text};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
@@ -239,6 +243,21 @@ impl Metrics {
         r.registry.register_with_unit(name, help, unit, metric);
     }
 
+    /// Registers a collector that encodes the families `names` itself at each scrape:
+    /// for series that exist only while what they measure does (a pod's traffic), which
+    /// a [`Family`] would keep exposing after it is gone. `names` are claimed as
+    /// [`Metrics::register`] claims one.
+    ///
+    /// # Panics
+    /// When one of `names` is already registered.
+    pub fn register_collector(&self, names: &[&str], collector: impl Collector) {
+        let mut r = self.registered();
+        for name in names {
+            r.claim(name);
+        }
+        r.registry.register_collector(Box::new(collector));
+    }
+
     /// A domain's families: created and registered by the first caller, shared by
     /// every later one (an engine built again on the same registry finds the same
     /// series).
@@ -424,6 +443,26 @@ mod tests {
         let (_, classic) = m.render("text/plain");
         assert!(classic.contains("# TYPE sample_requests_total counter\n"), "{classic}");
         assert!(!classic.contains("# UNIT"), "{classic}");
+    }
+
+    /// A collector that writes nothing: only its registration is under test.
+    #[derive(Debug)]
+    struct Nothing;
+
+    impl Collector for Nothing {
+        fn encode(&self, _: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            Ok(())
+        }
+    }
+
+    /// A collector's families are claimed like any other: one named like a family
+    /// already registered is refused.
+    #[test]
+    #[should_panic(expected = "weft_pods registered twice")]
+    fn a_collector_claims_its_names() {
+        let m = Metrics::new("0.1.0", "abc");
+        m.register("weft_pods", "pods", Counter::<u64>::default());
+        m.register_collector(&["weft_other", "weft_pods"], Nothing);
     }
 
     #[test]
