@@ -164,6 +164,12 @@ fn manifests_render_and_validate_offline_with_minimal_rbac() {
     let want: BTreeSet<(String, String, String)> = [
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "namespaces", "list"),
+        ("", "namespaces", "watch"),
+        ("networking.k8s.io", "networkpolicies", "list"),
+        ("networking.k8s.io", "networkpolicies", "watch"),
         ("networkop.co.uk", "topologies", "list"),
         ("networkop.co.uk", "topologies", "watch"),
         ("networkop.co.uk", "topologies/status", "patch"),

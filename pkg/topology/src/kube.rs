@@ -1,5 +1,7 @@
-//! Topologies from the Kubernetes API, through watch caches (reflectors): reads never
-//! call the API server.
+//! Topologies, nodes and (in `policy`) the objects network policy reads from the
+//! Kubernetes API, through watch caches (reflectors): reads never call the API server.
+
+mod policy;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -15,19 +17,23 @@ use kube::{Api, Client, Resource};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::{ClusterNode, SourceError, Topology, TopologySource, TopologyStatus, WireEnd, WireState, validate};
+use crate::{
+    ClusterNode, PolicyObjects, SourceError, Topology, TopologySource, TopologyStatus, WireEnd, WireState, validate,
+};
 
 /// The field manager weftd writes as (server-side apply, status patches).
 pub const FIELD_MANAGER: &str = "weftd";
 
-/// A [`TopologySource`] backed by two watch caches: every `Topology` and every `Node` in
-/// the cluster. Writes go to the API server.
+/// A [`TopologySource`] backed by watch caches of every `Topology` and every `Node` in
+/// the cluster, and, for network policy, of every `Pod`, `Namespace` and
+/// `NetworkPolicy`. Writes go to the API server.
 pub struct KubeSource {
     client: Client,
     node_name: String,
     topologies: Store<Topology>,
     nodes: Store<Node>,
     shared: Arc<Shared>,
+    policy: Arc<policy::PolicyCache>,
     /// Whether the node's `WireState` object is known to exist, owned by the Node (see
     /// `set_wire_state`).
     wire_state_exists: AtomicBool,
@@ -52,7 +58,8 @@ impl Shared {
 impl KubeSource {
     /// Starts watching (in tasks of the current Tokio runtime, which must exist; they end
     /// when the source is dropped). The caches fill in the background: see
-    /// [`TopologySource::ready`].
+    /// [`TopologySource::ready`] (which does not wait for the policy objects: their
+    /// snapshot says itself whether it is synced).
     pub fn start(client: Client, node_name: String) -> Arc<KubeSource> {
         let shared = Arc::new(Shared {
             tx: watch::channel(0).0,
@@ -116,14 +123,18 @@ impl KubeSource {
             }
         }));
 
+        let (policy, mut tasks) = policy::start(&client);
+        tasks.extend([topo_task.abort_handle(), node_task.abort_handle()]);
+
         Arc::new(KubeSource {
             client,
             node_name,
             topologies,
             nodes,
             shared,
+            policy,
             wire_state_exists: AtomicBool::new(false),
-            tasks: vec![topo_task.abort_handle(), node_task.abort_handle()],
+            tasks,
         })
     }
 
@@ -221,8 +232,20 @@ fn screen(ev: watcher::Result<watcher::Event<Topology>>) -> Option<watcher::Resu
 }
 
 /// Runs a reflector stream for ever, calling `on_event` after each event is in the cache.
-async fn drive<K, S>(stream: S, what: &'static str, mut on_event: impl FnMut(&watcher::Event<K>))
+async fn drive<K, S>(stream: S, what: &'static str, on_event: impl FnMut(&watcher::Event<K>))
 where
+    S: Stream<Item = watcher::Result<watcher::Event<K>>>,
+{
+    drive_with(stream, what, on_event, |_| {}).await
+}
+
+/// [`drive`], calling `on_error` too when the watch fails (not when it merely expires).
+async fn drive_with<K, S>(
+    stream: S,
+    what: &'static str,
+    mut on_event: impl FnMut(&watcher::Event<K>),
+    mut on_error: impl FnMut(&watcher::Error),
+) where
     S: Stream<Item = watcher::Result<watcher::Event<K>>>,
 {
     let mut stream = std::pin::pin!(stream);
@@ -233,7 +256,10 @@ where
             Err(watcher::Error::WatchError(s)) if s.code == 410 => {
                 tracing::debug!(resource = what, "watch expired (410 Gone); relisting")
             }
-            Err(e) => tracing::warn!(resource = what, error = %e, "watch failed; retrying with backoff"),
+            Err(e) => {
+                tracing::warn!(resource = what, error = %e, "watch failed; retrying with backoff");
+                on_error(&e);
+            }
         }
     }
 }
@@ -318,6 +344,14 @@ impl TopologySource for KubeSource {
 
     fn ready(&self) -> bool {
         self.shared.topologies_synced.load(Ordering::Acquire) && self.shared.node_synced.load(Ordering::Acquire)
+    }
+
+    fn policy_objects(&self) -> Arc<PolicyObjects> {
+        self.policy.snapshot()
+    }
+
+    fn policy_changes(&self) -> watch::Receiver<u64> {
+        self.policy.subscribe()
     }
 }
 

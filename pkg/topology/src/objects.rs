@@ -86,7 +86,7 @@ pub struct PolicyPod {
     /// Its labels.
     pub labels: BTreeMap<String, String>,
     /// Its addresses (`status.podIPs`, or `status.podIP`); empty until kubelet reports
-    /// them.
+    /// them, and once the pod has finished (phase `Succeeded` or `Failed`).
     pub ips: Vec<IpAddr>,
     /// Its named container ports.
     pub ports: Vec<NamedPort>,
@@ -105,11 +105,18 @@ impl PolicyPod {
         let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
         let spec = pod.spec.as_ref();
         let status = pod.status.as_ref();
+        // A pod that ran to completion keeps its addresses in its status, but they are
+        // free again and may already belong to a new pod: it has none.
+        let finished = status
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed");
         let mut ips: Vec<IpAddr> = status
             .and_then(|s| s.pod_ips.as_ref())
             .map(|l| l.iter().filter_map(|i| i.ip.parse().ok()).collect())
             .unwrap_or_default();
-        if ips.is_empty()
+        if finished {
+            ips.clear();
+        } else if ips.is_empty()
             && let Some(ip) = status.and_then(|s| s.pod_ip.as_ref()).and_then(|i| i.parse().ok())
         {
             ips.push(ip);
@@ -169,7 +176,7 @@ impl PolicyNamespace {
 }
 
 /// Everything network policy reads of the cluster, at one moment.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PolicyObjects {
     /// Every pod (every namespace, every node), sorted by namespace and name.
     pub pods: Vec<Arc<PolicyPod>>,
@@ -183,4 +190,54 @@ pub struct PolicyObjects {
     /// Whether a watch is lost now (the objects are the last known; enforcement keeps
     /// them, and says it is stale).
     pub stale: bool,
+}
+
+/// The objects of a [`PolicyObjects`] by key, as the sources keep them between
+/// snapshots: maps make an update one lookup and keep the snapshot's order for free.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct PolicyMaps {
+    /// By (namespace, name).
+    pub(crate) pods: BTreeMap<(String, String), Arc<PolicyPod>>,
+    /// By name.
+    pub(crate) namespaces: BTreeMap<String, Arc<PolicyNamespace>>,
+    /// By (namespace, name).
+    pub(crate) policies: BTreeMap<(String, String), Arc<NetworkPolicy>>,
+}
+
+impl PolicyMaps {
+    /// The snapshot of these objects.
+    pub(crate) fn snapshot(&self, synced: bool, stale: bool) -> PolicyObjects {
+        PolicyObjects {
+            pods: self.pods.values().cloned().collect(),
+            namespaces: self.namespaces.values().cloned().collect(),
+            policies: self.policies.values().cloned().collect(),
+            synced,
+            stale,
+        }
+    }
+}
+
+/// Where a pod is kept in [`PolicyMaps::pods`].
+pub(crate) fn pod_key(p: &PolicyPod) -> (String, String) {
+    (p.namespace.clone(), p.name.clone())
+}
+
+/// Where a policy is kept in [`PolicyMaps::policies`]; `None` without a name.
+pub(crate) fn policy_key(p: &NetworkPolicy) -> Option<(String, String)> {
+    let name = p.metadata.name.clone()?;
+    Some((p.metadata.namespace.clone().unwrap_or_else(|| "default".into()), name))
+}
+
+/// Keeps a NetworkPolicy's name, namespace (`default` if unset, as the API server
+/// would), uid, generation and spec: what policy reads, for the caches of both sources.
+/// Without its resourceVersion, an update that leaves all of these alone (a label, an
+/// annotation, a file written again) compares equal and changes no snapshot.
+pub(crate) fn slim_policy(p: &mut NetworkPolicy) {
+    p.metadata = kube::api::ObjectMeta {
+        name: p.metadata.name.take(),
+        namespace: Some(p.metadata.namespace.take().unwrap_or_else(|| "default".into())),
+        uid: p.metadata.uid.take(),
+        generation: p.metadata.generation.take(),
+        ..Default::default()
+    };
 }

@@ -5,9 +5,11 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use tokio::sync::watch;
 
-use crate::{ClusterNode, Topology, TopologyStatus, WireEnd};
+use crate::objects::{PolicyMaps, pod_key, policy_key};
+use crate::{ClusterNode, PolicyNamespace, PolicyObjects, PolicyPod, Topology, TopologyStatus, WireEnd};
 
 /// What can go wrong talking to a source.
 #[derive(Debug, thiserror::Error)]
@@ -66,14 +68,24 @@ pub trait TopologySource: Send + Sync + 'static {
     }
 }
 
-/// An in-memory source for tests: topologies are put in by hand; statuses written
-/// through the trait land on them.
+/// An in-memory source for tests: topologies, nodes, pods, namespaces and network
+/// policies are put in by hand; statuses written through the trait land on them. Its
+/// policy objects start synced (everything it has is all there is) and not stale.
 pub struct MemorySource {
     topologies: Mutex<BTreeMap<(String, String), Arc<Topology>>>,
     address: Mutex<Option<IpAddr>>,
     nodes: Mutex<BTreeMap<String, ClusterNode>>,
     wires: Mutex<Vec<WireEnd>>,
     tx: watch::Sender<u64>,
+    policy: Mutex<MemoryPolicy>,
+    policy_tx: watch::Sender<u64>,
+}
+
+struct MemoryPolicy {
+    maps: PolicyMaps,
+    synced: bool,
+    stale: bool,
+    snapshot: Arc<PolicyObjects>,
 }
 
 impl Default for MemorySource {
@@ -84,6 +96,16 @@ impl Default for MemorySource {
             nodes: Mutex::default(),
             wires: Mutex::default(),
             tx: watch::channel(0).0,
+            policy: Mutex::new(MemoryPolicy {
+                maps: PolicyMaps::default(),
+                synced: true,
+                stale: false,
+                snapshot: Arc::new(PolicyObjects {
+                    synced: true,
+                    ..PolicyObjects::default()
+                }),
+            }),
+            policy_tx: watch::channel(0).0,
         }
     }
 }
@@ -131,6 +153,77 @@ impl MemorySource {
     /// The wire ends last mirrored.
     pub fn wires(&self) -> Vec<WireEnd> {
         self.wires.lock().expect("lock").clone()
+    }
+
+    /// Changes the policy objects and, if the snapshot differs afterwards, publishes it
+    /// and moves [`TopologySource::policy_changes`] (as the real sources do, a write that
+    /// changes nothing moves nothing).
+    fn change_policy(&self, f: impl FnOnce(&mut MemoryPolicy)) {
+        let mut p = self.policy.lock().expect("lock");
+        f(&mut p);
+        let next = p.maps.snapshot(p.synced, p.stale);
+        if *p.snapshot != next {
+            p.snapshot = Arc::new(next);
+            drop(p);
+            self.policy_tx.send_modify(|g| *g += 1);
+        }
+    }
+
+    /// Adds or replaces a pod (by namespace and name).
+    pub fn put_pod(&self, pod: PolicyPod) {
+        self.change_policy(|p| {
+            p.maps.pods.insert(pod_key(&pod), Arc::new(pod));
+        });
+    }
+
+    /// Removes a pod.
+    pub fn remove_pod(&self, namespace: &str, name: &str) {
+        self.change_policy(|p| {
+            p.maps.pods.remove(&(namespace.to_string(), name.to_string()));
+        });
+    }
+
+    /// Adds or replaces a namespace (by name).
+    pub fn put_namespace(&self, namespace: PolicyNamespace) {
+        self.change_policy(|p| {
+            p.maps.namespaces.insert(namespace.name.clone(), Arc::new(namespace));
+        });
+    }
+
+    /// Removes a namespace.
+    pub fn remove_namespace(&self, name: &str) {
+        self.change_policy(|p| {
+            p.maps.namespaces.remove(name);
+        });
+    }
+
+    /// Adds or replaces a network policy (by namespace, `default` if unset, and name);
+    /// one without a name is ignored.
+    pub fn put_policy(&self, mut policy: NetworkPolicy) {
+        // As the API server would: the object itself says where it applies.
+        policy.metadata.namespace.get_or_insert_with(|| "default".into());
+        self.change_policy(|p| {
+            if let Some(key) = policy_key(&policy) {
+                p.maps.policies.insert(key, Arc::new(policy));
+            }
+        });
+    }
+
+    /// Removes a network policy.
+    pub fn remove_policy(&self, namespace: &str, name: &str) {
+        self.change_policy(|p| {
+            p.maps.policies.remove(&(namespace.to_string(), name.to_string()));
+        });
+    }
+
+    /// Sets [`PolicyObjects::synced`] (to test what happens before the first list).
+    pub fn set_policy_synced(&self, synced: bool) {
+        self.change_policy(|p| p.synced = synced);
+    }
+
+    /// Sets [`PolicyObjects::stale`] (to test a lost watch).
+    pub fn set_policy_stale(&self, stale: bool) {
+        self.change_policy(|p| p.stale = stale);
     }
 }
 
@@ -182,5 +275,60 @@ impl TopologySource for MemorySource {
     }
     fn ready(&self) -> bool {
         true
+    }
+    fn policy_objects(&self) -> Arc<PolicyObjects> {
+        self.policy.lock().expect("lock").snapshot.clone()
+    }
+    fn policy_changes(&self) -> watch::Receiver<u64> {
+        self.policy_tx.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_source_policy_objects_are_sorted_and_move_only_on_change() {
+        let source = MemorySource::default();
+        let changes = source.policy_changes();
+        assert!(source.policy_objects().synced && !source.policy_objects().stale);
+        let pod = |ns: &str, name: &str| PolicyPod {
+            namespace: ns.into(),
+            name: name.into(),
+            ips: vec!["10.0.0.1".parse().unwrap()],
+            ..PolicyPod::default()
+        };
+        source.put_pod(pod("b", "x"));
+        source.put_pod(pod("a", "y"));
+        source.put_namespace(PolicyNamespace {
+            name: "b".into(),
+            ..PolicyNamespace::default()
+        });
+        let mut policy = NetworkPolicy::default();
+        policy.metadata.name = Some("p".into());
+        source.put_policy(policy);
+        assert_eq!(*changes.borrow(), 4);
+        let o = source.policy_objects();
+        let pods: Vec<_> = o.pods.iter().map(|p| (p.namespace.as_str(), p.name.as_str())).collect();
+        assert_eq!(pods, [("a", "y"), ("b", "x")]);
+        assert_eq!(o.namespaces.len(), 1);
+        assert_eq!(o.policies.len(), 1);
+
+        // The same again moves nothing.
+        source.put_pod(pod("a", "y"));
+        assert_eq!(*changes.borrow(), 4);
+        source.set_policy_stale(true);
+        assert!(source.policy_objects().stale);
+        source.remove_pod("a", "y");
+        source.remove_policy("default", "p");
+        source.remove_namespace("b");
+        source.set_policy_synced(false);
+        assert_eq!(*changes.borrow(), 9);
+        let o = source.policy_objects();
+        assert_eq!(o.pods.len(), 1);
+        assert!(o.namespaces.is_empty() && o.policies.is_empty() && !o.synced);
+        // Nothing of it is a topology change.
+        assert_eq!(*source.changes().borrow(), 0);
     }
 }

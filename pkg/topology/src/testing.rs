@@ -1,6 +1,6 @@
 //! An in-process fake Kubernetes API server for tests: an axum [`Router`] handed to
-//! [`kube::Client::new`] (no socket), serving `Topology`, `Node` and `WireState` with
-//! the list/watch semantics kube's watchers rely on.
+//! [`kube::Client::new`] (no socket), serving `Topology`, `Node`, `WireState`, `Pod`,
+//! `Namespace` and `NetworkPolicy` with the list/watch semantics kube's watchers rely on.
 //!
 //! What it does, as a real API server would:
 //! - one global `resourceVersion`, bumped by every change; LIST answers carry it;
@@ -16,7 +16,8 @@
 //!   apply (`application/apply-patch+yaml`, create-or-replace) of objects and of their
 //!   `/status` subresource;
 //! - field selectors `a.b=v` (`==` too, comma-separated), namespaced and all-namespaces
-//!   paths.
+//!   paths;
+//! - the label `kubernetes.io/metadata.name` on every Namespace written.
 //!
 //! The test changes objects with [`FakeApiServer::put`] and [`FakeApiServer::delete`],
 //! reads them back with [`FakeApiServer::get`], cuts the watches of one resource with
@@ -55,7 +56,7 @@ struct Kind {
     namespaced: bool,
 }
 
-const KINDS: [Kind; 3] = [
+const KINDS: [Kind; 6] = [
     Kind {
         api_version: "networkop.co.uk/v1beta1",
         kind: "Topology",
@@ -74,7 +75,29 @@ const KINDS: [Kind; 3] = [
         plural: "wirestates",
         namespaced: false,
     },
+    Kind {
+        api_version: "v1",
+        kind: "Pod",
+        plural: "pods",
+        namespaced: true,
+    },
+    Kind {
+        api_version: "v1",
+        kind: "Namespace",
+        plural: "namespaces",
+        namespaced: false,
+    },
+    Kind {
+        api_version: "networking.k8s.io/v1",
+        kind: "NetworkPolicy",
+        plural: "networkpolicies",
+        namespaced: true,
+    },
 ];
+
+/// The label the API server puts on every Namespace (policies select namespaces by name
+/// through it).
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// The served resource of Rust type `K` (panics for a type the server does not serve).
 fn kind_of<K: Resource<DynamicType = ()>>() -> &'static Kind {
@@ -119,6 +142,14 @@ impl Store {
         let meta = object["metadata"].as_object_mut().expect("an object with metadata");
         if kind.namespaced && meta.get("namespace").is_none_or(Value::is_null) {
             meta.insert("namespace".into(), "default".into());
+        }
+        if kind.kind == "Namespace" {
+            let name = meta.get("name").cloned().unwrap_or_default();
+            let labels = meta.entry("labels").or_insert_with(|| json!({}));
+            if !labels.is_object() {
+                *labels = json!({});
+            }
+            labels[NAMESPACE_NAME_LABEL] = name;
         }
         let key = key(kind, &object);
         let old = self.objects.get(&key);
@@ -309,7 +340,8 @@ impl FakeApiServer {
 
     /// How many requests or answers were logged as exactly `what`: `list P`, `watch P`,
     /// `get P`, `patch P` (`patch P/status`), `expired P` (a 410 sent), `bookmark P`,
-    /// where `P` is the plural (`topologies`, `nodes`, `wirestates`).
+    /// where `P` is the plural (`topologies`, `nodes`, `wirestates`, `pods`,
+    /// `namespaces`, `networkpolicies`).
     pub fn count(&self, what: &str) -> usize {
         self.shared.store().log.iter().filter(|l| *l == what).count()
     }
@@ -490,7 +522,11 @@ struct Target {
 fn target(api_version: &str, rest: &str) -> Option<Target> {
     let mut segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let mut namespace = None;
-    if segs.len() >= 3 && segs[0] == "namespaces" {
+    // `namespaces/NS/status` is a Namespace's status, not a kind `status` in NS.
+    let in_namespace = segs.len() >= 3
+        && segs[0] == "namespaces"
+        && (KINDS.iter()).any(|k| k.namespaced && k.api_version == api_version && k.plural == segs[2]);
+    if in_namespace {
         namespace = Some(segs[1].to_string());
         segs.drain(..2);
     }
@@ -901,6 +937,57 @@ mod tests {
             .await
             .unwrap();
         kube::Client::try_from(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn serves_pods_namespaces_and_policies_namespaced_and_across_namespaces() {
+        use k8s_openapi::api::core::v1::{Namespace, Pod};
+        use k8s_openapi::api::networking::v1::NetworkPolicy;
+        let server = FakeApiServer::new();
+        for (ns, name) in [("web", "a"), ("web", "b"), ("db", "a")] {
+            let mut pod = Pod::default();
+            pod.metadata.namespace = Some(ns.into());
+            pod.metadata.name = Some(name.into());
+            server.put(&pod);
+            let mut policy = NetworkPolicy::default();
+            policy.metadata.namespace = Some(ns.into());
+            policy.metadata.name = Some(format!("p-{name}"));
+            server.put(&policy);
+        }
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some("web".into());
+        server.put(&ns);
+        let client = server.client();
+        let lp = ListParams::default();
+
+        let names = |l: Vec<Pod>| l.into_iter().map(|p| p.metadata.name.unwrap()).collect::<Vec<_>>();
+        let all = Api::<Pod>::all(client.clone()).list(&lp).await.unwrap();
+        assert_eq!(all.items.len(), 3);
+        let web = Api::<Pod>::namespaced(client.clone(), "web").list(&lp).await.unwrap();
+        assert_eq!(names(web.items), ["a", "b"]);
+        let db = Api::<NetworkPolicy>::namespaced(client.clone(), "db")
+            .list(&lp)
+            .await
+            .unwrap();
+        assert_eq!(db.items.len(), 1);
+        assert_eq!(
+            Api::<NetworkPolicy>::all(client.clone())
+                .list(&lp)
+                .await
+                .unwrap()
+                .items
+                .len(),
+            3
+        );
+
+        // A Namespace is cluster-scoped: `namespaces/web` is the object itself, and it
+        // carries the label the API server adds.
+        let web = Api::<Namespace>::all(client.clone()).get("web").await.unwrap();
+        let labels = web.metadata.labels.unwrap();
+        assert_eq!(labels["kubernetes.io/metadata.name"], "web");
+        assert_eq!(server.count("list pods"), 2);
+        assert_eq!(server.count("list networkpolicies"), 2);
+        assert_eq!(server.count("get namespaces"), 1);
     }
 
     #[tokio::test]

@@ -1,16 +1,24 @@
 //! Parsing topology files: Kubernetes objects in YAML or JSON, several per file; the
-//! `Topology` and `Node` objects are kept, anything unusable is reported and skipped
+//! `Topology` and `Node` objects are kept, and `Pod`, `Namespace` and `NetworkPolicy`
+//! objects as network policy reads them; anything unusable is reported and skipped
 //! document by document.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::file_err;
-use crate::{ClusterNode, SourceError, Topology, validate};
+use crate::objects::slim_policy;
+use crate::{ClusterNode, PolicyNamespace, PolicyPod, SourceError, Topology, validate};
+
+/// The label the API server gives every Namespace; the directory plays the API server,
+/// so its Namespaces get it too (policies select namespaces by name through it).
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// Something in the directory that could not be loaded and was left out.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -39,6 +47,13 @@ pub(super) struct FileObjects {
     pub(super) topologies: Vec<Topology>,
     /// `Node` objects.
     pub(super) nodes: Vec<ClusterNode>,
+    /// `Pod` objects, as policy reads them (shared with the snapshots while the file
+    /// does not change).
+    pub(super) pods: Vec<Arc<PolicyPod>>,
+    /// `Namespace` objects, as policy reads them.
+    pub(super) namespaces: Vec<Arc<PolicyNamespace>>,
+    /// `networking.k8s.io/v1` NetworkPolicy objects, with only what policy reads.
+    pub(super) policies: Vec<Arc<NetworkPolicy>>,
     pub(super) problems: Vec<LoadProblem>,
 }
 
@@ -246,8 +261,59 @@ fn add_object(v: Value, what: &str, out: &mut FileObjects, path: &Path) {
                 .problems
                 .push(problem(format!("Node {name}"), format!("not a valid Node: {e}"))),
         },
+        "Pod" if api_version == "v1" => match Pod::deserialize(&v) {
+            Ok(pod) => match PolicyPod::from_pod(&pod) {
+                Some(pod) => out.pods.push(Arc::new(pod)),
+                None => out.problems.push(problem(format!("Pod ({what})"), "no name".into())),
+            },
+            Err(e) => {
+                let label = format!("Pod {}/{name} ({what})", namespace_of(&v));
+                out.problems.push(problem(label, format!("not a valid Pod: {e}")));
+            }
+        },
+        "Namespace" if api_version == "v1" => match Namespace::deserialize(&v) {
+            Ok(ns) => match PolicyNamespace::from_namespace(&ns) {
+                Some(mut ns) => {
+                    ns.labels.insert(NAMESPACE_NAME_LABEL.into(), ns.name.clone());
+                    out.namespaces.push(Arc::new(ns));
+                }
+                None => out
+                    .problems
+                    .push(problem(format!("Namespace ({what})"), "no name".into())),
+            },
+            Err(e) => out.problems.push(problem(
+                format!("Namespace {name} ({what})"),
+                format!("not a valid Namespace: {e}"),
+            )),
+        },
+        "NetworkPolicy" => {
+            let label = format!("NetworkPolicy {}/{name} ({what})", namespace_of(&v));
+            // One of an older API group would look enforced and be ignored: say so.
+            if api_version != "networking.k8s.io/v1" {
+                let reason = format!("apiVersion {api_version:?} is not networking.k8s.io/v1");
+                out.problems.push(problem(label, reason));
+                return;
+            }
+            match NetworkPolicy::deserialize(&v) {
+                Ok(policy) if policy.metadata.name.is_none() => out.problems.push(problem(label, "no name".into())),
+                Ok(mut policy) => {
+                    slim_policy(&mut policy);
+                    out.policies.push(Arc::new(policy));
+                }
+                Err(e) => out
+                    .problems
+                    .push(problem(label, format!("not a valid NetworkPolicy: {e}"))),
+            }
+        }
         _ => tracing::debug!(file = %path.display(), kind, api_version, "ignoring an object weft does not use"),
     }
+}
+
+/// An object's namespace as the API server would have it.
+fn namespace_of(v: &Value) -> &str {
+    v.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default")
 }
 
 #[cfg(test)]

@@ -6,8 +6,12 @@
 //!   objects, several per file (`---` in YAML, a stream or a `List` in JSON). `Topology`
 //!   objects (`networkop.co.uk/v1beta1`) are served; `Node` objects (`v1`) say where
 //!   each node is and which pod ranges it holds (the one named after this node gives
-//!   its address, its first `InternalIP`); other kinds are ignored. meshnet and KNE
-//!   topology files load unchanged.
+//!   its address, its first `InternalIP`); `Pod`, `Namespace` (`v1`) and `NetworkPolicy`
+//!   (`networking.k8s.io/v1`) objects are what network policy reads
+//!   ([`TopologySource::policy_objects`]: the lab plays the API server and kubelet, so
+//!   its Pods carry their `status.podIPs`, and its Namespaces get the
+//!   `kubernetes.io/metadata.name` label the API server would give them); other kinds
+//!   are ignored. meshnet and KNE topology files load unchanged.
 //! - `.status/<namespace>/<pod>.json`: the pod's `TopologyStatus`, written by whichever
 //!   daemon runs the pod and merged into the served objects, so several daemons sharing
 //!   the directory (several lab "nodes") see where each other's pods run.
@@ -38,7 +42,8 @@ use std::time::SystemTime;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
-use crate::{ClusterNode, SourceError, Topology, TopologySource, TopologyStatus, WireEnd};
+use crate::objects::{PolicyMaps, pod_key, policy_key};
+use crate::{ClusterNode, PolicyObjects, SourceError, Topology, TopologySource, TopologyStatus, WireEnd};
 use cache::{Cache, cached};
 pub use manifest::{LoadProblem, parse_topologies, read_topologies};
 use manifest::{is_topology_file, parse_file};
@@ -63,6 +68,8 @@ struct Inner {
     /// Parsed files by path; its lock also keeps two reloads from interleaving.
     cache: Mutex<Cache>,
     tx: watch::Sender<u64>,
+    /// Moves with every new policy snapshot (and never with `tx`).
+    policy_tx: watch::Sender<u64>,
     ready: AtomicBool,
 }
 
@@ -71,6 +78,16 @@ struct Served {
     topologies: BTreeMap<(String, String), Arc<Topology>>,
     address: Option<IpAddr>,
     nodes: BTreeMap<String, ClusterNode>,
+    /// Synced from the first load on; stale while the directory cannot be read.
+    policy: Arc<PolicyObjects>,
+    problems: BTreeSet<LoadProblem>,
+}
+
+/// What one load of the directory read.
+struct Loaded {
+    topologies: BTreeMap<(String, String), Arc<Topology>>,
+    nodes: BTreeMap<String, ClusterNode>,
+    policy: PolicyMaps,
     problems: BTreeSet<LoadProblem>,
 }
 
@@ -93,6 +110,7 @@ impl DirSource {
             served: Mutex::default(),
             cache: Mutex::default(),
             tx: watch::channel(0).0,
+            policy_tx: watch::channel(0).0,
             ready: AtomicBool::new(false),
         });
         let (events, rx) = std_mpsc::channel();
@@ -145,13 +163,26 @@ impl DirSource {
 }
 
 impl Inner {
-    /// Reads everything and swaps it in, bumping the change counter only if what is
-    /// served changed.
+    /// Reads everything and swaps it in, bumping each change counter only if what it
+    /// announces changed.
     fn reload(&self) -> Result<(), SourceError> {
+        // Held to the end, so that two reloads swap in what they read in the order they
+        // read it.
         let mut cache = self.cache.lock().expect("lock");
-        let (mut topologies, nodes, problems) = self.load(&mut cache)?;
+        let Loaded {
+            mut topologies,
+            nodes,
+            policy,
+            problems,
+        } = match self.load(&mut cache) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                // As a lost watch: the last objects stay, marked stale.
+                self.set_policy_stale();
+                return Err(e);
+            }
+        };
         let address = nodes.get(&self.node_name).and_then(|n| n.addresses.first().copied());
-        drop(cache);
         let mut served = self.served.lock().expect("lock");
         for p in problems.difference(&served.problems) {
             match &p.object {
@@ -177,26 +208,38 @@ impl Inner {
             served.address = address;
             served.nodes = nodes;
         }
+        let policy = policy.snapshot(true, false);
+        let policy_changed = *served.policy != policy;
+        if policy_changed {
+            served.policy = Arc::new(policy);
+        }
         drop(served);
         self.ready.store(true, Ordering::Release);
         if changed {
             self.tx.send_modify(|g| *g += 1);
         }
+        if policy_changed {
+            self.policy_tx.send_modify(|g| *g += 1);
+        }
         Ok(())
     }
 
-    #[allow(clippy::type_complexity)]
-    fn load(
-        &self,
-        cache: &mut Cache,
-    ) -> Result<
-        (
-            BTreeMap<(String, String), Arc<Topology>>,
-            BTreeMap<String, ClusterNode>,
-            BTreeSet<LoadProblem>,
-        ),
-        SourceError,
-    > {
+    /// Marks the policy snapshot stale (once there is one): the next load that succeeds
+    /// clears it.
+    fn set_policy_stale(&self) {
+        let mut served = self.served.lock().expect("lock");
+        if !served.policy.synced || served.policy.stale {
+            return;
+        }
+        served.policy = Arc::new(PolicyObjects {
+            stale: true,
+            ..(*served.policy).clone()
+        });
+        drop(served);
+        self.policy_tx.send_modify(|g| *g += 1);
+    }
+
+    fn load(&self, cache: &mut Cache) -> Result<Loaded, SourceError> {
         let now = SystemTime::now();
         let mut problems = BTreeSet::new();
         let mut files = Vec::new();
@@ -213,6 +256,9 @@ impl Inner {
 
         let mut topologies: BTreeMap<(String, String), (Topology, PathBuf)> = BTreeMap::new();
         let mut nodes: BTreeMap<String, ClusterNode> = BTreeMap::new();
+        let mut policy = PolicyMaps::default();
+        // Where each policy object was read first, for the duplicates' problems.
+        let mut first: BTreeMap<String, PathBuf> = BTreeMap::new();
         let mut seen = HashSet::new();
         for path in files {
             // Follows symlinks: a ConfigMap mounted as the directory is all symlinks.
@@ -261,6 +307,36 @@ impl Inner {
                 }
                 topologies.insert(key, (t.clone(), path.clone()));
             }
+            let mut duplicate = |what: String, path: &Path| match first.get(&what) {
+                Some(before) => {
+                    problems.insert(LoadProblem {
+                        file: path.to_path_buf(),
+                        object: Some(what),
+                        reason: format!("duplicate of the one in {}; this one is ignored", before.display()),
+                    });
+                    true
+                }
+                None => {
+                    first.insert(what, path.to_path_buf());
+                    false
+                }
+            };
+            for p in &objects.pods {
+                if !duplicate(format!("Pod {}/{}", p.namespace, p.name), &path) {
+                    policy.pods.insert(pod_key(p), p.clone());
+                }
+            }
+            for n in &objects.namespaces {
+                if !duplicate(format!("Namespace {}", n.name), &path) {
+                    policy.namespaces.insert(n.name.clone(), n.clone());
+                }
+            }
+            for p in &objects.policies {
+                let Some(key) = policy_key(p) else { continue };
+                if !duplicate(format!("NetworkPolicy {}/{}", key.0, key.1), &path) {
+                    policy.policies.insert(key, p.clone());
+                }
+            }
         }
         cache.objects.retain(|p, _| seen.contains(p));
 
@@ -274,7 +350,12 @@ impl Inner {
                 (key, Arc::new(t))
             })
             .collect();
-        Ok((topologies, nodes, problems))
+        Ok(Loaded {
+            topologies,
+            nodes,
+            policy,
+            problems,
+        })
     }
 }
 
@@ -358,5 +439,13 @@ impl TopologySource for DirSource {
 
     fn ready(&self) -> bool {
         self.inner.ready.load(Ordering::Acquire)
+    }
+
+    fn policy_objects(&self) -> Arc<PolicyObjects> {
+        self.inner.served.lock().expect("lock").policy.clone()
+    }
+
+    fn policy_changes(&self) -> watch::Receiver<u64> {
+        self.inner.policy_tx.subscribe()
     }
 }

@@ -1,0 +1,597 @@
+//! Pods, namespaces and network policies from the API for network policy: three more
+//! cluster-wide watch caches beside the Topology and Node ones, slimmed to what policy
+//! reads, and the [`PolicyObjects`] snapshot rebuilt from them.
+//!
+//! The snapshot is republished (and [`TopologySource::policy_changes`] moves) only when
+//! it really changed: kubelets rewrite Pod statuses all the time, and most rewrites
+//! change nothing policy reads. It moves on its own counter, never on `changes()`, so
+//! the engines that wake on that one do not run for every pod in the cluster.
+//!
+//! Whether a watch is lost (`stale`) is not something kube's watcher stream says: after
+//! a dropped connection it just asks again, and a watch that is answered again yields
+//! nothing until an object changes. So each kind gets its own client, wrapped in
+//! [`Observed`], which sees every list and watch request of that kind: one unanswered
+//! for longer than [`SLOW_ANSWER`], or answered with an error, marks the kind as
+//! failing; a successful answer (or an event on the stream) marks it healthy again.
+//!
+//! [`TopologySource::policy_changes`]: crate::TopologySource::policy_changes
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::ObjectMeta;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+use super::drive_with;
+use crate::objects::{POLICY_MODE_ANNOTATION, PolicyMaps, pod_key, policy_key, slim_policy};
+use crate::{PolicyNamespace, PolicyObjects, PolicyPod};
+
+/// How long a list or watch request may wait for its answer before its watch counts as
+/// lost: the API server answers a watch at once (events come later, in the body), so a
+/// request waiting this long is not reaching it.
+const SLOW_ANSWER: Duration = Duration::from_secs(2);
+
+/// The three kinds, as indexes into [`State::kinds`].
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Pods = 0,
+    Namespaces = 1,
+    Policies = 2,
+}
+
+/// How one kind's watch is doing.
+#[derive(Debug, Default, Clone, Copy)]
+struct Health {
+    /// Listed (InitDone) at least once.
+    synced: bool,
+    /// The last request failed or the stream reported an error, and nothing succeeded since.
+    failing: bool,
+    /// Requests waiting longer than [`SLOW_ANSWER`] for their answer.
+    slow: u32,
+}
+
+struct State {
+    maps: PolicyMaps,
+    kinds: [Health; 3],
+    snapshot: Arc<PolicyObjects>,
+}
+
+/// The policy objects of a [`super::KubeSource`] and the counter that announces them.
+pub(super) struct PolicyCache {
+    state: Mutex<State>,
+    tx: watch::Sender<u64>,
+}
+
+impl PolicyCache {
+    fn new() -> Self {
+        Self {
+            state: Mutex::new(State {
+                maps: PolicyMaps::default(),
+                kinds: [Health::default(); 3],
+                snapshot: Arc::default(),
+            }),
+            tx: watch::channel(0).0,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("policy cache lock")
+    }
+
+    /// The current snapshot.
+    pub(super) fn snapshot(&self) -> Arc<PolicyObjects> {
+        self.lock().snapshot.clone()
+    }
+
+    /// The counter that moves with every new snapshot.
+    pub(super) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.tx.subscribe()
+    }
+
+    /// Rebuilds the snapshot if the objects (`changed`) or its flags changed, and
+    /// announces it. The counter moves under the lock, so whoever it wakes reads the
+    /// snapshot it announces or a newer one.
+    fn publish(&self, st: &mut State, changed: bool) {
+        let synced = st.kinds.iter().all(|k| k.synced);
+        let stale = st.kinds.iter().any(|k| k.synced && (k.failing || k.slow > 0));
+        if changed || synced != st.snapshot.synced || stale != st.snapshot.stale {
+            if stale != st.snapshot.stale {
+                if stale {
+                    tracing::warn!("a pod, namespace or network policy watch is lost; keeping the last objects");
+                } else {
+                    tracing::info!("pod, namespace and network policy watches are back");
+                }
+            }
+            st.snapshot = Arc::new(st.maps.snapshot(synced, stale));
+            self.tx.send_modify(|g| *g += 1);
+        }
+    }
+
+    fn update(&self, f: impl FnOnce(&mut State) -> bool) {
+        let mut st = self.lock();
+        let changed = f(&mut st);
+        self.publish(&mut st, changed);
+    }
+
+    /// Takes one watcher event of a kind (already in `store`) into the maps: `map` picks
+    /// the kind's map, `read` turns an object into its key and value.
+    fn on_event<O, K, V>(
+        &self,
+        kind: Kind,
+        ev: &watcher::Event<O>,
+        store: &Store<O>,
+        map: fn(&mut PolicyMaps) -> &mut BTreeMap<K, Arc<V>>,
+        read: fn(&O) -> Option<(K, V)>,
+    ) where
+        O: kube::Resource<DynamicType = ()> + Clone + 'static,
+        K: Ord + Clone,
+        V: PartialEq,
+    {
+        self.update(|st| {
+            // An object on the stream shows the watch works; `Init` does not: the watcher
+            // emits it before it even asks for the list (again after each failed list).
+            if !matches!(ev, watcher::Event::Init) {
+                st.kinds[kind as usize].failing = false;
+            }
+            match ev {
+                // A (re)list in progress: the store swaps the objects in at InitDone.
+                watcher::Event::Init | watcher::Event::InitApply(_) => false,
+                watcher::Event::Apply(o) => {
+                    let Some((k, v)) = read(o) else { return false };
+                    let map = map(&mut st.maps);
+                    if map.get(&k).is_some_and(|old| **old == v) {
+                        return false;
+                    }
+                    map.insert(k, Arc::new(v));
+                    true
+                }
+                watcher::Event::Delete(o) => read(o).is_some_and(|(k, _)| map(&mut st.maps).remove(&k).is_some()),
+                watcher::Event::InitDone => {
+                    st.kinds[kind as usize].synced = true;
+                    let old = map(&mut st.maps);
+                    let mut changed = false;
+                    let mut fresh = BTreeMap::new();
+                    for (k, v) in store.state().iter().filter_map(|o| read(o)) {
+                        // The old Arc when nothing changed, so holders can compare cheaply.
+                        let v = match old.get(&k) {
+                            Some(a) if **a == v => a.clone(),
+                            _ => {
+                                changed = true;
+                                Arc::new(v)
+                            }
+                        };
+                        fresh.insert(k, v);
+                    }
+                    changed |= fresh.len() != old.len();
+                    *old = fresh;
+                    changed
+                }
+            }
+        });
+    }
+
+    /// The stream of `kind` reported an error.
+    fn failed(&self, kind: Kind) {
+        self.update(|st| {
+            st.kinds[kind as usize].failing = true;
+            false
+        });
+    }
+
+    /// A request of `kind` was answered, successfully or not.
+    fn answered(&self, kind: Kind, ok: bool) {
+        self.update(|st| {
+            st.kinds[kind as usize].failing = !ok;
+            false
+        });
+    }
+
+    /// A request of `kind` waits longer than it should (`true`), or no longer (`false`).
+    fn slow(&self, kind: Kind, slow: bool) {
+        self.update(|st| {
+            let n = &mut st.kinds[kind as usize].slow;
+            *n = if slow { *n + 1 } else { n.saturating_sub(1) };
+            false
+        });
+    }
+}
+
+/// Starts the three watches (in tasks of the current runtime); returns the cache and the
+/// tasks to abort when the source goes.
+pub(super) fn start(client: &Client) -> (Arc<PolicyCache>, Vec<tokio::task::AbortHandle>) {
+    let cache = Arc::new(PolicyCache::new());
+    let tasks = vec![
+        watch_kind::<Pod, _, _>(client, &cache, Kind::Pods, "Pod", slim_pod, |m| &mut m.pods, read_pod),
+        watch_kind::<Namespace, _, _>(
+            client,
+            &cache,
+            Kind::Namespaces,
+            "Namespace",
+            slim_namespace,
+            |m| &mut m.namespaces,
+            read_namespace,
+        ),
+        watch_kind::<NetworkPolicy, _, _>(
+            client,
+            &cache,
+            Kind::Policies,
+            "NetworkPolicy",
+            slim_policy,
+            |m| &mut m.policies,
+            read_policy,
+        ),
+    ];
+    (cache, tasks)
+}
+
+/// One kind's watch: a watcher over an [`Observed`] client, slimmed into a reflector
+/// store, driven for ever, every event taken into the cache.
+#[allow(clippy::too_many_arguments)]
+fn watch_kind<O, K, V>(
+    client: &Client,
+    cache: &Arc<PolicyCache>,
+    kind: Kind,
+    what: &'static str,
+    slim: fn(&mut O),
+    map: fn(&mut PolicyMaps) -> &mut BTreeMap<K, Arc<V>>,
+    read: fn(&O) -> Option<(K, V)>,
+) -> tokio::task::AbortHandle
+where
+    O: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K: Ord + Clone + Send + 'static,
+    V: PartialEq + Send + Sync + 'static,
+{
+    let observed = Observed {
+        client: client.clone(),
+        cache: cache.clone(),
+        kind,
+    };
+    let api = Api::<O>::all(Client::new(observed, client.default_namespace().to_string()));
+    let (store, writer) = reflector::store::<O>();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map(move |ev| ev.map(|ev| ev.modify(slim)))
+        .reflect(writer);
+    let (events, errors) = (cache.clone(), cache.clone());
+    let task = tokio::spawn(drive_with(
+        stream,
+        what,
+        move |ev| events.on_event(kind, ev, &store, map, read),
+        move |_| errors.failed(kind),
+    ));
+    task.abort_handle()
+}
+
+/// A kube client's transport that tells the cache how the requests of one kind fare
+/// (see the module doc): slow, failed or answered.
+#[derive(Clone)]
+struct Observed {
+    client: Client,
+    cache: Arc<PolicyCache>,
+    kind: Kind,
+}
+
+impl tower::Service<http::Request<kube::client::Body>> for Observed {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner client queues requests itself.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let Observed { client, cache, kind } = self.clone();
+        Box::pin(async move {
+            let mut answer = std::pin::pin!(client.send(request));
+            let (result, slow) = match tokio::time::timeout(SLOW_ANSWER, &mut answer).await {
+                Ok(result) => (result, None),
+                Err(_) => {
+                    let slow = Slow::new(&cache, kind);
+                    (answer.await, Some(slow))
+                }
+            };
+            cache.answered(kind, result.as_ref().is_ok_and(|r| r.status().is_success()));
+            // After the answer is recorded: a failed answer keeps the kind stale without a
+            // moment of looking healthy in between.
+            drop(slow);
+            result
+        })
+    }
+}
+
+/// A request counted as slow, until it is answered or given up.
+struct Slow<'a> {
+    cache: &'a PolicyCache,
+    kind: Kind,
+}
+
+impl<'a> Slow<'a> {
+    fn new(cache: &'a PolicyCache, kind: Kind) -> Self {
+        cache.slow(kind, true);
+        Self { cache, kind }
+    }
+}
+
+impl Drop for Slow<'_> {
+    fn drop(&mut self) {
+        self.cache.slow(self.kind, false);
+    }
+}
+
+/// A pod as [`PolicyPod::from_pod`] reads it, keyed.
+fn read_pod(p: &Pod) -> Option<((String, String), PolicyPod)> {
+    let p = PolicyPod::from_pod(p)?;
+    Some((pod_key(&p), p))
+}
+
+fn read_namespace(n: &Namespace) -> Option<(String, PolicyNamespace)> {
+    let n = PolicyNamespace::from_namespace(n)?;
+    Some((n.name.clone(), n))
+}
+
+fn read_policy(p: &NetworkPolicy) -> Option<((String, String), NetworkPolicy)> {
+    Some((policy_key(p)?, p.clone()))
+}
+
+/// Keeps only what [`PolicyPod::from_pod`] reads of a Pod (name, namespace, uid, labels,
+/// node, hostNetwork, named container ports, phase, addresses): the cache holds every
+/// pod of the cluster, whose specs and statuses are large.
+pub(super) fn slim_pod(p: &mut Pod) {
+    p.metadata = ObjectMeta {
+        name: p.metadata.name.take(),
+        namespace: p.metadata.namespace.take(),
+        uid: p.metadata.uid.take(),
+        labels: p.metadata.labels.take(),
+        ..ObjectMeta::default()
+    };
+    if let Some(sp) = p.spec.as_mut() {
+        let containers = std::mem::take(&mut sp.containers)
+            .into_iter()
+            .map(|c| Container {
+                ports: c.ports.map(|ports| {
+                    // Only named ports can be named by a policy.
+                    (ports.into_iter())
+                        .filter(|p| p.name.is_some())
+                        .map(|p| ContainerPort {
+                            name: p.name,
+                            container_port: p.container_port,
+                            protocol: p.protocol,
+                            ..ContainerPort::default()
+                        })
+                        .collect()
+                }),
+                name: c.name,
+                ..Container::default()
+            })
+            .collect();
+        *sp = PodSpec {
+            containers,
+            node_name: sp.node_name.take(),
+            host_network: sp.host_network.take(),
+            ..PodSpec::default()
+        };
+    }
+    if let Some(st) = p.status.as_mut() {
+        *st = PodStatus {
+            phase: st.phase.take(),
+            pod_ip: st.pod_ip.take(),
+            pod_ips: st.pod_ips.take(),
+            ..PodStatus::default()
+        };
+    }
+}
+
+/// Keeps a Namespace's name, uid, labels and the policy-mode annotation.
+pub(super) fn slim_namespace(n: &mut Namespace) {
+    let annotations = (n.metadata.annotations.take())
+        .map(|a| a.into_iter().filter(|(k, _)| k == POLICY_MODE_ANNOTATION).collect())
+        .filter(|a: &BTreeMap<String, String>| !a.is_empty());
+    n.metadata = ObjectMeta {
+        name: n.metadata.name.take(),
+        uid: n.metadata.uid.take(),
+        labels: n.metadata.labels.take(),
+        annotations,
+        ..ObjectMeta::default()
+    };
+    n.spec = None;
+    n.status = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// Lists every kind (empty) into `cache`.
+    fn sync_all(cache: &PolicyCache) {
+        let (pods, _) = reflector::store::<Pod>();
+        let (namespaces, _) = reflector::store::<Namespace>();
+        let (policies, _) = reflector::store::<NetworkPolicy>();
+        let done = watcher::Event::InitDone;
+        cache.on_event(Kind::Pods, &done, &pods, |m| &mut m.pods, read_pod);
+        let done = watcher::Event::InitDone;
+        cache.on_event(
+            Kind::Namespaces,
+            &done,
+            &namespaces,
+            |m| &mut m.namespaces,
+            read_namespace,
+        );
+        let done = watcher::Event::InitDone;
+        cache.on_event(Kind::Policies, &done, &policies, |m| &mut m.policies, read_policy);
+    }
+
+    #[test]
+    fn failing_requests_make_the_snapshot_stale_until_one_succeeds() {
+        let cache = PolicyCache::new();
+        let changes = cache.subscribe();
+        // Before every kind is listed, nothing is stale.
+        cache.answered(Kind::Pods, false);
+        assert!(!cache.snapshot().stale && !cache.snapshot().synced);
+        sync_all(&cache);
+        assert!(cache.snapshot().synced);
+        let at = *changes.borrow();
+
+        cache.answered(Kind::Policies, false);
+        assert!(cache.snapshot().stale);
+        cache.failed(Kind::Policies);
+        // The watcher's `Init` before it lists again proves nothing.
+        let (pods, _) = reflector::store::<Pod>();
+        cache.on_event(Kind::Pods, &watcher::Event::Init, &pods, |m| &mut m.pods, read_pod);
+        let (policies, _) = reflector::store::<NetworkPolicy>();
+        let init = watcher::Event::Init;
+        cache.on_event(Kind::Policies, &init, &policies, |m| &mut m.policies, read_policy);
+        assert!(cache.snapshot().stale);
+        assert_eq!(*changes.borrow(), at + 1, "one bump for going stale");
+        cache.answered(Kind::Policies, true);
+        assert!(!cache.snapshot().stale);
+        assert_eq!(*changes.borrow(), at + 2, "one for coming back");
+
+        // A stream error, then an object on the stream.
+        cache.failed(Kind::Namespaces);
+        assert!(cache.snapshot().stale);
+        let (namespaces, _) = reflector::store::<Namespace>();
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some("web".into());
+        let apply = watcher::Event::Apply(ns);
+        cache.on_event(
+            Kind::Namespaces,
+            &apply,
+            &namespaces,
+            |m| &mut m.namespaces,
+            read_namespace,
+        );
+        let o = cache.snapshot();
+        assert!(!o.stale && o.namespaces.len() == 1);
+
+        // A slow answer, counted until it comes.
+        cache.slow(Kind::Pods, true);
+        assert!(cache.snapshot().stale);
+        cache.slow(Kind::Pods, false);
+        assert!(!cache.snapshot().stale);
+    }
+
+    #[test]
+    fn a_slim_pod_keeps_what_policy_reads_and_nothing_else() {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "web", "name": "a", "uid": "u1", "resourceVersion": "7",
+                "labels": {"app": "web"},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                "managedFields": [{"manager": "kubelet", "operation": "Update"}],
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u0"}],
+            },
+            "spec": {
+                "nodeName": "n1",
+                "hostNetwork": true,
+                "serviceAccountName": "sa",
+                "volumes": [{"name": "v", "emptyDir": {}}],
+                "initContainers": [{"name": "init", "image": "busybox"}],
+                "containers": [{
+                    "name": "web", "image": "nginx", "args": ["-g"],
+                    "env": [{"name": "A", "value": "b"}],
+                    "ports": [
+                        {"name": "http", "containerPort": 8080, "hostPort": 80, "hostIP": "0.0.0.0"},
+                        {"containerPort": 9000},
+                    ],
+                }],
+            },
+            "status": {
+                "phase": "Running",
+                "hostIP": "172.30.0.2",
+                "podIP": "10.244.1.4",
+                "podIPs": [{"ip": "10.244.1.4"}, {"ip": "fd00::4"}],
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{
+                    "name": "web", "image": "nginx", "imageID": "sha256:x", "ready": true,
+                    "restartCount": 0, "state": {"running": {}},
+                }],
+            },
+        }))
+        .unwrap();
+        let before = PolicyPod::from_pod(&pod).unwrap();
+        slim_pod(&mut pod);
+        assert_eq!(PolicyPod::from_pod(&pod).unwrap(), before, "policy reads the same");
+        assert_eq!(
+            serde_json::to_value(&pod).unwrap(),
+            json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"namespace": "web", "name": "a", "uid": "u1", "labels": {"app": "web"}},
+                "spec": {
+                    "nodeName": "n1",
+                    "hostNetwork": true,
+                    "containers": [{"name": "web", "ports": [{"name": "http", "containerPort": 8080}]}],
+                },
+                "status": {
+                    "phase": "Running",
+                    "podIP": "10.244.1.4",
+                    "podIPs": [{"ip": "10.244.1.4"}, {"ip": "fd00::4"}],
+                },
+            })
+        );
+    }
+
+    #[test]
+    fn a_slim_namespace_keeps_labels_and_the_policy_mode_only() {
+        let mut ns: Namespace = serde_json::from_value(json!({
+            "metadata": {
+                "name": "web", "uid": "u2", "resourceVersion": "9",
+                "labels": {"kubernetes.io/metadata.name": "web", "env": "prod"},
+                "annotations": {"weft.dev/policy-mode": "audit", "owner": "team-a"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+            },
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"},
+        }))
+        .unwrap();
+        slim_namespace(&mut ns);
+        assert_eq!(
+            serde_json::to_value(&ns).unwrap(),
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                "name": "web", "uid": "u2",
+                "labels": {"kubernetes.io/metadata.name": "web", "env": "prod"},
+                "annotations": {"weft.dev/policy-mode": "audit"},
+            }})
+        );
+        assert!(PolicyNamespace::from_namespace(&ns).unwrap().audit);
+
+        // Without the annotation, no annotations at all.
+        let mut plain: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": "db", "annotations": {"owner": "b"}}})).unwrap();
+        slim_namespace(&mut plain);
+        assert_eq!(plain.metadata.annotations, None);
+    }
+
+    #[test]
+    fn a_slim_policy_keeps_its_identity_and_spec() {
+        let mut p: NetworkPolicy = serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "web", "name": "allow", "uid": "u3", "generation": 4, "resourceVersion": "11",
+                "labels": {"team": "a"}, "annotations": {"note": "x"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+            },
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+        }))
+        .unwrap();
+        let spec = p.spec.clone();
+        slim_policy(&mut p);
+        assert_eq!(
+            serde_json::to_value(&p.metadata).unwrap(),
+            json!({"namespace": "web", "name": "allow", "uid": "u3", "generation": 4})
+        );
+        assert_eq!(p.spec, spec);
+    }
+}
