@@ -26,7 +26,7 @@ use crate::call::CniCall;
 use crate::defaults::{self, PodDefaults};
 use crate::locks::{KeyedLocks, Teardowns};
 use crate::naming;
-use crate::seams::{Ipam, PodNetworking, TableSync, WiredPod, Wiring};
+use crate::seams::{Ipam, POLICED_IFNAME, PodNetworking, PolicedPod, PolicyHook, TableSync, WiredPod, Wiring};
 use crate::spool::DelSpool;
 
 /// A span for one phase of a call; closed phases become
@@ -55,6 +55,7 @@ pub struct Handler<I, K> {
     defaults: Option<watch::Receiver<PodDefaults>>,
     del_spool: Option<Arc<DelSpool>>,
     new_range: Option<NewRange>,
+    policy: Option<Arc<dyn PolicyHook>>,
     /// Ranges ADDs gave addresses from since start (a new one is announced once).
     seen_ranges: std::sync::Mutex<HashSet<IpNet>>,
 }
@@ -455,8 +456,30 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             defaults: None,
             del_spool: None,
             new_range: None,
+            policy: None,
             seen_ranges: Default::default(),
         }
+    }
+
+    /// Adds network policy: an ADD of a pod's `eth0` answers only once its policies are
+    /// in the kernel.
+    pub fn with_policy(mut self, policy: Arc<dyn PolicyHook>) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// The pod network policy sees for `att`, if policy applies to it.
+    fn policed(att: &Attachment) -> Option<PolicedPod> {
+        (att.key.ifname == POLICED_IFNAME && !att.pod.name.is_empty()).then(|| PolicedPod {
+            namespace: if att.pod.namespace.is_empty() {
+                "default".into()
+            } else {
+                att.pod.namespace.clone()
+            },
+            name: att.pod.name.clone(),
+            ips: att.addresses.iter().map(|a| a.address).collect(),
+            host_ifname: att.host_ifname.clone(),
+        })
     }
 
     /// Calls `f` when an ADD gives an address from a range no ADD used since start, so
@@ -635,6 +658,27 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             }
             failpoint!("add.hostports");
         }
+        if let (Some(policy), Some(pod)) = (&self.policy, Self::policed(&att)) {
+            let placed = policy.pod_attached(pod).instrument(phase!("policy")).await;
+            if let Err(why) = placed {
+                if !att.ports.is_empty() {
+                    let _ = self
+                        .net
+                        .remove_host_ports(host_port_entries(&att.host_ifname, &att.ports))
+                        .await;
+                }
+                let _ = self.net.remove(att.host_ifname.clone()).await;
+                self.undo_add(&att).await;
+                policy.pod_detached();
+                return Err(CniError::new(
+                    code::TRY_AGAIN_LATER,
+                    format!(
+                        "{}: {why}; nothing was set up and the ADD can be retried",
+                        att.pod.describe(&att.key.container_id)
+                    ),
+                ));
+            }
+        }
         let ours = cni_result(&att, &net, &installed);
         let json = serde_json::to_string(&ours).expect("CNI results serialize");
         failpoint!("add.commit");
@@ -789,6 +833,9 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     async fn start_teardown(&self, att: Attachment) -> Option<tokio::task::JoinHandle<()>> {
         let ticket = self.teardowns.start(&att.key)?;
         self.cut_off(&att).await;
+        if let Some(policy) = &self.policy {
+            policy.pod_detached();
+        }
         let (net, ipam) = (self.net.clone(), self.ipam.clone());
         let key = att.key.clone();
         let work = async move {

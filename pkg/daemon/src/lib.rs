@@ -28,7 +28,7 @@ pub use call::CniCall;
 pub use defaults::PodDefaults;
 pub use handler::{Handler, NodeInfo};
 pub use seams::{
-    AdminState, FrameStream, Ipam, KernelNetworking, LinkError, LinkRef, PodNetworking, StateSummary, TableSync,
-    WiredPod, Wiring,
+    AdminState, FrameStream, Ipam, KernelNetworking, LinkError, LinkRef, POLICED_IFNAME, PodNetworking, PolicedPod,
+    PolicyHook, StateSummary, TableSync, WiredPod, Wiring,
 };
 pub use spool::{DelSpool, Replayed};

@@ -281,6 +281,33 @@ pub struct WiredPod {
     pub container_id: String,
 }
 
+/// A pod of this node as network policy needs it before its ADD answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicedPod {
+    /// Its namespace (`default` when the runtime gave none).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its addresses.
+    pub ips: Vec<std::net::IpAddr>,
+    /// The node side of its `eth0`.
+    pub host_ifname: String,
+}
+
+/// The interface network policy applies to: the pod network's, as Kubernetes means it.
+/// A pod's other networks (Multus' `net1`, ...) are not policed.
+pub const POLICED_IFNAME: &str = "eth0";
+
+/// Network policy (optional): a pod's policies are in the kernel before its ADD
+/// answers, and a DEL is heard at once. Unlike wiring, a policy that cannot be put in
+/// place fails the ADD: a pod never starts unpoliced.
+pub trait PolicyHook: Send + Sync + 'static {
+    /// Puts the policies of the pod being attached in place.
+    fn pod_attached(&self, pod: PolicedPod) -> futures::future::BoxFuture<'_, Result<(), String>>;
+    /// A pod of this node was detached.
+    fn pod_detached(&self);
+}
+
 /// Point-to-point wires between pods (the third seam, optional): told when a pod of
 /// this node is attached or detached; it builds or removes the pod's wires. Wiring
 /// problems never fail a CNI call: the wiring retries on its own.

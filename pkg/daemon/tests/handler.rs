@@ -1212,3 +1212,58 @@ async fn a_full_disk_fails_add_with_try_again_and_a_del_is_spooled_until_the_sto
     assert_eq!(allocated(&store).await, 1);
     assert_eq!(net.ports.lock().unwrap().len(), 1);
 }
+
+/// A policy hook that records the pods it is given and refuses on demand.
+#[derive(Default)]
+struct FakePolicy {
+    attached: Mutex<Vec<weft_daemon::PolicedPod>>,
+    detached: Mutex<usize>,
+    refuse: Mutex<Option<String>>,
+}
+
+impl weft_daemon::PolicyHook for FakePolicy {
+    fn pod_attached(&self, pod: weft_daemon::PolicedPod) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        self.attached.lock().unwrap().push(pod);
+        let refuse = self.refuse.lock().unwrap().clone();
+        Box::pin(async move { refuse.map_or(Ok(()), Err) })
+    }
+    fn pod_detached(&self) {
+        *self.detached.lock().unwrap() += 1;
+    }
+}
+
+/// The pod network's ADD answers only once its policies are in place; one whose
+/// policies cannot be placed fails (try again) and leaves nothing; a second network is
+/// not policed; DEL is heard.
+#[tokio::test]
+async fn an_add_answers_once_its_policies_are_in_place() {
+    let policy = Arc::new(FakePolicy::default());
+    let e = env_with(|h| h.with_policy(policy.clone()));
+    e.h.add(&args("c1", CONF)).await.unwrap();
+    {
+        let seen = policy.attached.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            (seen[0].namespace.as_str(), seen[0].name.as_str()),
+            ("default", "pod-c1")
+        );
+        assert_eq!(seen[0].ips.len(), 2);
+    }
+    e.h.add(&net1("c1", &second(""))).await.unwrap();
+    assert_eq!(policy.attached.lock().unwrap().len(), 1, "net1 is not the pod network");
+
+    *policy.refuse.lock().unwrap() = Some("network policy state not known yet".into());
+    let err = e.h.add(&args("c2", CONF)).await.unwrap_err();
+    assert_eq!(err.code, code::TRY_AGAIN_LATER);
+    assert!(err.details.contains("not known yet"), "{}", err.details);
+    assert!(
+        attachment(&e.store, "c2", "weft", "eth0").await.is_none(),
+        "nothing left"
+    );
+    assert_eq!(allocated(&e.store).await, 4, "c1's two networks only");
+
+    *policy.refuse.lock().unwrap() = None;
+    let before = *policy.detached.lock().unwrap();
+    e.h.del(&args("c1", CONF)).await.unwrap();
+    assert!(*policy.detached.lock().unwrap() > before);
+}

@@ -201,6 +201,55 @@ pub fn pod_defaults(mut view: watch::Receiver<weft_nodenet::NodeView>) -> watch:
     rx
 }
 
+/// The policy engine as the handler's policy seam.
+pub struct EnginePolicy(pub Arc<weft_policy::PolicyEngine<weft_policy::NftKernel>>);
+
+impl weft_daemon::PolicyHook for EnginePolicy {
+    fn pod_attached(&self, pod: weft_daemon::PolicedPod) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.0
+                .pod_attached(weft_policy::LocalPod {
+                    namespace: pod.namespace,
+                    name: pod.name,
+                    ips: pod.ips,
+                    host_ifname: pod.host_ifname,
+                })
+                .await
+        })
+    }
+    fn pod_detached(&self) {
+        self.0.local_pods_changed();
+    }
+}
+
+/// The store as the policy engine's source of this node's pods: every ready attachment
+/// of the pod network (`eth0`), as [`weft_daemon::PolicyHook`] sees them.
+pub fn policed_pods(store: Store) -> weft_policy::LocalPods {
+    Arc::new(move || {
+        let store = store.clone();
+        Box::pin(async move {
+            let ready = store
+                .run(|db| db.list(None, Some(weft_store::State::Ready)))
+                .await
+                .map_err(|e| format!("listing this node's pods: {e}"))?;
+            Ok(ready
+                .into_iter()
+                .filter(|a| a.key.ifname == weft_daemon::POLICED_IFNAME && !a.pod.name.is_empty())
+                .map(|a| weft_policy::LocalPod {
+                    namespace: if a.pod.namespace.is_empty() {
+                        "default".into()
+                    } else {
+                        a.pod.namespace.clone()
+                    },
+                    name: a.pod.name.clone(),
+                    ips: a.addresses.iter().map(|x| x.address).collect(),
+                    host_ifname: a.host_ifname.clone(),
+                })
+                .collect())
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

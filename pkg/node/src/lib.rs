@@ -45,6 +45,10 @@ use source::SourceKind;
 /// How often a store that cannot write is probed for room again.
 const STORE_PROBE_EVERY: Duration = Duration::from_secs(5);
 
+/// How long an ADD waits for the cluster's policy objects to be listed once (after a
+/// start) before it is answered "try again later".
+const POLICY_SYNC_WAIT: Duration = Duration::from_secs(10);
+
 /// How long start-up waits for the teardowns of replayed spooled DELs.
 const SPOOL_TEARDOWN_WAIT: Duration = Duration::from_secs(30);
 
@@ -59,6 +63,7 @@ pub struct Node {
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
     reconcile: JoinHandle<()>,
     nodenet: JoinHandle<()>,
+    policy: Option<JoinHandle<()>>,
     store_probe: JoinHandle<()>,
     wires: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     /// The thread the wire data plane and server run on, stopped last.
@@ -240,6 +245,26 @@ impl Node {
         if let Some(w) = &wiring {
             handler = handler.with_wiring(w.clone());
         }
+        // Network policy, where the cluster's objects come from somewhere (a cluster, a
+        // lab): an ADD of a pod network answers once the pod's policies are in place.
+        let policy = match &source {
+            Some(source) => {
+                let engine = Arc::new(weft_policy::PolicyEngine::new(
+                    weft_policy::Config {
+                        node_name: node_name.clone(),
+                        resync: config.resync(),
+                        sync_wait: POLICY_SYNC_WAIT,
+                    },
+                    source.clone(),
+                    adapters::policed_pods(store.clone()),
+                    weft_policy::NftKernel,
+                    metrics.families::<weft_policy::PolicyMetrics>(),
+                ));
+                handler = handler.with_policy(Arc::new(adapters::EnginePolicy(engine.clone())));
+                Some(engine)
+            }
+            None => None,
+        };
         // With a source of Node objects, a network config may leave `ranges` and `mtu`
         // to the node; without one (a standalone node), the config must give its ranges.
         if source.is_some() {
@@ -333,6 +358,7 @@ impl Node {
             stopped(stop_rx.clone()),
         ));
         let nodenet_task = tokio::spawn(nodenet.clone().run(stopped(stop_rx.clone())));
+        let policy_task = policy.map(|engine| tokio::spawn(engine.run(stopped(stop_rx.clone()))));
         let store_probe = {
             let h = handler.clone();
             tokio::spawn(ready::probe_unwritable_store(
@@ -363,6 +389,15 @@ impl Node {
         };
         match source {
             Some(source) => {
+                let policy_source = source.clone();
+                ready.require("network policy objects not listed yet", move || {
+                    policy_source.policy_objects().synced
+                });
+                let policy_source = source.clone();
+                ready.note(
+                    "network policy objects are stale (a watch is lost): the last known policies stay enforced",
+                    move || policy_source.policy_objects().stale,
+                );
                 ready::when_synced(
                     ready.clone(),
                     move || source.ready(),
@@ -384,6 +419,7 @@ impl Node {
             grpc,
             reconcile,
             nodenet: nodenet_task,
+            policy: policy_task,
             store_probe,
             wires,
             wire_runtime: wire_runtime.map(|(rt, _)| rt),
@@ -407,6 +443,9 @@ impl Node {
         let _ = self.grpc.await;
         let _ = self.reconcile.await;
         let _ = self.nodenet.await;
+        if let Some(t) = self.policy {
+            let _ = t.await;
+        }
         let _ = self.store_probe.await;
         if let Some(t) = self.wires {
             let _ = t.await;

@@ -99,6 +99,8 @@ pub struct Readiness {
     // Evaluated at each request rather than folded into the flag, so a condition that
     // turns (a store that stopped writing) shows at once without a task to follow it.
     checks: Arc<std::sync::RwLock<Vec<(&'static str, ReadyCheck)>>>,
+    // Conditions said in the answer that do not make the daemon unready.
+    notes: Arc<std::sync::RwLock<Vec<(&'static str, ReadyCheck)>>>,
 }
 
 impl std::fmt::Debug for Readiness {
@@ -134,6 +136,22 @@ impl Readiness {
         }
     }
 
+    /// Says `what` in the answer of `/readyz` whenever `holds` does, without making the
+    /// daemon unready (a degraded state that still serves, as stale policy objects).
+    pub fn note(&self, what: &'static str, holds: impl Fn() -> bool + Send + Sync + 'static) {
+        if let Ok(mut notes) = self.notes.write() {
+            notes.push((what, Arc::new(holds)));
+        }
+    }
+
+    /// The notes that hold now.
+    pub fn notes(&self) -> Vec<&'static str> {
+        self.notes
+            .read()
+            .map(|n| n.iter().filter(|(_, holds)| holds()).map(|(what, _)| *what).collect())
+            .unwrap_or_default()
+    }
+
     /// The name of the first check that fails now, if any (whatever the flag says).
     pub fn failing(&self) -> Option<&'static str> {
         let checks = self.checks.read().ok()?;
@@ -157,7 +175,13 @@ pub fn router(ready: Readiness, metrics: Arc<Metrics>, refresh: Option<Refresh>)
                         return (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string());
                     }
                     match ready.failing() {
-                        None => (StatusCode::OK, "ready\n".to_string()),
+                        None => (
+                            StatusCode::OK,
+                            ready
+                                .notes()
+                                .iter()
+                                .fold("ready\n".to_string(), |s, n| format!("{s}{n}\n")),
+                        ),
                         Some(what) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {what}\n")),
                     }
                 }
@@ -237,6 +261,16 @@ mod tests {
         assert!(!ready.get());
         store_ok.store(true, Ordering::Relaxed);
         assert_eq!(get_path(r(), "/readyz", "").await.0, StatusCode::OK);
+        // A note is said while it holds, and the daemon stays ready.
+        let stale = Arc::new(AtomicBool::new(true));
+        let holds = stale.clone();
+        ready.note("policy objects are stale", move || holds.load(Ordering::Relaxed));
+        assert_eq!(
+            get_path(r(), "/readyz", "").await,
+            (StatusCode::OK, "ready\npolicy objects are stale\n".to_string())
+        );
+        stale.store(false, Ordering::Relaxed);
+        assert_eq!(get_path(r(), "/readyz", "").await.1, "ready\n");
         assert_eq!(get_path(r(), "/nope", "").await.0, StatusCode::NOT_FOUND);
         let (_, om) = get_path(r(), "/metrics", "application/openmetrics-text;version=1.0.0").await;
         assert!(om.ends_with("# EOF\n"));
