@@ -21,6 +21,7 @@ pub mod limits;
 mod netem;
 mod netlink;
 mod netns;
+pub mod nflog;
 pub mod nft;
 pub mod packet;
 pub mod ptp;

@@ -334,6 +334,34 @@ impl<P: Protocol> NetlinkSocket<P> {
         }
         Ok(())
     }
+
+    /// Waits up to `timeout` for messages the kernel sends on its own (as NFLOG hands
+    /// over logged packets) and returns those of the next datagram; none when the wait
+    /// ends. Acknowledgements and errors are skipped.
+    pub fn receive_unsolicited(&mut self, timeout: std::time::Duration) -> io::Result<Vec<P::Message>> {
+        let tv = nix::sys::time::TimeVal::new(
+            i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            i64::from(timeout.subsec_micros()),
+        );
+        nix::sys::socket::setsockopt(&self.sock, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
+            .map_err(io::Error::from)?;
+        let n = match self.sock.recv(&mut &mut self.buf[..], 0) {
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < n {
+            let msg = decode::<P>(&self.buf[off..n])?;
+            let len = msg.header.length as usize;
+            off += if len == 0 { n } else { (len + 3) & !3 };
+            if let NetlinkPayload::InnerMessage(m) = msg.payload {
+                out.push(m);
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// A link to create: its name and MAC, and the namespace it is born in.

@@ -20,7 +20,10 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 use weft_topology::TopologySource;
 
-use crate::eval::{ClusterView, LocalPod};
+use weft_topology::PortProtocol;
+
+use crate::denies::{DenyEvent, DenyLog, PREFIX, flow_of, now_ms};
+use crate::eval::{ClusterView, LocalPod, Verdict};
 use crate::kernel::PolicyKernel;
 use crate::metrics::PolicyMetrics;
 use crate::nft::{self, Observed};
@@ -63,6 +66,31 @@ struct State {
     unknown_logged: Vec<(String, String)>,
 }
 
+/// What the last pass planned from and decided: what names a denied packet's group
+/// and ends, and what `explain` evaluates against.
+#[derive(Clone)]
+pub struct Latest {
+    /// The cluster as the pass saw it.
+    pub view: Arc<ClusterView>,
+    /// The plan it applied.
+    pub desired: Arc<Desired>,
+}
+
+/// The verdict of one flow with the ends resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explanation {
+    /// The source as given, resolved (`namespace/name` of a pod, or an address).
+    pub src: String,
+    /// The destination, alike.
+    pub dst: String,
+    /// The source address evaluated.
+    pub src_ip: IpAddr,
+    /// The destination address evaluated.
+    pub dst_ip: IpAddr,
+    /// The verdict.
+    pub verdict: Verdict,
+}
+
 /// The network policy engine of one node. Cheap to share: wrap it in an `Arc`.
 pub struct PolicyEngine<K> {
     cfg: Config,
@@ -72,6 +100,10 @@ pub struct PolicyEngine<K> {
     state: tokio::sync::Mutex<State>,
     metrics: Arc<PolicyMetrics>,
     wake: Notify,
+    latest: Mutex<Option<Latest>>,
+    denies: DenyLog,
+    /// Kernel counter values at the last sample, by counter name.
+    sampled: Mutex<HashMap<String, u64>>,
 }
 
 impl<K: PolicyKernel> PolicyEngine<K> {
@@ -92,7 +124,106 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             state: tokio::sync::Mutex::new(State::default()),
             metrics,
             wake: Notify::new(),
+            latest: Mutex::new(None),
+            denies: DenyLog::default(),
+            sampled: Mutex::default(),
         }
+    }
+
+    /// What the last pass planned from and decided, once one ran.
+    pub fn latest(&self) -> Option<Latest> {
+        self.latest.lock().expect("latest lock").clone()
+    }
+
+    /// The denied flows seen.
+    pub fn denies(&self) -> &DenyLog {
+        &self.denies
+    }
+
+    /// Evaluates a new connection from `src` to `dst` (each a pod as `namespace/name`
+    /// or an address) on `port`/`protocol`, against what the last pass saw.
+    pub fn explain(&self, src: &str, dst: &str, protocol: PortProtocol, port: u16) -> Result<Explanation, String> {
+        let latest = self
+            .latest()
+            .ok_or("the policy objects of the cluster are not listed yet")?;
+        let v = &latest.view;
+        let resolve = |what: &str| -> Result<(String, Vec<IpAddr>), String> {
+            if let Ok(ip) = what.parse::<IpAddr>() {
+                return Ok((v.endpoint(ip).to_string(), vec![ip]));
+            }
+            let (ns, name) = what.split_once('/').unwrap_or(("default", what));
+            let pod = v.pod(ns, name).ok_or_else(|| format!("no pod {ns}/{name} is known"))?;
+            if pod.ips.is_empty() {
+                return Err(format!("pod {ns}/{name} has no address yet"));
+            }
+            Ok((format!("{ns}/{name}"), pod.ips.clone()))
+        };
+        let (s, s_ips) = resolve(src)?;
+        let (d, d_ips) = resolve(dst)?;
+        let (src_ip, dst_ip) = s_ips
+            .iter()
+            .find_map(|a| d_ips.iter().find(|b| a.is_ipv6() == b.is_ipv6()).map(|b| (*a, *b)))
+            .ok_or_else(|| format!("{s} and {d} have no address of one family"))?;
+        Ok(Explanation {
+            src: s,
+            dst: d,
+            src_ip,
+            dst_ip,
+            verdict: v.verdict(src_ip, dst_ip, protocol, port),
+        })
+    }
+
+    /// Turns a packet a group chain logged into a deny event (kept unless its flow was
+    /// reported just before); `None` for a packet that is not weft's or not a flow.
+    pub fn logged(&self, prefix: &str, payload: &[u8]) -> Option<DenyEvent> {
+        let mut words = prefix.strip_prefix(PREFIX)?.split_whitespace();
+        let audit = words.next()? == "audit";
+        let chain = words.next()?;
+        let flow = flow_of(payload)?;
+        let latest = self.latest()?;
+        let group = latest.desired.groups.get(chain)?;
+        let ev = DenyEvent {
+            at_ms: now_ms(),
+            direction: group.direction,
+            audit,
+            src: latest.view.endpoint(flow.src).to_string(),
+            dst: latest.view.endpoint(flow.dst).to_string(),
+            flow,
+            policies: group.policies.clone(),
+        };
+        self.denies.record(ev.clone()).then_some(ev)
+    }
+
+    /// Reads the kernel's counters into `weft_policy_verdicts_total` (what rules
+    /// accepted, per policy; what group chains denied or audited, per isolating
+    /// policy). A counter recreated since the last sample counts from zero.
+    pub async fn sample_verdicts(&self) {
+        let Some(latest) = self.latest() else { return };
+        let kernel = self.kernel.clone();
+        let read = tokio::task::spawn_blocking(move || kernel.lock().expect("policy kernel lock").counters()).await;
+        let Ok(Ok(counters)) = read else { return };
+        let d = &latest.desired;
+        let by_counter: HashMap<&str, &crate::plan::PolicyChain> =
+            d.policy_chains.values().map(|p| (p.counter.as_str(), p)).collect();
+        let mut sampled = self.sampled.lock().expect("sample lock");
+        for (name, value) in &counters {
+            let before = sampled.get(name).copied().unwrap_or(0);
+            let delta = if *value >= before { value - before } else { *value };
+            sampled.insert(name.clone(), *value);
+            if delta == 0 {
+                continue;
+            }
+            if let Some(p) = by_counter.get(name.as_str()) {
+                self.metrics.verdict(p.direction, "allow", &p.namespace, &p.name, delta);
+            } else if let Some(g) = name.strip_prefix('d').and_then(|h| d.groups.get(&format!("g{h}"))) {
+                let action = if g.audit { "audit" } else { "deny" };
+                for policy in &g.policies {
+                    let name = policy.split_once('/').map_or(policy.as_str(), |(_, n)| n);
+                    self.metrics.verdict(g.direction, action, &g.namespace, name, delta);
+                }
+            }
+        }
+        sampled.retain(|k, _| counters.contains_key(k));
     }
 
     /// The view a pass plans from, with `extra` (a pod being attached, not in the store
@@ -175,6 +306,10 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         }
         self.metrics.pass_seconds.observe(started.elapsed().as_secs_f64());
         self.metrics.isolated(&desired);
+        *self.latest.lock().expect("latest lock") = Some(Latest {
+            view: Arc::new(view),
+            desired: Arc::new(desired.clone()),
+        });
         state.applied = Some(desired);
         Ok(PassOutcome {
             synced: true,

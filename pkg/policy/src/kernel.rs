@@ -2,6 +2,8 @@
 //! ([`PolicyKernel`]), so the engine's decisions are tested against a fake; and its
 //! implementation over `nft` in the caller's network namespace ([`NftKernel`]).
 
+use std::collections::BTreeMap;
+
 use weft_kernel::KernelError;
 
 use crate::nft::{self, Observed};
@@ -13,6 +15,11 @@ pub trait PolicyKernel: Send + 'static {
     fn observe(&mut self) -> Result<Observed, KernelError>;
     /// Applies one nft transaction: all of it or nothing.
     fn apply(&mut self, script: &str) -> Result<(), KernelError>;
+    /// The packet counts of the table's named counters (what its rules accepted and
+    /// its group chains denied).
+    fn counters(&mut self) -> Result<BTreeMap<String, u64>, KernelError> {
+        Ok(self.observe()?.counters)
+    }
 }
 
 /// [`PolicyKernel`] through `nft` (package nftables), in the namespace of the calling
@@ -35,5 +42,16 @@ impl PolicyKernel for NftKernel {
         weft_kernel::nft::run(&["-f", "-"], Some(script))
             .map(|_| ())
             .map_err(|e| KernelError::os("writing the policy table", std::io::Error::other(e)))
+    }
+
+    fn counters(&mut self) -> Result<BTreeMap<String, u64>, KernelError> {
+        // Only the counters: the sets may be large.
+        match weft_kernel::nft::run(&["-j", "list", "counters", "table", "inet", TABLE], None) {
+            Ok(json) => nft::parse(&json)
+                .map(|o| o.counters)
+                .map_err(|e| KernelError::os("reading the policy counters", std::io::Error::other(e))),
+            Err(e) if e.contains("No such file or directory") => Ok(BTreeMap::new()),
+            Err(e) => Err(KernelError::os("reading the policy counters", std::io::Error::other(e))),
+        }
     }
 }

@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod denies;
 pub mod engine;
 pub mod eval;
 pub mod kernel;
@@ -15,7 +16,8 @@ pub mod nft;
 pub mod plan;
 pub mod selector;
 
-pub use engine::{Config, LocalPods, PassOutcome, PolicyEngine};
+pub use denies::{DenyEvent, DenyLog, Flow};
+pub use engine::{Config, Explanation, Latest, LocalPods, PassOutcome, PolicyEngine};
 pub use eval::{ClusterView, Endpoint, LocalPod, RuleRef, SideVerdict, Verdict};
 pub use kernel::{NftKernel, PolicyKernel};
 pub use metrics::PolicyMetrics;

@@ -36,6 +36,21 @@ pub struct NamespaceLabels {
     pub namespace: String,
 }
 
+/// A verdict of the policy table.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabels {
+    /// `ingress` or `egress`.
+    pub direction: &'static str,
+    /// `allow` (a rule of the policy accepted), `deny` (dropped: the policy isolates the
+    /// pod and no rule of any isolating policy allowed), `audit` (the same in an audit
+    /// namespace: forwarded).
+    pub action: &'static str,
+    /// The policy's namespace.
+    pub namespace: String,
+    /// The policy's name.
+    pub policy: String,
+}
+
 /// What network policy counts; get it with `metrics.families::<PolicyMetrics>()`.
 pub struct PolicyMetrics {
     /// `weft_policy_synced`: the cache has listed every kind once.
@@ -52,11 +67,27 @@ pub struct PolicyMetrics {
     pub isolated_pods: Family<DirectionLabels, Gauge>,
     /// `weft_policy_invalid{namespace}`: NetworkPolicies refused (not enforced).
     pub invalid: Family<NamespaceLabels, Gauge>,
+    /// `weft_policy_verdicts_total{direction, action, namespace, policy}`: new
+    /// connections (their first packets) each policy allowed, or denied as one of the
+    /// policies isolating the pod.
+    pub verdicts: Family<VerdictLabels, Counter>,
     /// Namespaces last reported with invalid policies, to zero them once fixed.
     invalid_seen: Mutex<Vec<String>>,
 }
 
 impl PolicyMetrics {
+    /// Counts `n` verdicts.
+    pub fn verdict(&self, direction: Direction, action: &'static str, namespace: &str, policy: &str, n: u64) {
+        self.verdicts
+            .get_or_create(&VerdictLabels {
+                direction: direction.as_str(),
+                action,
+                namespace: namespace.to_string(),
+                policy: policy.to_string(),
+            })
+            .inc_by(n);
+    }
+
     /// Sets the isolated-pod gauges from a plan.
     pub fn isolated(&self, d: &Desired) {
         for (dir, n) in [
@@ -100,6 +131,7 @@ impl Families for PolicyMetrics {
             pass_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             isolated_pods: Family::default(),
             invalid: Family::default(),
+            verdicts: Family::default(),
             invalid_seen: Mutex::default(),
         };
         metrics.register(
@@ -136,6 +168,11 @@ impl Families for PolicyMetrics {
             "weft_policy_invalid",
             "NetworkPolicies refused as invalid (not enforced), by namespace",
             m.invalid.clone(),
+        );
+        metrics.register(
+            "weft_policy_verdicts",
+            "New connections network policy decided, by direction, action (allow, deny, audit) and policy",
+            m.verdicts.clone(),
         );
         m
     }

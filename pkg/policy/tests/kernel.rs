@@ -282,6 +282,32 @@ fn the_kernel_blocks_exactly_what_the_evaluator_says() {
     assert_eq!(read, want, "the kernel reads back as the plan");
     assert_matches_verdicts(&hosts, &v2, "after the repairs");
 
+    // A denied connection's first packet comes back through NFLOG with its group's
+    // name: what names the pods and policies of a deny event.
+    let mut log = node.run(|| weft_kernel::nflog::NflogSocket::bind(weft_policy::plan::LOG_GROUP, 128).unwrap());
+    let blocked = hosts
+        .iter()
+        .flat_map(|s| hosts.iter().map(move |d| (s, d)))
+        .find(|(s, d)| s.ip != d.ip && d.pod.is_some() && !v2.verdict(s.ip, d.ip, PortProtocol::Tcp, 81).passes())
+        .expect("a blocked pair");
+    let target = SocketAddr::new(blocked.1.ip, 81);
+    assert!(
+        blocked
+            .0
+            .ns
+            .run(|| TcpStream::connect_timeout(&target, Duration::from_millis(300)).is_err())
+    );
+    let packets = log.next(Duration::from_secs(2)).unwrap();
+    let seen = packets
+        .iter()
+        .find_map(|p| weft_policy::denies::flow_of(&p.payload).map(|f| (p.prefix.clone(), f)))
+        .expect("a logged packet");
+    assert!(seen.0.starts_with("weft deny g"), "{seen:?}");
+    assert_eq!(
+        (seen.1.src, seen.1.dst, seen.1.port),
+        (blocked.0.ip, blocked.1.ip, Some(81))
+    );
+
     stop.store(true, Ordering::Relaxed);
     for s in servers {
         s.join().unwrap();

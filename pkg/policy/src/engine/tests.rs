@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use weft_kernel::KernelError;
 use weft_telemetry::Metrics;
 use weft_topology::{
-    ClusterNode, PolicyNamespace, PolicyObjects, PolicyPod, SourceError, Topology, TopologySource, TopologyStatus,
-    WireEnd,
+    ClusterNode, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol, SourceError, Topology, TopologySource,
+    TopologyStatus, WireEnd,
 };
 
 use super::*;
@@ -236,4 +236,68 @@ async fn an_invalid_policy_is_refused_alone_and_counted() {
             .1
             .contains("weft_policy_invalid{namespace=\"x\"} 0")
     );
+}
+
+/// What operators see: an explanation of a flow, a denied packet turned into an event
+/// naming pods and policies, and the kernel's counters in the verdict metric.
+#[tokio::test]
+async fn explain_denies_and_verdicts() {
+    let cluster = Cluster::new(true);
+    let pod = |name: &str, ip: &str| {
+        Arc::new(PolicyPod {
+            namespace: "x".into(),
+            name: name.into(),
+            ips: vec![ip.parse().unwrap()],
+            node: "n1".into(),
+            ..PolicyPod::default()
+        })
+    };
+    cluster.change(|o| {
+        o.policies.push(policy("deny", json!({"podSelector": {}})));
+        o.pods.push(pod("a", "10.0.0.1"));
+        o.pods.push(pod("b", "10.0.0.2"));
+    });
+    let (e, k, metrics) = engine(cluster, vec![local("a", "10.0.0.1"), local("b", "10.0.0.2")]);
+    assert!(
+        e.explain("x/b", "x/a", PortProtocol::Tcp, 80).is_err(),
+        "nothing before a pass"
+    );
+    e.pass(true).await.unwrap();
+    let ex = e.explain("x/b", "x/a", PortProtocol::Tcp, 80).unwrap();
+    assert_eq!((ex.src.as_str(), ex.dst.as_str()), ("x/b", "x/a"));
+    assert!(!ex.verdict.passes());
+    assert_eq!(ex.verdict.ingress.isolating, vec!["x/deny"]);
+    assert_eq!(ex.verdict.ingress.allowed_by, None);
+    assert!(
+        e.explain("x/nope", "x/a", PortProtocol::Tcp, 80)
+            .unwrap_err()
+            .contains("no pod x/nope")
+    );
+
+    let group = e.latest().unwrap().desired.ingress["weft-a"].clone();
+    let mut syn = vec![0x45, 0, 0, 40, 0, 0, 0, 0, 64, 6, 0, 0, 10, 0, 0, 2, 10, 0, 0, 1];
+    syn.extend_from_slice(&[0x9c, 0x40, 0, 80]);
+    let ev = e.logged(&format!("weft deny {group}"), &syn).unwrap();
+    assert_eq!((ev.src.as_str(), ev.dst.as_str()), ("x/b", "x/a"));
+    assert_eq!(ev.policies, vec!["x/deny"]);
+    assert_eq!(ev.direction, crate::Direction::Ingress);
+    assert!(
+        e.logged(&format!("weft deny {group}"), &syn).is_none(),
+        "rate-limited per flow"
+    );
+    assert!(e.logged("someone else's prefix", &syn).is_none());
+    assert_eq!(e.denies().recent(10).len(), 1);
+
+    k.holds.lock().unwrap().counters.insert(format!("d{}", &group[1..]), 3);
+    e.sample_verdicts().await;
+    let page = metrics.render("text/plain").1;
+    assert!(
+        page.contains(
+            "weft_policy_verdicts_total{direction=\"ingress\",action=\"deny\",namespace=\"x\",policy=\"deny\"} 3"
+        ),
+        "{page}"
+    );
+    k.holds.lock().unwrap().counters.insert(format!("d{}", &group[1..]), 5);
+    e.sample_verdicts().await;
+    assert!(metrics.render("text/plain").1.contains("policy=\"deny\"} 5"));
 }
