@@ -612,7 +612,8 @@ fn the_image_runs_weftd_as_the_daemonset_does() {
             continue;
         }
         let group = match resource.split('/').next().unwrap() {
-            "nodes" => "",
+            "nodes" | "pods" | "namespaces" => "",
+            "networkpolicies" => "networking.k8s.io",
             "topologies" => "networkop.co.uk",
             "wirestates" => "weft.dev",
             other => panic!("a request for {other}"),
