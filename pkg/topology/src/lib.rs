@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cnp;
 pub mod crds;
 pub mod dir;
 pub mod kube;
@@ -22,6 +23,7 @@ pub mod types;
 pub mod validate;
 
 pub use self::kube::{FIELD_MANAGER, KubeSource};
+pub use cnp::{ClusterNetworkPolicy, ClusterNetworkPolicySpec, CnpAction, CnpTier};
 pub use crds::crds_yaml;
 pub use dir::{DirSource, LoadProblem, parse_topologies, read_topologies};
 pub use node::ClusterNode;

@@ -185,6 +185,9 @@ pub struct PolicyObjects {
     /// Every `networking.k8s.io/v1` NetworkPolicy, sorted by namespace and name, as the
     /// API has it (validated by the policy engine, which refuses bad ones one by one).
     pub policies: Vec<Arc<NetworkPolicy>>,
+    /// Every `policy.networking.k8s.io/v1alpha2` ClusterNetworkPolicy, sorted by name
+    /// (none where the cluster has no such CRD).
+    pub cluster_policies: Vec<Arc<crate::ClusterNetworkPolicy>>,
     /// Whether every kind was listed once (before, "no policy" means "not known yet").
     pub synced: bool,
     /// Whether a watch is lost now (the objects are the last known; enforcement keeps
@@ -202,6 +205,8 @@ pub(crate) struct PolicyMaps {
     pub(crate) namespaces: BTreeMap<String, Arc<PolicyNamespace>>,
     /// By (namespace, name).
     pub(crate) policies: BTreeMap<(String, String), Arc<NetworkPolicy>>,
+    /// By name.
+    pub(crate) cluster_policies: BTreeMap<String, Arc<crate::ClusterNetworkPolicy>>,
 }
 
 impl PolicyMaps {
@@ -211,6 +216,7 @@ impl PolicyMaps {
             pods: self.pods.values().cloned().collect(),
             namespaces: self.namespaces.values().cloned().collect(),
             policies: self.policies.values().cloned().collect(),
+            cluster_policies: self.cluster_policies.values().cloned().collect(),
             synced,
             stale,
         }
