@@ -42,6 +42,10 @@ enum Command {
     /// (`| tcpdump -r -`, `| wireshark -k -i -`); bounded by --count, --duration and the
     /// daemon's caps; `--lab FILE` finds the pod's node.
     Capture(commands::capture::CaptureArgs),
+    /// Network policy: why a connection is allowed or denied (`explain`), and the flows
+    /// it denied (`denies`).
+    #[command(subcommand)]
+    Policy(commands::policy::PolicyAction),
     /// Benchmark weft beside the reference plugins (ptp + host-local), in namespaces
     /// it creates and removes. Needs root.
     Bench(commands::bench::BenchArgs),
@@ -92,6 +96,7 @@ fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyh
             Command::Wires => commands::wires::run(socket, json).await,
             Command::Link(action) => commands::link::run(action, socket, json).await,
             Command::Capture(args) => commands::capture::run(args, socket).await,
+            Command::Policy(action) => commands::policy::run(action, socket, json).await,
             Command::Bench(_) | Command::Lab(_) | Command::Crds | Command::Certs(_) | Command::InstallCni(_) => {
                 unreachable!("run outside the runtime")
             }

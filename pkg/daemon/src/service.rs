@@ -14,8 +14,9 @@ use weft_rpc::admin::admin_server::Admin;
 use weft_rpc::admin::{
     Call, CallsReply, CallsRequest, CaptureRequest, CapturedFrame as CapturedFrameMsg, HostPort as HostPortMsg,
     LinkInfo, LinkRef as LinkRefMsg, LinkResetRequest, LinkSetRequest, LinkShowReply, LinkShowRequest,
-    LinkStateRequest, PortsReply, PortsRequest, RangeUsage as RangeUsageMsg, StatusReply, StatusRequest,
-    WireEnd as WireEndMsg, WiresReply, WiresRequest,
+    LinkStateRequest, PolicyDeniesRequest, PolicyDeny, PolicyExplainReply, PolicyExplainRequest, PolicyState,
+    PortsReply, PortsRequest, RangeUsage as RangeUsageMsg, StatusReply, StatusRequest, WireEnd as WireEndMsg,
+    WiresReply, WiresRequest,
 };
 use weft_rpc::cnirpc::cni_server::Cni;
 use weft_rpc::cnirpc::{AddResponse, CheckResponse, CniArgs, DelResponse, GcResponse, StatusResponse};
@@ -177,10 +178,28 @@ pub struct AdminService<S = Store> {
     node_network: Option<NodeNetworkReport>,
     del_spool: Option<Arc<DelSpool>>,
     captures: Captures,
+    policy: Option<Arc<dyn PolicyAdmin>>,
 }
 
 /// The frames of one capture as the admin service streams them.
 pub type CaptureStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<CapturedFrameMsg, Status>> + Send>>;
+
+/// Network policy as the admin service reports it: the daemon's engine answers, the
+/// service only relays (in the admin API's own types).
+pub trait PolicyAdmin: Send + Sync + 'static {
+    /// The state for `weftctl status`.
+    fn state(&self) -> PolicyState;
+    /// Evaluates a new connection (`weftctl policy explain`); the error says why it
+    /// cannot (an unknown pod, no pass yet).
+    fn explain(&self, request: PolicyExplainRequest) -> Result<PolicyExplainReply, String>;
+    /// The last `limit` denied flows (0: all kept), oldest first.
+    fn denies(&self, limit: usize) -> Vec<PolicyDeny>;
+    /// The denied flows from now on (a follower that falls behind loses the oldest).
+    fn follow(&self) -> tokio::sync::broadcast::Receiver<PolicyDeny>;
+}
+
+/// The denied flows as the admin service streams them.
+pub type DenyStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<PolicyDeny, Status>> + Send>>;
 
 /// Reports the pod network between nodes for `weftctl status` (the daemon knows it; the
 /// admin service only relays it).
@@ -207,7 +226,14 @@ impl<S: AdminState> AdminService<S> {
             node_network: None,
             del_spool: None,
             captures: Captures::default(),
+            policy: None,
         }
+    }
+
+    /// Reports network policy (status, explain, denies) from `policy`.
+    pub fn with_policy(mut self, policy: Arc<dyn PolicyAdmin>) -> Self {
+        self.policy = Some(policy);
+        self
     }
 
     /// Holds link captures to `captures` (its limit, its gauge).
@@ -264,6 +290,7 @@ impl<S: AdminState> Admin for AdminService<S> {
             node_network: self.node_network.as_ref().and_then(|r| r()),
             schema_version: SCHEMA_VERSION,
             spooled_dels: self.del_spool.as_ref().map_or(0, |s| s.pending() as u64),
+            policy: self.policy.as_ref().map(|p| p.state()),
         }))
     }
 
@@ -389,6 +416,47 @@ impl<S: AdminState> Admin for AdminService<S> {
         });
         Ok(Response::new(Box::pin(frames)))
     }
+
+    async fn policy_explain(
+        &self,
+        request: Request<PolicyExplainRequest>,
+    ) -> Result<Response<PolicyExplainReply>, Status> {
+        let policy = policy_of(&self.policy)?;
+        policy
+            .explain(request.into_inner())
+            .map(Response::new)
+            .map_err(Status::failed_precondition)
+    }
+
+    type PolicyDeniesStream = DenyStream;
+
+    async fn policy_denies(&self, request: Request<PolicyDeniesRequest>) -> Result<Response<DenyStream>, Status> {
+        let policy = policy_of(&self.policy)?.clone();
+        let r = request.into_inner();
+        // Subscribed before the recent ones are read: none falls between the two.
+        let live = r.follow.then(|| policy.follow());
+        let recent = futures::stream::iter(policy.denies(r.limit as usize).into_iter().map(Ok));
+        let stream: DenyStream = match live {
+            None => Box::pin(recent),
+            Some(rx) => Box::pin(recent.chain(futures::stream::unfold(rx, |mut rx| async move {
+                loop {
+                    match rx.recv().await {
+                        Ok(d) => return Some((Ok(d), rx)),
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            }))),
+        };
+        Ok(Response::new(stream))
+    }
+}
+
+/// The policy seam, or why there is none.
+fn policy_of(p: &Option<Arc<dyn PolicyAdmin>>) -> Result<&Arc<dyn PolicyAdmin>, Status> {
+    p.as_ref().ok_or_else(|| {
+        Status::failed_precondition("this daemon enforces no network policy (it reads no cluster objects)")
+    })
 }
 
 /// A captured frame as the admin API streams it.

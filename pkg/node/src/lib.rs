@@ -14,6 +14,7 @@ pub mod error;
 pub mod lock;
 pub mod loops;
 pub mod metrics;
+pub mod netpol;
 pub mod ready;
 pub mod servers;
 pub mod source;
@@ -64,6 +65,8 @@ pub struct Node {
     reconcile: JoinHandle<()>,
     nodenet: JoinHandle<()>,
     policy: Option<JoinHandle<()>>,
+    /// The thread reading denied flows from the kernel, and what stops it.
+    deny_reader: Option<(std::thread::JoinHandle<()>, Arc<std::sync::atomic::AtomicBool>)>,
     store_probe: JoinHandle<()>,
     wires: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     /// The thread the wire data plane and server run on, stopped last.
@@ -329,6 +332,9 @@ impl Node {
         if let Some(w) = wiring {
             admin = admin.with_wiring(w);
         }
+        if let Some(engine) = &policy {
+            admin = admin.with_policy(Arc::new(netpol::EnginePolicyAdmin::new(engine.clone())));
+        }
         admin = admin
             .with_node_network(adapters::node_network_report(&nodenet, config.masquerade))
             .with_del_spool(spool)
@@ -339,7 +345,7 @@ impl Node {
             config.metrics_addr,
             ready.clone(),
             metrics.clone(),
-            loops::refresh_gauges(store.clone(), node_metrics, engine.clone()),
+            loops::refresh_gauges(store.clone(), node_metrics, engine.clone(), policy.clone()),
             stopped(stop_rx.clone()),
         )
         .await?;
@@ -358,7 +364,15 @@ impl Node {
             stopped(stop_rx.clone()),
         ));
         let nodenet_task = tokio::spawn(nodenet.clone().run(stopped(stop_rx.clone())));
-        let policy_task = policy.map(|engine| tokio::spawn(engine.run(stopped(stop_rx.clone()))));
+        let policy_task = policy
+            .clone()
+            .map(|engine| tokio::spawn(engine.run(stopped(stop_rx.clone()))));
+        let deny_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let deny_reader = policy
+            .clone()
+            .map(|engine| netpol::read_denies(engine, deny_stop.clone()))
+            .transpose()
+            .map_err(|e| NodeError::Recovery(format!("starting the deny log reader: {e}")))?;
         let store_probe = {
             let h = handler.clone();
             tokio::spawn(ready::probe_unwritable_store(
@@ -420,6 +434,7 @@ impl Node {
             reconcile,
             nodenet: nodenet_task,
             policy: policy_task,
+            deny_reader: deny_reader.map(|t| (t, deny_stop)),
             store_probe,
             wires,
             wire_runtime: wire_runtime.map(|(rt, _)| rt),
@@ -445,6 +460,10 @@ impl Node {
         let _ = self.nodenet.await;
         if let Some(t) = self.policy {
             let _ = t.await;
+        }
+        if let Some((thread, stop)) = self.deny_reader {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
         let _ = self.store_probe.await;
         if let Some(t) = self.wires {

@@ -1,5 +1,6 @@
 //! The node's periodic work: the reconcile ticker (DEL spool replayed, kernel checked
-//! against the store) and the gauges (and pod traffic) refreshed before each scrape.
+//! against the store) and the gauges (pod traffic, policy verdicts) refreshed before
+//! each scrape.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -69,13 +70,21 @@ async fn reconcile_once<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
 
 /// Sets the gauges read from the store (addresses per range, pods, whether it can
 /// write), the kernel wires' counters and the pods' traffic before a scrape.
-pub fn refresh_gauges(store: Store, metrics: Arc<NodeMetrics>, engine: Option<Arc<Engine>>) -> weft_telemetry::Refresh {
+pub fn refresh_gauges(
+    store: Store,
+    metrics: Arc<NodeMetrics>,
+    engine: Option<Arc<Engine>>,
+    policy: Option<Arc<crate::netpol::Engine>>,
+) -> weft_telemetry::Refresh {
     Arc::new(move || {
-        let (store, metrics, engine) = (store.clone(), metrics.clone(), engine.clone());
+        let (store, metrics, engine, policy) = (store.clone(), metrics.clone(), engine.clone(), policy.clone());
         Box::pin(async move {
             metrics.store_writable.set(i64::from(store.writable()));
             if let Some(engine) = engine {
                 engine.sample_counters().await;
+            }
+            if let Some(policy) = policy {
+                policy.sample_verdicts().await;
             }
             let read = store.run(|db| {
                 Ok((

@@ -91,6 +91,23 @@ pub struct Explanation {
     pub verdict: Verdict,
 }
 
+/// Network policy on this node, for operators.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Status {
+    /// Whether the cluster's objects have been listed.
+    pub synced: bool,
+    /// Whether a watch is lost (the last state stays enforced).
+    pub stale: bool,
+    /// Valid policies known.
+    pub policies: usize,
+    /// Refused policies, each with why.
+    pub invalid: Vec<String>,
+    /// This node's pods isolated for ingress.
+    pub isolated_ingress: usize,
+    /// The same for egress.
+    pub isolated_egress: usize,
+}
+
 /// The network policy engine of one node. Cheap to share: wrap it in an `Arc`.
 pub struct PolicyEngine<K> {
     cfg: Config,
@@ -135,6 +152,23 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         self.latest.lock().expect("latest lock").clone()
     }
 
+    /// What `weftctl status` says of policy on this node.
+    pub fn status(&self) -> Status {
+        let objects = self.source.policy_objects();
+        let latest = self.latest();
+        Status {
+            synced: objects.synced,
+            stale: objects.stale,
+            policies: latest.as_ref().map_or(0, |l| l.view.policies.len()),
+            invalid: latest
+                .as_ref()
+                .map(|l| l.view.errors.iter().map(ToString::to_string).collect())
+                .unwrap_or_default(),
+            isolated_ingress: latest.as_ref().map_or(0, |l| l.desired.ingress.len()),
+            isolated_egress: latest.as_ref().map_or(0, |l| l.desired.egress.len()),
+        }
+    }
+
     /// The denied flows seen.
     pub fn denies(&self) -> &DenyLog {
         &self.denies
@@ -177,19 +211,39 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     /// reported just before); `None` for a packet that is not weft's or not a flow.
     pub fn logged(&self, prefix: &str, payload: &[u8]) -> Option<DenyEvent> {
         let mut words = prefix.strip_prefix(PREFIX)?.split_whitespace();
-        let audit = words.next()? == "audit";
-        let chain = words.next()?;
+        let kind = words.next()?;
+        let name = words.next()?;
         let flow = flow_of(payload)?;
         let latest = self.latest()?;
-        let group = latest.desired.groups.get(chain)?;
+        let (direction, audit, policies) = match kind {
+            // A ClusterNetworkPolicy Deny rule, by its counter.
+            "cnp" => {
+                let r = latest.desired.cluster_rules.get(name)?;
+                let rule = if r.rule_name.is_empty() {
+                    format!("rule {}", r.rule)
+                } else {
+                    format!("rule {} ({})", r.rule, r.rule_name)
+                };
+                (
+                    r.direction,
+                    false,
+                    vec![format!("clusternetworkpolicy {} {rule}", r.policy)],
+                )
+            }
+            // A NetworkPolicy group chain's end.
+            _ => {
+                let group = latest.desired.groups.get(name)?;
+                (group.direction, kind == "audit", group.policies.clone())
+            }
+        };
         let ev = DenyEvent {
             at_ms: now_ms(),
-            direction: group.direction,
+            direction,
             audit,
             src: latest.view.endpoint(flow.src).to_string(),
             dst: latest.view.endpoint(flow.dst).to_string(),
             flow,
-            policies: group.policies.clone(),
+            policies,
         };
         self.denies.record(ev.clone()).then_some(ev)
     }
@@ -215,6 +269,13 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             }
             if let Some(p) = by_counter.get(name.as_str()) {
                 self.metrics.verdict(p.direction, "allow", &p.namespace, &p.name, delta);
+            } else if let Some(r) = d.cluster_rules.get(name) {
+                let action = match r.action {
+                    weft_topology::CnpAction::Accept => "allow",
+                    weft_topology::CnpAction::Deny => "deny",
+                    weft_topology::CnpAction::Pass => "pass",
+                };
+                self.metrics.verdict(r.direction, action, "", &r.policy, delta);
             } else if let Some(g) = name.strip_prefix('d').and_then(|h| d.groups.get(&format!("g{h}"))) {
                 let action = if g.audit { "audit" } else { "deny" };
                 for policy in &g.policies {

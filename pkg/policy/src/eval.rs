@@ -9,8 +9,9 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use weft_topology::{PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol};
+use weft_topology::{CnpAction, CnpTier, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol};
 
+use crate::cnp::{ClusterPeer, ClusterPolicy, ClusterRule};
 use crate::model::{Direction, Namespaces, Peer, Policy, PolicyError, PortMatch, Ports, Rule};
 use crate::selector::Labels;
 
@@ -65,6 +66,21 @@ pub struct RuleRef {
     pub rule: usize,
 }
 
+/// The ClusterNetworkPolicy rule that decided a flow (Accept or Deny) in its tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterDecision {
+    /// The tier.
+    pub tier: CnpTier,
+    /// The policy's name.
+    pub policy: String,
+    /// The rule's index in its direction's list.
+    pub rule: usize,
+    /// The rule's name (may be empty).
+    pub rule_name: String,
+    /// Accept or Deny.
+    pub action: CnpAction,
+}
+
 /// What one direction's policies say of a flow: egress of its source pod, ingress of its
 /// destination pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -77,19 +93,27 @@ pub struct SideVerdict {
     pub isolating: Vec<String>,
     /// The first rule that allows the flow, if one does.
     pub allowed_by: Option<RuleRef>,
-    /// Whether the pod's namespace is in audit mode (a deny is only counted and logged).
+    /// Whether the pod's namespace is in audit mode (a NetworkPolicy deny is only
+    /// counted and logged).
     pub audit: bool,
+    /// The ClusterNetworkPolicy rule that decided, in the Admin tier (before any
+    /// NetworkPolicy) or the Baseline tier (for a pod no NetworkPolicy isolates).
+    pub cluster: Option<ClusterDecision>,
 }
 
 impl SideVerdict {
     /// Whether the policies allow the flow this way.
     pub fn allows(&self) -> bool {
-        !self.policed || self.isolating.is_empty() || self.allowed_by.is_some()
+        match &self.cluster {
+            Some(d) => d.action == CnpAction::Accept,
+            None => !self.policed || self.isolating.is_empty() || self.allowed_by.is_some(),
+        }
     }
 
-    /// Whether the flow goes on this way: allowed, or denied only in audit mode.
+    /// Whether the flow goes on this way: allowed, or denied by NetworkPolicy only in
+    /// audit mode (a ClusterNetworkPolicy deny is the cluster admin's, never audited).
     pub fn passes(&self) -> bool {
-        self.allows() || self.audit
+        self.allows() || (self.audit && self.cluster.is_none())
     }
 }
 
@@ -127,6 +151,8 @@ pub struct ClusterView {
     pub policies: Vec<Arc<Policy>>,
     /// The policies of each namespace.
     pub by_namespace: HashMap<String, Vec<Arc<Policy>>>,
+    /// The ClusterNetworkPolicies that read, by tier, then priority, then name.
+    pub cluster_policies: Vec<Arc<ClusterPolicy>>,
     /// The policies that did not read, each with why.
     pub errors: Vec<PolicyError>,
     /// Node addresses, with the node's name.
@@ -199,6 +225,14 @@ impl ClusterView {
         }
         v.policies
             .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        for c in &objects.cluster_policies {
+            match ClusterPolicy::from_k8s(c) {
+                Ok(p) => v.cluster_policies.push(Arc::new(p)),
+                Err(e) => v.errors.push(e),
+            }
+        }
+        v.cluster_policies
+            .sort_by(|a, b| (a.tier, a.priority, &a.name).cmp(&(b.tier, b.priority, &b.name)));
         for p in &v.policies {
             v.by_namespace.entry(p.namespace.clone()).or_default().push(p.clone());
         }
@@ -238,6 +272,86 @@ impl ClusterView {
             .into_iter()
             .flatten()
             .filter(move |p| p.rules(dir).is_some() && p.selector.matches(&pod.labels))
+    }
+
+    /// The ClusterNetworkPolicies of `tier` whose subject is `pod` and that have rules
+    /// for `dir`, in the order they are evaluated.
+    pub fn cluster_selecting<'a>(
+        &'a self,
+        pod: &'a PolicyPod,
+        dir: Direction,
+        tier: CnpTier,
+    ) -> impl Iterator<Item = &'a Arc<ClusterPolicy>> + 'a {
+        self.cluster_policies.iter().filter(move |c| {
+            c.tier == tier
+                && !c.rules(dir).is_empty()
+                && !pod.host_network
+                && c.subject_namespaces.matches(self.namespace_labels(&pod.namespace))
+                && c.subject_pods.matches(&pod.labels)
+        })
+    }
+
+    /// Whether the far side at `ip` is `peer` of a ClusterNetworkPolicy rule doing
+    /// `action` (what weft cannot evaluate fails closed).
+    pub fn cluster_peer_matches(&self, peer: &ClusterPeer, action: CnpAction, ip: IpAddr) -> bool {
+        match peer {
+            ClusterPeer::Pods { namespaces, pods } => self.by_ip.get(&ip).is_some_and(|p| {
+                !p.host_network && namespaces.matches(self.namespace_labels(&p.namespace)) && pods.matches(&p.labels)
+            }),
+            ClusterPeer::Networks(nets) => nets.iter().any(|n| n.contains(&ip)),
+            ClusterPeer::AllNodes => self.nodes.contains_key(&ip),
+            ClusterPeer::FailClosed(_) => action != CnpAction::Accept,
+        }
+    }
+
+    fn cluster_rule_matches(
+        &self,
+        rule: &ClusterRule,
+        far: IpAddr,
+        proto: PortProtocol,
+        port: u16,
+        dst: Option<&PolicyPod>,
+    ) -> bool {
+        rule.peers
+            .iter()
+            .any(|p| self.cluster_peer_matches(p, rule.action, far))
+            && rule
+                .ports
+                .as_ref()
+                .is_none_or(|ports| ports.iter().any(|pm| Self::port_matches(pm, proto, port, dst)))
+    }
+
+    /// The first rule of `tier` that matches: `Some(decision)` for Accept or Deny,
+    /// `None` when none matches or a Pass hands over to the next tier.
+    #[allow(clippy::too_many_arguments)]
+    fn tier_decides(
+        &self,
+        tier: CnpTier,
+        pod: &PolicyPod,
+        dir: Direction,
+        far: IpAddr,
+        proto: PortProtocol,
+        port: u16,
+        dst: Option<&PolicyPod>,
+    ) -> Option<ClusterDecision> {
+        for c in self.cluster_selecting(pod, dir, tier) {
+            for (i, r) in c.rules(dir).iter().enumerate() {
+                if !self.cluster_rule_matches(r, far, proto, port, dst) {
+                    continue;
+                }
+                if r.action == CnpAction::Pass {
+                    return None;
+                }
+                return Some(ClusterDecision {
+                    tier,
+                    policy: c.name.clone(),
+                    rule: i,
+                    rule_name: r.name.clone(),
+                    action: r.action,
+                });
+            }
+        }
+        None
     }
 
     /// Whether `pod` is a pod peer `peer` of `policy` names (host-network pods never are).
@@ -320,6 +434,10 @@ impl ClusterView {
             audit: self.audit(&pod.namespace),
             ..SideVerdict::default()
         };
+        if let Some(d) = self.tier_decides(CnpTier::Admin, pod, dir, far, proto, port, dst) {
+            out.cluster = Some(d);
+            return out;
+        }
         for policy in self.isolating(pod, dir) {
             out.isolating.push(policy.full_name());
             if out.allowed_by.is_some() {
@@ -335,6 +453,9 @@ impl ClusterView {
                     rule: i,
                 });
             }
+        }
+        if out.isolating.is_empty() {
+            out.cluster = self.tier_decides(CnpTier::Baseline, pod, dir, far, proto, port, dst);
         }
         out
     }

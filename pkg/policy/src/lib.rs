@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cnp;
 pub mod denies;
 pub mod engine;
 pub mod eval;
@@ -16,9 +17,10 @@ pub mod nft;
 pub mod plan;
 pub mod selector;
 
+pub use cnp::{ClusterPeer, ClusterPolicy, ClusterRule};
 pub use denies::{DenyEvent, DenyLog, Flow};
-pub use engine::{Config, Explanation, Latest, LocalPods, PassOutcome, PolicyEngine};
-pub use eval::{ClusterView, Endpoint, LocalPod, RuleRef, SideVerdict, Verdict};
+pub use engine::{Config, Explanation, Latest, LocalPods, PassOutcome, PolicyEngine, Status};
+pub use eval::{ClusterDecision, ClusterView, Endpoint, LocalPod, RuleRef, SideVerdict, Verdict};
 pub use kernel::{NftKernel, PolicyKernel};
 pub use metrics::PolicyMetrics;
 pub use model::{Direction, Namespaces, Peer, Policy, PolicyError, PolicyId, PortMatch, Ports, Rule};

@@ -42,10 +42,11 @@ pub struct VerdictLabels {
     /// `ingress` or `egress`.
     pub direction: &'static str,
     /// `allow` (a rule of the policy accepted), `deny` (dropped: the policy isolates the
-    /// pod and no rule of any isolating policy allowed), `audit` (the same in an audit
-    /// namespace: forwarded).
+    /// pod and no rule of any isolating policy allowed, or a ClusterNetworkPolicy Deny
+    /// rule matched), `audit` (a NetworkPolicy deny in an audit namespace: forwarded),
+    /// `pass` (a ClusterNetworkPolicy Pass rule handed over to the next tier).
     pub action: &'static str,
-    /// The policy's namespace.
+    /// The policy's namespace (empty for a ClusterNetworkPolicy).
     pub namespace: String,
     /// The policy's name.
     pub policy: String,

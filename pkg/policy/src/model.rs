@@ -174,16 +174,28 @@ impl Policy {
     }
 }
 
-/// Why a NetworkPolicy is not enforced.
+/// Why a NetworkPolicy (or a ClusterNetworkPolicy) is not enforced.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("NetworkPolicy {namespace}/{name}: {reason}")]
+#[error("{}: {reason}", self.object())]
 pub struct PolicyError {
-    /// Its namespace.
+    /// Its namespace (empty for a cluster-scoped ClusterNetworkPolicy).
     pub namespace: String,
     /// Its name.
     pub name: String,
     /// What is wrong, naming the field.
     pub reason: String,
+}
+
+impl PolicyError {
+    /// The object, as people name it: `NetworkPolicy ns/name` or
+    /// `ClusterNetworkPolicy name`.
+    pub fn object(&self) -> String {
+        if self.namespace.is_empty() {
+            format!("ClusterNetworkPolicy {}", self.name)
+        } else {
+            format!("NetworkPolicy {}/{}", self.namespace, self.name)
+        }
+    }
 }
 
 fn cidr(s: &str, what: &str) -> Result<IpNet, String> {

@@ -23,8 +23,11 @@ use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 use weft_topology::{PolicyPod, PortProtocol};
 
+use weft_topology::{CnpAction, CnpTier};
+
+use crate::cnp::{ClusterPeer, ClusterPolicy};
 use crate::eval::ClusterView;
-use crate::model::{Direction, Peer, Policy, Ports, Rule};
+use crate::model::{Direction, Peer, Policy, PortMatch, Ports};
 
 /// The name of weft's policy table (family `inet`).
 pub const TABLE: &str = "weft-policy";
@@ -129,6 +132,23 @@ pub struct PolicyChain {
     pub counter: String,
 }
 
+/// What a ClusterNetworkPolicy rule's counter stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClusterRuleRef {
+    /// The policy's name.
+    pub policy: String,
+    /// Its tier.
+    pub tier: CnpTier,
+    /// The direction.
+    pub direction: Direction,
+    /// The rule's index.
+    pub rule: usize,
+    /// The rule's name.
+    pub rule_name: String,
+    /// What it does.
+    pub action: CnpAction,
+}
+
 /// The state weft's policy table should be in on this node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
@@ -146,6 +166,8 @@ pub struct Desired {
     pub groups: BTreeMap<String, Group>,
     /// Policy chains and what they stand for.
     pub policy_chains: BTreeMap<String, PolicyChain>,
+    /// ClusterNetworkPolicy rules by their counter.
+    pub cluster_rules: BTreeMap<String, ClusterRuleRef>,
 }
 
 fn short_hash(parts: &[&str]) -> String {
@@ -218,6 +240,168 @@ fn merge(mut ranges: Vec<(IpAddr, IpAddr)>) -> BTreeSet<Element> {
     out.into_iter().map(|(a, b)| Element::Range(a, b)).collect()
 }
 
+/// Puts sets of pod addresses and of ranges into `d` under `prefix`, and returns their
+/// matches for `dir` (none for an empty kind).
+fn address_sets(
+    dir: Direction,
+    prefix: &str,
+    pods: Option<[BTreeSet<Element>; 2]>,
+    nets: [Vec<(IpAddr, IpAddr)>; 2],
+    d: &mut Desired,
+) -> Vec<(String, Option<bool>)> {
+    let mut out = Vec::new();
+    if let Some(addrs) = pods {
+        for (v6, elements) in addrs.into_iter().enumerate() {
+            let v6 = v6 == 1;
+            let name = format!("{prefix}_pods{}", if v6 { 6 } else { 4 });
+            let kind = if v6 { SetKind::Addr6 } else { SetKind::Addr4 };
+            d.sets.insert(name.clone(), SetSpec { kind, elements });
+            out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
+        }
+    }
+    for (v6, ranges) in nets.into_iter().enumerate() {
+        if ranges.is_empty() {
+            continue;
+        }
+        let v6 = v6 == 1;
+        let name = format!("{prefix}_nets{}", if v6 { 6 } else { 4 });
+        let kind = if v6 { SetKind::Net6 } else { SetKind::Net4 };
+        d.sets.insert(
+            name.clone(),
+            SetSpec {
+                kind,
+                elements: merge(ranges),
+            },
+        );
+        out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
+    }
+    out
+}
+
+/// The address matches of a ClusterNetworkPolicy rule's peers; `[("", None)]` when a
+/// peer weft cannot evaluate makes a Deny or Pass rule match everything (fail closed);
+/// none when nothing can match.
+fn cluster_peer_matches(
+    view: &ClusterView,
+    peers: &[ClusterPeer],
+    action: CnpAction,
+    dir: Direction,
+    prefix: &str,
+    d: &mut Desired,
+) -> Vec<(String, Option<bool>)> {
+    if action != CnpAction::Accept && peers.iter().any(|p| matches!(p, ClusterPeer::FailClosed(_))) {
+        return vec![(String::new(), None)];
+    }
+    let pods = peers.iter().any(|p| matches!(p, ClusterPeer::Pods { .. })).then(|| {
+        let mut addrs = [BTreeSet::new(), BTreeSet::new()];
+        for pod in &view.pods {
+            if pod.ips.iter().any(|ip| {
+                peers
+                    .iter()
+                    .any(|p| matches!(p, ClusterPeer::Pods { .. }) && view.cluster_peer_matches(p, action, *ip))
+            }) {
+                for ip in &pod.ips {
+                    addrs[usize::from(ip.is_ipv6())].insert(Element::Addr(*ip));
+                }
+            }
+        }
+        addrs
+    });
+    let mut nets: [Vec<(IpAddr, IpAddr)>; 2] = [Vec::new(), Vec::new()];
+    for p in peers {
+        match p {
+            ClusterPeer::Networks(list) => {
+                for n in list {
+                    nets[usize::from(n.addr().is_ipv6())].push((n.network(), n.broadcast()));
+                }
+            }
+            ClusterPeer::AllNodes => {
+                for ip in view.nodes.keys() {
+                    nets[usize::from(ip.is_ipv6())].push((*ip, *ip));
+                }
+            }
+            ClusterPeer::Pods { .. } | ClusterPeer::FailClosed(_) => {}
+        }
+    }
+    address_sets(dir, prefix, pods, nets, d)
+}
+
+/// The rules of one tier's ClusterNetworkPolicies for `dir`, inline and in order: the
+/// first that matches decides (accept, or a logged drop) or, for Pass, does `on_pass`
+/// (a goto to the next tier's chain, or a return to the default).
+fn cluster_lines(
+    view: &ClusterView,
+    cnps: &[&std::sync::Arc<ClusterPolicy>],
+    dir: Direction,
+    on_pass: &str,
+    local: &[(String, std::sync::Arc<PolicyPod>)],
+    d: &mut Desired,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    for cnp in cnps {
+        let selected: Vec<&PolicyPod> = local
+            .iter()
+            .map(|(_, p)| &**p)
+            .filter(|p| {
+                cnp.subject_namespaces.matches(view.namespace_labels(&p.namespace))
+                    && cnp.subject_pods.matches(&p.labels)
+            })
+            .collect();
+        for (i, rule) in cnp.rules(dir).iter().enumerate() {
+            let counter = format!("k{}{}{i}", cnp.id, dir.letter());
+            d.counters.insert(counter.clone());
+            d.cluster_rules.insert(
+                counter.clone(),
+                ClusterRuleRef {
+                    policy: cnp.name.clone(),
+                    tier: cnp.tier,
+                    direction: dir,
+                    rule: i,
+                    rule_name: rule.name.clone(),
+                    action: rule.action,
+                },
+            );
+            let spec_hash = short_hash(&[&format!("{rule:?}")]);
+            let prefix = format!("{counter}{}", &spec_hash[..4]);
+            let peers = cluster_peer_matches(view, &rule.peers, rule.action, dir, &prefix, d);
+            let ports = port_matches(view, rule.ports.as_ref(), dir, &prefix, &selected, d);
+            for peer in &peers {
+                for port in &ports {
+                    if let (Some(a), Some(b)) = (peer.1, port.1)
+                        && a != b
+                    {
+                        continue;
+                    }
+                    let m: String = [peer.0.as_str(), port.0.as_str()]
+                        .iter()
+                        .filter(|x| !x.is_empty())
+                        .map(|x| format!("{x} "))
+                        .collect();
+                    match rule.action {
+                        CnpAction::Accept => lines.push(format!("{m}counter name \"{counter}\" accept")),
+                        CnpAction::Deny => {
+                            lines.push(format!(
+                                "{m}limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {LOG_GROUP} prefix \"weft cnp {counter}\""
+                            ));
+                            lines.push(format!("{m}counter name \"{counter}\" drop"));
+                        }
+                        CnpAction::Pass => lines.push(format!("{m}counter name \"{counter}\" {on_pass}")),
+                    }
+                }
+            }
+        }
+    }
+    lines
+}
+
+/// Adds a chain named after what it holds (`letter`, a hash, the direction).
+fn named_chain(letter: char, dir: Direction, lines: Vec<String>, d: &mut Desired) -> String {
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let name = format!("{letter}{}{}", short_hash(&refs), dir.letter());
+    d.chains.entry(name.clone()).or_insert(lines);
+    name
+}
+
 /// The peer-match expression of one side (`saddr` for ingress, `daddr` for egress).
 fn addr_match(dir: Direction, v6: bool) -> &'static str {
     match (dir, v6) {
@@ -250,7 +434,7 @@ fn plan_policy(
     for (ri, rule) in rules.iter().enumerate() {
         let prefix = format!("{chain}r{ri}");
         let peers = peer_matches(view, policy, rule, dir, &prefix, d);
-        let ports = port_matches(view, rule, dir, &prefix, selected_local, d);
+        let ports = port_matches(view, rule.ports.as_ref(), dir, &prefix, selected_local, d);
         for peer in &peers {
             for port in &ports {
                 // A family-bound match on one side rules out the other family.
@@ -289,7 +473,7 @@ fn plan_policy(
 fn peer_matches(
     view: &ClusterView,
     policy: &Policy,
-    rule: &Rule,
+    rule: &crate::model::Rule,
     dir: Direction,
     prefix: &str,
     d: &mut Desired,
@@ -297,8 +481,7 @@ fn peer_matches(
     let Some(peers) = &rule.peers else {
         return vec![(String::new(), None)];
     };
-    let mut out = Vec::new();
-    if peers.iter().any(|p| matches!(p, Peer::Pods { .. })) {
+    let pods = peers.iter().any(|p| matches!(p, Peer::Pods { .. })).then(|| {
         let mut addrs = [BTreeSet::new(), BTreeSet::new()];
         for pod in &view.pods {
             if peers.iter().any(|p| view.pod_is_peer(policy, p, pod)) {
@@ -307,50 +490,28 @@ fn peer_matches(
                 }
             }
         }
-        for (v6, elements) in addrs.into_iter().enumerate() {
-            let v6 = v6 == 1;
-            let name = format!("{prefix}_pods{}", if v6 { 6 } else { 4 });
-            let kind = if v6 { SetKind::Addr6 } else { SetKind::Addr4 };
-            d.sets.insert(name.clone(), SetSpec { kind, elements });
-            out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
-        }
-    }
+        addrs
+    });
     let mut nets: [Vec<(IpAddr, IpAddr)>; 2] = [Vec::new(), Vec::new()];
     for p in peers {
         if let Peer::Block { cidr, except } = p {
             nets[usize::from(cidr.addr().is_ipv6())].extend(block_ranges(cidr, except));
         }
     }
-    for (v6, ranges) in nets.into_iter().enumerate() {
-        if ranges.is_empty() {
-            continue;
-        }
-        let v6 = v6 == 1;
-        let name = format!("{prefix}_nets{}", if v6 { 6 } else { 4 });
-        let kind = if v6 { SetKind::Net6 } else { SetKind::Net4 };
-        d.sets.insert(
-            name.clone(),
-            SetSpec {
-                kind,
-                elements: merge(ranges),
-            },
-        );
-        out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
-    }
-    out
+    address_sets(dir, prefix, pods, nets, d)
 }
 
 /// The port matches of a rule, each with the family it binds; `[("", None)]` when the
 /// rule takes every port.
 fn port_matches(
     view: &ClusterView,
-    rule: &Rule,
+    ports: Option<&Vec<PortMatch>>,
     dir: Direction,
     prefix: &str,
     selected_local: &[&PolicyPod],
     d: &mut Desired,
 ) -> Vec<(String, Option<bool>)> {
-    let Some(ports) = &rule.ports else {
+    let Some(ports) = ports else {
         return vec![(String::new(), None)];
     };
     let mut out = Vec::new();
@@ -405,49 +566,87 @@ pub fn plan(view: &ClusterView) -> Desired {
         .collect();
     for dir in Direction::BOTH {
         for (host_ifname, pod) in &local {
+            let admin: Vec<&std::sync::Arc<ClusterPolicy>> = view.cluster_selecting(pod, dir, CnpTier::Admin).collect();
+            let baseline: Vec<&std::sync::Arc<ClusterPolicy>> =
+                view.cluster_selecting(pod, dir, CnpTier::Baseline).collect();
             let isolating: Vec<&std::sync::Arc<Policy>> = view.isolating(pod, dir).collect();
-            if isolating.is_empty() {
-                continue;
-            }
-            let audit = view.audit(&pod.namespace);
-            let mut jumps = Vec::new();
-            for policy in &isolating {
-                let selected: Vec<&PolicyPod> = local
-                    .iter()
-                    .map(|(_, p)| &**p)
-                    .filter(|p| p.namespace == policy.namespace && policy.selector.matches(&p.labels))
-                    .collect();
-                jumps.push(plan_policy(view, policy, dir, &selected, &mut d));
-            }
-            let group = Group {
-                direction: dir,
-                namespace: pod.namespace.clone(),
-                policies: isolating.iter().map(|p| p.full_name()).collect(),
-                audit,
+            // NetworkPolicy decides for the pods it isolates; the Baseline tier only for
+            // the others.
+            let tail = if !isolating.is_empty() {
+                Some(group_chain(view, pod, &isolating, dir, &local, &mut d))
+            } else if !baseline.is_empty() {
+                let lines = cluster_lines(view, &baseline, dir, "return", &local, &mut d);
+                Some(named_chain('b', dir, lines, &mut d))
+            } else {
+                None
             };
-            let mut key: Vec<&str> = jumps.iter().map(String::as_str).collect();
-            key.push(if audit { "audit" } else { "enforce" });
-            let name = format!("g{}{}", short_hash(&key), dir.letter());
-            if !d.chains.contains_key(&name) {
-                let counter = format!("d{}", &name[1..]);
-                d.counters.insert(counter.clone());
-                let mut rules: Vec<String> = jumps.iter().map(|j| format!("jump {j}")).collect();
-                let (word, verdict) = if audit { ("audit", "accept") } else { ("deny", "drop") };
-                rules.push(format!(
-                    "limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {LOG_GROUP} prefix \"weft {word} {name}\""
-                ));
-                rules.push(format!("counter name \"{counter}\" {verdict}"));
-                d.chains.insert(name.clone(), rules);
-                d.groups.insert(name.clone(), group);
-            }
+            let entry = if admin.is_empty() {
+                tail
+            } else {
+                let on_pass = tail.as_ref().map_or("return".to_string(), |t| format!("goto {t}"));
+                let mut lines = cluster_lines(view, &admin, dir, &on_pass, &local, &mut d);
+                if let Some(t) = &tail {
+                    lines.push(format!("goto {t}"));
+                }
+                Some(named_chain('a', dir, lines, &mut d))
+            };
+            let Some(entry) = entry else { continue };
             let map = match dir {
                 Direction::Egress => &mut d.egress,
                 Direction::Ingress => &mut d.ingress,
             };
-            map.insert(host_ifname.clone(), name);
+            map.insert(host_ifname.clone(), entry);
         }
     }
     d
+}
+
+/// The NetworkPolicy tier of the pods `isolating` isolates for `dir`: a chain that
+/// jumps to each policy's chain (a rule that matches accepts) and ends in a logged,
+/// counted drop (an accept in an audit namespace). Pods of one namespace with the same
+/// policies share it.
+fn group_chain(
+    view: &ClusterView,
+    pod: &PolicyPod,
+    isolating: &[&std::sync::Arc<Policy>],
+    dir: Direction,
+    local: &[(String, std::sync::Arc<PolicyPod>)],
+    d: &mut Desired,
+) -> String {
+    let audit = view.audit(&pod.namespace);
+    let mut jumps = Vec::new();
+    for policy in isolating {
+        let selected: Vec<&PolicyPod> = local
+            .iter()
+            .map(|(_, p)| &**p)
+            .filter(|p| p.namespace == policy.namespace && policy.selector.matches(&p.labels))
+            .collect();
+        jumps.push(plan_policy(view, policy, dir, &selected, d));
+    }
+    let mut key: Vec<&str> = jumps.iter().map(String::as_str).collect();
+    key.push(if audit { "audit" } else { "enforce" });
+    let name = format!("g{}{}", short_hash(&key), dir.letter());
+    if !d.chains.contains_key(&name) {
+        let counter = format!("d{}", &name[1..]);
+        d.counters.insert(counter.clone());
+        let mut rules: Vec<String> = jumps.iter().map(|j| format!("jump {j}")).collect();
+        let (word, verdict) = if audit { ("audit", "accept") } else { ("deny", "drop") };
+        rules.push(format!(
+            "limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {LOG_GROUP} prefix \"weft {word} {name}\""
+        ));
+        rules.push(format!("counter name \"{counter}\" {verdict}"));
+        d.chains.insert(name.clone(), rules);
+        d.groups.insert(
+            name.clone(),
+            Group {
+                direction: dir,
+                namespace: pod.namespace.clone(),
+                policies: isolating.iter().map(|p| p.full_name()).collect(),
+                audit,
+            },
+        );
+    }
+    name
 }
 
 impl Desired {

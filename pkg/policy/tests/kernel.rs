@@ -132,6 +132,7 @@ fn objects(hosts: &[Host], labels: &HashMap<String, String>, policies: Vec<Arc<N
         policies,
         synced: true,
         stale: false,
+        cluster_policies: Vec::new(),
     }
 }
 
@@ -307,6 +308,85 @@ fn the_kernel_blocks_exactly_what_the_evaluator_says() {
         (seen.1.src, seen.1.dst, seen.1.port),
         (blocked.0.ip, blocked.1.ip, Some(81))
     );
+
+    stop.store(true, Ordering::Relaxed);
+    for s in servers {
+        s.join().unwrap();
+    }
+}
+
+fn cnp(name: &str, spec: Value) -> Arc<weft_topology::ClusterNetworkPolicy> {
+    Arc::new(
+        serde_json::from_value(json!({"apiVersion": "policy.networking.k8s.io/v1alpha2",
+            "kind": "ClusterNetworkPolicy", "metadata": {"name": name}, "spec": spec}))
+        .unwrap(),
+    )
+}
+
+/// The ClusterNetworkPolicy tiers in the kernel: Admin Deny over a NetworkPolicy that
+/// allows, Admin Accept over a NetworkPolicy that denies, Pass to NetworkPolicy, the
+/// Baseline tier for pods no NetworkPolicy isolates, egress to networks; every
+/// connection passes exactly when the evaluator says; a priority change swaps the
+/// admin chain in one transaction.
+#[test]
+fn cluster_network_policy_tiers_in_the_kernel() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    node.run(weft_kernel::enable_forwarding).unwrap();
+    let hosts = vec![
+        host(&node, 10, "10.9.1.10", "10.9.1.1", Some(("x", "a"))),
+        host(&node, 11, "10.9.1.11", "10.9.1.1", Some(("x", "b"))),
+        host(&node, 12, "10.9.1.12", "10.9.1.1", Some(("y", "c"))),
+        host(&node, 13, "198.51.100.3", "198.51.100.1", None),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let servers: Vec<_> = hosts.iter().flat_map(|h| serve(h, stop.clone())).collect();
+    let policies = vec![
+        np("x", "deny", json!({"podSelector": {}})),
+        np(
+            "x",
+            "from-y",
+            json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]}),
+        ),
+    ];
+    let cnps = |admin_priority: i32| {
+        vec![
+            cnp(
+                "admin-no-y-81",
+                json!({"tier": "Admin", "priority": admin_priority, "subject": {"namespaces": {"matchLabels": {"ns": "x"}}},
+                       "ingress": [{"action": "Deny", "from": [{"namespaces": {"matchLabels": {"ns": "y"}}}],
+                                    "match": [{"tcp": [{"port": {"number": 81}}]}]},
+                                   {"action": "Pass", "from": [{"namespaces": {}}]}]}),
+            ),
+            cnp(
+                "admin-b-ok",
+                json!({"tier": "Admin", "priority": 20, "subject": {"namespaces": {"matchLabels": {"ns": "x"}}},
+                       "ingress": [{"action": "Accept", "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"pod": "b"}}}}]}]}),
+            ),
+            cnp(
+                "baseline-y",
+                json!({"tier": "Baseline", "priority": 1, "subject": {"namespaces": {"matchLabels": {"ns": "y"}}},
+                       "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}],
+                       "egress": [{"action": "Deny", "to": [{"networks": ["198.51.100.0/24"]}], "ports": [{"portNumber": {"protocol": "TCP", "port": 80}}]}]}),
+            ),
+        ]
+    };
+    let labels = HashMap::new();
+    let mut o = objects(&hosts, &labels, policies.clone());
+    o.cluster_policies = cnps(10);
+    let v = view(&hosts, &o);
+    assert!(v.errors.is_empty(), "{:?}", v.errors);
+    program(&node, &v).expect("a first install");
+    assert_eq!(program(&node, &v), None);
+    assert_matches_verdicts(&hosts, &v, "with the tiers");
+
+    // admin-no-y-81 after admin-b-ok: b's Accept now comes first for b.
+    o.cluster_policies = cnps(30);
+    let v2 = view(&hosts, &o);
+    program(&node, &v2).expect("a change");
+    assert_matches_verdicts(&hosts, &v2, "after the priority change");
 
     stop.store(true, Ordering::Relaxed);
     for s in servers {

@@ -9,6 +9,7 @@ pub mod install;
 pub mod lab;
 pub mod lab_graph;
 pub mod link;
+pub mod policy;
 pub mod ports;
 pub mod status;
 pub mod wires;

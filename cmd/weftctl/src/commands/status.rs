@@ -1,5 +1,5 @@
-//! `weftctl status`: daemon health, per-range address usage, and how pods reach other
-//! nodes.
+//! `weftctl status`: daemon health, per-range address usage, how pods reach other
+//! nodes, and network policy.
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -49,6 +49,18 @@ struct Status {
     ranges: Vec<Range>,
     #[serde(skip_serializing_if = "Option::is_none")]
     node_network: Option<NodeNetwork>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy: Option<Policy>,
+}
+
+#[derive(Serialize)]
+struct Policy {
+    synced: bool,
+    stale: bool,
+    policies: u32,
+    invalid: Vec<String>,
+    isolated_ingress: u32,
+    isolated_egress: u32,
 }
 
 fn human_duration(mut s: i64) -> String {
@@ -105,6 +117,14 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
                     problem: p.problem,
                 })
                 .collect(),
+        }),
+        policy: r.policy.map(|p| Policy {
+            synced: p.synced,
+            stale: p.stale,
+            policies: p.policies,
+            invalid: p.invalid,
+            isolated_ingress: p.isolated_ingress,
+            isolated_egress: p.isolated_egress,
         }),
     };
     if json {
@@ -167,6 +187,21 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
             for p in &n.peers {
                 println!("{:<24} {:<12} {}", p.name, p.mode, p.problem);
             }
+        }
+    }
+    if let Some(p) = &status.policy {
+        println!();
+        let state = match (p.synced, p.stale) {
+            (false, _) => "NOT SYNCED (the cluster's objects are not listed yet: the last table stays)",
+            (true, true) => "STALE (a watch is lost: the last known policies stay enforced)",
+            (true, false) => "in step",
+        };
+        println!(
+            "policy       {state}; {} policies, pods isolated: {} ingress, {} egress",
+            p.policies, p.isolated_ingress, p.isolated_egress
+        );
+        for i in &p.invalid {
+            println!("  refused: {i}");
         }
     }
     Ok(())

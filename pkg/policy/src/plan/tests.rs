@@ -70,6 +70,7 @@ impl World {
                 policies: Vec::new(),
                 synced: true,
                 stale: false,
+                cluster_policies: Vec::new(),
             },
             local,
         }
