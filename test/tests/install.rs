@@ -170,6 +170,8 @@ fn manifests_render_and_validate_offline_with_minimal_rbac() {
         ("", "namespaces", "watch"),
         ("networking.k8s.io", "networkpolicies", "list"),
         ("networking.k8s.io", "networkpolicies", "watch"),
+        ("policy.networking.k8s.io", "clusternetworkpolicies", "list"),
+        ("policy.networking.k8s.io", "clusternetworkpolicies", "watch"),
         ("networkop.co.uk", "topologies", "list"),
         ("networkop.co.uk", "topologies", "watch"),
         ("networkop.co.uk", "topologies/status", "patch"),
@@ -614,6 +616,7 @@ fn the_image_runs_weftd_as_the_daemonset_does() {
         let group = match resource.split('/').next().unwrap() {
             "nodes" | "pods" | "namespaces" => "",
             "networkpolicies" => "networking.k8s.io",
+            "clusternetworkpolicies" => "policy.networking.k8s.io",
             "topologies" => "networkop.co.uk",
             "wirestates" => "weft.dev",
             other => panic!("a request for {other}"),

@@ -25,8 +25,19 @@ use crate::{
 pub const FIELD_MANAGER: &str = "weftd";
 
 /// A [`TopologySource`] backed by watch caches of every `Topology` and every `Node` in
-/// the cluster, and, for network policy, of every `Pod`, `Namespace` and
-/// `NetworkPolicy`. Writes go to the API server.
+/// the cluster, and, for network policy, of every `Pod`, `Namespace`, `NetworkPolicy`
+/// and `ClusterNetworkPolicy`. Writes go to the API server.
+///
+/// ClusterNetworkPolicy's CRD is not weft's, so the policy objects do not wait for it:
+/// where the cluster answers 404 (no CRD) the kind counts as listed with none (synced,
+/// not stale; said once in the log) and is asked for again after 1 s, doubling up to
+/// every 60 s, so a CRD installed later is picked up. A 403 (the ClusterRole lacks it)
+/// is logged as an error and counts as listed too, but stale: never synced would leave
+/// every new pod of a cluster whose RBAC was not updated without networking (a 403 does
+/// not even say the CRD exists), while stale keeps saying (`weft_policy_stale`,
+/// `/readyz`) that their Admin-tier denies, if any, are not enforced; ones read before
+/// the 403 stay enforced. Any other failure is a lost watch: stale, the last objects
+/// kept.
 pub struct KubeSource {
     client: Client,
     node_name: String,
@@ -236,15 +247,16 @@ async fn drive<K, S>(stream: S, what: &'static str, on_event: impl FnMut(&watche
 where
     S: Stream<Item = watcher::Result<watcher::Event<K>>>,
 {
-    drive_with(stream, what, on_event, |_| {}).await
+    drive_with(stream, what, on_event, |_| false).await
 }
 
-/// [`drive`], calling `on_error` too when the watch fails (not when it merely expires).
+/// [`drive`], calling `on_error` too when the watch fails (not when it merely expires);
+/// an error `on_error` says is expected (`true`) is not warned about.
 async fn drive_with<K, S>(
     stream: S,
     what: &'static str,
     mut on_event: impl FnMut(&watcher::Event<K>),
-    mut on_error: impl FnMut(&watcher::Error),
+    mut on_error: impl FnMut(&watcher::Error) -> bool,
 ) where
     S: Stream<Item = watcher::Result<watcher::Event<K>>>,
 {
@@ -257,8 +269,11 @@ async fn drive_with<K, S>(
                 tracing::debug!(resource = what, "watch expired (410 Gone); relisting")
             }
             Err(e) => {
-                tracing::warn!(resource = what, error = %e, "watch failed; retrying with backoff");
-                on_error(&e);
+                if on_error(&e) {
+                    tracing::debug!(resource = what, error = %e, "watch failed as expected; retrying later");
+                } else {
+                    tracing::warn!(resource = what, error = %e, "watch failed; retrying with backoff");
+                }
             }
         }
     }

@@ -1,7 +1,7 @@
-//! Pods, namespaces and network policies as network policy needs them: the few fields
-//! policy reads (labels, addresses, named ports, node), kept by the sources' watch
-//! caches instead of whole objects, and handed out as one snapshot
-//! ([`PolicyObjects`]) that a source rebuilds whenever one of them changes.
+//! Pods, namespaces, network policies and cluster network policies as network policy
+//! needs them: the few fields policy reads (labels, addresses, named ports, node, specs),
+//! kept by the sources' watch caches instead of whole objects, and handed out as one
+//! snapshot ([`PolicyObjects`]) that a source rebuilds whenever one of them changes.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use crate::ClusterNetworkPolicy;
 
 /// The namespace annotation that puts a namespace's policies in audit mode: would-be
 /// denies are counted and logged, and forwarded.
@@ -185,13 +187,14 @@ pub struct PolicyObjects {
     /// Every `networking.k8s.io/v1` NetworkPolicy, sorted by namespace and name, as the
     /// API has it (validated by the policy engine, which refuses bad ones one by one).
     pub policies: Vec<Arc<NetworkPolicy>>,
-    /// Every `policy.networking.k8s.io/v1alpha2` ClusterNetworkPolicy, sorted by name
-    /// (none where the cluster has no such CRD).
-    pub cluster_policies: Vec<Arc<crate::ClusterNetworkPolicy>>,
+    /// Every `policy.networking.k8s.io/v1alpha2` ClusterNetworkPolicy, sorted by name,
+    /// with only its name, uid, generation and spec (none where the cluster has no such
+    /// CRD; none, or the last known, and `stale`, where weftd may not read them).
+    pub cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
     /// Whether every kind was listed once (before, "no policy" means "not known yet").
     pub synced: bool,
-    /// Whether a watch is lost now (the objects are the last known; enforcement keeps
-    /// them, and says it is stale).
+    /// Whether a watch is lost (or refused) now (the objects are the last known;
+    /// enforcement keeps them, and says it is stale).
     pub stale: bool,
 }
 
@@ -206,7 +209,7 @@ pub(crate) struct PolicyMaps {
     /// By (namespace, name).
     pub(crate) policies: BTreeMap<(String, String), Arc<NetworkPolicy>>,
     /// By name.
-    pub(crate) cluster_policies: BTreeMap<String, Arc<crate::ClusterNetworkPolicy>>,
+    pub(crate) cluster_policies: BTreeMap<String, Arc<ClusterNetworkPolicy>>,
 }
 
 impl PolicyMaps {
@@ -242,6 +245,25 @@ pub(crate) fn slim_policy(p: &mut NetworkPolicy) {
     p.metadata = kube::api::ObjectMeta {
         name: p.metadata.name.take(),
         namespace: Some(p.metadata.namespace.take().unwrap_or_else(|| "default".into())),
+        uid: p.metadata.uid.take(),
+        generation: p.metadata.generation.take(),
+        ..Default::default()
+    };
+}
+
+/// Where a cluster network policy is kept in [`PolicyMaps::cluster_policies`]; `None`
+/// without a name.
+pub(crate) fn cluster_policy_key(p: &ClusterNetworkPolicy) -> Option<String> {
+    p.metadata.name.clone()
+}
+
+/// Keeps a ClusterNetworkPolicy's name, uid, generation and spec, as [`slim_policy`]
+/// does for a NetworkPolicy (and for the same reason: an update that changes none of
+/// them compares equal). It is cluster-scoped, so a namespace (a file may write one) is
+/// dropped, as the API server would.
+pub(crate) fn slim_cluster_policy(p: &mut ClusterNetworkPolicy) {
+    p.metadata = kube::api::ObjectMeta {
+        name: p.metadata.name.take(),
         uid: p.metadata.uid.take(),
         generation: p.metadata.generation.take(),
         ..Default::default()

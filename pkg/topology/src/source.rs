@@ -8,8 +8,10 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use tokio::sync::watch;
 
-use crate::objects::{PolicyMaps, pod_key, policy_key};
-use crate::{ClusterNode, PolicyNamespace, PolicyObjects, PolicyPod, Topology, TopologyStatus, WireEnd};
+use crate::objects::{PolicyMaps, cluster_policy_key, pod_key, policy_key};
+use crate::{
+    ClusterNetworkPolicy, ClusterNode, PolicyNamespace, PolicyObjects, PolicyPod, Topology, TopologyStatus, WireEnd,
+};
 
 /// What can go wrong talking to a source.
 #[derive(Debug, thiserror::Error)]
@@ -56,8 +58,8 @@ pub trait TopologySource: Send + Sync + 'static {
     fn changes(&self) -> watch::Receiver<u64>;
     /// Whether the caches are filled (the daemon is not ready before).
     fn ready(&self) -> bool;
-    /// Pods, namespaces and network policies as network policy reads them (a source
-    /// without them: empty, and never synced).
+    /// Pods, namespaces, network policies and cluster network policies as network
+    /// policy reads them (a source without them: empty, and never synced).
     fn policy_objects(&self) -> Arc<crate::PolicyObjects> {
         Arc::default()
     }
@@ -68,8 +70,8 @@ pub trait TopologySource: Send + Sync + 'static {
     }
 }
 
-/// An in-memory source for tests: topologies, nodes, pods, namespaces and network
-/// policies are put in by hand; statuses written through the trait land on them. Its
+/// An in-memory source for tests: topologies, nodes, pods, namespaces, network
+/// policies and cluster network policies are put in by hand; statuses written through the trait land on them. Its
 /// policy objects start synced (everything it has is all there is) and not stale.
 pub struct MemorySource {
     topologies: Mutex<BTreeMap<(String, String), Arc<Topology>>>,
@@ -216,6 +218,25 @@ impl MemorySource {
         });
     }
 
+    /// Adds or replaces a cluster network policy (by name); one without a name is
+    /// ignored.
+    pub fn put_cluster_policy(&self, mut policy: ClusterNetworkPolicy) {
+        // Cluster-scoped: the API server would keep no namespace.
+        policy.metadata.namespace = None;
+        self.change_policy(|p| {
+            if let Some(key) = cluster_policy_key(&policy) {
+                p.maps.cluster_policies.insert(key, Arc::new(policy));
+            }
+        });
+    }
+
+    /// Removes a cluster network policy.
+    pub fn remove_cluster_policy(&self, name: &str) {
+        self.change_policy(|p| {
+            p.maps.cluster_policies.remove(name);
+        });
+    }
+
     /// Sets [`PolicyObjects::synced`] (to test what happens before the first list).
     pub fn set_policy_synced(&self, synced: bool) {
         self.change_policy(|p| p.synced = synced);
@@ -329,6 +350,49 @@ mod tests {
         assert_eq!(o.pods.len(), 1);
         assert!(o.namespaces.is_empty() && o.policies.is_empty() && !o.synced);
         // Nothing of it is a topology change.
+        assert_eq!(*source.changes().borrow(), 0);
+    }
+
+    #[test]
+    fn memory_source_cluster_policies_are_sorted_by_name_and_move_only_on_change() {
+        let source = MemorySource::default();
+        let changes = source.policy_changes();
+        let cnp = |name: &str, priority: i32| {
+            let mut c = ClusterNetworkPolicy::new(
+                name,
+                crate::ClusterNetworkPolicySpec {
+                    priority,
+                    ..Default::default()
+                },
+            );
+            c.metadata.namespace = Some("ignored".into());
+            c
+        };
+        source.put_cluster_policy(cnp("b", 1));
+        source.put_cluster_policy(cnp("a", 2));
+        assert_eq!(*changes.borrow(), 2);
+        let o = source.policy_objects();
+        let names: Vec<_> = (o.cluster_policies.iter())
+            .map(|c| (c.metadata.name.as_deref().unwrap(), c.metadata.namespace.as_deref()))
+            .collect();
+        assert_eq!(names, [("a", None), ("b", None)], "sorted, cluster-scoped");
+
+        // The same again moves nothing; a new spec moves once.
+        source.put_cluster_policy(cnp("a", 2));
+        assert_eq!(*changes.borrow(), 2);
+        source.put_cluster_policy(cnp("a", 3));
+        assert_eq!(*changes.borrow(), 3);
+        assert_eq!(source.policy_objects().cluster_policies[0].spec.priority, 3);
+        // Without a name, nothing.
+        source.put_cluster_policy(ClusterNetworkPolicy::default());
+        assert_eq!(*changes.borrow(), 3);
+
+        source.remove_cluster_policy("b");
+        source.remove_cluster_policy("nothing");
+        assert_eq!(*changes.borrow(), 4);
+        let o = source.policy_objects();
+        assert_eq!(o.cluster_policies.len(), 1);
+        assert!(o.pods.is_empty() && o.policies.is_empty());
         assert_eq!(*source.changes().borrow(), 0);
     }
 }

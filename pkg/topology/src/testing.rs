@@ -1,6 +1,7 @@
 //! An in-process fake Kubernetes API server for tests: an axum [`Router`] handed to
 //! [`kube::Client::new`] (no socket), serving `Topology`, `Node`, `WireState`, `Pod`,
-//! `Namespace` and `NetworkPolicy` with the list/watch semantics kube's watchers rely on.
+//! `Namespace`, `NetworkPolicy` and `ClusterNetworkPolicy` with the list/watch semantics
+//! kube's watchers rely on.
 //!
 //! What it does, as a real API server would:
 //! - one global `resourceVersion`, bumped by every change; LIST answers carry it;
@@ -17,12 +18,15 @@
 //!   `/status` subresource;
 //! - field selectors `a.b=v` (`==` too, comma-separated), namespaced and all-namespaces
 //!   paths;
-//! - the label `kubernetes.io/metadata.name` on every Namespace written.
+//! - the label `kubernetes.io/metadata.name` on every Namespace written, and no
+//!   namespace on a cluster-scoped object.
 //!
 //! The test changes objects with [`FakeApiServer::put`] and [`FakeApiServer::delete`],
 //! reads them back with [`FakeApiServer::get`], cuts the watches of one resource with
-//! [`FakeApiServer::disconnect`], and checks what clients asked with
-//! [`FakeApiServer::count`].
+//! [`FakeApiServer::disconnect`], takes a resource away as a cluster without its CRD
+//! ([`FakeApiServer::unserve`], 404) or without the RBAC to read it
+//! ([`FakeApiServer::forbid`], 403) until [`FakeApiServer::serve`], and checks what
+//! clients asked with [`FakeApiServer::count`].
 //!
 //! A client in the test process gets the router itself ([`FakeApiServer::client`]); a
 //! process the test starts (weftd in a container, say) reaches it as a pod reaches the
@@ -56,7 +60,7 @@ struct Kind {
     namespaced: bool,
 }
 
-const KINDS: [Kind; 6] = [
+const KINDS: [Kind; 7] = [
     Kind {
         api_version: "networkop.co.uk/v1beta1",
         kind: "Topology",
@@ -92,6 +96,12 @@ const KINDS: [Kind; 6] = [
         kind: "NetworkPolicy",
         plural: "networkpolicies",
         namespaced: true,
+    },
+    Kind {
+        api_version: "policy.networking.k8s.io/v1alpha2",
+        kind: "ClusterNetworkPolicy",
+        plural: "clusternetworkpolicies",
+        namespaced: false,
     },
 ];
 
@@ -131,6 +141,8 @@ struct Store {
     cuts: BTreeMap<&'static str, u64>,
     /// Resources whose list and watch requests wait (see `disconnect`).
     held: BTreeSet<&'static str>,
+    /// Resources every request of which is refused with this code (see `unserve`).
+    refused: BTreeMap<&'static str, StatusCode>,
     /// What clients asked and what they were answered, e.g. "list topologies".
     log: Vec<String>,
 }
@@ -142,6 +154,8 @@ impl Store {
         let meta = object["metadata"].as_object_mut().expect("an object with metadata");
         if kind.namespaced && meta.get("namespace").is_none_or(Value::is_null) {
             meta.insert("namespace".into(), "default".into());
+        } else if !kind.namespaced {
+            meta.remove("namespace");
         }
         if kind.kind == "Namespace" {
             let name = meta.get("name").cloned().unwrap_or_default();
@@ -338,10 +352,39 @@ impl FakeApiServer {
         self.shared.change(|s| s.held.remove(kind.plural));
     }
 
+    /// Makes `K` a resource this server does not have, as a cluster without its CRD: its
+    /// open watches end and every request for it is answered `404 NotFound` until
+    /// [`FakeApiServer::serve`]. Its objects are kept, and [`FakeApiServer::put`] still
+    /// works: the test plays whoever installs the CRD and creates objects with it.
+    pub fn unserve<K: Resource<DynamicType = ()>>(&self) {
+        self.refuse(kind_of::<K>(), StatusCode::NOT_FOUND);
+    }
+
+    /// Refuses every request for `K` with `403 Forbidden` (a ClusterRole without it)
+    /// until [`FakeApiServer::serve`]; its open watches end.
+    pub fn forbid<K: Resource<DynamicType = ()>>(&self) {
+        self.refuse(kind_of::<K>(), StatusCode::FORBIDDEN);
+    }
+
+    /// Answers the requests for `K` again (after [`FakeApiServer::unserve`] or
+    /// [`FakeApiServer::forbid`]).
+    pub fn serve<K: Resource<DynamicType = ()>>(&self) {
+        let kind = kind_of::<K>();
+        self.shared.change(|s| s.refused.remove(kind.plural));
+    }
+
+    fn refuse(&self, kind: &'static Kind, code: StatusCode) {
+        self.shared.change(|s| {
+            s.refused.insert(kind.plural, code);
+            *s.cuts.entry(kind.plural).or_default() += 1;
+        });
+    }
+
     /// How many requests or answers were logged as exactly `what`: `list P`, `watch P`,
     /// `get P`, `patch P` (`patch P/status`), `expired P` (a 410 sent), `bookmark P`,
     /// where `P` is the plural (`topologies`, `nodes`, `wirestates`, `pods`,
-    /// `namespaces`, `networkpolicies`).
+    /// `namespaces`, `networkpolicies`, `clusternetworkpolicies`). A request refused
+    /// (see [`FakeApiServer::unserve`]) is logged as asked.
     pub fn count(&self, what: &str) -> usize {
         self.shared.store().log.iter().filter(|l| *l == what).count()
     }
@@ -622,6 +665,9 @@ async fn serve(
         (Method::GET, Some(name)) => {
             let mut store = shared.store();
             store.log.push(format!("get {}", t.kind.plural));
+            if let Some(refused) = refusal(&store, t.kind, "get") {
+                return refused;
+            }
             match store.objects.get(&object_key(t.kind, t.namespace.as_deref(), name)) {
                 Some(object) => reply(StatusCode::OK, object),
                 None => not_found(&t, name),
@@ -639,6 +685,9 @@ async fn serve(
 async fn list(shared: Arc<Shared>, filter: Filter) -> Response {
     shared.store().log.push(format!("list {}", filter.kind.plural));
     shared.connected(filter.kind).await;
+    if let Some(refused) = refusal(&shared.store(), filter.kind, "list") {
+        return refused;
+    }
     let store = shared.store();
     let items: Vec<&Value> = (store.objects.iter())
         .filter(|((plural, _, _), o)| filter.matches(plural, o))
@@ -725,6 +774,9 @@ async fn watch_objects(shared: Arc<Shared>, filter: Filter, query: &HashMap<Stri
     let plural = filter.kind.plural;
     shared.store().log.push(format!("watch {plural}"));
     shared.connected(filter.kind).await;
+    if let Some(refused) = refusal(&shared.store(), filter.kind, "watch") {
+        return refused;
+    }
     let from = query
         .get("resourceVersion")
         .and_then(|rv| rv.parse::<u64>().ok())
@@ -820,6 +872,9 @@ fn patch(
     let key = object_key(t.kind, t.namespace.as_deref(), name);
     shared.change(|store| {
         store.log.push(format!("patch {}{subresource}", t.kind.plural));
+        if let Some(refused) = refusal(store, t.kind, "patch") {
+            return refused;
+        }
         // `/status` changes only the status; the object itself, everything but the status.
         let mut object = match store.objects.get(&key) {
             // Server-side apply of the object itself creates it.
@@ -901,6 +956,30 @@ fn status_object(code: StatusCode, reason: &str, message: &str) -> Value {
 
 fn failure(code: StatusCode, reason: &str, message: &str) -> Response {
     reply(code, &status_object(code, reason, message))
+}
+
+/// The answer to a request for `kind` while it is refused (see
+/// [`FakeApiServer::unserve`]), worded as the API server words it.
+fn refusal(store: &Store, kind: &Kind, verb: &str) -> Option<Response> {
+    let code = *store.refused.get(kind.plural)?;
+    if code == StatusCode::NOT_FOUND {
+        return Some(failure(
+            code,
+            "NotFound",
+            "the server could not find the requested resource",
+        ));
+    }
+    let group = kind.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    let resource = match group {
+        "" => kind.plural.to_string(),
+        group => format!("{}.{group}", kind.plural),
+    };
+    let message = format!(
+        "{resource} is forbidden: User \"system:serviceaccount:kube-system:weft\" cannot {verb} resource \
+         \"{}\" in API group \"{group}\" at the cluster scope",
+        kind.plural
+    );
+    Some(failure(code, "Forbidden", &message))
 }
 
 fn not_found(t: &Target, name: &str) -> Response {
@@ -988,6 +1067,54 @@ mod tests {
         assert_eq!(server.count("list pods"), 2);
         assert_eq!(server.count("list networkpolicies"), 2);
         assert_eq!(server.count("get namespaces"), 1);
+    }
+
+    #[tokio::test]
+    async fn serves_cluster_network_policies_and_takes_them_away_on_request() {
+        use crate::{ClusterNetworkPolicy, ClusterNetworkPolicySpec};
+        use futures::StreamExt;
+        use kube::api::{WatchEvent, WatchParams};
+        let server = FakeApiServer::new();
+        let mut cnp = ClusterNetworkPolicy::new("a", ClusterNetworkPolicySpec::default());
+        cnp.metadata.namespace = Some("ignored".into());
+        let stored = server.put(&cnp);
+        assert_eq!(stored.metadata.namespace, None, "cluster-scoped");
+        let api = Api::<ClusterNetworkPolicy>::all(server.client());
+        let lp = ListParams::default();
+        let list = api.list(&lp).await.unwrap();
+        assert_eq!(list.items.len(), 1);
+        let rv = list.metadata.resource_version.unwrap();
+        let mut watch = api.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
+
+        // No CRD: the open watch ends, and everything is 404 until it is served again.
+        server.unserve::<ClusterNetworkPolicy>();
+        assert!(watch.next().await.is_none(), "the watch ends");
+        let code = |e: kube::Error| match e {
+            kube::Error::Api(s) => (s.code, s.reason),
+            e => panic!("{e:?}"),
+        };
+        assert_eq!(code(api.list(&lp).await.unwrap_err()), (404, "NotFound".into()));
+        assert_eq!(code(api.get("a").await.unwrap_err()).0, 404);
+        assert!(api.watch(&WatchParams::default(), "0").await.is_err());
+        // Whoever installs the CRD again creates objects with it.
+        server.put(&ClusterNetworkPolicy::new("b", ClusterNetworkPolicySpec::default()));
+        server.serve::<ClusterNetworkPolicy>();
+        assert_eq!(api.list(&lp).await.unwrap().items.len(), 2);
+
+        // No RBAC: 403.
+        let mut watch = api.watch(&WatchParams::default(), "0").await.unwrap().boxed();
+        assert!(matches!(watch.next().await, Some(Ok(WatchEvent::Added(_)))));
+        server.forbid::<ClusterNetworkPolicy>();
+        let (code, reason) = code(api.list(&lp).await.unwrap_err());
+        assert_eq!((code, reason.as_str()), (403, "Forbidden"));
+        server.serve::<ClusterNetworkPolicy>();
+        assert_eq!(api.list(&lp).await.unwrap().items.len(), 2);
+        assert_eq!(
+            server.count("list clusternetworkpolicies"),
+            5,
+            "refused requests are logged as asked"
+        );
+        assert_eq!(server.count("watch clusternetworkpolicies"), 3);
     }
 
     #[tokio::test]

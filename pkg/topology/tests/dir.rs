@@ -1,6 +1,7 @@
-//! `DirSource`'s policy objects: Pods, Namespaces and NetworkPolicies read from the lab's
-//! files (several documents per file, JSON lists), bad files reported and skipped, and
-//! `policy_changes` moving only when the snapshot changes.
+//! `DirSource`'s policy objects: Pods, Namespaces, NetworkPolicies and
+//! ClusterNetworkPolicies read from the lab's files (several documents per file, JSON
+//! lists), bad files reported and skipped, and `policy_changes` moving only when the
+//! snapshot changes.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -261,4 +262,116 @@ fn an_unreadable_directory_keeps_the_objects_and_is_stale_until_readable() {
     assert!(!after.stale && after.synced);
     assert_eq!(*after, *before);
     assert_eq!(*policy_changes.borrow(), moved + 2);
+}
+
+const CLUSTER_POLICIES: &str = "\
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata:
+  name: deny-db
+  namespace: ignored
+  labels: {team: a}
+  managedFields: [{manager: kubectl, operation: Apply}]
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {env: prod}}}
+  ingress:
+  - name: no-db
+    action: Deny
+    from: [{namespaces: {matchLabels: {app: db}}}]
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: baseline}
+spec:
+  tier: Baseline
+  priority: 900
+  subject: {namespaces: {}}
+";
+
+fn cluster_policies(o: &PolicyObjects) -> Vec<String> {
+    (o.cluster_policies.iter())
+        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .collect()
+}
+
+#[test]
+fn cluster_policies_come_from_files_and_another_api_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    lab(dir.path());
+    write(dir.path(), "cnp.yaml", CLUSTER_POLICIES);
+    // AdminNetworkPolicy's group and version (read as v1alpha2 it would look enforced
+    // and not be), one without a name, and a duplicate.
+    write(
+        dir.path(),
+        "old.yaml",
+        "apiVersion: policy.networking.k8s.io/v1alpha1\nkind: ClusterNetworkPolicy\nmetadata: {name: old}\n\
+         spec: {tier: Admin, priority: 1, subject: {namespaces: {}}}\n---\n\
+         apiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {}\n\
+         spec: {tier: Admin, priority: 1, subject: {namespaces: {}}}\n---\n\
+         apiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {name: baseline}\n\
+         spec: {tier: Admin, priority: 2, subject: {namespaces: {}}}\n",
+    );
+    let source = start(dir.path());
+    let problems: Vec<String> = (source.problems().iter())
+        .map(|p| format!("{}: {}", p.object.as_deref().unwrap_or("-"), p.reason))
+        .collect();
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(
+        problems[0] == "ClusterNetworkPolicy (document at line 5): no name",
+        "{problems:?}"
+    );
+    assert!(
+        problems[1].starts_with("ClusterNetworkPolicy baseline: duplicate of the one in"),
+        "{problems:?}"
+    );
+    assert_eq!(
+        problems[2],
+        "ClusterNetworkPolicy old (document at line 1): apiVersion \"policy.networking.k8s.io/v1alpha1\" \
+         is not policy.networking.k8s.io/v1alpha2"
+    );
+
+    let o = source.policy_objects();
+    assert!(o.synced && !o.stale);
+    assert_eq!(cluster_policies(&o), ["baseline", "deny-db"]);
+    let deny = &o.cluster_policies[1];
+    assert_eq!(deny.spec.priority, 10);
+    assert_eq!(deny.spec.ingress[0].name, "no-db");
+    assert_eq!(deny.metadata.namespace, None, "cluster-scoped");
+    assert_eq!(deny.metadata.labels, None, "slimmed");
+    assert_eq!(deny.metadata.managed_fields, None, "slimmed");
+    assert_eq!(o.cluster_policies[0].spec.priority, 900, "the first baseline wins");
+    // The rest of the lab is there too.
+    assert_eq!(policies(&o), ["db/deny", "default/allow-web"]);
+
+    // A change moves policy_changes once, the same written again not at all, a removal once.
+    let policy_changes = source.policy_changes();
+    let mut expected = *policy_changes.borrow();
+    write(
+        dir.path(),
+        "cnp.yaml",
+        &CLUSTER_POLICIES.replace("priority: 10", "priority: 20"),
+    );
+    source.reload().unwrap();
+    expected += 1;
+    assert_eq!(*policy_changes.borrow(), expected);
+    assert_eq!(source.policy_objects().cluster_policies[1].spec.priority, 20);
+    write(
+        dir.path(),
+        "cnp.yaml",
+        &CLUSTER_POLICIES
+            .replace("priority: 10", "priority: 20")
+            .replace("team: a", "team: b"),
+    );
+    source.reload().unwrap();
+    assert_eq!(*policy_changes.borrow(), expected, "a label is not read");
+    std::fs::remove_file(dir.path().join("cnp.yaml")).unwrap();
+    source.reload().unwrap();
+    expected += 1;
+    assert_eq!(*policy_changes.borrow(), expected);
+    // The duplicate in old.yaml is the one now.
+    let o = source.policy_objects();
+    assert_eq!(cluster_policies(&o), ["baseline"]);
+    assert_eq!(o.cluster_policies[0].spec.priority, 2);
 }

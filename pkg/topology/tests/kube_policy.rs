@@ -1,6 +1,7 @@
-//! `KubeSource`'s policy objects (Pods, Namespaces, NetworkPolicies) against the
-//! in-process fake API server: the snapshot, when `policy_changes` moves (and when it
-//! must not), `synced`, and `stale` across a lost watch.
+//! `KubeSource`'s policy objects (Pods, Namespaces, NetworkPolicies,
+//! ClusterNetworkPolicies) against the in-process fake API server: the snapshot, when
+//! `policy_changes` moves (and when it must not), `synced`, `stale` across a lost watch,
+//! and a cluster without the ClusterNetworkPolicy CRD (404) or the RBAC to read it (403).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,9 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use weft_topology::testing::FakeApiServer;
-use weft_topology::{KubeSource, NamedPort, PolicyObjects, PortProtocol, Topology, TopologySource, TopologySpec};
+use weft_topology::{
+    ClusterNetworkPolicy, KubeSource, NamedPort, PolicyObjects, PortProtocol, Topology, TopologySource, TopologySpec,
+};
 
 const NODE: &str = "node-1";
 
@@ -76,6 +79,34 @@ fn policy(namespace: &str, name: &str, app: &str) -> NetworkPolicy {
         },
     }))
     .expect("a NetworkPolicy")
+}
+
+fn cluster_policy(name: &str, priority: i32) -> ClusterNetworkPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha2",
+        "kind": "ClusterNetworkPolicy",
+        "metadata": {
+            "name": name,
+            "generation": 1,
+            "labels": {"team": "a"},
+            "annotations": {"note": "x"},
+            "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+        },
+        "spec": {
+            "tier": "Admin",
+            "priority": priority,
+            "subject": {"namespaces": {"matchLabels": {"env": "prod"}}},
+            "ingress": [{"name": "no-db", "action": "Deny", "from": [{"namespaces": {"matchLabels": {"app": "db"}}}]}],
+        },
+    }))
+    .expect("a ClusterNetworkPolicy")
+}
+
+/// The names of the snapshot's ClusterNetworkPolicies, in its order.
+fn cluster_policies(o: &PolicyObjects) -> Vec<String> {
+    (o.cluster_policies.iter())
+        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .collect()
 }
 
 /// Polls `cond` every 20 ms for up to 10 s; whether it became true.
@@ -304,14 +335,17 @@ async fn policy_changes_moves_once_per_change_that_policy_reads() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn synced_only_once_all_three_kinds_listed_and_ready_does_not_wait() {
+async fn synced_only_once_all_four_kinds_listed_and_ready_does_not_wait() {
     let server = server();
     server.put(&pod("web", "a", json!({"app": "web"}), &["10.244.1.4"]));
     server.put(&namespace("web", json!({}), false));
     server.put(&policy("web", "allow-web", "web"));
+    server.put(&cluster_policy("deny-db", 10));
     server.disconnect::<Pod>();
     server.disconnect::<Namespace>();
     server.disconnect::<NetworkPolicy>();
+    // Unreachable is not absent: ClusterNetworkPolicies are waited for like the rest.
+    server.disconnect::<ClusterNetworkPolicy>();
     let source = KubeSource::start(server.client(), NODE.into());
     let policy_changes = source.policy_changes();
 
@@ -334,12 +368,19 @@ async fn synced_only_once_all_three_kinds_listed_and_ready_does_not_wait() {
     // Held for longer than a lost watch takes to show: unlisted kinds are not stale.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(!source.policy_objects().stale);
-    let before = *policy_changes.borrow();
     server.reconnect::<Namespace>();
+    assert!(wait_for(|| !source.policy_objects().namespaces.is_empty()).await);
+    assert!(
+        !source.policy_objects().synced,
+        "synced with ClusterNetworkPolicies unlisted"
+    );
+    let before = *policy_changes.borrow();
+    server.reconnect::<ClusterNetworkPolicy>();
     assert!(wait_for(|| source.policy_objects().synced).await, "{:?}", server.log());
     let o = source.policy_objects();
     assert!(!o.stale);
     assert_eq!((o.pods.len(), o.namespaces.len(), o.policies.len()), (1, 1, 1));
+    assert_eq!(cluster_policies(&o), ["deny-db"]);
     assert!(*policy_changes.borrow() > before);
 }
 
@@ -351,6 +392,7 @@ async fn lost_watch<K: kube::Resource<DynamicType = ()>>() {
     server.put(&pod("web", "b", json!({"app": "web"}), &["10.244.1.5"]));
     server.put(&namespace("web", json!({}), false));
     server.put(&policy("web", "allow-web", "web"));
+    server.put(&cluster_policy("deny-db", 10));
     let source = start(&server).await;
     let before = source.policy_objects();
     let policy_changes = source.policy_changes();
@@ -368,6 +410,7 @@ async fn lost_watch<K: kube::Resource<DynamicType = ()>>() {
     server.put(&pod("web", "a", json!({"app": "web"}), &["10.244.1.40"]));
     server.put(&namespace("web", json!({"env": "prod"}), false));
     server.put(&policy("web", "allow-web", "api"));
+    server.put(&cluster_policy("deny-db", 20));
     server.compact();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let during = source.policy_objects();
@@ -376,7 +419,8 @@ async fn lost_watch<K: kube::Resource<DynamicType = ()>>() {
     match K::plural(&()).as_ref() {
         "pods" => assert_eq!(during.pods, before.pods),
         "namespaces" => assert_eq!(during.namespaces, before.namespaces),
-        _ => assert_eq!(during.policies, before.policies),
+        "networkpolicies" => assert_eq!(during.policies, before.policies),
+        _ => assert_eq!(during.cluster_policies, before.cluster_policies),
     }
 
     server.reconnect::<K>();
@@ -387,6 +431,7 @@ async fn lost_watch<K: kube::Resource<DynamicType = ()>>() {
             && ips(&source, "web", "a") == Some(vec!["10.244.1.40".into()])
             && o.namespaces[0].labels.contains_key("env")
             && o.policies[0].spec == policy("web", "allow-web", "api").spec
+            && o.cluster_policies.first().is_some_and(|c| c.spec.priority == 20)
     };
     assert!(
         wait_for(converged).await,
@@ -414,4 +459,177 @@ async fn a_lost_namespace_watch_keeps_the_namespaces_and_is_stale_until_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_policy_watch_keeps_the_policies_and_is_stale_until_back() {
     lost_watch::<NetworkPolicy>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_cluster_policy_watch_keeps_the_cluster_policies_and_is_stale_until_back() {
+    lost_watch::<ClusterNetworkPolicy>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_policies_arrive_sorted_and_slimmed_and_move_policy_changes_once_per_change() {
+    let server = server();
+    server.put(&cluster_policy("deny-db", 10));
+    server.put(&cluster_policy("baseline", 900));
+    let source = start(&server).await;
+    let o = source.policy_objects();
+    assert!(o.synced && !o.stale, "{o:?}");
+    assert_eq!(cluster_policies(&o), ["baseline", "deny-db"]);
+    assert_eq!(o.cluster_policies[1].spec, cluster_policy("deny-db", 10).spec);
+    // Only what policy reads is cached: no resourceVersion, managedFields, labels or
+    // annotations (and, cluster-scoped, no namespace).
+    let meta = serde_json::to_value(&o.cluster_policies[1].metadata).unwrap();
+    let mut keys: Vec<_> = meta.as_object().unwrap().keys().cloned().collect();
+    keys.sort();
+    assert_eq!(keys, ["generation", "name", "uid"], "{meta}");
+    assert_eq!(server.count("list clusternetworkpolicies"), 1, "{:?}", server.log());
+
+    let policy_changes = source.policy_changes();
+    let mut expected = *policy_changes.borrow();
+    macro_rules! settles {
+        ($what:literal, $cond:expr) => {
+            assert!(
+                wait_for(|| $cond && *policy_changes.borrow() >= expected).await,
+                "{}: {:?} {:?}",
+                $what,
+                source.policy_objects(),
+                server.log()
+            );
+            assert_eq!(
+                *policy_changes.borrow(),
+                expected,
+                "{}: one bump per change",
+                $what
+            );
+        };
+    }
+
+    let mut changed = cluster_policy("deny-db", 20);
+    changed.metadata.generation = Some(2);
+    server.put(&changed);
+    expected += 1;
+    settles!("spec", source.policy_objects().cluster_policies[1].spec.priority == 20);
+
+    // Relabelled and annotated anew (a new resourceVersion, the same spec and
+    // generation): the same policy, nothing moves; the next change counts one.
+    let mut relabelled = changed.clone();
+    relabelled.metadata.labels = Some([("team".to_string(), "b".to_string())].into());
+    relabelled.metadata.annotations = None;
+    server.put(&relabelled);
+    server.put(&cluster_policy("allow-dns", 5));
+    expected += 1;
+    settles!(
+        "after a no-op update",
+        cluster_policies(&source.policy_objects()) == ["allow-dns", "baseline", "deny-db"]
+    );
+
+    assert!(server.delete::<ClusterNetworkPolicy>(None, "deny-db"));
+    expected += 1;
+    settles!(
+        "deleted",
+        cluster_policies(&source.policy_objects()) == ["allow-dns", "baseline"]
+    );
+    assert!(!source.policy_objects().stale);
+}
+
+/// Polls `cond` every 100 ms of (paused, so virtual) time for up to `secs`; whether it
+/// became true.
+async fn wait_virtual(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..secs * 10 {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cond()
+}
+
+/// Paused time: the rechecks of a missing CRD wait up to a minute.
+#[tokio::test(start_paused = true)]
+async fn without_the_crd_policy_objects_are_synced_with_no_cluster_policies_and_a_later_crd_is_picked_up() {
+    let server = server();
+    server.put(&pod("web", "a", json!({"app": "web"}), &["10.244.1.4"]));
+    server.put(&policy("web", "allow-web", "web"));
+    server.unserve::<ClusterNetworkPolicy>();
+    let source = KubeSource::start(server.client(), NODE.into());
+    assert!(
+        wait_virtual(10, || source.policy_objects().synced).await,
+        "{:?}",
+        server.log()
+    );
+    let o = source.policy_objects();
+    assert!(!o.stale && o.cluster_policies.is_empty(), "{o:?}");
+    assert_eq!((o.pods.len(), o.policies.len()), (1, 1));
+    let policy_changes = source.policy_changes();
+    let moved = *policy_changes.borrow();
+
+    // Asked for again slower and slower, up to once a minute; neither stale nor moving.
+    let lists = || server.count("list clusternetworkpolicies");
+    let at = lists();
+    for _ in 0..300 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!source.policy_objects().stale, "absent is not stale");
+    }
+    // After 1, 2, 4, 8, 16, 32 s, then every 60 s: 9 or 10 in five minutes, not 300.
+    let asked = lists() - at;
+    assert!((8..=11).contains(&asked), "{asked} lists in 300 s: {:?}", server.log());
+    assert_eq!(*policy_changes.borrow(), moved);
+
+    // The CRD is installed and a policy created: picked up at the next look.
+    server.put(&cluster_policy("deny-db", 10));
+    server.serve::<ClusterNetworkPolicy>();
+    assert!(
+        wait_virtual(61, || cluster_policies(&source.policy_objects()) == ["deny-db"]).await,
+        "{:?}",
+        server.log()
+    );
+    assert!(!source.policy_objects().stale);
+    assert_eq!(*policy_changes.borrow(), moved + 1);
+    // Watched from then on, as any kind.
+    server.put(&cluster_policy("baseline", 900));
+    assert!(wait_virtual(5, || source.policy_objects().cluster_policies.len() == 2).await);
+
+    // The CRD goes (and its objects with it): none again, synced, not stale.
+    server.unserve::<ClusterNetworkPolicy>();
+    assert!(wait_virtual(10, || source.policy_objects().cluster_policies.is_empty()).await);
+    let o = source.policy_objects();
+    assert!(o.synced && !o.stale && o.pods.len() == 1, "{o:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forbidden_cluster_policies_are_synced_but_stale_and_the_rest_is_enforced() {
+    let server = server();
+    server.put(&policy("web", "allow-web", "web"));
+    server.put(&cluster_policy("deny-db", 10));
+    server.forbid::<ClusterNetworkPolicy>();
+    // Synced (an ADD does not wait for it), but stale: none of them is known.
+    let source = start(&server).await;
+    let o = source.policy_objects();
+    assert!(
+        o.stale && o.cluster_policies.is_empty() && o.policies.len() == 1,
+        "{o:?}"
+    );
+
+    // The RBAC fixed: picked up at the next look (a second or two after the first).
+    server.serve::<ClusterNetworkPolicy>();
+    let picked_up = || {
+        let o = source.policy_objects();
+        !o.stale && cluster_policies(&o) == ["deny-db"]
+    };
+    assert!(wait_for(picked_up).await, "{:?}", server.log());
+
+    // Refused once listed: the last ones stay, stale, until readable again.
+    server.forbid::<ClusterNetworkPolicy>();
+    assert!(wait_for(|| source.policy_objects().stale).await, "{:?}", server.log());
+    server.put(&cluster_policy("deny-db", 20));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let o = source.policy_objects();
+    assert!(o.synced && o.stale);
+    assert_eq!(o.cluster_policies[0].spec.priority, 10, "the last known");
+    server.serve::<ClusterNetworkPolicy>();
+    let back = || {
+        let o = source.policy_objects();
+        !o.stale && o.cluster_policies.first().is_some_and(|c| c.spec.priority == 20)
+    };
+    assert!(wait_for(back).await, "{:?}", server.log());
 }

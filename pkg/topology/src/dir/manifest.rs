@@ -1,7 +1,7 @@
 //! Parsing topology files: Kubernetes objects in YAML or JSON, several per file; the
-//! `Topology` and `Node` objects are kept, and `Pod`, `Namespace` and `NetworkPolicy`
-//! objects as network policy reads them; anything unusable is reported and skipped
-//! document by document.
+//! `Topology` and `Node` objects are kept, and `Pod`, `Namespace`, `NetworkPolicy` and
+//! `ClusterNetworkPolicy` objects as network policy reads them; anything unusable is
+//! reported and skipped document by document.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -9,12 +9,13 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Resource;
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::file_err;
-use crate::objects::slim_policy;
-use crate::{ClusterNode, PolicyNamespace, PolicyPod, SourceError, Topology, validate};
+use crate::objects::{slim_cluster_policy, slim_policy};
+use crate::{ClusterNetworkPolicy, ClusterNode, PolicyNamespace, PolicyPod, SourceError, Topology, validate};
 
 /// The label the API server gives every Namespace; the directory plays the API server,
 /// so its Namespaces get it too (policies select namespaces by name through it).
@@ -54,6 +55,9 @@ pub(super) struct FileObjects {
     pub(super) namespaces: Vec<Arc<PolicyNamespace>>,
     /// `networking.k8s.io/v1` NetworkPolicy objects, with only what policy reads.
     pub(super) policies: Vec<Arc<NetworkPolicy>>,
+    /// `policy.networking.k8s.io/v1alpha2` ClusterNetworkPolicy objects, with only what
+    /// policy reads.
+    pub(super) cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
     pub(super) problems: Vec<LoadProblem>,
 }
 
@@ -303,6 +307,30 @@ fn add_object(v: Value, what: &str, out: &mut FileObjects, path: &Path) {
                 Err(e) => out
                     .problems
                     .push(problem(label, format!("not a valid NetworkPolicy: {e}"))),
+            }
+        }
+        "ClusterNetworkPolicy" => {
+            let label = match name.as_str() {
+                "" => format!("ClusterNetworkPolicy ({what})"),
+                name => format!("ClusterNetworkPolicy {name} ({what})"),
+            };
+            // Another version (an older alpha, a later one) may differ in shape or meaning:
+            // read as this one, it would look enforced and not be.
+            let wanted = ClusterNetworkPolicy::api_version(&());
+            if api_version != wanted {
+                let reason = format!("apiVersion {api_version:?} is not {wanted}");
+                out.problems.push(problem(label, reason));
+                return;
+            }
+            match ClusterNetworkPolicy::deserialize(&v) {
+                Ok(policy) if policy.metadata.name.is_none() => out.problems.push(problem(label, "no name".into())),
+                Ok(mut policy) => {
+                    slim_cluster_policy(&mut policy);
+                    out.cluster_policies.push(Arc::new(policy));
+                }
+                Err(e) => out
+                    .problems
+                    .push(problem(label, format!("not a valid ClusterNetworkPolicy: {e}"))),
             }
         }
         _ => tracing::debug!(file = %path.display(), kind, api_version, "ignoring an object weft does not use"),

@@ -6,8 +6,10 @@
 //!   objects, several per file (`---` in YAML, a stream or a `List` in JSON). `Topology`
 //!   objects (`networkop.co.uk/v1beta1`) are served; `Node` objects (`v1`) say where
 //!   each node is and which pod ranges it holds (the one named after this node gives
-//!   its address, its first `InternalIP`); `Pod`, `Namespace` (`v1`) and `NetworkPolicy`
-//!   (`networking.k8s.io/v1`) objects are what network policy reads
+//!   its address, its first `InternalIP`); `Pod`, `Namespace` (`v1`), `NetworkPolicy`
+//!   (`networking.k8s.io/v1`) and `ClusterNetworkPolicy`
+//!   (`policy.networking.k8s.io/v1alpha2`; another version is a [`LoadProblem`]) objects
+//!   are what network policy reads
 //!   ([`TopologySource::policy_objects`]: the lab plays the API server and kubelet, so
 //!   its Pods carry their `status.podIPs`, and its Namespaces get the
 //!   `kubernetes.io/metadata.name` label the API server would give them); other kinds
@@ -42,7 +44,7 @@ use std::time::SystemTime;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
-use crate::objects::{PolicyMaps, pod_key, policy_key};
+use crate::objects::{PolicyMaps, cluster_policy_key, pod_key, policy_key};
 use crate::{ClusterNode, PolicyObjects, SourceError, Topology, TopologySource, TopologyStatus, WireEnd};
 use cache::{Cache, cached};
 pub use manifest::{LoadProblem, parse_topologies, read_topologies};
@@ -335,6 +337,12 @@ impl Inner {
                 let Some(key) = policy_key(p) else { continue };
                 if !duplicate(format!("NetworkPolicy {}/{}", key.0, key.1), &path) {
                     policy.policies.insert(key, p.clone());
+                }
+            }
+            for p in &objects.cluster_policies {
+                let Some(key) = cluster_policy_key(p) else { continue };
+                if !duplicate(format!("ClusterNetworkPolicy {key}"), &path) {
+                    policy.cluster_policies.insert(key, p.clone());
                 }
             }
         }

@@ -1,6 +1,6 @@
-//! Pods, namespaces and network policies from the API for network policy: three more
-//! cluster-wide watch caches beside the Topology and Node ones, slimmed to what policy
-//! reads, and the [`PolicyObjects`] snapshot rebuilt from them.
+//! Pods, namespaces, network policies and cluster network policies from the API for
+//! network policy: four more cluster-wide watch caches beside the Topology and Node ones,
+//! slimmed to what policy reads, and the [`PolicyObjects`] snapshot rebuilt from them.
 //!
 //! The snapshot is republished (and [`TopologySource::policy_changes`] moves) only when
 //! it really changed: kubelets rewrite Pod statuses all the time, and most rewrites
@@ -13,6 +13,22 @@
 //! [`Observed`], which sees every list and watch request of that kind: one unanswered
 //! for longer than [`SLOW_ANSWER`], or answered with an error, marks the kind as
 //! failing; a successful answer (or an event on the stream) marks it healthy again.
+//!
+//! ClusterNetworkPolicy is optional: its CRD is the network-policy-api project's, and
+//! most clusters do not have it. [`Observed`] tells its answers apart:
+//! - `404 Not Found` (the resource does not exist): listed, none. The kind is synced
+//!   and not stale, its objects are dropped (deleting a CRD deletes its objects first),
+//!   it is said once in the log, and the resource is asked for again after 1 s, 2 s,
+//!   4 s... then every [`RECHECK`] ([`Recheck`]), so a CRD installed later is picked up.
+//! - `403 Forbidden` (weftd's ClusterRole lacks it): synced, but stale, and logged as an
+//!   error (and warned at every retry, on the same schedule). Before the kind was ever
+//!   listed that means none are enforced; after, the last ones stay. Not synced would
+//!   be never-open, but 403 also answers where the CRD is absent, so a cluster whose
+//!   RBAC was not updated would have no new pod networked at all (an ADD waits for
+//!   `synced`) to guard against policies it most likely does not have; the stale flag
+//!   (`weft_policy_stale`, `/readyz`) and the log say that Admin-tier denies, if any,
+//!   are not enforced, and NetworkPolicies still are.
+//! - any other failure: stale, the last objects kept, as for the other kinds.
 //!
 //! [`TopologySource::policy_changes`]: crate::TopologySource::policy_changes
 
@@ -27,25 +43,57 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodSp
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::ObjectMeta;
 use kube::runtime::reflector::{self, Store};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::DefaultBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
 use super::drive_with;
-use crate::objects::{POLICY_MODE_ANNOTATION, PolicyMaps, pod_key, policy_key, slim_policy};
-use crate::{PolicyNamespace, PolicyObjects, PolicyPod};
+use crate::objects::{
+    POLICY_MODE_ANNOTATION, PolicyMaps, cluster_policy_key, pod_key, policy_key, slim_cluster_policy, slim_policy,
+};
+use crate::{ClusterNetworkPolicy, PolicyNamespace, PolicyObjects, PolicyPod};
 
 /// How long a list or watch request may wait for its answer before its watch counts as
 /// lost: the API server answers a watch at once (events come later, in the body), so a
 /// request waiting this long is not reaching it.
 const SLOW_ANSWER: Duration = Duration::from_secs(2);
 
-/// The three kinds, as indexes into [`State::kinds`].
-#[derive(Debug, Clone, Copy)]
+/// How often an optional kind the cluster does not serve (or does not let weftd read) is
+/// asked for again, once the first quick retries found it still missing: a 404 costs the
+/// API server little, but every node asks.
+const RECHECK: Duration = Duration::from_secs(60);
+
+/// The first retry of an optional kind found missing: soon, as a CRD or a ClusterRole
+/// applied together with weft may take a moment to be served.
+const FIRST_RECHECK: Duration = Duration::from_secs(1);
+
+/// The four kinds, as indexes into [`State::kinds`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Pods = 0,
     Namespaces = 1,
     Policies = 2,
+    ClusterPolicies = 3,
+}
+
+impl Kind {
+    const COUNT: usize = 4;
+
+    /// Whether the cluster may lack the kind (see the module doc).
+    fn optional(self) -> bool {
+        self == Kind::ClusterPolicies
+    }
+}
+
+/// Why an optional kind is not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unserved {
+    /// The API server does not have the resource (404): no CRD.
+    Absent,
+    /// The API server refuses it (403): RBAC.
+    Forbidden,
 }
 
 /// How one kind's watch is doing.
@@ -57,11 +105,13 @@ struct Health {
     failing: bool,
     /// Requests waiting longer than [`SLOW_ANSWER`] for their answer.
     slow: u32,
+    /// Why an optional kind's last answer did not serve it.
+    unserved: Option<Unserved>,
 }
 
 struct State {
     maps: PolicyMaps,
-    kinds: [Health; 3],
+    kinds: [Health; Kind::COUNT],
     snapshot: Arc<PolicyObjects>,
 }
 
@@ -76,7 +126,7 @@ impl PolicyCache {
         Self {
             state: Mutex::new(State {
                 maps: PolicyMaps::default(),
-                kinds: [Health::default(); 3],
+                kinds: [Health::default(); Kind::COUNT],
                 snapshot: Arc::default(),
             }),
             tx: watch::channel(0).0,
@@ -106,9 +156,12 @@ impl PolicyCache {
         if changed || synced != st.snapshot.synced || stale != st.snapshot.stale {
             if stale != st.snapshot.stale {
                 if stale {
-                    tracing::warn!("a pod, namespace or network policy watch is lost; keeping the last objects");
+                    tracing::warn!(
+                        "a pod, namespace, network policy or cluster network policy watch is lost or refused; \
+                         keeping the last objects"
+                    );
                 } else {
-                    tracing::info!("pod, namespace and network policy watches are back");
+                    tracing::info!("pod, namespace, network policy and cluster network policy watches are back");
                 }
             }
             st.snapshot = Arc::new(st.maps.snapshot(synced, stale));
@@ -179,20 +232,76 @@ impl PolicyCache {
         });
     }
 
-    /// The stream of `kind` reported an error.
-    fn failed(&self, kind: Kind) {
+    /// The stream of `kind` reported `error`; whether it is expected (not worth a
+    /// warning).
+    fn failed(&self, kind: Kind, error: &watcher::Error) -> bool {
+        // An optional kind's 404 or 403 was taken from its answer already (`answered`).
+        if kind.optional() && matches!(refused_with(error), Some(403 | 404)) {
+            return refused_with(error) == Some(404);
+        }
         self.update(|st| {
             st.kinds[kind as usize].failing = true;
             false
         });
+        false
     }
 
-    /// A request of `kind` was answered, successfully or not.
-    fn answered(&self, kind: Kind, ok: bool) {
+    /// A request of `kind` was answered with HTTP status `code`, or not at all (`None`:
+    /// the connection failed).
+    fn answered(&self, kind: Kind, code: Option<u16>) {
+        let ok = code.is_some_and(|c| (200..300).contains(&c));
+        let unserved = match code {
+            Some(404) if kind.optional() => Some(Unserved::Absent),
+            Some(403) if kind.optional() => Some(Unserved::Forbidden),
+            _ => None,
+        };
         self.update(|st| {
-            st.kinds[kind as usize].failing = !ok;
-            false
+            let health = &mut st.kinds[kind as usize];
+            let was = std::mem::replace(&mut health.unserved, unserved);
+            health.failing = !ok && unserved != Some(Unserved::Absent);
+            match unserved {
+                Some(Unserved::Absent) => {
+                    health.synced = true;
+                    if was != unserved {
+                        tracing::info!(
+                            recheck = ?RECHECK,
+                            "ClusterNetworkPolicy is not served by the cluster (no CRD for \
+                             clusternetworkpolicies.policy.networking.k8s.io): none are enforced; \
+                             looking again now and then"
+                        );
+                    }
+                    // The one optional kind; its objects went with its CRD.
+                    let map = &mut st.maps.cluster_policies;
+                    let changed = !map.is_empty();
+                    map.clear();
+                    changed
+                }
+                Some(Unserved::Forbidden) => {
+                    // Listed as none if it never was (see the module doc), stale either way.
+                    health.synced = true;
+                    if was != unserved {
+                        tracing::error!(
+                            "weftd may not list ClusterNetworkPolicies (403 Forbidden: its ClusterRole lacks \
+                             list and watch on clusternetworkpolicies in policy.networking.k8s.io): their \
+                             denies are not enforced (the last known stay, if any), NetworkPolicies are; \
+                             the policy state is stale until the RBAC is fixed (manifests/rbac.yaml)"
+                        );
+                    }
+                    false
+                }
+                None => {
+                    if ok && was.is_some() {
+                        tracing::info!("ClusterNetworkPolicy is served and readable now");
+                    }
+                    false
+                }
+            }
         });
+    }
+
+    /// Whether the last answer for `kind` was a 404 or 403 of an optional kind.
+    fn unserved(&self, kind: Kind) -> bool {
+        self.lock().kinds[kind as usize].unserved.is_some()
     }
 
     /// A request of `kind` waits longer than it should (`true`), or no longer (`false`).
@@ -205,12 +314,21 @@ impl PolicyCache {
     }
 }
 
-/// Starts the three watches (in tasks of the current runtime); returns the cache and the
+/// Starts the four watches (in tasks of the current runtime); returns the cache and the
 /// tasks to abort when the source goes.
 pub(super) fn start(client: &Client) -> (Arc<PolicyCache>, Vec<tokio::task::AbortHandle>) {
     let cache = Arc::new(PolicyCache::new());
     let tasks = vec![
-        watch_kind::<Pod, _, _>(client, &cache, Kind::Pods, "Pod", slim_pod, |m| &mut m.pods, read_pod),
+        watch_kind::<Pod, _, _>(
+            client,
+            &cache,
+            Kind::Pods,
+            "Pod",
+            slim_pod,
+            |m| &mut m.pods,
+            read_pod,
+            DefaultBackoff::default(),
+        ),
         watch_kind::<Namespace, _, _>(
             client,
             &cache,
@@ -219,6 +337,7 @@ pub(super) fn start(client: &Client) -> (Arc<PolicyCache>, Vec<tokio::task::Abor
             slim_namespace,
             |m| &mut m.namespaces,
             read_namespace,
+            DefaultBackoff::default(),
         ),
         watch_kind::<NetworkPolicy, _, _>(
             client,
@@ -228,9 +347,78 @@ pub(super) fn start(client: &Client) -> (Arc<PolicyCache>, Vec<tokio::task::Abor
             slim_policy,
             |m| &mut m.policies,
             read_policy,
+            DefaultBackoff::default(),
+        ),
+        watch_kind::<ClusterNetworkPolicy, _, _>(
+            client,
+            &cache,
+            Kind::ClusterPolicies,
+            "ClusterNetworkPolicy",
+            slim_cluster_policy,
+            |m| &mut m.cluster_policies,
+            read_cluster_policy,
+            Recheck::new(cache.clone(), Kind::ClusterPolicies),
         ),
     ];
     (cache, tasks)
+}
+
+/// The watch backoff of an optional kind: while the cluster does not serve it (or
+/// refuses it), retries come after [`FIRST_RECHECK`], doubling up to [`RECHECK`];
+/// otherwise as kube's default.
+struct Recheck {
+    cache: Arc<PolicyCache>,
+    kind: Kind,
+    default: DefaultBackoff,
+    /// The next delay while unserved.
+    next: Duration,
+}
+
+impl Recheck {
+    fn new(cache: Arc<PolicyCache>, kind: Kind) -> Self {
+        Self {
+            cache,
+            kind,
+            default: DefaultBackoff::default(),
+            next: FIRST_RECHECK,
+        }
+    }
+}
+
+impl Iterator for Recheck {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        // The answer that failed is in the cache already: `Observed` records it before
+        // the watcher sees it.
+        if self.cache.unserved(self.kind) {
+            let delay = self.next;
+            self.next = (delay * 2).min(RECHECK);
+            return Some(delay);
+        }
+        self.default.next()
+    }
+}
+
+impl Backoff for Recheck {
+    fn reset(&mut self) {
+        self.default.reset();
+        // The watcher emits `Init` (which resets its backoff) before every list, even one
+        // that is answered 404 again: only a served answer starts the delays over.
+        if !self.cache.unserved(self.kind) {
+            self.next = FIRST_RECHECK;
+        }
+    }
+}
+
+/// The HTTP status a list or watch request was refused with, if that is the watcher's
+/// error: [`Observed`] saw the same answer. (An error event within a watch is not one.)
+fn refused_with(e: &watcher::Error) -> Option<u16> {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => Some(s.code),
+        _ => None,
+    }
 }
 
 /// One kind's watch: a watcher over an [`Observed`] client, slimmed into a reflector
@@ -244,6 +432,7 @@ fn watch_kind<O, K, V>(
     slim: fn(&mut O),
     map: fn(&mut PolicyMaps) -> &mut BTreeMap<K, Arc<V>>,
     read: fn(&O) -> Option<(K, V)>,
+    backoff: impl Backoff + 'static,
 ) -> tokio::task::AbortHandle
 where
     O: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -258,7 +447,7 @@ where
     let api = Api::<O>::all(Client::new(observed, client.default_namespace().to_string()));
     let (store, writer) = reflector::store::<O>();
     let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
+        .backoff(backoff)
         .map(move |ev| ev.map(|ev| ev.modify(slim)))
         .reflect(writer);
     let (events, errors) = (cache.clone(), cache.clone());
@@ -266,7 +455,7 @@ where
         stream,
         what,
         move |ev| events.on_event(kind, ev, &store, map, read),
-        move |_| errors.failed(kind),
+        move |e| errors.failed(kind, e),
     ));
     task.abort_handle()
 }
@@ -301,7 +490,7 @@ impl tower::Service<http::Request<kube::client::Body>> for Observed {
                     (answer.await, Some(slow))
                 }
             };
-            cache.answered(kind, result.as_ref().is_ok_and(|r| r.status().is_success()));
+            cache.answered(kind, result.as_ref().ok().map(|r| r.status().as_u16()));
             // After the answer is recorded: a failed answer keeps the kind stale without a
             // moment of looking healthy in between.
             drop(slow);
@@ -342,6 +531,10 @@ fn read_namespace(n: &Namespace) -> Option<(String, PolicyNamespace)> {
 
 fn read_policy(p: &NetworkPolicy) -> Option<((String, String), NetworkPolicy)> {
     Some((policy_key(p)?, p.clone()))
+}
+
+fn read_cluster_policy(p: &ClusterNetworkPolicy) -> Option<(String, ClusterNetworkPolicy)> {
+    Some((cluster_policy_key(p)?, p.clone()))
 }
 
 /// Keeps only what [`PolicyPod::from_pod`] reads of a Pod (name, namespace, uid, labels,
@@ -431,6 +624,45 @@ mod tests {
         );
         let done = watcher::Event::InitDone;
         cache.on_event(Kind::Policies, &done, &policies, |m| &mut m.policies, read_policy);
+        list_cluster_policies(cache, &[]);
+    }
+
+    /// Lists every kind but ClusterNetworkPolicy (empty) into `cache`.
+    fn sync_required(cache: &PolicyCache) {
+        sync_all(cache);
+        cache.lock().kinds[Kind::ClusterPolicies as usize].synced = false;
+        cache.update(|_| false);
+    }
+
+    /// A (re)list of ClusterNetworkPolicies finding `names`, as the watcher makes it.
+    fn list_cluster_policies(cache: &PolicyCache, names: &[&str]) {
+        let (store, mut writer) = reflector::store::<ClusterNetworkPolicy>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for name in names {
+            let cnp = ClusterNetworkPolicy::new(name, Default::default());
+            writer.apply_watcher_event(&watcher::Event::InitApply(cnp));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let done = watcher::Event::InitDone;
+        cache.on_event(
+            Kind::ClusterPolicies,
+            &done,
+            &store,
+            |m| &mut m.cluster_policies,
+            read_cluster_policy,
+        );
+    }
+
+    /// The error a watcher reports for a list answered `code`.
+    fn list_failed(code: u16) -> watcher::Error {
+        let status = kube::core::Status::failure("refused", "Refused").with_code(code);
+        watcher::Error::InitialListFailed(kube::Error::Api(status.boxed()))
+    }
+
+    fn cluster_policies(cache: &PolicyCache) -> Vec<String> {
+        (cache.snapshot().cluster_policies.iter())
+            .map(|c| c.metadata.name.clone().unwrap_or_default())
+            .collect()
     }
 
     #[test]
@@ -438,15 +670,15 @@ mod tests {
         let cache = PolicyCache::new();
         let changes = cache.subscribe();
         // Before every kind is listed, nothing is stale.
-        cache.answered(Kind::Pods, false);
+        cache.answered(Kind::Pods, Some(500));
         assert!(!cache.snapshot().stale && !cache.snapshot().synced);
         sync_all(&cache);
         assert!(cache.snapshot().synced);
         let at = *changes.borrow();
 
-        cache.answered(Kind::Policies, false);
+        cache.answered(Kind::Policies, None);
         assert!(cache.snapshot().stale);
-        cache.failed(Kind::Policies);
+        assert!(!cache.failed(Kind::Policies, &list_failed(500)), "warned about");
         // The watcher's `Init` before it lists again proves nothing.
         let (pods, _) = reflector::store::<Pod>();
         cache.on_event(Kind::Pods, &watcher::Event::Init, &pods, |m| &mut m.pods, read_pod);
@@ -455,12 +687,21 @@ mod tests {
         cache.on_event(Kind::Policies, &init, &policies, |m| &mut m.policies, read_policy);
         assert!(cache.snapshot().stale);
         assert_eq!(*changes.borrow(), at + 1, "one bump for going stale");
-        cache.answered(Kind::Policies, true);
+        cache.answered(Kind::Policies, Some(200));
         assert!(!cache.snapshot().stale);
         assert_eq!(*changes.borrow(), at + 2, "one for coming back");
 
+        // A required kind's 404 or 403 is a failure like any other.
+        cache.answered(Kind::Policies, Some(404));
+        assert!(cache.snapshot().stale);
+        cache.answered(Kind::Pods, Some(403));
+        assert!(!cache.failed(Kind::Pods, &list_failed(403)));
+        cache.answered(Kind::Policies, Some(200));
+        cache.answered(Kind::Pods, Some(200));
+        assert!(!cache.snapshot().stale);
+
         // A stream error, then an object on the stream.
-        cache.failed(Kind::Namespaces);
+        cache.failed(Kind::Namespaces, &watcher::Error::NoResourceVersion);
         assert!(cache.snapshot().stale);
         let (namespaces, _) = reflector::store::<Namespace>();
         let mut ns = Namespace::default();
@@ -481,6 +722,123 @@ mod tests {
         assert!(cache.snapshot().stale);
         cache.slow(Kind::Pods, false);
         assert!(!cache.snapshot().stale);
+    }
+
+    #[test]
+    fn cluster_policies_not_served_are_listed_as_none_and_come_when_served() {
+        let cache = PolicyCache::new();
+        let changes = cache.subscribe();
+        sync_required(&cache);
+        assert!(!cache.snapshot().synced, "waits for ClusterNetworkPolicies");
+        let at = *changes.borrow();
+
+        // No CRD: listed, none, not stale; the watcher's error is expected.
+        cache.answered(Kind::ClusterPolicies, Some(404));
+        assert!(
+            cache.failed(Kind::ClusterPolicies, &list_failed(404)),
+            "not warned about"
+        );
+        let o = cache.snapshot();
+        assert!(o.synced && !o.stale && o.cluster_policies.is_empty(), "{o:?}");
+        assert_eq!(*changes.borrow(), at + 1);
+        // Asking again and finding nothing again changes nothing.
+        cache.answered(Kind::ClusterPolicies, Some(404));
+        assert_eq!(*changes.borrow(), at + 1);
+
+        // The CRD is installed: the next list brings its objects, sorted.
+        cache.answered(Kind::ClusterPolicies, Some(200));
+        list_cluster_policies(&cache, &["b", "a"]);
+        assert_eq!(cluster_policies(&cache), ["a", "b"]);
+        assert!(!cache.snapshot().stale);
+        assert_eq!(*changes.borrow(), at + 2);
+
+        // The CRD is deleted: its objects went with it.
+        cache.answered(Kind::ClusterPolicies, Some(404));
+        let o = cache.snapshot();
+        assert!(o.synced && !o.stale && o.cluster_policies.is_empty(), "{o:?}");
+        assert_eq!(*changes.borrow(), at + 3);
+
+        // Any other failure is a lost watch: stale, the last objects kept.
+        cache.answered(Kind::ClusterPolicies, Some(200));
+        list_cluster_policies(&cache, &["a"]);
+        cache.answered(Kind::ClusterPolicies, Some(500));
+        assert!(!cache.failed(Kind::ClusterPolicies, &list_failed(500)));
+        let o = cache.snapshot();
+        assert!(o.stale && o.synced);
+        assert_eq!(cluster_policies(&cache), ["a"]);
+        cache.answered(Kind::ClusterPolicies, Some(200));
+        assert!(!cache.snapshot().stale);
+    }
+
+    #[test]
+    fn forbidden_cluster_policies_are_stale_and_keep_what_was_read() {
+        // Never listed: none, synced (pods keep being networked), stale (it is not known).
+        let cache = PolicyCache::new();
+        sync_required(&cache);
+        cache.answered(Kind::ClusterPolicies, Some(403));
+        assert!(!cache.failed(Kind::ClusterPolicies, &list_failed(403)), "warned about");
+        let o = cache.snapshot();
+        assert!(o.synced && o.stale && o.cluster_policies.is_empty(), "{o:?}");
+        cache.answered(Kind::ClusterPolicies, Some(200));
+        list_cluster_policies(&cache, &["a"]);
+        let o = cache.snapshot();
+        assert!(o.synced && !o.stale);
+        assert_eq!(cluster_policies(&cache), ["a"]);
+
+        // Listed, then refused: the last ones stay enforced, stale.
+        cache.answered(Kind::ClusterPolicies, Some(403));
+        let o = cache.snapshot();
+        assert!(o.synced && o.stale);
+        assert_eq!(cluster_policies(&cache), ["a"]);
+    }
+
+    #[test]
+    fn an_unserved_kind_is_asked_for_again_slower_and_slower_up_to_the_recheck() {
+        let cache = Arc::new(PolicyCache::new());
+        let mut backoff = Recheck::new(cache.clone(), Kind::ClusterPolicies);
+        // Served: kube's default (under a second at first).
+        assert!(backoff.next().unwrap() < Duration::from_secs(2));
+        backoff.reset();
+
+        cache.answered(Kind::ClusterPolicies, Some(404));
+        let mut delays = Vec::new();
+        for _ in 0..9 {
+            // The watcher resets its backoff at the `Init` before each list.
+            backoff.reset();
+            delays.push(backoff.next().unwrap().as_secs());
+        }
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+
+        // Served again: the next time it goes missing starts over.
+        cache.answered(Kind::ClusterPolicies, Some(200));
+        backoff.reset();
+        cache.answered(Kind::ClusterPolicies, Some(403));
+        assert_eq!(backoff.next(), Some(FIRST_RECHECK));
+        // Only the optional kind is ever unserved.
+        cache.answered(Kind::Pods, Some(404));
+        assert!(!cache.unserved(Kind::Pods));
+    }
+
+    #[test]
+    fn a_slim_cluster_policy_keeps_its_identity_and_spec() {
+        let mut p: ClusterNetworkPolicy = serde_json::from_value(json!({
+            "apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+            "metadata": {
+                "name": "deny", "uid": "u4", "generation": 2, "resourceVersion": "12",
+                "labels": {"team": "a"}, "annotations": {"note": "x"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+            },
+            "spec": {"tier": "Admin", "priority": 10, "subject": {"namespaces": {}},
+                     "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}]},
+        }))
+        .unwrap();
+        let spec = p.spec.clone();
+        slim_cluster_policy(&mut p);
+        assert_eq!(
+            serde_json::to_value(&p.metadata).unwrap(),
+            json!({"name": "deny", "uid": "u4", "generation": 2})
+        );
+        assert_eq!(p.spec, spec);
     }
 
     #[test]
