@@ -697,6 +697,12 @@ pub fn is_node_network_row(row: &str) -> bool {
     row.starts_with("Pod network between nodes")
 }
 
+/// Whether a dashboard row charts network policy (evaluated by the policy test, whose
+/// daemon enforces policies).
+pub fn is_policy_row(row: &str) -> bool {
+    row.starts_with("Network policy")
+}
+
 /// A lab taken down when dropped (the lab crate's guard, under the tests' name).
 pub use weft_lab::DownOnDrop as LabDown;
 

@@ -12,7 +12,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use weft_tests::{Call, Daemon, Netns, TempDir, bin, privileged, run, sh};
+use weft_tests::{
+    Call, Daemon, Netns, Prometheus, TempDir, bin, dashboard_queries, is_policy_row, privileged, run, sh,
+};
 
 const RANGE: &str = "10.246.0.0/24";
 
@@ -141,6 +143,14 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
         );
     });
     let node = d.node_name().to_string();
+    // A real Prometheus scrapes the daemon: the dashboard's policy row is evaluated there.
+    let prom = Prometheus::start(
+        d.node.name(),
+        &d.dir().join("prom"),
+        19091,
+        &[("127.0.0.1:9384", d.node_name())],
+        None,
+    );
     // x: nothing in but from pod b, on 80.
     write(dir.path(), "namespaces.yaml", &[namespace("x")]);
     write(
@@ -245,6 +255,19 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
     }
     let status = String::from_utf8_lossy(&weftctl(&d, &["status"]).stdout).to_string();
     assert!(status.contains("policy       in step; 2 policies"), "{status}");
+    // Every query of the dashboard's network policy row returns data in Prometheus
+    // (rates need two scrapes with the verdicts).
+    prom.wait_for(
+        "count_over_time(weft_policy_verdicts_total[1m]) >= 3",
+        Duration::from_secs(30),
+    );
+    let mut checked = 0;
+    for q in dashboard_queries("weft.json").iter().filter(|q| is_policy_row(&q.row)) {
+        let r = prom.query(&q.expr);
+        assert!(!r.is_empty(), "panel {:?} query returns nothing: {}", q.title, q.expr);
+        checked += 1;
+    }
+    assert!(checked >= 7, "only {checked} policy queries");
 
     // A policy change reaches the kernel within a second of the file.
     write(
