@@ -4,15 +4,26 @@
 //! links working and its gRPC wires come back within 2 s of the restart, that a
 //! deleted pod's peers go down and come back with it, and that a pod moving to another
 //! node is re-wired (new kind, new node) within 2 s.
+//!
+//! Network policy in a lab (`weftctl lab apply|delete|label|matrix`): three nodes,
+//! namespaces x and y with pods of one name in both, and the truth table of which pod
+//! reaches which before any policy, after a default-deny in x with an allow from y on a
+//! named port, after a pod's and a namespace's labels change, and after the delete.
 
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use weft_lab::Lab;
 use weft_tests::{
-    LabDown, Prometheus, TempDir, bin, dashboard_queries, failed_checks, is_wire_row, node_metrics, privileged,
+    LabDown, Prometheus, TempDir, bin, dashboard_queries, failed_checks, is_wire_row, load_lab, node_metrics,
+    privileged,
 };
+
+/// The tests of this file one at a time: each is timed against a budget of seconds,
+/// and two labs at once share the machine's cores.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 fn is_up(lab: &Lab, pod: &str, intf: &str) -> bool {
     let out = Command::new("ip")
@@ -42,6 +53,7 @@ fn lab_wires_survive_crashes_deletes_and_moves() {
     if !privileged() {
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = TempDir::new("lab");
     let topologies = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/topologies");
     let example =
@@ -190,4 +202,313 @@ fn lab_wires_survive_crashes_deletes_and_moves() {
         })
         .unwrap_or_default();
     assert!(left.is_empty(), "lab down left namespaces: {left:?}");
+}
+
+/// `weftctl ARGS` with the lab's state under `lab_dir`.
+fn weftctl(lab_dir: &Path, args: &[&str]) -> Output {
+    Command::new(bin("weftctl"))
+        .env("WEFT_LAB_DIR", lab_dir)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `weftctl ARGS`, which must succeed; its standard output.
+fn weftctl_ok(lab_dir: &Path, args: &[&str]) -> String {
+    let out = weftctl(lab_dir, args);
+    assert!(
+        out.status.success(),
+        "weftctl {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `weftctl lab matrix` against `expected` until it matches (within 15 s) and
+/// returns how long after `since` the first matching run started; prints it.
+fn wait_for_matrix(lab_dir: &Path, file: &str, what: &str, expected: &str, since: Instant) -> Duration {
+    let expect = lab_dir.join(format!("expect-{}.txt", what.replace(' ', "-")));
+    std::fs::write(&expect, expected).unwrap();
+    let expect_arg = expect.display().to_string();
+    let args = [
+        "lab",
+        "matrix",
+        file,
+        "--port",
+        "80/tcp",
+        "--port",
+        "81/udp",
+        "--expect",
+        &expect_arg,
+    ];
+    let mut runs = 0;
+    loop {
+        let started = Instant::now();
+        let out = weftctl(lab_dir, &args);
+        runs += 1;
+        let took = started.elapsed();
+        if out.status.success() {
+            let after = started.duration_since(since);
+            println!(
+                "{what}: the matrix matched in a run started {:.2} s after the change (run {runs}, {:.2} s long)",
+                after.as_secs_f64(),
+                took.as_secs_f64()
+            );
+            return after;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(15),
+            "{what}: the matrix does not match after {runs} runs in 15 s:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The two tables of a phase (80/tcp and 81/udp), from the rows of each.
+fn tables(tcp80: &str, udp81: &str) -> String {
+    let header = "-         default/c x/a       x/b       y/a       y/b\n";
+    format!("80/tcp IPv4\n{header}{tcp80}\n81/udp IPv4\n{header}{udp81}")
+}
+
+const ALL_REACHABLE: &str = "\
+default/c .         .         .         .         .
+x/a       .         .         .         .         .
+x/b       .         .         .         .         .
+y/a       .         .         .         .         .
+y/b       .         .         .         .         .
+";
+
+/// Every pod of x isolated for ingress (UDP from anyone blocked), 80/TCP allowed from
+/// the pods of namespaces labelled `ns: y` and from pods of x labelled `role: client`,
+/// on the named port `serve-80`, which x/a declares and x/b does not.
+const UDP_ISOLATED: &str = "\
+default/c .         X         X         .         .
+x/a       .         .         X         .         .
+x/b       .         X         .         .         .
+y/a       .         X         X         .         .
+y/b       .         X         X         .         .
+";
+
+const POLICIES: &str = "\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-ingress, namespace: x}
+spec: {podSelector: {}, policyTypes: [Ingress]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-y-on-serve-80, namespace: x}
+spec:
+  podSelector: {}
+  ingress:
+    - from:
+        - namespaceSelector: {matchLabels: {ns: y}}
+        - podSelector: {matchLabels: {role: client}}
+      ports: [{protocol: TCP, port: serve-80}]
+";
+
+#[test]
+fn lab_matrix_follows_policies_labels_and_deletes() {
+    if !privileged() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("labpol");
+    let name = format!("wt{}pol", std::process::id());
+    // x/a and y/a (and x/b, y/b) share names; c names no namespace: `default`, its
+    // network namespace named as before namespaces.
+    let text = format!(
+        "name: {name}
+wire_security: insecure
+nodes: [n1, n2, n3]
+namespaces:
+  - {{name: x, labels: {{ns: x}}}}
+  - {{name: y, labels: {{ns: y}}}}
+pods:
+  - {{name: a, namespace: x, node: n1, labels: {{pod: a}}, ports: [{{name: serve-80, containerPort: 80}}]}}
+  - {{name: b, namespace: x, node: n2, labels: {{pod: b}}}}
+  - {{name: a, namespace: y, node: n3, labels: {{pod: a}}}}
+  - {{name: b, namespace: y, node: n1, labels: {{pod: b}}}}
+  - {{name: c, node: n2}}
+"
+    );
+    let (lab, file, lab_dir) = load_lab(dir.path(), &name, &text);
+    let lab = LabDown(lab);
+    let file = file.display().to_string();
+    assert_eq!(lab.0.pod_ns("c"), format!("{name}-p-c"));
+    assert_eq!(lab.0.pod_ns("x/a"), format!("{name}-p-x.a"));
+    lab.0.up().expect("lab up");
+
+    // The lab is the API server: a Pod object per pod with its node, labels, ports and
+    // (after its ADD) addresses, a Namespace per namespace, `default` too.
+    let topology = lab.0.topology_dir();
+    let pod = std::fs::read_to_string(topology.join("lab-pod-x_a.yaml")).unwrap();
+    let addr = lab.0.pod_addresses("x/a")[0].to_string();
+    for want in ["nodeName: n1", "name: serve-80", "containerPort: 80", "podIPs", &addr] {
+        assert!(pod.contains(want), "no {want:?} in x/a's Pod object:\n{pod}");
+    }
+    let ns = std::fs::read_to_string(topology.join("lab-namespace-default.yaml")).unwrap();
+    assert!(ns.contains("kubernetes.io/metadata.name: default"), "{ns}");
+
+    // Pods by NS/NAME, or by a name only one pod has; an ambiguous one names the
+    // candidates.
+    let out = weftctl(&lab_dir, &["lab", "exec", &file, "a", "--", "true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("x/a, y/a"), "{err}");
+    let ip = weftctl_ok(
+        &lab_dir,
+        &[
+            "lab", "exec", &file, "y/a", "--", "ip", "-o", "addr", "show", "dev", "eth0",
+        ],
+    );
+    assert!(ip.contains(&lab.0.pod_addresses("y/a")[0].to_string()), "{ip}");
+    weftctl_ok(&lab_dir, &["lab", "exec", &file, "c", "--", "true"]);
+
+    // No policy: every pod reaches every pod, on TCP and UDP, across all nodes.
+    let since = Instant::now();
+    wait_for_matrix(
+        &lab_dir,
+        &file,
+        "no policy",
+        &tables(ALL_REACHABLE, ALL_REACHABLE),
+        since,
+    );
+    let json = weftctl_ok(&lab_dir, &["--json", "lab", "matrix", &file, "--port", "80/tcp"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        v["tables"][0]["pods"],
+        serde_json::json!(["default/c", "x/a", "x/b", "y/a", "y/b"])
+    );
+    assert_eq!(v["tables"][0]["reachable"][1][3], true);
+    // SCTP is refused clearly where the kernel has none.
+    let sctp = weftctl(
+        &lab_dir,
+        &["lab", "matrix", &file, "--port", "9/sctp", "--timeout", "300ms"],
+    );
+    let err = String::from_utf8_lossy(&sctp.stderr);
+    assert!(sctp.status.success() || err.contains("no SCTP"), "{err}");
+
+    // A default-deny in x and the allow from y on the named port.
+    let policies = dir.path().join("policies.yaml");
+    std::fs::write(&policies, POLICIES).unwrap();
+    let policies = policies.display().to_string();
+    let out = weftctl_ok(&lab_dir, &["lab", "apply", &file, &policies]);
+    assert_eq!(
+        out,
+        "networkpolicy x/deny-ingress created\nnetworkpolicy x/allow-y-on-serve-80 created\n"
+    );
+    let mut took = Vec::new();
+    let isolated = "\
+default/c .         X         X         .         .
+x/a       .         .         X         .         .
+x/b       .         X         .         .         .
+y/a       .         .         X         .         .
+y/b       .         .         X         .         .
+";
+    took.push(wait_for_matrix(
+        &lab_dir,
+        &file,
+        "policies applied",
+        &tables(isolated, UDP_ISOLATED),
+        Instant::now(),
+    ));
+    assert!(weftctl_ok(&lab_dir, &["lab", "apply", &file, &policies]).contains("unchanged"));
+
+    // A pod label: x/b becomes a client, and reaches x/a on 80.
+    let out = weftctl_ok(&lab_dir, &["lab", "label", &file, "pod", "x/b", "role=client"]);
+    assert_eq!(out, "pod x/b labeled: pod=b,role=client\n");
+    let since = Instant::now();
+    let client = "\
+default/c .         X         X         .         .
+x/a       .         .         X         .         .
+x/b       .         .         .         .         .
+y/a       .         .         X         .         .
+y/b       .         .         X         .         .
+";
+    took.push(wait_for_matrix(
+        &lab_dir,
+        &file,
+        "pod labelled",
+        &tables(client, UDP_ISOLATED),
+        since,
+    ));
+
+    // A namespace label: default now looks like y to the policy.
+    weftctl_ok(&lab_dir, &["lab", "label", &file, "namespace", "default", "ns=y"]);
+    let since = Instant::now();
+    let default_as_y = "\
+default/c .         .         X         .         .
+x/a       .         .         X         .         .
+x/b       .         .         .         .         .
+y/a       .         .         X         .         .
+y/b       .         .         X         .         .
+";
+    took.push(wait_for_matrix(
+        &lab_dir,
+        &file,
+        "namespace labelled",
+        &tables(default_as_y, UDP_ISOLATED),
+        since,
+    ));
+    // And back, with kubectl's `KEY-`.
+    let out = weftctl_ok(&lab_dir, &["lab", "label", &file, "ns", "default", "ns-"]);
+    assert_eq!(
+        out,
+        "namespace default unlabeled: kubernetes.io/metadata.name=default\n"
+    );
+    let since = Instant::now();
+    took.push(wait_for_matrix(
+        &lab_dir,
+        &file,
+        "namespace label removed",
+        &tables(client, UDP_ISOLATED),
+        since,
+    ));
+
+    // The delete: everything reachable again; deleting again finds nothing.
+    let out = weftctl_ok(&lab_dir, &["lab", "delete", &file, &policies]);
+    assert_eq!(
+        out,
+        "networkpolicy x/deny-ingress deleted\nnetworkpolicy x/allow-y-on-serve-80 deleted\n"
+    );
+    let since = Instant::now();
+    took.push(wait_for_matrix(
+        &lab_dir,
+        &file,
+        "policies deleted",
+        &tables(ALL_REACHABLE, ALL_REACHABLE),
+        since,
+    ));
+    let again = weftctl(&lab_dir, &["lab", "delete", &file, &policies]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("not found: networkpolicy x/deny-ingress"));
+
+    // A wrong expectation names the cells that differ.
+    let wrong = lab_dir.join("wrong.txt");
+    std::fs::write(&wrong, tables(isolated, UDP_ISOLATED)).unwrap();
+    let wrong = wrong.display().to_string();
+    let out = weftctl(
+        &lab_dir,
+        &[
+            "lab", "matrix", &file, "--port", "80/tcp", "--port", "81/udp", "--expect", &wrong,
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        stdout.contains("differs: 80/tcp IPv4 default/c -> x/a: expected X, got ."),
+        "{stdout}"
+    );
+
+    // Each change showed in the first or second matrix started after it: weftd applies
+    // a change in one pass. (A run lasts about a second when a cell is blocked; one
+    // that allows more shows on the run's second try half-way through, one that
+    // blocks more only in the next run, whose first connection comes after it.)
+    for t in &took {
+        assert!(*t < Duration::from_secs(4), "a change took {t:?} to show: {took:?}");
+    }
+    lab.0.down().unwrap();
 }

@@ -38,6 +38,17 @@ pub struct LabSpec {
     /// A directory of Topology files (YAML or JSON), relative to the lab file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology_dir: Option<PathBuf>,
+    /// Kubernetes namespaces with their labels and annotations, for network policy; a
+    /// namespace a pod uses exists whether it is listed or not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<NamespaceSpec>,
+    /// NetworkPolicy objects (`networking.k8s.io/v1`) written inline.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<serde_json::Value>,
+    /// Files of NetworkPolicy objects (YAML or JSON, several documents each), relative
+    /// to the lab file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_files: Vec<PathBuf>,
     /// Each daemon's `--reconcile-interval` in seconds: how soon kernel drift (a
     /// deleted route, veth or FDB entry) is repaired. Shorter than a node's default of
     /// 60 s, because a lab is where drift is made on purpose.
@@ -191,6 +202,48 @@ pub struct PodSpec {
     pub name: String,
     /// The node it runs on.
     pub node: String,
+    /// Its Kubernetes namespace. Without one it is the namespace of its Topology (the
+    /// first of its name), else `default`, as before namespaces could be given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Its labels (what policies select it by).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Its container ports (what a policy's named ports resolve to).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PodPort>,
+}
+
+/// A container port of a lab pod, as in a Pod's `spec.containers[].ports[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PodPort {
+    /// The port's name (optional; a policy names ports by it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// The port number.
+    pub container_port: u16,
+    /// `TCP` (the default), `UDP` or `SCTP`.
+    #[serde(default = "default_protocol")]
+    pub protocol: String,
+}
+
+fn default_protocol() -> String {
+    "TCP".into()
+}
+
+/// A Kubernetes namespace of a lab.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceSpec {
+    /// Its name (a DNS label).
+    pub name: String,
+    /// Its labels (the lab adds `kubernetes.io/metadata.name`, as the API server does).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Its annotations (`weft.dev/policy-mode: audit` puts its policies in audit mode).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// A lab loaded from its file, with where its state lives.
@@ -200,6 +253,12 @@ pub struct Lab {
     pub spec: LabSpec,
     /// The Topology objects.
     pub topologies: Vec<Topology>,
+    /// The lab file's NetworkPolicy objects (inline and from `policy_files`), checked,
+    /// each with its namespace filled in.
+    pub policies: Vec<serde_json::Value>,
+    /// The namespace of each pod without one of its own, by name: its Topology's
+    /// (looked up once, since a big lab asks for it per link end).
+    implicit_namespaces: BTreeMap<String, String>,
     state: PathBuf,
     weftd: PathBuf,
     plugin: PathBuf,
@@ -245,6 +304,60 @@ fn proc_stat(pid: u32) -> Option<(char, u64)> {
 /// line is no help: between fork and exec the child still shows its parent's.
 fn alive(pid: u32, started: u64) -> bool {
     proc_stat(pid).is_some_and(|(state, start)| start == started && state != 'Z' && state != 'X')
+}
+
+/// The addresses of `eth0` in network namespace `netns` (global scope, IPv4 first).
+pub(crate) fn netns_addresses(netns: &str) -> Vec<std::net::IpAddr> {
+    let Ok(out) = Command::new("ip")
+        .args(["-j", "-n", netns, "addr", "show", "dev", "eth0"])
+        .output()
+    else {
+        return Vec::new();
+    };
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let mut addrs: Vec<std::net::IpAddr> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a["scope"] == "global")
+        .filter_map(|a| a["local"].as_str().and_then(|s| s.parse().ok()))
+        .collect();
+    addrs.sort_by_key(|a| a.is_ipv6());
+    addrs
+}
+
+/// The namespace of each pod that names none, by name: that of the first Topology of
+/// its name which no pod with a namespace of its own claims, as before pods could name
+/// one (a lab file whose Topologies are in `edge` keeps its pods there).
+fn implicit_namespaces(pods: &[PodSpec], topologies: &[Topology]) -> BTreeMap<String, String> {
+    let claimed: std::collections::BTreeSet<(&str, &str)> = pods
+        .iter()
+        .filter_map(|p| Some((p.namespace.as_deref()?, p.name.as_str())))
+        .collect();
+    let mut out = BTreeMap::new();
+    for p in pods.iter().filter(|p| p.namespace.is_none()) {
+        let ns = topologies
+            .iter()
+            .filter(|t| t.metadata.name.as_deref() == Some(p.name.as_str()))
+            .map(|t| t.metadata.namespace.as_deref().unwrap_or("default"))
+            .find(|ns| !claimed.contains(&(*ns, p.name.as_str())));
+        if let Some(ns) = ns {
+            out.insert(p.name.clone(), ns.to_string());
+        }
+    }
+    out
+}
+
+/// The network namespace of a pod of lab `lab`: `<lab>-p-<pod>` for a pod that names no
+/// namespace or `default` (the names labs had before namespaces), `<lab>-p-<ns>.<pod>`
+/// otherwise; a dot is in neither a namespace's nor a lab pod's name, so no two pods
+/// share one.
+fn pod_netns(lab: &str, p: &PodSpec) -> String {
+    match p.namespace.as_deref() {
+        None | Some("default") => format!("{lab}-p-{}", p.name),
+        Some(ns) => format!("{lab}-p-{ns}.{}", p.name),
+    }
 }
 
 impl Lab {
@@ -314,17 +427,20 @@ impl Lab {
                 spec.pod_routing
             )));
         }
-        for p in &spec.pods {
-            if !name_ok(&p.name, 40) || !seen.insert(p.name.clone()) {
+        for p in &mut spec.pods {
+            // `lab exec NAME` takes a node or a pod: a pod never has a node's name.
+            if !name_ok(&p.name, 40) || spec.nodes.iter().any(|n| n.name == p.name) {
                 return Err(bad(format!(
-                    "pod {:?}: names are unique among pods and nodes, letters, digits or '-'",
+                    "pod {:?}: 1-40 letters, digits or '-', and no node's name",
                     p.name
                 )));
             }
             if !spec.nodes.iter().any(|n| n.name == p.node) {
                 return Err(bad(format!("pod {}: node {:?} is not in `nodes`", p.name, p.node)));
             }
+            crate::objects::check_pod(p).map_err(|e| bad(format!("pod {}: {e}", p.name)))?;
         }
+        crate::objects::check_namespaces(&spec.namespaces).map_err(bad)?;
         let (mut topologies, mut problems) = (Vec::new(), Vec::new());
         if !spec.topologies.is_empty() {
             let inline = serde_json::to_vec(&spec.topologies).map_err(|e| bad(e.to_string()))?;
@@ -343,8 +459,54 @@ impl Lab {
         }
         for t in &topologies {
             let pod = t.metadata.name.clone().unwrap_or_default();
-            if !spec.pods.iter().any(|p| p.name == pod) {
-                return Err(bad(format!("topology {pod}: no pod of that name in `pods`")));
+            let ns = t.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+            if !spec
+                .pods
+                .iter()
+                .any(|p| p.name == pod && p.namespace.as_ref().is_none_or(|n| *n == ns))
+            {
+                return Err(bad(format!("topology {ns}/{pod}: no pod of that name in `pods`")));
+            }
+        }
+        let implicit_namespaces = implicit_namespaces(&spec.pods, &topologies);
+        // Pods are told apart by namespace and name, and each needs a network
+        // namespace of its own.
+        let (mut keys, mut netns) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+        for p in &spec.pods {
+            let ns = p
+                .namespace
+                .clone()
+                .or_else(|| implicit_namespaces.get(&p.name).cloned())
+                .unwrap_or_else(|| "default".into());
+            if !keys.insert((ns.clone(), p.name.clone())) {
+                return Err(bad(format!("pod {ns}/{}: listed twice", p.name)));
+            }
+            if !netns.insert(pod_netns(&spec.name, p)) {
+                return Err(bad(format!(
+                    "pod {ns}/{}: a pod without `namespace:` (or in `default`) has that name too",
+                    p.name
+                )));
+            }
+        }
+        let mut namespaces: std::collections::BTreeSet<String> =
+            spec.namespaces.iter().map(|n| n.name.clone()).collect();
+        namespaces.extend(keys.into_iter().map(|(ns, _)| ns));
+        let mut policies = Vec::new();
+        for (i, v) in spec.policies.iter().enumerate() {
+            let what = format!("policies[{i}]");
+            policies.extend(crate::objects::read_policies(v.clone(), &what).map_err(bad)?);
+        }
+        for f in &spec.policy_files {
+            let f = path.parent().unwrap_or(Path::new(".")).join(f);
+            let text = fs::read_to_string(&f).map_err(|e| bad(format!("reading {}: {e}", f.display())))?;
+            policies.extend(crate::objects::parse_policies(&text, &f.display().to_string()).map_err(bad)?);
+        }
+        let mut policy_keys = std::collections::BTreeSet::new();
+        for p in &policies {
+            let key = crate::objects::object_key(p);
+            crate::objects::check_policy(p, &namespaces).map_err(bad)?;
+            if !policy_keys.insert(key.clone()) {
+                return Err(bad(format!("NetworkPolicy {key}: given twice")));
             }
         }
         let exe = std::env::current_exe().map_err(|e| LabError::io("finding weftctl", e))?;
@@ -356,41 +518,118 @@ impl Lab {
         Ok(Lab {
             spec,
             topologies,
+            policies,
+            implicit_namespaces,
             state,
             weftd: bin.join("weftd"),
             plugin: bin.join("weft"),
         })
     }
 
-    /// The pods that run on node `node`.
+    /// The pods that run on node `node`, each as [`Lab::pod_ref`] names it.
     pub fn pods_of(&self, node: &str) -> Vec<String> {
         self.spec
             .pods
             .iter()
             .filter(|p| p.node == node)
-            .map(|p| p.name.clone())
+            .map(|p| self.pod_ref(p))
             .collect()
     }
 
-    /// Moves pod `pod` to node `node` in this description (the next `up` attaches it
-    /// there; detach it from the old node first).
+    /// Moves pod `pod` (`NS/NAME`, or a unique `NAME`) to node `node` in this
+    /// description (the next `up` attaches it there; detach it from the old node first).
     pub fn place(&mut self, pod: &str, node: &str) {
-        for p in &mut self.spec.pods {
-            if p.name == pod {
-                p.node = node.to_string();
-            }
+        if let Ok(i) = self.pod_index(pod) {
+            self.spec.pods[i].node = node.to_string();
         }
     }
 
-    /// The namespace of node `name`, or of pod `name`.
-    pub fn namespace_named(&self, name: &str) -> Option<String> {
-        if self.spec.nodes.iter().any(|n| n.name == name) {
-            Some(self.node_ns(name))
-        } else if self.spec.pods.iter().any(|p| p.name == name) {
-            Some(self.pod_ns(name))
-        } else {
-            None
+    /// Finds a pod by `NS/NAME`, or by `NAME` where only one pod has it (the error
+    /// names the candidates otherwise).
+    pub fn find_pod(&self, reference: &str) -> Result<&PodSpec, LabError> {
+        self.pod_index(reference).map(|i| &self.spec.pods[i])
+    }
+
+    /// [`Lab::find_pod`]'s position in `spec.pods`.
+    fn pod_index(&self, reference: &str) -> Result<usize, LabError> {
+        let err = |detail: String| LabError::Command {
+            what: format!("pod {reference}"),
+            detail,
+        };
+        let pods = &self.spec.pods;
+        if let Some((ns, name)) = reference.split_once('/') {
+            return pods
+                .iter()
+                .position(|p| p.name == name && self.namespace_of(p) == ns)
+                .ok_or_else(|| err(format!("no pod {name} in namespace {ns} of lab {}", self.spec.name)));
         }
+        let found: Vec<usize> = (0..pods.len()).filter(|&i| pods[i].name == reference).collect();
+        match found.as_slice() {
+            [] => Err(err(format!("no such pod in lab {}", self.spec.name))),
+            [i] => Ok(*i),
+            many => Err(err(format!(
+                "pods of that name are in several namespaces: {}; name one as NS/NAME",
+                many.iter()
+                    .map(|&i| format!("{}/{}", self.namespace_of(&pods[i]), reference))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    /// How commands name pod `p`: its name where no other pod has it, else `NS/NAME`.
+    pub fn pod_ref(&self, p: &PodSpec) -> String {
+        if self.spec.pods.iter().filter(|q| q.name == p.name).count() > 1 {
+            format!("{}/{}", self.namespace_of(p), p.name)
+        } else {
+            p.name.clone()
+        }
+    }
+
+    /// The Kubernetes namespace of pod `p`: its own, else its Topology's, else `default`.
+    pub fn namespace_of(&self, p: &PodSpec) -> String {
+        if let Some(ns) = &p.namespace {
+            return ns.clone();
+        }
+        if let Some(ns) = self.implicit_namespaces.get(&p.name) {
+            return ns.clone();
+        }
+        // A pod added to the description after loading.
+        implicit_namespaces(std::slice::from_ref(p), &self.topologies)
+            .remove(&p.name)
+            .unwrap_or_else(|| "default".into())
+    }
+
+    /// The pod a Topology object describes (its namespace and name).
+    fn pod_of_topology(&self, t: &Topology) -> Option<&PodSpec> {
+        let name = t.metadata.name.as_deref()?;
+        let ns = t.metadata.namespace.as_deref().unwrap_or("default");
+        self.spec
+            .pods
+            .iter()
+            .find(|p| p.name == name && self.namespace_of(p) == ns)
+    }
+
+    /// The network namespace of node `name`, or of pod `name` (`NS/NAME`, or a unique
+    /// `NAME`).
+    pub fn namespace_named(&self, name: &str) -> Option<String> {
+        self.target_ns(name).ok()
+    }
+
+    /// [`Lab::namespace_named`], saying why when there is none.
+    fn target_ns(&self, name: &str) -> Result<String, LabError> {
+        if self.spec.nodes.iter().any(|n| n.name == name) {
+            return Ok(self.node_ns(name));
+        }
+        self.find_pod(name).map(|p| self.netns_of(p)).map_err(|e| match e {
+            LabError::Command { detail, .. } if !name.contains('/') && detail.starts_with("no such") => {
+                LabError::Command {
+                    what: name.to_string(),
+                    detail: format!("no node or pod of that name in lab {}", self.spec.name),
+                }
+            }
+            e => e,
+        })
     }
 
     /// Uses these binaries instead of the ones next to weftctl.
@@ -482,9 +721,23 @@ impl Lab {
         self
     }
 
-    /// The name of the namespace of pod `pod`.
+    /// The name of the network namespace of pod `pod` (`NS/NAME`, or a unique `NAME`;
+    /// a name that is no pod's gets the name such a pod would have in `default`).
     pub fn pod_ns(&self, pod: &str) -> String {
-        format!("{}-p-{pod}", self.spec.name)
+        match self.find_pod(pod) {
+            Ok(p) => self.netns_of(p),
+            Err(_) => format!("{}-p-{}", self.spec.name, pod.rsplit('/').next().unwrap_or(pod)),
+        }
+    }
+
+    /// The name of the network namespace of pod `p`.
+    pub fn netns_of(&self, p: &PodSpec) -> String {
+        pod_netns(&self.spec.name, p)
+    }
+
+    /// Where the lab keeps its state.
+    pub(crate) fn state_dir(&self) -> &Path {
+        &self.state
     }
 
     fn node_dir(&self, node: &str) -> PathBuf {
@@ -496,9 +749,9 @@ impl Lab {
         self.node_dir(node).join("weftd.sock")
     }
 
-    /// The node pod `pod` runs on.
+    /// The node pod `pod` (`NS/NAME`, or a unique `NAME`) runs on.
     pub fn node_of(&self, pod: &str) -> Option<&str> {
-        self.spec.pods.iter().find(|p| p.name == pod).map(|p| p.node.as_str())
+        self.find_pod(pod).ok().map(|p| p.node.as_str())
     }
 
     /// The router's and the node's underlay addresses (with prefix): the router takes the
@@ -559,6 +812,11 @@ impl Lab {
         // source a standalone node uses: the lab runs the code a cluster runs.
         let nodes = self.node_objects();
         self.publish_nodes(&nodes)?;
+        // As the API server has a pod before kubelet runs its sandbox: the Namespaces,
+        // the NetworkPolicies and every Pod (without addresses until its ADD) are there
+        // before any ADD, so a daemon polices a new pod by its labels from the start.
+        let running_before = self.spec.nodes.iter().any(|n| self.daemon_pid(&n.name).is_some());
+        let pods_changed = self.publish_objects()?;
         let router = self.router();
         let mtu = self.spec.underlay_mtu.to_string();
         if !NamedNetns::exists(&router) {
@@ -653,6 +911,11 @@ impl Lab {
             crate::neigh::need(links, self.spec.pods.len(), self.spec.nodes.len()),
         ) {
             eprintln!("weftctl lab up: {e}; a lab this size may outgrow the neighbour table");
+        }
+        if pods_changed && running_before {
+            // A running daemon sees the files within its reload's debounce (inotify);
+            // a daemon started above read them at start.
+            std::thread::sleep(crate::objects::SETTLE);
         }
         self.attach_all()?;
         Ok(started)
@@ -759,14 +1022,6 @@ impl Lab {
         })
     }
 
-    fn namespace_of(&self, pod: &str) -> String {
-        self.topologies
-            .iter()
-            .find(|t| t.metadata.name.as_deref() == Some(pod))
-            .and_then(|t| t.metadata.namespace.clone())
-            .unwrap_or_else(|| "default".into())
-    }
-
     /// The node's network config: like a cluster's, without `ranges` (the node's
     /// daemon serves ADDs from its Node's podCIDRs) and without `mtu` (from the
     /// underlay).
@@ -779,9 +1034,10 @@ impl Lab {
         .into_bytes()
     }
 
-    fn cni(&self, n: &NodeSpec, pod: &str, command: &str) -> Result<(), LabError> {
-        let ns = self.pod_ns(pod);
-        let args = format!("K8S_POD_NAMESPACE={};K8S_POD_NAME={pod}", self.namespace_of(pod));
+    /// Runs CNI `command` for pod `p` on node `n` and returns what the plugin printed.
+    fn cni(&self, n: &NodeSpec, p: &PodSpec, command: &str) -> Result<Vec<u8>, LabError> {
+        let ns = self.netns_of(p);
+        let args = format!("K8S_POD_NAMESPACE={};K8S_POD_NAME={}", self.namespace_of(p), p.name);
         let node = NamedNetns::existing(&self.node_ns(&n.name));
         let vars = CniVars {
             command,
@@ -792,10 +1048,10 @@ impl Lab {
         };
         let out = CniExec::new(&self.plugin).call(&node, &vars, &self.config(n))?;
         if out.ok() {
-            Ok(())
+            Ok(out.stdout)
         } else {
             Err(LabError::Command {
-                what: format!("CNI {command} of pod {pod} on {}", n.name),
+                what: format!("CNI {command} of pod {}/{} on {}", self.namespace_of(p), p.name, n.name),
                 detail: String::from_utf8_lossy(&out.stdout).trim().to_string(),
             })
         }
@@ -815,7 +1071,7 @@ impl Lab {
                         if failed.lock().expect("not poisoned").is_some() {
                             break;
                         }
-                        if let Err(e) = self.node(&p.node).and_then(|n| self.attach(n, &p.name)) {
+                        if let Err(e) = self.node(&p.node).and_then(|n| self.attach(n, p)) {
                             failed.lock().expect("not poisoned").get_or_insert(e);
                         }
                     }
@@ -828,32 +1084,28 @@ impl Lab {
         }
     }
 
-    fn attach(&self, n: &NodeSpec, pod: &str) -> Result<(), LabError> {
-        let ns = self.pod_ns(pod);
+    fn attach(&self, n: &NodeSpec, p: &PodSpec) -> Result<(), LabError> {
+        let ns = self.netns_of(p);
         if !NamedNetns::exists(&ns) {
             NamedNetns::create(&ns)?.keep();
         }
-        // ADD is idempotent: an attached pod gets its stored result back.
-        self.cni(n, pod, "ADD")
+        // ADD is idempotent: an attached pod gets its stored result back. Its Pod object
+        // is written already; its addresses go into it after, as kubelet reports them.
+        let result = self.cni(n, p, "ADD")?;
+        self.report_pod_ips(p, crate::objects::result_ips(&result))
     }
 
-    /// Detaches a pod (CNI DEL on its node) and removes its namespace, as a runtime
-    /// does when a pod is deleted.
+    /// Detaches a pod (CNI DEL on its node) and removes its namespace and its Pod
+    /// object, as a runtime and the API server do when a pod is deleted.
     pub fn remove_pod(&self, pod: &str) -> Result<(), LabError> {
-        let node = self
-            .spec
-            .pods
-            .iter()
-            .find(|p| p.name == pod)
-            .map(|p| p.node.clone())
-            .ok_or_else(|| LabError::Command {
-                what: format!("removing {pod}"),
-                detail: "no such pod in the lab".into(),
-            })?;
-        let n = self.node(&node)?;
-        self.cni(n, pod, "DEL")?;
-        NamedNetns::existing(&self.pod_ns(pod)).delete()?;
-        Ok(())
+        let p = self.find_pod(pod).map_err(|e| LabError::Command {
+            what: format!("removing {pod}"),
+            detail: e.to_string(),
+        })?;
+        let n = self.node(&p.node)?;
+        self.cni(n, p, "DEL")?;
+        NamedNetns::existing(&self.netns_of(p)).delete()?;
+        self.delete_pod_object(p)
     }
 
     /// Sends SIGKILL to a node's weftd (pods and wires stay; `up` restarts it), and
@@ -891,25 +1143,10 @@ impl Lab {
         nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
     }
 
-    /// The addresses of a pod's `eth0` (global scope, IPv4 first).
+    /// The addresses of a pod's `eth0` (global scope, IPv4 first); the pod is `NS/NAME`
+    /// or a unique `NAME`.
     pub fn pod_addresses(&self, pod: &str) -> Vec<std::net::IpAddr> {
-        let Ok(out) = Command::new("ip")
-            .args(["-j", "-n", &self.pod_ns(pod), "addr", "show", "dev", "eth0"])
-            .output()
-        else {
-            return Vec::new();
-        };
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        let mut addrs: Vec<std::net::IpAddr> = v
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
-            .filter(|a| a["scope"] == "global")
-            .filter_map(|a| a["local"].as_str().and_then(|s| s.parse().ok()))
-            .collect();
-        addrs.sort_by_key(|a| a.is_ipv6());
-        addrs
+        netns_addresses(&self.pod_ns(pod))
     }
 
     /// Pings over the pod network rather than the wires, each until it answers or
@@ -917,28 +1154,36 @@ impl Lab {
     /// address family they share; kind `eth0`), every other node's address (`node`), and
     /// the outside namespace (`outside`, which answers only through masquerade).
     pub fn check_network(&self, within: Duration) -> Vec<LinkCheck> {
-        let mut probes: Vec<(String, String, String, &'static str)> = Vec::new();
-        let addrs: BTreeMap<String, Vec<std::net::IpAddr>> = self
+        // (source's network namespace, source, target, address, kind)
+        let mut probes: Vec<(String, String, String, String, &'static str)> = Vec::new();
+        // (pod, how it is named, its network namespace, its addresses)
+        let pods: Vec<(&PodSpec, String, String, Vec<std::net::IpAddr>)> = self
             .spec
             .pods
             .iter()
-            .map(|p| (p.name.clone(), self.pod_addresses(&p.name)))
+            .map(|p| {
+                let ns = self.netns_of(p);
+                let addrs = netns_addresses(&ns);
+                (p, self.pod_ref(p), ns, addrs)
+            })
             .collect();
-        for p in &self.spec.pods {
-            for q in self.spec.pods.iter().filter(|q| q.node != p.node) {
-                for a in &addrs[&q.name] {
-                    if addrs[&p.name].iter().any(|b| b.is_ipv6() == a.is_ipv6()) {
-                        probes.push((p.name.clone(), format!("{}:eth0 {a}", q.name), a.to_string(), "eth0"));
+        for (p, me, ns, mine) in &pods {
+            for (_, them, _, theirs) in pods.iter().filter(|(q, ..)| q.node != p.node) {
+                for a in theirs {
+                    if mine.iter().any(|b| b.is_ipv6() == a.is_ipv6()) {
+                        let to = format!("{them}:eth0 {a}");
+                        probes.push((ns.clone(), me.clone(), to, a.to_string(), "eth0"));
                     }
                 }
             }
             for n in self.spec.nodes.iter().filter(|n| n.name != p.node) {
                 if let Some(a) = self.address_of(&n.name) {
-                    probes.push((p.name.clone(), format!("node {} {a}", n.name), a, "node"));
+                    probes.push((ns.clone(), me.clone(), format!("node {} {a}", n.name), a, "node"));
                 }
             }
             probes.push((
-                p.name.clone(),
+                ns.clone(),
+                me.clone(),
                 format!("outside {OUTSIDE_ADDRESS}"),
                 OUTSIDE_ADDRESS.to_string(),
                 "outside",
@@ -948,13 +1193,13 @@ impl Lab {
         // process per probe does not scale to the pods-squared probes of a big lab.
         let targets: Vec<(String, String)> = probes
             .iter()
-            .map(|(pod, _, addr, _)| (self.pod_ns(pod), addr.clone()))
+            .map(|(ns, _, _, addr, _)| (ns.clone(), addr.clone()))
             .collect();
         let found = crate::ping::ping_all(&targets, within);
         probes
             .iter()
             .zip(found)
-            .map(|((pod, to, _, kind), o)| LinkCheck {
+            .map(|((_, pod, to, _, kind), o)| LinkCheck {
                 kind: (*kind).to_string(),
                 from: format!("{pod}:eth0"),
                 to: to.clone(),
@@ -989,9 +1234,9 @@ impl Lab {
 
     /// A pod interface's state as `ip` reports it (`missing`, `DOWN`, `UP
     /// NO-CARRIER`, its addresses), to say why a link did not answer.
-    fn interface_state(&self, pod: &str, intf: &str) -> Option<String> {
+    fn interface_state(&self, netns: &str, intf: &str) -> Option<String> {
         let out = Command::new("ip")
-            .args(["-j", "-n", &self.pod_ns(pod), "addr", "show", "dev", intf])
+            .args(["-j", "-n", netns, "addr", "show", "dev", intf])
             .output()
             .ok()?;
         if !out.status.success() {
@@ -1017,14 +1262,19 @@ impl Lab {
     /// Pings the peer address of every link with one from its pod, each until it
     /// answers or `within` has passed since its pod's first echo.
     pub fn check(&self, within: Duration) -> Vec<LinkCheck> {
-        let links: Vec<(String, &weft_topology::Link, &str)> = self
+        // (pod, its network namespace, link, peer address)
+        let links: Vec<(String, String, &weft_topology::Link, &str)> = self
             .topologies
             .iter()
             .flat_map(|t| {
                 let pod = t.metadata.name.clone().unwrap_or_default();
+                let netns = match self.pod_of_topology(t) {
+                    Some(p) => self.netns_of(p),
+                    None => format!("{}-p-{pod}", self.spec.name),
+                };
                 t.spec.links.iter().filter_map(move |l| {
                     let peer_ip = l.peer_ip.split('/').next().filter(|s| !s.is_empty())?;
-                    Some((pod.clone(), l, peer_ip))
+                    Some((pod.clone(), netns.clone(), l, peer_ip))
                 })
             })
             .collect();
@@ -1034,14 +1284,14 @@ impl Lab {
         // out.
         let targets: Vec<(String, String)> = links
             .iter()
-            .map(|(pod, _, peer_ip)| (self.pod_ns(pod), peer_ip.to_string()))
+            .map(|(_, netns, _, peer_ip)| (netns.clone(), peer_ip.to_string()))
             .collect();
         let found = crate::ping::ping_all(&targets, within);
         let mut out: Vec<LinkCheck> = links
             .iter()
             .zip(found)
-            .map(|((pod, l, _), o)| {
-                let reason = o.reason.map(|r| match self.interface_state(pod, &l.local_intf) {
+            .map(|((pod, netns, l, _), o)| {
+                let reason = o.reason.map(|r| match self.interface_state(netns, &l.local_intf) {
                     Some(state) => format!("{r}; {}: {state}", l.local_intf),
                     None => r,
                 });
@@ -1070,11 +1320,15 @@ impl Lab {
         out
     }
 
-    /// Runs a command inside the namespace of a node or a pod.
+    /// Runs a command inside the namespace of a node or a pod (`NS/NAME`, or a unique
+    /// `NAME`).
     pub fn exec(&self, name: &str, argv: &[String]) -> Result<std::process::ExitStatus, LabError> {
-        let ns = self.namespace_named(name).ok_or_else(|| LabError::Command {
+        let ns = self.target_ns(name).map_err(|e| LabError::Command {
             what: format!("exec in {name}"),
-            detail: "no node or pod of that name in the lab".into(),
+            detail: match e {
+                LabError::Command { detail, .. } => detail,
+                e => e.to_string(),
+            },
         })?;
         NamedNetns::existing(&ns)
             .command(argv)
@@ -1085,13 +1339,13 @@ impl Lab {
     /// Removes the lab: pods (through CNI DEL), daemons, namespaces, state.
     pub fn down(&self) -> Result<(), LabError> {
         // `parallel_attach` DELs at a time, as in `up`.
-        let dels: Vec<(&NodeSpec, String)> = self
+        let dels: Vec<(&NodeSpec, &PodSpec)> = self
             .spec
             .nodes
             .iter()
             .filter(|n| self.daemon_pid(&n.name).is_some())
-            .flat_map(|n| self.pods_of(&n.name).into_iter().map(move |p| (n, p)))
-            .filter(|(_, p)| NamedNetns::exists(&self.pod_ns(p)))
+            .flat_map(|n| self.spec.pods.iter().filter(|p| p.node == n.name).map(move |p| (n, p)))
+            .filter(|(_, p)| NamedNetns::exists(&self.netns_of(p)))
             .collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|scope| {
@@ -1123,7 +1377,7 @@ impl Lab {
                 }
             }
         }
-        let mut names: Vec<String> = self.spec.pods.iter().map(|p| self.pod_ns(&p.name)).collect();
+        let mut names: Vec<String> = self.spec.pods.iter().map(|p| self.netns_of(p)).collect();
         names.extend(self.spec.nodes.iter().map(|n| self.node_ns(&n.name)));
         names.push(self.outside_ns());
         names.push(self.router());
@@ -1134,5 +1388,110 @@ impl Lab {
         }
         let _ = fs::remove_dir_all(&self.state);
         crate::neigh::release(&self.state.display().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn examples() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+    }
+
+    /// Writes `text` as a lab file in a directory of its own and loads it.
+    fn load_text(text: &str) -> Result<Lab, LabError> {
+        let dir = std::env::temp_dir().join(format!("weft-lab-load-{}-{}", std::process::id(), text.len()));
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("lab.yaml");
+        fs::write(&file, text).unwrap();
+        let lab = Lab::load(&file);
+        let _ = fs::remove_dir_all(&dir);
+        lab
+    }
+
+    #[test]
+    fn pods_without_a_namespace_keep_their_topology_namespace_and_netns() {
+        let lab = Lab::load(&examples().join("lab.yaml")).unwrap();
+        let r1 = lab.find_pod("r1").unwrap();
+        assert_eq!(lab.namespace_of(r1), "lab", "the Topology's namespace");
+        assert_eq!(lab.pod_ns("r1"), "wl-p-r1");
+        assert_eq!(lab.pod_ns("lab/r1"), "wl-p-r1");
+        // A pod without a Topology is in `default`.
+        let shared = Lab::load(&examples().join("lab-shared.yaml")).unwrap();
+        assert_eq!(shared.namespace_of(shared.find_pod("s1").unwrap()), "default");
+        assert_eq!(shared.pods_of("n1"), ["s1", "s2"]);
+    }
+
+    #[test]
+    fn the_policy_example_names_pods_by_namespace() {
+        let lab = Lab::load(&examples().join("lab-policy.yaml")).unwrap();
+        assert_eq!(lab.policies.len(), 2);
+        assert_eq!(lab.pod_ns("x/a"), "wp-p-x.a");
+        assert_eq!(lab.pod_ns("y/a"), "wp-p-y.a");
+        assert_eq!(lab.node_of("y/a"), Some("n2"));
+        assert_eq!(lab.node_of("c"), Some("n3"), "a name only one pod has");
+        let e = lab.find_pod("a").unwrap_err().to_string();
+        assert!(e.contains("x/a, y/a"), "{e}");
+        assert!(lab.find_pod("z/a").is_err());
+        // Names more than one pod has come with their namespace.
+        assert_eq!(lab.pods_of("n2"), ["x/b", "y/a"]);
+        assert_eq!(lab.pods_of("n3"), ["c", "y/b"]);
+        assert_eq!(lab.namespace_names().into_iter().collect::<Vec<_>>(), ["x", "y"]);
+        let expect = fs::read_to_string(examples().join("lab-policy.expect")).unwrap();
+        let tables = crate::matrix::parse_tables(&expect).unwrap();
+        assert_eq!(tables.len(), 2);
+        assert_eq!(tables[1].title, "81/tcp IPv4");
+        let policies = fs::read_to_string(examples().join("policies/allow-clients.yaml")).unwrap();
+        let p = crate::objects::parse_policies(&policies, "allow-clients.yaml").unwrap();
+        crate::objects::check_policy(&p[0], &lab.namespace_names()).unwrap();
+    }
+
+    #[test]
+    fn pods_are_unique_by_namespace_and_name_and_network_namespace() {
+        let base = "name: t\nnodes: [n1]\npods:\n";
+        assert!(
+            load_text(&format!(
+                "{base}  - {{name: a, node: n1, namespace: x}}\n  - {{name: a, node: n1, namespace: y}}\n"
+            ))
+            .is_ok()
+        );
+        let e = load_text(&format!(
+            "{base}  - {{name: a, node: n1, namespace: x}}\n  - {{name: a, node: n1, namespace: x}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("pod x/a: listed twice"), "{e}");
+        // Both would be `t-p-a`.
+        let e = load_text(&format!(
+            "{base}  - {{name: a, node: n1}}\n  - {{name: a, node: n1, namespace: default}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("listed twice"), "{e}");
+        for (bad, want) in [
+            ("  - {name: a, node: n1, namespace: X}\n", "namespace \"X\""),
+            ("  - {name: a, node: n1, labels: {'a b': c}}\n", "label key"),
+            (
+                "  - {name: a, node: n1, ports: [{containerPort: 80, protocol: ICMP}]}\n",
+                "not TCP, UDP or SCTP",
+            ),
+            (
+                "  - {name: a, node: n1, ports: [{name: HTTP, containerPort: 80}]}\n",
+                "port name",
+            ),
+            ("  - {name: n1, node: n1}\n", "no node's name"),
+        ] {
+            let e = load_text(&format!("{base}{bad}")).unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+        // A policy's namespace must be the lab's.
+        let policy = "policies:\n  - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: p, namespace: z}, spec: {podSelector: {}}}\n";
+        let e = load_text(&format!("{base}  - {{name: a, node: n1}}\n{policy}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("namespace z is not in the lab"), "{e}");
+        let ok = format!("{base}  - {{name: a, node: n1}}\nnamespaces: [{{name: z}}]\n{policy}");
+        assert_eq!(load_text(&ok).unwrap().policies[0]["metadata"]["namespace"], "z");
     }
 }

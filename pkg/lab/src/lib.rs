@@ -1,18 +1,23 @@
 //! Local clusters out of network namespaces, built from a lab file: a router, node
 //! namespaces with a weftd each, pods attached through the real plugin, and checks that
-//! the links between them carry traffic (`weftctl lab up/down/check`). The pieces it is
-//! built from (named namespaces, node daemons, runtime-style plugin calls) are
-//! `weft-harness`'s.
+//! the links between them carry traffic (`weftctl lab up/down/check`); the Kubernetes
+//! objects network policy reads, as the lab's API server writes them (`objects`); and
+//! which pods reach which (`matrix`). The pieces it is built from (named namespaces,
+//! node daemons, runtime-style plugin calls) are `weft-harness`'s.
 
 #![forbid(unsafe_code)]
 
 pub mod cluster;
 pub mod generate;
 pub mod graph;
+pub mod matrix;
 pub mod neigh;
+pub mod objects;
 pub mod ping;
 
-pub use cluster::{Lab, LabSpec, LinkCheck, NodeSpec, OUTSIDE_ADDRESS, PodSpec, Underlay, WireSecurityMode};
+pub use cluster::{
+    Lab, LabSpec, LinkCheck, NamespaceSpec, NodeSpec, OUTSIDE_ADDRESS, PodPort, PodSpec, Underlay, WireSecurityMode,
+};
 
 /// A lab that is taken down when this is dropped (a benchmark or test that fails
 /// half-way leaves no daemon or namespace behind). `weftctl lab up` does not use it: its

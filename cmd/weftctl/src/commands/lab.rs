@@ -37,7 +37,7 @@ pub enum LabAction {
     Exec {
         /// The lab file.
         file: PathBuf,
-        /// The node or pod.
+        /// The node, or the pod (`NS/NAME`, or `NAME` where only one pod has it).
         name: String,
         /// The command (after `--`).
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
@@ -85,6 +85,68 @@ pub enum LabAction {
         /// The lab file.
         file: PathBuf,
     },
+    /// Creates or replaces NetworkPolicy objects in the running lab, as `kubectl apply
+    /// -f` does (each node's weftd enforces them within a pass).
+    Apply {
+        /// The lab file.
+        file: PathBuf,
+        /// Files of NetworkPolicy objects (YAML or JSON, several documents each).
+        #[arg(required = true)]
+        objects: Vec<PathBuf>,
+    },
+    /// Deletes the NetworkPolicy objects the files name (by namespace and name), as
+    /// `kubectl delete -f` does; fails after deleting the others if one is not there.
+    Delete {
+        /// The lab file.
+        file: PathBuf,
+        /// Files of NetworkPolicy objects.
+        #[arg(required = true)]
+        objects: Vec<PathBuf>,
+    },
+    /// Changes the labels of a pod or a namespace, as `kubectl label` does: `KEY=VALUE`
+    /// sets a label, `KEY-` removes it.
+    Label {
+        /// The lab file.
+        file: PathBuf,
+        /// What to label: `pod` or `namespace`.
+        kind: LabelKind,
+        /// The pod (`NS/NAME`, or `NAME` where only one pod has it) or the namespace.
+        name: String,
+        /// The changes: `KEY=VALUE` or `KEY-`.
+        #[arg(required = true, allow_hyphen_values = true)]
+        changes: Vec<String>,
+    },
+    /// Which pods reach which: listens on each port in every pod, probes every ordered
+    /// pair of pods from inside the source, and prints a table per port and family
+    /// (rows: sources, columns: destinations; `.` reachable, `X` blocked, `?` failed).
+    Matrix {
+        /// The lab file.
+        file: PathBuf,
+        /// A port to probe: `80/tcp`, `53/udp`, `9/sctp` (`80` is TCP); a table each.
+        #[arg(long = "port", required = true)]
+        ports: Vec<weft_lab::matrix::Port>,
+        /// Only this family (`4` or `6`); default: every family the lab has.
+        #[arg(long)]
+        family: Option<weft_lab::matrix::Family>,
+        /// How long a probe waits before its pair counts as blocked.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        /// Tables to compare with, in the printed format: exits non-zero when a cell
+        /// differs, printing each that does.
+        #[arg(long)]
+        expect: Option<PathBuf>,
+    },
+}
+
+/// What `lab label` labels.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum LabelKind {
+    /// A pod.
+    #[value(alias = "pods", alias = "po")]
+    Pod,
+    /// A namespace.
+    #[value(alias = "namespaces", alias = "ns")]
+    Namespace,
 }
 
 fn load(file: &std::path::Path) -> anyhow::Result<Lab> {
@@ -169,6 +231,122 @@ pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
         }
         LabAction::Graph { file, output, sample } => super::lab_graph::run(&load(&file)?, output.as_deref(), sample)?,
         LabAction::Down { file } => load(&file)?.down()?,
+        LabAction::Apply { file, objects } => {
+            let done = load(&file)?.apply_policies(&objects)?;
+            print_changes(&done, json)?;
+        }
+        LabAction::Delete { file, objects } => {
+            let done = load(&file)?.delete_policies(&objects)?;
+            print_changes(&done, json)?;
+            anyhow::ensure!(
+                done.missing.is_empty(),
+                "not found: {}",
+                done.missing
+                    .iter()
+                    .map(|k| format!("networkpolicy {k}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        LabAction::Label {
+            file,
+            kind,
+            name,
+            changes,
+        } => {
+            let target = match kind {
+                LabelKind::Pod => weft_lab::objects::LabelTarget::Pod,
+                LabelKind::Namespace => weft_lab::objects::LabelTarget::Namespace,
+            };
+            println!("{}", load(&file)?.label(target, &name, &changes)?);
+        }
+        LabAction::Matrix {
+            file,
+            ports,
+            family,
+            timeout,
+            expect,
+        } => matrix(&load(&file)?, ports, family, timeout, expect.as_deref(), json)?,
+    }
+    Ok(())
+}
+
+fn print_changes(done: &weft_lab::objects::ObjectChanges, json: bool) -> anyhow::Result<()> {
+    if json {
+        let v = serde_json::json!({"changes": done.lines, "missing": done.missing});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for l in &done.lines {
+            println!("{l}");
+        }
+    }
+    Ok(())
+}
+
+/// `lab matrix`: the tables on standard output (the format `--expect` reads), failed
+/// probes on standard error, then the cells that differ from the expectation.
+fn matrix(
+    lab: &Lab,
+    ports: Vec<weft_lab::matrix::Port>,
+    family: Option<weft_lab::matrix::Family>,
+    timeout: Duration,
+    expect: Option<&std::path::Path>,
+    json: bool,
+) -> anyhow::Result<()> {
+    // Read first: a typo in the expectation should not cost a run.
+    let expected = match expect {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            Some(weft_lab::matrix::parse_tables(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?)
+        }
+        None => None,
+    };
+    let opts = weft_lab::matrix::MatrixOptions {
+        ports,
+        families: family.into_iter().collect(),
+        timeout,
+    };
+    let m = lab.matrix(&opts)?;
+    let differences = expected.as_ref().map(|e| m.differences(e)).unwrap_or_default();
+    let errors = m.errors();
+    if json {
+        let mut v = m.to_json();
+        if expected.is_some() {
+            v["differences"] = serde_json::json!(differences);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", m.to_text());
+        for e in &errors {
+            eprintln!("failed: {e}");
+        }
+        if !differences.is_empty() {
+            println!();
+            for d in &differences {
+                println!("differs: {d}");
+            }
+        }
+    }
+    let pods = m.tables.first().map_or(0, |t| t.pods.len());
+    eprintln!(
+        "lab matrix: {pods} pods, {} pairs in each of {} tables, {:.2} s",
+        pods * pods,
+        m.tables.len(),
+        m.elapsed.as_secs_f64()
+    );
+    anyhow::ensure!(
+        errors.is_empty(),
+        "{} of {} probes failed (not blocked: see why above)",
+        errors.len(),
+        pods * pods * m.tables.len()
+    );
+    if let Some(path) = expect {
+        anyhow::ensure!(
+            differences.is_empty(),
+            "the matrix differs from {} ({} differences)",
+            path.display(),
+            differences.len()
+        );
     }
     Ok(())
 }

@@ -1,0 +1,1086 @@
+//! Which pods reach which (`weftctl lab matrix`): the truth tables of the upstream
+//! network policy tests, measured. For each port, every pod gets a short-lived
+//! listener (an echo server for UDP) made in its network namespace by this process,
+//! every ordered pair of pods is probed from inside the source's namespace, and each
+//! cell says `.` (reachable), `X` (blocked) or `?` (the probe failed for another
+//! reason, which is an error, never "blocked").
+//!
+//! Blocked is what policy looks like from a pod: weft drops a denied packet, so a TCP
+//! SYN goes unanswered (a refused connection means nothing listened, an error) and a
+//! UDP datagram gets no echo. Probes of a source run at once from one thread in its
+//! namespace, a bounded number of sources at a time, so a table takes about one probe
+//! timeout however many pods there are.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{
+    AddressFamily, Backlog, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6, SockaddrLike, bind, connect,
+    getsockopt, listen, setsockopt, socket, sockopt,
+};
+use serde_json::{Value, json};
+use weft_harness::NamedNetns;
+
+use crate::LabError;
+use crate::cluster::Lab;
+
+/// How many source pods are probed from at the same time (a thread each).
+pub const PARALLEL_SOURCES: usize = 32;
+
+/// How often an unanswered UDP probe is sent again within the timeout.
+const UDP_RESEND: Duration = Duration::from_millis(200);
+
+/// UDP probes bind source ports from this range, a block per run (see
+/// [`Lab::matrix`]); below Linux's ephemeral ports, so the kernel never hands one out.
+const PROBE_PORTS: std::ops::Range<u32> = 20000..32000;
+
+/// A transport protocol of a probed port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    /// TCP: reachable when the connection is accepted.
+    Tcp,
+    /// UDP: reachable when the datagram is echoed.
+    Udp,
+    /// SCTP: as TCP (when the kernel has it).
+    Sctp,
+}
+
+impl Protocol {
+    fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+
+    fn socket(self) -> (SockType, Option<SockProtocol>) {
+        match self {
+            Protocol::Tcp => (SockType::Stream, None),
+            Protocol::Udp => (SockType::Datagram, None),
+            Protocol::Sctp => (SockType::Stream, Some(SockProtocol::Sctp)),
+        }
+    }
+}
+
+/// A port to probe: `80/tcp`, `53/udp`, `9/sctp` (`80` alone is TCP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Port {
+    /// The port number.
+    pub number: u16,
+    /// Its protocol.
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for Port {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.number, self.protocol.as_str())
+    }
+}
+
+impl FromStr for Port {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (n, proto) = s.split_once('/').unwrap_or((s, "tcp"));
+        let number: u16 = n
+            .parse()
+            .ok()
+            .filter(|&n| n != 0)
+            .ok_or_else(|| format!("{s:?}: the port is 1 to 65535"))?;
+        let protocol = match proto.to_ascii_lowercase().as_str() {
+            "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            "sctp" => Protocol::Sctp,
+            _ => return Err(format!("{s:?}: the protocol is tcp, udp or sctp")),
+        };
+        Ok(Port { number, protocol })
+    }
+}
+
+/// An address family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    /// IPv4.
+    V4,
+    /// IPv6.
+    V6,
+}
+
+impl Family {
+    fn of(a: &IpAddr) -> Family {
+        if a.is_ipv6() { Family::V6 } else { Family::V4 }
+    }
+
+    fn address_family(self) -> AddressFamily {
+        match self {
+            Family::V4 => AddressFamily::Inet,
+            Family::V6 => AddressFamily::Inet6,
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
+
+impl FromStr for Family {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "4" | "ipv4" | "v4" => Ok(Family::V4),
+            "6" | "ipv6" | "v6" => Ok(Family::V6),
+            _ => Err(format!("{s:?}: the family is 4 (IPv4) or 6 (IPv6)")),
+        }
+    }
+}
+
+/// What `lab matrix` measures.
+#[derive(Debug, Clone)]
+pub struct MatrixOptions {
+    /// The ports, a table each (per family).
+    pub ports: Vec<Port>,
+    /// The families; empty is every family the lab has.
+    pub families: Vec<Family>,
+    /// How long a probe may take before its pair counts as blocked.
+    pub timeout: Duration,
+}
+
+/// One cell of a table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cell {
+    /// The destination answered.
+    Reachable,
+    /// Nothing came back within the timeout: policy dropped it.
+    Blocked,
+    /// The probe failed otherwise (refused: no listener; unreachable; no address).
+    Error(String),
+}
+
+impl Cell {
+    /// `.`, `X` or `?`.
+    pub fn symbol(&self) -> char {
+        match self {
+            Cell::Reachable => '.',
+            Cell::Blocked => 'X',
+            Cell::Error(_) => '?',
+        }
+    }
+}
+
+/// The truth table of one port and family.
+#[derive(Debug, Clone)]
+pub struct Table {
+    /// The port.
+    pub port: Port,
+    /// The family.
+    pub family: Family,
+    /// The pods as `ns/name`, sorted by namespace then name: the rows (sources) and
+    /// the columns (destinations).
+    pub pods: Vec<String>,
+    /// `cells[from][to]`.
+    pub cells: Vec<Vec<Cell>>,
+}
+
+impl Table {
+    /// `80/tcp IPv4`: the line above the table, and how an expectation names it.
+    pub fn title(&self) -> String {
+        format!("{} {}", self.port, self.family)
+    }
+}
+
+/// What `lab matrix` measured.
+#[derive(Debug, Clone)]
+pub struct Matrix {
+    /// A table per port and family, ports in the order given, IPv4 first.
+    pub tables: Vec<Table>,
+    /// How long it took, listeners included.
+    pub elapsed: Duration,
+}
+
+/// Pads `cells` (the first is the row's header) into columns of `width`.
+fn row_text(cells: impl IntoIterator<Item = String>, width: usize) -> String {
+    let line: Vec<String> = cells.into_iter().map(|c| format!("{c:<width$}")).collect();
+    line.join(" ").trim_end().to_string()
+}
+
+impl Matrix {
+    /// The tables as text: per table its title (`80/tcp IPv4`), a header row (`-`,
+    /// then the destinations) and a row per source; tables apart by a blank line. The
+    /// format `--expect` reads.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for (i, t) in self.tables.iter().enumerate() {
+            if i > 0 {
+                out.push('\n');
+            }
+            let width = t.pods.iter().map(String::len).max().unwrap_or(1).max(1);
+            out.push_str(&t.title());
+            out.push('\n');
+            out.push_str(&row_text(
+                std::iter::once("-".to_string()).chain(t.pods.iter().cloned()),
+                width,
+            ));
+            out.push('\n');
+            for (from, row) in t.pods.iter().zip(&t.cells) {
+                let cells = row.iter().map(|c| c.symbol().to_string());
+                out.push_str(&row_text(std::iter::once(from.clone()).chain(cells), width));
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Every failed probe: `80/tcp IPv4 x/a -> y/b: why`.
+    pub fn errors(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for t in &self.tables {
+            for (i, row) in t.cells.iter().enumerate() {
+                for (j, c) in row.iter().enumerate() {
+                    if let Cell::Error(e) = c {
+                        out.push(format!("{} {} -> {}: {e}", t.title(), t.pods[i], t.pods[j]));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The tables as JSON: per table the port, the family, the pods, and `reachable`
+    /// (rows by source: `true`, `false`, or `null` where the probe failed), with the
+    /// failures in `errors`.
+    pub fn to_json(&self) -> Value {
+        let tables: Vec<Value> = self
+            .tables
+            .iter()
+            .map(|t| {
+                let reachable: Vec<Vec<Value>> = t
+                    .cells
+                    .iter()
+                    .map(|row| {
+                        row.iter()
+                            .map(|c| match c {
+                                Cell::Reachable => Value::Bool(true),
+                                Cell::Blocked => Value::Bool(false),
+                                Cell::Error(_) => Value::Null,
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let errors: Vec<Value> = t
+                    .cells
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, row)| row.iter().enumerate().map(move |(j, c)| (i, j, c)))
+                    .filter_map(|(i, j, c)| match c {
+                        Cell::Error(e) => Some(json!({"from": t.pods[i], "to": t.pods[j], "error": e})),
+                        _ => None,
+                    })
+                    .collect();
+                json!({
+                    "port": t.port.number,
+                    "protocol": t.port.protocol.as_str(),
+                    "family": t.family.to_string(),
+                    "pods": t.pods,
+                    "reachable": reachable,
+                    "errors": errors,
+                })
+            })
+            .collect();
+        json!({"tables": tables, "elapsed_ms": self.elapsed.as_millis() as u64})
+    }
+
+    /// How these tables differ from `expected` (read by [`parse_tables`]): one line
+    /// per differing cell (`80/tcp IPv4 x/a -> y/b: expected X, got .`), per table one
+    /// side lacks, and per pod one side lacks; empty when they agree.
+    pub fn differences(&self, expected: &[ExpectedTable]) -> Vec<String> {
+        let mut out = Vec::new();
+        for t in &self.tables {
+            let title = t.title();
+            let Some(e) = expected.iter().find(|e| e.title == title) else {
+                out.push(format!("{title}: measured, but not in the expectation"));
+                continue;
+            };
+            for p in e.rows.iter().chain(&e.columns) {
+                if !t.pods.contains(p) && !out.contains(&format!("{title}: pod {p} is expected but not in the lab")) {
+                    out.push(format!("{title}: pod {p} is expected but not in the lab"));
+                }
+            }
+            for (i, from) in t.pods.iter().enumerate() {
+                for (j, to) in t.pods.iter().enumerate() {
+                    let got = t.cells[i][j].symbol();
+                    match e.cells.get(&(from.clone(), to.clone())) {
+                        None => out.push(format!("{title} {from} -> {to}: not in the expectation, got {got}")),
+                        Some(&want) if want != got => {
+                            out.push(format!("{title} {from} -> {to}: expected {want}, got {got}"))
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+        }
+        for e in expected {
+            if !self.tables.iter().any(|t| t.title() == e.title) {
+                out.push(format!(
+                    "{}: expected, but not measured (no --port or family for it)",
+                    e.title
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// A table read from an expectation file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpectedTable {
+    /// `80/tcp IPv4`, written as [`Table::title`] writes it.
+    pub title: String,
+    /// The sources, in the file's order.
+    pub rows: Vec<String>,
+    /// The destinations, in the file's order.
+    pub columns: Vec<String>,
+    /// `.`, `X` or `?` by (source, destination).
+    pub cells: BTreeMap<(String, String), char>,
+}
+
+/// Reads tables in the format [`Matrix::to_text`] prints: a title line (`80/tcp IPv4`,
+/// or `80/tcp` for IPv4), a header line starting with `-`, then a row per source;
+/// blank lines and lines starting with `#` are skipped.
+pub fn parse_tables(text: &str) -> Result<Vec<ExpectedTable>, String> {
+    let mut out: Vec<ExpectedTable> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let at = |what: String| format!("line {}: {what}", n + 1);
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            [] => continue,
+            [w, ..] if w.starts_with('#') => continue,
+            ["-", columns @ ..] => {
+                let t = out
+                    .last_mut()
+                    .filter(|t| t.columns.is_empty())
+                    .ok_or_else(|| at("a header line without a title line (`80/tcp IPv4`) before it".into()))?;
+                t.columns = columns.iter().map(|c| c.to_string()).collect();
+            }
+            // A title; a row's first word is a pod (`x/a`), which is no port unless its
+            // namespace is all digits, and then its cells are no family.
+            [port, rest @ ..]
+                if port.parse::<Port>().is_ok()
+                    && rest.len() <= 1
+                    && rest.iter().all(|f| f.parse::<Family>().is_ok()) =>
+            {
+                let p: Port = port.parse().map_err(at)?;
+                let f: Family = rest.first().map_or(Ok(Family::V4), |f| f.parse()).map_err(at)?;
+                let title = format!("{p} {f}");
+                if out.iter().any(|t| t.title == title) {
+                    return Err(at(format!("table {title} given twice")));
+                }
+                out.push(ExpectedTable {
+                    title,
+                    rows: Vec::new(),
+                    columns: Vec::new(),
+                    cells: BTreeMap::new(),
+                });
+            }
+            [from, cells @ ..] => {
+                let t = out
+                    .last_mut()
+                    .filter(|t| !t.columns.is_empty())
+                    .ok_or_else(|| at("a row before its table's title and header lines".into()))?;
+                if cells.len() != t.columns.len() {
+                    return Err(at(format!("{} cells for {} columns", cells.len(), t.columns.len())));
+                }
+                for (c, to) in cells.iter().zip(&t.columns) {
+                    let symbol = match *c {
+                        "." => '.',
+                        "X" | "x" => 'X',
+                        "?" => '?',
+                        other => return Err(at(format!("cell {other:?}: `.` (reachable), `X` (blocked) or `?`"))),
+                    };
+                    t.cells.insert((from.to_string(), to.clone()), symbol);
+                }
+                t.rows.push(from.to_string());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A listening socket of one pod, port and family.
+enum Listener {
+    /// TCP or SCTP: accepted connections are closed at once.
+    Stream(TcpListener),
+    /// UDP: every datagram is sent back.
+    Datagram(UdpSocket),
+}
+
+impl Listener {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Listener::Stream(l) => l.as_fd(),
+            Listener::Datagram(s) => s.as_fd(),
+        }
+    }
+
+    /// Handles what has come, without waiting.
+    fn serve(&self, buf: &mut [u8]) {
+        match self {
+            // The handshake is done by the kernel before accept: accepting only keeps
+            // the backlog from filling.
+            Listener::Stream(l) => while l.accept().is_ok() {},
+            Listener::Datagram(s) => {
+                while let Ok((n, from)) = s.recv_from(buf) {
+                    let _ = s.send_to(&buf[..n], from);
+                }
+            }
+        }
+    }
+}
+
+fn wildcard(family: Family, port: u16) -> Box<dyn SockaddrLike> {
+    match family {
+        Family::V4 => Box::new(SockaddrIn::from(std::net::SocketAddrV4::new(
+            Ipv4Addr::UNSPECIFIED,
+            port,
+        ))),
+        Family::V6 => Box::new(SockaddrIn6::from(std::net::SocketAddrV6::new(
+            Ipv6Addr::UNSPECIFIED,
+            port,
+            0,
+            0,
+        ))),
+    }
+}
+
+fn sockaddr(a: SocketAddr) -> Box<dyn SockaddrLike> {
+    match a {
+        SocketAddr::V4(a) => Box::new(SockaddrIn::from(a)),
+        SocketAddr::V6(a) => Box::new(SockaddrIn6::from(a)),
+    }
+}
+
+/// A socket of `protocol` and `family` in the calling thread's namespace.
+fn new_socket(protocol: Protocol, family: Family) -> Result<OwnedFd, Errno> {
+    let (ty, proto) = protocol.socket();
+    let fd = socket(
+        family.address_family(),
+        ty,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        proto,
+    )?;
+    if family == Family::V6 {
+        setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
+    }
+    Ok(fd)
+}
+
+/// Opens every listener of one pod (run inside its namespace).
+fn open_listeners(ports: &[Port], families: &[Family]) -> Result<Vec<Listener>, String> {
+    let mut out = Vec::new();
+    for &port in ports {
+        for &family in families {
+            let what = format!("{port} {family}");
+            let fd = new_socket(port.protocol, family).map_err(|e| format!("{what}: socket: {e}"))?;
+            setsockopt(&fd, sockopt::ReuseAddr, &true).map_err(|e| format!("{what}: SO_REUSEADDR: {e}"))?;
+            bind(fd.as_raw_fd(), wildcard(family, port.number).as_ref()).map_err(|e| match e {
+                Errno::EADDRINUSE => format!("{what}: something in the pod listens on it already"),
+                e => format!("{what}: bind: {e}"),
+            })?;
+            out.push(match port.protocol {
+                Protocol::Udp => Listener::Datagram(UdpSocket::from(fd)),
+                // std's accept is accept4 on any stream socket, SCTP's too.
+                Protocol::Tcp | Protocol::Sctp => {
+                    listen(&fd, Backlog::new(1024).map_err(|e| format!("{what}: {e}"))?)
+                        .map_err(|e| format!("{what}: listen: {e}"))?;
+                    Listener::Stream(TcpListener::from(fd))
+                }
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Serves every listener until `stop` is set.
+fn serve(listeners: &[Listener], stop: &AtomicBool) {
+    let mut buf = vec![0u8; 2048];
+    while !stop.load(Ordering::Relaxed) {
+        let mut fds: Vec<PollFd> = listeners
+            .iter()
+            .map(|l| PollFd::new(l.fd(), PollFlags::POLLIN))
+            .collect();
+        if poll(&mut fds, PollTimeout::from(20u16)).unwrap_or(0) <= 0 {
+            continue;
+        }
+        let ready: Vec<bool> = fds.iter().map(|f| f.any().unwrap_or(false)).collect();
+        drop(fds);
+        for (l, r) in listeners.iter().zip(ready) {
+            if r {
+                l.serve(&mut buf);
+            }
+        }
+    }
+}
+
+/// Sets the flag when dropped: the listeners' thread ends however probing ends.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One probe from a source pod.
+struct Probe {
+    /// Where its result goes: (table, destination).
+    at: (usize, usize),
+    to: SocketAddr,
+    protocol: Protocol,
+    /// The UDP source port to bind (0: any).
+    source_port: u16,
+    sockets: Vec<OwnedFd>,
+    last_send: Instant,
+    result: Option<Cell>,
+}
+
+const TOKEN: &[u8] = b"weft-lab-matrix";
+
+impl Probe {
+    /// Starts an attempt: a connection, or a datagram on a new connected socket.
+    fn attempt(&mut self) {
+        let family = Family::of(&self.to.ip());
+        let fd = match new_socket(self.protocol, family) {
+            Ok(fd) => fd,
+            Err(e) => return self.fail(format!("socket: {e}")),
+        };
+        if self.protocol == Protocol::Udp && self.source_port != 0 {
+            // Should the port be taken in this pod, connect picks one, as for any socket.
+            let _ = bind(fd.as_raw_fd(), wildcard(family, self.source_port).as_ref());
+        }
+        match connect(fd.as_raw_fd(), sockaddr(self.to).as_ref()) {
+            Ok(()) | Err(Errno::EINPROGRESS) => {}
+            Err(e) => return self.fail(connect_error(e, self.to)),
+        }
+        if self.protocol == Protocol::Udp {
+            self.send(fd.as_raw_fd());
+        }
+        self.sockets.push(fd);
+    }
+
+    fn send(&mut self, fd: std::os::fd::RawFd) {
+        self.last_send = Instant::now();
+        match nix::sys::socket::send(fd, TOKEN, nix::sys::socket::MsgFlags::MSG_DONTWAIT) {
+            Ok(_) | Err(Errno::EAGAIN) => {}
+            // The ICMP error of an earlier datagram, reported on this send.
+            Err(e) => self.fail(connect_error(e, self.to)),
+        }
+    }
+
+    fn fail(&mut self, why: String) {
+        self.result.get_or_insert(Cell::Error(why));
+    }
+
+    /// Handles what socket `k` reported.
+    fn ready(&mut self, k: usize) {
+        let fd = &self.sockets[k];
+        if self.protocol == Protocol::Udp {
+            let mut buf = [0u8; 64];
+            match nix::sys::socket::recv(fd.as_raw_fd(), &mut buf, nix::sys::socket::MsgFlags::MSG_DONTWAIT) {
+                Ok(n) if &buf[..n] == TOKEN => {
+                    self.result.get_or_insert(Cell::Reachable);
+                }
+                Ok(_) | Err(Errno::EAGAIN) => {}
+                Err(e) => self.fail(connect_error(e, self.to)),
+            }
+            return;
+        }
+        match getsockopt(fd, sockopt::SocketError) {
+            Ok(0) => {
+                self.result.get_or_insert(Cell::Reachable);
+            }
+            // The kernel gave up retrying: still unanswered.
+            Ok(e) if e == Errno::ETIMEDOUT as i32 => {}
+            Ok(e) => self.fail(connect_error(Errno::from_raw(e), self.to)),
+            Err(e) => self.fail(format!("SO_ERROR: {e}")),
+        }
+    }
+}
+
+fn connect_error(e: Errno, to: SocketAddr) -> String {
+    match e {
+        Errno::ECONNREFUSED => format!("refused by {to}: nothing listens there (the listener is gone?)"),
+        Errno::ENETUNREACH => format!("no route to {to} from the source pod"),
+        Errno::EHOSTUNREACH => format!("{to} is unreachable (no neighbour answered)"),
+        e => format!("{to}: {e}"),
+    }
+}
+
+/// Runs the probes of one source pod (inside its namespace) until each has an answer
+/// or `timeout` has passed; TCP and SCTP get a second connection half-way (a first SYN
+/// lost to something other than policy would otherwise wait out the kernel's 1 s
+/// retransmission), UDP a new datagram every [`UDP_RESEND`].
+fn run_probes(probes: &mut [Probe], timeout: Duration) {
+    let start = Instant::now();
+    for p in probes.iter_mut() {
+        p.attempt();
+    }
+    let mut retried = false;
+    loop {
+        let now = Instant::now();
+        if now >= start + timeout || probes.iter().all(|p| p.result.is_some()) {
+            break;
+        }
+        if !retried && now >= start + timeout / 2 {
+            retried = true;
+            for p in probes
+                .iter_mut()
+                .filter(|p| p.result.is_none() && p.protocol != Protocol::Udp)
+            {
+                p.attempt();
+            }
+        }
+        for p in probes
+            .iter_mut()
+            .filter(|p| p.result.is_none() && p.protocol == Protocol::Udp)
+        {
+            if now >= p.last_send + UDP_RESEND
+                && let Some(fd) = p.sockets.first().map(|f| f.as_raw_fd())
+            {
+                p.send(fd);
+            }
+        }
+        let mut owners = Vec::new();
+        let mut fds = Vec::new();
+        for (i, p) in probes.iter().enumerate().filter(|(_, p)| p.result.is_none()) {
+            let events = if p.protocol == Protocol::Udp {
+                PollFlags::POLLIN
+            } else {
+                PollFlags::POLLOUT
+            };
+            for (k, s) in p.sockets.iter().enumerate() {
+                fds.push(PollFd::new(s.as_fd(), events));
+                owners.push((i, k));
+            }
+        }
+        let left = (start + timeout)
+            .saturating_duration_since(now)
+            .min(Duration::from_millis(20));
+        let wait = PollTimeout::from(left.as_millis().clamp(1, 20) as u16);
+        if poll(&mut fds, wait).unwrap_or(0) <= 0 {
+            continue;
+        }
+        let ready: Vec<(usize, usize)> = fds
+            .iter()
+            .zip(&owners)
+            .filter(|(f, _)| f.any().unwrap_or(false))
+            .map(|(_, o)| *o)
+            .collect();
+        drop(fds);
+        for (i, k) in ready {
+            if probes[i].result.is_none() {
+                probes[i].ready(k);
+            }
+        }
+    }
+    for p in probes.iter_mut() {
+        p.result.get_or_insert(Cell::Blocked);
+        // Closed here, in the pod's namespace thread; a connection still pending
+        // simply goes.
+        p.sockets.clear();
+    }
+}
+
+/// Whether this kernel makes SCTP sockets (in namespace `ns`).
+fn sctp_supported(ns: &str) -> Result<bool, LabError> {
+    NamedNetns::existing(ns).within(|| match new_socket(Protocol::Sctp, Family::V4) {
+        Ok(_) => true,
+        Err(Errno::EPROTONOSUPPORT | Errno::ESOCKTNOSUPPORT | Errno::EAFNOSUPPORT) => false,
+        Err(_) => true,
+    })
+}
+
+/// Raises this process's open-file limit as far as it may go (a big matrix holds a
+/// socket per pair being probed) and returns it.
+fn open_files_limit() -> usize {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() => hard as usize,
+        Ok((soft, _)) => soft as usize,
+        Err(_) => 1024,
+    }
+}
+
+impl Lab {
+    /// Measures which pods reach which on each of `opts.ports` (see the module doc).
+    /// Every pod must be attached. The listeners are bound before the first probe and
+    /// closed before this returns, whatever happens.
+    pub fn matrix(&self, opts: &MatrixOptions) -> Result<Matrix, LabError> {
+        let started = Instant::now();
+        let bad = |detail: String| LabError::Command {
+            what: format!("lab matrix {}", self.spec.name),
+            detail,
+        };
+        if opts.ports.is_empty() {
+            return Err(bad("no port to probe (--port 80/tcp)".into()));
+        }
+        let mut families = opts.families.clone();
+        if families.is_empty() {
+            families.push(Family::V4);
+            if self.spec.ipv6 {
+                families.push(Family::V6);
+            }
+        }
+        families.sort();
+        families.dedup();
+        if families.contains(&Family::V6) && !self.spec.ipv6 {
+            return Err(bad("the lab has no IPv6 (`ipv6: true` in its file)".into()));
+        }
+        let mut ports = opts.ports.clone();
+        ports.dedup();
+        // Rows and columns: namespaces, then pods, by name.
+        let mut sorted: Vec<(String, &str, String)> = self
+            .spec
+            .pods
+            .iter()
+            .map(|p| (self.namespace_of(p), p.name.as_str(), self.netns_of(p)))
+            .collect();
+        sorted.sort();
+        let pods: Vec<(String, String)> = sorted
+            .into_iter()
+            .map(|(ns, name, netns)| (format!("{ns}/{name}"), netns))
+            .collect();
+        if pods.is_empty() {
+            return Err(bad("the lab has no pods".into()));
+        }
+        for (pod, ns) in &pods {
+            if !NamedNetns::exists(ns) {
+                return Err(bad(format!("pod {pod} is not attached (run `weftctl lab up`)")));
+            }
+        }
+        if ports.iter().any(|p| p.protocol == Protocol::Sctp) && !sctp_supported(&pods[0].1)? {
+            return Err(bad(
+                "this kernel has no SCTP (socket: protocol not supported; `modprobe sctp` where modules can be loaded): probe TCP or UDP ports instead".into(),
+            ));
+        }
+        let addresses: Vec<Vec<IpAddr>> = pods.iter().map(|(_, ns)| crate::cluster::netns_addresses(ns)).collect();
+        // (port, family) of each table.
+        let tables: Vec<(Port, Family)> = ports
+            .iter()
+            .flat_map(|&p| families.iter().map(move |&f| (p, f)))
+            .collect();
+        // A source holds a socket per probe, two where a connection is retried: as
+        // many sources at a time as the descriptors allow beside the listeners.
+        let per_source = 2 * tables.len() * pods.len();
+        let spare = open_files_limit().saturating_sub(tables.len() * pods.len() + 256);
+        let workers = (spare / per_source).clamp(1, PARALLEL_SOURCES).min(pods.len());
+        // UDP probes bind their source port from a block that moves on every run, so
+        // a probe never reuses the 5-tuple of one a few seconds before: conntrack
+        // would still hold that flow (30 s) and pass it as established whatever the
+        // policy says now. Each source's n-th UDP probe gets the block's n-th port.
+        let udp_per_source = tables.iter().filter(|(p, _)| p.protocol == Protocol::Udp).count() * pods.len();
+        let span = (PROBE_PORTS.end - PROBE_PORTS.start) as usize;
+        let udp_base = if udp_per_source == 0 || udp_per_source > span {
+            None
+        } else {
+            self.with_live(|live| {
+                let mut at = live.probe_ports as usize;
+                if at + udp_per_source > span {
+                    at = 0;
+                }
+                live.probe_ports = (at + udp_per_source) as u32;
+                Ok(PROBE_PORTS.start as usize + at)
+            })
+            .ok()
+        };
+
+        // Every listener of every pod, opened a bounded number of pods at a time.
+        let listeners: Mutex<Vec<Listener>> = Mutex::new(Vec::new());
+        let failure: Mutex<Option<String>> = Mutex::new(None);
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| {
+                    while let Some((pod, ns)) = pods.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let opened = NamedNetns::existing(ns)
+                            .within(|| open_listeners(&ports, &families))
+                            .map_err(|e| e.to_string())
+                            .and_then(|r| r);
+                        match opened {
+                            Ok(l) => listeners.lock().expect("not poisoned").extend(l),
+                            Err(e) => {
+                                failure
+                                    .lock()
+                                    .expect("not poisoned")
+                                    .get_or_insert(format!("listening in {pod}: {e}"));
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let listeners = listeners.into_inner().expect("not poisoned");
+        if let Some(e) = failure.into_inner().expect("not poisoned") {
+            // The listeners opened so far close as they drop.
+            return Err(bad(e));
+        }
+
+        let mut cells: Vec<Vec<Vec<Option<Cell>>>> = vec![vec![vec![None; pods.len()]; pods.len()]; tables.len()];
+        let results: Mutex<Vec<(usize, usize, usize, Cell)>> = Mutex::new(Vec::new());
+        let stop = AtomicBool::new(false);
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let _stop = StopOnDrop(&stop);
+            s.spawn(|| serve(&listeners, &stop));
+            std::thread::scope(|probers| {
+                for _ in 0..workers {
+                    probers.spawn(|| {
+                        loop {
+                            let from = next.fetch_add(1, Ordering::Relaxed);
+                            let Some((_, ns)) = pods.get(from) else { break };
+                            let mut probes = Vec::new();
+                            let mut unprobed = Vec::new();
+                            let mut udp_index = 0;
+                            for (t, &(port, family)) in tables.iter().enumerate() {
+                                for (to, addrs) in addresses.iter().enumerate() {
+                                    let Some(a) = addrs.iter().find(|a| Family::of(a) == family) else {
+                                        unprobed.push((
+                                            t,
+                                            to,
+                                            Cell::Error(format!("{} has no {family} address", pods[to].0)),
+                                        ));
+                                        continue;
+                                    };
+                                    let source_port = match (port.protocol, udp_base) {
+                                        (Protocol::Udp, Some(base)) => {
+                                            udp_index += 1;
+                                            (base + udp_index - 1) as u16
+                                        }
+                                        _ => 0,
+                                    };
+                                    probes.push(Probe {
+                                        at: (t, to),
+                                        to: SocketAddr::new(*a, port.number),
+                                        protocol: port.protocol,
+                                        source_port,
+                                        sockets: Vec::new(),
+                                        last_send: Instant::now(),
+                                        result: None,
+                                    });
+                                }
+                            }
+                            let ran = NamedNetns::existing(ns).within(|| {
+                                run_probes(&mut probes, opts.timeout);
+                                probes
+                            });
+                            let mut out = results.lock().expect("not poisoned");
+                            match ran {
+                                Ok(done) => out.extend(
+                                    done.into_iter()
+                                        .map(|p| (p.at.0, from, p.at.1, p.result.unwrap_or(Cell::Blocked))),
+                                ),
+                                Err(e) => {
+                                    for (t, to) in tables
+                                        .iter()
+                                        .enumerate()
+                                        .flat_map(|(t, _)| (0..pods.len()).map(move |to| (t, to)))
+                                    {
+                                        out.push((t, from, to, Cell::Error(format!("entering the pod: {e}"))));
+                                    }
+                                }
+                            }
+                            out.extend(unprobed.into_iter().map(|(t, to, c)| (t, from, to, c)));
+                        }
+                    });
+                }
+            });
+        });
+        drop(listeners);
+        for (t, from, to, c) in results.into_inner().expect("not poisoned") {
+            cells[t][from][to].get_or_insert(c);
+        }
+        let names: Vec<String> = pods.iter().map(|(p, _)| p.clone()).collect();
+        Ok(Matrix {
+            tables: tables
+                .iter()
+                .zip(cells)
+                .map(|(&(port, family), rows)| Table {
+                    port,
+                    family,
+                    pods: names.clone(),
+                    cells: rows
+                        .into_iter()
+                        .map(|r| r.into_iter().map(|c| c.unwrap_or(Cell::Blocked)).collect())
+                        .collect(),
+                })
+                .collect(),
+            elapsed: started.elapsed(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(pods: &[&str], rows: &[&str]) -> Table {
+        Table {
+            port: "80/tcp".parse().unwrap(),
+            family: Family::V4,
+            pods: pods.iter().map(|p| p.to_string()).collect(),
+            cells: rows
+                .iter()
+                .map(|r| {
+                    r.chars()
+                        .map(|c| match c {
+                            '.' => Cell::Reachable,
+                            'X' => Cell::Blocked,
+                            _ => Cell::Error("refused".into()),
+                        })
+                        .collect()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn ports_and_families_parse() {
+        assert_eq!(
+            "80/TCP".parse::<Port>().unwrap(),
+            Port {
+                number: 80,
+                protocol: Protocol::Tcp
+            }
+        );
+        assert_eq!("53/udp".parse::<Port>().unwrap().to_string(), "53/udp");
+        assert_eq!("8080".parse::<Port>().unwrap().to_string(), "8080/tcp");
+        for bad in ["0/tcp", "80/icmp", "x/tcp", "70000"] {
+            assert!(bad.parse::<Port>().is_err(), "{bad}");
+        }
+        assert_eq!("6".parse::<Family>().unwrap(), Family::V6);
+        assert_eq!("IPv4".parse::<Family>().unwrap(), Family::V4);
+    }
+
+    #[test]
+    fn printed_tables_read_back_and_compare() {
+        let m = Matrix {
+            tables: vec![table(&["x/a", "x/b", "default/c"], &["..X", "X..", "..?"])],
+            elapsed: Duration::ZERO,
+        };
+        let text = m.to_text();
+        assert_eq!(
+            text,
+            "80/tcp IPv4\n-         x/a       x/b       default/c\nx/a       .         .         X\nx/b       X         .         .\ndefault/c .         .         ?\n"
+        );
+        let read = parse_tables(&format!("# a comment\n\n{text}")).unwrap();
+        assert_eq!(read.len(), 1);
+        assert_eq!(read[0].title, "80/tcp IPv4");
+        assert_eq!(read[0].rows, ["x/a", "x/b", "default/c"]);
+        assert!(m.differences(&read).is_empty());
+        assert_eq!(m.errors(), ["80/tcp IPv4 default/c -> default/c: refused"]);
+
+        let other = parse_tables(
+            "80/tcp\n- x/a x/b default/c\nx/a . X X\nx/b X . .\ndefault/c . . ?\n81/udp IPv4\n- x/a\nx/a .\n",
+        )
+        .unwrap();
+        assert_eq!(
+            m.differences(&other),
+            [
+                "80/tcp IPv4 x/a -> x/b: expected X, got .",
+                "81/udp IPv4: expected, but not measured (no --port or family for it)"
+            ]
+        );
+        let json = m.to_json();
+        assert_eq!(json["tables"][0]["reachable"][0], json!([true, true, false]));
+        assert_eq!(json["tables"][0]["reachable"][2][2], Value::Null);
+        assert_eq!(json["tables"][0]["errors"][0]["to"], "default/c");
+    }
+
+    /// A port nothing on this machine listens on now, of `protocol`.
+    fn free_port(protocol: Protocol) -> u16 {
+        match protocol {
+            Protocol::Udp => UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port(),
+            _ => TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port(),
+        }
+    }
+
+    fn probe(to: SocketAddr, protocol: Protocol) -> Probe {
+        Probe {
+            at: (0, 0),
+            to,
+            protocol,
+            source_port: 0,
+            sockets: Vec::new(),
+            last_send: Instant::now(),
+            result: None,
+        }
+    }
+
+    #[test]
+    fn listeners_answer_and_a_refusal_is_an_error_not_blocked() {
+        let (tcp, udp) = (free_port(Protocol::Tcp), free_port(Protocol::Udp));
+        let ports = [
+            Port {
+                number: tcp,
+                protocol: Protocol::Tcp,
+            },
+            Port {
+                number: udp,
+                protocol: Protocol::Udp,
+            },
+        ];
+        let listeners = open_listeners(&ports, &[Family::V4]).unwrap();
+        let e = open_listeners(&ports[..1], &[Family::V4]).err().unwrap();
+        assert!(e.contains("listens on it already"), "{e}");
+        let stop = AtomicBool::new(false);
+        let local = |port| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+        let mut probes = vec![
+            probe(local(tcp), Protocol::Tcp),
+            probe(local(udp), Protocol::Udp),
+            probe(local(free_port(Protocol::Tcp)), Protocol::Tcp),
+            probe(local(free_port(Protocol::Udp)), Protocol::Udp),
+        ];
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            let _stop = StopOnDrop(&stop);
+            s.spawn(|| serve(&listeners, &stop));
+            run_probes(&mut probes, Duration::from_secs(2));
+        });
+        let results: Vec<Cell> = probes.into_iter().map(|p| p.result.unwrap()).collect();
+        assert_eq!(results[..2], [Cell::Reachable, Cell::Reachable]);
+        for r in &results[2..] {
+            assert!(matches!(r, Cell::Error(e) if e.contains("nothing listens")), "{r:?}");
+        }
+        assert!(started.elapsed() < Duration::from_secs(1), "answers end the wait");
+    }
+
+    #[test]
+    fn bad_expectations_say_where() {
+        for (text, want) in [
+            ("- x/a\nx/a .\n", "line 1: a header line without a title"),
+            ("80/tcp\nx/a .\n", "line 2: a row before"),
+            ("80/tcp\n- x/a x/b\nx/a .\n", "line 3: 1 cells for 2 columns"),
+            ("80/tcp\n- x/a\nx/a o\n", "line 3: cell \"o\""),
+            (
+                "80/tcp\n- x/a\nx/a .\n80/tcp IPv4\n",
+                "line 4: table 80/tcp IPv4 given twice",
+            ),
+        ] {
+            let e = parse_tables(text).unwrap_err();
+            assert!(e.starts_with(want), "{text:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,788 @@
+//! The lab as the API server and kubelet of network policy: it writes the Namespace,
+//! Pod and NetworkPolicy objects each node's weftd reads into the lab's topology
+//! directory (one file per object, written through a rename, so a daemon never reads
+//! half of one and a label change rewrites one small file), and changes them at run
+//! time (`weftctl lab apply`, `delete`, `label`).
+//!
+//! What the lab file says is the start; run-time changes are kept in the lab's state
+//! (`objects.json`, beside the topology directory) on top of it until `lab down`, so a
+//! later `lab up` writes the file's objects with those changes still applied. Each
+//! change holds `objects.lock` while it reads, changes and writes, so commands running
+//! at once (and the parallel attaches of `up`) never lose one another's changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::LabError;
+use crate::cluster::{Lab, NamespaceSpec, PodSpec};
+
+/// The label the API server gives every Namespace: policies select namespaces by name
+/// through it.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// How long `up` lets running daemons notice new Pod objects before it attaches pods:
+/// a daemon reloads the directory about 50 ms after inotify tells it of a change.
+pub(crate) const SETTLE: Duration = Duration::from_millis(300);
+
+const NAMESPACE_FILE: &str = "lab-namespace-";
+const POLICY_FILE: &str = "lab-netpol-";
+const POD_FILE: &str = "lab-pod-";
+
+/// What changed at run time, kept in the lab's state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct Live {
+    /// Label changes by object (`pod/<ns>/<name>`, `namespace/<name>`): a value sets
+    /// the label, `null` removes it.
+    labels: BTreeMap<String, BTreeMap<String, Option<String>>>,
+    /// NetworkPolicies applied at run time by `<ns>/<name>` (they replace the lab
+    /// file's of the same name).
+    applied: BTreeMap<String, Value>,
+    /// The lab file's NetworkPolicies deleted at run time.
+    deleted: BTreeSet<String>,
+    /// Each attached pod's addresses by `<ns>/<name>`, from its ADD result: the
+    /// `status.podIPs` kubelet would report.
+    pod_ips: BTreeMap<String, Vec<IpAddr>>,
+    /// Where `lab matrix` takes its next block of UDP source ports (see `matrix`).
+    pub(crate) probe_ports: u32,
+}
+
+/// Whether `s` is a DNS label (a namespace's name): 1-63 lower-case letters, digits or
+/// '-', starting and ending with a letter or digit.
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Whether `s` is a DNS subdomain (an object's name, a label key's prefix).
+fn dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(dns_label)
+}
+
+/// A label's name part or value: 1-63 letters, digits, '-', '_' or '.', starting and
+/// ending with a letter or digit.
+fn label_word(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Checks a label (or annotation) key as the API server does: `[prefix/]name`.
+pub fn check_label_key(k: &str) -> Result<(), String> {
+    let ok = match k.split_once('/') {
+        Some((prefix, name)) => !prefix.is_empty() && dns_subdomain(prefix) && label_word(name),
+        None => label_word(k),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "label key {k:?}: an optional DNS prefix and '/', then 1-63 letters, digits, '-', '_' or '.'"
+        ))
+    }
+}
+
+/// Checks a label value as the API server does (it may be empty).
+pub fn check_label_value(k: &str, v: &str) -> Result<(), String> {
+    if v.is_empty() || label_word(v) {
+        Ok(())
+    } else {
+        Err(format!(
+            "label {k}={v:?}: values are empty or 1-63 letters, digits, '-', '_' or '.'"
+        ))
+    }
+}
+
+fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), String> {
+    for (k, v) in labels {
+        check_label_key(k)?;
+        check_label_value(k, v)?;
+    }
+    Ok(())
+}
+
+/// Checks a pod's namespace, labels and ports, and writes its port protocols in
+/// capitals, as the API has them.
+pub(crate) fn check_pod(p: &mut PodSpec) -> Result<(), String> {
+    if let Some(ns) = &p.namespace
+        && !dns_label(ns)
+    {
+        return Err(format!("namespace {ns:?}: 1-63 lower-case letters, digits or '-'"));
+    }
+    check_labels(&p.labels)?;
+    let mut names = BTreeSet::new();
+    for port in &mut p.ports {
+        port.protocol = port.protocol.to_ascii_uppercase();
+        if !["TCP", "UDP", "SCTP"].contains(&port.protocol.as_str()) {
+            return Err(format!(
+                "port {}: protocol {:?} is not TCP, UDP or SCTP",
+                port.container_port, port.protocol
+            ));
+        }
+        if port.container_port == 0 {
+            return Err("port 0: containerPort is 1 to 65535".into());
+        }
+        if port.name.is_empty() {
+            continue;
+        }
+        // IANA_SVC_NAME, what a container port's name must be.
+        let n = &port.name;
+        let ok = n.len() <= 15
+            && n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && n.bytes().any(|b| b.is_ascii_lowercase())
+            && !n.starts_with('-')
+            && !n.ends_with('-')
+            && !n.contains("--");
+        if !ok {
+            return Err(format!(
+                "port name {n:?}: 1-15 lower-case letters, digits or '-', with a letter"
+            ));
+        }
+        if !names.insert(n.clone()) {
+            return Err(format!("port name {n:?} given twice"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the lab file's `namespaces`.
+pub(crate) fn check_namespaces(namespaces: &[NamespaceSpec]) -> Result<(), String> {
+    let mut seen = BTreeSet::new();
+    for n in namespaces {
+        if !dns_label(&n.name) || !seen.insert(&n.name) {
+            return Err(format!(
+                "namespace {:?}: names are unique, 1-63 lower-case letters, digits or '-'",
+                n.name
+            ));
+        }
+        check_labels(&n.labels).map_err(|e| format!("namespace {}: {e}", n.name))?;
+        for k in n.annotations.keys() {
+            check_label_key(k).map_err(|e| format!("namespace {}: annotation {e}", n.name))?;
+        }
+    }
+    Ok(())
+}
+
+/// `<namespace>/<name>` of an object.
+pub(crate) fn object_key(v: &Value) -> String {
+    let ns = v
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    format!("{ns}/{name}")
+}
+
+/// The NetworkPolicies of one object (a `List` holds several), each with its namespace
+/// filled in; any other kind is an error (`what` says where it was).
+pub(crate) fn read_policies(v: Value, what: &str) -> Result<Vec<Value>, String> {
+    if v.is_null() {
+        return Ok(Vec::new());
+    }
+    if !v.is_object() {
+        return Err(format!("{what}: not an object"));
+    }
+    let kind = v.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
+    let api_version = v.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    match kind.as_str() {
+        "List" => {
+            let mut out = Vec::new();
+            let items = v.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+            for (i, item) in items.into_iter().enumerate() {
+                out.extend(read_policies(item, &format!("{what}, item {}", i + 1))?);
+            }
+            Ok(out)
+        }
+        "NetworkPolicy" if api_version == "networking.k8s.io/v1" => {
+            if !dns_subdomain(name) || name.is_empty() {
+                return Err(format!("{what}: NetworkPolicy name {name:?} is not a DNS subdomain"));
+            }
+            let mut v = v;
+            if v.pointer("/metadata/namespace").and_then(Value::as_str).is_none() {
+                v["metadata"]["namespace"] = "default".into();
+            }
+            Ok(vec![v])
+        }
+        "NetworkPolicy" => Err(format!(
+            "{what}: NetworkPolicy {name}: apiVersion {api_version:?} is not networking.k8s.io/v1"
+        )),
+        _ => Err(format!(
+            "{what}: {} {name}: the lab takes NetworkPolicy objects only",
+            if kind.is_empty() {
+                "an object without kind"
+            } else {
+                &kind
+            }
+        )),
+    }
+}
+
+/// The NetworkPolicies of a YAML (or JSON) text of several documents; `what` names it.
+pub(crate) fn parse_policies(text: &str, what: &str) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let at = format!("{what}, document {}", i + 1);
+        let v = Value::deserialize(doc).map_err(|e| format!("{at}: does not parse: {e}"))?;
+        out.extend(read_policies(v, &at)?);
+    }
+    Ok(out)
+}
+
+/// Checks a NetworkPolicy as the API server would before storing it: its namespace
+/// exists, and it is one weft can enforce (what weftd would refuse, naming the field).
+pub(crate) fn check_policy(v: &Value, namespaces: &BTreeSet<String>) -> Result<(), String> {
+    let key = object_key(v);
+    let ns = key.split('/').next().unwrap_or_default();
+    if !namespaces.contains(ns) {
+        return Err(format!(
+            "NetworkPolicy {key}: namespace {ns} is not in the lab (list it under `namespaces`)"
+        ));
+    }
+    let np: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(v.clone())
+        .map_err(|e| format!("NetworkPolicy {key}: not a valid NetworkPolicy: {e}"))?;
+    weft_policy::Policy::from_k8s(&np).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// The addresses of a CNI ADD result (`ips[].address`), IPv4 first.
+pub(crate) fn result_ips(result: &[u8]) -> Vec<IpAddr> {
+    let v: Value = serde_json::from_slice(result).unwrap_or_default();
+    let mut ips: Vec<IpAddr> = v["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse().ok())
+        .collect();
+    ips.sort_by_key(IpAddr::is_ipv6);
+    ips
+}
+
+/// A label change of `lab label`: `k=v` sets, `k-` removes.
+pub fn parse_label_change(s: &str) -> Result<(String, Option<String>), String> {
+    let (k, v) = match s.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_string())),
+        None => match s.strip_suffix('-') {
+            Some(k) => (k, None),
+            None => return Err(format!("{s:?}: give KEY=VALUE to set a label or KEY- to remove it")),
+        },
+    };
+    check_label_key(k)?;
+    if let Some(v) = &v {
+        check_label_value(k, v)?;
+    }
+    Ok((k.to_string(), v))
+}
+
+/// Labels with run-time changes applied.
+fn with_changes(
+    base: &BTreeMap<String, String>,
+    changes: Option<&BTreeMap<String, Option<String>>>,
+) -> BTreeMap<String, String> {
+    let mut out = base.clone();
+    for (k, v) in changes.into_iter().flatten() {
+        match v {
+            Some(v) => out.insert(k.clone(), v.clone()),
+            None => out.remove(k),
+        };
+    }
+    out
+}
+
+/// Writes `text` to `dir/name` through a rename, unless the file holds it already;
+/// returns whether it wrote.
+fn write_file(dir: &Path, name: &str, text: &str) -> Result<bool, LabError> {
+    let file = dir.join(name);
+    if fs::read_to_string(&file).ok().as_deref() == Some(text) {
+        return Ok(false);
+    }
+    // Hidden, so a daemon reloading meanwhile skips it.
+    let tmp = dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, text).map_err(|e| LabError::io(format!("writing {}", tmp.display()), e))?;
+    fs::rename(&tmp, &file).map_err(|e| LabError::io(format!("writing {}", file.display()), e))?;
+    Ok(true)
+}
+
+fn yaml(v: &Value) -> Result<String, LabError> {
+    serde_yaml_ng::to_string(v).map_err(|e| LabError::Command {
+        what: "writing the lab's objects".into(),
+        detail: e.to_string(),
+    })
+}
+
+/// What `lab label` labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabelTarget {
+    /// A pod (`NS/NAME`, or a unique `NAME`).
+    Pod,
+    /// A namespace.
+    Namespace,
+}
+
+/// What `lab apply` or `lab delete` did: one line per object, and the objects a delete
+/// did not find.
+#[derive(Debug, Clone, Default)]
+pub struct ObjectChanges {
+    /// `networkpolicy x/deny created` (`configured`, `unchanged`, `deleted`).
+    pub lines: Vec<String>,
+    /// `x/deny` for each object to delete that was not there.
+    pub missing: Vec<String>,
+}
+
+impl Lab {
+    fn objects_file(&self) -> PathBuf {
+        self.state_dir().join("objects.json")
+    }
+
+    /// Runs `f` on the run-time changes under the lab's object lock, and keeps what it
+    /// changed.
+    pub(crate) fn with_live<R>(&self, f: impl FnOnce(&mut Live) -> Result<R, LabError>) -> Result<R, LabError> {
+        let state = self.state_dir();
+        fs::create_dir_all(state).map_err(|e| LabError::io("creating the lab directory", e))?;
+        let lock = state.join("objects.lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock)
+            .map_err(|e| LabError::io(format!("opening {}", lock.display()), e))?;
+        let _held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| LabError::io(format!("locking {}", lock.display()), e.into()))?;
+        let path = self.objects_file();
+        let before: Live = match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| LabError::Command {
+                what: format!("reading {}", path.display()),
+                detail: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Live::default(),
+            Err(e) => return Err(LabError::io(format!("reading {}", path.display()), e)),
+        };
+        let mut live = before.clone();
+        let out = f(&mut live)?;
+        if live != before {
+            let text = serde_json::to_string_pretty(&live).unwrap_or_default();
+            write_file(state, "objects.json", &text)?;
+        }
+        Ok(out)
+    }
+
+    /// Fails unless the lab has been brought up (its objects live in its state).
+    fn ensure_up(&self) -> Result<(), LabError> {
+        if self.topology_dir().is_dir() {
+            Ok(())
+        } else {
+            Err(LabError::Command {
+                what: format!("lab {}", self.spec.name),
+                detail: format!(
+                    "not up (no {}): run `weftctl lab up` first",
+                    self.topology_dir().display()
+                ),
+            })
+        }
+    }
+
+    /// Every namespace of the lab: those listed and those its pods are in.
+    pub fn namespace_names(&self) -> BTreeSet<String> {
+        let mut out: BTreeSet<String> = self.spec.namespaces.iter().map(|n| n.name.clone()).collect();
+        out.extend(self.spec.pods.iter().map(|p| self.namespace_of(p)));
+        out
+    }
+
+    fn namespace_object(&self, name: &str, live: &Live) -> Value {
+        let spec = self.spec.namespaces.iter().find(|n| n.name == name);
+        let mut labels = with_changes(
+            &spec.map(|n| n.labels.clone()).unwrap_or_default(),
+            live.labels.get(&format!("namespace/{name}")),
+        );
+        labels.insert(NAMESPACE_NAME_LABEL.into(), name.into());
+        let mut v = json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels},
+        });
+        if let Some(a) = spec.map(|n| &n.annotations).filter(|a| !a.is_empty()) {
+            v["metadata"]["annotations"] = json!(a);
+        }
+        v
+    }
+
+    /// Pod `p`'s labels now: the lab file's with `lab label`'s changes.
+    fn labels_of(&self, p: &PodSpec, live: &Live) -> BTreeMap<String, String> {
+        let key = format!("pod/{}/{}", self.namespace_of(p), p.name);
+        with_changes(&p.labels, live.labels.get(&key))
+    }
+
+    fn pod_object(&self, p: &PodSpec, live: &Live) -> Value {
+        let ns = self.namespace_of(p);
+        let mut container = json!({"name": "main", "image": "weft-lab"});
+        if !p.ports.is_empty() {
+            let ports: Vec<Value> = p
+                .ports
+                .iter()
+                .map(|port| {
+                    let mut v = json!({"containerPort": port.container_port, "protocol": port.protocol});
+                    if !port.name.is_empty() {
+                        v["name"] = port.name.clone().into();
+                    }
+                    v
+                })
+                .collect();
+            container["ports"] = ports.into();
+        }
+        let mut v = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": p.name, "namespace": ns, "labels": self.labels_of(p, live)},
+            "spec": {"nodeName": p.node, "containers": [container]},
+            "status": {"phase": "Pending"},
+        });
+        if let Some(ips) = live.pod_ips.get(&format!("{ns}/{}", p.name)).filter(|i| !i.is_empty()) {
+            v["status"] = json!({
+                "phase": "Running",
+                "podIP": ips[0].to_string(),
+                "podIPs": ips.iter().map(|i| json!({"ip": i.to_string()})).collect::<Vec<_>>(),
+            });
+        }
+        v
+    }
+
+    fn pod_file(&self, p: &PodSpec) -> String {
+        format!("{POD_FILE}{}_{}.yaml", self.namespace_of(p), p.name)
+    }
+
+    /// The NetworkPolicies in force by `<ns>/<name>`: the lab file's, less those
+    /// deleted, with those applied at run time over them.
+    fn policies_of(&self, live: &Live) -> BTreeMap<String, Value> {
+        let mut out: BTreeMap<String, Value> = self
+            .policies
+            .iter()
+            .map(|v| (object_key(v), v.clone()))
+            .filter(|(k, _)| !live.deleted.contains(k))
+            .collect();
+        out.extend(live.applied.clone());
+        out
+    }
+
+    /// Writes every NetworkPolicy in force and removes the files of those that are not.
+    fn write_policies(&self, live: &Live) -> Result<(), LabError> {
+        let dir = self.topology_dir();
+        let mut want = BTreeSet::new();
+        for (key, v) in self.policies_of(live) {
+            let name = format!("{POLICY_FILE}{}.yaml", key.replacen('/', "_", 1));
+            write_file(&dir, &name, &yaml(&v)?)?;
+            want.insert(name);
+        }
+        remove_others(&dir, POLICY_FILE, &want)?;
+        Ok(())
+    }
+
+    /// Writes the lab's Namespace, NetworkPolicy and Pod objects (namespaces and
+    /// policies first, so a pod never arrives before what it is policed by), removes
+    /// those of objects no longer in the lab, and forgets the addresses of pods that
+    /// are not attached. Returns whether a Pod object changed.
+    pub fn publish_objects(&self) -> Result<bool, LabError> {
+        let dir = self.topology_dir();
+        fs::create_dir_all(&dir).map_err(|e| LabError::io("creating the lab directory", e))?;
+        self.with_live(|live| {
+            let attached: BTreeSet<String> = self
+                .spec
+                .pods
+                .iter()
+                .filter(|p| weft_harness::NamedNetns::exists(&self.netns_of(p)))
+                .map(|p| format!("{}/{}", self.namespace_of(p), p.name))
+                .collect();
+            live.pod_ips.retain(|k, _| attached.contains(k));
+            let mut want = BTreeSet::new();
+            for ns in self.namespace_names() {
+                let name = format!("{NAMESPACE_FILE}{ns}.yaml");
+                write_file(&dir, &name, &yaml(&self.namespace_object(&ns, live))?)?;
+                want.insert(name);
+            }
+            remove_others(&dir, NAMESPACE_FILE, &want)?;
+            self.write_policies(live)?;
+            let mut want = BTreeSet::new();
+            let mut changed = false;
+            for p in &self.spec.pods {
+                let name = self.pod_file(p);
+                changed |= write_file(&dir, &name, &yaml(&self.pod_object(p, live))?)?;
+                want.insert(name);
+            }
+            changed |= remove_others(&dir, POD_FILE, &want)?;
+            Ok(changed)
+        })
+    }
+
+    /// Records pod `p`'s addresses (its `status.podIPs`) after its ADD.
+    pub(crate) fn report_pod_ips(&self, p: &PodSpec, ips: Vec<IpAddr>) -> Result<(), LabError> {
+        self.with_live(|live| {
+            live.pod_ips.insert(format!("{}/{}", self.namespace_of(p), p.name), ips);
+            write_file(
+                &self.topology_dir(),
+                &self.pod_file(p),
+                &yaml(&self.pod_object(p, live))?,
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Removes pod `p`'s object, as the API server does once a pod is deleted.
+    pub(crate) fn delete_pod_object(&self, p: &PodSpec) -> Result<(), LabError> {
+        self.with_live(|live| {
+            live.pod_ips.remove(&format!("{}/{}", self.namespace_of(p), p.name));
+            let file = self.topology_dir().join(self.pod_file(p));
+            match fs::remove_file(&file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(LabError::io(format!("removing {}", file.display()), e))
+                }
+                _ => Ok(()),
+            }
+        })
+    }
+
+    /// Reads the NetworkPolicies of `files` (YAML or JSON, several documents each).
+    fn read_policy_files(files: &[PathBuf]) -> Result<Vec<Value>, LabError> {
+        let mut out = Vec::new();
+        for f in files {
+            let text = fs::read_to_string(f).map_err(|e| LabError::io(format!("reading {}", f.display()), e))?;
+            out.extend(
+                parse_policies(&text, &f.display().to_string()).map_err(|detail| LabError::Command {
+                    what: format!("reading {}", f.display()),
+                    detail,
+                })?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// `kubectl apply` for the NetworkPolicies of `files`: each is checked first (none
+    /// is applied if one is wrong), then created or replaced.
+    pub fn apply_policies(&self, files: &[PathBuf]) -> Result<ObjectChanges, LabError> {
+        self.ensure_up()?;
+        let policies = Self::read_policy_files(files)?;
+        let namespaces = self.namespace_names();
+        for p in &policies {
+            check_policy(p, &namespaces).map_err(|detail| LabError::Command {
+                what: "lab apply".into(),
+                detail,
+            })?;
+        }
+        self.with_live(|live| {
+            let mut out = ObjectChanges::default();
+            for v in policies {
+                let key = object_key(&v);
+                let verb = match self.policies_of(live).get(&key) {
+                    None => "created",
+                    Some(old) if *old == v => "unchanged",
+                    Some(_) => "configured",
+                };
+                live.deleted.remove(&key);
+                live.applied.insert(key.clone(), v);
+                out.lines.push(format!("networkpolicy {key} {verb}"));
+            }
+            self.write_policies(live)?;
+            Ok(out)
+        })
+    }
+
+    /// `kubectl delete -f` for the NetworkPolicies of `files`, by namespace and name.
+    pub fn delete_policies(&self, files: &[PathBuf]) -> Result<ObjectChanges, LabError> {
+        self.ensure_up()?;
+        let keys: Vec<String> = Self::read_policy_files(files)?.iter().map(object_key).collect();
+        self.with_live(|live| {
+            let mut out = ObjectChanges::default();
+            for key in keys {
+                if !self.policies_of(live).contains_key(&key) {
+                    out.missing.push(key);
+                    continue;
+                }
+                live.applied.remove(&key);
+                if self.policies.iter().any(|v| object_key(v) == key) {
+                    live.deleted.insert(key.clone());
+                }
+                out.lines.push(format!("networkpolicy {key} deleted"));
+            }
+            self.write_policies(live)?;
+            Ok(out)
+        })
+    }
+
+    /// `kubectl label`: applies `changes` (`k=v` sets, `k-` removes) to a pod or a
+    /// namespace and writes its object. Returns what it says now (`pod x/a labeled:
+    /// app=a,role=client`).
+    pub fn label(&self, target: LabelTarget, name: &str, changes: &[String]) -> Result<String, LabError> {
+        self.ensure_up()?;
+        let bad = |detail: String| LabError::Command {
+            what: "lab label".into(),
+            detail,
+        };
+        if changes.is_empty() {
+            return Err(bad("no label changes given (KEY=VALUE or KEY-)".into()));
+        }
+        let parsed: Vec<(String, Option<String>)> = changes
+            .iter()
+            .map(|c| parse_label_change(c))
+            .collect::<Result<_, _>>()
+            .map_err(bad)?;
+        let verb = if parsed.iter().all(|(_, v)| v.is_none()) {
+            "unlabeled"
+        } else {
+            "labeled"
+        };
+        let show = |labels: &BTreeMap<String, String>| {
+            labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match target {
+            LabelTarget::Pod => {
+                let p = self.find_pod(name)?;
+                let key = format!("{}/{}", self.namespace_of(p), p.name);
+                self.with_live(|live| {
+                    live.labels
+                        .entry(format!("pod/{key}"))
+                        .or_default()
+                        .extend(parsed.iter().cloned());
+                    write_file(
+                        &self.topology_dir(),
+                        &self.pod_file(p),
+                        &yaml(&self.pod_object(p, live))?,
+                    )?;
+                    Ok(format!("pod {key} {verb}: {}", show(&self.labels_of(p, live))))
+                })
+            }
+            LabelTarget::Namespace => {
+                if !self.namespace_names().contains(name) {
+                    return Err(bad(format!(
+                        "no namespace {name} in lab {} (it has {})",
+                        self.spec.name,
+                        self.namespace_names().into_iter().collect::<Vec<_>>().join(", ")
+                    )));
+                }
+                if parsed.iter().any(|(k, _)| k == NAMESPACE_NAME_LABEL) {
+                    return Err(bad(format!(
+                        "{NAMESPACE_NAME_LABEL} is the namespace's name: it cannot change"
+                    )));
+                }
+                self.with_live(|live| {
+                    live.labels
+                        .entry(format!("namespace/{name}"))
+                        .or_default()
+                        .extend(parsed.iter().cloned());
+                    let v = self.namespace_object(name, live);
+                    write_file(
+                        &self.topology_dir(),
+                        &format!("{NAMESPACE_FILE}{name}.yaml"),
+                        &yaml(&v)?,
+                    )?;
+                    let labels: BTreeMap<String, String> =
+                        serde_json::from_value(v["metadata"]["labels"].clone()).unwrap_or_default();
+                    Ok(format!("namespace {name} {verb}: {}", show(&labels)))
+                })
+            }
+        }
+    }
+}
+
+/// Removes the files of `dir` named `<prefix>*.yaml` that are not in `keep`; returns
+/// whether it removed one.
+fn remove_others(dir: &Path, prefix: &str, keep: &BTreeSet<String>) -> Result<bool, LabError> {
+    let mut removed = false;
+    let entries = fs::read_dir(dir).map_err(|e| LabError::io(format!("reading {}", dir.display()), e))?;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix) && name.ends_with(".yaml") && !keep.contains(&name) {
+            match fs::remove_file(e.path()) {
+                Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(LabError::io(format!("removing {}", e.path().display()), err));
+                }
+                _ => removed = true,
+            }
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_changes_parse_as_kubectl_takes_them() {
+        assert_eq!(
+            parse_label_change("app=web").unwrap(),
+            ("app".into(), Some("web".into()))
+        );
+        assert_eq!(parse_label_change("app=").unwrap(), ("app".into(), Some(String::new())));
+        assert_eq!(parse_label_change("app-").unwrap(), ("app".into(), None));
+        assert_eq!(
+            parse_label_change("example.com/tier=db").unwrap(),
+            ("example.com/tier".into(), Some("db".into()))
+        );
+        for bad in [
+            "app",
+            "-=x",
+            "a b=c",
+            "app=no spaces",
+            "/x=y",
+            "Example.com/x=y",
+            "x=-y",
+        ] {
+            assert!(parse_label_change(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn policies_come_from_documents_and_lists_with_their_namespace() {
+        let text = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: a, namespace: x}\nspec: {podSelector: {}}\n---\n---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: networking.k8s.io/v1\n  kind: NetworkPolicy\n  metadata: {name: b}\n  spec: {podSelector: {}}\n";
+        let p = parse_policies(text, "f.yaml").unwrap();
+        let keys: Vec<String> = p.iter().map(object_key).collect();
+        assert_eq!(keys, ["x/a", "default/b"]);
+        let namespaces: BTreeSet<String> = ["x".to_string()].into();
+        assert!(check_policy(&p[0], &namespaces).is_ok());
+        let e = check_policy(&p[1], &namespaces).unwrap_err();
+        assert!(e.contains("namespace default is not in the lab"), "{e}");
+
+        let e = parse_policies("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n", "f.yaml").unwrap_err();
+        assert!(e.contains("NetworkPolicy objects only"), "{e}");
+        let e = parse_policies(
+            "apiVersion: extensions/v1beta1\nkind: NetworkPolicy\nmetadata: {name: c}\n",
+            "f.yaml",
+        )
+        .unwrap_err();
+        assert!(e.contains("not networking.k8s.io/v1"), "{e}");
+        // What weftd would refuse is refused here, naming the field.
+        let bad = parse_policies(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: c, namespace: x}\nspec:\n  podSelector: {}\n  ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/33}}]}]\n",
+            "f.yaml",
+        )
+        .unwrap();
+        let e = check_policy(&bad[0], &namespaces).unwrap_err();
+        assert!(e.contains("ipBlock.cidr"), "{e}");
+    }
+
+    #[test]
+    fn add_results_give_addresses_ipv4_first() {
+        let r = br#"{"cniVersion":"1.1.0","ips":[{"address":"fd00::5/128"},{"address":"10.244.1.5/32","gateway":"10.244.1.1"}]}"#;
+        assert_eq!(
+            result_ips(r),
+            vec!["10.244.1.5".parse::<IpAddr>().unwrap(), "fd00::5".parse().unwrap()]
+        );
+        assert!(result_ips(b"not json").is_empty());
+    }
+}
