@@ -178,11 +178,8 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
         ],
     );
     eventually("the daemon never read the objects", Duration::from_secs(10), || {
-        weftctl(&d, &["--json", "status"])
-            .status
-            .success()
-            .then(|| String::from_utf8_lossy(&weftctl(&d, &["--json", "status"]).stdout).contains("\"policies\": 2"))
-            .unwrap_or(false)
+        let out = weftctl(&d, &["--json", "status"]);
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("\"policies\": 2")
     });
     let (na, nb, nc) = (Netns::new("pa"), Netns::new("pb"), Netns::new("pc"));
     let a = add(&d, "x", "a", &na);

@@ -168,6 +168,8 @@ pub struct Desired {
     pub policy_chains: BTreeMap<String, PolicyChain>,
     /// ClusterNetworkPolicy rules by their counter.
     pub cluster_rules: BTreeMap<String, ClusterRuleRef>,
+    /// What decides the elements of each set that depends on pods.
+    pub sources: BTreeMap<String, SetSource>,
 }
 
 fn short_hash(parts: &[&str]) -> String {
@@ -240,143 +242,375 @@ fn merge(mut ranges: Vec<(IpAddr, IpAddr)>) -> BTreeSet<Element> {
     out.into_iter().map(|(a, b)| Element::Range(a, b)).collect()
 }
 
-/// Puts sets of pod addresses and of ranges into `d` under `prefix`, and returns their
-/// matches for `dir` (none for an empty kind).
-fn address_sets(
-    dir: Direction,
-    prefix: &str,
-    pods: Option<[BTreeSet<Element>; 2]>,
-    nets: [Vec<(IpAddr, IpAddr)>; 2],
-    d: &mut Desired,
-) -> Vec<(String, Option<bool>)> {
-    let mut out = Vec::new();
-    if let Some(addrs) = pods {
-        for (v6, elements) in addrs.into_iter().enumerate() {
-            let v6 = v6 == 1;
-            let name = format!("{prefix}_pods{}", if v6 { 6 } else { 4 });
-            let kind = if v6 { SetKind::Addr6 } else { SetKind::Addr4 };
-            d.sets.insert(name.clone(), SetSpec { kind, elements });
-            out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
-        }
-    }
-    for (v6, ranges) in nets.into_iter().enumerate() {
-        if ranges.is_empty() {
-            continue;
-        }
-        let v6 = v6 == 1;
-        let name = format!("{prefix}_nets{}", if v6 { 6 } else { 4 });
-        let kind = if v6 { SetKind::Net6 } else { SetKind::Net4 };
-        d.sets.insert(
-            name.clone(),
-            SetSpec {
-                kind,
-                elements: merge(ranges),
-            },
-        );
-        out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
-    }
-    out
+/// What decides a pod-dependent set's elements: the rule (and, for a named port, the
+/// port entry) it belongs to. A pod's elements in it follow from the pod alone
+/// ([`SetSource::elements`]), so a pod that comes adds its own and nothing else moves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetSource {
+    /// The addresses of the pods a NetworkPolicy rule's pod peers select.
+    Peers {
+        /// The policy.
+        policy: std::sync::Arc<Policy>,
+        /// The rule's direction.
+        dir: Direction,
+        /// The rule's index.
+        rule: usize,
+        /// Which family.
+        v6: bool,
+    },
+    /// The address, protocol and port of every destination pod's port of a name.
+    Named {
+        /// Whose subject a destination must be for ingress (a NetworkPolicy's or a
+        /// ClusterNetworkPolicy's); egress takes any pod.
+        subject: Subject,
+        /// The direction.
+        dir: Direction,
+        /// The port name.
+        name: String,
+        /// Its protocol.
+        protocol: PortProtocol,
+        /// Which family.
+        v6: bool,
+    },
+    /// The addresses of the pods a ClusterNetworkPolicy rule's pod peers select.
+    ClusterPeers {
+        /// The policy.
+        policy: std::sync::Arc<ClusterPolicy>,
+        /// The rule's direction.
+        dir: Direction,
+        /// The rule's index.
+        rule: usize,
+        /// Which family.
+        v6: bool,
+    },
 }
 
-/// The address matches of a ClusterNetworkPolicy rule's peers; `[("", None)]` when a
-/// peer weft cannot evaluate makes a Deny or Pass rule match everything (fail closed);
-/// none when nothing can match.
-fn cluster_peer_matches(
-    view: &ClusterView,
-    peers: &[ClusterPeer],
-    action: CnpAction,
-    dir: Direction,
-    prefix: &str,
-    d: &mut Desired,
-) -> Vec<(String, Option<bool>)> {
-    if action != CnpAction::Accept && peers.iter().any(|p| matches!(p, ClusterPeer::FailClosed(_))) {
-        return vec![(String::new(), None)];
-    }
-    let pods = peers.iter().any(|p| matches!(p, ClusterPeer::Pods { .. })).then(|| {
-        let mut addrs = [BTreeSet::new(), BTreeSet::new()];
-        for pod in &view.pods {
-            if pod.ips.iter().any(|ip| {
-                peers
+/// The pods a policy applies to, for named ports of ingress rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    /// A NetworkPolicy's.
+    Policy(std::sync::Arc<Policy>),
+    /// A ClusterNetworkPolicy's.
+    Cluster(std::sync::Arc<ClusterPolicy>),
+}
+
+impl SetSource {
+    /// The elements pod `pod` puts into the set (none for most).
+    pub fn elements(&self, view: &ClusterView, pod: &PolicyPod) -> Vec<Element> {
+        let family = |v6: bool| pod.ips.iter().filter(move |ip| ip.is_ipv6() == v6);
+        match self {
+            SetSource::Peers { policy, dir, rule, v6 } => {
+                let peers = policy
+                    .rules(*dir)
+                    .and_then(|r| r.get(*rule))
+                    .and_then(|r| r.peers.as_ref());
+                if peers.is_some_and(|ps| ps.iter().any(|p| view.pod_is_peer(policy, p, pod))) {
+                    family(*v6).map(|ip| Element::Addr(*ip)).collect()
+                } else {
+                    Vec::new()
+                }
+            }
+            SetSource::ClusterPeers { policy, dir, rule, v6 } => {
+                let Some(r) = policy.rules(*dir).get(*rule) else {
+                    return Vec::new();
+                };
+                let ns = view.namespace_labels(&pod.namespace);
+                let matches = !pod.host_network
+                    && r.peers.iter().any(|p| match p {
+                        ClusterPeer::Pods { namespaces, pods } => namespaces.matches(ns) && pods.matches(&pod.labels),
+                        _ => false,
+                    });
+                if matches {
+                    family(*v6).map(|ip| Element::Addr(*ip)).collect()
+                } else {
+                    Vec::new()
+                }
+            }
+            SetSource::Named {
+                subject,
+                dir,
+                name,
+                protocol,
+                v6,
+            } => {
+                if pod.host_network {
+                    return Vec::new();
+                }
+                if *dir == Direction::Ingress {
+                    // The destination of an ingress rule is a pod of this node the
+                    // policy applies to.
+                    let local = view.local.contains_key(&(pod.namespace.clone(), pod.name.clone()));
+                    let selected = match subject {
+                        Subject::Policy(p) => p.namespace == pod.namespace && p.selector.matches(&pod.labels),
+                        Subject::Cluster(c) => {
+                            c.subject_namespaces.matches(view.namespace_labels(&pod.namespace))
+                                && c.subject_pods.matches(&pod.labels)
+                        }
+                    };
+                    if !local || !selected {
+                        return Vec::new();
+                    }
+                }
+                pod.ports
                     .iter()
-                    .any(|p| matches!(p, ClusterPeer::Pods { .. }) && view.cluster_peer_matches(p, action, *ip))
-            }) {
-                for ip in &pod.ips {
-                    addrs[usize::from(ip.is_ipv6())].insert(Element::Addr(*ip));
-                }
+                    .filter(|np| &np.name == name && np.protocol == *protocol)
+                    .flat_map(|np| family(*v6).map(move |ip| Element::AddrPort(*ip, np.protocol, np.port)))
+                    .collect()
             }
-        }
-        addrs
-    });
-    let mut nets: [Vec<(IpAddr, IpAddr)>; 2] = [Vec::new(), Vec::new()];
-    for p in peers {
-        match p {
-            ClusterPeer::Networks(list) => {
-                for n in list {
-                    nets[usize::from(n.addr().is_ipv6())].push((n.network(), n.broadcast()));
-                }
-            }
-            ClusterPeer::AllNodes => {
-                for ip in view.nodes.keys() {
-                    nets[usize::from(ip.is_ipv6())].push((*ip, *ip));
-                }
-            }
-            ClusterPeer::Pods { .. } | ClusterPeer::FailClosed(_) => {}
         }
     }
-    address_sets(dir, prefix, pods, nets, d)
 }
 
-/// The rules of one tier's ClusterNetworkPolicies for `dir`, inline and in order: the
-/// first that matches decides (accept, or a logged drop) or, for Pass, does `on_pass`
-/// (a goto to the next tier's chain, or a return to the default).
-fn cluster_lines(
-    view: &ClusterView,
-    cnps: &[&std::sync::Arc<ClusterPolicy>],
-    dir: Direction,
-    on_pass: &str,
-    local: &[(String, std::sync::Arc<PolicyPod>)],
-    d: &mut Desired,
-) -> Vec<String> {
-    let mut lines = Vec::new();
-    for cnp in cnps {
-        let selected: Vec<&PolicyPod> = local
-            .iter()
-            .map(|(_, p)| &**p)
-            .filter(|p| {
-                cnp.subject_namespaces.matches(view.namespace_labels(&p.namespace))
-                    && cnp.subject_pods.matches(&p.labels)
-            })
-            .collect();
-        for (i, rule) in cnp.rules(dir).iter().enumerate() {
-            let counter = format!("k{}{}{i}", cnp.id, dir.letter());
-            d.counters.insert(counter.clone());
-            d.cluster_rules.insert(
-                counter.clone(),
-                ClusterRuleRef {
-                    policy: cnp.name.clone(),
-                    tier: cnp.tier,
-                    direction: dir,
-                    rule: i,
-                    rule_name: rule.name.clone(),
-                    action: rule.action,
+/// Builds a [`Desired`]: with `fill`, every pod-dependent set gets its elements from
+/// every pod of the view; without, the objects are only named (to learn which chains a
+/// pod would use).
+struct Planner<'v> {
+    view: &'v ClusterView,
+    fill: bool,
+    d: Desired,
+}
+
+impl Planner<'_> {
+    /// Adds a pod-dependent set of `kind`, filled from every pod when filling.
+    fn pod_set(&mut self, name: &str, kind: SetKind, source: SetSource) {
+        if self.d.sets.contains_key(name) {
+            return;
+        }
+        let elements = if self.fill {
+            self.view
+                .pods
+                .iter()
+                .flat_map(|p| source.elements(self.view, p))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        self.d.sets.insert(name.to_string(), SetSpec { kind, elements });
+        self.d.sources.insert(name.to_string(), source);
+    }
+
+    /// Adds sets of ranges (their elements follow from the policy alone); the matches.
+    fn net_sets(&mut self, dir: Direction, prefix: &str, nets: [Vec<(IpAddr, IpAddr)>; 2]) -> Vec<(String, Option<bool>)> {
+        let mut out = Vec::new();
+        for (v6, ranges) in nets.into_iter().enumerate() {
+            if ranges.is_empty() {
+                continue;
+            }
+            let v6 = v6 == 1;
+            let name = format!("{prefix}_nets{}", if v6 { 6 } else { 4 });
+            let kind = if v6 { SetKind::Net6 } else { SetKind::Net4 };
+            self.d.sets.insert(
+                name.clone(),
+                SetSpec {
+                    kind,
+                    elements: merge(ranges),
                 },
             );
-            let spec_hash = short_hash(&[&format!("{rule:?}")]);
-            let prefix = format!("{counter}{}", &spec_hash[..4]);
-            let peers = cluster_peer_matches(view, &rule.peers, rule.action, dir, &prefix, d);
-            let ports = port_matches(view, rule.ports.as_ref(), dir, &prefix, &selected, d);
-            for peer in &peers {
-                for port in &ports {
-                    if let (Some(a), Some(b)) = (peer.1, port.1)
-                        && a != b
-                    {
-                        continue;
+            out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
+        }
+        out
+    }
+
+    /// The address matches of a NetworkPolicy rule's peers, each with the family it
+    /// binds (`None`: every family); `[("", None)]` when the rule takes every peer.
+    fn peers(&mut self, policy: &std::sync::Arc<Policy>, ri: usize, dir: Direction, prefix: &str) -> Vec<(String, Option<bool>)> {
+        let Some(peers) = policy.rules(dir).and_then(|r| r.get(ri)).and_then(|r| r.peers.clone()) else {
+            return vec![(String::new(), None)];
+        };
+        let mut out = Vec::new();
+        if peers.iter().any(|p| matches!(p, Peer::Pods { .. })) {
+            for v6 in [false, true] {
+                let name = format!("{prefix}_pods{}", if v6 { 6 } else { 4 });
+                let kind = if v6 { SetKind::Addr6 } else { SetKind::Addr4 };
+                let source = SetSource::Peers {
+                    policy: policy.clone(),
+                    dir,
+                    rule: ri,
+                    v6,
+                };
+                self.pod_set(&name, kind, source);
+                out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
+            }
+        }
+        let mut nets: [Vec<(IpAddr, IpAddr)>; 2] = [Vec::new(), Vec::new()];
+        for p in &peers {
+            if let Peer::Block { cidr, except } = p {
+                nets[usize::from(cidr.addr().is_ipv6())].extend(block_ranges(cidr, except));
+            }
+        }
+        out.extend(self.net_sets(dir, prefix, nets));
+        out
+    }
+
+    /// The address matches of a ClusterNetworkPolicy rule's peers; `[("", None)]` when
+    /// a peer weft cannot evaluate makes a Deny or Pass rule match everything (fail
+    /// closed); none when nothing can match.
+    fn cluster_peers(&mut self, cnp: &std::sync::Arc<ClusterPolicy>, ri: usize, dir: Direction, prefix: &str) -> Vec<(String, Option<bool>)> {
+        let rule = &cnp.rules(dir)[ri];
+        if rule.action != CnpAction::Accept && rule.peers.iter().any(|p| matches!(p, ClusterPeer::FailClosed(_))) {
+            return vec![(String::new(), None)];
+        }
+        let mut out = Vec::new();
+        if rule.peers.iter().any(|p| matches!(p, ClusterPeer::Pods { .. })) {
+            for v6 in [false, true] {
+                let name = format!("{prefix}_pods{}", if v6 { 6 } else { 4 });
+                let kind = if v6 { SetKind::Addr6 } else { SetKind::Addr4 };
+                let source = SetSource::ClusterPeers {
+                    policy: cnp.clone(),
+                    dir,
+                    rule: ri,
+                    v6,
+                };
+                self.pod_set(&name, kind, source);
+                out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
+            }
+        }
+        let mut nets: [Vec<(IpAddr, IpAddr)>; 2] = [Vec::new(), Vec::new()];
+        for p in &rule.peers {
+            match p {
+                ClusterPeer::Networks(list) => {
+                    for n in list {
+                        nets[usize::from(n.addr().is_ipv6())].push((n.network(), n.broadcast()));
                     }
-                    let m: String = [peer.0.as_str(), port.0.as_str()]
-                        .iter()
-                        .filter(|x| !x.is_empty())
-                        .map(|x| format!("{x} "))
-                        .collect();
+                }
+                ClusterPeer::AllNodes => {
+                    for ip in self.view.nodes.keys() {
+                        nets[usize::from(ip.is_ipv6())].push((*ip, *ip));
+                    }
+                }
+                ClusterPeer::Pods { .. } | ClusterPeer::FailClosed(_) => {}
+            }
+        }
+        out.extend(self.net_sets(dir, prefix, nets));
+        out
+    }
+
+    /// The port matches of a rule, each with the family it binds; `[("", None)]` when
+    /// the rule takes every port. Named ports resolve on the destination pod.
+    fn ports(&mut self, ports: Option<&Vec<PortMatch>>, subject: &Subject, dir: Direction, prefix: &str) -> Vec<(String, Option<bool>)> {
+        let Some(ports) = ports else {
+            return vec![(String::new(), None)];
+        };
+        let mut out = Vec::new();
+        for (pi, pm) in ports.iter().enumerate() {
+            let proto = pm.protocol.as_str();
+            match &pm.ports {
+                Ports::All => out.push((format!("meta l4proto {proto}"), None)),
+                Ports::One(p) => out.push((format!("meta l4proto {proto} th dport {p}"), None)),
+                Ports::Range(a, b) => out.push((format!("meta l4proto {proto} th dport {a}-{b}"), None)),
+                Ports::Named(port_name) => {
+                    for v6 in [false, true] {
+                        let name = format!("{prefix}_np{pi}_{}", if v6 { 6 } else { 4 });
+                        let kind = if v6 { SetKind::AddrPort6 } else { SetKind::AddrPort4 };
+                        let source = SetSource::Named {
+                            subject: subject.clone(),
+                            dir,
+                            name: port_name.clone(),
+                            protocol: pm.protocol,
+                            v6,
+                        };
+                        self.pod_set(&name, kind, source);
+                        let daddr = if v6 { "ip6 daddr" } else { "ip daddr" };
+                        out.push((format!("{daddr} . meta l4proto . th dport @{name}"), Some(v6)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// One policy's chain for `dir`: its sets and rules.
+    fn policy(&mut self, policy: &std::sync::Arc<Policy>, dir: Direction) -> String {
+        let rules = policy.rules(dir).unwrap_or_default();
+        let spec_text = format!("{:?}", rules);
+        let chain = format!("p{}{}{}", policy.id, dir.letter(), &short_hash(&[&spec_text])[..4]);
+        if self.d.chains.contains_key(&chain) {
+            return chain;
+        }
+        let counter = format!("a{}{}", policy.id, dir.letter());
+        self.d.counters.insert(counter.clone());
+        let subject = Subject::Policy(policy.clone());
+        let mut text = Vec::new();
+        for (ri, rule) in rules.iter().enumerate() {
+            let prefix = format!("{chain}r{ri}");
+            let peers = self.peers(policy, ri, dir, &prefix);
+            let ports = self.ports(rule.ports.as_ref(), &subject, dir, &prefix);
+            for m in combine(&peers, &ports) {
+                text.push(format!("{m}counter name \"{counter}\" accept"));
+            }
+        }
+        self.d.chains.insert(chain.clone(), text);
+        self.d.policy_chains.insert(
+            chain.clone(),
+            PolicyChain {
+                namespace: policy.namespace.clone(),
+                name: policy.name.clone(),
+                direction: dir,
+                counter,
+            },
+        );
+        chain
+    }
+
+    /// The NetworkPolicy tier of the pods `isolating` isolates for `dir`: a chain that
+    /// jumps to each policy's chain (a rule that matches accepts) and ends in a logged,
+    /// counted drop (an accept in an audit namespace). Pods of one namespace with the
+    /// same policies share it.
+    fn group(&mut self, pod: &PolicyPod, isolating: &[&std::sync::Arc<Policy>], dir: Direction) -> String {
+        let audit = self.view.audit(&pod.namespace);
+        let jumps: Vec<String> = isolating.iter().map(|p| self.policy(p, dir)).collect();
+        let mut key: Vec<&str> = jumps.iter().map(String::as_str).collect();
+        key.push(if audit { "audit" } else { "enforce" });
+        let name = format!("g{}{}", short_hash(&key), dir.letter());
+        if !self.d.chains.contains_key(&name) {
+            let counter = format!("d{}", &name[1..]);
+            self.d.counters.insert(counter.clone());
+            let mut rules: Vec<String> = jumps.iter().map(|j| format!("jump {j}")).collect();
+            let (word, verdict) = if audit { ("audit", "accept") } else { ("deny", "drop") };
+            rules.push(format!(
+                "limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {LOG_GROUP} prefix \"weft {word} {name}\""
+            ));
+            rules.push(format!("counter name \"{counter}\" {verdict}"));
+            self.d.chains.insert(name.clone(), rules);
+            self.d.groups.insert(
+                name.clone(),
+                Group {
+                    direction: dir,
+                    namespace: pod.namespace.clone(),
+                    policies: isolating.iter().map(|p| p.full_name()).collect(),
+                    audit,
+                },
+            );
+        }
+        name
+    }
+
+    /// The rules of one tier's ClusterNetworkPolicies for `dir`, inline and in order:
+    /// the first that matches decides (accept, or a logged drop) or, for Pass, does
+    /// `on_pass` (a goto to the next tier's chain, or a return to the default).
+    fn cluster_lines(&mut self, cnps: &[&std::sync::Arc<ClusterPolicy>], dir: Direction, on_pass: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        for cnp in cnps {
+            let subject = Subject::Cluster((*cnp).clone());
+            for (i, rule) in cnp.rules(dir).iter().enumerate() {
+                let counter = format!("k{}{}{i}", cnp.id, dir.letter());
+                self.d.counters.insert(counter.clone());
+                self.d.cluster_rules.insert(
+                    counter.clone(),
+                    ClusterRuleRef {
+                        policy: cnp.name.clone(),
+                        tier: cnp.tier,
+                        direction: dir,
+                        rule: i,
+                        rule_name: rule.name.clone(),
+                        action: rule.action,
+                    },
+                );
+                let spec_hash = short_hash(&[&format!("{rule:?}")]);
+                let prefix = format!("{counter}{}", &spec_hash[..4]);
+                let peers = self.cluster_peers(cnp, i, dir, &prefix);
+                let ports = self.ports(rule.ports.as_ref(), &subject, dir, &prefix);
+                for m in combine(&peers, &ports) {
                     match rule.action {
                         CnpAction::Accept => lines.push(format!("{m}counter name \"{counter}\" accept")),
                         CnpAction::Deny => {
@@ -390,16 +624,68 @@ fn cluster_lines(
                 }
             }
         }
+        lines
     }
-    lines
+
+    /// Adds a chain named after what it holds (`letter`, a hash, the direction).
+    fn named_chain(&mut self, letter: char, dir: Direction, lines: Vec<String>) -> String {
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let name = format!("{letter}{}{}", short_hash(&refs), dir.letter());
+        self.d.chains.entry(name.clone()).or_insert(lines);
+        name
+    }
+
+    /// The chain `pod`'s traffic in `dir` jumps to, with everything it needs; `None`
+    /// when no policy applies to it that way.
+    fn entry(&mut self, pod: &PolicyPod, dir: Direction) -> Option<String> {
+        let view = self.view;
+        let admin: Vec<&std::sync::Arc<ClusterPolicy>> = view.cluster_selecting(pod, dir, CnpTier::Admin).collect();
+        let baseline: Vec<&std::sync::Arc<ClusterPolicy>> = view.cluster_selecting(pod, dir, CnpTier::Baseline).collect();
+        let isolating: Vec<&std::sync::Arc<Policy>> = view.isolating(pod, dir).collect();
+        // NetworkPolicy decides for the pods it isolates; the Baseline tier only for
+        // the others.
+        let tail = if !isolating.is_empty() {
+            Some(self.group(pod, &isolating, dir))
+        } else if !baseline.is_empty() {
+            let lines = self.cluster_lines(&baseline, dir, "return");
+            Some(self.named_chain('b', dir, lines))
+        } else {
+            None
+        };
+        if admin.is_empty() {
+            return tail;
+        }
+        let on_pass = tail.as_ref().map_or("return".to_string(), |t| format!("goto {t}"));
+        let mut lines = self.cluster_lines(&admin, dir, &on_pass);
+        if let Some(t) = &tail {
+            lines.push(format!("goto {t}"));
+        }
+        Some(self.named_chain('a', dir, lines))
+    }
 }
 
-/// Adds a chain named after what it holds (`letter`, a hash, the direction).
-fn named_chain(letter: char, dir: Direction, lines: Vec<String>, d: &mut Desired) -> String {
-    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
-    let name = format!("{letter}{}{}", short_hash(&refs), dir.letter());
-    d.chains.entry(name.clone()).or_insert(lines);
-    name
+/// The rule texts of every peer match with every port match of the same family (or
+/// of none), each ending in a space.
+fn combine(peers: &[(String, Option<bool>)], ports: &[(String, Option<bool>)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for peer in peers {
+        for port in ports {
+            // A family-bound match on one side rules out the other family.
+            if let (Some(a), Some(b)) = (peer.1, port.1)
+                && a != b
+            {
+                continue;
+            }
+            out.push(
+                [peer.0.as_str(), port.0.as_str()]
+                    .iter()
+                    .filter(|x| !x.is_empty())
+                    .map(|x| format!("{x} "))
+                    .collect(),
+            );
+        }
+    }
+    out
 }
 
 /// The peer-match expression of one side (`saddr` for ingress, `daddr` for egress).
@@ -412,241 +698,97 @@ fn addr_match(dir: Direction, v6: bool) -> &'static str {
     }
 }
 
-/// Plans one policy's chain for `dir` on this node: its sets and rules. Named ports
-/// resolve on the destination: the local pods the policy selects (ingress) or any pod
-/// (egress).
-fn plan_policy(
-    view: &ClusterView,
-    policy: &Policy,
-    dir: Direction,
-    selected_local: &[&PolicyPod],
-    d: &mut Desired,
-) -> String {
-    let rules = policy.rules(dir).unwrap_or_default();
-    let spec_text = format!("{:?}", rules);
-    let chain = format!("p{}{}{}", policy.id, dir.letter(), &short_hash(&[&spec_text])[..4]);
-    if d.chains.contains_key(&chain) {
-        return chain;
-    }
-    let counter = format!("a{}{}", policy.id, dir.letter());
-    d.counters.insert(counter.clone());
-    let mut text = Vec::new();
-    for (ri, rule) in rules.iter().enumerate() {
-        let prefix = format!("{chain}r{ri}");
-        let peers = peer_matches(view, policy, rule, dir, &prefix, d);
-        let ports = port_matches(view, rule.ports.as_ref(), dir, &prefix, selected_local, d);
-        for peer in &peers {
-            for port in &ports {
-                // A family-bound match on one side rules out the other family.
-                if let (Some(a), Some(b)) = (peer.1, port.1)
-                    && a != b
-                {
-                    continue;
-                }
-                let mut r = String::new();
-                for part in [peer.0.as_str(), port.0.as_str()] {
-                    if !part.is_empty() {
-                        r.push_str(part);
-                        r.push(' ');
-                    }
-                }
-                r.push_str(&format!("counter name \"{counter}\" accept"));
-                text.push(r);
-            }
-        }
-    }
-    d.chains.insert(chain.clone(), text);
-    d.policy_chains.insert(
-        chain.clone(),
-        PolicyChain {
-            namespace: policy.namespace.clone(),
-            name: policy.name.clone(),
-            direction: dir,
-            counter,
-        },
-    );
-    chain
-}
-
-/// The address matches of a rule's peers, each with the family it binds (`None`: every
-/// family); `[("", None)]` when the rule takes every peer.
-fn peer_matches(
-    view: &ClusterView,
-    policy: &Policy,
-    rule: &crate::model::Rule,
-    dir: Direction,
-    prefix: &str,
-    d: &mut Desired,
-) -> Vec<(String, Option<bool>)> {
-    let Some(peers) = &rule.peers else {
-        return vec![(String::new(), None)];
-    };
-    let pods = peers.iter().any(|p| matches!(p, Peer::Pods { .. })).then(|| {
-        let mut addrs = [BTreeSet::new(), BTreeSet::new()];
-        for pod in &view.pods {
-            if peers.iter().any(|p| view.pod_is_peer(policy, p, pod)) {
-                for ip in &pod.ips {
-                    addrs[usize::from(ip.is_ipv6())].insert(Element::Addr(*ip));
-                }
-            }
-        }
-        addrs
-    });
-    let mut nets: [Vec<(IpAddr, IpAddr)>; 2] = [Vec::new(), Vec::new()];
-    for p in peers {
-        if let Peer::Block { cidr, except } = p {
-            nets[usize::from(cidr.addr().is_ipv6())].extend(block_ranges(cidr, except));
-        }
-    }
-    address_sets(dir, prefix, pods, nets, d)
-}
-
-/// The port matches of a rule, each with the family it binds; `[("", None)]` when the
-/// rule takes every port.
-fn port_matches(
-    view: &ClusterView,
-    ports: Option<&Vec<PortMatch>>,
-    dir: Direction,
-    prefix: &str,
-    selected_local: &[&PolicyPod],
-    d: &mut Desired,
-) -> Vec<(String, Option<bool>)> {
-    let Some(ports) = ports else {
-        return vec![(String::new(), None)];
-    };
-    let mut out = Vec::new();
-    for (pi, pm) in ports.iter().enumerate() {
-        let proto = pm.protocol.as_str();
-        match &pm.ports {
-            Ports::All => out.push((format!("meta l4proto {proto}"), None)),
-            Ports::One(p) => out.push((format!("meta l4proto {proto} th dport {p}"), None)),
-            Ports::Range(a, b) => out.push((format!("meta l4proto {proto} th dport {a}-{b}"), None)),
-            Ports::Named(port_name) => {
-                // Ingress: the destination is one of the local pods the policy selects;
-                // egress: any pod (the peers are matched apart).
-                let candidates: Vec<&PolicyPod> = match dir {
-                    Direction::Ingress => selected_local.to_vec(),
-                    Direction::Egress => view.pods.iter().map(|p| &**p).filter(|p| !p.host_network).collect(),
-                };
-                let mut elems = [BTreeSet::new(), BTreeSet::new()];
-                for pod in candidates {
-                    for np in pod
-                        .ports
-                        .iter()
-                        .filter(|np| &np.name == port_name && np.protocol == pm.protocol)
-                    {
-                        for ip in &pod.ips {
-                            elems[usize::from(ip.is_ipv6())].insert(Element::AddrPort(*ip, np.protocol, np.port));
-                        }
-                    }
-                }
-                for (v6, elements) in elems.into_iter().enumerate() {
-                    let v6 = v6 == 1;
-                    let name = format!("{prefix}_np{pi}_{}", if v6 { 6 } else { 4 });
-                    let kind = if v6 { SetKind::AddrPort6 } else { SetKind::AddrPort4 };
-                    d.sets.insert(name.clone(), SetSpec { kind, elements });
-                    let daddr = if v6 { "ip6 daddr" } else { "ip daddr" };
-                    out.push((format!("{daddr} . meta l4proto . th dport @{name}"), Some(v6)));
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Plans weft's policy table for node `node` (its local pods are `view.local`).
-pub fn plan(view: &ClusterView) -> Desired {
-    let mut d = Desired::default();
-    // Local pods, with what the view knows of them (labels from the API).
-    let local: Vec<(String, std::sync::Arc<PolicyPod>)> = view
-        .local
+/// This node's pods, with what the view knows of them (labels from the API).
+fn local_pods(view: &ClusterView) -> Vec<(String, std::sync::Arc<PolicyPod>)> {
+    view.local
         .values()
         .filter_map(|l| view.pod(&l.namespace, &l.name).map(|p| (l.host_ifname.clone(), p)))
         .filter(|(_, p)| !p.host_network)
-        .collect();
-    for dir in Direction::BOTH {
-        for (host_ifname, pod) in &local {
-            let admin: Vec<&std::sync::Arc<ClusterPolicy>> = view.cluster_selecting(pod, dir, CnpTier::Admin).collect();
-            let baseline: Vec<&std::sync::Arc<ClusterPolicy>> =
-                view.cluster_selecting(pod, dir, CnpTier::Baseline).collect();
-            let isolating: Vec<&std::sync::Arc<Policy>> = view.isolating(pod, dir).collect();
-            // NetworkPolicy decides for the pods it isolates; the Baseline tier only for
-            // the others.
-            let tail = if !isolating.is_empty() {
-                Some(group_chain(view, pod, &isolating, dir, &local, &mut d))
-            } else if !baseline.is_empty() {
-                let lines = cluster_lines(view, &baseline, dir, "return", &local, &mut d);
-                Some(named_chain('b', dir, lines, &mut d))
-            } else {
-                None
-            };
-            let entry = if admin.is_empty() {
-                tail
-            } else {
-                let on_pass = tail.as_ref().map_or("return".to_string(), |t| format!("goto {t}"));
-                let mut lines = cluster_lines(view, &admin, dir, &on_pass, &local, &mut d);
-                if let Some(t) = &tail {
-                    lines.push(format!("goto {t}"));
-                }
-                Some(named_chain('a', dir, lines, &mut d))
-            };
-            let Some(entry) = entry else { continue };
-            let map = match dir {
-                Direction::Egress => &mut d.egress,
-                Direction::Ingress => &mut d.ingress,
-            };
-            map.insert(host_ifname.clone(), entry);
-        }
-    }
-    d
+        .collect()
 }
 
-/// The NetworkPolicy tier of the pods `isolating` isolates for `dir`: a chain that
-/// jumps to each policy's chain (a rule that matches accepts) and ends in a logged,
-/// counted drop (an accept in an audit namespace). Pods of one namespace with the same
-/// policies share it.
-fn group_chain(
-    view: &ClusterView,
-    pod: &PolicyPod,
-    isolating: &[&std::sync::Arc<Policy>],
-    dir: Direction,
-    local: &[(String, std::sync::Arc<PolicyPod>)],
-    d: &mut Desired,
-) -> String {
-    let audit = view.audit(&pod.namespace);
-    let mut jumps = Vec::new();
-    for policy in isolating {
-        let selected: Vec<&PolicyPod> = local
-            .iter()
-            .map(|(_, p)| &**p)
-            .filter(|p| p.namespace == policy.namespace && policy.selector.matches(&p.labels))
+/// Plans weft's policy table for this node (its pods are `view.local`).
+pub fn plan(view: &ClusterView) -> Desired {
+    let mut p = Planner {
+        view,
+        fill: true,
+        d: Desired::default(),
+    };
+    for dir in Direction::BOTH {
+        for (host_ifname, pod) in local_pods(view) {
+            let Some(entry) = p.entry(&pod, dir) else { continue };
+            let map = match dir {
+                Direction::Egress => &mut p.d.egress,
+                Direction::Ingress => &mut p.d.ingress,
+            };
+            map.insert(host_ifname, entry);
+        }
+    }
+    p.d
+}
+
+/// What one pod adds to a plan: its elements in existing sets, and (for a pod of this
+/// node) its entries in the maps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Addition {
+    /// Elements to add, by set.
+    pub elements: BTreeMap<String, BTreeSet<Element>>,
+    /// Egress map entries to add: host interface to chain.
+    pub egress: BTreeMap<String, String>,
+    /// Ingress map entries to add.
+    pub ingress: BTreeMap<String, String>,
+}
+
+/// What pod `pod` (already in `view`, which `d` was planned from without it) adds to
+/// `d`, when that is elements only: `None` when the pod needs a chain `d` does not have
+/// (a new combination of policies), which only a full plan makes. `host_ifname` is set
+/// for a pod of this node.
+pub fn addition(view: &ClusterView, d: &Desired, pod: &PolicyPod, host_ifname: Option<&str>) -> Option<Addition> {
+    let mut out = Addition::default();
+    if let Some(ifname) = host_ifname {
+        let mut names = Planner {
+            view,
+            fill: false,
+            d: Desired::default(),
+        };
+        for dir in Direction::BOTH {
+            if let Some(entry) = names.entry(pod, dir) {
+                match dir {
+                    Direction::Egress => out.egress.insert(ifname.to_string(), entry),
+                    Direction::Ingress => out.ingress.insert(ifname.to_string(), entry),
+                };
+            }
+        }
+        // Every chain and set the pod's entries need must be there already.
+        if names.d.chains.keys().any(|c| !d.chains.contains_key(c)) || names.d.sets.keys().any(|s| !d.sets.contains_key(s)) {
+            return None;
+        }
+    }
+    for (name, source) in &d.sources {
+        let have = &d.sets[name].elements;
+        let new: BTreeSet<Element> = source
+            .elements(view, pod)
+            .into_iter()
+            .filter(|e| !have.contains(e))
             .collect();
-        jumps.push(plan_policy(view, policy, dir, &selected, d));
+        if !new.is_empty() {
+            out.elements.insert(name.clone(), new);
+        }
     }
-    let mut key: Vec<&str> = jumps.iter().map(String::as_str).collect();
-    key.push(if audit { "audit" } else { "enforce" });
-    let name = format!("g{}{}", short_hash(&key), dir.letter());
-    if !d.chains.contains_key(&name) {
-        let counter = format!("d{}", &name[1..]);
-        d.counters.insert(counter.clone());
-        let mut rules: Vec<String> = jumps.iter().map(|j| format!("jump {j}")).collect();
-        let (word, verdict) = if audit { ("audit", "accept") } else { ("deny", "drop") };
-        rules.push(format!(
-            "limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {LOG_GROUP} prefix \"weft {word} {name}\""
-        ));
-        rules.push(format!("counter name \"{counter}\" {verdict}"));
-        d.chains.insert(name.clone(), rules);
-        d.groups.insert(
-            name.clone(),
-            Group {
-                direction: dir,
-                namespace: pod.namespace.clone(),
-                policies: isolating.iter().map(|p| p.full_name()).collect(),
-                audit,
-            },
-        );
+    Some(out)
+}
+
+impl Addition {
+    /// Applies it to `d`.
+    pub fn apply_to(&self, d: &mut Desired) {
+        for (set, elements) in &self.elements {
+            if let Some(s) = d.sets.get_mut(set) {
+                s.elements.extend(elements.iter().copied());
+            }
+        }
+        d.egress.extend(self.egress.clone());
+        d.ingress.extend(self.ingress.clone());
     }
-    name
 }
 
 impl Desired {
