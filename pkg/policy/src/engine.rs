@@ -53,13 +53,16 @@ pub struct PassOutcome {
     pub script: Option<String>,
     /// Whether it repaired drift (the kernel read back differed from the last plan).
     pub repaired: bool,
+    /// Whether it only added one pod to the last plan (an ADD's fast path).
+    pub incremental: bool,
 }
 
-/// What the engine keeps between passes.
+/// What the engine keeps between passes (the plan last applied is [`Latest`]).
 #[derive(Default)]
 struct State {
-    /// The plan last applied; `None` before the first pass that applied one.
-    applied: Option<Desired>,
+    /// Whether the next pass must read the kernel back rather than trust the last plan
+    /// (a transaction failed: the kernel holds the plan before it, or something else).
+    must_observe: bool,
     /// Invalid policies already logged, with their error (logged again when it changes).
     logged: HashMap<(String, String), String>,
     /// Local pods with no Pod object, already logged.
@@ -74,6 +77,9 @@ pub struct Latest {
     pub view: Arc<ClusterView>,
     /// The plan it applied.
     pub desired: Arc<Desired>,
+    /// The generations of the source's policy objects and nodes it was planned from: a
+    /// pod's ADD may add to this plan only while neither moved.
+    generation: (u64, u64),
 }
 
 /// The verdict of one flow with the ends resolved.
@@ -315,20 +321,33 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         self.pass_with(None, resync).await
     }
 
+    /// The source's generations of policy objects and nodes now.
+    fn generation(&self) -> (u64, u64) {
+        (*self.source.policy_changes().borrow(), *self.source.changes().borrow())
+    }
+
     async fn pass_with(&self, extra: Option<&LocalPod>, resync: bool) -> Result<PassOutcome, String> {
         let mut state = self.state.lock().await;
+        if let Some(pod) = extra
+            && !resync
+            && !state.must_observe
+            && let Some(out) = self.add_one(&mut state, pod).await?
+        {
+            return Ok(out);
+        }
         let started = Instant::now();
+        let generation = self.generation();
         let Some(view) = self.view(extra).await? else {
             return Ok(PassOutcome::default());
         };
         self.report(&view, &mut state);
-        let desired = plan(&view);
-        let base = match (&state.applied, resync) {
+        let desired = Arc::new(plan(&view));
+        let last = self.latest().map(|l| l.desired);
+        let base = match (&last, resync || state.must_observe) {
             (Some(last), false) => Some(Observed::after(last)),
             _ => None,
         };
         let kernel = self.kernel.clone();
-        let last = state.applied.clone();
         let d = desired.clone();
         let work = tokio::task::spawn_blocking(move || {
             let mut k = kernel.lock().expect("policy kernel lock");
@@ -336,8 +355,8 @@ impl<K: PolicyKernel> PolicyEngine<K> {
                 Some(b) => b,
                 None => k.observe().map_err(|e| e.to_string())?,
             };
-            let repaired = last.as_ref().is_some_and(|l| *l == d) && nft::diff(&d, &observed).is_some();
             let script = nft::diff(&d, &observed);
+            let repaired = script.is_some() && last.as_ref().is_some_and(|l| **l == *d);
             if let Some(s) = &script {
                 k.apply(s).map_err(|e| e.to_string())?;
             }
@@ -349,12 +368,13 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             Ok(r) => r,
             Err(e) => {
                 self.metrics.failures.inc();
-                // The kernel may hold part of nothing: the transaction is atomic, but
-                // the next pass must read it back rather than trust the last plan.
-                state.applied = None;
+                // The transaction is atomic, but the kernel may not hold the last plan
+                // either: the next pass reads it back.
+                state.must_observe = true;
                 return Err(e);
             }
         };
+        state.must_observe = false;
         if script.is_some() {
             let kind = if repaired { "repair" } else { "change" };
             self.metrics
@@ -369,14 +389,75 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         self.metrics.isolated(&desired);
         *self.latest.lock().expect("latest lock") = Some(Latest {
             view: Arc::new(view),
-            desired: Arc::new(desired.clone()),
+            desired,
+            generation,
         });
-        state.applied = Some(desired);
         Ok(PassOutcome {
             synced: true,
             script,
             repaired,
+            incremental: false,
         })
+    }
+
+    /// An ADD's pod added to the last plan alone, when nothing it was planned from has
+    /// moved and the pod needs no chain the plan lacks: its map entries and its
+    /// elements in existing sets, one small transaction. `None`: a full pass is needed.
+    async fn add_one(&self, state: &mut State, pod: &LocalPod) -> Result<Option<PassOutcome>, String> {
+        let started = Instant::now();
+        let generation = self.generation();
+        let script = {
+            let mut slot = self.latest.lock().expect("latest lock");
+            let Some(latest) = slot.as_mut() else { return Ok(None) };
+            let key = (pod.namespace.clone(), pod.name.clone());
+            if latest.generation != generation
+                || latest.view.local.contains_key(&key)
+                || latest.view.local.values().any(|l| l.host_ifname == pod.host_ifname)
+                || latest.desired.egress.contains_key(&pod.host_ifname)
+                || latest.desired.ingress.contains_key(&pod.host_ifname)
+            {
+                return Ok(None);
+            }
+            // Readers (explain, the deny log) hold these only for a moment: the plan is
+            // changed in place, not copied.
+            let view = Arc::make_mut(&mut latest.view);
+            view.add_local(pod, &self.cfg.node_name);
+            let Some(p) = view.pod(&pod.namespace, &pod.name) else {
+                return Ok(None);
+            };
+            let Some(add) = crate::plan::addition(view, &latest.desired, &p, Some(&pod.host_ifname)) else {
+                // Roll the view back: the full pass plans from the store.
+                latest.generation = (u64::MAX, u64::MAX);
+                return Ok(None);
+            };
+            add.apply_to(Arc::make_mut(&mut latest.desired));
+            self.metrics.isolated(&latest.desired);
+            nft::addition_script(&add)
+        };
+        if let Some(s) = script.clone() {
+            let kernel = self.kernel.clone();
+            let applied = tokio::task::spawn_blocking(move || kernel.lock().expect("policy kernel lock").apply(&s))
+                .await
+                .map_err(|e| format!("policy pass panicked: {e}"))?;
+            if let Err(e) = applied {
+                self.metrics.failures.inc();
+                // The plan says the pod's rules are in; the kernel does not hold them:
+                // the next pass reads the kernel back (and this ADD fails).
+                state.must_observe = true;
+                return Err(e.to_string());
+            }
+            self.metrics
+                .changes
+                .get_or_create(&crate::metrics::ChangeLabels { kind: "change" })
+                .inc();
+        }
+        self.metrics.pass_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(Some(PassOutcome {
+            synced: true,
+            script,
+            repaired: false,
+            incremental: true,
+        }))
     }
 
     /// Logs and counts what the view says once: invalid policies, local pods the API

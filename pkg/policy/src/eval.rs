@@ -239,6 +239,41 @@ impl ClusterView {
         v
     }
 
+    /// Adds a pod of node `node` that its store knows now, as [`ClusterView::new`] would
+    /// have had it among `local`.
+    pub fn add_local(&mut self, l: &LocalPod, node: &str) {
+        let key = (l.namespace.clone(), l.name.clone());
+        let merged = match self.pod(&l.namespace, &l.name) {
+            Some(p) => PolicyPod {
+                ips: l.ips.clone(),
+                node: node.to_string(),
+                ..(*p).clone()
+            },
+            None => {
+                self.unknown_local.push(key.clone());
+                PolicyPod {
+                    namespace: l.namespace.clone(),
+                    name: l.name.clone(),
+                    ips: l.ips.clone(),
+                    node: node.to_string(),
+                    ..PolicyPod::default()
+                }
+            }
+        };
+        let merged = Arc::new(merged);
+        self.local.insert(key.clone(), l.clone());
+        match self
+            .pods
+            .binary_search_by(|p| (p.namespace.as_str(), p.name.as_str()).cmp(&(key.0.as_str(), key.1.as_str())))
+        {
+            Ok(i) => self.pods[i] = merged.clone(),
+            Err(i) => self.pods.insert(i, merged.clone()),
+        }
+        for ip in &merged.ips {
+            self.by_ip.insert(*ip, merged.clone());
+        }
+    }
+
     /// The labels of namespace `name` (none when it is not known).
     pub fn namespace_labels(&self, name: &str) -> &Labels {
         self.namespaces.get(name).map_or(&EMPTY, |n| &n.labels)

@@ -203,6 +203,24 @@ pub fn diff(d: &Desired, o: &Observed) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
+/// The transaction that adds one pod's [`crate::plan::Addition`]: elements only.
+pub fn addition_script(add: &crate::plan::Addition) -> Option<String> {
+    let mut s = String::new();
+    for (set, elements) in &add.elements {
+        element_lines(&mut s, "add", set, elements);
+    }
+    for (egress, map) in [(true, &add.egress), (false, &add.ingress)] {
+        for (ifname, chain) in map {
+            let _ = writeln!(
+                s,
+                "add element inet {TABLE} {} {{ \"{ifname}\" : jump {chain} }}",
+                map_name(egress)
+            );
+        }
+    }
+    (!s.is_empty()).then_some(s)
+}
+
 fn ip(v: &Value) -> Option<IpAddr> {
     v.as_str()?.parse().ok()
 }

@@ -390,7 +390,12 @@ impl Planner<'_> {
     }
 
     /// Adds sets of ranges (their elements follow from the policy alone); the matches.
-    fn net_sets(&mut self, dir: Direction, prefix: &str, nets: [Vec<(IpAddr, IpAddr)>; 2]) -> Vec<(String, Option<bool>)> {
+    fn net_sets(
+        &mut self,
+        dir: Direction,
+        prefix: &str,
+        nets: [Vec<(IpAddr, IpAddr)>; 2],
+    ) -> Vec<(String, Option<bool>)> {
         let mut out = Vec::new();
         for (v6, ranges) in nets.into_iter().enumerate() {
             if ranges.is_empty() {
@@ -413,7 +418,13 @@ impl Planner<'_> {
 
     /// The address matches of a NetworkPolicy rule's peers, each with the family it
     /// binds (`None`: every family); `[("", None)]` when the rule takes every peer.
-    fn peers(&mut self, policy: &std::sync::Arc<Policy>, ri: usize, dir: Direction, prefix: &str) -> Vec<(String, Option<bool>)> {
+    fn peers(
+        &mut self,
+        policy: &std::sync::Arc<Policy>,
+        ri: usize,
+        dir: Direction,
+        prefix: &str,
+    ) -> Vec<(String, Option<bool>)> {
         let Some(peers) = policy.rules(dir).and_then(|r| r.get(ri)).and_then(|r| r.peers.clone()) else {
             return vec![(String::new(), None)];
         };
@@ -445,7 +456,13 @@ impl Planner<'_> {
     /// The address matches of a ClusterNetworkPolicy rule's peers; `[("", None)]` when
     /// a peer weft cannot evaluate makes a Deny or Pass rule match everything (fail
     /// closed); none when nothing can match.
-    fn cluster_peers(&mut self, cnp: &std::sync::Arc<ClusterPolicy>, ri: usize, dir: Direction, prefix: &str) -> Vec<(String, Option<bool>)> {
+    fn cluster_peers(
+        &mut self,
+        cnp: &std::sync::Arc<ClusterPolicy>,
+        ri: usize,
+        dir: Direction,
+        prefix: &str,
+    ) -> Vec<(String, Option<bool>)> {
         let rule = &cnp.rules(dir)[ri];
         if rule.action != CnpAction::Accept && rule.peers.iter().any(|p| matches!(p, ClusterPeer::FailClosed(_))) {
             return vec![(String::new(), None)];
@@ -487,7 +504,13 @@ impl Planner<'_> {
 
     /// The port matches of a rule, each with the family it binds; `[("", None)]` when
     /// the rule takes every port. Named ports resolve on the destination pod.
-    fn ports(&mut self, ports: Option<&Vec<PortMatch>>, subject: &Subject, dir: Direction, prefix: &str) -> Vec<(String, Option<bool>)> {
+    fn ports(
+        &mut self,
+        ports: Option<&Vec<PortMatch>>,
+        subject: &Subject,
+        dir: Direction,
+        prefix: &str,
+    ) -> Vec<(String, Option<bool>)> {
         let Some(ports) = ports else {
             return vec![(String::new(), None)];
         };
@@ -640,7 +663,8 @@ impl Planner<'_> {
     fn entry(&mut self, pod: &PolicyPod, dir: Direction) -> Option<String> {
         let view = self.view;
         let admin: Vec<&std::sync::Arc<ClusterPolicy>> = view.cluster_selecting(pod, dir, CnpTier::Admin).collect();
-        let baseline: Vec<&std::sync::Arc<ClusterPolicy>> = view.cluster_selecting(pod, dir, CnpTier::Baseline).collect();
+        let baseline: Vec<&std::sync::Arc<ClusterPolicy>> =
+            view.cluster_selecting(pod, dir, CnpTier::Baseline).collect();
         let isolating: Vec<&std::sync::Arc<Policy>> = view.isolating(pod, dir).collect();
         // NetworkPolicy decides for the pods it isolates; the Baseline tier only for
         // the others.
@@ -760,7 +784,9 @@ pub fn addition(view: &ClusterView, d: &Desired, pod: &PolicyPod, host_ifname: O
             }
         }
         // Every chain and set the pod's entries need must be there already.
-        if names.d.chains.keys().any(|c| !d.chains.contains_key(c)) || names.d.sets.keys().any(|s| !d.sets.contains_key(s)) {
+        if names.d.chains.keys().any(|c| !d.chains.contains_key(c))
+            || names.d.sets.keys().any(|s| !d.sets.contains_key(s))
+        {
             return None;
         }
     }

@@ -194,6 +194,11 @@ async fn passes_apply_differences_and_resyncs_repair_drift() {
     // Its ADD is committed: the store lists it, and nothing changes.
     pods.lock().unwrap().push(local("b", "10.0.0.2"));
     assert_eq!(e.pass(false).await.unwrap().script, None);
+    // The next ADD is added to the plan alone (nothing it was planned from moved).
+    let out = e.pass_with(Some(&local("c", "10.0.0.3")), false).await.unwrap();
+    assert!(out.incremental, "{out:?}");
+    pods.lock().unwrap().push(local("c", "10.0.0.3"));
+    assert_eq!(e.pass(false).await.unwrap().script, None, "the full plan agrees");
     // The kernel read back differs from the plan (a map element deleted): repaired.
     let mut holds = Observed::after(&{
         let v = e.view(None).await.unwrap().unwrap();

@@ -213,3 +213,181 @@ fn block_ranges_cut_out_every_except() {
         ["fd00::-fd00::", "fd00::2-fd00::3"]
     );
 }
+
+mod additions {
+    //! A pod's addition computed alone is what a full plan with the pod adds: for
+    //! random clusters, policies and tiers, whether the pod is this node's or another's.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    fn labels_of(pick: u8) -> Vec<(&'static str, &'static str)> {
+        let all = [("app", "web"), ("app", "db"), ("role", "client"), ("tier", "front")];
+        all.iter()
+            .enumerate()
+            .filter(|(i, _)| pick & (1 << i) != 0)
+            .map(|(_, l)| *l)
+            .collect()
+    }
+
+    fn selector(pick: u8) -> Value {
+        match pick % 5 {
+            0 => json!({}),
+            1 => json!({"matchLabels": {"app": "web"}}),
+            2 => json!({"matchExpressions": [{"key": "role", "operator": "Exists"}]}),
+            3 => json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["db"]}]}),
+            _ => json!({"matchLabels": {"tier": "front"}}),
+        }
+    }
+
+    fn peer(pick: u8) -> Value {
+        match pick % 4 {
+            0 => json!({"podSelector": selector(pick / 4)}),
+            1 => json!({"namespaceSelector": {"matchLabels": {"ns": if pick & 8 == 0 { "x" } else { "y" }}}}),
+            2 => json!({"namespaceSelector": {}, "podSelector": selector(pick / 4)}),
+            _ => json!({"ipBlock": {"cidr": "10.244.0.0/16", "except": ["10.244.2.0/24"]}}),
+        }
+    }
+
+    fn ports(pick: u8) -> Value {
+        match pick % 4 {
+            0 => json!([]),
+            1 => json!([{"port": 80}]),
+            2 => json!([{"port": "http"}]),
+            _ => json!([{"protocol": "UDP", "port": 1000, "endPort": 2000}, {"port": "http"}]),
+        }
+    }
+
+    fn policy_spec(sel: u8, kind: u8, p: u8, q: u8) -> Value {
+        let rule = json!({"from": [peer(p)], "ports": ports(q)});
+        let egress = json!({"to": [peer(p)], "ports": ports(q)});
+        match kind % 3 {
+            0 => json!({"podSelector": selector(sel), "ingress": [rule]}),
+            1 => json!({"podSelector": selector(sel), "policyTypes": ["Egress"], "egress": [egress]}),
+            _ => {
+                json!({"podSelector": selector(sel), "policyTypes": ["Ingress", "Egress"], "ingress": [rule], "egress": [egress]})
+            }
+        }
+    }
+
+    fn cnp_spec(tier: u8, action: u8, sel: u8, p: u8, q: u8) -> Value {
+        let action = ["Accept", "Deny", "Pass"][usize::from(action % 3)];
+        let peer = match p % 2 {
+            0 => json!({"namespaces": {"matchLabels": {"ns": "y"}}}),
+            _ => json!({"pods": {"namespaceSelector": {}, "podSelector": selector(p / 2)}}),
+        };
+        let m = match q % 3 {
+            0 => json!([]),
+            1 => json!([{"tcp": [{"port": {"number": 80}}]}]),
+            _ => json!([{"namedPort": "http"}]),
+        };
+        json!({"tier": if tier.is_multiple_of(2) { "Admin" } else { "Baseline" }, "priority": i32::from(sel % 4),
+               "subject": {"pods": {"namespaceSelector": {}, "podSelector": selector(sel)}},
+               "ingress": [{"action": action, "from": [peer.clone()], "match": m}],
+               "egress": [{"action": action, "to": [peer], "match": m}]})
+    }
+
+    #[derive(Debug, Clone)]
+    struct Case {
+        pods: Vec<(u8, u8, bool)>,
+        policies: Vec<(u8, u8, u8, u8, u8)>,
+        cnps: Vec<(u8, u8, u8, u8, u8)>,
+        new_pod: (u8, u8, bool),
+    }
+
+    fn case() -> impl Strategy<Value = Case> {
+        (
+            proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 1..6),
+            proptest::collection::vec((any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()), 0..4),
+            proptest::collection::vec((any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()), 0..3),
+            (any::<u8>(), any::<u8>(), any::<bool>()),
+        )
+            .prop_map(|(pods, policies, cnps, new_pod)| Case {
+                pods,
+                policies,
+                cnps,
+                new_pod,
+            })
+    }
+
+    /// The pod of index `i`: namespace, labels, whether it runs on this node.
+    fn make_pod(i: usize, (ns, labels, here): (u8, u8, bool)) -> (Arc<PolicyPod>, bool) {
+        let ns = if ns % 2 == 0 { "x" } else { "y" };
+        let ips = if i.is_multiple_of(3) {
+            format!("10.244.1.{},fd00::{:x}", 10 + i, 10 + i)
+        } else {
+            format!("10.244.{}.{}", 1 + i % 2, 10 + i)
+        };
+        let mut p = (*pod(
+            ns,
+            &format!("p{i}"),
+            &ips,
+            if here { "n1" } else { "n2" },
+            &labels_of(labels),
+        ))
+        .clone();
+        if labels & 0x10 != 0 {
+            p.ports.clear();
+        }
+        (Arc::new(p), here)
+    }
+
+    fn build(c: &Case, with_new: bool) -> (ClusterView, Arc<PolicyPod>, bool) {
+        let mut w = World::new();
+        w.objects.pods.clear();
+        w.local.clear();
+        let mut pods: Vec<(Arc<PolicyPod>, bool)> = c.pods.iter().enumerate().map(|(i, p)| make_pod(i, *p)).collect();
+        let new = make_pod(50, c.new_pod);
+        if with_new {
+            pods.push(new.clone());
+        }
+        for (p, here) in &pods {
+            w.objects.pods.push(p.clone());
+            if *here {
+                w.local.push(local(p, &format!("weft-{}", p.name)));
+            }
+        }
+        for (i, (sel, kind, p, q, ns)) in c.policies.iter().enumerate() {
+            let ns = if ns % 2 == 0 { "x" } else { "y" };
+            w.objects
+                .policies
+                .push(np(ns, &format!("np{i}"), policy_spec(*sel, *kind, *p, *q)));
+        }
+        for (i, (tier, action, sel, p, q)) in c.cnps.iter().enumerate() {
+            w.objects.cluster_policies.push(Arc::new(
+                serde_json::from_value(json!({"apiVersion": "policy.networking.k8s.io/v1alpha2",
+                    "kind": "ClusterNetworkPolicy", "metadata": {"name": format!("c{i}")},
+                    "spec": cnp_spec(*tier, *action, *sel, *p, *q)}))
+                .unwrap(),
+            ));
+        }
+        let v = ClusterView::new(&w.objects, "n1", &w.local, HashMap::new());
+        assert!(v.errors.is_empty(), "{:?}", v.errors);
+        (v, new.0, new.1)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn an_addition_is_what_a_full_plan_adds(c in case()) {
+            let (before, _, _) = build(&c, false);
+            let (after, new, here) = build(&c, true);
+            let mut d = plan(&before);
+            let full = plan(&after);
+            let ifname = format!("weft-{}", new.name);
+            let pod = after.pod(&new.namespace, &new.name).unwrap();
+            match addition(&after, &d, &pod, here.then_some(ifname.as_str())) {
+                Some(add) => {
+                    add.apply_to(&mut d);
+                    prop_assert_eq!(&d.sets, &full.sets);
+                    prop_assert_eq!(&d.egress, &full.egress);
+                    prop_assert_eq!(&d.ingress, &full.ingress);
+                    prop_assert_eq!(&d.chains, &full.chains);
+                }
+                // Only a new combination of policies may need a full plan.
+                None => prop_assert!(here, "a pod of another node always adds elements only"),
+            }
+        }
+    }
+}
