@@ -23,6 +23,7 @@ mod netlink;
 mod netns;
 pub mod nflog;
 pub mod nft;
+pub mod nftset;
 pub mod packet;
 pub mod ptp;
 mod routing;

@@ -406,7 +406,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     async fn add_one(&self, state: &mut State, pod: &LocalPod) -> Result<Option<PassOutcome>, String> {
         let started = Instant::now();
         let generation = self.generation();
-        let script = {
+        let add = {
             let mut slot = self.latest.lock().expect("latest lock");
             let Some(latest) = slot.as_mut() else { return Ok(None) };
             let key = (pod.namespace.clone(), pod.name.clone());
@@ -432,13 +432,15 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             };
             add.apply_to(Arc::make_mut(&mut latest.desired));
             self.metrics.isolated(&latest.desired);
-            nft::addition_script(&add)
+            add
         };
-        if let Some(s) = script.clone() {
+        let script = nft::addition_script(&add);
+        if script.is_some() {
             let kernel = self.kernel.clone();
-            let applied = tokio::task::spawn_blocking(move || kernel.lock().expect("policy kernel lock").apply(&s))
-                .await
-                .map_err(|e| format!("policy pass panicked: {e}"))?;
+            let applied =
+                tokio::task::spawn_blocking(move || kernel.lock().expect("policy kernel lock").add_elements(&add))
+                    .await
+                    .map_err(|e| format!("policy pass panicked: {e}"))?;
             if let Err(e) = applied {
                 self.metrics.failures.inc();
                 // The plan says the pod's rules are in; the kernel does not hold them:

@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 
 use weft_kernel::KernelError;
+use weft_kernel::nftset::{self, ElementData, NFPROTO_INET, SetElement, key_addr, key_port};
 
 use crate::nft::{self, Observed};
-use crate::plan::TABLE;
+use crate::plan::{Addition, Element, TABLE};
 
 /// What network policy asks of and does to the kernel of the node's namespace.
 pub trait PolicyKernel: Send + 'static {
@@ -20,6 +21,50 @@ pub trait PolicyKernel: Send + 'static {
     fn counters(&mut self) -> Result<BTreeMap<String, u64>, KernelError> {
         Ok(self.observe()?.counters)
     }
+    /// Adds one pod's elements (an ADD's fast path): the same as applying
+    /// [`nft::addition_script`], which is what this does unless the kernel has a
+    /// quicker way.
+    fn add_elements(&mut self, add: &Addition) -> Result<(), KernelError> {
+        match nft::addition_script(add) {
+            Some(s) => self.apply(&s),
+            None => Ok(()),
+        }
+    }
+}
+
+/// An addition's elements as nfnetlink set elements.
+fn set_elements(add: &Addition) -> Vec<SetElement> {
+    let mut out = Vec::new();
+    for (set, elements) in &add.elements {
+        for e in elements {
+            let key = match e {
+                Element::Addr(ip) => key_addr(*ip),
+                Element::AddrPort(ip, proto, port) => {
+                    let mut k = key_addr(*ip);
+                    k.extend(nftset::key_proto(proto.number()));
+                    k.extend(key_port(*port));
+                    k
+                }
+                // Ranges are the policies' own, never a pod's.
+                Element::Range(..) => continue,
+            };
+            out.push(SetElement {
+                set: set.clone(),
+                key,
+                data: None,
+            });
+        }
+    }
+    for (map, entries) in [("egress_pods", &add.egress), ("ingress_pods", &add.ingress)] {
+        for (ifname, chain) in entries {
+            out.push(SetElement {
+                set: map.to_string(),
+                key: nftset::key_ifname(ifname),
+                data: Some(ElementData::Jump(chain.clone())),
+            });
+        }
+    }
+    out
 }
 
 /// [`PolicyKernel`] through `nft` (package nftables), in the namespace of the calling
@@ -42,6 +87,12 @@ impl PolicyKernel for NftKernel {
         weft_kernel::nft::run(&["-f", "-"], Some(script))
             .map(|_| ())
             .map_err(|e| KernelError::os("writing the policy table", std::io::Error::other(e)))
+    }
+
+    fn add_elements(&mut self, add: &Addition) -> Result<(), KernelError> {
+        // One nfnetlink batch: no nft process on an ADD's path.
+        nftset::transact(TABLE, NFPROTO_INET, &set_elements(add), true)
+            .map_err(|e| KernelError::os("adding a pod's elements to the policy table", e))
     }
 
     fn counters(&mut self) -> Result<BTreeMap<String, u64>, KernelError> {

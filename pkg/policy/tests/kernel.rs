@@ -283,6 +283,27 @@ fn the_kernel_blocks_exactly_what_the_evaluator_says() {
     assert_eq!(read, want, "the kernel reads back as the plan");
     assert_matches_verdicts(&hosts, &v2, "after the repairs");
 
+    // A new pod of this node, added alone over nfnetlink (an ADD's fast path): the
+    // kernel then holds what a full plan with it holds, and it is policed.
+    // It is labelled `pod=a`, so it joins the group of a and b: no chain to build.
+    let mut hosts = hosts;
+    hosts.push(host(&node, 4, "10.9.0.14", "10.9.0.1", Some(("x", "d"))));
+    labels.insert("d".to_string(), "a".to_string());
+    let o3 = objects(&hosts, &labels, policies.clone());
+    let v3 = view(&hosts, &o3);
+    let before = plan(&v2);
+    let d_pod = v3.pod("x", "d").unwrap();
+    let add = weft_policy::plan::addition(&v3, &before, &d_pod, Some(&hosts[4].host_ifname)).expect("elements only");
+    assert!(!add.ingress.is_empty(), "x/d is isolated by x/deny");
+    node.run(|| NftKernel.add_elements(&add)).unwrap();
+    let mut want = Observed::after(&plan(&v3));
+    let read = node.run(|| NftKernel.observe().unwrap());
+    want.counters = read.counters.clone();
+    assert_eq!(read, want, "the kernel holds the full plan with x/d");
+    let servers_d = serve(&hosts[4], stop.clone());
+    assert_matches_verdicts(&hosts, &v3, "with the pod added alone");
+    let v2 = v3;
+
     // A denied connection's first packet comes back through NFLOG with its group's
     // name: what names the pods and policies of a deny event.
     let mut log = node.run(|| weft_kernel::nflog::NflogSocket::bind(weft_policy::plan::LOG_GROUP, 128).unwrap());
@@ -310,7 +331,7 @@ fn the_kernel_blocks_exactly_what_the_evaluator_says() {
     );
 
     stop.store(true, Ordering::Relaxed);
-    for s in servers {
+    for s in servers.into_iter().chain(servers_d) {
         s.join().unwrap();
     }
 }
