@@ -4,7 +4,7 @@
 //! and connections between them pass exactly as the policies say, from the moment
 //! each ADD answers. Then what an operator sees: `weftctl policy explain`, `weftctl
 //! policy denies`, the verdict metric, `weftctl status`; a policy change within a
-//! second; a restart that keeps the table (never open); drift repaired.
+//! second; a restart that keeps the table (never open); drift repaired; audit mode.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -308,4 +308,31 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
             "weft_policy_changes_total{kind=\"repair\"}"
         ) >= 1.0
     );
+
+    // Audit mode: x's denies are forwarded, logged and counted as audits.
+    let mut audited = namespace("x");
+    audited["metadata"]["annotations"] = json!({"weft.dev/policy-mode": "audit"});
+    write(dir.path(), "namespaces.yaml", &[audited]);
+    eventually("audit mode did not take", Duration::from_secs(3), || {
+        reaches_within(&nb, &a, Duration::from_millis(100))
+    });
+    eventually("the audited flow was not reported", Duration::from_secs(5), || {
+        String::from_utf8_lossy(&weftctl(&d, &["--json", "policy", "denies"]).stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|v| v["action"] == "audit" && v["src"] == "x/b" && v["dst"] == "x/a")
+    });
+    let ex: Value =
+        serde_json::from_slice(&weftctl(&d, &["--json", "policy", "explain", "x/b", "x/a", "80"]).stdout).unwrap();
+    assert_eq!(
+        (ex["allowed"].as_bool(), ex["passes"].as_bool()),
+        (Some(false), Some(true)),
+        "{ex}"
+    );
+    eventually("the audit verdict was not counted", Duration::from_secs(5), || {
+        weft_tests::series_value(
+            &d.http_get("/metrics", "text/plain"),
+            "weft_policy_verdicts_total{direction=\"ingress\",action=\"audit\",namespace=\"x\",policy=\"deny\"}",
+        ) >= 1.0
+    });
 }

@@ -112,7 +112,9 @@ pub const KEPT: usize = 1024;
 /// The recent denies, rate-limited per flow.
 pub struct DenyLog {
     recent: Mutex<VecDeque<DenyEvent>>,
-    last: Mutex<HashMap<(Flow, Direction), Instant>>,
+    /// When each flow was last reported, by flow, direction and whether it was audited
+    /// (a flow denied, then audited once the namespace changed mode, is news).
+    last: Mutex<HashMap<(Flow, Direction, bool), Instant>>,
     tx: broadcast::Sender<DenyEvent>,
 }
 
@@ -132,7 +134,7 @@ impl DenyLog {
         let now = Instant::now();
         {
             let mut last = self.last.lock().expect("deny log lock");
-            let key = (ev.flow, ev.direction);
+            let key = (ev.flow, ev.direction, ev.audit);
             if last.get(&key).is_some_and(|t| now.duration_since(*t) < PER_FLOW) {
                 return false;
             }
