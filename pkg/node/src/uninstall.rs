@@ -5,7 +5,7 @@
 //!
 //! It refuses while a weftd holds the state directory, and while pods are attached
 //! (they would lose their networking) unless forced. Then it removes weft's nftables
-//! tables, its routes (protocols 74 and 75: pod routes, routes to other nodes' pods,
+//! tables (host ports, masquerade, network policy), its routes (protocols 74 and 75: pod routes, routes to other nodes' pods,
 //! the unreachable routes of the node's ranges), its VXLAN device, puts every sysctl
 //! weft changed back to the value it found (IP forwarding, `route_localnet`), and
 //! removes its state directory, socket and DEL spool.
@@ -82,7 +82,7 @@ pub enum UninstallError {
 }
 
 /// The nftables tables (family `inet`) weft owns.
-pub const TABLES: [&str; 2] = [weft_portmap::TABLE, weft_nodenet::masq::TABLE];
+pub const TABLES: [&str; 3] = [weft_portmap::TABLE, weft_nodenet::masq::TABLE, weft_policy::plan::TABLE];
 
 /// Uninstalls weft from this node's namespace (the caller's). Blocking.
 pub async fn uninstall(cfg: &UninstallConfig) -> Result<Uninstalled, UninstallError> {
