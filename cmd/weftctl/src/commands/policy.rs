@@ -1,7 +1,9 @@
 //! `weftctl policy`: why a connection is allowed or denied (`explain`), and the flows
-//! network policy denied (`denies`).
+//! network policy denied (`denies`), asked of the daemon at `--socket` or, with `--lab
+//! FILE`, of a lab's daemons (any node explains the whole cluster; each node reports
+//! the flows it denied).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 use serde::Serialize;
@@ -22,6 +24,9 @@ pub enum PolicyAction {
         dst: String,
         /// The destination port and protocol, as 80/tcp (tcp when left out).
         port: String,
+        /// Ask a lab's daemon (`weftctl lab`) instead of the one at `--socket`.
+        #[arg(long)]
+        lab: Option<PathBuf>,
     },
     /// The flows this node's policies denied (and, in audit mode, would have), newest
     /// last: source, destination, port, direction and the policies that isolate.
@@ -32,7 +37,22 @@ pub enum PolicyAction {
         /// How many of the recent ones (0: all the daemon keeps).
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Ask every node of a lab (`weftctl lab`) instead of the daemon at `--socket`
+        /// (with --follow: the first node only).
+        #[arg(long)]
+        lab: Option<PathBuf>,
     },
+}
+
+/// The sockets to ask: the lab's nodes', or `socket`.
+fn sockets(socket: &Path, lab: Option<&Path>) -> anyhow::Result<Vec<PathBuf>> {
+    match lab {
+        None => Ok(vec![socket.to_path_buf()]),
+        Some(file) => {
+            let lab = weft_lab::Lab::load(file).map_err(|e| anyhow::anyhow!("loading lab {}: {e}", file.display()))?;
+            Ok(lab.spec.nodes.iter().map(|n| lab.socket(&n.name)).collect())
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -135,9 +155,10 @@ fn chrono_like(ms: i64) -> String {
 
 /// Runs a policy action against the daemon at `socket`.
 pub async fn run(action: PolicyAction, socket: &Path, json: bool) -> anyhow::Result<()> {
-    let mut client = AdminClient::new(super::connect(socket).await?);
     match action {
-        PolicyAction::Explain { src, dst, port } => {
+        PolicyAction::Explain { src, dst, port, lab } => {
+            let socket = sockets(socket, lab.as_deref())?.remove(0);
+            let mut client = AdminClient::new(super::connect(&socket).await?);
             let (port, protocol) = port_spec(&port)?;
             let r = client
                 .policy_explain(PolicyExplainRequest {
@@ -176,27 +197,48 @@ pub async fn run(action: PolicyAction, socket: &Path, json: bool) -> anyhow::Res
             println!("  {}", describe(&format!("ingress of {}", r.dst), &ingress));
             Ok(())
         }
-        PolicyAction::Denies { follow, limit } => {
-            let mut stream = client
-                .policy_denies(PolicyDeniesRequest { limit, follow })
-                .await
-                .map_err(|s| anyhow::anyhow!("{}", s.message()))?
-                .into_inner();
-            while let Some(d) = stream.message().await? {
-                if json {
-                    let v = serde_json::json!({
-                        "at_unix_ms": d.at_unix_ms, "action": if d.audit { "audit" } else { "deny" },
-                        "direction": d.direction, "src": d.src, "dst": d.dst, "src_ip": d.src_ip,
-                        "dst_ip": d.dst_ip, "protocol": d.protocol, "port": d.port, "policies": d.policies,
-                    });
-                    println!("{v}");
-                } else {
-                    print_deny(&d);
+        PolicyAction::Denies { follow, limit, lab } => {
+            let all = sockets(socket, lab.as_deref())?;
+            let asked = if follow { &all[..1] } else { &all[..] };
+            let mut denies = Vec::new();
+            for socket in asked {
+                let mut client = AdminClient::new(super::connect(socket).await?);
+                let mut stream = client
+                    .policy_denies(PolicyDeniesRequest { limit, follow })
+                    .await
+                    .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+                    .into_inner();
+                if follow {
+                    while let Some(d) = stream.message().await? {
+                        show_deny(&d, json);
+                    }
+                    return Ok(());
                 }
+                while let Some(d) = stream.message().await? {
+                    denies.push(d);
+                }
+            }
+            denies.sort_by_key(|d| d.at_unix_ms);
+            for d in &denies {
+                show_deny(d, json);
             }
             Ok(())
         }
     }
+}
+
+/// One denied flow, as a line of text or of JSON.
+fn show_deny(d: &PolicyDeny, json: bool) {
+    if !json {
+        print_deny(d);
+        return;
+    }
+    let v = serde_json::json!({
+        "at_unix_ms": d.at_unix_ms, "action": if d.audit { "audit" } else { "deny" },
+        "direction": d.direction, "src": d.src, "dst": d.dst, "src_ip": d.src_ip,
+        "dst_ip": d.dst_ip, "protocol": d.protocol, "port": d.port, "policies": d.policies,
+    });
+    println!("{v}");
 }
 
 #[cfg(test)]
