@@ -20,9 +20,8 @@
 //! pod's traffic to itself is always reachable (it never leaves the pod); upstream
 //! ignores those cells.
 //!
-//! ClusterNetworkPolicy: `lab apply` takes NetworkPolicy objects only (checked below),
-//! so the test writes ClusterNetworkPolicy objects into the lab's topology directory,
-//! which every node's weftd reads, as the API server would serve them.
+//! ClusterNetworkPolicy objects go through `lab apply` and `lab delete` as
+//! NetworkPolicies do (cluster-scoped: `clusternetworkpolicy NAME`).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -237,8 +236,6 @@ struct PolicyLab {
     dir: TempDir,
     /// NetworkPolicies in force (`ns/name`), from what `lab apply` reported.
     policies: BTreeSet<String>,
-    /// ClusterNetworkPolicy files written into the topology directory.
-    cnps: BTreeSet<PathBuf>,
     /// Labels the case set: (`pod` or `namespace`, its name, the key).
     labels: BTreeSet<(String, String, String)>,
     case: String,
@@ -270,7 +267,6 @@ impl PolicyLab {
             lab_dir,
             dir,
             policies: BTreeSet::new(),
-            cnps: BTreeSet::new(),
             labels: BTreeSet::new(),
             case: "lab up".into(),
             changed: Instant::now(),
@@ -308,7 +304,7 @@ impl PolicyLab {
     /// Starts a case (upstream's name): the lab has no policy now.
     fn begin(&mut self, case: &str) {
         assert!(
-            self.policies.is_empty() && self.cnps.is_empty() && self.labels.is_empty(),
+            self.policies.is_empty() && self.labels.is_empty(),
             "{}: not cleaned up before {case}",
             self.case
         );
@@ -376,6 +372,9 @@ impl PolicyLab {
                 ["networkpolicy", key, "created" | "configured" | "unchanged"] => {
                     self.policies.insert(key.to_string());
                 }
+                ["clusternetworkpolicy", name, "created" | "configured" | "unchanged"] => {
+                    self.policies.insert(format!("clusternetworkpolicy/{name}"));
+                }
                 _ => panic!("{}: lab apply printed {line:?}", self.case),
             }
         }
@@ -409,17 +408,10 @@ impl PolicyLab {
         self.changed = Instant::now();
     }
 
-    /// Writes a fixture's ClusterNetworkPolicies into the topology directory (through a
-    /// rename, as the lab writes its objects), as `cnp-<file>.yaml`; a fixture of the
-    /// same file name replaces it.
-    fn put_cnp(&mut self, file: &str, f: Fixture) {
-        let dir = self.lab.0.topology_dir();
-        let tmp = dir.join(format!(".cnp-{file}.yaml.tmp"));
-        let path = dir.join(format!("cnp-{file}.yaml"));
-        std::fs::write(&tmp, self.render(f)).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-        self.cnps.insert(path);
-        self.changed = Instant::now();
+    /// `lab apply` of a fixture's ClusterNetworkPolicies; one of the same name replaces
+    /// the one before (`configured`). `_file` names the slot, as the fixtures pair up.
+    fn put_cnp(&mut self, _file: &str, f: Fixture) {
+        self.apply(f);
     }
 
     /// Each node's `weftctl status` policy counts: NetworkPolicies, isolated pods
@@ -590,20 +582,19 @@ impl PolicyLab {
             let text: String = self
                 .policies
                 .iter()
-                .map(|key| {
-                    let (ns, name) = key.split_once('/').unwrap();
-                    format!(
+                .map(|key| match key.split_once('/').unwrap() {
+                    ("clusternetworkpolicy", name) => format!(
+                        "---\napiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {{name: {name}}}\n"
+                    ),
+                    (ns, name) => format!(
                         "---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {name}, namespace: {ns}}}\n"
-                    )
+                    ),
                 })
                 .collect();
             let path = self.write("delete.yaml", &text);
             let out = self.weftctl_ok(&["lab", "delete", &self.file, &path]);
             assert_eq!(out.lines().count(), self.policies.len(), "{}: {out}", self.case);
             self.policies.clear();
-        }
-        for path in std::mem::take(&mut self.cnps) {
-            std::fs::remove_file(&path).unwrap();
         }
         for (kind, name, key) in std::mem::take(&mut self.labels) {
             self.weftctl_ok(&["lab", "label", &self.file, &kind, &name, &format!("{key}-")]);
@@ -1214,17 +1205,6 @@ fn cluster_network_policy_tiers() {
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut t = PolicyLab::up("np5");
-
-    // The gap: `lab apply` takes NetworkPolicy objects only, so the objects go into the
-    // topology directory, where weftd reads them.
-    let cnp = t.dir.path().join("cnp.yaml");
-    std::fs::write(&cnp, fixture!("cnp-admin-deny-y").text).unwrap();
-    let out = t.weftctl(&["lab", "apply", &t.file, &cnp.display().to_string()]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("NetworkPolicy objects only"),
-        "lab apply of a ClusterNetworkPolicy: {err}"
-    );
 
     t.begin("Admin Deny overrides a NetworkPolicy allow");
     t.apply(fixture!("allow-all-ingress-x"));

@@ -177,8 +177,32 @@ pub(crate) fn check_namespaces(namespaces: &[NamespaceSpec]) -> Result<(), Strin
     Ok(())
 }
 
-/// `<namespace>/<name>` of an object.
+/// A policy's key as `lab apply` says it: `networkpolicy x/deny`,
+/// `clusternetworkpolicy admin`.
+fn shown(key: &str) -> String {
+    match key.strip_prefix("clusternetworkpolicy/") {
+        Some(name) => format!("clusternetworkpolicy {name}"),
+        None => format!("networkpolicy {key}"),
+    }
+}
+
+/// The kind of a cluster-wide policy the lab takes beside NetworkPolicy.
+const CNP_KIND: &str = "ClusterNetworkPolicy";
+const CNP_API_VERSION: &str = "policy.networking.k8s.io/v1alpha2";
+
+/// Whether an object is a ClusterNetworkPolicy (cluster-scoped).
+fn is_cluster_policy(v: &Value) -> bool {
+    v.get("kind").and_then(Value::as_str) == Some(CNP_KIND)
+}
+
+/// `<namespace>/<name>` of an object, `clusternetworkpolicy/<name>` of a
+/// ClusterNetworkPolicy (cluster-scoped: no namespace, and never one a NetworkPolicy
+/// could be mistaken for).
 pub(crate) fn object_key(v: &Value) -> String {
+    if is_cluster_policy(v) {
+        let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        return format!("clusternetworkpolicy/{name}");
+    }
     let ns = v
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
@@ -221,8 +245,23 @@ pub(crate) fn read_policies(v: Value, what: &str) -> Result<Vec<Value>, String> 
         "NetworkPolicy" => Err(format!(
             "{what}: NetworkPolicy {name}: apiVersion {api_version:?} is not networking.k8s.io/v1"
         )),
+        CNP_KIND if api_version == CNP_API_VERSION => {
+            if !dns_subdomain(name) || name.is_empty() {
+                return Err(format!(
+                    "{what}: ClusterNetworkPolicy name {name:?} is not a DNS subdomain"
+                ));
+            }
+            let mut v = v;
+            if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.remove("namespace");
+            }
+            Ok(vec![v])
+        }
+        CNP_KIND => Err(format!(
+            "{what}: ClusterNetworkPolicy {name}: apiVersion {api_version:?} is not {CNP_API_VERSION}"
+        )),
         _ => Err(format!(
-            "{what}: {} {name}: the lab takes NetworkPolicy objects only",
+            "{what}: {} {name}: the lab takes NetworkPolicy and ClusterNetworkPolicy objects only",
             if kind.is_empty() {
                 "an object without kind"
             } else {
@@ -247,6 +286,12 @@ pub(crate) fn parse_policies(text: &str, what: &str) -> Result<Vec<Value>, Strin
 /// exists, and it is one weft can enforce (what weftd would refuse, naming the field).
 pub(crate) fn check_policy(v: &Value, namespaces: &BTreeSet<String>) -> Result<(), String> {
     let key = object_key(v);
+    if is_cluster_policy(v) {
+        let c: weft_topology::ClusterNetworkPolicy = serde_json::from_value(v.clone())
+            .map_err(|e| format!("ClusterNetworkPolicy {key}: not a valid ClusterNetworkPolicy: {e}"))?;
+        weft_policy::ClusterPolicy::from_k8s(&c).map_err(|e| e.to_string())?;
+        return Ok(());
+    }
     let ns = key.split('/').next().unwrap_or_default();
     if !namespaces.contains(ns) {
         return Err(format!(
@@ -591,7 +636,7 @@ impl Lab {
                 };
                 live.deleted.remove(&key);
                 live.applied.insert(key.clone(), v);
-                out.lines.push(format!("networkpolicy {key} {verb}"));
+                out.lines.push(format!("{} {verb}", shown(&key)));
             }
             self.write_policies(live)?;
             Ok(out)
@@ -613,7 +658,7 @@ impl Lab {
                 if self.policies.iter().any(|v| object_key(v) == key) {
                     live.deleted.insert(key.clone());
                 }
-                out.lines.push(format!("networkpolicy {key} deleted"));
+                out.lines.push(format!("{} deleted", shown(&key)));
             }
             self.write_policies(live)?;
             Ok(out)
@@ -759,7 +804,7 @@ mod tests {
         assert!(e.contains("namespace default is not in the lab"), "{e}");
 
         let e = parse_policies("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n", "f.yaml").unwrap_err();
-        assert!(e.contains("NetworkPolicy objects only"), "{e}");
+        assert!(e.contains("NetworkPolicy and ClusterNetworkPolicy objects only"), "{e}");
         let e = parse_policies(
             "apiVersion: extensions/v1beta1\nkind: NetworkPolicy\nmetadata: {name: c}\n",
             "f.yaml",
@@ -774,6 +819,22 @@ mod tests {
         .unwrap();
         let e = check_policy(&bad[0], &namespaces).unwrap_err();
         assert!(e.contains("ipBlock.cidr"), "{e}");
+    }
+
+    /// ClusterNetworkPolicies are cluster-scoped: keyed apart from any NetworkPolicy,
+    /// checked as weftd checks them, another apiVersion refused.
+    #[test]
+    fn cluster_network_policies_are_taken_too() {
+        let text = "apiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {name: admin, namespace: x}\nspec: {tier: Admin, priority: 1, subject: {namespaces: {}}, ingress: [{action: Deny, from: [{namespaces: {}}]}]}\n";
+        let p = parse_policies(text, "f.yaml").unwrap();
+        assert_eq!(object_key(&p[0]), "clusternetworkpolicy/admin");
+        assert!(p[0].pointer("/metadata/namespace").is_none(), "cluster-scoped");
+        assert_eq!(shown(&object_key(&p[0])), "clusternetworkpolicy admin");
+        assert!(check_policy(&p[0], &BTreeSet::new()).is_ok());
+        let bad = parse_policies(&text.replace("priority: 1", "priority: 1001"), "f.yaml").unwrap();
+        assert!(check_policy(&bad[0], &BTreeSet::new()).unwrap_err().contains("spec.priority"));
+        let e = parse_policies(&text.replace("v1alpha2", "v1alpha1"), "f.yaml").unwrap_err();
+        assert!(e.contains("is not policy.networking.k8s.io/v1alpha2"), "{e}");
     }
 
     #[test]
