@@ -251,7 +251,10 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
         assert!(weft_tests::series_value(&page, series) >= 1.0, "{what}: {page}");
     }
     let status = String::from_utf8_lossy(&weftctl(&d, &["status"]).stdout).to_string();
-    assert!(status.contains("policy       in step; 2 policies"), "{status}");
+    assert!(
+        status.contains("policy       in step; 2 policies, 0 cluster policies"),
+        "{status}"
+    );
     // Every query of the dashboard's network policy row returns data in Prometheus
     // (rates need two scrapes with the verdicts).
     prom.wait_for(

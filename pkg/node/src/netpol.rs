@@ -150,6 +150,7 @@ impl PolicyAdmin for EnginePolicyAdmin {
             invalid: s.invalid,
             isolated_ingress: s.isolated_ingress as u32,
             isolated_egress: s.isolated_egress as u32,
+            cluster_policies: s.cluster_policies as u32,
         }
     }
 

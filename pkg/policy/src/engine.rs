@@ -104,8 +104,10 @@ pub struct Status {
     pub synced: bool,
     /// Whether a watch is lost (the last state stays enforced).
     pub stale: bool,
-    /// Valid policies known.
+    /// Valid NetworkPolicies known.
     pub policies: usize,
+    /// Valid ClusterNetworkPolicies known.
+    pub cluster_policies: usize,
     /// Refused policies, each with why.
     pub invalid: Vec<String>,
     /// This node's pods isolated for ingress.
@@ -166,6 +168,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             synced: objects.synced,
             stale: objects.stale,
             policies: latest.as_ref().map_or(0, |l| l.view.policies.len()),
+            cluster_policies: latest.as_ref().map_or(0, |l| l.view.cluster_policies.len()),
             invalid: latest
                 .as_ref()
                 .map(|l| l.view.errors.iter().map(ToString::to_string).collect())

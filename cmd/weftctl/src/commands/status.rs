@@ -58,6 +58,7 @@ struct Policy {
     synced: bool,
     stale: bool,
     policies: u32,
+    cluster_policies: u32,
     invalid: Vec<String>,
     isolated_ingress: u32,
     isolated_egress: u32,
@@ -122,6 +123,7 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
             synced: p.synced,
             stale: p.stale,
             policies: p.policies,
+            cluster_policies: p.cluster_policies,
             invalid: p.invalid,
             isolated_ingress: p.isolated_ingress,
             isolated_egress: p.isolated_egress,
@@ -197,8 +199,8 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
             (true, false) => "in step",
         };
         println!(
-            "policy       {state}; {} policies, pods isolated: {} ingress, {} egress",
-            p.policies, p.isolated_ingress, p.isolated_egress
+            "policy       {state}; {} policies, {} cluster policies, pods isolated: {} ingress, {} egress",
+            p.policies, p.cluster_policies, p.isolated_ingress, p.isolated_egress
         );
         for i in &p.invalid {
             println!("  refused: {i}");
