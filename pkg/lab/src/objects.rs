@@ -832,7 +832,11 @@ mod tests {
         assert_eq!(shown(&object_key(&p[0])), "clusternetworkpolicy admin");
         assert!(check_policy(&p[0], &BTreeSet::new()).is_ok());
         let bad = parse_policies(&text.replace("priority: 1", "priority: 1001"), "f.yaml").unwrap();
-        assert!(check_policy(&bad[0], &BTreeSet::new()).unwrap_err().contains("spec.priority"));
+        assert!(
+            check_policy(&bad[0], &BTreeSet::new())
+                .unwrap_err()
+                .contains("spec.priority")
+        );
         let e = parse_policies(&text.replace("v1alpha2", "v1alpha1"), "f.yaml").unwrap_err();
         assert!(e.contains("is not policy.networking.k8s.io/v1alpha2"), "{e}");
     }
