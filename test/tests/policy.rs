@@ -4,7 +4,8 @@
 //! and connections between them pass exactly as the policies say, from the moment
 //! each ADD answers. Then what an operator sees: `weftctl policy explain`, `weftctl
 //! policy denies`, the verdict metric, `weftctl status`; a policy change within a
-//! second; a restart that keeps the table (never open); drift repaired; audit mode.
+//! second; a restart that keeps the table (never open); drift repaired; a lost source
+//! (stale, still enforced); audit mode.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -311,6 +312,30 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
             "weft_policy_changes_total{kind=\"repair\"}"
         ) >= 1.0
     );
+
+    // The source is lost (the directory weftd watches is gone, as a watch would be):
+    // the last objects stay enforced, and /readyz, the gauge and status say stale.
+    let away = dir.path().with_extension("away");
+    std::fs::rename(dir.path(), &away).unwrap();
+    let lost = eventually("the lost source was not reported stale", Duration::from_secs(10), || {
+        weft_tests::series_value(&d.http_get("/metrics", "text/plain"), "weft_policy_stale") == 1.0
+    });
+    println!("source lost, stale reported within {lost:?}");
+    assert!(
+        d.http_get("/readyz", "text/plain").contains("stale"),
+        "/readyz does not say stale"
+    );
+    let status = String::from_utf8_lossy(&weftctl(&d, &["status"]).stdout).into_owned();
+    assert!(status.contains("STALE"), "{status}");
+    assert!(
+        reaches(&nc, &a) && !reaches(&nb, &a),
+        "enforcement changed while the source was lost"
+    );
+    std::fs::rename(&away, dir.path()).unwrap();
+    eventually("the source came back but stayed stale", Duration::from_secs(10), || {
+        weft_tests::series_value(&d.http_get("/metrics", "text/plain"), "weft_policy_stale") == 0.0
+    });
+    assert!(reaches(&nc, &a) && !reaches(&nb, &a), "enforcement changed when the source came back");
 
     // Audit mode: x's denies are forwarded, logged and counted as audits.
     let mut audited = namespace("x");
