@@ -317,9 +317,11 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
     // the last objects stay enforced, and /readyz, the gauge and status say stale.
     let away = dir.path().with_extension("away");
     std::fs::rename(dir.path(), &away).unwrap();
-    let lost = eventually("the lost source was not reported stale", Duration::from_secs(10), || {
-        weft_tests::series_value(&d.http_get("/metrics", "text/plain"), "weft_policy_stale") == 1.0
-    });
+    let lost = eventually(
+        "the lost source was not reported stale",
+        Duration::from_secs(10),
+        || weft_tests::series_value(&d.http_get("/metrics", "text/plain"), "weft_policy_stale") == 1.0,
+    );
     println!("source lost, stale reported within {lost:?}");
     assert!(
         d.http_get("/readyz", "text/plain").contains("stale"),
@@ -335,7 +337,10 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
     eventually("the source came back but stayed stale", Duration::from_secs(10), || {
         weft_tests::series_value(&d.http_get("/metrics", "text/plain"), "weft_policy_stale") == 0.0
     });
-    assert!(reaches(&nc, &a) && !reaches(&nb, &a), "enforcement changed when the source came back");
+    assert!(
+        reaches(&nc, &a) && !reaches(&nb, &a),
+        "enforcement changed when the source came back"
+    );
 
     // Audit mode: x's denies are forwarded, logged and counted as audits.
     let mut audited = namespace("x");
