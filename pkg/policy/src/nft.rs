@@ -10,22 +10,31 @@ use std::net::IpAddr;
 use serde_json::Value;
 use weft_topology::PortProtocol;
 
-use crate::plan::{Desired, Element, SetKind, TABLE};
+use crate::plan::{ALLOWED_EGRESS_MARK, ALLOWED_INGRESS_MARK, Desired, Element, SetKind, TABLE};
 
-/// The base chains and maps, the same on every node.
-const BASE: &str = "  map egress_pods { type ifname : verdict; }
-  map ingress_pods { type ifname : verdict; }
-  chain egress {
+/// The base chains and maps, the same on every node. A connection whose first packet a
+/// direction allowed is accepted on its conntrack mark, before any map lookup.
+fn base() -> String {
+    format!(
+        "  map egress_pods {{ type ifname : verdict; }}
+  map ingress_pods {{ type ifname : verdict; }}
+  chain egress {{
     type filter hook forward priority -5; policy accept;
     ct state established,related accept
+    ct mark and {e:#010x} == {e:#010x} accept
     iifname vmap @egress_pods
-  }
-  chain ingress {
+  }}
+  chain ingress {{
     type filter hook forward priority -4; policy accept;
     ct state established,related accept
+    ct mark and {i:#010x} == {i:#010x} accept
     oifname vmap @ingress_pods
-  }
-";
+  }}
+",
+        e = ALLOWED_EGRESS_MARK,
+        i = ALLOWED_INGRESS_MARK
+    )
+}
 
 /// What the kernel's table holds, as far as the diff needs it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -91,7 +100,7 @@ pub fn install_script(d: &Desired) -> String {
     for name in d.chains.keys() {
         let _ = writeln!(s, "  chain {name} {{ }}");
     }
-    s.push_str(BASE);
+    s.push_str(&base());
     s.push_str("}\n");
     for (name, set) in &d.sets {
         if !set.elements.is_empty() {
@@ -352,8 +361,8 @@ pub fn parse(json: &str) -> Result<Observed, String> {
     }
     o.base_ok = !unreadable
         && maps.len() == 2
-        && base_rules.get("egress") == Some(&2)
-        && base_rules.get("ingress") == Some(&2)
+        && base_rules.get("egress") == Some(&3)
+        && base_rules.get("ingress") == Some(&3)
         && base_rules.len() == 2;
     Ok(o)
 }
@@ -467,6 +476,8 @@ mod tests {
           {"chain": {"family": "inet", "table": "weft-policy", "name": "gxe"}},
           {"rule": {"family": "inet", "table": "weft-policy", "chain": "egress", "expr": []}},
           {"rule": {"family": "inet", "table": "weft-policy", "chain": "egress", "expr": []}},
+          {"rule": {"family": "inet", "table": "weft-policy", "chain": "egress", "expr": []}},
+          {"rule": {"family": "inet", "table": "weft-policy", "chain": "ingress", "expr": []}},
           {"rule": {"family": "inet", "table": "weft-policy", "chain": "ingress", "expr": []}},
           {"rule": {"family": "inet", "table": "weft-policy", "chain": "ingress", "expr": []}},
           {"rule": {"family": "inet", "table": "weft-policy", "chain": "gxe", "expr": []}}

@@ -39,6 +39,28 @@ pub const LOG_GROUP: u16 = 21845;
 /// must not drown the log; the rest are still counted).
 pub const LOG_RATE: u32 = 20;
 
+/// The conntrack mark bit a connection carries once this node's egress policy allowed
+/// its first packet. A flow that sees no reply (a one-way UDP stream) stays `new` in
+/// conntrack, so without it every one of its packets would walk the policy chains.
+pub const ALLOWED_EGRESS_MARK: u32 = 0x0010_0000;
+
+/// The same for ingress (both decide on the same conntrack entry on one node).
+pub const ALLOWED_INGRESS_MARK: u32 = 0x0020_0000;
+
+/// The conntrack mark bit of `dir`.
+pub fn allowed_mark(dir: Direction) -> u32 {
+    match dir {
+        Direction::Egress => ALLOWED_EGRESS_MARK,
+        Direction::Ingress => ALLOWED_INGRESS_MARK,
+    }
+}
+
+/// How an allowing rule of `dir` ends: the verdict is remembered on the connection
+/// (other mark bits kept), then the packet accepted.
+fn allow(dir: Direction) -> String {
+    format!("ct mark set ct mark or {:#010x} accept", allowed_mark(dir))
+}
+
 /// What a set holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SetKind {
@@ -559,7 +581,7 @@ impl Planner<'_> {
             let peers = self.peers(policy, ri, dir, &prefix);
             let ports = self.ports(rule.ports.as_ref(), &subject, dir, &prefix);
             for m in combine(&peers, &ports) {
-                text.push(format!("{m}counter name \"{counter}\" accept"));
+                text.push(format!("{m}counter name \"{counter}\" {}", allow(dir)));
             }
         }
         self.d.chains.insert(chain.clone(), text);
@@ -589,7 +611,13 @@ impl Planner<'_> {
             let counter = format!("d{}", &name[1..]);
             self.d.counters.insert(counter.clone());
             let mut rules: Vec<String> = jumps.iter().map(|j| format!("jump {j}")).collect();
-            let (word, verdict) = if audit { ("audit", "accept") } else { ("deny", "drop") };
+            // An audited flow is remembered as allowed too: it is reported and counted
+            // once, like an allowed one.
+            let (word, verdict) = if audit {
+                ("audit", allow(dir))
+            } else {
+                ("deny", "drop".to_string())
+            };
             rules.push(format!(
                 "limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {LOG_GROUP} prefix \"weft {word} {name}\""
             ));
@@ -635,7 +663,7 @@ impl Planner<'_> {
                 let ports = self.ports(rule.ports.as_ref(), &subject, dir, &prefix);
                 for m in combine(&peers, &ports) {
                     match rule.action {
-                        CnpAction::Accept => lines.push(format!("{m}counter name \"{counter}\" accept")),
+                        CnpAction::Accept => lines.push(format!("{m}counter name \"{counter}\" {}", allow(dir))),
                         CnpAction::Deny => {
                             lines.push(format!(
                                 "{m}limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {LOG_GROUP} prefix \"weft cnp {counter}\""

@@ -2,11 +2,12 @@
 //! and an address outside the cluster, each serving TCP 80 and 81; every connection
 //! between them is tried and must pass exactly when the evaluator says so. Then a label
 //! change is applied as elements only, and drift (a flushed chain, a deleted table) is
-//! repaired from what the kernel reads back.
+//! repaired from what the kernel reads back. A one-way UDP flow is decided once; the
+//! ClusterNetworkPolicy tiers.
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -413,4 +414,66 @@ fn cluster_network_policy_tiers_in_the_kernel() {
     for s in servers {
         s.join().unwrap();
     }
+}
+
+/// A flow that never sees a reply stays `new` in conntrack: its first packet is decided
+/// by the policy chains and the rest by the mark the allowing rule left on its entry,
+/// while every packet of a denied flow is decided (and counted) again.
+#[test]
+fn a_one_way_udp_flow_walks_the_policy_chains_once() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    node.run(weft_kernel::enable_forwarding).unwrap();
+    let hosts = vec![
+        host(&node, 20, "10.9.2.10", "10.9.2.1", Some(("x", "a"))),
+        host(&node, 21, "10.9.2.11", "10.9.2.1", Some(("x", "b"))),
+    ];
+    let policies = vec![np(
+        "x",
+        "a-from-b",
+        json!({"podSelector": {"matchLabels": {"pod": "a"}},
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}],
+                            "ports": [{"protocol": "UDP", "port": 5000}]}]}),
+    )];
+    let o = objects(&hosts, &HashMap::new(), policies);
+    let v = view(&hosts, &o);
+    program(&node, &v).expect("a first install");
+
+    let rx = hosts[0].ns.run(|| UdpSocket::bind(("0.0.0.0", 5000)).unwrap());
+    rx.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let tx = hosts[1].ns.run(|| UdpSocket::bind(("0.0.0.0", 0)).unwrap());
+    const PACKETS: u64 = 100;
+    for port in [5000u16, 5001] {
+        for _ in 0..PACKETS {
+            tx.send_to(b"x", (hosts[0].ip, port)).unwrap();
+        }
+    }
+    let mut received = 0;
+    let mut buf = [0u8; 16];
+    while rx.recv(&mut buf).is_ok() {
+        received += 1;
+    }
+    assert_eq!(received, PACKETS, "the allowed flow's packets all arrive");
+
+    let observed = node.run(|| NftKernel.observe()).unwrap();
+    let counted = |first: char| -> u64 {
+        observed
+            .counters
+            .iter()
+            .filter(|(name, _)| name.starts_with(first) && name.ends_with('i'))
+            .map(|(_, n)| *n)
+            .sum()
+    };
+    assert_eq!(
+        counted('a'),
+        1,
+        "the allowed flow is decided by its first packet only: {observed:?}"
+    );
+    assert_eq!(
+        counted('d'),
+        PACKETS,
+        "every packet of the denied flow is decided: {observed:?}"
+    );
 }
