@@ -181,6 +181,60 @@ fn smoke_runs_every_comparison() {
     assert_eq!(load["pods_after_del"], 0.0, "load: {load}");
     assert_eq!(load["links_left"], 0, "load: {load}");
 
+    let pol = &r["policy"];
+    let data = &pol["data"];
+    for side in ["with_policy", "without_policy"] {
+        positive(&data[side]["tcp_gbps_median"], &format!("policy data {side} TCP"));
+        positive(&data[side]["udp_fps_median"], &format!("policy data {side} frames/s"));
+    }
+    // The policy side really is policed (both pods isolated on their nodes), the other
+    // is not: otherwise the ratio compares nothing.
+    assert_eq!(
+        data["with_policy"]["isolated_pods"],
+        serde_json::json!([2.0, 2.0]),
+        "{data}"
+    );
+    assert_eq!(
+        data["without_policy"]["isolated_pods"],
+        serde_json::json!([0.0, 0.0]),
+        "{data}"
+    );
+    positive(&data["tcp_ratio"], "policy data TCP ratio");
+    positive(&data["fps_ratio"], "policy data frames/s ratio");
+    let add = &pol["add"];
+    assert_eq!(
+        add["with_policy"]["failures"].as_array().map(Vec::len),
+        Some(0),
+        "{add}"
+    );
+    assert_eq!(
+        add["without_policy"]["failures"].as_array().map(Vec::len),
+        Some(0),
+        "{add}"
+    );
+    positive(&add["p50_ratio"], "policy ADD p50 ratio");
+    // Every ADD of the policy side found policy to place (the fast path or a full pass;
+    // `paths` counts nothing, fast, full).
+    let paths = &add["with_policy"]["paths"];
+    let placed = paths[1].as_u64().unwrap() + paths[2].as_u64().unwrap();
+    assert_eq!(placed, add["pods"].as_u64().unwrap(), "policy ADD paths {paths}");
+    let conv = &pol["converge"]["runs"][0];
+    for change in conv["changes"].as_array().expect("convergence changes") {
+        // One transaction per node per change, and every node got it.
+        assert_eq!(change["transactions"], serde_json::json!([1, 1, 1]), "{change}");
+        positive(&change["all_ms"], "convergence time");
+    }
+    let point = &pol["scale"]["points"][0];
+    positive(&point["start_to_table_s"], "scale: start to table");
+    positive(&point["rss_mib"], "scale RSS");
+    assert_eq!(
+        point["table_after_restart"], point["table"],
+        "a restarted weftd programs the same table"
+    );
+    for b in point["arrival_batches"].as_array().expect("arrival batches") {
+        assert_eq!(b["elements_added"], 1, "a remote peer pod is one element: {b}");
+    }
+
     // Everything the run made is gone: its namespaces are named after its pid, and
     // its daemons run from its scratch directory.
     let prefixes = [format!("wb{pid}"), format!("wbh{pid}")];

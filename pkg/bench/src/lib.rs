@@ -17,7 +17,10 @@
 //! sets the last calls beside the first (against the target: no reference keeps node
 //! state that grows). `podnet` sets pod-to-pod traffic between nodes through weft's
 //! routing (direct and VXLAN) beside the same labs routed by hand with the kernel's
-//! own tools. `smoke` runs everything small, for CI.
+//! own tools. `policy` measures network policy against its targets: traffic with
+//! policies beside without, ADD with a cluster's policies in the cache beside without,
+//! how fast a change reaches every node, and one node's cost as the cluster grows.
+//! `smoke` runs everything small, for CI.
 
 mod exec;
 mod hostports;
@@ -25,6 +28,7 @@ mod load;
 mod memory;
 mod otlp;
 mod podnet;
+mod policy;
 mod smoke;
 mod stats;
 mod udp;
@@ -44,6 +48,12 @@ pub use load::{
 };
 pub use memory::{MEMORY_TARGET_MIB, MemoryOptions, MemoryReport, MemoryState, run_memory};
 pub use podnet::{POD_NETWORK_TARGET_RATIO, PodMode, PodModeRatio, PodNetReport, PodPath, PodPathResult, run_podnet};
+pub use policy::{
+    ADD_TARGET_RATIO, AddPath, AddReport, AddSample, AddSide, BatchCounts, CONVERGE_TARGET_MS, Change, ChangeKind,
+    ClusterSize, ConvergeReport, ConvergeRun, DATA_PEERS, DATA_POLICIES, DATA_TARGET_RATIO, DataPathReport,
+    FIRST_POLICY_PORT, LoadAvg, POLICY_PARTS, PolicyOptions, PolicyReport, SCALE_LOCAL_PODS, SCALE_RSS_TARGET_MIB,
+    ScalePoint, ScaleReport, TableSize, TrafficSide, run_policy, scaled,
+};
 pub use smoke::{SmokeOptions, SmokeReport, run_smoke};
 pub use stats::{Percentiles, median};
 pub use udp::Flood;

@@ -145,7 +145,7 @@ struct Outcome {
 }
 
 /// A failed call's report, from what the plugin printed (a CNI error on stdout).
-fn failure(command: &str, call: usize, exit_code: i32, stdout: &[u8]) -> CallFailure {
+pub(crate) fn failure(command: &str, call: usize, exit_code: i32, stdout: &[u8]) -> CallFailure {
     let parsed: Option<serde_json::Value> = serde_json::from_slice(stdout).ok();
     let cni_code = parsed.as_ref().and_then(|v| v["code"].as_u64());
     let msg = match &parsed {
@@ -398,7 +398,7 @@ fn ratio(a: f64, b: f64) -> f64 {
 
 /// Creates `n` pod namespaces from a few threads (each `ip netns add` is a couple of
 /// processes and a mount; a thousand of them one by one take a while).
-fn create_pods(tag: &str, n: usize) -> Result<Vec<NamedNetns>, String> {
+pub(crate) fn create_pods(tag: &str, n: usize) -> Result<Vec<NamedNetns>, String> {
     let next = AtomicUsize::new(0);
     let mut made: Vec<(usize, Result<NamedNetns, HarnessError>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
@@ -423,7 +423,7 @@ fn create_pods(tag: &str, n: usize) -> Result<Vec<NamedNetns>, String> {
 }
 
 /// Deletes the pod namespaces from a few threads.
-fn remove_pods(pods: Vec<NamedNetns>) {
+pub(crate) fn remove_pods(pods: Vec<NamedNetns>) {
     let mut chunks: Vec<Vec<NamedNetns>> = (0..4).map(|_| Vec::new()).collect();
     for (i, p) in pods.into_iter().enumerate() {
         chunks[i % 4].push(p);

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::{
     Comparison, ExecOptions, ExecReport, HostportOptions, HostportReport, LoadOptions, LoadReport, MemoryOptions,
-    MemoryReport, Options, PodNetReport, Report, WiresReport,
+    MemoryReport, Options, PodNetReport, PolicyOptions, PolicyReport, Report, WiresReport,
 };
 
 /// Where the binaries are.
@@ -43,6 +43,8 @@ pub struct SmokeReport {
     pub load: LoadReport,
     /// Pod-to-pod traffic between nodes, weft's routing beside hand-made routing.
     pub pod_network: PodNetReport,
+    /// Network policy: traffic, ADD, convergence and scale, each tiny.
+    pub policy: PolicyReport,
 }
 
 /// Runs every comparison once, small.
@@ -105,6 +107,12 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
     })
     .map_err(|e| format!("load: {e}"))?;
     let pod_network = crate::run_podnet(&traffic).map_err(|e| format!("pod network: {e}"))?;
+    let policy = crate::run_policy(&PolicyOptions::smoke(
+        o.weft.clone(),
+        o.weftd.clone(),
+        o.work_dir.clone(),
+    ))
+    .map_err(|e| format!("policy: {e}"))?;
     Ok(SmokeReport {
         reference,
         otlp,
@@ -114,6 +122,7 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         wires,
         load,
         pod_network,
+        policy,
     })
 }
 
@@ -129,6 +138,7 @@ impl SmokeReport {
             self.wires.markdown(),
             self.load.markdown(),
             self.pod_network.markdown(),
+            self.policy.markdown(),
         ]
         .join("\n")
     }

@@ -17,7 +17,8 @@ use weft_harness::NamedNetns;
 const BATCH: usize = 64;
 /// UDP payload: the small-packet case (a 106-byte Ethernet frame).
 pub const PAYLOAD: usize = 64;
-const PORT: u16 = 9919;
+/// The port floods go to (see [`flood_to`] for another).
+pub(crate) const PORT: u16 = 9919;
 
 /// What one flood did.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -88,6 +89,28 @@ fn receive(sock: &UdpSocket, stop: &AtomicBool) -> u64 {
     got
 }
 
+/// One datagram from the sender, answered by the receiver, each way within a second
+/// (retried a few times).
+fn answer_once(sender: &UdpSocket, receiver: &UdpSocket) -> Result<(), String> {
+    let _ = sender.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut buf = [0u8; 64];
+    for _ in 0..10 {
+        sender
+            .send(b"hello")
+            .map_err(|e| format!("sending the first datagram: {e}"))?;
+        let Ok((_, from)) = receiver.recv_from(&mut buf) else {
+            continue;
+        };
+        receiver
+            .send_to(b"hello", from)
+            .map_err(|e| format!("answering the first datagram: {e}"))?;
+        if sender.recv(&mut buf).is_ok() {
+            return Ok(());
+        }
+    }
+    Err("the flow was never answered".into())
+}
+
 fn send(sock: &UdpSocket, for_: Duration) -> (u64, f64) {
     let mut payload = [0x5au8; PAYLOAD];
     let mut iov = libc::iovec {
@@ -118,12 +141,26 @@ fn send(sock: &UdpSocket, for_: Duration) -> (u64, f64) {
 /// Floods `dst` (an address in `server_ns`) from `client_ns` for `seconds`, and counts
 /// what arrives.
 pub fn flood(client_ns: &str, server_ns: &str, dst: Ipv4Addr, seconds: f64) -> Result<Flood, String> {
+    flood_to(client_ns, server_ns, dst, PORT, false, seconds)
+}
+
+/// [`flood`] to `port`; with `replied`, the flow is answered once before the flood (one
+/// datagram each way), so connection tracking holds it as established, as it does a
+/// flow whose receiver talks back, rather than new (a flow that was never answered).
+pub(crate) fn flood_to(
+    client_ns: &str,
+    server_ns: &str,
+    dst: Ipv4Addr,
+    port: u16,
+    replied: bool,
+    seconds: f64,
+) -> Result<Flood, String> {
     // Both sockets are made inside their namespaces and keep them; the threads that
     // then send and receive on them need not be there.
     let receiver = NamedNetns::existing(server_ns)
-        .within(|| UdpSocket::bind(SocketAddrV4::new(dst, PORT)))
+        .within(|| UdpSocket::bind(SocketAddrV4::new(dst, port)))
         .map_err(|e| e.to_string())?
-        .map_err(|e| format!("binding {dst}:{PORT}: {e}"))?;
+        .map_err(|e| format!("binding {dst}:{port}: {e}"))?;
     // A deep receive queue, so what the wire delivers is counted rather than lost to a
     // reader that was not scheduled; the timeout lets it see `stop`.
     let size: libc::c_int = 16 << 20;
@@ -143,8 +180,11 @@ pub fn flood(client_ns: &str, server_ns: &str, dst: Ipv4Addr, seconds: f64) -> R
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("binding the sender: {e}"))?;
     sender
-        .connect(SocketAddrV4::new(dst, PORT))
+        .connect(SocketAddrV4::new(dst, port))
         .map_err(|e| format!("connecting to {dst}: {e}"))?;
+    if replied {
+        answer_once(&sender, &receiver)?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let stop_rx = stop.clone();
     let receiving = std::thread::spawn(move || receive(&receiver, &stop_rx));

@@ -8,7 +8,8 @@ use anyhow::Context;
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// Pods attached and detached per round (default 100); with `--compare load`,
-    /// pods attached to the one node and then removed (default 1000).
+    /// pods attached to the one node and then removed (default 1000); with `--compare
+    /// policy`, ADDs per round and side (default 100).
     #[arg(long)]
     pods: Option<usize>,
     /// Concurrent workers issuing calls.
@@ -16,7 +17,8 @@ pub struct BenchArgs {
     workers: usize,
     /// Rounds per plugin (alternating which goes first); with `--compare memory` fresh
     /// labs, with `--compare wires` passes over every wire, with `--compare
-    /// pod-network` passes over every path.
+    /// pod-network` passes over every path, with `--compare policy` data path passes and
+    /// ADD rounds per side.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Directory of the reference plugins.
@@ -31,7 +33,8 @@ pub struct BenchArgs {
     /// the Go plugins', weftd's memory against its target, wire throughput beside
     /// kernel links; or itself, its last calls beside its first as a node fills up
     /// (`load`); or pod-to-pod traffic between nodes through its routing beside
-    /// hand-made kernel routes and VXLAN (`pod-network`).
+    /// hand-made kernel routes and VXLAN (`pod-network`); or with network policy beside
+    /// without it (`policy`).
     #[arg(long, value_enum, default_value = "reference")]
     compare: Compare,
     /// With `--compare hostports`: pods attached through the reference chain (its
@@ -87,6 +90,13 @@ enum Compare {
     /// through weft's direct routes and its VXLAN device beside the same labs routed
     /// by hand (`ip route`, `ip link add ... type vxlan`).
     PodNetwork,
+    /// Network policy against its targets: pod-to-pod TCP and 64-byte UDP with 100
+    /// NetworkPolicies (1,000 peers) beside none; ADD with 1,000 policies and 5,000 pods
+    /// in the cache beside none; a change to every node of a three-node lab in step;
+    /// one weftd as the cluster grows to 10,000 pods (start to table programmed, RSS,
+    /// the batch one pod's arrival causes). `WEFT_BENCH_POLICY_PARTS=data,add,converge,scale`
+    /// runs some of them.
+    Policy,
 }
 
 /// The options of a traffic comparison (`wires`, `pod-network`) from the flags.
@@ -203,6 +213,15 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
         Compare::PodNetwork => {
             let report = weft_bench::run_podnet(&traffic(&args, weft, weftd, work_dir)).map_err(fail)?;
             return print(&report, weft_bench::PodNetReport::markdown, json);
+        }
+        Compare::Policy => {
+            let mut opts = weft_bench::PolicyOptions::issue(weft, weftd, work_dir, args.rounds, pods);
+            if std::env::var_os("WEFT_BENCH_POLICY_SIZES").is_none() {
+                opts.tcp_seconds = args.tcp_seconds;
+                opts.udp_seconds = args.udp_seconds;
+            }
+            let report = weft_bench::run_policy(&opts).map_err(fail)?;
+            return print(&report, weft_bench::PolicyReport::markdown, json);
         }
         Compare::Reference => weft_bench::Comparison::Reference,
         Compare::Otlp => weft_bench::Comparison::Otlp,

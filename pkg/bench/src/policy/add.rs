@@ -1,0 +1,510 @@
+//! ADD latency with a cluster's policies in weftd's cache beside ADD without any: a
+//! round per side (alternating which goes first), each on a fresh node namespace with
+//! its own weftd reading a topology directory, pods attached one by one through the
+//! real plugin as `load` attaches them.
+//!
+//! The "with" side's directory holds a synthetic cluster ([`Synthetic`]: 1,000
+//! NetworkPolicies, 5,000 Pods of other nodes with addresses, 50 namespaces) and, as
+//! the API server has them before kubelet starts their sandboxes, the Pod objects of
+//! the pods the round attaches (no addresses yet), labelled so that some policies select
+//! them and others have them as peers. The "without" side's holds the same Namespaces
+//! and the same Pods of the attached pods, and nothing else.
+//!
+//! Whether an ADD took the engine's fast path (its pod's map entries and set elements
+//! added to the last plan, one nfnetlink batch from weftd) or ran a full pass (the whole
+//! table planned, the difference applied by an `nft` process) is read from `nft monitor`
+//! in the node namespace: each transaction names the process that made it.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon};
+
+use super::nftmon::{BatchCounts, Monitor, TableSize, table_size};
+use super::objects::{ClusterSize, Synthetic, write_chunked, write_docs};
+use super::{LoadAvg, PolicyOptions, div, wait_metric};
+use crate::load::{CallFailure, create_pods, failure, remove_pods};
+use crate::memory::sample;
+use crate::util::{metric_sum, metrics_in};
+use crate::{Percentiles, lab, ms};
+
+/// The target: ADD p50 with the policies at most this multiple of ADD p50 without.
+pub const ADD_TARGET_RATIO: f64 = 1.1;
+
+/// The node's name (the Pods of the attached pods name it).
+pub(crate) const NODE: &str = "bench-node";
+
+/// How the engine handled one ADD, as `nft monitor` saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AddPath {
+    /// No transaction: nothing of the pod's needed to be in the table.
+    Nothing,
+    /// The fast path: one batch from weftd itself.
+    Fast,
+    /// A full pass: a transaction by an `nft` process.
+    Full,
+}
+
+/// One ADD.
+#[derive(Debug, Clone, Serialize)]
+pub struct AddSample {
+    /// Spawn to exit (ms; 0 when it failed).
+    pub ms: f64,
+    /// weftd's handling of the call (`grpc_server_handling_seconds`, ms).
+    pub daemon_ms: f64,
+    /// weftd's phases of this ADD (`weft_cni_phase_duration_seconds`, ms).
+    pub phases_ms: BTreeMap<String, f64>,
+    /// weftd's `policy` phase of this ADD (ms).
+    pub policy_ms: f64,
+    /// How the engine placed the pod.
+    pub path: AddPath,
+    /// What the ADD's transactions did to the table.
+    pub batch: BatchCounts,
+}
+
+/// One side over every round.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AddSide {
+    /// Every ADD, round after round.
+    pub samples: Vec<AddSample>,
+    /// Latency of the successful ADDs.
+    pub latency: Percentiles,
+    /// The `policy` phase of the fast-path (or nothing-to-add) ADDs (ms).
+    pub policy_fast: Percentiles,
+    /// The `policy` phase of the ADDs that ran a full pass (ms).
+    pub policy_full: Percentiles,
+    /// Means over the ADDs that ran no full pass (ms): spawn to exit, weftd's
+    /// handling, and each phase.
+    pub steady_means_ms: BTreeMap<String, f64>,
+    /// ADDs per path: nothing to add, fast path, full pass.
+    pub paths: (usize, usize, usize),
+    /// Failed ADDs.
+    pub failures: Vec<CallFailure>,
+    /// The policy table after each round's ADDs.
+    pub tables: Vec<TableSize>,
+    /// weftd's VmRSS after each round's ADDs (MiB).
+    pub rss_mib: Vec<f64>,
+    /// Each round: the pass once kubelet reported every attached pod's address (ms,
+    /// `weft_policy_pass_seconds`); the cost of a full pass at this size.
+    pub status_pass_ms: Vec<f64>,
+}
+
+/// ADD with the policies beside ADD without.
+#[derive(Debug, Clone, Serialize)]
+pub struct AddReport {
+    /// The cluster in the "with" side's cache.
+    pub cluster: ClusterSize,
+    /// ADDs per round and side.
+    pub pods: usize,
+    /// Rounds per side.
+    pub rounds: usize,
+    /// With the cluster's policies.
+    pub with_policy: AddSide,
+    /// Without.
+    pub without_policy: AddSide,
+    /// ADD p50, with over without.
+    pub p50_ratio: f64,
+    /// ADD p99, with over without.
+    pub p99_ratio: f64,
+    /// The target for `p50_ratio`.
+    pub target_ratio: f64,
+    /// The machine's load at the start and the end.
+    pub load: (LoadAvg, LoadAvg),
+}
+
+/// Per-ADD readings of weftd's metrics.
+#[derive(Default, Clone)]
+struct Reading {
+    /// ADD phase -> seconds spent in it so far.
+    phases: BTreeMap<String, f64>,
+    handling: f64,
+    pass_sum: f64,
+    pass_count: f64,
+}
+
+impl Reading {
+    fn take(ns: &str) -> Result<Self, String> {
+        let page = metrics_in(ns)?;
+        let mut phases = BTreeMap::new();
+        for l in page.lines().filter(|l| !l.starts_with('#')) {
+            let Some(rest) = l.strip_prefix("weft_cni_phase_duration_seconds_sum{") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.rsplit_once("} ") else {
+                continue;
+            };
+            if !labels.contains("command=\"ADD\"") {
+                continue;
+            }
+            let phase = labels
+                .split("phase=\"")
+                .nth(1)
+                .and_then(|p| p.split('"').next())
+                .unwrap_or_default();
+            *phases.entry(phase.to_string()).or_default() += value.parse::<f64>().unwrap_or(0.0);
+        }
+        Ok(Reading {
+            phases,
+            handling: metric_sum(&page, "grpc_server_handling_seconds_sum", &["grpc_method=\"Add\""]),
+            pass_sum: metric_sum(&page, "weft_policy_pass_seconds_sum", &[]),
+            pass_count: metric_sum(&page, "weft_policy_pass_seconds_count", &[]),
+        })
+    }
+
+    /// What each phase gained since `before` (ms).
+    fn phases_since(&self, before: &Reading) -> BTreeMap<String, f64> {
+        self.phases
+            .iter()
+            .map(|(k, v)| (k.clone(), (v - before.phases.get(k).copied().unwrap_or(0.0)) * 1000.0))
+            .filter(|(_, v)| *v > 0.0)
+            .collect()
+    }
+}
+
+/// A node namespace with a weftd reading `topology`.
+pub(crate) struct PolicyNode {
+    pub(crate) ns: NamedNetns,
+    pub(crate) daemon: NodeDaemon,
+    pub(crate) socket: PathBuf,
+}
+
+impl PolicyNode {
+    /// Starts weftd in a fresh namespace `<tag>-node`, its state under `dir`, reading
+    /// `topology`; returns once it serves and its engine has run its first pass.
+    pub(crate) fn start(o: &PolicyOptions, tag: &str, dir: &Path, topology: &Path) -> Result<Self, String> {
+        let ns = NamedNetns::create(&format!("{tag}-node")).map_err(lab)?;
+        let mut config = DaemonConfig::under(&o.weftd, dir, NODE);
+        config.args = [
+            "--topology-dir",
+            &topology.display().to_string(),
+            "--wire-insecure",
+            "--node-address",
+            "127.0.0.1",
+        ]
+        .map(String::from)
+        .to_vec();
+        let socket = config.socket.clone();
+        let daemon = NodeDaemon::start(&ns, config).map_err(lab)?;
+        wait_metric(
+            ns.name(),
+            "weft_policy_pass_seconds_count",
+            1.0,
+            Duration::from_secs(60),
+        )?;
+        Ok(PolicyNode { ns, daemon, socket })
+    }
+
+    /// The network config of the pods.
+    pub(crate) fn conf(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "cniVersion": "1.0.0", "name": "bench", "type": "weft",
+            "socket": self.socket, "ranges": ["10.244.0.0/16"], "mtu": 1500,
+        }))
+        .expect("config serializes")
+    }
+}
+
+/// What one ADD through the plugin gave.
+pub(crate) struct Added {
+    pub(crate) ms: f64,
+    pub(crate) ok: bool,
+    pub(crate) ip: Option<Ipv4Addr>,
+    pub(crate) failure: Option<CallFailure>,
+}
+
+/// ADD of pod `ns/name` in `netns` through the plugin.
+pub(crate) fn add(
+    exec: &CniExec,
+    node: &NamedNetns,
+    netns: &NamedNetns,
+    k: usize,
+    ns: &str,
+    name: &str,
+    conf: &[u8],
+) -> Added {
+    let cid = format!("{}-c{k}", netns.name());
+    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={cid}");
+    let vars = CniVars {
+        command: "ADD",
+        container_id: &cid,
+        netns: &netns.path(),
+        ifname: "eth0",
+        args: &args,
+    };
+    match exec.call(node, &vars, conf) {
+        Ok(o) if o.ok() => {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            let ip = v["ips"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse::<Ipv4Addr>().ok())
+                .next();
+            Added {
+                ms: ms(o.elapsed),
+                ok: true,
+                ip,
+                failure: None,
+            }
+        }
+        Ok(o) => Added {
+            ms: 0.0,
+            ok: false,
+            ip: None,
+            failure: Some(failure("ADD", k, o.code, &o.stdout)),
+        },
+        Err(e) => Added {
+            ms: 0.0,
+            ok: false,
+            ip: None,
+            failure: Some(CallFailure {
+                command: "ADD".into(),
+                call: k + 1,
+                exit_code: -1,
+                cni_code: None,
+                msg: e.to_string(),
+            }),
+        },
+    }
+}
+
+/// How the engine handled the transactions of one ADD.
+pub(crate) fn path_of(txs: &[super::nftmon::Transaction]) -> (AddPath, BatchCounts) {
+    let mut counts = BatchCounts::default();
+    let mut path = AddPath::Nothing;
+    for t in txs {
+        counts.add(&t.counts());
+        path = if t.by == "nft" {
+            AddPath::Full
+        } else if path == AddPath::Nothing {
+            AddPath::Fast
+        } else {
+            path
+        };
+    }
+    (path, counts)
+}
+
+/// The Pods of the attached pods, with the addresses kubelet reported.
+fn local_pods(cluster: &Synthetic, n: usize, ips: &[Option<Ipv4Addr>]) -> Vec<serde_json::Value> {
+    (0..n)
+        .map(|i| cluster.local_pod(i, &format!("local-{i}"), NODE, ips.get(i).copied().flatten()))
+        .collect()
+}
+
+/// One round of one side.
+fn round(o: &PolicyOptions, with: bool, tag: &str, side: &mut AddSide) -> Result<(), String> {
+    let dir = o.work_dir.join(tag);
+    let topology = dir.join("topology");
+    std::fs::create_dir_all(&topology).map_err(|e| format!("creating {}: {e}", topology.display()))?;
+    let cluster = Synthetic(o.add_cluster);
+    let n = o.add_pods;
+    write_chunked(&topology, "namespaces", &cluster.namespaces(), 500)?;
+    if with {
+        write_chunked(&topology, "pods", &cluster.pods(), 500)?;
+        write_chunked(&topology, "policies", &cluster.policies(), 500)?;
+    }
+    write_docs(&topology, "local-pods.yaml", &local_pods(&cluster, n, &[]))?;
+    let node = PolicyNode::start(o, tag, &dir, &topology)?;
+    let pods = create_pods(tag, n)?;
+    let monitor = Monitor::start(node.ns.name())?;
+    monitor.settle(Duration::from_millis(200), Duration::from_secs(5));
+    let exec = CniExec::new(&o.weft);
+    let conf = node.conf();
+    let mut ips = Vec::with_capacity(n);
+    for (k, netns) in pods.iter().enumerate() {
+        let (pod_ns, _) = cluster.local(k);
+        let before = Reading::take(node.ns.name())?;
+        let mark = monitor.mark();
+        let a = add(&exec, &node.ns, netns, k, &pod_ns, &format!("local-{k}"), &conf);
+        let after = Reading::take(node.ns.name())?;
+        // The pod's batch was committed before the ADD answered; the monitor prints it
+        // a moment later.
+        monitor.settle(Duration::from_millis(20), Duration::from_secs(2));
+        let (path, batch) = path_of(&monitor.policy_since(mark));
+        if let Some(f) = a.failure {
+            side.failures.push(f);
+        }
+        ips.push(a.ip);
+        let phases_ms = after.phases_since(&before);
+        side.samples.push(AddSample {
+            ms: if a.ok { a.ms } else { 0.0 },
+            daemon_ms: (after.handling - before.handling) * 1000.0,
+            policy_ms: phases_ms.get("policy").copied().unwrap_or(0.0),
+            phases_ms,
+            path,
+            batch,
+        });
+    }
+    side.tables.push(table_size(node.ns.name())?);
+    let pid = node.daemon.pid().ok_or("weftd is not running")?;
+    side.rss_mib.push(sample(pid)?.0 as f64 / 1024.0);
+    // kubelet reports every attached pod's address: one more pass over the cluster.
+    let before = Reading::take(node.ns.name())?;
+    write_docs(&topology, "local-pods.yaml", &local_pods(&cluster, n, &ips))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = Reading::take(node.ns.name())?;
+        if now.pass_count > before.pass_count {
+            side.status_pass_ms
+                .push((now.pass_sum - before.pass_sum) / (now.pass_count - before.pass_count) * 1000.0);
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{tag}: no policy pass within 60 s of the pods' addresses"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(monitor);
+    let PolicyNode { ns, mut daemon, .. } = node;
+    daemon.stop(crate::STOP_LIMIT);
+    remove_pods(pods);
+    drop(ns);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+impl AddSide {
+    fn summarize(&mut self) {
+        let ok: Vec<f64> = self.samples.iter().filter(|s| s.ms > 0.0).map(|s| s.ms).collect();
+        self.latency = Percentiles::of(&ok);
+        let policy = |full: bool| {
+            Percentiles::of(
+                &self
+                    .samples
+                    .iter()
+                    .filter(|s| s.ms > 0.0 && (s.path == AddPath::Full) == full)
+                    .map(|s| s.policy_ms)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        self.policy_fast = policy(false);
+        self.policy_full = policy(true);
+        let steady: Vec<&AddSample> = self
+            .samples
+            .iter()
+            .filter(|s| s.ms > 0.0 && s.path != AddPath::Full)
+            .collect();
+        let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+        for s in &steady {
+            *sums.entry("call, spawn to exit".into()).or_default() += s.ms;
+            *sums.entry("weftd handling".into()).or_default() += s.daemon_ms;
+            for (p, v) in &s.phases_ms {
+                *sums.entry(format!("phase {p}")).or_default() += v;
+            }
+        }
+        let n = steady.len().max(1) as f64;
+        self.steady_means_ms = sums.into_iter().map(|(k, v)| (k, v / n)).collect();
+        let count = |p: AddPath| self.samples.iter().filter(|s| s.path == p).count();
+        self.paths = (count(AddPath::Nothing), count(AddPath::Fast), count(AddPath::Full));
+    }
+}
+
+/// Runs the ADD latency comparison.
+pub(crate) fn run_add(o: &PolicyOptions) -> Result<AddReport, String> {
+    let load_start = LoadAvg::now();
+    let (mut with, mut without) = (AddSide::default(), AddSide::default());
+    for r in 0..o.rounds {
+        let order = if r % 2 == 0 { [true, false] } else { [false, true] };
+        for w in order {
+            let tag = format!("wb{}-a{}{r}", std::process::id(), if w { "y" } else { "n" });
+            round(o, w, &tag, if w { &mut with } else { &mut without })?;
+        }
+    }
+    with.summarize();
+    without.summarize();
+    Ok(AddReport {
+        cluster: o.add_cluster,
+        pods: o.add_pods,
+        rounds: o.rounds,
+        p50_ratio: div(with.latency.p50, without.latency.p50),
+        p99_ratio: div(with.latency.p99, without.latency.p99),
+        with_policy: with,
+        without_policy: without,
+        target_ratio: ADD_TARGET_RATIO,
+        load: (load_start, LoadAvg::now()),
+    })
+}
+
+impl AddReport {
+    /// Whether the p50 ratio is within the target.
+    pub fn met(&self) -> bool {
+        self.p50_ratio > 0.0 && self.p50_ratio <= self.target_ratio
+    }
+
+    /// The report as markdown.
+    pub fn markdown(&self) -> String {
+        let c = &self.cluster;
+        let mut out = format!(
+            "ADD latency: {} ADDs per round x {} rounds per side (alternating), each round a fresh node and weftd; \"with\": {} NetworkPolicies, {} Pods of other nodes, {} namespaces in the cache, plus the Pods of the attached pods (some policies select them, others have them as peers); \"without\": the namespaces and the attached pods' Pods only; load {} at the start, {} at the end\n\n\
+             | side | ADD p50 (ms) | p90 | p99 | policy phase p50, fast path / nothing to add (ms) | policy phase p50, full pass (ms) | ADDs: nothing to add / fast path / full pass | failed | policy table after the ADDs | weftd VmRSS (MiB) | full pass after kubelet's addresses (ms) |\n|---|---:|---:|---:|---:|---:|---|---:|---|---|---|\n",
+            self.pods, self.rounds, c.policies, c.pods, c.namespaces, self.load.0, self.load.1
+        );
+        let list = |v: &[f64]| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ");
+        for (name, s) in [("with policy", &self.with_policy), ("without", &self.without_policy)] {
+            let t = s.tables.last().copied().unwrap_or_default();
+            out.push_str(&format!(
+                "| {name} | {:.2} | {:.2} | {:.2} | {} | {} | {} / {} / {} | {} | {} elements, {} chains | {} | {} |\n",
+                s.latency.p50,
+                s.latency.p90,
+                s.latency.p99,
+                if s.policy_fast.n > 0 {
+                    format!("{:.3}", s.policy_fast.p50)
+                } else {
+                    "-".into()
+                },
+                if s.policy_full.n > 0 {
+                    format!("{:.1} (n={})", s.policy_full.p50, s.policy_full.n)
+                } else {
+                    "-".into()
+                },
+                s.paths.0,
+                s.paths.1,
+                s.paths.2,
+                s.failures.len(),
+                t.elements,
+                t.chains,
+                list(&s.rss_mib),
+                list(&s.status_pass_ms),
+            ));
+        }
+        out.push_str(
+            "\nWhere the time goes: means over the ADDs that ran no full pass (ms)\n\n| | with policy | without | difference |\n|---|---:|---:|---:|\n",
+        );
+        let (w, n) = (&self.with_policy.steady_means_ms, &self.without_policy.steady_means_ms);
+        let mut keys: Vec<&String> = w.keys().chain(n.keys()).collect();
+        keys.sort_by_key(|k| (!k.starts_with("call"), !k.starts_with("weftd"), (*k).clone()));
+        keys.dedup();
+        for k in keys {
+            let (a, b) = (w.get(k).copied().unwrap_or(0.0), n.get(k).copied().unwrap_or(0.0));
+            out.push_str(&format!("| {k} | {a:.3} | {b:.3} | {:+.3} |\n", a - b));
+        }
+        out.push_str(&format!(
+            "\n| with / without | ADD p50 | ADD p99 | target p50 <= {:.1} |\n|---|---:|---:|---|\n| ratio | {:.2} | {:.2} | {} |\n",
+            self.target_ratio,
+            self.p50_ratio,
+            self.p99_ratio,
+            crate::exec::met(self.met())
+        ));
+        for f in self
+            .with_policy
+            .failures
+            .iter()
+            .chain(&self.without_policy.failures)
+            .take(10)
+        {
+            out.push_str(&format!(
+                "- failed ADD #{}: exit {}, CNI code {}: {}\n",
+                f.call,
+                f.exit_code,
+                f.cni_code.map_or("-".into(), |c| c.to_string()),
+                f.msg
+            ));
+        }
+        out
+    }
+}
