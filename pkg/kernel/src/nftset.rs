@@ -1,7 +1,8 @@
 //! nftables set and map elements over nfnetlink: one batch per call, one message per
 //! set, so adding a pod's elements costs the same however many elements the sets hold,
 //! and no `nft` process is started on the hot path (the table's structure is written by
-//! `nft -f` elsewhere; only elements change here).
+//! `nft -f` elsewhere; only elements change here). Named counters are read the same
+//! way ([`counters`]): `nft list counters` would load every set element first.
 //!
 //! Hand-written because the only pure-Rust nftables netlink crate is GPL-licensed and
 //! the others wrap the C library; element messages are small and stable
@@ -22,6 +23,14 @@ const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_DELSETELEM: u16 = 14;
+const NFT_MSG_NEWOBJ: u16 = 18;
+const NFT_MSG_GETOBJ: u16 = 19;
+const NFTA_OBJ_TABLE: u16 = 1;
+const NFTA_OBJ_NAME: u16 = 2;
+const NFTA_OBJ_TYPE: u16 = 3;
+const NFTA_OBJ_DATA: u16 = 4;
+const NFT_OBJECT_COUNTER: u32 = 1;
+const NFTA_COUNTER_PACKETS: u16 = 2;
 const NFPROTO_UNSPEC: u8 = 0;
 /// The `inet` family (both IPv4 and IPv6), where weft's tables live.
 pub const NFPROTO_INET: u8 = 1;
@@ -177,6 +186,59 @@ pub fn transact(table: &str, family: u8, elements: &[SetElement], add: bool) -> 
     NetlinkSocket::<Nfnetlink>::new()?.batch(batch(table, family, elements, add))
 }
 
+/// The attributes of a message body (after the 4-byte `nfgenmsg`), as (type without
+/// flags, payload); a malformed tail ends the walk.
+fn attributes(mut b: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    while b.len() >= 4 {
+        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
+        let ty = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
+        if len < 4 || len > b.len() {
+            break;
+        }
+        out.push((ty, &b[4..len]));
+        b = &b[len.next_multiple_of(4).min(b.len())..];
+    }
+    out
+}
+
+/// A counter object's name and packets from one `NEWOBJ` message body, if it is one.
+fn parse_counter(body: &[u8]) -> Option<(String, u64)> {
+    let attrs = attributes(body.get(4..)?);
+    let find = |ty| attrs.iter().find(|(t, _)| *t == ty).map(|(_, p)| *p);
+    let ty = u32::from_be_bytes(find(NFTA_OBJ_TYPE)?.try_into().ok()?);
+    if ty != NFT_OBJECT_COUNTER {
+        return None;
+    }
+    let name = find(NFTA_OBJ_NAME)?;
+    let name = String::from_utf8_lossy(name.split(|b| *b == 0).next()?).into_owned();
+    let data = attributes(find(NFTA_OBJ_DATA)?);
+    let packets = data.iter().find(|(t, _)| *t == NFTA_COUNTER_PACKETS)?.1;
+    Some((name, u64::from_be_bytes(packets.try_into().ok()?)))
+}
+
+/// The packet counts of `table`'s named counters, by name, in one dump that the kernel
+/// filters to that table and to counters: no set element is read. An absent table
+/// holds none.
+pub fn counters(table: &str, family: u8) -> io::Result<BTreeMap<String, u64>> {
+    let attrs = [
+        attr(NFTA_OBJ_TABLE, &strz(table)),
+        attr(NFTA_OBJ_TYPE, &NFT_OBJECT_COUNTER.to_be_bytes()),
+    ]
+    .concat();
+    let request = message((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETOBJ, family, 0, &attrs);
+    let answer = match NetlinkSocket::<Nfnetlink>::new()?.dump(request) {
+        Ok(a) => a,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(BTreeMap::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(answer
+        .iter()
+        .filter(|m| m.message_type == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWOBJ)
+        .filter_map(|m| parse_counter(&m.body))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +270,43 @@ mod tests {
         let types: Vec<u16> = msgs.iter().map(|(m, _)| m.message_type).collect();
         assert_eq!(types, vec![0x10, (10 << 8) | 12, 0x11]);
         assert!(msgs.iter().all(|(m, _)| m.body.len() % 4 == 0), "attributes are padded");
+    }
+
+    #[test]
+    fn a_counter_object_is_read_by_name_and_packets() {
+        let body = message(
+            (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWOBJ,
+            NFPROTO_INET,
+            0,
+            &[
+                attr(NFTA_OBJ_TABLE, &strz("t")),
+                attr(NFTA_OBJ_NAME, &strz("allow_x")),
+                attr(NFTA_OBJ_TYPE, &NFT_OBJECT_COUNTER.to_be_bytes()),
+                nested(
+                    NFTA_OBJ_DATA,
+                    &[
+                        attr(1, &9000u64.to_be_bytes()),
+                        attr(NFTA_COUNTER_PACKETS, &7u64.to_be_bytes()),
+                    ],
+                ),
+            ]
+            .concat(),
+        )
+        .body;
+        assert_eq!(parse_counter(&body), Some(("allow_x".into(), 7)));
+        // A quota (type 2) with the same layout is not a counter.
+        let quota = message(
+            0,
+            NFPROTO_INET,
+            0,
+            &[
+                attr(NFTA_OBJ_NAME, &strz("q")),
+                attr(NFTA_OBJ_TYPE, &2u32.to_be_bytes()),
+            ]
+            .concat(),
+        )
+        .body;
+        assert_eq!(parse_counter(&quota), None);
+        assert_eq!(parse_counter(&[1, 0]), None, "a short body is no counter");
     }
 }

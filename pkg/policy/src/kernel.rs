@@ -96,13 +96,9 @@ impl PolicyKernel for NftKernel {
     }
 
     fn counters(&mut self) -> Result<BTreeMap<String, u64>, KernelError> {
-        // Only the counters: the sets may be large.
-        match weft_kernel::nft::run(&["-j", "list", "counters", "table", "inet", TABLE], None) {
-            Ok(json) => nft::parse(&json)
-                .map(|o| o.counters)
-                .map_err(|e| KernelError::os("reading the policy counters", std::io::Error::other(e))),
-            Err(e) if e.contains("No such file or directory") => Ok(BTreeMap::new()),
-            Err(e) => Err(KernelError::os("reading the policy counters", std::io::Error::other(e))),
-        }
+        // One netlink dump of the counter objects: `nft list counters` would read (and
+        // parse) every set element first, 0.26 s and 77 MB at 200,000 elements, on
+        // every metrics scrape.
+        nftset::counters(TABLE, NFPROTO_INET).map_err(|e| KernelError::os("reading the policy counters", e))
     }
 }

@@ -439,6 +439,11 @@ fn a_one_way_udp_flow_walks_the_policy_chains_once() {
     )];
     let o = objects(&hosts, &HashMap::new(), policies);
     let v = view(&hosts, &o);
+    assert_eq!(
+        node.run(|| NftKernel.counters()).unwrap(),
+        Default::default(),
+        "no table, no counters"
+    );
     program(&node, &v).expect("a first install");
 
     let rx = hosts[0].ns.run(|| UdpSocket::bind(("0.0.0.0", 5000)).unwrap());
@@ -476,4 +481,8 @@ fn a_one_way_udp_flow_walks_the_policy_chains_once() {
         PACKETS,
         "every packet of the denied flow is decided: {observed:?}"
     );
+    // The metrics read the counters over nfnetlink, not through `nft`: the same numbers.
+    let dumped = node.run(|| NftKernel.counters()).unwrap();
+    assert_eq!(dumped, observed.counters, "nfnetlink's counters are nft's");
+    assert!(dumped.values().any(|n| *n > 0), "{dumped:?}");
 }
