@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use weft_cni::conf::{self, PluginConfig};
-use weft_cni::{Cmd, CniError, code, spool, version};
+use weft_cni::{Cmd, CniError, Code, spool, version};
 use weft_rpc::cnirpc::CniArgs;
 use weft_rpc::cnirpc::cni_client::CniClient;
 use weft_rpc::{DialOptions, cni_error_from_status, dial_unix};
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
     let reported_version = conf::declared_version(&stdin);
     let outcome = match read {
         Ok(_) => run(&command, stdin),
-        Err(e) => Err(CniError::new(code::IO_FAILURE, format!("reading stdin: {e}"))),
+        Err(e) => Err(CniError::new(Code::IoFailure, format!("reading stdin: {e}"))),
     };
     let out = std::io::stdout();
     let mut out = out.lock();
@@ -70,7 +70,7 @@ fn env(name: &str) -> String {
 fn run(command: &str, stdin: Vec<u8>) -> Result<Vec<u8>, CniError> {
     let cmd: Cmd = command
         .parse()
-        .map_err(|_| CniError::new(code::INVALID_ENV, format!("unknown CNI_COMMAND: {command}")))?;
+        .map_err(|_| CniError::new(Code::InvalidEnv, format!("unknown CNI_COMMAND: {command}")))?;
     if cmd == Cmd::Version {
         return Ok(version::version_json());
     }
@@ -82,7 +82,7 @@ fn run(command: &str, stdin: Vec<u8>) -> Result<Vec<u8>, CniError> {
         .collect();
     if !missing.is_empty() {
         return Err(CniError::new(
-            code::INVALID_ENV,
+            Code::InvalidEnv,
             format!("required env variables [{}] missing", missing.join(",")),
         ));
     }
@@ -102,7 +102,7 @@ fn run(command: &str, stdin: Vec<u8>) -> Result<Vec<u8>, CniError> {
         .enable_io()
         .enable_time()
         .build()
-        .map_err(|e| CniError::new(code::INTERNAL, format!("starting the plugin runtime: {e}")))?;
+        .map_err(|e| CniError::new(Code::Internal, format!("starting the plugin runtime: {e}")))?;
     match runtime.block_on(relay(cmd, &cfg.socket, args.clone())) {
         Ok(bytes) => Ok(bytes),
         Err(Failed::Answered(e)) => Err(e),
@@ -191,9 +191,9 @@ fn valid_traceparent(tp: &str) -> bool {
 
 async fn relay(cmd: Cmd, socket: &str, args: CniArgs) -> Result<Vec<u8>, Failed> {
     let unreachable_code = if cmd == Cmd::Status {
-        code::NOT_AVAILABLE
+        Code::NotAvailable
     } else {
-        code::TRY_AGAIN_LATER
+        Code::TryAgainLater
     };
     let mut opts = DialOptions::default();
     if cmd == Cmd::Del {
@@ -224,13 +224,9 @@ async fn relay(cmd: Cmd, socket: &str, args: CniArgs) -> Result<Vec<u8>, Failed>
 
 /// Turns a failed call back into the CNI error the daemon meant, or, when the daemon
 /// never answered (gone, restarting, timed out), into "try again later".
-fn status_to_cni(status: &tonic::Status, socket: &str, unreachable_code: u32) -> Failed {
+fn status_to_cni(status: &tonic::Status, socket: &str, unreachable_code: Code) -> Failed {
     if let Some(e) = cni_error_from_status(status) {
-        return Failed::Answered(CniError {
-            code: e.code,
-            msg: e.msg,
-            details: e.details,
-        });
+        return Failed::Answered(e);
     }
     match status.code() {
         tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
@@ -244,7 +240,7 @@ fn status_to_cni(status: &tonic::Status, socket: &str, unreachable_code: u32) ->
             ))
         }
         other => Failed::Answered(CniError::new(
-            code::INTERNAL,
+            Code::Internal,
             format!("weftd at {socket} failed the call ({other:?}): {}", status.message()),
         )),
     }

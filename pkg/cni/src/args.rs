@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::{CniError, code};
+use crate::{CniError, Code};
 
 /// `CNI_ARGS` key of the pod's name.
 pub const K8S_POD_NAME: &str = "K8S_POD_NAME";
@@ -27,13 +27,13 @@ pub fn parse_cni_args(raw: &str) -> Result<BTreeMap<String, String>, CniError> {
     for pair in raw.split(';').filter(|p| !p.is_empty()) {
         let Some((k, v)) = pair.split_once('=') else {
             return Err(CniError::new(
-                code::INVALID_ENV,
+                Code::InvalidEnv,
                 format!("CNI_ARGS: invalid pair {pair:?}, expected KEY=VALUE"),
             ));
         };
         if k.is_empty() {
             return Err(CniError::new(
-                code::INVALID_ENV,
+                Code::InvalidEnv,
                 format!("CNI_ARGS: empty key in {pair:?}"),
             ));
         }
@@ -78,7 +78,7 @@ mod tests {
 
     #[test]
     fn malformed_pairs_are_code_4() {
-        assert_eq!(parse_cni_args("A=1;garbage").unwrap_err().code, 4);
-        assert_eq!(parse_cni_args("=1").unwrap_err().code, 4);
+        assert_eq!(parse_cni_args("A=1;garbage").unwrap_err().code, Code::InvalidEnv);
+        assert_eq!(parse_cni_args("=1").unwrap_err().code, Code::InvalidEnv);
     }
 }

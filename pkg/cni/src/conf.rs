@@ -13,7 +13,7 @@ use rscni_types::types::{CNIResult, Cmd, GcAttachment, NetConf, RuntimeConf};
 use serde_json::Value;
 
 use crate::version::{self, SpecVersion};
-use crate::{CniError, code};
+use crate::{CniError, Code};
 
 /// Largest network configuration accepted on stdin.
 pub const MAX_CONFIG_BYTES: usize = 1 << 20;
@@ -44,14 +44,14 @@ pub fn decode(bytes: &[u8]) -> Result<NetConf, CniError> {
 fn decode_split(bytes: &[u8]) -> Result<(NetConf, Option<Value>), CniError> {
     if bytes.len() > MAX_CONFIG_BYTES {
         return Err(CniError::new(
-            code::INVALID_CONFIG,
+            Code::InvalidConfig,
             format!(
                 "network config is {} bytes, at most {MAX_CONFIG_BYTES} allowed",
                 bytes.len()
             ),
         ));
     }
-    let decode_err = |e: serde_json::Error| CniError::new(code::DECODE, format!("error decoding network config: {e}"));
+    let decode_err = |e: serde_json::Error| CniError::new(Code::Decode, format!("error decoding network config: {e}"));
     let mut v: Value = serde_json::from_slice(bytes).map_err(decode_err)?;
     let mappings = v
         .get_mut("runtimeConfig")
@@ -90,7 +90,7 @@ pub struct PortMappingConf {
 /// Parses `runtimeConfig.portMappings`, accepting both spellings runtimes use
 /// (`hostPort` and `HostPort`, ...). Invalid entries are code 7.
 pub fn parse_port_mappings(v: Option<&Value>) -> Result<Vec<PortMappingConf>, CniError> {
-    let bad = |d: String| CniError::new(code::INVALID_CONFIG, format!("runtimeConfig.portMappings: {d}"));
+    let bad = |d: String| CniError::new(Code::InvalidConfig, format!("runtimeConfig.portMappings: {d}"));
     let list = match v {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(a)) => a,
@@ -184,7 +184,7 @@ fn socket_of(conf: &NetConf) -> Result<String, CniError> {
         None | Some(Value::Null) => Ok(DEFAULT_SOCKET.to_string()),
         Some(Value::String(s)) if s.starts_with('/') => Ok(s.clone()),
         Some(other) => Err(CniError::new(
-            code::INVALID_CONFIG,
+            Code::InvalidConfig,
             format!("`socket` must be an absolute path, got {other}"),
         )),
     }
@@ -252,10 +252,10 @@ impl NetworkConfig {
         let (conf, mappings) = decode_split(bytes)?;
         let version = version::negotiate(&conf.cni_version, cmd)?;
         conf.validate_name()
-            .map_err(|e| CniError::new(code::INVALID_CONFIG, e.details().to_string()))?;
+            .map_err(|e| CniError::new(Code::InvalidConfig, e.details().to_string()))?;
         if conf.ipam.is_some() {
             return Err(CniError::new(
-                code::UNSUPPORTED_FIELD,
+                Code::UnsupportedField,
                 "`ipam` is not supported: weft allocates addresses itself from `ranges`",
             ));
         }
@@ -311,7 +311,7 @@ pub const MAX_V4_PREFIX: u8 = 30;
 pub const MAX_V6_PREFIX: u8 = 126;
 
 fn parse_ranges(v: Option<&Value>) -> Result<Vec<IpNet>, CniError> {
-    let bad = |d: String| CniError::new(code::INVALID_CONFIG, d);
+    let bad = |d: String| CniError::new(Code::InvalidConfig, d);
     let list = match v {
         Some(Value::Array(a)) => a,
         // Left to the node: the daemon falls back to the node's pod ranges.
@@ -380,7 +380,7 @@ fn parse_mtu(v: Option<&Value>, ranges: &[IpNet]) -> Result<Option<u32>, CniErro
     match mtu {
         Some(m) if (u64::from(min)..=65535).contains(&m) => Ok(Some(m as u32)),
         _ => Err(CniError::new(
-            code::INVALID_CONFIG,
+            Code::InvalidConfig,
             format!(
                 "`mtu` must be an integer between {min} and 65535{}, got {}",
                 if min == MIN_MTU_V6 { " (IPv6 needs 1280)" } else { "" },
@@ -394,7 +394,7 @@ fn parse_mtu(v: Option<&Value>, ranges: &[IpNet]) -> Result<Option<u32>, CniErro
 /// `gw` are refused rather than ignored (weft installs none of them), as are host
 /// bits, a `gw` of another family, and a destination listed twice.
 fn parse_routes(v: Option<&Value>) -> Result<Vec<RouteConf>, CniError> {
-    let bad = |d: String| CniError::new(code::INVALID_CONFIG, format!("`routes`: {d}"));
+    let bad = |d: String| CniError::new(Code::InvalidConfig, format!("`routes`: {d}"));
     let list = match v {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(a)) => a,
@@ -445,7 +445,7 @@ fn parse_routes(v: Option<&Value>) -> Result<Vec<RouteConf>, CniError> {
 
 /// Parses `waitForLinks`: a duration string ("30s", "500ms"), bounded.
 fn parse_wait_for_links(v: Option<&Value>) -> Result<Option<std::time::Duration>, CniError> {
-    let bad = |d: String| CniError::new(code::INVALID_CONFIG, format!("`waitForLinks`: {d}"));
+    let bad = |d: String| CniError::new(Code::InvalidConfig, format!("`waitForLinks`: {d}"));
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => weft_link::parse_link_wait(s).map(Some).map_err(bad),
@@ -459,7 +459,7 @@ fn parse_default_route(v: Option<&Value>, routes: &[RouteConf]) -> Result<Option
         Some(Value::Bool(b)) => Some(*b),
         Some(other) => {
             return Err(CniError::new(
-                code::INVALID_CONFIG,
+                Code::InvalidConfig,
                 format!("`defaultRoute` must be true or false, got {other}"),
             ));
         }
@@ -468,7 +468,7 @@ fn parse_default_route(v: Option<&Value>, routes: &[RouteConf]) -> Result<Option
         && let Some(r) = routes.iter().find(|r| r.dst.prefix_len() == 0)
     {
         return Err(CniError::new(
-            code::INVALID_CONFIG,
+            Code::InvalidConfig,
             format!("`defaultRoute` is false but `routes` lists the default route {}", r.dst),
         ));
     }
@@ -479,7 +479,7 @@ fn parse_default_route(v: Option<&Value>, routes: &[RouteConf]) -> Result<Option
 /// or without a prefix (podman sends `10.88.0.7/16`); the prefix is dropped, as pods
 /// hold a /32 or /128. At most one per family.
 fn parse_runtime_ips(v: Option<&Value>) -> Result<Vec<IpAddr>, CniError> {
-    let bad = |d: String| CniError::new(code::INVALID_CONFIG, format!("runtimeConfig.ips: {d}"));
+    let bad = |d: String| CniError::new(Code::InvalidConfig, format!("runtimeConfig.ips: {d}"));
     let list = match v {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(a)) => a,
@@ -497,7 +497,7 @@ fn parse_runtime_ips(v: Option<&Value>) -> Result<Vec<IpAddr>, CniError> {
 
 /// Parses `runtimeConfig.mac` (the `mac` capability).
 fn parse_runtime_mac(v: Option<&Value>) -> Result<Option<[u8; 6]>, CniError> {
-    let bad = |d: String| CniError::new(code::INVALID_CONFIG, format!("runtimeConfig.mac: {d}"));
+    let bad = |d: String| CniError::new(Code::InvalidConfig, format!("runtimeConfig.mac: {d}"));
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => crate::request::parse_mac(s).map(Some).map_err(bad),
@@ -589,7 +589,7 @@ mod tests {
             r#","defaultRoute":false,"routes":[{"dst":"0.0.0.0/0"}]"#,
         ] {
             let e = NetworkConfig::parse(&conf(bad), Cmd::Add).unwrap_err();
-            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}: {e}");
+            assert_eq!(e.code, Code::InvalidConfig, "{bad}: {e}");
             assert!(NetworkConfig::parse(&conf(bad), Cmd::Del).is_ok(), "{bad}");
             assert!(NetworkConfig::parse(&conf(bad), Cmd::Check).is_ok(), "{bad}");
         }
@@ -623,15 +623,15 @@ mod tests {
     fn malformed_json_is_code_6() {
         assert_eq!(
             NetworkConfig::parse(b"{not json", Cmd::Add).unwrap_err().code,
-            code::DECODE
+            Code::Decode
         );
-        assert_eq!(NetworkConfig::parse(b"", Cmd::Add).unwrap_err().code, code::DECODE);
+        assert_eq!(NetworkConfig::parse(b"", Cmd::Add).unwrap_err().code, Code::Decode);
         // `type` is required by the spec.
         assert_eq!(
             NetworkConfig::parse(br#"{"cniVersion":"1.1.0","name":"x"}"#, Cmd::Add)
                 .unwrap_err()
                 .code,
-            code::DECODE
+            Code::Decode
         );
     }
 
@@ -646,7 +646,7 @@ mod tests {
             r#","ranges":["fd00::/64","fd00::/48"]"#,
         ] {
             let e = NetworkConfig::parse(&conf(bad), Cmd::Add).unwrap_err();
-            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}: {e}");
+            assert_eq!(e.code, Code::InvalidConfig, "{bad}: {e}");
             assert!(NetworkConfig::parse(&conf(bad), Cmd::Del).is_ok(), "{bad}");
         }
     }
@@ -676,7 +676,7 @@ mod tests {
             r#","waitForLinks":"1h""#,
         ] {
             let e = NetworkConfig::parse(&conf(&format!(r#","ranges":["10.0.0.0/24"]{bad}"#)), Cmd::Add).unwrap_err();
-            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
+            assert_eq!(e.code, Code::InvalidConfig, "{bad}");
             assert!(e.details.contains("waitForLinks"), "{bad}: {}", e.details);
             assert!(NetworkConfig::parse(&conf(&format!(r#","ranges":["10.0.0.0/24"]{bad}"#)), Cmd::Del).is_ok());
         }
@@ -689,7 +689,7 @@ mod tests {
             Cmd::Add,
         )
         .unwrap_err();
-        assert_eq!(e.code, code::UNSUPPORTED_FIELD);
+        assert_eq!(e.code, Code::UnsupportedField);
     }
 
     #[test]
@@ -699,13 +699,13 @@ mod tests {
             Cmd::Add,
         )
         .unwrap_err();
-        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert_eq!(e.code, Code::InvalidConfig);
     }
 
     #[test]
     fn oversized_config_is_code_7() {
         let big = vec![b' '; MAX_CONFIG_BYTES + 1];
-        assert_eq!(decode(&big).unwrap_err().code, code::INVALID_CONFIG);
+        assert_eq!(decode(&big).unwrap_err().code, Code::InvalidConfig);
     }
 
     #[test]
@@ -755,7 +755,7 @@ mod tests {
             ));
             assert_eq!(
                 NetworkConfig::parse(&c, Cmd::Add).unwrap_err().code,
-                code::INVALID_CONFIG,
+                Code::InvalidConfig,
                 "{bad}"
             );
             assert!(
@@ -786,7 +786,7 @@ mod tests {
         assert_eq!(declared_version(bad), "0.3.1");
         assert_eq!(
             NetworkConfig::parse(bad, Cmd::Add).unwrap_err().code,
-            code::INVALID_CONFIG
+            Code::InvalidConfig
         );
     }
 }

@@ -20,6 +20,6 @@ pub mod version;
 
 pub use args::parse_cni_args;
 pub use conf::{HostIp, NetworkConfig, PluginConfig, PortMappingConf, RouteConf};
-pub use error::{CniError, code};
+pub use error::{Class, CniError, Code};
 pub use rscni_types::types::{CNIResult, Cmd, Dns, GcAttachment, Interface, IpConfig, Route};
 pub use version::SpecVersion;

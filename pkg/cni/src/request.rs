@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::args::{IP, MAC};
-use crate::{CniError, NetworkConfig, code};
+use crate::{CniError, Code, NetworkConfig};
 
 /// An address the runtime asks the pod to get.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,7 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
 /// 4; the two sources disagreeing (another address of one family, another MAC) is code
 /// 7, naming both.
 pub fn requested(conf: &NetworkConfig, ip_arg: Option<&str>, mac_arg: Option<&str>) -> Result<Requested, CniError> {
-    let env = |d: String| CniError::new(code::INVALID_ENV, d);
+    let env = |d: String| CniError::new(Code::InvalidEnv, d);
     let from_args = match ip_arg.filter(|v| !v.is_empty()) {
         Some(v) => parse_ips(v.split(',')).map_err(|e| env(format!("CNI_ARGS {IP}: {e}")))?,
         None => Vec::new(),
@@ -97,7 +97,7 @@ pub fn requested(conf: &NetworkConfig, ip_arg: Option<&str>, mac_arg: Option<&st
             Some(o) if o.address == address => {}
             Some(o) => {
                 return Err(CniError::new(
-                    code::INVALID_CONFIG,
+                    Code::InvalidConfig,
                     format!(
                         "{} asks for {} but CNI_ARGS {IP} for {address}: one address per family",
                         o.source, o.address
@@ -118,7 +118,7 @@ pub fn requested(conf: &NetworkConfig, ip_arg: Option<&str>, mac_arg: Option<&st
     let mac = match (conf.mac, arg_mac) {
         (Some(a), Some(b)) if a != b => {
             return Err(CniError::new(
-                code::INVALID_CONFIG,
+                Code::InvalidConfig,
                 format!(
                     "runtimeConfig.mac asks for {} but CNI_ARGS {MAC} for {}",
                     mac_string(&a),
@@ -196,14 +196,14 @@ mod tests {
         assert_eq!(r.mac, Some([0x0a, 0, 0, 0, 0, 1]));
 
         let e = requested(&c, Some("fd00::8"), None).unwrap_err();
-        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert_eq!(e.code, Code::InvalidConfig);
         assert!(
             e.details.contains("fd00::9") && e.details.contains("fd00::8"),
             "{}",
             e.details
         );
         let e = requested(&c, None, Some("0a:00:00:00:00:02")).unwrap_err();
-        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert_eq!(e.code, Code::InvalidConfig);
         assert_eq!(requested(&conf(""), None, None).unwrap(), Requested::default());
     }
 
@@ -212,12 +212,12 @@ mod tests {
         let c = conf("");
         assert_eq!(
             requested(&c, Some("10.0.0.300"), None).unwrap_err().code,
-            code::INVALID_ENV
+            Code::InvalidEnv
         );
-        assert_eq!(requested(&c, None, Some("nope")).unwrap_err().code, code::INVALID_ENV);
+        assert_eq!(requested(&c, None, Some("nope")).unwrap_err().code, Code::InvalidEnv);
         assert_eq!(
             requested(&c, Some("10.0.0.7,10.0.0.8"), None).unwrap_err().code,
-            code::INVALID_ENV
+            Code::InvalidEnv
         );
         for bad in [
             r#","runtimeConfig":{"ips":"10.0.0.7"}"#,
@@ -229,7 +229,7 @@ mod tests {
             let c = format!(r#"{{"cniVersion":"1.1.0","name":"n","type":"weft"{bad}}}"#);
             assert_eq!(
                 NetworkConfig::parse(c.as_bytes(), Cmd::Add).unwrap_err().code,
-                code::INVALID_CONFIG,
+                Code::InvalidConfig,
                 "{bad}"
             );
             assert!(

@@ -2,7 +2,7 @@
 
 use rscni_types::types::{ContainerId, InterfaceName};
 
-use crate::{CniError, code};
+use crate::{CniError, Code};
 
 /// Longest container id weft accepts; runtimes use 64 hex digits.
 pub const MAX_CONTAINER_ID: usize = 256;
@@ -11,7 +11,7 @@ pub const MAX_CONTAINER_ID: usize = 256;
 pub fn container_id(id: &str) -> Result<(), CniError> {
     if id.len() > MAX_CONTAINER_ID {
         return Err(CniError::new(
-            code::INVALID_ENV,
+            Code::InvalidEnv,
             format!(
                 "CNI_CONTAINERID is {} bytes long, at most {MAX_CONTAINER_ID} allowed",
                 id.len()
@@ -20,14 +20,14 @@ pub fn container_id(id: &str) -> Result<(), CniError> {
     }
     ContainerId::try_from(id.to_string())
         .map(|_| ())
-        .map_err(|e| CniError::new(code::INVALID_ENV, format!("CNI_CONTAINERID: {}", e.details())))
+        .map_err(|e| CniError::new(Code::InvalidEnv, format!("CNI_CONTAINERID: {}", e.details())))
 }
 
 /// Checks `CNI_IFNAME` against the kernel's rules: 1-15 bytes, no `/`, `:` or whitespace.
 pub fn ifname(name: &str) -> Result<(), CniError> {
     InterfaceName::try_from(name.to_string())
         .map(|_| ())
-        .map_err(|e| CniError::new(code::INVALID_ENV, format!("CNI_IFNAME {name:?}: {}", e.details())))
+        .map_err(|e| CniError::new(Code::InvalidEnv, format!("CNI_IFNAME {name:?}: {}", e.details())))
 }
 
 /// Checks the form of `CNI_NETNS`: an absolute path. Whether it names a network
@@ -35,7 +35,7 @@ pub fn ifname(name: &str) -> Result<(), CniError> {
 pub fn netns_path(path: &str) -> Result<(), CniError> {
     if !path.starts_with('/') {
         return Err(CniError::new(
-            code::INVALID_NETNS,
+            Code::InvalidNetns,
             format!("CNI_NETNS {path:?} is not an absolute path"),
         ));
     }
@@ -51,7 +51,7 @@ mod tests {
         assert!(ifname("eth0").is_ok());
         assert!(ifname("a23456789012345").is_ok());
         for bad in ["", "a234567890123456", "et/h0", "eth 0", "eth\t0", "a:b"] {
-            assert_eq!(ifname(bad).unwrap_err().code, code::INVALID_ENV, "{bad:?}");
+            assert_eq!(ifname(bad).unwrap_err().code, Code::InvalidEnv, "{bad:?}");
         }
     }
 
@@ -60,7 +60,7 @@ mod tests {
         assert!(container_id("3764257de70aaf34369dcb034d81869176c6c2938b3ee4c78f518ec96cc759d9").is_ok());
         assert!(container_id("pod_1.a-b").is_ok());
         for bad in ["", "a/b", "a b", "-x"] {
-            assert_eq!(container_id(bad).unwrap_err().code, code::INVALID_ENV, "{bad:?}");
+            assert_eq!(container_id(bad).unwrap_err().code, Code::InvalidEnv, "{bad:?}");
         }
         assert!(container_id(&"a".repeat(MAX_CONTAINER_ID + 1)).is_err());
     }
@@ -68,6 +68,6 @@ mod tests {
     #[test]
     fn netns_must_be_absolute() {
         assert!(netns_path("/run/netns/x").is_ok());
-        assert_eq!(netns_path("run/netns/x").unwrap_err().code, code::INVALID_NETNS);
+        assert_eq!(netns_path("run/netns/x").unwrap_err().code, Code::InvalidNetns);
     }
 }

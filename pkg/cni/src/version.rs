@@ -4,7 +4,7 @@ use serde::Serialize;
 
 pub use rscni_types::version::SpecVersion;
 
-use crate::{CniError, code};
+use crate::{CniError, Code};
 use rscni_types::types::Cmd;
 
 /// The spec versions weft accepts in a network configuration, oldest first.
@@ -34,22 +34,22 @@ pub fn version_json() -> Vec<u8> {
 pub fn negotiate(declared: &str, cmd: Cmd) -> Result<SpecVersion, CniError> {
     if declared.is_empty() {
         return Err(CniError::new(
-            code::INCOMPATIBLE_VERSION,
+            Code::IncompatibleVersion,
             format!("cniVersion is missing; weft supports {SUPPORTED:?}"),
         ));
     }
     if !SUPPORTED.contains(&declared) {
         return Err(CniError::new(
-            code::INCOMPATIBLE_VERSION,
+            Code::IncompatibleVersion,
             format!("config is {declared:?}, weft supports {SUPPORTED:?}"),
         ));
     }
     let version: SpecVersion = declared
         .parse()
-        .map_err(|_| CniError::new(code::INCOMPATIBLE_VERSION, format!("invalid cniVersion {declared:?}")))?;
+        .map_err(|_| CniError::new(Code::IncompatibleVersion, format!("invalid cniVersion {declared:?}")))?;
     version.allows(cmd).map_err(|_| {
         CniError::new(
-            code::INCOMPATIBLE_VERSION,
+            Code::IncompatibleVersion,
             format!("config version {declared} does not allow {}", <&str>::from(cmd)),
         )
     })?;
@@ -72,7 +72,7 @@ mod tests {
         for v in ["", "9.9.9", "0.2.0", "abc", "1.1"] {
             assert_eq!(
                 negotiate(v, Cmd::Add).unwrap_err().code,
-                code::INCOMPATIBLE_VERSION,
+                Code::IncompatibleVersion,
                 "{v}"
             );
         }
@@ -80,10 +80,16 @@ mod tests {
 
     #[test]
     fn check_needs_0_4_and_gc_status_need_1_1() {
-        assert_eq!(negotiate("0.3.1", Cmd::Check).unwrap_err().code, 1);
+        assert_eq!(
+            negotiate("0.3.1", Cmd::Check).unwrap_err().code,
+            Code::IncompatibleVersion
+        );
         assert!(negotiate("0.4.0", Cmd::Check).is_ok());
-        assert_eq!(negotiate("1.0.0", Cmd::Gc).unwrap_err().code, 1);
-        assert_eq!(negotiate("1.0.0", Cmd::Status).unwrap_err().code, 1);
+        assert_eq!(negotiate("1.0.0", Cmd::Gc).unwrap_err().code, Code::IncompatibleVersion);
+        assert_eq!(
+            negotiate("1.0.0", Cmd::Status).unwrap_err().code,
+            Code::IncompatibleVersion
+        );
         assert!(negotiate("1.1.0", Cmd::Status).is_ok());
     }
 

@@ -14,14 +14,14 @@ use weft_cni::conf::{DEFAULT_SOCKET, declared_version};
 use weft_cni::result::{merge_prev, render};
 use weft_cni::version::SUPPORTED;
 use weft_cni::{
-    CNIResult, Cmd, CniError, Dns, HostIp, Interface, IpConfig, NetworkConfig, PluginConfig, Route, SpecVersion, code,
+    CNIResult, Cmd, CniError, Code, Dns, HostIp, Interface, IpConfig, NetworkConfig, PluginConfig, Route, SpecVersion,
     parse_cni_args,
 };
 
 const CMDS: [Cmd; 6] = [Cmd::Add, Cmd::Del, Cmd::Check, Cmd::Gc, Cmd::Status, Cmd::Version];
 
 fn known_code(e: &CniError) -> bool {
-    code::ALL.iter().any(|(c, _)| *c == e.code)
+    Code::ALL.contains(&e.code)
 }
 
 // ---------------------------------------------------------------- network config
@@ -139,7 +139,7 @@ fn check_accepted(bytes: &[u8], cmd: Cmd) {
         Err(e) => {
             assert!(known_code(&e), "{e}");
             let v: Value = serde_json::from_slice(&e.to_json(&declared_version(bytes))).unwrap();
-            assert_eq!(v["code"], e.code);
+            assert_eq!(v["code"], e.code.number());
         }
     }
 }
@@ -320,7 +320,7 @@ proptest! {
                 let again = NetworkConfig::parse(&bytes, cmd).unwrap();
                 prop_assert_eq!(&again.ranges, &c.ranges);
             } else {
-                prop_assert_eq!(NetworkConfig::parse(&bytes, cmd).unwrap_err().code, code::INCOMPATIBLE_VERSION);
+                prop_assert_eq!(NetworkConfig::parse(&bytes, cmd).unwrap_err().code, Code::IncompatibleVersion);
             }
         }
     }
@@ -337,7 +337,7 @@ proptest! {
         v["ranges"][0] = json!(bad);
         let bytes = serde_json::to_vec(&v).unwrap();
         let e = NetworkConfig::parse(&bytes, Cmd::Add).unwrap_err();
-        prop_assert_eq!(e.code, code::INVALID_CONFIG);
+        prop_assert_eq!(e.code, Code::InvalidConfig);
         prop_assert!(e.details.contains(&r.to_string()), "{} should suggest {}", e.details, r);
         prop_assert!(NetworkConfig::parse(&bytes, Cmd::Del).is_ok());
     }
@@ -347,7 +347,7 @@ proptest! {
         let mut v = c.to_json();
         v["mtu"] = json!(mtu);
         let e = NetworkConfig::parse(&serde_json::to_vec(&v).unwrap(), Cmd::Add).unwrap_err();
-        prop_assert_eq!(e.code, code::INVALID_CONFIG);
+        prop_assert_eq!(e.code, Code::InvalidConfig);
     }
 }
 
@@ -385,7 +385,7 @@ proptest! {
                 }
             }
             Err(e) => {
-                prop_assert_eq!(e.code, code::INVALID_ENV);
+                prop_assert_eq!(e.code, Code::InvalidEnv);
                 prop_assert!(e.details.starts_with("CNI_ARGS: "));
             }
         }
@@ -405,7 +405,7 @@ proptest! {
         let mut pairs: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
         pairs.insert(at.index(pairs.len() + 1), garbage.clone());
         let e = parse_cni_args(&pairs.join(";")).unwrap_err();
-        prop_assert_eq!(e.code, code::INVALID_ENV);
+        prop_assert_eq!(e.code, Code::InvalidEnv);
         prop_assert_eq!(e.details, format!("CNI_ARGS: invalid pair {garbage:?}, expected KEY=VALUE"));
     }
 
@@ -419,7 +419,7 @@ proptest! {
         let bad = format!("={value}");
         pairs.insert(at.index(pairs.len() + 1), bad.clone());
         let e = parse_cni_args(&pairs.join(";")).unwrap_err();
-        prop_assert_eq!(e.code, code::INVALID_ENV);
+        prop_assert_eq!(e.code, Code::InvalidEnv);
         prop_assert_eq!(e.details, format!("CNI_ARGS: empty key in {bad:?}"));
     }
 }

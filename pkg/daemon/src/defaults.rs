@@ -6,7 +6,7 @@
 
 use ipnet::IpNet;
 use weft_cni::conf::{DEFAULT_MTU, check_ranges, min_mtu};
-use weft_cni::{Cmd, CniError, NetworkConfig, code};
+use weft_cni::{Cmd, CniError, Code, NetworkConfig};
 
 /// What the node gives pods whose network config leaves it open.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -41,7 +41,7 @@ pub(crate) fn resolve(conf: &NetworkConfig, defaults: Option<&PodDefaults>, cmd:
         match defaults {
             None => {
                 return Err(CniError::new(
-                    code::INVALID_CONFIG,
+                    Code::InvalidConfig,
                     "`ranges` is missing or empty, and this node has no pod ranges to fall back on (weftd runs \
                      outside a cluster): give at least one CIDR, e.g. [\"10.244.1.0/24\"]",
                 ));
@@ -49,9 +49,9 @@ pub(crate) fn resolve(conf: &NetworkConfig, defaults: Option<&PodDefaults>, cmd:
             Some(d) if d.ranges.is_empty() => {
                 return Err(CniError::new(
                     if cmd == Cmd::Status {
-                        code::NOT_AVAILABLE
+                        Code::NotAvailable
                     } else {
-                        code::TRY_AGAIN_LATER
+                        Code::TryAgainLater
                     },
                     "the node has no pod ranges yet: the network config sets no `ranges` and this node's Node \
                      object has no spec.podCIDRs (yet)",
@@ -60,7 +60,7 @@ pub(crate) fn resolve(conf: &NetworkConfig, defaults: Option<&PodDefaults>, cmd:
             Some(d) => {
                 check_ranges(&d.ranges).map_err(|e| {
                     CniError::new(
-                        code::INVALID_CONFIG,
+                        Code::InvalidConfig,
                         format!("the node's pod ranges (spec.podCIDRs) cannot be used: {e}; set `ranges` in the network config"),
                     )
                 })?;
@@ -76,7 +76,7 @@ pub(crate) fn resolve(conf: &NetworkConfig, defaults: Option<&PodDefaults>, cmd:
     let min = min_mtu(&ranges);
     if !(min..=65535).contains(&mtu) {
         return Err(CniError::new(
-            code::INVALID_CONFIG,
+            Code::InvalidConfig,
             format!(
                 "{whence} is {mtu}, but pods with addresses from {} need {min}-65535{}; set `mtu` in the network config",
                 ranges.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
@@ -117,15 +117,15 @@ mod tests {
     #[test]
     fn no_ranges_anywhere_is_7_standalone_and_11_or_50_while_the_node_waits() {
         let e = resolve(&conf(""), None, Cmd::Add).unwrap_err();
-        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert_eq!(e.code, Code::InvalidConfig);
         assert!(e.details.contains("`ranges` is missing"), "{}", e.details);
         let waiting = node(&[], Some(1450));
         let e = resolve(&conf(""), Some(&waiting), Cmd::Add).unwrap_err();
-        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert_eq!(e.code, Code::TryAgainLater);
         assert!(e.details.contains("no pod ranges yet"), "{}", e.details);
         assert_eq!(
             resolve(&conf(""), Some(&waiting), Cmd::Status).unwrap_err().code,
-            code::NOT_AVAILABLE
+            Code::NotAvailable
         );
     }
 
@@ -134,14 +134,14 @@ mod tests {
         // The config's small MTU is fine for its own IPv4 range, not for the node's IPv6.
         let n = node(&["10.244.1.0/24", "fd00::/64"], None);
         let e = resolve(&conf(r#","mtu":1200"#), Some(&n), Cmd::Add).unwrap_err();
-        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert_eq!(e.code, Code::InvalidConfig);
         assert!(e.details.contains("1280"), "{}", e.details);
         let small = node(&["fd00::/64"], Some(1230));
         let e = resolve(&conf(""), Some(&small), Cmd::Add).unwrap_err();
         assert!(e.details.contains("the node's pod MTU"), "{}", e.details);
         let bad = node(&["10.244.1.1/24"], None);
         let e = resolve(&conf(""), Some(&bad), Cmd::Add).unwrap_err();
-        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert_eq!(e.code, Code::InvalidConfig);
         assert!(e.details.contains("spec.podCIDRs"), "{}", e.details);
     }
 }

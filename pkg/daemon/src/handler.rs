@@ -12,7 +12,7 @@ use tracing::{Instrument, info, warn};
 use weft_cni::args::{IP, K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID, MAC};
 use weft_cni::request::{self, Requested};
 use weft_cni::spool::{self, SpooledDel};
-use weft_cni::{CNIResult, Cmd, CniError, HostIp, Interface, IpConfig, NetworkConfig, Route, code, result, validate};
+use weft_cni::{CNIResult, Cmd, CniError, Code, HostIp, Interface, IpConfig, NetworkConfig, Route, result, validate};
 use weft_failpoint::failpoint;
 use weft_kernel::KernelError;
 use weft_kernel::ptp::{self, PodAddress, PodNetwork, PodRoute, RouteRequest};
@@ -65,21 +65,21 @@ pub type NewRange = Arc<dyn Fn() + Send + Sync>;
 
 fn store_err(e: StoreError) -> CniError {
     match e {
-        StoreError::Exhausted { .. } => CniError::new(code::RANGE_EXHAUSTED, e.to_string()),
-        StoreError::PortTaken { .. } => CniError::new(code::HOST_PORT_IN_USE, e.to_string()),
-        StoreError::PortInvalid(_) => CniError::new(code::INVALID_CONFIG, e.to_string()),
-        StoreError::AddressTaken { .. } => CniError::new(code::ADDRESS_IN_USE, e.to_string()),
-        StoreError::AddressInvalid(_) => CniError::new(code::INVALID_CONFIG, e.to_string()),
-        StoreError::Closed => CniError::new(code::TRY_AGAIN_LATER, "weftd is shutting down"),
-        StoreError::Panicked(_) => CniError::new(code::INTERNAL, e.to_string()),
+        StoreError::Exhausted { .. } => CniError::new(Code::RangeExhausted, e.to_string()),
+        StoreError::PortTaken { .. } => CniError::new(Code::HostPortInUse, e.to_string()),
+        StoreError::PortInvalid(_) => CniError::new(Code::InvalidConfig, e.to_string()),
+        StoreError::AddressTaken { .. } => CniError::new(Code::AddressInUse, e.to_string()),
+        StoreError::AddressInvalid(_) => CniError::new(Code::InvalidConfig, e.to_string()),
+        StoreError::Closed => CniError::new(Code::TryAgainLater, "weftd is shutting down"),
+        StoreError::Panicked(_) => CniError::new(Code::Internal, e.to_string()),
         // A full disk (or a read-only, failing or damaged file) is the node's condition,
         // not the call's: the runtime retries, and the node answers not ready until the
         // store writes again.
         StoreError::Sqlite(cause) if e.cannot_write() => CniError::new(
-            code::TRY_AGAIN_LATER,
+            Code::TryAgainLater,
             format!("{STORE_CANNOT_WRITE}: {cause}; weftd takes pods again once it can write (see /readyz)"),
         ),
-        other => CniError::new(code::STORE, other.to_string()),
+        other => CniError::new(Code::Store, other.to_string()),
     }
 }
 
@@ -91,7 +91,7 @@ fn kernel_err(e: KernelError) -> CniError {
         && let KernelError::Os { step, .. } = &e
     {
         return CniError::new(
-            code::ROUTE_EXISTS,
+            Code::RouteExists,
             format!(
                 "{step}: the pod has a route to that destination already (another network of the pod, or its \
                  runtime, installed it); leave it out of `routes`, leave `defaultRoute` unset, and give each \
@@ -100,10 +100,10 @@ fn kernel_err(e: KernelError) -> CniError {
         );
     }
     match e {
-        KernelError::InvalidNetns { .. } => CniError::new(code::INVALID_NETNS, e.to_string()),
-        KernelError::InterfaceExists { .. } => CniError::new(code::INTERFACE_EXISTS, e.to_string()),
-        KernelError::Drift(m) => CniError::new(code::CHECK_FAILED, m),
-        KernelError::Os { .. } => CniError::new(code::KERNEL, e.to_string()),
+        KernelError::InvalidNetns { .. } => CniError::new(Code::InvalidNetns, e.to_string()),
+        KernelError::InterfaceExists { .. } => CniError::new(Code::InterfaceExists, e.to_string()),
+        KernelError::Drift(m) => CniError::new(Code::CheckFailed, m),
+        KernelError::Os { .. } => CniError::new(Code::Kernel, e.to_string()),
     }
 }
 
@@ -234,7 +234,7 @@ fn check_route_gateways(conf: &NetworkConfig, ranges: &[IpNet]) -> Result<(), Cn
         let family: Vec<&IpNet> = ranges.iter().filter(|n| n.addr().is_ipv4() == gw.is_ipv4()).collect();
         if !family.iter().any(|n| weft_store::gateway(n) == gw) {
             return Err(CniError::new(
-                code::INVALID_CONFIG,
+                Code::InvalidConfig,
                 format!(
                     "`routes`: the route to {} names gw {gw}, but a pod's only next hop is the gateway of its range \
                      (the first address: {}); leave `gw` out",
@@ -283,7 +283,7 @@ fn route_request(conf: &NetworkConfig, att: &Attachment) -> Result<RouteRequest,
             && gw != a.gateway
         {
             return Err(CniError::new(
-                code::INVALID_CONFIG,
+                Code::InvalidConfig,
                 format!(
                     "`routes`: the route to {} names gw {gw}, but the pod's address {} came from range {}, whose \
                      gateway {} is its only next hop; leave `gw` out",
@@ -318,7 +318,7 @@ fn check_requested(req: &Requested, ranges: &[IpNet]) -> Result<(), CniError> {
             .map(ToString::to_string)
             .collect();
         return Err(CniError::new(
-            code::INVALID_CONFIG,
+            Code::InvalidConfig,
             if same.is_empty() {
                 format!(
                     "{} asks for {}, but the network has no {family} range (ranges: {})",
@@ -344,7 +344,7 @@ fn check_requested(req: &Requested, ranges: &[IpNet]) -> Result<(), CniError> {
 fn check_existing_matches(att: &Attachment, req: &Requested) -> Result<(), CniError> {
     let differs = |what: String| {
         Err(CniError::new(
-            code::INVALID_CONFIG,
+            Code::InvalidConfig,
             format!(
                 "attachment {} exists already with {what}; DEL it before asking for another",
                 att.key
@@ -601,7 +601,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                     .result
                     .as_deref()
                     .and_then(|r| serde_json::from_str(r).ok())
-                    .ok_or_else(|| CniError::new(code::STORE, format!("stored result of {key} is unreadable")))?;
+                    .ok_or_else(|| CniError::new(Code::Store, format!("stored result of {key} is unreadable")))?;
                 info!(attachment = %key, "ADD repeated: returning the stored result");
                 return Ok(result::render(
                     conf.version,
@@ -616,7 +616,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                     BeginAdd::Created(att) => att,
                     BeginAdd::Existing(_) => {
                         return Err(CniError::new(
-                            code::INTERNAL,
+                            Code::Internal,
                             format!("attachment {key} reappeared while replacing it"),
                         ));
                     }
@@ -671,7 +671,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 self.undo_add(&att).await;
                 policy.pod_detached();
                 return Err(CniError::new(
-                    code::TRY_AGAIN_LATER,
+                    Code::TryAgainLater,
                     format!(
                         "{}: {why}; nothing was set up and the ADD can be retried",
                         att.pod.describe(&att.key.container_id)
@@ -705,7 +705,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 warn!(attachment = %key, error = %why, "the pod's links did not come up in time: removing the attachment");
                 self.abandon_add(&att, w.as_ref(), pod).await;
                 return Err(CniError::new(
-                    code::TRY_AGAIN_LATER,
+                    Code::TryAgainLater,
                     format!(
                         "{}: {why}; the attachment was removed and the ADD can be retried",
                         att.pod.describe(&att.key.container_id)
@@ -1073,14 +1073,14 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             Some(a) if a.state == State::Ready && !self.teardowns.pending(&key) => a,
             _ => {
                 return Err(CniError::new(
-                    code::UNKNOWN_CONTAINER,
+                    Code::UnknownContainer,
                     format!("weft has no attachment {key}"),
                 ));
             }
         };
         if att.netns != args.netns {
             return Err(CniError::new(
-                code::CHECK_FAILED,
+                Code::CheckFailed,
                 format!("attachment {key} was made in {}, CHECK names {}", att.netns, args.netns),
             ));
         }
@@ -1088,7 +1088,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             for a in &att.addresses {
                 if !prev.ips.iter().any(|ip| ip.address.addr() == a.address) {
                     return Err(CniError::new(
-                        code::CHECK_FAILED,
+                        Code::CheckFailed,
                         format!("prevResult does not list the pod's address {}", a.address),
                     ));
                 }
@@ -1112,7 +1112,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             let fam: Vec<_> = usage.iter().filter(|u| u.range.addr().is_ipv6() == v6).collect();
             if !fam.is_empty() && fam.iter().all(|u| u.is_full()) {
                 return Err(CniError::new(
-                    code::NOT_AVAILABLE,
+                    Code::NotAvailable,
                     format!(
                         "every {} range is full: {}",
                         if v6 { "IPv6" } else { "IPv4" },
@@ -1130,7 +1130,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         let conf = NetworkConfig::parse(&args.config, Cmd::Gc)?;
         let Some(valid) = conf.valid_attachments.as_ref() else {
             return Err(CniError::new(
-                code::INVALID_CONFIG,
+                Code::InvalidConfig,
                 "GC needs `cni.dev/valid-attachments` in the config",
             ));
         };

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use weft_cni::args::{K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID};
-use weft_cni::{CniError, code};
+use weft_cni::{CniError, Code};
 use weft_link::{DownBy, Impairment, LinkChange, LinkView, WireReport};
 use weft_rpc::admin::admin_server::Admin;
 use weft_rpc::admin::{
@@ -29,35 +29,9 @@ use crate::handler::Handler;
 use crate::seams::{AdminState, Ipam, LinkError, LinkRef, PodNetworking, Wiring};
 use crate::spool::DelSpool;
 
-/// The gRPC code a CNI error travels under (tooling sees it; the plugin reads the
-/// CNI error detail).
-fn grpc_code(cni: u32) -> tonic::Code {
-    match cni {
-        code::INCOMPATIBLE_VERSION
-        | code::UNSUPPORTED_FIELD
-        | code::INVALID_ENV
-        | code::DECODE
-        | code::INVALID_CONFIG
-        | code::INVALID_NETNS => tonic::Code::InvalidArgument,
-        code::UNKNOWN_CONTAINER => tonic::Code::NotFound,
-        code::TRY_AGAIN_LATER | code::NOT_AVAILABLE => tonic::Code::Unavailable,
-        code::RANGE_EXHAUSTED => tonic::Code::ResourceExhausted,
-        code::CHECK_FAILED => tonic::Code::FailedPrecondition,
-        code::INTERFACE_EXISTS | code::ADDRESS_IN_USE | code::ROUTE_EXISTS => tonic::Code::AlreadyExists,
-        _ => tonic::Code::Internal,
-    }
-}
-
 /// A CNI error as a status carrying it.
 pub fn to_status(e: &CniError) -> Status {
-    weft_rpc::cni_error_status(
-        grpc_code(e.code),
-        &weft_rpc::CniError {
-            code: e.code,
-            msg: e.msg.clone(),
-            details: e.details.clone(),
-        },
-    )
+    weft_rpc::cni_error_status(e)
 }
 
 /// Runs a call on its own task, so a client that disconnects or times out cannot
@@ -69,12 +43,12 @@ async fn detached<T: Send + 'static>(
 ) -> Result<T, Status> {
     let outcome = match tokio::spawn(fut.in_current_span()).await {
         Ok(r) => r,
-        Err(join) => Err(CniError::new(code::INTERNAL, format!("the call's task failed: {join}"))),
+        Err(join) => Err(CniError::new(Code::Internal, format!("the call's task failed: {join}"))),
     };
     if let Some(c) = call {
         match &outcome {
             Ok(_) => c.record_outcome(0, ""),
-            Err(e) => c.record_outcome(e.code, &format!("{}: {}", e.msg, e.details)),
+            Err(e) => c.record_outcome(e.code.number(), &format!("{}: {}", e.msg, e.details)),
         }
     }
     outcome.map_err(|e| to_status(&e))

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 use weft_cni::spool::{self, SpoolError, SpooledDel};
-use weft_cni::{CniError, code};
+use weft_cni::{CniError, Code};
 use weft_store::AttachmentKey;
 
 use crate::call::CniCall;
@@ -155,9 +155,9 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         let (container, ifname, network) = (del.container_id.clone(), del.ifname.clone(), del.network.clone());
         let age_ms = spool::now_ms().saturating_sub(del.spooled_at_ms);
         if let Err(e) = self.del_now(&call_of(del)).await {
-            if e.code < code::TRY_AGAIN_LATER {
+            if e.code.is_about_input() {
                 let aside = spool::set_aside(path);
-                warn!(network, container, ifname, code = e.code, error = %e.msg, aside = ?aside.as_ref().map(|p| p.display().to_string()), "spooled DEL refused for its input; set aside");
+                warn!(network, container, ifname, code = e.code.number(), error = %e.msg, aside = ?aside.as_ref().map(|p| p.display().to_string()), "spooled DEL refused for its input; set aside");
                 return Outcome::SetAside;
             }
             warn!(network, container, ifname, error = %e.details, "spooled DEL failed; kept for the next pass");
@@ -202,7 +202,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 }
                 Outcome::SetAside => Ok(()),
                 Outcome::Failed(why) => Err(CniError::new(
-                    code::TRY_AGAIN_LATER,
+                    Code::TryAgainLater,
                     format!("a DEL of {key} waiting in the DEL spool could not be done yet: {why}"),
                 )),
             },
@@ -211,7 +211,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 warn!(error = %e, "unreadable DEL spool entry set aside");
                 Ok(())
             }
-            Err(e) => Err(CniError::new(code::TRY_AGAIN_LATER, e.to_string())),
+            Err(e) => Err(CniError::new(Code::TryAgainLater, e.to_string())),
         }
     }
 }

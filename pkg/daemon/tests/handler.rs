@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_cni::code;
+use weft_cni::Code;
 use weft_daemon::{CniCall, Handler, NodeInfo, PodDefaults, PodNetworking, TableSync, WiredPod, Wiring};
 use weft_kernel::KernelError;
 use weft_kernel::ptp::{PodNetwork, PodRoute, RouteRequest};
@@ -215,7 +215,7 @@ async fn a_failed_kernel_setup_leaves_nothing() {
     *e.net.fail_setup.lock().unwrap() =
         Some(|| KernelError::os("creating the veth pair", std::io::Error::from_raw_os_error(libc::EPERM)));
     let err = e.h.add(&args("c1", CONF)).await.unwrap_err();
-    assert_eq!(err.code, code::KERNEL);
+    assert_eq!(err.code, Code::Kernel);
     assert!(err.details.contains("creating the veth pair"), "{}", err.details);
     assert_eq!(allocated(&e.store).await, 0);
     assert!(e.store.run(|db| db.list(None, None)).await.unwrap().is_empty());
@@ -223,7 +223,7 @@ async fn a_failed_kernel_setup_leaves_nothing() {
     *e.net.fail_setup.lock().unwrap() = Some(|| KernelError::InterfaceExists { ifname: "eth0".into() });
     assert_eq!(
         e.h.add(&args("c1", CONF)).await.unwrap_err().code,
-        code::INTERFACE_EXISTS
+        Code::InterfaceExists
     );
     assert_eq!(allocated(&e.store).await, 0);
 }
@@ -231,28 +231,28 @@ async fn a_failed_kernel_setup_leaves_nothing() {
 #[tokio::test]
 async fn bad_input_is_refused_before_anything_is_touched() {
     let e = env();
-    let mut cases: Vec<(CniCall, u32)> = Vec::new();
+    let mut cases: Vec<(CniCall, Code)> = Vec::new();
     let mut a = args("c1", CONF);
     a.ifname = "a-very-long-ifname".into();
-    cases.push((a, code::INVALID_ENV));
+    cases.push((a, Code::InvalidEnv));
     let mut a = args("c1", CONF);
     a.ifname = "et/h0".into();
-    cases.push((a, code::INVALID_ENV));
+    cases.push((a, Code::InvalidEnv));
     let mut a = args("c1", CONF);
     a.container_id = "bad id".into();
-    cases.push((a, code::INVALID_ENV));
+    cases.push((a, Code::InvalidEnv));
     let mut a = args("c1", CONF);
     a.netns = "/missing/ns".into();
-    cases.push((a, code::INVALID_NETNS));
-    cases.push((args("c1", "{nope"), code::DECODE));
-    cases.push((args("c1", &CONF.replace("1.1.0", "9.9.9")), code::INCOMPATIBLE_VERSION));
+    cases.push((a, Code::InvalidNetns));
+    cases.push((args("c1", "{nope"), Code::Decode));
+    cases.push((args("c1", &CONF.replace("1.1.0", "9.9.9")), Code::IncompatibleVersion));
     cases.push((
         args("c1", &CONF.replace(r#""cniVersion":"1.1.0","#, "")),
-        code::INCOMPATIBLE_VERSION,
+        Code::IncompatibleVersion,
     ));
     cases.push((
         args("c1", &CONF.replace("10.1.0.0/29", "10.1.0.0/33")),
-        code::INVALID_CONFIG,
+        Code::InvalidConfig,
     ));
     for (a, want) in cases {
         let err = e.h.add(&a).await.unwrap_err();
@@ -270,7 +270,7 @@ async fn exhaustion_names_the_range_and_rolls_back() {
         e.h.add(&args(&format!("c{i}"), CONF)).await.unwrap();
     }
     let err = e.h.add(&args("c9", CONF)).await.unwrap_err();
-    assert_eq!(err.code, code::RANGE_EXHAUSTED);
+    assert_eq!(err.code, Code::RangeExhausted);
     assert!(err.details.contains("10.1.0.0/29"), "{}", err.details);
     assert_eq!(
         allocated(&e.store).await,
@@ -279,7 +279,7 @@ async fn exhaustion_names_the_range_and_rolls_back() {
     );
     // STATUS now says ADD cannot be served.
     let st = e.h.status(&args("", CONF)).await.unwrap_err();
-    assert_eq!(st.code, code::NOT_AVAILABLE);
+    assert_eq!(st.code, Code::NotAvailable);
     assert!(st.details.contains("IPv4"), "{}", st.details);
 }
 
@@ -324,12 +324,12 @@ async fn add_after_del_waits_for_the_teardown_and_gets_a_new_address() {
 async fn check_reports_unknown_and_drift() {
     let e = env();
     let mut a = args("c1", CONF);
-    assert_eq!(e.h.check(&a).await.unwrap_err().code, code::UNKNOWN_CONTAINER);
+    assert_eq!(e.h.check(&a).await.unwrap_err().code, Code::UnknownContainer);
     e.h.add(&a).await.unwrap();
     e.h.check(&a).await.unwrap();
     *e.net.drift.lock().unwrap() = Some("default route via 10.1.0.1 is missing in the pod".into());
     let err = e.h.check(&a).await.unwrap_err();
-    assert_eq!(err.code, code::CHECK_FAILED);
+    assert_eq!(err.code, Code::CheckFailed);
     assert!(err.details.contains("default route"));
     *e.net.drift.lock().unwrap() = None;
     a.config = CONF
@@ -339,10 +339,10 @@ async fn check_reports_unknown_and_drift() {
         )
         .into_bytes();
     let err = e.h.check(&a).await.unwrap_err();
-    assert_eq!(err.code, code::CHECK_FAILED);
+    assert_eq!(err.code, Code::CheckFailed);
     assert!(err.details.contains("prevResult"), "{}", err.details);
     let old = args("c1", &CONF.replace("1.1.0", "0.3.1"));
-    assert_eq!(e.h.check(&old).await.unwrap_err().code, code::INCOMPATIBLE_VERSION);
+    assert_eq!(e.h.check(&old).await.unwrap_err().code, Code::IncompatibleVersion);
 }
 
 #[tokio::test]
@@ -361,7 +361,7 @@ async fn gc_removes_what_the_runtime_no_longer_lists() {
     assert_eq!(left[0].key.container_id, "keep");
     assert_eq!(allocated(&e.store).await, 2);
     assert_eq!(e.h.gc(&args("", &gc_conf)).await.unwrap(), 0);
-    assert_eq!(e.h.gc(&args("", CONF)).await.unwrap_err().code, code::INVALID_CONFIG);
+    assert_eq!(e.h.gc(&args("", CONF)).await.unwrap_err().code, Code::InvalidConfig);
 }
 
 #[tokio::test]
@@ -420,7 +420,7 @@ async fn host_ports_are_held_refused_when_taken_and_released_by_del() {
     e.h.add(&args("c1", &with_ports)).await.unwrap();
     assert_eq!(e.net.ports.lock().unwrap().len(), 2, "one element per family");
     let taken = e.h.add(&args("c2", &with_ports)).await.unwrap_err();
-    assert_eq!(taken.code, code::HOST_PORT_IN_USE);
+    assert_eq!(taken.code, Code::HostPortInUse);
     assert!(
         taken.details.contains("0.0.0.0:8080/tcp") && taken.details.contains("pod default/pod-c1"),
         "{}",
@@ -447,7 +447,7 @@ async fn host_ports_are_held_refused_when_taken_and_released_by_del() {
         "\"mtu\":1450",
         "\"mtu\":1450,\"runtimeConfig\":{\"portMappings\":[{\"hostPort\":0,\"containerPort\":80}]}",
     );
-    assert_eq!(e.h.add(&args("c3", &bad)).await.unwrap_err().code, code::INVALID_CONFIG);
+    assert_eq!(e.h.add(&args("c3", &bad)).await.unwrap_err().code, Code::InvalidConfig);
 }
 
 /// podman with two weft networks and `-p 18086:80`: the same `portMappings` reach both
@@ -509,7 +509,7 @@ async fn one_container_on_two_networks_shares_its_host_ports() {
 
         // Another container wants the port: refused, and named as podman names it.
         let taken = e.h.add(&call("other", &weft_a, "eth0")).await.unwrap_err();
-        assert_eq!(taken.code, code::HOST_PORT_IN_USE);
+        assert_eq!(taken.code, Code::HostPortInUse);
         assert!(taken.details.contains("held by pod mp"), "{}", taken.details);
         assert!(!taken.details.contains("/mp"), "{}", taken.details);
 
@@ -618,11 +618,11 @@ async fn without_node_ranges_an_add_is_retried_later_and_leaves_nothing() {
     let (tx, rx) = tokio::sync::watch::channel(PodDefaults::default());
     let e = env_with(|h| h.with_pod_defaults(rx));
     let err = e.h.add(&args("c1", BARE)).await.unwrap_err();
-    assert_eq!(err.code, code::TRY_AGAIN_LATER);
+    assert_eq!(err.code, Code::TryAgainLater);
     assert!(err.details.contains("no pod ranges yet"), "{}", err.details);
     assert!(err.details.contains("spec.podCIDRs"), "{}", err.details);
     let st = e.h.status(&args("", BARE)).await.unwrap_err();
-    assert_eq!(st.code, code::NOT_AVAILABLE);
+    assert_eq!(st.code, Code::NotAvailable);
     assert!(e.store.run(|db| db.list(None, None)).await.unwrap().is_empty());
     assert!(e.net.setups.lock().unwrap().is_empty());
     // A config with its own ranges does not wait for the node.
@@ -634,11 +634,11 @@ async fn without_node_ranges_an_add_is_retried_later_and_leaves_nothing() {
     // A standalone node (no pod defaults at all): the config must say.
     let standalone = env();
     let err = standalone.h.add(&args("c1", BARE)).await.unwrap_err();
-    assert_eq!(err.code, code::INVALID_CONFIG);
+    assert_eq!(err.code, Code::InvalidConfig);
     assert!(err.details.contains("`ranges` is missing"), "{}", err.details);
     assert_eq!(
         standalone.h.status(&args("", BARE)).await.unwrap_err().code,
-        code::INVALID_CONFIG
+        Code::InvalidConfig
     );
 }
 
@@ -647,7 +647,7 @@ async fn the_mtu_used_must_suit_the_ranges_used() {
     let (_tx, rx) = tokio::sync::watch::channel(node_defaults(&["10.3.0.0/29", "fd03::/64"], Some(1230)));
     let e = env_with(|h| h.with_pod_defaults(rx));
     let err = e.h.add(&args("c1", BARE)).await.unwrap_err();
-    assert_eq!(err.code, code::INVALID_CONFIG);
+    assert_eq!(err.code, Code::InvalidConfig);
     assert!(
         err.details.contains("1230") && err.details.contains("1280"),
         "{}",
@@ -655,10 +655,7 @@ async fn the_mtu_used_must_suit_the_ranges_used() {
     );
     // Set in the config, the MTU is checked against the node's IPv6 range as well.
     let small = r#"{"cniVersion":"1.1.0","name":"weft","type":"weft","mtu":1000}"#;
-    assert_eq!(
-        e.h.add(&args("c1", small)).await.unwrap_err().code,
-        code::INVALID_CONFIG
-    );
+    assert_eq!(e.h.add(&args("c1", small)).await.unwrap_err().code, Code::InvalidConfig);
     let fine = r#"{"cniVersion":"1.1.0","name":"weft","type":"weft","mtu":1280}"#;
     e.h.add(&args("c1", fine)).await.unwrap();
     assert_eq!(allocated(&e.store).await, 2, "only the good ADD holds addresses");
@@ -767,7 +764,7 @@ async fn routes_and_default_route_choose_what_a_network_installs() {
         ))
         .await
         .unwrap_err();
-    assert_eq!(err.code, code::ROUTE_EXISTS);
+    assert_eq!(err.code, Code::RouteExists);
     assert!(
         err.details.contains("0.0.0.0/0 via 10.1.0.1 dev eth0"),
         "{}",
@@ -786,7 +783,7 @@ async fn routes_and_default_route_choose_what_a_network_installs() {
     // A `gw` that is not a gateway of the network: refused before anything is touched.
     let bad = second(r#","routes":[{"dst":"10.0.0.0/8","gw":"10.20.0.3"}]"#);
     let err = e.h.add(&net1("c4", &bad)).await.unwrap_err();
-    assert_eq!(err.code, code::INVALID_CONFIG);
+    assert_eq!(err.code, Code::InvalidConfig);
     assert!(err.details.contains("10.20.0.1 for 10.20.0.0/29"), "{}", err.details);
     assert!(attachment(&e.store, "c4", "second", "net1").await.is_none());
 }
@@ -829,7 +826,7 @@ async fn a_requested_address_and_mac_are_honoured_or_refused_whole() {
     assert_eq!(v["interfaces"][1]["mac"], "0a:58:0a:01:00:06");
 
     let before = allocated(&e.store).await;
-    let refused = |a: CniCall, want: u32, says: &'static str| {
+    let refused = |a: CniCall, want: Code, says: &'static str| {
         let h = e.h.clone();
         async move {
             let err = h.add(&a).await.unwrap_err();
@@ -840,48 +837,48 @@ async fn a_requested_address_and_mac_are_honoured_or_refused_whole() {
     // Taken: 107, naming the holder.
     refused(
         with_cni_args(args("c3", CONF), &[("IP", "10.1.0.5")]),
-        code::ADDRESS_IN_USE,
+        Code::AddressInUse,
         "pod default/pod-c1",
     )
     .await;
     // Outside every range: 7, naming the ranges.
     refused(
         with_cni_args(args("c3", CONF), &[("IP", "10.88.0.7")]),
-        code::INVALID_CONFIG,
+        Code::InvalidConfig,
         "10.1.0.0/29",
     )
     .await;
     // The gateway is no pod address.
     refused(
         with_cni_args(args("c3", CONF), &[("IP", "10.1.0.1")]),
-        code::INVALID_CONFIG,
+        Code::InvalidConfig,
         "gateway",
     )
     .await;
     // Malformed in CNI_ARGS: 4.
     refused(
         with_cni_args(args("c3", CONF), &[("IP", "10.1.0")]),
-        code::INVALID_ENV,
+        Code::InvalidEnv,
         "CNI_ARGS IP",
     )
     .await;
     refused(
         with_cni_args(args("c3", CONF), &[("MAC", "01:00:5e:00:00:01")]),
-        code::INVALID_ENV,
+        Code::InvalidEnv,
         "multicast",
     )
     .await;
     // Two sources disagreeing: 7.
     refused(
         with_cni_args(args("c3", &rc), &[("IP", "10.1.0.4")]),
-        code::INVALID_CONFIG,
+        Code::InvalidConfig,
         "one address per family",
     )
     .await;
     // The same attachment asked for with another address: 7.
     refused(
         with_cni_args(args("c1", CONF), &[("IP", "10.1.0.4")]),
-        code::INVALID_CONFIG,
+        Code::InvalidConfig,
         "DEL it",
     )
     .await;
@@ -967,7 +964,7 @@ async fn an_add_whose_links_do_not_come_up_fails_and_leaves_nothing() {
     let before = allocated(&e.store).await;
     let conf = CONF.replacen('{', r#"{"waitForLinks":"2s","#, 1);
     let err = e.h.add(&args("c1", &conf)).await.unwrap_err();
-    assert_eq!(err.code, weft_cni::code::TRY_AGAIN_LATER);
+    assert_eq!(err.code, weft_cni::Code::TryAgainLater);
     assert!(
         err.details.contains("peer pod r2 is not running") && err.details.contains("can be retried"),
         "{}",
@@ -1165,7 +1162,7 @@ async fn a_full_disk_fails_add_with_try_again_and_a_del_is_spooled_until_the_sto
     fillable.full.store(true, Ordering::SeqCst);
     // ADD: try again later, naming the cause; nothing touched.
     let err = h.add(&args("c3", CONF)).await.unwrap_err();
-    assert_eq!(err.code, code::TRY_AGAIN_LATER);
+    assert_eq!(err.code, Code::TryAgainLater);
     assert_eq!(
         err.details,
         "the state store cannot be written: database or disk is full; weftd takes pods again once it can write \
@@ -1197,7 +1194,7 @@ async fn a_full_disk_fails_add_with_try_again_and_a_del_is_spooled_until_the_sto
     assert_eq!(spool.pending(), 1);
     // An ADD of the same pod must wait for that DEL.
     let err = h.add(&c1).await.unwrap_err();
-    assert_eq!(err.code, code::TRY_AGAIN_LATER);
+    assert_eq!(err.code, Code::TryAgainLater);
     assert!(err.details.contains("waiting in the DEL spool"), "{err:?}");
 
     // Room again: the replay releases c1's rows and addresses, c2 is untouched.
@@ -1254,7 +1251,7 @@ async fn an_add_answers_once_its_policies_are_in_place() {
 
     *policy.refuse.lock().unwrap() = Some("network policy state not known yet".into());
     let err = e.h.add(&args("c2", CONF)).await.unwrap_err();
-    assert_eq!(err.code, code::TRY_AGAIN_LATER);
+    assert_eq!(err.code, Code::TryAgainLater);
     assert!(err.details.contains("not known yet"), "{}", err.details);
     assert!(
         attachment(&e.store, "c2", "weft", "eth0").await.is_none(),

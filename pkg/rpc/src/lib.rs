@@ -36,38 +36,91 @@ pub mod rpc_status {
     tonic::include_proto!("google.rpc");
 }
 
-pub use cnirpc::CniError;
+/// The wire form of a CNI error; plugin and daemon both work with [`weft_cni::CniError`]
+/// and convert at the edge ([`cni_error_status`], [`cni_error_from_status`]).
+pub use cnirpc::CniError as WireCniError;
 
-/// Fully qualified protobuf name of [`CniError`], used as the `Any` type URL suffix.
+/// Fully qualified protobuf name of [`WireCniError`], used as the `Any` type URL suffix.
 pub const CNI_ERROR_TYPE_URL: &str = "type.googleapis.com/weft.cnirpc.v1.CNIError";
 
-/// Wraps a CNI error in a gRPC status: `grpc_code` for gRPC-level tooling, and the
-/// CNI error itself as the single detail of a `google.rpc.Status`.
-pub fn cni_error_status(grpc_code: tonic::Code, err: &CniError) -> tonic::Status {
+/// The gRPC code a CNI error travels under, by its class (gRPC tooling sees it; the
+/// plugin reads the CNI error itself). Exhaustive: a new class is mapped here or
+/// nothing builds.
+pub fn grpc_code(class: weft_cni::Class) -> tonic::Code {
+    use weft_cni::Class;
+    match class {
+        Class::InvalidArgument => tonic::Code::InvalidArgument,
+        Class::NotFound => tonic::Code::NotFound,
+        Class::Unavailable => tonic::Code::Unavailable,
+        Class::ResourceExhausted => tonic::Code::ResourceExhausted,
+        Class::FailedPrecondition => tonic::Code::FailedPrecondition,
+        Class::AlreadyExists => tonic::Code::AlreadyExists,
+        Class::Internal => tonic::Code::Internal,
+    }
+}
+
+impl From<&weft_cni::CniError> for WireCniError {
+    fn from(e: &weft_cni::CniError) -> Self {
+        Self {
+            code: e.code.number(),
+            msg: e.msg.clone(),
+            details: e.details.clone(),
+        }
+    }
+}
+
+impl From<WireCniError> for weft_cni::CniError {
+    /// A code this build does not know (a newer daemon's) is reported as internal,
+    /// with the daemon's number kept in the details.
+    fn from(e: WireCniError) -> Self {
+        match weft_cni::Code::from_number(e.code) {
+            Some(code) => Self {
+                code,
+                msg: e.msg,
+                details: e.details,
+            },
+            None => Self {
+                code: weft_cni::Code::Internal,
+                msg: e.msg,
+                details: format!(
+                    "{} (the daemon answered CNI code {}, unknown to this plugin)",
+                    e.details, e.code
+                ),
+            },
+        }
+    }
+}
+
+/// Wraps a CNI error in a gRPC status: the code of its class for gRPC-level tooling,
+/// and the CNI error itself as the single detail of a `google.rpc.Status`.
+pub fn cni_error_status(err: &weft_cni::CniError) -> tonic::Status {
+    let grpc = grpc_code(err.code.class());
+    let wire = WireCniError::from(err);
     let envelope = rpc_status::Status {
-        code: grpc_code as i32,
-        message: err.msg.clone(),
+        code: grpc as i32,
+        message: wire.msg.clone(),
         details: vec![prost_types::Any {
             type_url: CNI_ERROR_TYPE_URL.to_string(),
-            value: err.encode_to_vec(),
+            value: wire.encode_to_vec(),
         }],
     };
-    let message = if err.details.is_empty() {
-        err.msg.clone()
+    let message = if wire.details.is_empty() {
+        wire.msg.clone()
     } else {
-        format!("{}: {}", err.msg, err.details)
+        format!("{}: {}", wire.msg, wire.details)
     };
-    tonic::Status::with_details(grpc_code, message, envelope.encode_to_vec().into())
+    tonic::Status::with_details(grpc, message, envelope.encode_to_vec().into())
 }
 
 /// Extracts the CNI error carried by a status made with [`cni_error_status`], if any.
-pub fn cni_error_from_status(status: &tonic::Status) -> Option<CniError> {
+pub fn cni_error_from_status(status: &tonic::Status) -> Option<weft_cni::CniError> {
     let envelope = rpc_status::Status::decode(status.details()).ok()?;
     envelope
         .details
         .iter()
         .find(|any| any.type_url == CNI_ERROR_TYPE_URL)
-        .and_then(|any| CniError::decode(any.value.as_slice()).ok())
+        .and_then(|any| WireCniError::decode(any.value.as_slice()).ok())
+        .map(weft_cni::CniError::from)
 }
 
 /// How a client dials the daemon's socket.
@@ -145,14 +198,56 @@ mod tests {
 
     #[test]
     fn cni_error_round_trips_through_a_status() {
-        let err = CniError {
-            code: 101,
-            msg: "address range exhausted".into(),
-            details: "10.0.0.0/30 has no free address".into(),
-        };
-        let status = cni_error_status(tonic::Code::ResourceExhausted, &err);
+        let err = weft_cni::CniError::new(weft_cni::Code::RangeExhausted, "10.0.0.0/30 has no free address");
+        let status = cni_error_status(&err);
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
         assert_eq!(cni_error_from_status(&status), Some(err));
+    }
+
+    #[test]
+    fn every_code_keeps_its_grpc_code() {
+        use tonic::Code as G;
+        use weft_cni::Code as C;
+        // The table from before the codes were typed: a change here is a change of
+        // what gRPC tooling and its metrics see.
+        let want = [
+            (C::IncompatibleVersion, G::InvalidArgument),
+            (C::UnsupportedField, G::InvalidArgument),
+            (C::UnknownContainer, G::NotFound),
+            (C::InvalidEnv, G::InvalidArgument),
+            (C::IoFailure, G::Internal),
+            (C::Decode, G::InvalidArgument),
+            (C::InvalidConfig, G::InvalidArgument),
+            (C::InvalidNetns, G::InvalidArgument),
+            (C::TryAgainLater, G::Unavailable),
+            (C::NotAvailable, G::Unavailable),
+            (C::Internal, G::Internal),
+            (C::RangeExhausted, G::ResourceExhausted),
+            (C::Kernel, G::Internal),
+            (C::Store, G::Internal),
+            (C::CheckFailed, G::FailedPrecondition),
+            (C::InterfaceExists, G::AlreadyExists),
+            (C::HostPortInUse, G::Internal),
+            (C::AddressInUse, G::AlreadyExists),
+            (C::RouteExists, G::AlreadyExists),
+        ];
+        assert_eq!(want.map(|(c, _)| c), C::ALL, "every code is in the table");
+        for (c, g) in want {
+            assert_eq!(grpc_code(c.class()), g, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_code_from_a_newer_daemon_is_internal_with_its_number() {
+        let wire = WireCniError {
+            code: 150,
+            msg: "something new".into(),
+            details: "why".into(),
+        };
+        let e = weft_cni::CniError::from(wire);
+        assert_eq!(e.code, weft_cni::Code::Internal);
+        assert_eq!(e.msg, "something new");
+        assert!(e.details.contains("CNI code 150"), "{}", e.details);
     }
 
     #[test]
