@@ -102,7 +102,7 @@ fn kernel_err(e: KernelError) -> CniError {
     match e {
         KernelError::InvalidNetns { .. } => CniError::new(Code::InvalidNetns, e.to_string()),
         KernelError::InterfaceExists { .. } => CniError::new(Code::InterfaceExists, e.to_string()),
-        KernelError::Drift(m) => CniError::new(Code::CheckFailed, m),
+        KernelError::Drift(d) => CniError::new(Code::CheckFailed, d.to_string()),
         KernelError::Os { .. } => CniError::new(Code::Kernel, e.to_string()),
     }
 }

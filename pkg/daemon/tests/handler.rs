@@ -28,7 +28,7 @@ struct FakeNet {
     ports: Arc<Mutex<HashSet<HostPort>>>,
     links: Arc<Mutex<HashSet<String>>>,
     fail_setup: Arc<Mutex<Option<Failure>>>,
-    drift: Arc<Mutex<Option<String>>>,
+    drift: Arc<Mutex<Option<weft_kernel::Drift>>>,
     gone: Arc<Mutex<HashSet<PathBuf>>>,
     removes: Arc<Mutex<usize>>,
     remove_delay: Arc<Mutex<Duration>>,
@@ -327,10 +327,13 @@ async fn check_reports_unknown_and_drift() {
     assert_eq!(e.h.check(&a).await.unwrap_err().code, Code::UnknownContainer);
     e.h.add(&a).await.unwrap();
     e.h.check(&a).await.unwrap();
-    *e.net.drift.lock().unwrap() = Some("default route via 10.1.0.1 is missing in the pod".into());
+    *e.net.drift.lock().unwrap() = Some(weft_kernel::Drift::DefaultRouteMissing {
+        gateway: "10.1.0.1".parse().unwrap(),
+        ifname: "eth0".into(),
+    });
     let err = e.h.check(&a).await.unwrap_err();
     assert_eq!(err.code, Code::CheckFailed);
-    assert!(err.details.contains("default route"));
+    assert_eq!(err.details, "default route via 10.1.0.1 dev eth0 is missing in the pod");
     *e.net.drift.lock().unwrap() = None;
     a.config = CONF
         .replace(

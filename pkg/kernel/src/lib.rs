@@ -30,7 +30,7 @@ mod routing;
 pub mod sysctl;
 pub mod wire;
 
-pub use error::KernelError;
+pub use error::{Drift, KernelError};
 pub use netem::{Netem, Tbf, probability};
 pub use netlink::{
     AliasedLink, Link, LinkStats, NetfilterMessage, Netlink, NetlinkSocket, NewLink, Nfnetlink, Protocol, RouteEntry,

@@ -21,7 +21,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use crate::netlink::{NewLink, VethPair, host_prefix};
-use crate::{KernelError, NetNs, Netlink, RouteEntry, in_netns, sysctl};
+use crate::{Drift, KernelError, NetNs, Netlink, RouteEntry, in_netns, sysctl};
 
 /// One address of a pod with the gateway it routes through.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -367,10 +367,10 @@ impl PodNetwork {
         if let Some(e) = &eth
             && e.mac != self.pod_mac
         {
-            return Err(KernelError::Drift(format!(
-                "interface {} in the pod is not the one weft made (another MAC); left alone",
-                self.ifname
-            )));
+            return Err(Drift::ForeignInterface {
+                ifname: self.ifname.clone(),
+            }
+            .into());
         }
         let (Some(mut link), Some(mut eth)) = (link, eth) else {
             // A veth pair lives and dies whole; a lone host end is a leftover.
@@ -452,34 +452,38 @@ impl PodNetwork {
     /// Compares the kernel with this description and `routes` (what
     /// [`PodNetwork::setup_routes`] installed) and reports the first difference.
     pub fn check(&self, routes: &[PodRoute]) -> Result<(), KernelError> {
-        let drift = |m: String| Err(KernelError::Drift(m));
+        let drift = |d: Drift| Err(KernelError::Drift(d));
         let mut host = Netlink::new().map_err(os("opening netlink"))?;
         let Some(link) = host
             .link_by_name(&self.host_ifname)
             .map_err(os("looking up the host end"))?
         else {
-            return drift(format!("host interface {} is missing", self.host_ifname));
+            return drift(Drift::HostInterfaceMissing {
+                ifname: self.host_ifname.clone(),
+            });
         };
         if !link.up {
-            return drift(format!("host interface {} is down", self.host_ifname));
+            return drift(Drift::HostInterfaceDown {
+                ifname: self.host_ifname.clone(),
+            });
         }
         let host_addrs = host.addresses(link.index).map_err(os("listing host addresses"))?;
         for a in &self.addresses {
             if !host_addrs.contains(&(a.gateway, host_prefix(&a.gateway))) {
-                return drift(format!(
-                    "gateway {} is missing on host interface {}",
-                    a.gateway, self.host_ifname
-                ));
+                return drift(Drift::GatewayMissing {
+                    gateway: a.gateway,
+                    ifname: self.host_ifname.clone(),
+                });
             }
             let routes = host.routes(a.address.is_ipv6()).map_err(os("listing host routes"))?;
             if !routes
                 .iter()
                 .any(|r| r.dst == Some(a.address) && r.oif == Some(link.index))
             {
-                return drift(format!(
-                    "host route to {} via {} is missing",
-                    a.address, self.host_ifname
-                ));
+                return drift(Drift::HostRouteMissing {
+                    address: a.address,
+                    ifname: self.host_ifname.clone(),
+                });
             }
         }
         let ns = NetNs::open(&self.netns)?;
@@ -488,35 +492,35 @@ impl PodNetwork {
     }
 
     fn check_pod(&self, pod: &mut Netlink, routes: &[PodRoute]) -> Result<(), KernelError> {
-        let drift = |m: String| Err(KernelError::Drift(m));
+        let drift = |d: Drift| Err(KernelError::Drift(d));
+        let ifname = || self.ifname.clone();
         let Some(eth) = pod.link_by_name(&self.ifname).map_err(os("looking up the pod end"))? else {
-            return drift(format!("interface {} is missing in the pod", self.ifname));
+            return drift(Drift::PodInterfaceMissing { ifname: ifname() });
         };
         if !eth.up {
-            return drift(format!("interface {} is down in the pod", self.ifname));
+            return drift(Drift::PodInterfaceDown { ifname: ifname() });
         }
         if eth.mac != self.pod_mac {
-            return drift(format!("interface {} has another MAC than weft gave it", self.ifname));
+            return drift(Drift::MacChanged { ifname: ifname() });
         }
         let addrs = pod.addresses(eth.index).map_err(os("listing pod addresses"))?;
         for a in &self.addresses {
             if !addrs.contains(&(a.address, host_prefix(&a.address))) {
-                return drift(format!(
-                    "address {}/{} is missing on {}",
-                    a.address,
-                    host_prefix(&a.address),
-                    self.ifname
-                ));
+                return drift(Drift::AddressMissing {
+                    address: a.address,
+                    prefix_len: host_prefix(&a.address),
+                    ifname: ifname(),
+                });
             }
             let in_pod = pod.routes(a.address.is_ipv6()).map_err(os("listing pod routes"))?;
             if !in_pod
                 .iter()
                 .any(|r| r.dst == Some(a.gateway) && r.oif == Some(eth.index))
             {
-                return drift(format!(
-                    "route to gateway {} dev {} is missing in the pod",
-                    a.gateway, self.ifname
-                ));
+                return drift(Drift::GatewayRouteMissing {
+                    gateway: a.gateway,
+                    ifname: ifname(),
+                });
             }
         }
         for v6 in [false, true] {
@@ -527,12 +531,15 @@ impl PodNetwork {
             let in_pod = pod.routes(v6).map_err(os("listing pod routes"))?;
             if let Some(r) = mine.iter().find(|r| !in_pod.iter().any(|k| r.is(k, eth.index))) {
                 return drift(if r.is_default() {
-                    format!(
-                        "default route via {} dev {} is missing in the pod",
-                        r.gateway, self.ifname
-                    )
+                    Drift::DefaultRouteMissing {
+                        gateway: r.gateway,
+                        ifname: ifname(),
+                    }
                 } else {
-                    format!("route {r} dev {} is missing in the pod", self.ifname)
+                    Drift::RouteMissing {
+                        route: **r,
+                        ifname: ifname(),
+                    }
                 });
             }
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use weft_kernel::ptp::{self, PodAddress, PodNetwork, PodRoute, RouteRequest};
 use weft_kernel::testutil::{TempNetns, privileged};
-use weft_kernel::{KernelError, Netlink};
+use weft_kernel::{Drift, KernelError, Netlink};
 
 fn pod(ns: &TempNetns, host: &str, addrs: &[(&str, &str)]) -> PodNetwork {
     PodNetwork {
@@ -204,7 +204,19 @@ fn check_reports_missing_routes_and_interfaces() {
         assert!(nl.delete_route(None, 0, eth.index, false).unwrap());
     });
     match node.run(|| spec.check(&routes)) {
-        Err(KernelError::Drift(m)) => assert!(m.contains("default route via 10.9.1.1"), "{m}"),
+        Err(KernelError::Drift(d)) => {
+            assert_eq!(
+                d,
+                Drift::DefaultRouteMissing {
+                    gateway: "10.9.1.1".parse().unwrap(),
+                    ifname: "eth0".into()
+                }
+            );
+            assert_eq!(
+                d.to_string(),
+                "default route via 10.9.1.1 dev eth0 is missing in the pod"
+            );
+        }
         other => panic!("expected drift, got {other:?}"),
     }
 
@@ -220,13 +232,24 @@ fn check_reports_missing_routes_and_interfaces() {
         );
     });
     match node.run(|| spec.check(&routes)) {
-        Err(KernelError::Drift(m)) => assert!(m.contains("host route to 10.9.1.5"), "{m}"),
+        Err(KernelError::Drift(d)) => assert_eq!(
+            d,
+            Drift::HostRouteMissing {
+                address: "10.9.1.5".parse().unwrap(),
+                ifname: "weftt2".into()
+            }
+        ),
         other => panic!("expected drift, got {other:?}"),
     }
 
     node.run(|| ptp::remove("weftt2")).unwrap();
     match node.run(|| spec.check(&routes)) {
-        Err(KernelError::Drift(m)) => assert!(m.contains("missing"), "{m}"),
+        Err(KernelError::Drift(d)) => assert_eq!(
+            d,
+            Drift::HostInterfaceMissing {
+                ifname: "weftt2".into()
+            }
+        ),
         other => panic!("expected drift, got {other:?}"),
     }
 }
@@ -366,7 +389,16 @@ fn a_second_network_in_a_pod_leaves_the_default_route_to_the_first() {
         );
     });
     match node.run(|| second.check(&second_routes)) {
-        Err(KernelError::Drift(m)) => assert!(m.contains("route 10.99.0.0/16 via 10.9.9.1 dev net1"), "{m}"),
+        Err(KernelError::Drift(d)) => {
+            assert!(
+                matches!(&d, Drift::RouteMissing { route, ifname } if route.prefix_len == 16 && ifname == "net1"),
+                "{d:?}"
+            );
+            assert_eq!(
+                d.to_string(),
+                "route 10.99.0.0/16 via 10.9.9.1 dev net1 is missing in the pod"
+            );
+        }
         other => panic!("expected drift, got {other:?}"),
     }
     assert_eq!(node.run(|| second.repair(&second_routes)).unwrap(), vec!["route"]);

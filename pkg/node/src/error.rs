@@ -56,8 +56,25 @@ pub enum NodeError {
         source: crate::sysctls::SysctlError,
     },
     /// What a crash interrupted could not be finished.
-    #[error("start-up recovery: {0}")]
-    Recovery(String),
+    #[error("start-up recovery: {step}: {reason}")]
+    Recovery {
+        /// The recovery step.
+        step: RecoveryStep,
+        /// The step's failure, as it reported it.
+        reason: String,
+    },
+    /// The thread reading denied flows from the kernel (NFLOG) could not start.
+    #[error("starting the deny log reader")]
+    DenyLogReader(#[source] std::io::Error),
+    /// A blocking start-up task died before it finished (a panic).
+    #[error("start-up task {what}")]
+    TaskFailed {
+        /// The task.
+        what: String,
+        /// How it ended.
+        #[source]
+        source: tokio::task::JoinError,
+    },
     /// The pod VXLAN port is the one wire VXLANs use.
     #[error("--pod-vxlan-port {port} is the port wire VXLANs use; pick another (default {default})")]
     PodVxlanPort {
@@ -112,4 +129,22 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// A step of start-up recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryStep {
+    /// A new database: the pods weft set up before are read back from the kernel.
+    Rebuild,
+    /// ADDs and DELs a crash interrupted are finished or undone.
+    Interrupted,
+}
+
+impl std::fmt::Display for RecoveryStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RecoveryStep::Rebuild => "rebuilding the state from the kernel",
+            RecoveryStep::Interrupted => "finishing interrupted calls",
+        })
+    }
 }

@@ -37,7 +37,7 @@ use weft_wires::dataplane::DataPlaneRuntime;
 use weft_wires::{Engine, EngineConfig};
 
 pub use config::NodeConfig;
-pub use error::NodeError;
+pub use error::{NodeError, RecoveryStep};
 pub use lock::{LockError, StateLock};
 
 use adapters::EngineWiring;
@@ -144,7 +144,10 @@ impl Node {
             // set up before keep their addresses.
             let rebuilt = weft_daemon::rebuild::rebuild(&store)
                 .await
-                .map_err(|e| NodeError::Recovery(format!("rebuilding the state from the kernel: {e}")))?;
+                .map_err(|reason| NodeError::Recovery {
+                    step: RecoveryStep::Rebuild,
+                    reason,
+                })?;
             if moved_aside.is_some() || rebuilt.attachments > 0 {
                 node_metrics.store_rebuilds.inc();
                 node_metrics
@@ -172,7 +175,12 @@ impl Node {
             settle_sysctl(&store, sysctls::ROUTE_LOCALNET, false).await?;
         }
         let kernel = KernelNetworking::new(config.hostports_localhost);
-        let recovered = recover::recover(&store, &kernel).await.map_err(NodeError::Recovery)?;
+        let recovered = recover::recover(&store, &kernel)
+            .await
+            .map_err(|reason| NodeError::Recovery {
+                step: RecoveryStep::Interrupted,
+                reason,
+            })?;
         info!(
             rolled_back = recovered.rolled_back,
             torn_down = recovered.torn_down,
@@ -372,7 +380,7 @@ impl Node {
             .clone()
             .map(|engine| netpol::read_denies(engine, deny_stop.clone()))
             .transpose()
-            .map_err(|e| NodeError::Recovery(format!("starting the deny log reader: {e}")))?;
+            .map_err(NodeError::DenyLogReader)?;
         let store_probe = {
             let h = handler.clone();
             tokio::spawn(ready::probe_unwritable_store(
@@ -495,7 +503,10 @@ async fn settle_sysctl(store: &Store, name: &'static str, needed: bool) -> Resul
     let store = store.clone();
     tokio::task::spawn_blocking(move || sysctls::settle(&mut sysctls::HostSysctls(store), name, needed))
         .await
-        .map_err(|e| NodeError::Recovery(format!("settling {name}: {e}")))?
+        .map_err(|source| NodeError::TaskFailed {
+            what: format!("settling {name}"),
+            source,
+        })?
         .map(|_| ())
         .map_err(|source| NodeError::Sysctl { name, source })
 }
