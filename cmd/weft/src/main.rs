@@ -160,9 +160,7 @@ fn traceparent() -> String {
         return tp;
     }
     let mut b = [0u8; 24];
-    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize || b[..16].iter().all(|&x| x == 0) || b[16..].iter().all(|&x| x == 0) {
+    if getrandom::fill(&mut b).is_err() || b[..16].iter().all(|&x| x == 0) || b[16..].iter().all(|&x| x == 0) {
         // No randomness: derive something unique enough from the clock and pid.
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

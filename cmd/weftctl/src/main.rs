@@ -1,7 +1,5 @@
 //! weftctl, the operator CLI: a thin `main` over `commands/`.
 
-#![forbid(unsafe_code)]
-
 mod commands;
 
 use std::path::PathBuf;

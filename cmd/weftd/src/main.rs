@@ -2,8 +2,6 @@
 //! telemetry, [`Node::start`], a signal, [`Node::shutdown`] (see `weft-node`); or,
 //! for `weftd uninstall`, the same flags into `weft_node::uninstall`.
 
-#![forbid(unsafe_code)]
-
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;

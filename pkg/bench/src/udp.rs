@@ -4,17 +4,14 @@
 //! machines, so it would measure itself rather than the wire.
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 
 use weft_harness::NamedNetns;
 
-/// Datagrams per `sendmmsg`/`recvmmsg`.
-const BATCH: usize = 64;
 /// UDP payload: the small-packet case (a 106-byte Ethernet frame).
 pub const PAYLOAD: usize = 64;
 /// The port floods go to (see [`flood_to`] for another).
@@ -51,44 +48,6 @@ impl Flood {
     }
 }
 
-fn receive(sock: &UdpSocket, stop: &AtomicBool) -> u64 {
-    let mut bufs = vec![[0u8; 2048]; BATCH];
-    let mut iovs: Vec<libc::iovec> = bufs
-        .iter_mut()
-        .map(|b| libc::iovec {
-            iov_base: b.as_mut_ptr().cast(),
-            iov_len: b.len(),
-        })
-        .collect();
-    let mut msgs: Vec<libc::mmsghdr> = iovs
-        .iter_mut()
-        .map(|iov| {
-            // SAFETY: an all-zero mmsghdr is valid (no name, no control data).
-            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-            h.msg_hdr.msg_iov = iov;
-            h.msg_hdr.msg_iovlen = 1;
-            h
-        })
-        .collect();
-    let mut got = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        // SAFETY: every header points at a live iovec over a live buffer of its length.
-        let n = unsafe {
-            libc::recvmmsg(
-                sock.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                BATCH as u32,
-                libc::MSG_WAITFORONE,
-                std::ptr::null_mut(),
-            )
-        };
-        if n > 0 {
-            got += n as u64;
-        }
-    }
-    got
-}
-
 /// One datagram from the sender, answered by the receiver, each way within a second
 /// (retried a few times).
 fn answer_once(sender: &UdpSocket, receiver: &UdpSocket) -> Result<(), String> {
@@ -109,33 +68,6 @@ fn answer_once(sender: &UdpSocket, receiver: &UdpSocket) -> Result<(), String> {
         }
     }
     Err("the flow was never answered".into())
-}
-
-fn send(sock: &UdpSocket, for_: Duration) -> (u64, f64) {
-    let mut payload = [0x5au8; PAYLOAD];
-    let mut iov = libc::iovec {
-        iov_base: payload.as_mut_ptr().cast(),
-        iov_len: payload.len(),
-    };
-    let mut msgs: Vec<libc::mmsghdr> = (0..BATCH)
-        .map(|_| {
-            // SAFETY: as above; the socket is connected, so no name is needed.
-            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-            h.msg_hdr.msg_iov = &mut iov;
-            h.msg_hdr.msg_iovlen = 1;
-            h
-        })
-        .collect();
-    let start = Instant::now();
-    let mut sent = 0u64;
-    while start.elapsed() < for_ {
-        // SAFETY: every header points at the one live payload iovec.
-        let n = unsafe { libc::sendmmsg(sock.as_raw_fd(), msgs.as_mut_ptr(), BATCH as u32, 0) };
-        if n > 0 {
-            sent += n as u64;
-        }
-    }
-    (sent, start.elapsed().as_secs_f64())
 }
 
 /// Floods `dst` (an address in `server_ns`) from `client_ns` for `seconds`, and counts
@@ -163,17 +95,7 @@ pub(crate) fn flood_to(
         .map_err(|e| format!("binding {dst}:{port}: {e}"))?;
     // A deep receive queue, so what the wire delivers is counted rather than lost to a
     // reader that was not scheduled; the timeout lets it see `stop`.
-    let size: libc::c_int = 16 << 20;
-    // SAFETY: setting an int socket option from a live int.
-    unsafe {
-        libc::setsockopt(
-            receiver.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            (&size as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    let _ = weft_kernel::udp::force_receive_buffer(&receiver, 16 << 20);
     let _ = receiver.set_read_timeout(Some(Duration::from_millis(50)));
     let sender = NamedNetns::existing(client_ns)
         .within(|| UdpSocket::bind("0.0.0.0:0"))
@@ -187,9 +109,9 @@ pub(crate) fn flood_to(
     }
     let stop = Arc::new(AtomicBool::new(false));
     let stop_rx = stop.clone();
-    let receiving = std::thread::spawn(move || receive(&receiver, &stop_rx));
+    let receiving = std::thread::spawn(move || weft_kernel::udp::receive_until(&receiver, &stop_rx));
     let duration = Duration::from_secs_f64(seconds);
-    let sent = std::thread::spawn(move || send(&sender, duration))
+    let sent = std::thread::spawn(move || weft_kernel::udp::send_for(&sender, &[0x5a; PAYLOAD], duration))
         .join()
         .map_err(|_| "the UDP sender panicked".to_string());
     // What is still in flight (queues in the wire) arrives within this.

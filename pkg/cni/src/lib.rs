@@ -7,8 +7,6 @@
 //! The spec's own data structures come from `rscni-types`; this crate adds weft's
 //! configuration keys and the rules around them.
 
-#![forbid(unsafe_code)]
-
 pub mod args;
 pub mod conf;
 pub mod error;

@@ -9,8 +9,6 @@
 //! finishes what a crash interrupted before anything is served; [`spool`] replays the
 //! DELs the plugin recorded while weftd was down.
 
-#![forbid(unsafe_code)]
-
 pub mod call;
 pub mod capture;
 pub mod defaults;

@@ -109,16 +109,8 @@ impl DaemonConfig {
     }
 }
 
-#[allow(unsafe_code)]
 fn own_session(cmd: &mut Command) {
-    // SAFETY: the closure runs in the forked child before exec and only calls
-    // setsid(2), which is async-signal-safe.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(cmd, || {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            Ok(())
-        });
-    }
+    weft_kernel::process::own_session(cmd);
 }
 
 /// Waits up to `limit` for something to accept connections on `socket`, giving up

@@ -139,6 +139,18 @@ impl CaptureSocket {
     }
 }
 
+impl CaptureSocket {
+    /// Registers the socket with the reactor of the tokio runtime the caller has
+    /// entered, for reading.
+    pub fn into_async(self) -> io::Result<tokio::io::unix::AsyncFd<CaptureSocket>> {
+        // SAFETY: the AsyncFd owns the socket, and so its descriptor, for its whole
+        // life; a CaptureSocket never replaces its descriptor, so it always lends the
+        // same one, which nothing else can close.
+        unsafe { tokio::io::unix::AsyncFd::register_with_interest(self, tokio::io::Interest::READABLE) }
+            .map_err(io::Error::from)
+    }
+}
+
 impl AsFd for CaptureSocket {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

@@ -25,9 +25,11 @@ pub mod nflog;
 pub mod nft;
 pub mod nftset;
 pub mod packet;
+pub mod process;
 pub mod ptp;
 mod routing;
 pub mod sysctl;
+pub mod udp;
 pub mod wire;
 
 pub use error::{Drift, KernelError};

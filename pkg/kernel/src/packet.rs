@@ -363,14 +363,14 @@ impl PacketSocket {
         let slots = room.slots.as_mut_ptr();
         let overflow = room.overflow.as_mut_ptr();
         for i in 1..n {
-            // SAFETY: slot i and overflow i lie within `room`'s two buffers, which are
-            // READ_BATCH - 1 slots and overflows long.
+            // Slot i and overflow i lie within `room`'s two buffers, which are
+            // READ_BATCH - 1 slots and overflows long: the kernel writes only there.
             iov[2 * i] = libc::iovec {
-                iov_base: unsafe { slots.add((i - 1) * READ_SLOT) }.cast(),
+                iov_base: slots.wrapping_add((i - 1) * READ_SLOT).cast(),
                 iov_len: READ_SLOT,
             };
             iov[2 * i + 1] = libc::iovec {
-                iov_base: unsafe { overflow.add((i - 1) * tail) }.cast(),
+                iov_base: overflow.wrapping_add((i - 1) * tail).cast(),
                 iov_len: tail,
             };
         }
@@ -509,6 +509,17 @@ impl Default for ReadRoom {
 impl std::fmt::Debug for ReadRoom {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadRoom").field("frames", &READ_BATCH).finish()
+    }
+}
+
+impl PacketSocket {
+    /// Registers the socket with the reactor of the tokio runtime the caller has
+    /// entered (the one its reader will run on), for reading and writing.
+    pub fn into_async(self) -> io::Result<tokio::io::unix::AsyncFd<PacketSocket>> {
+        // SAFETY: the AsyncFd owns the socket, and so its descriptor, for its whole
+        // life; a PacketSocket never replaces its descriptor, so it always lends the
+        // same one, which nothing else can close.
+        unsafe { tokio::io::unix::AsyncFd::register(self) }.map_err(io::Error::from)
     }
 }
 

@@ -5,8 +5,6 @@
 //! which pods reach which (`matrix`). The pieces it is built from (named namespaces,
 //! node daemons, runtime-style plugin calls) are `weft-harness`'s.
 
-#![forbid(unsafe_code)]
-
 pub mod cluster;
 pub mod generate;
 pub mod graph;

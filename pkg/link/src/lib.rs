@@ -7,8 +7,6 @@
 //! (`weft-wires`). Kinds and states are enums everywhere in between, so a typo is a
 //! compile error rather than a wire that never matches.
 
-#![forbid(unsafe_code)]
-
 use std::fmt;
 use std::str::FromStr;
 

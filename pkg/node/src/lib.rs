@@ -6,8 +6,6 @@
 //! [`Node::shutdown`] stops it. `weftd` only parses flags into a [`NodeConfig`] and
 //! waits for a signal between the two.
 
-#![forbid(unsafe_code)]
-
 pub mod adapters;
 pub mod config;
 pub mod error;

@@ -4,8 +4,6 @@
 //! the compilation of the policies that select this node's pods into nftables sets and
 //! chains of weft's own table.
 
-#![forbid(unsafe_code)]
-
 pub mod cnp;
 pub mod denies;
 pub mod engine;

@@ -23,8 +23,6 @@
 //!                    DNATed traffic that goes back to the pod it came from (hairpin)
 //! ```
 
-#![forbid(unsafe_code)]
-
 mod elements;
 mod mapping;
 mod table;

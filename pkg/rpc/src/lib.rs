@@ -2,8 +2,6 @@
 //! the admin service used by `weftctl`, generated from `proto/`; plus the helpers both
 //! ends share: dialing the daemon's UNIX socket and carrying CNI errors in a status.
 
-#![forbid(unsafe_code)]
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

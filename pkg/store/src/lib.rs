@@ -7,8 +7,6 @@
 //! writer at a time anyway; a single connection means no lock contention can ever
 //! surface as `SQLITE_BUSY` to a CNI call.
 
-#![forbid(unsafe_code)]
-
 mod addr;
 mod attachment;
 mod damage;

@@ -23,13 +23,11 @@ fn read() -> Option<Sample> {
     // Fields after the parenthesised command name; the name may contain spaces.
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
-    // SAFETY: sysconf only reads configuration values.
-    let (tick, page) = unsafe {
-        (
-            libc::sysconf(libc::_SC_CLK_TCK) as f64,
-            libc::sysconf(libc::_SC_PAGESIZE) as f64,
-        )
-    };
+    use nix::unistd::{SysconfVar, sysconf};
+    let (tick, page) = (
+        sysconf(SysconfVar::CLK_TCK).ok()?? as f64,
+        sysconf(SysconfVar::PAGE_SIZE).ok()?? as f64,
+    );
     let utime: f64 = f.get(11)?.parse().ok()?;
     let stime: f64 = f.get(12)?.parse().ok()?;
     let starttime: f64 = f.get(19)?.parse().ok()?;

@@ -8,8 +8,6 @@
 //! never served. [`crds_yaml`] renders the CRDs; the `test-util` feature adds an
 //! in-process fake API server (`testing`) for tests.
 
-#![forbid(unsafe_code)]
-
 pub mod cnp;
 pub mod crds;
 pub mod dir;

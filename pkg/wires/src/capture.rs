@@ -5,7 +5,6 @@
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use tokio::io::unix::AsyncFd;
 use weft_kernel::capture::CaptureSocket;
 use weft_link::CapturedFrame;
 
@@ -17,11 +16,7 @@ pub fn frames(
     sock: CaptureSocket,
     snaplen: u32,
 ) -> std::io::Result<BoxStream<'static, std::io::Result<CapturedFrame>>> {
-    // SAFETY: the AsyncFd owns the socket, and so its descriptor, for its whole life; a
-    // CaptureSocket always lends the same descriptor, which nothing else can close.
-    #[allow(unsafe_code)]
-    let fd = unsafe { AsyncFd::register_with_interest(sock, tokio::io::Interest::READABLE) }
-        .map_err(std::io::Error::from)?;
+    let fd = sock.into_async()?;
     let buf = vec![0u8; snaplen.max(1) as usize];
     Ok(futures::stream::unfold((fd, buf), |(fd, mut buf)| async move {
         let got = loop {

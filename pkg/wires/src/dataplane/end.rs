@@ -112,11 +112,8 @@ impl Counters {
 
 /// Registers a wire end's socket with the reactor of the runtime the caller has
 /// entered: the one its reader will run on.
-#[allow(unsafe_code)]
 pub(super) fn register(sock: PacketSocket) -> std::io::Result<AsyncFd<PacketSocket>> {
-    // SAFETY: the AsyncFd owns the socket, and so its descriptor, for its whole life; a
-    // PacketSocket always lends the same descriptor, which nothing else can close.
-    unsafe { AsyncFd::register(sock) }.map_err(std::io::Error::from)
+    sock.into_async()
 }
 
 /// One gRPC wire end: the packet socket on its node end, its peer, and its counters.
