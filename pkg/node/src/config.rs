@@ -80,4 +80,48 @@ impl NodeConfig {
         self.node_address
             .or_else(|| (!self.wire_addr.ip().is_unspecified()).then(|| self.wire_addr.ip()))
     }
+
+    /// The node network's configuration (routes to other nodes' pod ranges,
+    /// masquerade, the pod MTU).
+    pub fn node_network(&self) -> weft_nodenet::Config {
+        weft_nodenet::Config {
+            node_name: self.node_name.clone(),
+            node_address: self.node_address,
+            routing: self.pod_routing,
+            vxlan_port: self.pod_vxlan_port,
+            vxlan_vni: self.pod_vxlan_vni,
+            masquerade: self.masquerade,
+            no_masquerade: self.no_masquerade_cidrs.clone(),
+            resync: self.resync(),
+        }
+    }
+
+    /// The wire engine's configuration, its data plane on `runtime`, its port
+    /// protected by `security`.
+    pub fn wire_engine(
+        &self,
+        runtime: &weft_wires::dataplane::DataPlaneRuntime,
+        security: weft_wiretls::WireSecurity,
+    ) -> weft_wires::EngineConfig {
+        weft_wires::EngineConfig {
+            node_name: self.node_name.clone(),
+            node_address: self.wire_node_address(),
+            wire_port: self.wire_addr.port(),
+            default_kind: self.inter_node_link,
+            mtu: self.wire_mtu,
+            resync: self.resync(),
+            dataplane_runtime: Some(runtime.handle().clone()),
+            security,
+        }
+    }
+
+    /// The policy engine's configuration; an ADD waits up to `sync_wait` for the
+    /// cluster's policy objects to be listed once.
+    pub fn policy(&self, sync_wait: Duration) -> weft_policy::Config {
+        weft_policy::Config {
+            node_name: self.node_name.clone(),
+            resync: self.resync(),
+            sync_wait,
+        }
+    }
 }

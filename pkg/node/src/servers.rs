@@ -13,7 +13,6 @@ use weft_daemon::{Handler, server};
 use weft_rpc::admin::admin_server::AdminServer;
 use weft_rpc::cnirpc::cni_server::CniServer;
 use weft_telemetry::{CallLog, GrpcLayer, Metrics, Readiness, Refresh};
-use weft_wires::dataplane::DataPlaneRuntime;
 use weft_wires::{Engine, WireService};
 use weft_wiretls::{TlsObserver, WireSecurity};
 
@@ -58,20 +57,20 @@ pub async fn serve_http(
 }
 
 /// Binds `addr` and serves the node-to-node wire service of `engine` on the data
-/// plane's runtime `plane` until `stop`; with mTLS, every connection proves first that
+/// plane's runtime (`plane`) until `stop`; with mTLS, every connection proves first that
 /// it is the node at its address (see `weft_wiretls::incoming`).
 pub async fn serve_wires(
     addr: SocketAddr,
     engine: Arc<Engine>,
     security: WireSecurity,
-    plane: &DataPlaneRuntime,
+    plane: &tokio::runtime::Handle,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<JoinHandle<Result<(), tonic::transport::Error>>, NodeError> {
     let wire = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| NodeError::BindWire { addr, source })?;
     let observer: Arc<dyn TlsObserver> = engine.metrics().clone();
-    let incoming = weft_wiretls::incoming(wire, security, observer, plane.handle());
+    let incoming = weft_wiretls::incoming(wire, security, observer, plane);
     // Frame streams carry batches of up to a megabyte: large windows and frames keep a
     // batch in one write (the acceptor turns Nagle off).
     let serve = tonic::transport::Server::builder()

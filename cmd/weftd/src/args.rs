@@ -1,0 +1,174 @@
+//! weftd's flags and environment variables, and the [`NodeConfig`] they make.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use weft_node::NodeConfig;
+use weft_node::config::WireTls;
+use weft_telemetry::LogFormat;
+use weft_topology::LinkKind;
+
+/// The weft node daemon: serves CNI calls relayed by the `weft` plugin.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+pub struct Args {
+    /// Serve (the default), or take weft off this node.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// UNIX socket the plugin and weftctl connect to.
+    #[arg(long, global = true, env = "WEFT_SOCKET", default_value = weft_cni::conf::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Directory holding the state database (weft.db).
+    #[arg(long, global = true, env = "WEFT_STATE_DIR", default_value = "/var/lib/weft")]
+    pub state_dir: PathBuf,
+    /// Address of the HTTP endpoints (/healthz, /readyz, /metrics).
+    #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9384")]
+    metrics_addr: SocketAddr,
+    /// This node's name (default: the hostname).
+    #[arg(long, env = "WEFT_NODE_NAME")]
+    node_name: Option<String>,
+    /// Log format.
+    #[arg(long, env = "WEFT_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+    /// Also forward host ports reached on 127.0.0.1 (enables `route_localnet`; packets
+    /// to 127/8 from outside the node are then dropped).
+    #[arg(long, env = "WEFT_HOSTPORTS_LOCALHOST")]
+    hostports_localhost: bool,
+    /// How often the kernel is checked against the store (host port table), seconds.
+    #[arg(long, env = "WEFT_RECONCILE_INTERVAL", default_value_t = 60)]
+    reconcile_interval: u64,
+    /// How many finished CNI calls to keep for `weftctl calls`.
+    #[arg(long, env = "WEFT_CALLS_HISTORY", default_value_t = 256)]
+    calls_history: usize,
+    /// Read Topology objects from YAML/JSON files in this directory instead of the
+    /// Kubernetes API (labs outside a cluster; several daemons may share it).
+    #[arg(long, env = "WEFT_TOPOLOGY_DIR")]
+    topology_dir: Option<PathBuf>,
+    /// Read Topology objects from the Kubernetes API (the default inside a cluster,
+    /// where KUBERNETES_SERVICE_HOST is set).
+    #[arg(long, env = "WEFT_KUBERNETES")]
+    kubernetes: Option<bool>,
+    /// TCP address of the node-to-node wire service (same port on every node).
+    #[arg(long, env = "WEFT_WIRE_ADDR", default_value = "0.0.0.0:9385")]
+    wire_addr: SocketAddr,
+    /// Directory holding the wire port's mutual-TLS files, named as in a Kubernetes
+    /// TLS Secret: ca.crt (the CA every node's certificate comes from), tls.crt and
+    /// tls.key (this node's, naming it by its Node name or address). Changed files are
+    /// used for new connections. Required for wires unless --wire-insecure.
+    #[arg(long, env = "WEFT_WIRE_TLS_DIR", conflicts_with = "wire_insecure")]
+    wire_tls_dir: Option<PathBuf>,
+    /// Run the wire port in plaintext: any host at a node's address can then open
+    /// frame streams into pods' links. For closed lab networks only.
+    #[arg(long, env = "WEFT_WIRE_INSECURE")]
+    wire_insecure: bool,
+    /// This node's underlay address, the one peers reach it on (default: the Node's
+    /// InternalIP, or the wire address when it is not a wildcard).
+    #[arg(long, env = "WEFT_NODE_ADDRESS")]
+    node_address: Option<IpAddr>,
+    /// How links between pods on different nodes are carried unless the link says.
+    #[arg(long, env = "WEFT_INTER_NODE_LINK", value_enum, default_value = "vxlan")]
+    inter_node_link: InterNodeLink,
+    /// MTU of wire ends (VXLAN ends get this minus the encapsulation).
+    #[arg(long, env = "WEFT_WIRE_MTU", default_value_t = 1500)]
+    wire_mtu: u32,
+    /// How pod traffic reaches pods on other nodes: `auto` (a direct route where the
+    /// node is on-link, VXLAN elsewhere), `direct`, `vxlan`, or `none` (an external
+    /// router carries pod ranges; weft only reports).
+    #[arg(long, env = "WEFT_POD_ROUTING", value_enum, default_value = "auto")]
+    pod_routing: weft_nodenet::PodRouting,
+    /// UDP port of the VXLAN device that carries pod traffic between nodes (not the
+    /// wire VXLANs' 4789).
+    #[arg(long, env = "WEFT_POD_VXLAN_PORT", default_value_t = weft_nodenet::DEFAULT_VXLAN_PORT)]
+    pod_vxlan_port: u16,
+    /// VNI of that VXLAN device (the same on every node).
+    #[arg(long, env = "WEFT_POD_VXLAN_VNI", default_value_t = weft_nodenet::DEFAULT_VXLAN_VNI,
+          value_parser = clap::value_parser!(u32).range(1..16_777_216))]
+    pod_vxlan_vni: u32,
+    /// Masquerade pod traffic to anything outside every node's pod ranges (and the
+    /// `--no-masquerade-cidr`s) to the node's address.
+    #[arg(long, env = "WEFT_MASQUERADE", default_value_t = true, action = clap::ArgAction::Set)]
+    masquerade: bool,
+    /// A destination never masqueraded (repeatable; comma-separated in the variable).
+    #[arg(long = "no-masquerade-cidr", env = "WEFT_NO_MASQUERADE_CIDRS", value_delimiter = ',')]
+    no_masquerade_cidrs: Vec<ipnet::IpNet>,
+    /// How long to wait at start for a previous weftd (still exiting) to release the
+    /// state directory, seconds.
+    #[arg(long, env = "WEFT_LOCK_WAIT", default_value_t = 30)]
+    lock_wait: u64,
+}
+
+/// What weftd does besides serving.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Take weft off this node (run in the node's network namespace, weftd stopped):
+    /// its nftables tables, routes and VXLAN device go, the sysctls it changed go back
+    /// to the values it found, its state directory, socket and DEL spool go. The CNI
+    /// config and plugin binary stay (the installer's: remove them with it).
+    Uninstall {
+        /// Go on although pods are attached: their networking goes with weft.
+        #[arg(long)]
+        force: bool,
+        /// Leave the state directory in place.
+        #[arg(long)]
+        keep_state: bool,
+    },
+}
+
+/// `--inter-node-link` values.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum InterNodeLink {
+    /// Kernel VXLAN with unicast FDB entries.
+    Vxlan,
+    /// Frames carried by weftd over batched gRPC streams.
+    Grpc,
+}
+
+/// The version and commit weftd reports.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const COMMIT: &str = env!("WEFT_COMMIT");
+
+impl Args {
+    /// The node's configuration (the log format stays here: telemetry is main's).
+    pub fn config(self) -> NodeConfig {
+        NodeConfig {
+            node_name: self.node_name.unwrap_or_else(hostname),
+            version: VERSION.into(),
+            commit: COMMIT.into(),
+            socket: self.socket,
+            state_dir: self.state_dir,
+            metrics_addr: self.metrics_addr,
+            hostports_localhost: self.hostports_localhost,
+            reconcile_interval: Duration::from_secs(self.reconcile_interval),
+            calls_history: self.calls_history,
+            topology_dir: self.topology_dir,
+            kubernetes: self.kubernetes,
+            wire_addr: self.wire_addr,
+            wire_tls: match (self.wire_tls_dir, self.wire_insecure) {
+                (Some(dir), _) => Some(WireTls::Dir(dir)),
+                (None, true) => Some(WireTls::Insecure),
+                (None, false) => None,
+            },
+            node_address: self.node_address,
+            inter_node_link: match self.inter_node_link {
+                InterNodeLink::Vxlan => LinkKind::Vxlan,
+                InterNodeLink::Grpc => LinkKind::Grpc,
+            },
+            wire_mtu: self.wire_mtu,
+            pod_routing: self.pod_routing,
+            pod_vxlan_port: self.pod_vxlan_port,
+            pod_vxlan_vni: self.pod_vxlan_vni,
+            masquerade: self.masquerade,
+            no_masquerade_cidrs: self.no_masquerade_cidrs,
+            lock_wait: Duration::from_secs(self.lock_wait),
+        }
+    }
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown".into())
+}
