@@ -1,8 +1,9 @@
 //! Replaying the DEL spool: DELs the plugin recorded while weftd could not be reached
 //! (`weft_cni::spool`), and those the handler recorded itself while its store could not
-//! write, are done by the handler's own DEL, before the node serves, on each reconcile
-//! pass, when the store writes again, and ahead of an ADD for the same attachment, so a
-//! pod's DEL always comes before its next ADD.
+//! write, are done by the DEL the caller hands in (the handler's own), before the node
+//! serves, on each reconcile pass, when the store writes again, and ahead of an ADD for
+//! the same attachment, so a pod's DEL always comes before its next ADD. This module
+//! knows the spool, not the handler: the handler calls it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,8 +16,9 @@ use weft_cni::{CniError, Code};
 use weft_store::AttachmentKey;
 
 use crate::call::CniCall;
-use crate::handler::Handler;
-use crate::seams::{Ipam, PodNetworking};
+
+/// The DEL a replay does for each entry: the handler's own, answering like a DEL call.
+pub type DoDel<'a> = dyn Fn(CniCall) -> futures::future::BoxFuture<'a, Result<(), CniError>> + Send + Sync + 'a;
 
 /// A temporary spool file this old was left by a plugin killed while writing it.
 const STALE_TEMPORARY: Duration = Duration::from_secs(60);
@@ -101,14 +103,12 @@ fn call_of(del: SpooledDel) -> CniCall {
     }
 }
 
-impl<I: Ipam, K: PodNetworking> Handler<I, K> {
-    /// Replays every DEL in the spool, oldest file name first, removing each entry once
-    /// its DEL succeeded. Without a spool, does nothing.
-    pub async fn replay_del_spool(&self) -> Replayed {
+impl DelSpool {
+    /// Replays every DEL in the spool with `del`, oldest file name first, removing each
+    /// entry once its DEL succeeded.
+    pub async fn replay_all(&self, del: &DoDel<'_>) -> Replayed {
         let mut done = Replayed::default();
-        let Some(spool) = self.del_spool() else {
-            return done;
-        };
+        let spool = self;
         if let Err(e) = spool::remove_stale_temporaries(spool.dir(), STALE_TEMPORARY) {
             warn!(error = %e, "cannot clear stale temporary files from the DEL spool");
         }
@@ -124,7 +124,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             match spool::read(&path) {
                 // Replayed ahead of an ADD meanwhile.
                 Ok(None) => {}
-                Ok(Some(del)) => match self.replay_one(&path, del).await {
+                Ok(Some(entry)) => match replay_one(&path, entry, del).await {
                     Outcome::Replayed => done.replayed += 1,
                     Outcome::Failed(_) => done.failed += 1,
                     Outcome::SetAside => done.set_aside += 1,
@@ -148,43 +148,17 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         done
     }
 
-    /// Does one spooled DEL and removes its entry; failures are logged. A DEL refused
-    /// for its own input (a code below 11: bad config, bad variables) can never succeed
-    /// and is set aside instead of blocking its pod's next ADD for good.
-    async fn replay_one(&self, path: &Path, del: SpooledDel) -> Outcome {
-        let (container, ifname, network) = (del.container_id.clone(), del.ifname.clone(), del.network.clone());
-        let age_ms = spool::now_ms().saturating_sub(del.spooled_at_ms);
-        if let Err(e) = self.del_now(&call_of(del)).await {
-            if e.code.is_about_input() {
-                let aside = spool::set_aside(path);
-                warn!(network, container, ifname, code = e.code.number(), error = %e.msg, aside = ?aside.as_ref().map(|p| p.display().to_string()), "spooled DEL refused for its input; set aside");
-                return Outcome::SetAside;
-            }
-            warn!(network, container, ifname, error = %e.details, "spooled DEL failed; kept for the next pass");
-            return Outcome::Failed(e.details);
-        }
-        if let Err(e) = spool::remove(path) {
-            warn!(error = %e, "spooled DEL done but its entry stays; replaying it again is harmless");
-        }
-        info!(network, container, ifname, age_ms, "spooled DEL replayed");
-        Outcome::Replayed
-    }
-
     /// Whether a DEL of `key` waits in the spool (one stat).
-    pub(crate) fn del_waits_in_spool(&self, key: &AttachmentKey) -> bool {
-        self.del_spool().is_some_and(|s| {
-            s.dir()
-                .join(spool::file_name(&key.network, &key.container_id, &key.ifname))
-                .exists()
-        })
+    pub fn waits(&self, key: &AttachmentKey) -> bool {
+        self.dir()
+            .join(spool::file_name(&key.network, &key.container_id, &key.ifname))
+            .exists()
     }
 
-    /// Before an ADD: replays a DEL spooled for `key`, so it is not applied after the
-    /// ADD. Fails the ADD (try again later) when that DEL cannot be done now.
-    pub(crate) async fn replay_spooled_del(&self, key: &AttachmentKey) -> Result<(), CniError> {
-        let Some(spool) = self.del_spool() else {
-            return Ok(());
-        };
+    /// Before an ADD: replays with `del` a DEL spooled for `key`, so it is not applied
+    /// after the ADD. Fails the ADD (try again later) when that DEL cannot be done now.
+    pub async fn replay_key(&self, key: &AttachmentKey, del: &DoDel<'_>) -> Result<(), CniError> {
+        let spool = self;
         let path = spool
             .dir()
             .join(spool::file_name(&key.network, &key.container_id, &key.ifname));
@@ -195,7 +169,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         let _guard = spool.lock.lock().await;
         match spool::find(spool.dir(), &key.network, &key.container_id, &key.ifname) {
             Ok(None) => Ok(()),
-            Ok(Some((path, del))) => match self.replay_one(&path, del).await {
+            Ok(Some((path, entry))) => match replay_one(&path, entry, del).await {
                 Outcome::Replayed => {
                     spool.replayed(1);
                     Ok(())
@@ -214,4 +188,26 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             Err(e) => Err(CniError::new(Code::TryAgainLater, e.to_string())),
         }
     }
+}
+
+/// Does one spooled DEL and removes its entry; failures are logged. A DEL refused
+/// for its own input (a code below 11: bad config, bad variables) can never succeed
+/// and is set aside instead of blocking its pod's next ADD for good.
+async fn replay_one(path: &Path, del: SpooledDel, do_del: &DoDel<'_>) -> Outcome {
+    let (container, ifname, network) = (del.container_id.clone(), del.ifname.clone(), del.network.clone());
+    let age_ms = spool::now_ms().saturating_sub(del.spooled_at_ms);
+    if let Err(e) = do_del(call_of(del)).await {
+        if e.code.is_about_input() {
+            let aside = spool::set_aside(path);
+            warn!(network, container, ifname, code = e.code.number(), error = %e.msg, aside = ?aside.as_ref().map(|p| p.display().to_string()), "spooled DEL refused for its input; set aside");
+            return Outcome::SetAside;
+        }
+        warn!(network, container, ifname, error = %e.details, "spooled DEL failed; kept for the next pass");
+        return Outcome::Failed(e.details);
+    }
+    if let Err(e) = spool::remove(path) {
+        warn!(error = %e, "spooled DEL done but its entry stays; replaying it again is harmless");
+    }
+    info!(network, container, ifname, age_ms, "spooled DEL replayed");
+    Outcome::Replayed
 }
