@@ -11,7 +11,7 @@ use tracing::debug;
 use weft_kernel::packet::{self, PacketSocket};
 use weft_rpc::wire::Frame;
 
-use super::end::{Counters, DropReason};
+use super::counters::{Counters, DropReason};
 use super::impair::{Impairer, Sink};
 
 /// Frames read before a burst goes through the emulation.

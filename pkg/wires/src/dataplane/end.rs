@@ -2,18 +2,17 @@
 
 use std::cell::RefCell;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 
-use crate::metrics::{WireDirLabels, WireDropLabels, WireLabels, WireMetrics};
 use bytes::BytesMut;
-use prometheus_client::metrics::counter::Counter;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tracing::debug;
 use weft_kernel::packet::{self, PacketSocket, READ_BATCH, READ_SLOT, ReadRoom};
 use weft_rpc::wire::Frame;
 
+use super::counters::{Counters, DropReason};
 use super::impair::Impairer;
 use super::outbox::Outbox;
 
@@ -34,87 +33,6 @@ const BURST_BYTES: usize = 64 * 1024;
 /// A reader waiting for room in a full queue reads again after this long at most, so
 /// that a stream that stalls still has the frames its end drops counted as they go.
 const ROOM_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Why a wire end dropped a frame (`reason` of `weft_wire_drops_total`).
-#[derive(Debug, Clone, Copy)]
-pub(super) enum DropReason {
-    /// The wire's peer end is down.
-    PeerDown,
-    /// No stream to the peer node is up.
-    NoStream,
-    /// The wire's queue to the peer node is full.
-    QueueFull,
-    /// The pod's end refused the frame.
-    PodBusy,
-}
-
-impl DropReason {
-    fn label(self) -> &'static str {
-        match self {
-            Self::PeerDown => "peer_down",
-            Self::NoStream => "no_stream",
-            Self::QueueFull => "queue_full",
-            Self::PodBusy => "pod_busy",
-        }
-    }
-}
-
-/// A wire end's series, looked up once: counting a frame is then two atomic adds,
-/// not a label clone and hash lookup per frame. Drop series are made on first use so
-/// that a wire that never dropped shows none.
-pub(super) struct Counters {
-    labels: WireLabels,
-    metrics: Arc<WireMetrics>,
-    tx_frames: Counter,
-    tx_bytes: Counter,
-    rx_frames: Counter,
-    rx_bytes: Counter,
-    pub(super) drops: [OnceLock<Counter>; 4],
-}
-
-impl Counters {
-    pub(super) fn new(labels: WireLabels, metrics: Arc<WireMetrics>) -> Self {
-        let dir = |direction| WireDirLabels {
-            wire: labels.clone(),
-            direction,
-        };
-        let counter = |family: &prometheus_client::metrics::family::Family<WireDirLabels, Counter>, direction| {
-            family.get_or_create(&dir(direction)).clone()
-        };
-        Self {
-            tx_frames: counter(&metrics.frames, "tx"),
-            tx_bytes: counter(&metrics.bytes, "tx"),
-            rx_frames: counter(&metrics.frames, "rx"),
-            rx_bytes: counter(&metrics.bytes, "rx"),
-            drops: Default::default(),
-            labels,
-            metrics,
-        }
-    }
-
-    pub(super) fn dropped(&self, reason: DropReason, frames: u64) {
-        if frames == 0 {
-            return;
-        }
-        self.drops[reason as usize]
-            .get_or_init(|| {
-                self.metrics
-                    .drops
-                    .get_or_create(&WireDropLabels {
-                        wire: self.labels.clone(),
-                        reason: reason.label(),
-                    })
-                    .clone()
-            })
-            .inc_by(frames);
-    }
-}
-
-/// Registers a wire end's socket with the reactor of the runtime the caller has
-/// entered: the one its reader will run on.
-pub(super) fn register(sock: PacketSocket) -> std::io::Result<AsyncFd<PacketSocket>> {
-    sock.into_async()
-}
 
 /// One gRPC wire end: the packet socket on its node end, its peer, and its counters.
 pub struct PacketEnd {

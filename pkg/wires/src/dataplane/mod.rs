@@ -13,6 +13,7 @@
 //! whose emulation the kernel cannot hold (no netem) have their frames read, impaired
 //! and written back here, with the gRPC ends' emulation code.
 
+mod counters;
 mod detour;
 mod end;
 mod impair;
@@ -39,7 +40,7 @@ pub use end::PacketEnd;
 pub use outbox::OutboundBatches;
 pub use runtime::{DataPlaneRuntime, THREAD_NAME};
 
-use end::Counters;
+use counters::Counters;
 use outbox::Outbox;
 
 /// Frames a wire end may have queued for its peer before it drops.
@@ -175,7 +176,8 @@ impl DataPlane {
     ) -> Result<(), String> {
         let sock = {
             let _rt = self.rt.enter();
-            end::register(sock).map_err(|e| format!("registering the wire end's socket: {e}"))?
+            sock.into_async()
+                .map_err(|e| format!("registering the wire end's socket: {e}"))?
         };
         let outbox = self.peer(peer);
         let counters = Arc::new(Counters::new(labels, self.metrics.clone()));
@@ -254,7 +256,8 @@ impl DataPlane {
         let sock = open().map_err(|e| format!("opening the link detour's socket: {e}"))?;
         let sock = {
             let _rt = self.rt.enter();
-            end::register(sock).map_err(|e| format!("registering the link detour's socket: {e}"))?
+            sock.into_async()
+                .map_err(|e| format!("registering the link detour's socket: {e}"))?
         };
         let sink = detour::Detour::sink(sock, Arc::new(Counters::new(labels, self.metrics.clone())));
         let d = Arc::new(detour::Detour {

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use super::end::{Counters, DropReason};
+use super::counters::{Counters, DropReason};
 use super::{BATCH_BYTES, BATCH_FRAMES, WIRE_QUEUE, WIRE_QUEUE_BYTES};
 use crate::metrics::{PeerLabels, WireMetrics};
 use futures::Stream;
