@@ -49,7 +49,7 @@ use weft_tests::cri::{
     pod_sandbox_config, random_uid, sandbox_pid,
 };
 use weft_tests::{Netns, TempDir, bin, privileged, run, sh};
-use weft_topology::testing::FakeApiServer;
+use weft_fakekube::FakeApiServer;
 
 /// The Kubernetes versions whose schemas the rendered objects must satisfy: the API
 /// weft is built against (k8s-openapi's `v1_33`) and the newest `kubernetes-validate`

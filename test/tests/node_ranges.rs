@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ipnet::IpNet;
 use weft_tests::{Call, Daemon, Netns, TempDir, privileged, result_address};
 use weft_topology::ClusterNode;
-use weft_topology::testing::FakeApiServer;
+use weft_fakekube::FakeApiServer;
 
 const TOKEN: &str = "node-ranges-token";
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{Node, node};
 use weft_kernel::testutil::privileged;
 use weft_nodenet::*;
-use weft_topology::testing::FakeApiServer;
+use weft_fakekube::FakeApiServer;
 use weft_topology::{ClusterNode, KubeSource, TopologySource};
 
 fn put(server: &FakeApiServer, n: &ClusterNode) {

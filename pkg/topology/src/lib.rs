@@ -5,8 +5,8 @@
 //! reads YAML/JSON files in a directory for labs outside one. The daemon reads only the
 //! cache on the hot path; it writes the pod's status (where it runs) and the node's
 //! `WireState` mirror back through the same trait. Topologies that fail [`validate`] are
-//! never served. [`crds_yaml`] renders the CRDs; the `test-util` feature adds an
-//! in-process fake API server (`testing`) for tests.
+//! never served. [`crds_yaml`] renders the CRDs. The fake API server its kube source is
+//! tested against is a crate of its own (`weft-fakekube`).
 
 pub mod cnp;
 pub mod crds;
@@ -15,8 +15,6 @@ pub mod kube;
 pub mod node;
 pub mod objects;
 pub mod source;
-#[cfg(feature = "test-util")]
-pub mod testing;
 pub mod types;
 pub mod validate;
 

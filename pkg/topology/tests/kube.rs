@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
 use kube::api::ObjectMeta;
 use serde_json::json;
 use tokio::time::Instant;
-use weft_topology::testing::FakeApiServer;
+use weft_fakekube::FakeApiServer;
 use weft_topology::{
     KubeSource, Link, LinkKind, SkippedLink, Topology, TopologySource, TopologySpec, TopologyStatus, WireEnd,
     WireState, validate,

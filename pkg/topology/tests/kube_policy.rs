@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
 use tokio::time::Instant;
-use weft_topology::testing::FakeApiServer;
+use weft_fakekube::FakeApiServer;
 use weft_topology::{
     ClusterNetworkPolicy, KubeSource, NamedPort, PolicyObjects, PortProtocol, Topology, TopologySource, TopologySpec,
 };

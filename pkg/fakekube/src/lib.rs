@@ -1071,7 +1071,7 @@ mod tests {
 
     #[tokio::test]
     async fn serves_cluster_network_policies_and_takes_them_away_on_request() {
-        use crate::{ClusterNetworkPolicy, ClusterNetworkPolicySpec};
+        use weft_topology::{ClusterNetworkPolicy, ClusterNetworkPolicySpec};
         use futures::StreamExt;
         use kube::api::{WatchEvent, WatchParams};
         let server = FakeApiServer::new();
