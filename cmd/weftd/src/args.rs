@@ -67,9 +67,11 @@ pub struct Args {
     /// InternalIP, or the wire address when it is not a wildcard).
     #[arg(long, env = "WEFT_NODE_ADDRESS")]
     node_address: Option<IpAddr>,
-    /// How links between pods on different nodes are carried unless the link says.
-    #[arg(long, env = "WEFT_INTER_NODE_LINK", value_enum, default_value = "vxlan")]
-    inter_node_link: InterNodeLink,
+    /// How links between pods on different nodes are carried unless the link says:
+    /// `vxlan` (kernel VXLAN with unicast FDB entries) or `grpc` (frames carried by
+    /// weftd over batched gRPC streams).
+    #[arg(long, env = "WEFT_INTER_NODE_LINK", default_value = "vxlan", value_parser = inter_node_link)]
+    inter_node_link: LinkKind,
     /// MTU of wire ends (VXLAN ends get this minus the encapsulation).
     #[arg(long, env = "WEFT_WIRE_MTU", default_value_t = 1500)]
     wire_mtu: u32,
@@ -116,13 +118,12 @@ pub enum Command {
     },
 }
 
-/// `--inter-node-link` values.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum InterNodeLink {
-    /// Kernel VXLAN with unicast FDB entries.
-    Vxlan,
-    /// Frames carried by weftd over batched gRPC streams.
-    Grpc,
+/// `--inter-node-link`: a link kind that crosses nodes.
+fn inter_node_link(s: &str) -> Result<LinkKind, String> {
+    match s.parse::<LinkKind>() {
+        Ok(k) if k.crosses_nodes() => Ok(k),
+        _ => Err(format!("{s:?}: vxlan or grpc")),
+    }
 }
 
 /// The version and commit weftd reports.
@@ -151,10 +152,7 @@ impl Args {
                 (None, false) => None,
             },
             node_address: self.node_address,
-            inter_node_link: match self.inter_node_link {
-                InterNodeLink::Vxlan => LinkKind::Vxlan,
-                InterNodeLink::Grpc => LinkKind::Grpc,
-            },
+            inter_node_link: self.inter_node_link,
             wire_mtu: self.wire_mtu,
             pod_routing: self.pod_routing,
             pod_vxlan_port: self.pod_vxlan_port,

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use weft_topology::Topology;
 
-use crate::cluster::LabSpec;
+use crate::spec::LabSpec;
 
 /// What a node reports about one link end (its wire and its link settings), as
 /// `weftctl wires` and `weftctl link show` print them.
@@ -190,7 +190,7 @@ impl Graph {
                         l.kind
                             .or_else(|| other.and_then(|o| o.kind))
                             .map(|k| k.as_str().to_string())
-                            .unwrap_or_else(|| spec.inter_node_link.clone())
+                            .unwrap_or_else(|| spec.inter_node_link.to_string())
                     }
                 });
             let state = if reports.iter().any(|r| r.down_by_intent) {

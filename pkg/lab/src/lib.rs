@@ -12,10 +12,11 @@ pub mod matrix;
 pub mod neigh;
 pub mod objects;
 pub mod ping;
+mod process;
+pub mod spec;
 
-pub use cluster::{
-    Lab, LabSpec, LinkCheck, NamespaceSpec, NodeSpec, OUTSIDE_ADDRESS, PodPort, PodSpec, Underlay, WireSecurityMode,
-};
+pub use cluster::{Lab, LinkCheck, OUTSIDE_ADDRESS};
+pub use spec::{LabSpec, NamespaceSpec, NodeSpec, PodPort, PodSpec, Underlay, WireSecurityMode};
 
 /// A lab that is taken down when this is dropped (a benchmark or test that fails
 /// half-way leaves no daemon or namespace behind). `weftctl lab up` does not use it: its

@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::LabError;
-use crate::cluster::{Lab, NamespaceSpec, PodSpec};
+use crate::cluster::Lab;
+use crate::spec::{NamespaceSpec, PodSpec};
 
 /// The label the API server gives every Namespace: policies select namespaces by name
 /// through it.

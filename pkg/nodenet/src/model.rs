@@ -28,8 +28,9 @@ pub const VXLAN_OVERHEAD_V4: u32 = 50;
 /// The same over an IPv6 underlay (outer IPv6 header is 40 bytes).
 pub const VXLAN_OVERHEAD_V6: u32 = 70;
 
-/// How pod traffic reaches other nodes (`--pod-routing`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+/// How pod traffic reaches other nodes (`--pod-routing`, a lab's `pod_routing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PodRouting {
     /// `direct` where the peer's address is on-link, `vxlan` elsewhere.
     #[default]

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Node, node};
+use weft_fakekube::FakeApiServer;
 use weft_kernel::testutil::privileged;
 use weft_nodenet::*;
-use weft_fakekube::FakeApiServer;
 use weft_topology::{ClusterNode, KubeSource, TopologySource};
 
 fn put(server: &FakeApiServer, n: &ClusterNode) {
