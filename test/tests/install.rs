@@ -44,12 +44,12 @@ use k8s_cri::v1 as cri;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
+use weft_fakekube::FakeApiServer;
 use weft_tests::cri::{
     Container, Containerd, Cri, NETWORK_READY, RUNTIME_READY, Sandbox, digest, elf_has_interpreter, pause_image,
     pod_sandbox_config, random_uid, sandbox_pid,
 };
 use weft_tests::{Netns, TempDir, bin, privileged, run, sh};
-use weft_fakekube::FakeApiServer;
 
 /// The Kubernetes versions whose schemas the rendered objects must satisfy: the API
 /// weft is built against (k8s-openapi's `v1_33`) and the newest `kubernetes-validate`

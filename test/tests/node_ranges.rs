@@ -8,9 +8,9 @@
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
+use weft_fakekube::FakeApiServer;
 use weft_tests::{Call, Daemon, Netns, TempDir, privileged, result_address};
 use weft_topology::ClusterNode;
-use weft_fakekube::FakeApiServer;
 
 const TOKEN: &str = "node-ranges-token";
 

@@ -1071,9 +1071,9 @@ mod tests {
 
     #[tokio::test]
     async fn serves_cluster_network_policies_and_takes_them_away_on_request() {
-        use weft_topology::{ClusterNetworkPolicy, ClusterNetworkPolicySpec};
         use futures::StreamExt;
         use kube::api::{WatchEvent, WatchParams};
+        use weft_topology::{ClusterNetworkPolicy, ClusterNetworkPolicySpec};
         let server = FakeApiServer::new();
         let mut cnp = ClusterNetworkPolicy::new("a", ClusterNetworkPolicySpec::default());
         cnp.metadata.namespace = Some("ignored".into());
