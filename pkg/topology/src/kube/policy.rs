@@ -54,6 +54,7 @@ use crate::objects::{
     POLICY_MODE_ANNOTATION, PolicyMaps, cluster_policy_key, pod_key, policy_key, slim_cluster_policy, slim_policy,
 };
 use crate::{ClusterNetworkPolicy, PolicyNamespace, PolicyObjects, PolicyPod};
+use recheck::Recheck;
 
 /// How long a list or watch request may wait for its answer before its watch counts as
 /// lost: the API server answers a watch at once (events come later, in the body), so a
@@ -363,54 +364,6 @@ pub(super) fn start(client: &Client) -> (Arc<PolicyCache>, Vec<tokio::task::Abor
     (cache, tasks)
 }
 
-/// The watch backoff of an optional kind: while the cluster does not serve it (or
-/// refuses it), retries come after [`FIRST_RECHECK`], doubling up to [`RECHECK`];
-/// otherwise as kube's default.
-struct Recheck {
-    cache: Arc<PolicyCache>,
-    kind: Kind,
-    default: DefaultBackoff,
-    /// The next delay while unserved.
-    next: Duration,
-}
-
-impl Recheck {
-    fn new(cache: Arc<PolicyCache>, kind: Kind) -> Self {
-        Self {
-            cache,
-            kind,
-            default: DefaultBackoff::default(),
-            next: FIRST_RECHECK,
-        }
-    }
-}
-
-impl Iterator for Recheck {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        // The answer that failed is in the cache already: `Observed` records it before
-        // the watcher sees it.
-        if self.cache.unserved(self.kind) {
-            let delay = self.next;
-            self.next = (delay * 2).min(RECHECK);
-            return Some(delay);
-        }
-        self.default.next()
-    }
-}
-
-impl Backoff for Recheck {
-    fn reset(&mut self) {
-        self.default.reset();
-        // The watcher emits `Init` (which resets its backoff) before every list, even one
-        // that is answered 404 again: only a served answer starts the delays over.
-        if !self.cache.unserved(self.kind) {
-            self.next = FIRST_RECHECK;
-        }
-    }
-}
-
 /// The HTTP status a list or watch request was refused with, if that is the watcher's
 /// error: [`Observed`] saw the same answer. (An error event within a watch is not one.)
 fn refused_with(e: &watcher::Error) -> Option<u16> {
@@ -601,5 +554,6 @@ pub(super) fn slim_namespace(n: &mut Namespace) {
     n.status = None;
 }
 
+mod recheck;
 #[cfg(test)]
 mod tests;
