@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use ipnet::IpNet;
+
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
 use weft_topology::{NamedPort, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol};
