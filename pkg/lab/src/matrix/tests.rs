@@ -1,5 +1,7 @@
 //! Tests of `matrix`.
 
+use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+
 use super::*;
 
 fn table(pods: &[&str], rows: &[&str]) -> Table {
