@@ -50,9 +50,9 @@ pub use memory::{MEMORY_TARGET_MIB, MemoryOptions, MemoryReport, MemoryState, ru
 pub use podnet::{POD_NETWORK_TARGET_RATIO, PodMode, PodModeRatio, PodNetReport, PodPath, PodPathResult, run_podnet};
 pub use policy::{
     ADD_TARGET_RATIO, AddPath, AddReport, AddSample, AddSide, BatchCounts, CONVERGE_TARGET_MS, Change, ChangeKind,
-    ClusterSize, ConvergeReport, ConvergeRun, DATA_PEERS, DATA_POLICIES, DATA_TARGET_RATIO, DataPathReport,
-    FIRST_POLICY_PORT, LoadAvg, POLICY_PARTS, PolicyOptions, PolicyReport, SCALE_LOCAL_PODS, SCALE_RSS_TARGET_MIB,
-    ScalePoint, ScaleReport, TableSize, TrafficSide, run_policy, scaled,
+    ClusterSize, ClusterSource, ConvergeReport, ConvergeRun, DATA_PEERS, DATA_POLICIES, DATA_TARGET_RATIO,
+    DataPathReport, FIRST_POLICY_PORT, LoadAvg, POLICY_PARTS, PolicyOptions, PolicyReport, SCALE_LOCAL_PODS,
+    SCALE_RSS_TARGET_MIB, ScalePoint, ScaleReport, TableSize, TrafficSide, run_policy, scaled,
 };
 pub use smoke::{SmokeOptions, SmokeReport, run_smoke};
 pub use stats::{Percentiles, median};

@@ -1,9 +1,10 @@
 //! ADD latency with a cluster's policies in weftd's cache beside ADD without any: a
 //! round per side (alternating which goes first), each on a fresh node namespace with
-//! its own weftd reading a topology directory, pods attached one by one through the
-//! real plugin as `load` attaches them.
+//! its own weftd reading its cluster (by default from the in-process fake API server
+//! through its watch caches, or from a topology directory: [`super::cluster`]), pods
+//! attached one by one through the real plugin as `load` attaches them.
 //!
-//! The "with" side's directory holds a synthetic cluster ([`Synthetic`]: 1,000
+//! The "with" side's cluster holds a synthetic cluster ([`Synthetic`]: 1,000
 //! NetworkPolicies, 5,000 Pods of other nodes with addresses, 50 namespaces) and, as
 //! the API server has them before kubelet starts their sandboxes, the Pod objects of
 //! the pods the round attaches (no addresses yet), labelled so that some policies select
@@ -23,8 +24,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon};
 
+use super::cluster::{Cluster, ClusterSource};
 use super::nftmon::{BatchCounts, Monitor, TableSize, table_size};
-use super::objects::{ClusterSize, Synthetic, write_chunked, write_docs};
+use super::objects::{ClusterSize, Synthetic};
 use super::{LoadAvg, PolicyOptions, div, wait_metric};
 use crate::load::{CallFailure, create_pods, failure, remove_pods};
 use crate::memory::sample;
@@ -114,6 +116,8 @@ pub struct AddReport {
     pub target_ratio: f64,
     /// The machine's load at the start and the end.
     pub load: (LoadAvg, LoadAvg),
+    /// Where weftd read the cluster from.
+    pub source: ClusterSource,
 }
 
 /// Per-ADD readings of weftd's metrics.
@@ -165,7 +169,7 @@ impl Reading {
     }
 }
 
-/// A node namespace with a weftd reading `topology`.
+/// A node namespace with a weftd reading its cluster.
 pub(crate) struct PolicyNode {
     pub(crate) ns: NamedNetns,
     pub(crate) daemon: NodeDaemon,
@@ -174,19 +178,14 @@ pub(crate) struct PolicyNode {
 
 impl PolicyNode {
     /// Starts weftd in a fresh namespace `<tag>-node`, its state under `dir`, reading
-    /// `topology`; returns once it serves and its engine has run its first pass.
-    pub(crate) fn start(o: &PolicyOptions, tag: &str, dir: &Path, topology: &Path) -> Result<Self, String> {
+    /// `cluster`; returns once it serves and its engine has run its first pass.
+    pub(crate) fn start(o: &PolicyOptions, tag: &str, dir: &Path, cluster: &mut Cluster) -> Result<Self, String> {
         let ns = NamedNetns::create(&format!("{tag}-node")).map_err(lab)?;
         let mut config = DaemonConfig::under(&o.weftd, dir, NODE);
-        config.args = [
-            "--topology-dir",
-            &topology.display().to_string(),
-            "--wire-insecure",
-            "--node-address",
-            "127.0.0.1",
-        ]
-        .map(String::from)
-        .to_vec();
+        config.args = ["--wire-insecure", "--node-address", "127.0.0.1"]
+            .map(String::from)
+            .to_vec();
+        cluster.attach(&ns, &mut config)?;
         let socket = config.socket.clone();
         let daemon = NodeDaemon::start(&ns, config).map_err(lab)?;
         wait_metric(
@@ -299,17 +298,16 @@ fn local_pods(cluster: &Synthetic, n: usize, ips: &[Option<Ipv4Addr>]) -> Vec<se
 /// One round of one side.
 fn round(o: &PolicyOptions, with: bool, tag: &str, side: &mut AddSide) -> Result<(), String> {
     let dir = o.work_dir.join(tag);
-    let topology = dir.join("topology");
-    std::fs::create_dir_all(&topology).map_err(|e| format!("creating {}: {e}", topology.display()))?;
+    let mut objects = Cluster::new(o.add_source, &dir)?;
     let cluster = Synthetic(o.add_cluster);
     let n = o.add_pods;
-    write_chunked(&topology, "namespaces", &cluster.namespaces(), 500)?;
+    objects.put_many("namespaces", &cluster.namespaces(), 500)?;
     if with {
-        write_chunked(&topology, "pods", &cluster.pods(), 500)?;
-        write_chunked(&topology, "policies", &cluster.policies(), 500)?;
+        objects.put_many("pods", &cluster.pods(), 500)?;
+        objects.put_many("policies", &cluster.policies(), 500)?;
     }
-    write_docs(&topology, "local-pods.yaml", &local_pods(&cluster, n, &[]))?;
-    let node = PolicyNode::start(o, tag, &dir, &topology)?;
+    objects.put("local-pods.yaml", &local_pods(&cluster, n, &[]))?;
+    let node = PolicyNode::start(o, tag, &dir, &mut objects)?;
     let pods = create_pods(tag, n)?;
     let monitor = Monitor::start(node.ns.name())?;
     monitor.settle(Duration::from_millis(200), Duration::from_secs(5));
@@ -345,7 +343,7 @@ fn round(o: &PolicyOptions, with: bool, tag: &str, side: &mut AddSide) -> Result
     side.rss_mib.push(sample(pid)?.0 as f64 / 1024.0);
     // kubelet reports every attached pod's address: one more pass over the cluster.
     let before = Reading::take(node.ns.name())?;
-    write_docs(&topology, "local-pods.yaml", &local_pods(&cluster, n, &ips))?;
+    objects.put("local-pods.yaml", &local_pods(&cluster, n, &ips))?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let now = Reading::take(node.ns.name())?;
@@ -427,6 +425,7 @@ pub(crate) fn run_add(o: &PolicyOptions) -> Result<AddReport, String> {
         without_policy: without,
         target_ratio: ADD_TARGET_RATIO,
         load: (load_start, LoadAvg::now()),
+        source: o.add_source,
     })
 }
 
@@ -440,9 +439,16 @@ impl AddReport {
     pub fn markdown(&self) -> String {
         let c = &self.cluster;
         let mut out = format!(
-            "ADD latency: {} ADDs per round x {} rounds per side (alternating), each round a fresh node and weftd; \"with\": {} NetworkPolicies, {} Pods of other nodes, {} namespaces in the cache, plus the Pods of the attached pods (some policies select them, others have them as peers); \"without\": the namespaces and the attached pods' Pods only; load {} at the start, {} at the end\n\n\
+            "ADD latency: {} ADDs per round x {} rounds per side (alternating), each round a fresh node and weftd, the cluster read from {}; \"with\": {} NetworkPolicies, {} Pods of other nodes, {} namespaces in the cache, plus the Pods of the attached pods (some policies select them, others have them as peers); \"without\": the namespaces and the attached pods' Pods only; load {} at the start, {} at the end\n\n\
              | side | ADD p50 (ms) | p90 | p99 | policy phase p50, fast path / nothing to add (ms) | policy phase p50, full pass (ms) | ADDs: nothing to add / fast path / full pass | failed | policy table after the ADDs | weftd VmRSS (MiB) | full pass after kubelet's addresses (ms) |\n|---|---:|---:|---:|---:|---:|---|---:|---|---|---|\n",
-            self.pods, self.rounds, c.policies, c.pods, c.namespaces, self.load.0, self.load.1
+            self.pods,
+            self.rounds,
+            self.source.describe(),
+            c.policies,
+            c.pods,
+            c.namespaces,
+            self.load.0,
+            self.load.1
         );
         let list = |v: &[f64]| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ");
         for (name, s) in [("with policy", &self.with_policy), ("without", &self.without_policy)] {

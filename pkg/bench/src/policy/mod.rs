@@ -18,6 +18,7 @@
 //! the node namespaces ([`nftmon`]); the objects are [`objects`]'.
 
 mod add;
+mod cluster;
 mod converge;
 mod datapath;
 mod nftmon;
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 pub use add::{ADD_TARGET_RATIO, AddPath, AddReport, AddSample, AddSide};
+pub use cluster::ClusterSource;
 pub use converge::{CONVERGE_TARGET_MS, Change, ChangeKind, ConvergeReport, ConvergeRun};
 pub use datapath::{DATA_PEERS, DATA_POLICIES, DATA_TARGET_RATIO, DataPathReport, FIRST_POLICY_PORT, TrafficSide};
 pub use nftmon::{BatchCounts, TableSize};
@@ -78,6 +80,10 @@ pub struct PolicyOptions {
     pub scale_local_pods: usize,
     /// Changes after the arrivals in the scale simulation (RSS read every 25).
     pub scale_churn: usize,
+    /// Where the ADD part's weftd reads its cluster.
+    pub add_source: ClusterSource,
+    /// Where the scale simulation's weftd reads its cluster.
+    pub scale_source: ClusterSource,
 }
 
 impl PolicyOptions {
@@ -124,6 +130,8 @@ impl PolicyOptions {
             scale_pods: vec![1000, 5000, 10000],
             scale_local_pods: SCALE_LOCAL_PODS,
             scale_churn: scale::SCALE_CHURN,
+            add_source: ClusterSource::from_env(ClusterSource::Api).unwrap_or(ClusterSource::Api),
+            scale_source: ClusterSource::from_env(ClusterSource::Api).unwrap_or(ClusterSource::Api),
         }
     }
 
@@ -150,6 +158,8 @@ impl PolicyOptions {
             scale_pods: vec![100],
             scale_local_pods: 3,
             scale_churn: 2,
+            add_source: ClusterSource::Api,
+            scale_source: ClusterSource::Api,
         }
     }
 
@@ -203,6 +213,7 @@ pub fn run_policy(o: &PolicyOptions) -> Result<PolicyReport, String> {
             return Err(format!("{what} not found at {}", p.display()));
         }
     }
+    ClusterSource::from_env(ClusterSource::Api)?;
     if let Some(p) = o.parts.iter().find(|p| !POLICY_PARTS.contains(&p.as_str())) {
         return Err(format!(
             "no policy benchmark part {p:?} (parts: {})",

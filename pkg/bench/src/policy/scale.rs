@@ -1,8 +1,7 @@
 //! Scale by simulation: one weftd in a node namespace with [`SCALE_LOCAL_PODS`] local
-//! pods, reading a synthetic cluster ([`Synthetic`]) of growing size from files in its
-//! `--topology-dir` (the objects the API server would serve; a directory rather than
-//! the in-process fake API server, which would link the test server into weftctl and,
-//! through feature unification, into every workspace build of weftd). At each size:
+//! pods, reading a synthetic cluster ([`Synthetic`]) of growing size from the in-process
+//! fake API server through its watch caches, as a node of a cluster does (or, with
+//! `WEFT_BENCH_POLICY_SOURCE=dir`, from files in its `--topology-dir`). At each size:
 //!
 //! - the batch one pod's arrival causes, read from `nft monitor`: a local pod's ADD
 //!   (and kubelet's report of its address afterwards), and a pod of another node that
@@ -21,8 +20,9 @@ use serde::Serialize;
 use weft_harness::CniExec;
 
 use super::add::{AddPath, NODE, PolicyNode, add, path_of};
+use super::cluster::{Cluster, ClusterSource};
 use super::nftmon::{BatchCounts, Monitor, TableSize, nft, table_size};
-use super::objects::{ClusterSize, Synthetic, write_chunked, write_docs};
+use super::objects::{ClusterSize, Synthetic};
 use super::{LoadAvg, PolicyOptions};
 use crate::Percentiles;
 use crate::load::{create_pods, remove_pods};
@@ -99,25 +99,26 @@ pub struct ScaleReport {
     pub points: Vec<ScalePoint>,
     /// The RSS target (MiB).
     pub rss_target_mib: f64,
+    /// Where weftd read the cluster from.
+    pub source: ClusterSource,
 }
 
 fn point(o: &PolicyOptions, cluster: ClusterSize, tag: &str) -> Result<ScalePoint, String> {
     let load_start = LoadAvg::now();
     let dir = o.work_dir.join(tag);
-    let topology = dir.join("topology");
-    std::fs::create_dir_all(&topology).map_err(|e| format!("creating {}: {e}", topology.display()))?;
+    let mut objects = Cluster::new(o.scale_source, &dir)?;
     let s = Synthetic(cluster);
     let n = o.scale_local_pods;
-    write_chunked(&topology, "namespaces", &s.namespaces(), 500)?;
-    write_chunked(&topology, "pods", &s.pods(), 500)?;
-    write_chunked(&topology, "policies", &s.policies(), 500)?;
+    objects.put_many("namespaces", &s.namespaces(), 500)?;
+    objects.put_many("pods", &s.pods(), 500)?;
+    objects.put_many("policies", &s.policies(), 500)?;
     let locals = |ips: &[Option<std::net::Ipv4Addr>]| -> Vec<serde_json::Value> {
         (0..n)
             .map(|i| s.local_pod(i, &format!("local-{i}"), NODE, ips.get(i).copied().flatten()))
             .collect()
     };
-    write_docs(&topology, "local-pods.yaml", &locals(&[]))?;
-    let mut node = PolicyNode::start(o, tag, &dir, &topology)?;
+    objects.put("local-pods.yaml", &locals(&[]))?;
+    let mut node = PolicyNode::start(o, tag, &dir, &mut objects)?;
     let mut rss_trend = Vec::new();
     let trend = |what: &str, node: &PolicyNode, t: &mut Vec<(String, f64, f64)>| -> Result<(), String> {
         let pid = node.daemon.pid().ok_or("weftd is not running")?;
@@ -148,7 +149,7 @@ fn point(o: &PolicyOptions, cluster: ClusterSize, tag: &str) -> Result<ScalePoin
         ips.push(a.ip);
         let mark = monitor.mark();
         let before = super::metric(node.ns.name(), "weft_policy_pass_seconds_count")?;
-        write_docs(&topology, "local-pods.yaml", &locals(&ips))?;
+        objects.put("local-pods.yaml", &locals(&ips))?;
         super::wait_metric(
             node.ns.name(),
             "weft_policy_pass_seconds_count",
@@ -170,7 +171,7 @@ fn point(o: &PolicyOptions, cluster: ClusterSize, tag: &str) -> Result<ScalePoin
         arrived.push(p);
         let mark = monitor.mark();
         let t0 = Instant::now();
-        write_docs(&topology, "arrivals.yaml", &arrived)?;
+        objects.put("arrivals.yaml", &arrived)?;
         let needle = format!("{ip} ");
         let needle2 = format!("{ip},");
         let (txs, ok) = monitor.wait(mark, ARRIVAL_LIMIT, |txs| {
@@ -205,7 +206,7 @@ fn point(o: &PolicyOptions, cluster: ClusterSize, tag: &str) -> Result<ScalePoin
         last["metadata"]["labels"]["churn"] = (c % 2).to_string().into();
         arrived.push(last);
         let before = super::metric(node.ns.name(), "weft_policy_pass_seconds_count")?;
-        write_docs(&topology, "arrivals.yaml", &arrived)?;
+        objects.put("arrivals.yaml", &arrived)?;
         super::wait_metric(
             node.ns.name(),
             "weft_policy_pass_seconds_count",
@@ -278,6 +279,7 @@ pub(crate) fn run_scale(o: &PolicyOptions) -> Result<ScaleReport, String> {
     Ok(ScaleReport {
         points,
         rss_target_mib: SCALE_RSS_TARGET_MIB,
+        source: o.scale_source,
     })
 }
 
@@ -301,9 +303,10 @@ impl ScaleReport {
 
     /// The report as markdown.
     pub fn markdown(&self) -> String {
-        let mut out = String::from(
-            "Scale by simulation: one weftd, its pods attached through the plugin, the cluster's objects in files of its --topology-dir (namespaces = pods / 10, policies = pods / 5)\n\n\
+        let mut out = format!(
+            "Scale by simulation: one weftd, its pods attached through the plugin, the cluster's objects read from {} (namespaces = pods / 10, policies = pods / 5)\n\n\
              | pods | namespaces | policies | local pods | policy table (elements / chains) | weftd start to table programmed (s) | start to serving (s) | VmRSS first run / restarted (MiB) | VmHWM restarted (MiB) | remote pod to kernel p50 / max (ms) | load start / end |\n|---:|---:|---:|---:|---|---:|---:|---|---:|---|---|\n",
+            self.source.describe()
         );
         for p in &self.points {
             out.push_str(&format!(
