@@ -42,7 +42,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodSpec, PodStatus};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::ObjectMeta;
-use kube::runtime::reflector::{self, Store};
+
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::DefaultBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -176,13 +176,14 @@ impl PolicyCache {
         self.publish(&mut st, changed);
     }
 
-    /// Takes one watcher event of a kind (already in `store`) into the maps: `map` picks
-    /// the kind's map, `read` turns an object into its key and value.
+    /// Takes one watcher event of a kind into the maps: `map` picks the kind's map, `read`
+    /// turns an object into its key and value; `relist` gathers a (re)list's objects until
+    /// it is complete.
     fn on_event<O, K, V>(
         &self,
         kind: Kind,
         ev: &watcher::Event<O>,
-        store: &Store<O>,
+        relist: &mut Option<BTreeMap<K, V>>,
         map: fn(&mut PolicyMaps) -> &mut BTreeMap<K, Arc<V>>,
         read: fn(&O) -> Option<(K, V)>,
     ) where
@@ -197,8 +198,18 @@ impl PolicyCache {
                 st.kinds[kind as usize].failing = false;
             }
             match ev {
-                // A (re)list in progress: the store swaps the objects in at InitDone.
-                watcher::Event::Init | watcher::Event::InitApply(_) => false,
+                // A (re)list in progress: its objects are gathered in their read form
+                // (never as whole API objects) and swapped in at InitDone.
+                watcher::Event::Init => {
+                    *relist = Some(BTreeMap::new());
+                    false
+                }
+                watcher::Event::InitApply(o) => {
+                    if let (Some(buffer), Some((k, v))) = (relist.as_mut(), read(o)) {
+                        buffer.insert(k, v);
+                    }
+                    false
+                }
                 watcher::Event::Apply(o) => {
                     let Some((k, v)) = read(o) else { return false };
                     let map = map(&mut st.maps);
@@ -214,7 +225,7 @@ impl PolicyCache {
                     let old = map(&mut st.maps);
                     let mut changed = false;
                     let mut fresh = BTreeMap::new();
-                    for (k, v) in store.state().iter().filter_map(|o| read(o)) {
+                    for (k, v) in relist.take().unwrap_or_default() {
                         // The old Arc when nothing changed, so holders can compare cheaply.
                         let v = match old.get(&k) {
                             Some(a) if **a == v => a.clone(),
@@ -374,8 +385,8 @@ fn refused_with(e: &watcher::Error) -> Option<u16> {
     }
 }
 
-/// One kind's watch: a watcher over an [`Observed`] client, slimmed into a reflector
-/// store, driven for ever, every event taken into the cache.
+/// One kind's watch: a watcher over an [`Observed`] client, each object slimmed and read
+/// into the cache as it comes, driven for ever.
 #[allow(clippy::too_many_arguments)]
 fn watch_kind<O, K, V>(
     client: &Client,
@@ -398,16 +409,17 @@ where
         kind,
     };
     let api = Api::<O>::all(Client::new(observed, client.default_namespace().to_string()));
-    let (store, writer) = reflector::store::<O>();
+    // No reflector store: each object is kept only in its read form, in the cache's
+    // maps; a relist gathers its objects in that form and swaps them in at its end.
     let stream = watcher(api, watcher::Config::default())
         .backoff(backoff)
-        .map(move |ev| ev.map(|ev| ev.modify(slim)))
-        .reflect(writer);
+        .map(move |ev| ev.map(|ev| ev.modify(slim)));
     let (events, errors) = (cache.clone(), cache.clone());
+    let mut relist = None;
     let task = tokio::spawn(drive_with(
         stream,
         what,
-        move |ev| events.on_event(kind, ev, &store, map, read),
+        move |ev| events.on_event(kind, ev, &mut relist, map, read),
         move |e| errors.failed(kind, e),
     ));
     task.abort_handle()

@@ -6,21 +6,18 @@ use super::*;
 
 /// Lists every kind (empty) into `cache`.
 fn sync_all(cache: &PolicyCache) {
-    let (pods, _) = reflector::store::<Pod>();
-    let (namespaces, _) = reflector::store::<Namespace>();
-    let (policies, _) = reflector::store::<NetworkPolicy>();
-    let done = watcher::Event::InitDone;
-    cache.on_event(Kind::Pods, &done, &pods, |m| &mut m.pods, read_pod);
-    let done = watcher::Event::InitDone;
+    let done = watcher::Event::<Pod>::InitDone;
+    cache.on_event(Kind::Pods, &done, &mut None, |m| &mut m.pods, read_pod);
+    let done = watcher::Event::<Namespace>::InitDone;
     cache.on_event(
         Kind::Namespaces,
         &done,
-        &namespaces,
+        &mut None,
         |m| &mut m.namespaces,
         read_namespace,
     );
-    let done = watcher::Event::InitDone;
-    cache.on_event(Kind::Policies, &done, &policies, |m| &mut m.policies, read_policy);
+    let done = watcher::Event::<NetworkPolicy>::InitDone;
+    cache.on_event(Kind::Policies, &done, &mut None, |m| &mut m.policies, read_policy);
     list_cluster_policies(cache, &[]);
 }
 
@@ -33,21 +30,22 @@ fn sync_required(cache: &PolicyCache) {
 
 /// A (re)list of ClusterNetworkPolicies finding `names`, as the watcher makes it.
 fn list_cluster_policies(cache: &PolicyCache, names: &[&str]) {
-    let (store, mut writer) = reflector::store::<ClusterNetworkPolicy>();
-    writer.apply_watcher_event(&watcher::Event::Init);
+    let mut relist = None;
+    let mut events = vec![watcher::Event::Init];
     for name in names {
         let cnp = ClusterNetworkPolicy::new(name, Default::default());
-        writer.apply_watcher_event(&watcher::Event::InitApply(cnp));
+        events.push(watcher::Event::InitApply(cnp));
     }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-    let done = watcher::Event::InitDone;
-    cache.on_event(
-        Kind::ClusterPolicies,
-        &done,
-        &store,
-        |m| &mut m.cluster_policies,
-        read_cluster_policy,
-    );
+    events.push(watcher::Event::InitDone);
+    for ev in &events {
+        cache.on_event(
+            Kind::ClusterPolicies,
+            ev,
+            &mut relist,
+            |m| &mut m.cluster_policies,
+            read_cluster_policy,
+        );
+    }
 }
 
 /// The error a watcher reports for a list answered `code`.
@@ -77,11 +75,10 @@ fn failing_requests_make_the_snapshot_stale_until_one_succeeds() {
     assert!(cache.snapshot().stale);
     assert!(!cache.failed(Kind::Policies, &list_failed(500)), "warned about");
     // The watcher's `Init` before it lists again proves nothing.
-    let (pods, _) = reflector::store::<Pod>();
-    cache.on_event(Kind::Pods, &watcher::Event::Init, &pods, |m| &mut m.pods, read_pod);
-    let (policies, _) = reflector::store::<NetworkPolicy>();
-    let init = watcher::Event::Init;
-    cache.on_event(Kind::Policies, &init, &policies, |m| &mut m.policies, read_policy);
+    let init = watcher::Event::<Pod>::Init;
+    cache.on_event(Kind::Pods, &init, &mut None, |m| &mut m.pods, read_pod);
+    let init = watcher::Event::<NetworkPolicy>::Init;
+    cache.on_event(Kind::Policies, &init, &mut None, |m| &mut m.policies, read_policy);
     assert!(cache.snapshot().stale);
     assert_eq!(*changes.borrow(), at + 1, "one bump for going stale");
     cache.answered(Kind::Policies, Some(200));
@@ -100,14 +97,13 @@ fn failing_requests_make_the_snapshot_stale_until_one_succeeds() {
     // A stream error, then an object on the stream.
     cache.failed(Kind::Namespaces, &watcher::Error::NoResourceVersion);
     assert!(cache.snapshot().stale);
-    let (namespaces, _) = reflector::store::<Namespace>();
     let mut ns = Namespace::default();
     ns.metadata.name = Some("web".into());
     let apply = watcher::Event::Apply(ns);
     cache.on_event(
         Kind::Namespaces,
         &apply,
-        &namespaces,
+        &mut None,
         |m| &mut m.namespaces,
         read_namespace,
     );
@@ -348,4 +344,34 @@ fn a_slim_policy_keeps_its_identity_and_spec() {
         json!({"namespace": "web", "name": "allow", "uid": "u3", "generation": 4})
     );
     assert_eq!(p.spec, spec);
+}
+
+#[test]
+fn a_relist_swaps_in_only_what_it_listed_and_a_restarted_one_forgets_the_first_try() {
+    let cache = PolicyCache::new();
+    list_cluster_policies(&cache, &["a", "b"]);
+    assert_eq!(cluster_policies(&cache), ["a", "b"]);
+    // The next list no longer has `a`.
+    list_cluster_policies(&cache, &["b"]);
+    assert_eq!(cluster_policies(&cache), ["b"]);
+    // A list that fails half-way starts over with `Init`: what it had gathered goes.
+    let mut relist = None;
+    let cnp = |n: &str| ClusterNetworkPolicy::new(n, Default::default());
+    for ev in [
+        watcher::Event::Init,
+        watcher::Event::InitApply(cnp("x")),
+        watcher::Event::Init,
+        watcher::Event::InitApply(cnp("y")),
+        watcher::Event::InitDone,
+    ] {
+        cache.on_event(
+            Kind::ClusterPolicies,
+            &ev,
+            &mut relist,
+            |m| &mut m.cluster_policies,
+            read_cluster_policy,
+        );
+    }
+    assert_eq!(cluster_policies(&cache), ["y"]);
+    assert!(relist.is_none(), "nothing is kept once the list is swapped in");
 }
