@@ -308,6 +308,7 @@ fn round(o: &PolicyOptions, with: bool, tag: &str, side: &mut AddSide) -> Result
     }
     objects.put("local-pods.yaml", &local_pods(&cluster, n, &[]))?;
     let node = PolicyNode::start(o, tag, &dir, &mut objects)?;
+    let readings = std::env::var("WEFT_BENCH_POLICY_ADD_READINGS").map_or(true, |v| v != "0");
     let pods = create_pods(tag, n)?;
     let monitor = Monitor::start(node.ns.name())?;
     monitor.settle(Duration::from_millis(200), Duration::from_secs(5));
@@ -316,10 +317,16 @@ fn round(o: &PolicyOptions, with: bool, tag: &str, side: &mut AddSide) -> Result
     let mut ips = Vec::with_capacity(n);
     for (k, netns) in pods.iter().enumerate() {
         let (pod_ns, _) = cluster.local(k);
-        let before = Reading::take(node.ns.name())?;
+        // Each reading is a scrape of weftd's metrics; `WEFT_BENCH_POLICY_ADD_READINGS=0`
+        // leaves them out, to see what they cost the ADDs around them.
+        let read = || match readings {
+            true => Reading::take(node.ns.name()),
+            false => Ok(Reading::default()),
+        };
+        let before = read()?;
         let mark = monitor.mark();
         let a = add(&exec, &node.ns, netns, k, &pod_ns, &format!("local-{k}"), &conf);
-        let after = Reading::take(node.ns.name())?;
+        let after = read()?;
         // The pod's batch was committed before the ADD answered; the monitor prints it
         // a moment later.
         monitor.settle(Duration::from_millis(20), Duration::from_secs(2));
