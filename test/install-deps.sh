@@ -19,8 +19,8 @@ packages=(
   iperf3                         # weftctl bench --compare wires: TCP throughput across wires
   ethtool                        # weftctl bench --compare pod-network: offloads of both VXLAN devices compared
   buildah                        # the weft image, built offline from the Containerfile (test/tests/install.rs)
-  graphviz                       # weftctl lab graph: dot draws the lab as SVG or PNG (test/tests/lab_graph.rs)
-  tcpdump                        # reads the pcapng weftctl capture writes (test/tests/lab_capture.rs)
+  graphviz                       # weftctl lab graph: dot draws the lab as SVG or PNG (test/tests/lab/graph.rs)
+  tcpdump                        # reads the pcapng weftctl capture writes (test/tests/lab/capture.rs)
 )
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

@@ -216,6 +216,7 @@ fn netem_available(emu: &Emu, pod: &str) -> bool {
 
 #[test]
 fn impairments_from_the_topology_and_at_run_time_on_every_kind() {
+    let _lab = crate::one_lab();
     if !privileged() {
         return;
     }
@@ -322,6 +323,7 @@ fn impairments_from_the_topology_and_at_run_time_on_every_kind() {
 
 #[test]
 fn links_down_by_intent_lose_carrier_at_both_ends_and_stay_down_across_restarts() {
+    let _lab = crate::one_lab();
     if !privileged() {
         return;
     }

@@ -50,6 +50,7 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn lab_wires_survive_crashes_deletes_and_moves() {
+    let _lab = crate::one_lab();
     if !privileged() {
         return;
     }
@@ -312,6 +313,7 @@ spec:
 
 #[test]
 fn lab_matrix_follows_policies_labels_and_deletes() {
+    let _lab = crate::one_lab();
     if !privileged() {
         return;
     }
