@@ -1,5 +1,7 @@
-//! The network configuration weft reads from stdin: the spec's keys plus weft's own
-//! (`socket`, `ranges`, `mtu`, `routes`, `defaultRoute`).
+//! The network configuration weft reads from stdin: the spec's keys (`rscni_types`)
+//! plus weft's own (`socket`, `ranges`, `mtu`, `routes`, `defaultRoute`,
+//! `waitForLinks`, and `runtimeConfig`'s `ips`, `mac`, `portMappings`), decoded into
+//! typed shapes (`keys`) and then judged here, each key with its own message.
 //!
 //! ```json
 //! {"cniVersion":"1.1.0","name":"weft","type":"weft","socket":"/run/weft/weftd.sock",
@@ -10,7 +12,11 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use rscni_types::types::{CNIResult, Cmd, GcAttachment, NetConf, RuntimeConf};
+use serde::Deserialize;
 use serde_json::Value;
+
+mod keys;
+use keys::{Given, PortMappingKeys, RouteKeys, WeftKeys};
 
 use crate::version::{self, SpecVersion};
 use crate::{CniError, Code};
@@ -37,11 +43,12 @@ pub fn decode(bytes: &[u8]) -> Result<NetConf, CniError> {
     decode_split(bytes).map(|(conf, _)| conf)
 }
 
-/// Decodes stdin, taking `runtimeConfig.portMappings` out to be parsed by weft's own
-/// rules ([`parse_port_mappings`]): runtimes spell its keys differently (containerd 1.6
-/// sends `HostPort`, not `hostPort`), and a bad mapping is an invalid config (code 7),
-/// not undecodable JSON.
-fn decode_split(bytes: &[u8]) -> Result<(NetConf, Option<Value>), CniError> {
+/// Decodes stdin into the spec's configuration and weft's keys ([`WeftKeys`]), taking
+/// `runtimeConfig.portMappings` out to be read by weft's own rules
+/// ([`parse_port_mappings`]): runtimes spell its keys differently (containerd 1.6 sends
+/// `HostPort`, not `hostPort`), and a bad mapping is an invalid config (code 7), not
+/// undecodable JSON.
+fn decode_split(bytes: &[u8]) -> Result<(NetConf, WeftKeys), CniError> {
     if bytes.len() > MAX_CONFIG_BYTES {
         return Err(CniError::new(
             Code::InvalidConfig,
@@ -52,13 +59,22 @@ fn decode_split(bytes: &[u8]) -> Result<(NetConf, Option<Value>), CniError> {
         ));
     }
     let decode_err = |e: serde_json::Error| CniError::new(Code::Decode, format!("error decoding network config: {e}"));
+    // Through a `Value` first, so a key given twice resolves the same way (the last
+    // one wins) for the spec's keys, weft's and `declared_version`.
     let mut v: Value = serde_json::from_slice(bytes).map_err(decode_err)?;
     let mappings = v
         .get_mut("runtimeConfig")
         .and_then(Value::as_object_mut)
         .and_then(|rc| rc.remove("portMappings"));
-    let conf = serde_json::from_value(v).map_err(decode_err)?;
-    Ok((conf, mappings))
+    let conf = NetConf::deserialize(&v).map_err(decode_err)?;
+    // Every weft key is read as `Given`, which takes any value: this fails only where
+    // the spec's types did already.
+    let mut keys = WeftKeys::deserialize(&v).map_err(decode_err)?;
+    keys.port_mappings = mappings
+        .filter(|m| !m.is_null())
+        .map(|m| Given::deserialize(m).map_err(decode_err))
+        .transpose()?;
+    Ok((conf, keys))
 }
 
 /// Which node addresses a host port binds.
@@ -87,46 +103,51 @@ pub struct PortMappingConf {
     pub host_ip: HostIp,
 }
 
-/// Parses `runtimeConfig.portMappings`, accepting both spellings runtimes use
+/// Reads `runtimeConfig.portMappings`, accepting both spellings runtimes use
 /// (`hostPort` and `HostPort`, ...). Invalid entries are code 7.
-pub fn parse_port_mappings(v: Option<&Value>) -> Result<Vec<PortMappingConf>, CniError> {
+fn parse_port_mappings(v: Option<&Given<Vec<Value>>>) -> Result<Vec<PortMappingConf>, CniError> {
     let bad = |d: String| CniError::new(Code::InvalidConfig, format!("runtimeConfig.portMappings: {d}"));
     let list = match v {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(a)) => a,
-        Some(other) => return Err(bad(format!("expected a list, got {other}"))),
+        None => return Ok(Vec::new()),
+        Some(Given::Typed(a)) => a,
+        Some(Given::Other(other)) => return Err(bad(format!("expected a list, got {other}"))),
     };
-    let get = |o: &serde_json::Map<String, Value>, names: &[&str]| names.iter().find_map(|n| o.get(*n)).cloned();
-    let port = |v: Option<Value>, what: &str, entry: &Value| -> Result<u16, CniError> {
-        v.and_then(|p| p.as_u64())
-            .and_then(|p| u16::try_from(p).ok())
-            .filter(|p| *p > 0)
-            .ok_or_else(|| bad(format!("{what} must be a port number 1-65535 in {entry}")))
+    let port = |v: Option<&Given<u64>>, what: &str, entry: &Value| -> Result<u16, CniError> {
+        match v {
+            Some(Given::Typed(p)) => u16::try_from(*p).ok().filter(|p| *p > 0),
+            _ => None,
+        }
+        .ok_or_else(|| bad(format!("{what} must be a port number 1-65535 in {entry}")))
     };
     let mut out = Vec::with_capacity(list.len());
     for entry in list {
-        let Value::Object(o) = entry else {
+        let Some(o) = entry
+            .is_object()
+            .then(|| PortMappingKeys::deserialize(entry).ok())
+            .flatten()
+        else {
             return Err(bad(format!("entry {entry} is not an object")));
         };
-        let host_port = port(get(o, &["hostPort", "HostPort"]), "hostPort", entry)?;
-        let container_port = port(get(o, &["containerPort", "ContainerPort"]), "containerPort", entry)?;
-        let protocol = match get(o, &["protocol", "Protocol"]) {
-            None | Some(Value::Null) => "tcp".to_string(),
-            Some(Value::String(p)) if ["tcp", "udp", "sctp"].contains(&p.to_ascii_lowercase().as_str()) => {
+        let host_port = port(o.host_port(), "hostPort", entry)?;
+        let container_port = port(o.container_port(), "containerPort", entry)?;
+        let protocol = match o.protocol() {
+            None => "tcp".to_string(),
+            Some(Given::Typed(p)) if ["tcp", "udp", "sctp"].contains(&p.to_ascii_lowercase().as_str()) => {
                 p.to_ascii_lowercase()
             }
-            Some(p) => return Err(bad(format!("protocol {p} is not tcp, udp or sctp"))),
+            Some(Given::Typed(p)) => return Err(bad(format!("protocol {} is not tcp, udp or sctp", json(p)))),
+            Some(Given::Other(p)) => return Err(bad(format!("protocol {p} is not tcp, udp or sctp"))),
         };
-        let host_ip = match get(o, &["hostIP", "HostIP", "hostIp"]) {
-            None | Some(Value::Null) => HostIp::Any,
-            Some(Value::String(s)) if s.is_empty() => HostIp::Any,
-            Some(Value::String(s)) => match s.parse::<std::net::IpAddr>() {
+        let host_ip = match o.host_ip() {
+            None => HostIp::Any,
+            Some(Given::Typed(s)) if s.is_empty() => HostIp::Any,
+            Some(Given::Typed(s)) => match s.parse::<std::net::IpAddr>() {
                 Ok(ip) if ip.is_unspecified() && ip.is_ipv4() => HostIp::AnyV4,
                 Ok(ip) if ip.is_unspecified() => HostIp::AnyV6,
                 Ok(ip) => HostIp::Addr(ip),
                 Err(_) => return Err(bad(format!("hostIP {s:?} is not an IP address"))),
             },
-            Some(other) => return Err(bad(format!("hostIP {other} is not a string"))),
+            Some(Given::Other(other)) => return Err(bad(format!("hostIP {other} is not a string"))),
         };
         out.push(PortMappingConf {
             host_port,
@@ -136,6 +157,11 @@ pub fn parse_port_mappings(v: Option<&Value>) -> Result<Vec<PortMappingConf>, Cn
         });
     }
     Ok(out)
+}
+
+/// A string as JSON spells it (how errors show a value that was given).
+fn json(s: &str) -> Value {
+    Value::String(s.to_string())
 }
 
 /// The `cniVersion` a config declares, read leniently so an error about the rest of
@@ -169,24 +195,28 @@ pub struct PluginConfig {
 impl PluginConfig {
     /// Decodes and checks stdin for `cmd` as the plugin must before relaying it.
     pub fn parse(bytes: &[u8], cmd: Cmd) -> Result<Self, CniError> {
-        let conf = decode(bytes)?;
+        let (conf, keys) = decode_split(bytes)?;
         let version = version::negotiate(&conf.cni_version, cmd)?;
         Ok(Self {
             version,
-            socket: socket_of(&conf)?,
-            name: conf.name.clone(),
+            socket: socket_of(keys.socket.as_ref())?,
+            name: conf.name,
         })
     }
 }
 
-fn socket_of(conf: &NetConf) -> Result<String, CniError> {
-    match conf.custom.get("socket") {
-        None | Some(Value::Null) => Ok(DEFAULT_SOCKET.to_string()),
-        Some(Value::String(s)) if s.starts_with('/') => Ok(s.clone()),
-        Some(other) => Err(CniError::new(
+fn socket_of(v: Option<&Given<String>>) -> Result<String, CniError> {
+    let bad = |got: String| {
+        CniError::new(
             Code::InvalidConfig,
-            format!("`socket` must be an absolute path, got {other}"),
-        )),
+            format!("`socket` must be an absolute path, got {got}"),
+        )
+    };
+    match v {
+        None => Ok(DEFAULT_SOCKET.to_string()),
+        Some(Given::Typed(s)) if s.starts_with('/') => Ok(s.clone()),
+        Some(Given::Typed(s)) => Err(bad(json(s).to_string())),
+        Some(Given::Other(other)) => Err(bad(other.to_string())),
     }
 }
 
@@ -249,7 +279,7 @@ impl NetworkConfig {
     /// asks for only for ADD, so a DEL or GC with a config that has since gone bad can
     /// still clean up.
     pub fn parse(bytes: &[u8], cmd: Cmd) -> Result<Self, CniError> {
-        let (conf, mappings) = decode_split(bytes)?;
+        let (conf, keys) = decode_split(bytes)?;
         let version = version::negotiate(&conf.cni_version, cmd)?;
         conf.validate_name()
             .map_err(|e| CniError::new(Code::InvalidConfig, e.details().to_string()))?;
@@ -259,31 +289,41 @@ impl NetworkConfig {
                 "`ipam` is not supported: weft allocates addresses itself from `ranges`",
             ));
         }
-        socket_of(&conf)?;
+        socket_of(keys.socket.as_ref())?;
         let strict = matches!(cmd, Cmd::Add | Cmd::Check | Cmd::Status);
-        let ranges = match parse_ranges(conf.custom.get("ranges")) {
+        let ranges = match parse_ranges(keys.ranges.as_ref()) {
             Ok(r) => r,
             Err(e) if strict => return Err(e),
             Err(_) => Vec::new(),
         };
-        let mtu = match parse_mtu(conf.custom.get("mtu"), &ranges) {
+        let mtu = match parse_mtu(keys.mtu.as_ref(), &ranges) {
             Ok(m) => m,
             Err(e) if strict => return Err(e),
             Err(_) => None,
         };
         let add = cmd == Cmd::Add;
         let wait_for_links = if add {
-            parse_wait_for_links(conf.custom.get("waitForLinks"))?
+            parse_wait_for_links(keys.wait_for_links.as_ref())?
         } else {
             None
         };
         let (routes, default_route, ips, mac, port_mappings) = if add {
-            let routes = parse_routes(conf.custom.get("routes"))?;
-            let default_route = parse_default_route(conf.custom.get("defaultRoute"), &routes)?;
-            let custom = conf.runtime_config.as_ref().map(|rc| &rc.custom);
-            let ips = parse_runtime_ips(custom.and_then(|c| c.get("ips")))?;
-            let mac = parse_runtime_mac(custom.and_then(|c| c.get("mac")))?;
-            (routes, default_route, ips, mac, parse_port_mappings(mappings.as_ref())?)
+            let routes = parse_routes(keys.routes.as_ref())?;
+            let default_route = parse_default_route(keys.default_route.as_ref(), &routes)?;
+            // Not an object: the spec's types refused the config already.
+            let runtime = match &keys.runtime_config {
+                Some(Given::Typed(rc)) => Some(rc),
+                _ => None,
+            };
+            let ips = parse_runtime_ips(runtime.and_then(|rc| rc.ips.as_ref()))?;
+            let mac = parse_runtime_mac(runtime.and_then(|rc| rc.mac.as_ref()))?;
+            (
+                routes,
+                default_route,
+                ips,
+                mac,
+                parse_port_mappings(keys.port_mappings.as_ref())?,
+            )
         } else {
             (Vec::new(), None, Vec::new(), None, Vec::new())
         };
@@ -310,20 +350,21 @@ pub const MAX_V4_PREFIX: u8 = 30;
 /// Smallest usable IPv6 range.
 pub const MAX_V6_PREFIX: u8 = 126;
 
-fn parse_ranges(v: Option<&Value>) -> Result<Vec<IpNet>, CniError> {
+fn parse_ranges(v: Option<&Given<Vec<Given<String>>>>) -> Result<Vec<IpNet>, CniError> {
     let bad = |d: String| CniError::new(Code::InvalidConfig, d);
     let list = match v {
-        Some(Value::Array(a)) => a,
+        Some(Given::Typed(a)) => a,
         // Left to the node: the daemon falls back to the node's pod ranges.
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(other) => {
+        None => return Ok(Vec::new()),
+        Some(Given::Other(other)) => {
             return Err(bad(format!("`ranges` must be a list of CIDR strings, got {other}")));
         }
     };
     let mut out: Vec<IpNet> = Vec::with_capacity(list.len());
     for item in list {
-        let Value::String(s) = item else {
-            return Err(bad(format!("range {item} is not a CIDR string")));
+        let s = match item {
+            Given::Typed(s) => s,
+            Given::Other(item) => return Err(bad(format!("range {item} is not a CIDR string"))),
         };
         let net: IpNet = s.parse().map_err(|_| bad(format!("range {s:?} is not a valid CIDR")))?;
         out.push(net);
@@ -370,11 +411,11 @@ pub fn min_mtu(ranges: &[IpNet]) -> u32 {
     }
 }
 
-fn parse_mtu(v: Option<&Value>, ranges: &[IpNet]) -> Result<Option<u32>, CniError> {
-    let mtu = match v {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Number(n)) => n.as_u64(),
-        Some(_) => None,
+fn parse_mtu(v: Option<&Given<u64>>, ranges: &[IpNet]) -> Result<Option<u32>, CniError> {
+    let (mtu, got) = match v {
+        None => return Ok(None),
+        Some(Given::Typed(m)) => (Some(*m), m.to_string()),
+        Some(Given::Other(other)) => (None, other.to_string()),
     };
     let min = min_mtu(ranges);
     match mtu {
@@ -382,9 +423,8 @@ fn parse_mtu(v: Option<&Value>, ranges: &[IpNet]) -> Result<Option<u32>, CniErro
         _ => Err(CniError::new(
             Code::InvalidConfig,
             format!(
-                "`mtu` must be an integer between {min} and 65535{}, got {}",
+                "`mtu` must be an integer between {min} and 65535{}, got {got}",
                 if min == MIN_MTU_V6 { " (IPv6 needs 1280)" } else { "" },
-                v.map_or(String::new(), |v| v.to_string())
             ),
         )),
     }
@@ -393,12 +433,12 @@ fn parse_mtu(v: Option<&Value>, ranges: &[IpNet]) -> Result<Option<u32>, CniErro
 /// Parses `routes`: `[{"dst": CIDR, "gw": IP?}, ...]`. Keys other than `dst` and
 /// `gw` are refused rather than ignored (weft installs none of them), as are host
 /// bits, a `gw` of another family, and a destination listed twice.
-fn parse_routes(v: Option<&Value>) -> Result<Vec<RouteConf>, CniError> {
+fn parse_routes(v: Option<&Given<Vec<Value>>>) -> Result<Vec<RouteConf>, CniError> {
     let bad = |d: String| CniError::new(Code::InvalidConfig, format!("`routes`: {d}"));
     let list = match v {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(a)) => a,
-        Some(other) => {
+        None => return Ok(Vec::new()),
+        Some(Given::Typed(a)) => a,
+        Some(Given::Other(other)) => {
             return Err(bad(format!(
                 "expected a list of {{\"dst\": CIDR}} objects, got {other}"
             )));
@@ -406,16 +446,16 @@ fn parse_routes(v: Option<&Value>) -> Result<Vec<RouteConf>, CniError> {
     };
     let mut out: Vec<RouteConf> = Vec::with_capacity(list.len());
     for entry in list {
-        let Value::Object(o) = entry else {
+        let Some(o) = entry.is_object().then(|| RouteKeys::deserialize(entry).ok()).flatten() else {
             return Err(bad(format!("entry {entry} is not an object")));
         };
-        if let Some(k) = o.keys().find(|k| !["dst", "gw"].contains(&k.as_str())) {
+        if let Some(k) = o.other.keys().next() {
             return Err(bad(format!(
                 "key `{k}` in {entry} is not supported: a weft route has `dst` and optionally `gw`"
             )));
         }
-        let dst: IpNet = match o.get("dst") {
-            Some(Value::String(s)) => s.parse().map_err(|_| bad(format!("dst {s:?} is not a CIDR")))?,
+        let dst: IpNet = match &o.dst {
+            Some(Given::Typed(s)) => s.parse().map_err(|_| bad(format!("dst {s:?} is not a CIDR")))?,
             _ => return Err(bad(format!("{entry} has no `dst` CIDR string"))),
         };
         if dst.network() != dst.addr() {
@@ -424,16 +464,16 @@ fn parse_routes(v: Option<&Value>) -> Result<Vec<RouteConf>, CniError> {
                 dst.trunc()
             )));
         }
-        let gw = match o.get("gw") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => {
+        let gw = match &o.gw {
+            None => None,
+            Some(Given::Typed(s)) => {
                 let gw: IpAddr = s.parse().map_err(|_| bad(format!("gw {s:?} is not an IP address")))?;
                 if gw.is_ipv4() != dst.addr().is_ipv4() {
                     return Err(bad(format!("gw {gw} is not of the family of dst {dst}")));
                 }
                 Some(gw)
             }
-            Some(other) => return Err(bad(format!("gw {other} is not a string"))),
+            Some(Given::Other(other)) => return Err(bad(format!("gw {other} is not a string"))),
         };
         if out.iter().any(|r| r.dst == dst) {
             return Err(bad(format!("dst {dst} is listed twice")));
@@ -444,20 +484,20 @@ fn parse_routes(v: Option<&Value>) -> Result<Vec<RouteConf>, CniError> {
 }
 
 /// Parses `waitForLinks`: a duration string ("30s", "500ms"), bounded.
-fn parse_wait_for_links(v: Option<&Value>) -> Result<Option<std::time::Duration>, CniError> {
+fn parse_wait_for_links(v: Option<&Given<String>>) -> Result<Option<std::time::Duration>, CniError> {
     let bad = |d: String| CniError::new(Code::InvalidConfig, format!("`waitForLinks`: {d}"));
     match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => weft_link::parse_link_wait(s).map(Some).map_err(bad),
-        Some(other) => Err(bad(format!("must be a duration string such as \"30s\", got {other}"))),
+        None => Ok(None),
+        Some(Given::Typed(s)) => weft_link::parse_link_wait(s).map(Some).map_err(bad),
+        Some(Given::Other(other)) => Err(bad(format!("must be a duration string such as \"30s\", got {other}"))),
     }
 }
 
-fn parse_default_route(v: Option<&Value>, routes: &[RouteConf]) -> Result<Option<bool>, CniError> {
+fn parse_default_route(v: Option<&Given<bool>>, routes: &[RouteConf]) -> Result<Option<bool>, CniError> {
     let choice = match v {
-        None | Some(Value::Null) => None,
-        Some(Value::Bool(b)) => Some(*b),
-        Some(other) => {
+        None => None,
+        Some(Given::Typed(b)) => Some(*b),
+        Some(Given::Other(other)) => {
             return Err(CniError::new(
                 Code::InvalidConfig,
                 format!("`defaultRoute` must be true or false, got {other}"),
@@ -478,30 +518,30 @@ fn parse_default_route(v: Option<&Value>, routes: &[RouteConf]) -> Result<Option
 /// Parses `runtimeConfig.ips` (the `ips` capability): a list of addresses, each with
 /// or without a prefix (podman sends `10.88.0.7/16`); the prefix is dropped, as pods
 /// hold a /32 or /128. At most one per family.
-fn parse_runtime_ips(v: Option<&Value>) -> Result<Vec<IpAddr>, CniError> {
+fn parse_runtime_ips(v: Option<&Given<Vec<Given<String>>>>) -> Result<Vec<IpAddr>, CniError> {
     let bad = |d: String| CniError::new(Code::InvalidConfig, format!("runtimeConfig.ips: {d}"));
     let list = match v {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(a)) => a,
-        Some(other) => return Err(bad(format!("expected a list of addresses, got {other}"))),
+        None => return Ok(Vec::new()),
+        Some(Given::Typed(a)) => a,
+        Some(Given::Other(other)) => return Err(bad(format!("expected a list of addresses, got {other}"))),
     };
     let mut items = Vec::with_capacity(list.len());
     for item in list {
-        let Value::String(s) = item else {
-            return Err(bad(format!("{item} is not an address string")));
-        };
-        items.push(s.as_str());
+        match item {
+            Given::Typed(s) => items.push(s.as_str()),
+            Given::Other(item) => return Err(bad(format!("{item} is not an address string"))),
+        }
     }
     crate::request::parse_ips(items).map_err(bad)
 }
 
 /// Parses `runtimeConfig.mac` (the `mac` capability).
-fn parse_runtime_mac(v: Option<&Value>) -> Result<Option<[u8; 6]>, CniError> {
+fn parse_runtime_mac(v: Option<&Given<String>>) -> Result<Option<[u8; 6]>, CniError> {
     let bad = |d: String| CniError::new(Code::InvalidConfig, format!("runtimeConfig.mac: {d}"));
     match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => crate::request::parse_mac(s).map(Some).map_err(bad),
-        Some(other) => Err(bad(format!("{other} is not a MAC address string"))),
+        None => Ok(None),
+        Some(Given::Typed(s)) => crate::request::parse_mac(s).map(Some).map_err(bad),
+        Some(Given::Other(other)) => Err(bad(format!("{other} is not a MAC address string"))),
     }
 }
 

@@ -326,7 +326,11 @@ pub trait Wiring: Send + Sync + 'static {
         change: weft_link::LinkChange,
     ) -> futures::future::BoxFuture<'_, Result<weft_link::LinkView, LinkError>> {
         let _ = (link, change);
-        Box::pin(async { Err(LinkError::Failed("this daemon has no link emulation".into())) })
+        Box::pin(async {
+            Err(LinkError::Unsupported {
+                what: "has no link emulation",
+            })
+        })
     }
     /// Waits until every link of the (just added) pod is up, for as long as its
     /// Topology says or else `default` (the network config's `waitForLinks`); the
@@ -355,7 +359,11 @@ pub trait Wiring: Send + Sync + 'static {
     /// the capture. A wiring that cannot capture refuses.
     fn capture(&self, link: LinkRef, snaplen: u32) -> futures::future::BoxFuture<'_, Result<FrameStream, LinkError>> {
         let _ = (link, snaplen);
-        Box::pin(async { Err(LinkError::Failed("this daemon cannot capture links".into())) })
+        Box::pin(async {
+            Err(LinkError::Unsupported {
+                what: "cannot capture links",
+            })
+        })
     }
 }
 
@@ -378,8 +386,22 @@ pub struct LinkRef {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LinkError {
     /// No such link end on this node (or an ambiguous name).
-    #[error("{0}")]
-    NotFound(String),
+    #[error(transparent)]
+    NotFound(#[from] weft_link::EndNotFound),
+    /// This daemon's wiring does not do what was asked (`what` it cannot do).
+    #[error("this daemon {what}")]
+    Unsupported {
+        /// What it cannot do, as "has no link emulation".
+        what: &'static str,
+    },
+    /// A capture could not be opened on the end.
+    #[error("cannot capture {link}: {reason}")]
+    Capture {
+        /// The end, as `pod:intf`.
+        link: String,
+        /// What the kernel or the task said.
+        reason: String,
+    },
     /// The setting does not apply.
     #[error("{0}")]
     Invalid(String),

@@ -32,6 +32,35 @@ pub struct UnknownName {
     pub value: String,
 }
 
+/// An operator named a link end (`pod:intf`, in a namespace or not) that this node
+/// cannot pick out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EndNotFound {
+    /// No end of that name here.
+    #[error(
+        "no wire end {pod}:{intf} on this node{} (not a link of a pod here, or not built yet)",
+        namespace.as_ref().map(|n| format!(" in namespace {n}")).unwrap_or_default()
+    )]
+    Missing {
+        /// The namespace named, if one was.
+        namespace: Option<String>,
+        /// The pod.
+        pod: String,
+        /// Its interface.
+        intf: String,
+    },
+    /// Ends of that name in several namespaces, and none was named.
+    #[error("{pod}:{intf} is in several namespaces ({}); name one", namespaces.join(", "))]
+    Ambiguous {
+        /// The pod.
+        pod: String,
+        /// Its interface.
+        intf: String,
+        /// The namespaces that have such an end.
+        namespaces: Vec<String>,
+    },
+}
+
 /// How a link between two pods is carried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]

@@ -86,18 +86,25 @@ impl Wiring for EngineWiring {
                 CaptureSocket::open_in(&ns, &intf)
             })
             .await
-            .map_err(|e| LinkError::Failed(format!("cannot capture {what}: {e}")))?
-            .map_err(|e| LinkError::Failed(format!("cannot capture {what}: {e}")))?;
-            weft_wires::capture::frames(sock, snaplen)
-                .map_err(|e| LinkError::Failed(format!("cannot capture {what}: {e}")))
+            .map_err(|e| capture(&what, e))?
+            .map_err(|e| capture(&what, e))?;
+            weft_wires::capture::frames(sock, snaplen).map_err(|e| capture(&what, e))
         })
+    }
+}
+
+/// A capture of end `link` that could not be opened, and why.
+fn capture(link: &str, reason: impl std::fmt::Display) -> LinkError {
+    LinkError::Capture {
+        link: link.into(),
+        reason: reason.to_string(),
     }
 }
 
 /// A wire engine error as the admin service reports it: whose fault, and what.
 fn link_error(e: WireError) -> LinkError {
     match e {
-        WireError::NoSuchLink(m) => LinkError::NotFound(m),
+        WireError::NoSuchLink(e) => LinkError::NotFound(e),
         WireError::Invalid(m) => LinkError::Invalid(m),
         other => LinkError::Failed(other.to_string()),
     }

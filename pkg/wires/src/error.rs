@@ -31,8 +31,8 @@ pub enum WireError {
     #[error("{0}")]
     DataPlane(String),
     /// An operator named a link this node holds no end of (or an ambiguous one).
-    #[error("{0}")]
-    NoSuchLink(String),
+    #[error(transparent)]
+    NoSuchLink(#[from] weft_link::EndNotFound),
     /// An operator's setting does not apply.
     #[error("{0}")]
     Invalid(String),

@@ -7,9 +7,6 @@
 //! other nodes through [`Peers`] and the workers of gRPC ends through [`GrpcPlane`],
 //! so its decisions are tested against fakes without root.
 
-// No unsafe code but registering a packet socket with Tokio's reactor (`dataplane`,
-// `capture`), which Tokio marks unsafe and which is allowed at those places.
-
 pub mod capture;
 pub mod convert;
 pub mod dataplane;
@@ -23,7 +20,9 @@ pub mod plane;
 pub mod service;
 
 pub use convert::{counters, labels};
-pub use engine::{Engine, EngineConfig, LinkWaitTimeout, LocalPod, PlaneFactory, PodKey, Seams};
+pub use engine::{
+    Carrier, Carriers, Cx, Engine, EngineConfig, Far, LinkWaitTimeout, LocalLink, LocalPod, PlaneFactory, PodKey, Seams,
+};
 pub use error::{PeerError, WireError};
 pub use kernel::{EndSpec, HostWireKernel, VxlanPeer, WireKernel};
 pub use metrics::WireMetrics;

@@ -282,3 +282,114 @@ fn a_repeated_cni_version_is_read_as_the_config_is() {
         Code::InvalidConfig
     );
 }
+
+/// The messages a user sees for each kind of bad key, pinned word for word: the typed
+/// shapes must name what was given exactly as the hand-walked JSON did.
+#[test]
+fn each_bad_key_is_named_as_it_was_given() {
+    let add = |extra: &str| {
+        NetworkConfig::parse(&conf(&format!(r#","ranges":["10.0.0.0/24"]{extra}"#)), Cmd::Add)
+            .unwrap_err()
+            .details
+    };
+    let cases = [
+        (
+            r#","socket":"run/weft.sock""#,
+            r#"`socket` must be an absolute path, got "run/weft.sock""#,
+        ),
+        (r#","socket":7"#, "`socket` must be an absolute path, got 7"),
+        (
+            r#","mtu":"9000""#,
+            r#"`mtu` must be an integer between 68 and 65535, got "9000""#,
+        ),
+        (
+            r#","mtu":1500.5"#,
+            "`mtu` must be an integer between 68 and 65535, got 1500.5",
+        ),
+        (
+            r#","mtu":70000"#,
+            "`mtu` must be an integer between 68 and 65535, got 70000",
+        ),
+        (
+            r#","routes":{"dst":"10.1.0.0/16"}"#,
+            r#"`routes`: expected a list of {"dst": CIDR} objects, got {"dst":"10.1.0.0/16"}"#,
+        ),
+        (
+            r#","routes":["10.1.0.0/16"]"#,
+            r#"`routes`: entry "10.1.0.0/16" is not an object"#,
+        ),
+        (
+            r#","routes":[{"dst":"10.1.0.0/16","mtu":1,"table":2}]"#,
+            r#"`routes`: key `mtu` in {"dst":"10.1.0.0/16","mtu":1,"table":2} is not supported: a weft route has `dst` and optionally `gw`"#,
+        ),
+        (
+            r#","routes":[{"gw":"10.0.0.1"}]"#,
+            r#"`routes`: {"gw":"10.0.0.1"} has no `dst` CIDR string"#,
+        ),
+        (
+            r#","routes":[{"dst":"10.1.0.0/16","gw":5}]"#,
+            "`routes`: gw 5 is not a string",
+        ),
+        (
+            r#","defaultRoute":"yes""#,
+            r#"`defaultRoute` must be true or false, got "yes""#,
+        ),
+        (
+            r#","waitForLinks":30"#,
+            r#"`waitForLinks`: must be a duration string such as "30s", got 30"#,
+        ),
+        (
+            r#","runtimeConfig":{"ips":"10.0.0.7"}"#,
+            r#"runtimeConfig.ips: expected a list of addresses, got "10.0.0.7""#,
+        ),
+        (
+            r#","runtimeConfig":{"ips":[7]}"#,
+            "runtimeConfig.ips: 7 is not an address string",
+        ),
+        (
+            r#","runtimeConfig":{"mac":false}"#,
+            "runtimeConfig.mac: false is not a MAC address string",
+        ),
+        (
+            r#","runtimeConfig":{"portMappings":{}}"#,
+            "runtimeConfig.portMappings: expected a list, got {}",
+        ),
+        (
+            r#","runtimeConfig":{"portMappings":[8080]}"#,
+            "runtimeConfig.portMappings: entry 8080 is not an object",
+        ),
+        (
+            r#","runtimeConfig":{"portMappings":[{"hostPort":0,"containerPort":80}]}"#,
+            r#"runtimeConfig.portMappings: hostPort must be a port number 1-65535 in {"containerPort":80,"hostPort":0}"#,
+        ),
+        (
+            r#","runtimeConfig":{"portMappings":[{"HostPort":8080,"ContainerPort":"80"}]}"#,
+            r#"runtimeConfig.portMappings: containerPort must be a port number 1-65535 in {"ContainerPort":"80","HostPort":8080}"#,
+        ),
+        (
+            r#","runtimeConfig":{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"icmp"}]}"#,
+            r#"runtimeConfig.portMappings: protocol "icmp" is not tcp, udp or sctp"#,
+        ),
+        (
+            r#","runtimeConfig":{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":6}]}"#,
+            "runtimeConfig.portMappings: protocol 6 is not tcp, udp or sctp",
+        ),
+        (
+            r#","runtimeConfig":{"portMappings":[{"hostPort":8080,"containerPort":80,"hostIP":4}]}"#,
+            "runtimeConfig.portMappings: hostIP 4 is not a string",
+        ),
+    ];
+    for (extra, want) in cases {
+        assert_eq!(add(extra), want, "{extra}");
+    }
+    let ranges = |r: &str| {
+        NetworkConfig::parse(&conf(&format!(r#","ranges":{r}"#)), Cmd::Add)
+            .unwrap_err()
+            .details
+    };
+    assert_eq!(
+        ranges(r#""10.0.0.0/24""#),
+        r#"`ranges` must be a list of CIDR strings, got "10.0.0.0/24""#
+    );
+    assert_eq!(ranges("[null]"), "range null is not a CIDR string");
+}

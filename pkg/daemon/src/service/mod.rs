@@ -466,7 +466,8 @@ impl<S: AdminState> AdminService<S> {
 /// A link error as the status the caller gets.
 fn link_status(e: &LinkError) -> Status {
     match e {
-        LinkError::NotFound(m) => Status::not_found(m.clone()),
+        LinkError::NotFound(missing) => Status::not_found(missing.to_string()),
+        LinkError::Unsupported { .. } | LinkError::Capture { .. } => Status::failed_precondition(e.to_string()),
         LinkError::Invalid(m) => Status::invalid_argument(m.clone()),
         LinkError::Failed(m) => Status::failed_precondition(m.clone()),
     }

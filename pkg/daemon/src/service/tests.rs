@@ -146,7 +146,11 @@ impl Wiring for CapturingWiring {
     ) -> futures::future::BoxFuture<'_, Result<crate::seams::FrameStream, LinkError>> {
         Box::pin(async move {
             if (link.pod.as_str(), link.intf.as_str()) != ("r1", "e1") {
-                return Err(LinkError::NotFound(format!("no wire end {}:{}", link.pod, link.intf)));
+                return Err(LinkError::NotFound(weft_link::EndNotFound::Missing {
+                    namespace: link.namespace,
+                    pod: link.pod,
+                    intf: link.intf,
+                }));
             }
             let frames = futures::stream::repeat_with(move || {
                 Ok(weft_link::CapturedFrame {

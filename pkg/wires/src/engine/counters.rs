@@ -10,7 +10,7 @@ use crate::error::WireError;
 use crate::metrics::{WireDirLabels, WireDropLabels};
 use crate::plane::GrpcPlane;
 use weft_kernel::LinkStats;
-use weft_link::{LinkKind, WireEnd, WireReport, WireState};
+use weft_link::{WireEnd, WireReport, WireState};
 use weft_store::StoreError;
 
 impl<P: GrpcPlane> Engine<P> {
@@ -21,7 +21,10 @@ impl<P: GrpcPlane> Engine<P> {
         let Ok(records) = self.store.run(|db| db.wires()).await else {
             return;
         };
-        let kernel: Vec<WireEnd> = records.into_iter().filter(|r| r.kind != LinkKind::Grpc).collect();
+        let kernel: Vec<WireEnd> = records
+            .into_iter()
+            .filter(|r| self.carriers.get(r.kind).kernel_counters())
+            .collect();
         let Ok(stats) = self.interface_stats(&kernel).await else {
             return;
         };
@@ -73,7 +76,7 @@ impl<P: GrpcPlane> Engine<P> {
         let stats = self.interface_stats(&ends).await.unwrap_or_default();
         // Why each link of a local pod is not up, by its end's wire id.
         let mut unbuilt: BTreeMap<u64, WireReport> = BTreeMap::new();
-        let pods = self.pods.lock().expect("pods lock").clone();
+        let pods = self.pods();
         for ((ns, name), links) in self.link_states() {
             for l in links {
                 let netns = pods

@@ -12,18 +12,18 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use tracing::{info, warn};
-use weft_kernel::wire::Emulated;
-use weft_link::{DownBy, EndSettings, Impairment, LinkChange, LinkView, WireEnd, WireState};
+use weft_link::{DownBy, EndNotFound, EndSettings, Impairment, LinkChange, LinkView, WireEnd, WireState};
 use weft_rpc::wire::{Carrier as CarrierMsg, End, EndResult, LinkControl};
 
 use super::Engine;
-use super::plan::{self, Carrier};
+use super::carrier::Cx;
+use super::plan;
 use crate::convert;
 use crate::error::WireError;
 use crate::plane::GrpcPlane;
 
 /// The bits of a wire id a link detour's interface names keep.
-pub(super) const DETOUR_ID_BITS: u64 = (1 << 52) - 1;
+pub(crate) const DETOUR_ID_BITS: u64 = (1 << 52) - 1;
 
 /// What a pass last applied to an end (`None`: not yet, or it failed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,12 +41,6 @@ impl<P: GrpcPlane> Engine<P> {
                 .and_then(|t| t.spec.links.iter().find(|l| l.uid == r.link_uid).cloned())
         };
         plan::topology_impairment(entry(&r.local_pod).as_ref(), entry(&r.peer_pod).as_ref())
-    }
-
-    /// Forgets what was applied to end `id` (it was rebuilt: the next pass applies its
-    /// settings afresh).
-    pub(super) fn forget_applied(&self, id: u64) {
-        self.applied.lock().expect("applied lock").remove(&id);
     }
 
     /// Why end `id`'s settings are not in force, if they are not.
@@ -71,19 +65,25 @@ impl<P: GrpcPlane> Engine<P> {
         }
     }
 
-    /// Brings every built end of `records` to its impairment and carrier by intent, and
-    /// returns the run-time settings it went by (the pass reports links down by intent
-    /// from them).
-    pub(super) async fn emulate(
-        &self,
-        records: &HashMap<u64, WireEnd>,
-    ) -> Result<HashMap<u64, EndSettings>, WireError> {
+    /// Brings every built end of the pass to its impairment and carrier by intent,
+    /// through each end's carrier, and returns the run-time settings it went by (the
+    /// pass reports links down by intent from them).
+    pub(super) async fn emulate(&self, cx: &mut Cx<'_, P>) -> Result<HashMap<u64, EndSettings>, WireError> {
         let settings = self.store.run(|db| db.link_settings()).await?;
-        self.list_leftover_detours().await?;
-        for r in records.values().filter(|r| r.state != WireState::Pending) {
+        self.list_leftover_detours(cx).await?;
+        let ids: Vec<u64> = cx
+            .records
+            .values()
+            .filter(|r| r.state != WireState::Pending)
+            .map(|r| r.id)
+            .collect();
+        for id in ids {
+            let Some(r) = cx.records.get(&id).cloned() else {
+                continue;
+            };
             let s = settings.get(&r.id).copied().unwrap_or_default();
-            let want_imp = s.impairment.unwrap_or_else(|| self.topology_impairment(r));
-            let known = self.applied.lock().expect("applied lock").get(&r.id).copied();
+            let want_imp = s.impairment.unwrap_or_else(|| self.topology_impairment(&r));
+            let known = cx.pass.applied.get(&r.id).copied();
             let want = Applied {
                 impairment: Some(want_imp),
                 down: Some(s.down),
@@ -91,24 +91,24 @@ impl<P: GrpcPlane> Engine<P> {
             // An end nothing was ever set on is as it was built (up, unimpaired): a
             // start need not visit every such end's namespace, which at thousands of
             // ends would slow the first pass.
-            let left_detour = || {
-                self.leftover_detours
-                    .lock()
-                    .expect("detours lock")
-                    .contains(&(r.id & DETOUR_ID_BITS))
-            };
-            if known.is_none() && want_imp.is_empty() && s.down.is_none() && !left_detour() {
-                self.applied.lock().expect("applied lock").insert(r.id, want);
+            let left_detour = cx
+                .pass
+                .leftover_detours
+                .as_ref()
+                .is_some_and(|l| l.contains(&(r.id & DETOUR_ID_BITS)));
+            if known.is_none() && want_imp.is_empty() && s.down.is_none() && !left_detour {
+                cx.pass.applied.insert(r.id, want);
                 continue;
             }
             let mut a = known.unwrap_or_default();
             if a == want {
                 continue;
             }
-            let labels = convert::labels(r);
+            let carrier = self.carriers.get(r.kind);
+            let labels = convert::labels(&r);
             let mut problem = None;
             if a.down != Some(s.down) {
-                match self.apply_carrier(r, a.down, s.down).await {
+                match carrier.hold(cx, &r, a.down, s.down).await {
                     Ok(true) => {
                         a.down = Some(s.down);
                         self.metrics
@@ -124,7 +124,7 @@ impl<P: GrpcPlane> Engine<P> {
                 }
             }
             if a.impairment != Some(want_imp) {
-                match self.apply_impairment(r, want_imp).await {
+                match carrier.impair(cx, &r, want_imp).await {
                     Ok(true) => {
                         if !want_imp.is_empty() || a.impairment.is_some() {
                             info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, impairment = %want_imp, "link impairment applied");
@@ -136,113 +136,20 @@ impl<P: GrpcPlane> Engine<P> {
                     Err(e) => problem = Some(e.to_string()),
                 }
             }
-            self.set_problem(r, problem);
-            self.applied.lock().expect("applied lock").insert(r.id, a);
+            self.set_problem(&r, problem);
+            cx.pass.applied.insert(r.id, a);
         }
         Ok(settings)
     }
 
-    /// Applies impairment `imp` to what end `r` sends: in its worker for a gRPC end;
-    /// for a veth or VXLAN end, with netem on its pod's interface or, on a kernel
-    /// without netem, in a worker of weftd's through the end's link detour. Returns
-    /// whether the end exists.
-    async fn apply_impairment(&self, r: &WireEnd, imp: Impairment) -> Result<bool, WireError> {
-        if r.kind == weft_link::LinkKind::Grpc {
-            let Some(dp) = self.dataplane() else { return Ok(false) };
-            dp.set_impairment(r.id, imp);
-            return Ok(true);
-        }
-        let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
-        match self.kernel(move |k| k.set_impairment(&netns, &intf, &imp)).await? {
-            Emulated::NoSuchEnd => Ok(false),
-            Emulated::Applied => {
-                self.end_detour(r).await?;
-                Ok(true)
-            }
-            Emulated::Unsupported => {
-                let dp = self.dataplane().ok_or_else(|| {
-                    WireError::DataPlane(
-                        "this kernel has no netem, and weftd can carry the link's emulation only once this node's address is known".into(),
-                    )
-                })?;
-                let (netns, intf, id) = (r.netns.clone(), r.local_intf.clone(), r.id);
-                if !self.kernel(move |k| k.detour(&netns, &intf, id)).await? {
-                    return Ok(false);
-                }
-                dp.detour(r.id, imp, convert::labels(r))?;
-                info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, "this kernel has no netem: weftd carries the end's frames through a link detour");
-                Ok(true)
-            }
-        }
-    }
-
-    /// Takes end `r`'s link detour away, if it has one (a worker here, or a pair an
-    /// earlier run left): what the pod sends goes straight out again.
-    pub(super) async fn end_detour(&self, r: &WireEnd) -> Result<(), WireError> {
-        let worker = self
-            .plane
-            .lock()
-            .expect("dataplane lock")
-            .as_ref()
-            .is_some_and(|dp| dp.undetour(r.id));
-        let left = self
-            .leftover_detours
-            .lock()
-            .expect("detours lock")
-            .remove(&(r.id & DETOUR_ID_BITS));
-        if worker || left {
-            let (netns, intf, id) = (r.netns.clone(), r.local_intf.clone(), r.id);
-            self.kernel(move |k| k.remove_detour(&netns, &intf, id)).await?;
-            info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, "link detour removed");
-        }
-        Ok(())
-    }
-
     /// Notes the link detours an earlier run left on this node, once: an end that no
     /// longer needs its detour is visited by the first pass even if it has no settings.
-    async fn list_leftover_detours(&self) -> Result<(), WireError> {
-        if self.detours_listed.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            return Ok(());
+    async fn list_leftover_detours(&self, cx: &mut Cx<'_, P>) -> Result<(), WireError> {
+        if cx.pass.leftover_detours.is_none() {
+            let ids = self.kernel(|k| k.detours()).await?;
+            cx.pass.leftover_detours = Some(ids.into_iter().collect());
         }
-        match self.kernel(|k| k.detours()).await {
-            Ok(ids) => {
-                *self.leftover_detours.lock().expect("detours lock") = ids.into_iter().collect();
-                Ok(())
-            }
-            Err(e) => {
-                self.detours_listed.store(false, std::sync::atomic::Ordering::Relaxed);
-                Err(e)
-            }
-        }
-    }
-
-    /// Holds end `r`'s carrier where `want` says (`before`: as last applied, if known);
-    /// returns whether the end exists.
-    async fn apply_carrier(
-        &self,
-        r: &WireEnd,
-        before: Option<Option<DownBy>>,
-        want: Option<DownBy>,
-    ) -> Result<bool, WireError> {
-        let (netns, intf, id) = (r.netns.clone(), r.local_intf.clone(), r.id);
-        Ok(match plan::carrier(r.kind, want) {
-            Carrier::PodAdmin { up } => self.kernel(move |k| k.set_interface_up(&netns, &intf, up)).await?,
-            Carrier::ProtoDown { down } => self.kernel(move |k| k.set_proto_down(&netns, &intf, down)).await?,
-            Carrier::NodeEnd { up } => {
-                let exists = self.kernel(move |k| k.set_node_end_up(id, up)).await?;
-                // Taking the node end down ends its worker's reads; coming back up needs
-                // a fresh socket.
-                let was_down = matches!(before, Some(Some(_)));
-                if exists
-                    && up
-                    && was_down
-                    && let (Some(dp), Ok(peer)) = (self.dataplane(), r.peer_node.parse::<IpAddr>())
-                {
-                    dp.attach(convert::grpc_end(r, peer))?;
-                }
-                exists
-            }
-        })
+        Ok(())
     }
 
     /// The end `pod`:`intf` of this node (in namespace `ns`, or the only one that has
@@ -256,14 +163,18 @@ impl<P: GrpcPlane> Engine<P> {
             .collect();
         match ends.as_slice() {
             [one] => Ok(one.clone()),
-            [] => Err(WireError::NoSuchLink(format!(
-                "no wire end {pod}:{intf} on this node{} (not a link of a pod here, or not built yet)",
-                ns.map(|n| format!(" in namespace {n}")).unwrap_or_default()
-            ))),
-            many => Err(WireError::NoSuchLink(format!(
-                "{pod}:{intf} is in several namespaces ({}); name one",
-                many.iter().map(|r| r.namespace.as_str()).collect::<Vec<_>>().join(", ")
-            ))),
+            [] => Err(EndNotFound::Missing {
+                namespace: ns.map(str::to_string),
+                pod: pod.into(),
+                intf: intf.into(),
+            }
+            .into()),
+            many => Err(EndNotFound::Ambiguous {
+                pod: pod.into(),
+                intf: intf.into(),
+                namespaces: many.iter().map(|r| r.namespace.clone()).collect(),
+            }
+            .into()),
         }
     }
 

@@ -1,12 +1,13 @@
 //! The wire engine: makes the kernel and the data plane match what the topologies say
 //! for the pods of this node.
 //!
-//! One task does all the work, level-triggered: whenever anything changes (a pod comes
-//! or goes, the topology source moves, a peer node calls, a timer fires) it runs a pass
-//! that compares, for every link of every local pod, the end that should exist with the
-//! end the store records, and builds, re-points, sets down or removes ends until they
-//! agree. Because only that task touches wires, two pods arriving at once cannot race;
-//! who builds a shared piece is decided by name, never by timing:
+//! One task (`pass`) does the wiring, level-triggered: whenever anything changes (a pod
+//! comes or goes, the topology source moves, a peer node calls, a timer fires) it runs
+//! a pass that compares, for every link of every local pod, the end that should exist
+//! with the end the store records, and has the link's [`Carrier`] build, re-point, set
+//! down or remove ends until they agree. Because only that task builds wires, two pods
+//! arriving at once cannot race; who builds a shared piece is decided by name, never by
+//! timing:
 //! - same node: the pod with the lower name builds the veth pair for both;
 //! - VXLAN across nodes: the pod with the lower name proposes the VNI to the peer's
 //!   node (`Ends`), which holds it (unique per node in the store) or refuses it; the
@@ -14,25 +15,29 @@
 //! - gRPC across nodes: each side builds its own veth end, read through a packet
 //!   socket; frames carry derived ids.
 //!
+//! What the task remembers between passes is its own (`pass::PassState`). What other
+//! paths share with it is named in [`Engine`]'s fields: the pods the daemon attached
+//! (written by ADD and DEL), the pass requests, why an end's emulation is not in force
+//! (read by the link views), and the counters the scrape path samples.
+//!
 //! The engine reaches the world through three seams: the kernel ([`WireKernel`]), the
 //! other nodes ([`Peers`]) and the workers of gRPC ends ([`GrpcPlane`]); [`Seams`]
-//! bundles them. Its modules: `plan` (the decisions, without I/O), `run` (the loop and
-//! the pass, veth pairs, removal), `vxlan` (VXLAN ends and VNI negotiation), `grpc`
-//! (gRPC ends), `ends` (the server side of `Ends`), `counters` (per-wire counters),
-//! `emulate` (impairments and link state by intent, at each pass and at run time).
+//! bundles them with the [`Carriers`]. Its modules: `plan` (the decisions, without
+//! I/O), `pass` (the run task and the pass), `carrier` (one module per kind of link),
+//! `ends` (the server side of `Ends`), `counters` (per-wire counters), `emulate`
+//! (impairments and link state by intent, at each pass and at run time).
 
+pub mod carrier;
 mod counters;
 mod emulate;
 mod ends;
-mod grpc;
+mod pass;
 pub(crate) mod plan;
-mod run;
-mod vxlan;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
@@ -43,6 +48,8 @@ use weft_rpc::wire::{End, EndResult, EndsRequest, Hello};
 use weft_store::{Store, StoreError};
 use weft_telemetry::Metrics;
 use weft_topology::{Link, LinkKind, TopologySource, TopologyStatus};
+
+pub use carrier::{Carrier, Carriers, Cx, Far};
 
 use crate::dataplane::DataPlane;
 use crate::error::WireError;
@@ -102,21 +109,37 @@ fn list(links: &[LinkStatus]) -> String {
     links.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
-/// One link of one local pod, as a pass walks them: the topology namespace, the pod's
-/// name, the pod as attached, and the link.
+/// One link of one local pod, as a pass walks them.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct LocalLink<'a> {
-    pub(crate) ns: &'a str,
-    pub(crate) name: &'a str,
-    pub(crate) pod: &'a LocalPod,
-    pub(crate) link: &'a Link,
+pub struct LocalLink<'a> {
+    /// The topology's namespace.
+    pub ns: &'a str,
+    /// The pod's name.
+    pub name: &'a str,
+    /// The pod as attached.
+    pub pod: &'a LocalPod,
+    /// The link, as the pod's topology lists it.
+    pub link: &'a Link,
+}
+
+impl LocalLink<'_> {
+    /// The wire id of this pod's end of the link.
+    pub fn id(&self) -> u64 {
+        crate::ids::wire_id(self.ns, self.link.uid, self.name)
+    }
+
+    /// The record of this pod's end of the link as `kind` carries it, up, its peer
+    /// on `peer_node` (empty on this node).
+    pub fn record(&self, kind: LinkKind, peer_node: String) -> WireEnd {
+        plan::record(self.ns, self.name, &self.pod.netns, self.link, kind, peer_node)
+    }
 }
 
 /// Makes the data plane of gRPC wires once this node's address is known.
 pub type PlaneFactory<P> = Box<dyn Fn(IpAddr) -> Arc<P> + Send + Sync>;
 
-/// What the engine works through: the kernel, the other nodes, and the workers of
-/// gRPC ends (made once this node's address is known).
+/// What the engine works through: the kernel, the other nodes, the workers of gRPC
+/// ends (made once this node's address is known), and the carriers of each kind.
 pub struct Seams<P> {
     /// The kernel of the node and its pods.
     pub kernel: Arc<dyn WireKernel>,
@@ -124,6 +147,8 @@ pub struct Seams<P> {
     pub peers: Arc<dyn Peers>,
     /// Makes the data plane for this node's address.
     pub plane: PlaneFactory<P>,
+    /// How each kind of link is carried.
+    pub carriers: Carriers<P>,
 }
 
 impl Seams<DataPlane> {
@@ -140,12 +165,14 @@ impl Seams<DataPlane> {
             kernel: Arc::new(HostWireKernel),
             peers: Arc::new(GrpcPeers::new(port, security.clone())),
             plane: Box::new(move |local| DataPlane::new(local, port, security.clone(), metrics.clone(), rt.clone())),
+            carriers: Carriers::standard(),
         }
     }
 }
 
 /// The wire engine of one node (see the module documentation); `P` is the data plane
-/// of its gRPC ends.
+/// of its gRPC ends. Its mutable fields are the ones the run task shares with other
+/// paths, each saying with whom.
 pub struct Engine<P = DataPlane> {
     cfg: EngineConfig,
     source: Arc<dyn TopologySource>,
@@ -153,34 +180,74 @@ pub struct Engine<P = DataPlane> {
     metrics: Arc<WireMetrics>,
     kernel: Arc<dyn WireKernel>,
     peers: Arc<dyn Peers>,
+    carriers: Carriers<P>,
     new_plane: PlaneFactory<P>,
-    plane: Mutex<Option<Arc<P>>>,
+    /// The data plane, made once this node's address is known.
+    plane: OnceLock<Arc<P>>,
+    /// The pods the daemon attached: ADD and DEL write, the pass and the `Ends`
+    /// service read.
     pods: Mutex<BTreeMap<PodKey, LocalPod>>,
+    /// Requests for passes (any path) and the passes done (the run task).
+    passes: Passes,
+    /// Why an end's emulation is not in force, per end that has a reason: the pass
+    /// writes, the link views read.
+    problems: Mutex<HashMap<u64, String>>,
+    /// Kernel counters of veth and VXLAN ends as last sampled, used by the scrape path
+    /// only (counters grow by the difference, so a re-created interface never makes
+    /// them go back).
+    sampled: Mutex<HashMap<u64, weft_kernel::LinkStats>>,
+    /// Where each link of each local pod stood after the last pass (what the pods'
+    /// Topology statuses say, and what ADDs waiting for their links watch): the pass
+    /// publishes, readers subscribe.
+    links: watch::Sender<BTreeMap<PodKey, Vec<LinkStatus>>>,
+}
+
+/// Pass requests: any path asks for a pass and may wait for one that started after
+/// its request; the run task says which requests its passes covered.
+struct Passes {
     kick: Notify,
     requested: AtomicU64,
     done: watch::Sender<u64>,
-    /// Set by a pass that left work waiting on a peer, so the next comes sooner.
-    retry: AtomicBool,
-    /// Whether the wire-state resource holds what the store says: false at start (the
-    /// resource may predate a crash) and after a failed write, so the next pass writes
-    /// it even when no end changed.
-    mirrored: AtomicBool,
-    /// Kernel counters of veth and VXLAN ends as last sampled (counters grow by the
-    /// difference, so a re-created interface never makes them go back).
-    sampled: Mutex<HashMap<u64, weft_kernel::LinkStats>>,
-    /// What each end's emulation (impairment, carrier by intent) was last set to.
-    applied: Mutex<HashMap<u64, emulate::Applied>>,
-    /// Why an end's emulation is not in force, per end that has a reason.
-    problems: Mutex<HashMap<u64, String>>,
-    /// Link detours found on the node at start (wire ids' low bits) that no pass has
-    /// taken over or removed yet; listed once, by the first pass.
-    leftover_detours: Mutex<std::collections::HashSet<u64>>,
-    detours_listed: AtomicBool,
-    /// Where each link of each local pod stood after the last pass (what the pods'
-    /// Topology statuses say, and what ADDs waiting for their links watch).
-    links: watch::Sender<BTreeMap<PodKey, Vec<LinkStatus>>>,
-    /// Pods whose link states could not be written to their Topology status yet.
-    links_unwritten: Mutex<std::collections::BTreeSet<PodKey>>,
+}
+
+impl Passes {
+    fn new() -> Self {
+        Passes {
+            kick: Notify::new(),
+            requested: AtomicU64::new(0),
+            done: watch::channel(0).0,
+        }
+    }
+
+    /// Asks for a pass; returns the request's number.
+    fn kick(&self) -> u64 {
+        let n = self.requested.fetch_add(1, Ordering::AcqRel) + 1;
+        self.kick.notify_one();
+        n
+    }
+
+    /// Resolves when a pass is asked for.
+    async fn kicked(&self) {
+        self.kick.notified().await
+    }
+
+    /// The last request so far (a pass starting now covers it).
+    fn requested(&self) -> u64 {
+        self.requested.load(Ordering::Acquire)
+    }
+
+    /// A pass that covered every request up to `n` is done.
+    fn done(&self, n: u64) {
+        self.done.send_modify(|d| *d = (*d).max(n));
+    }
+
+    /// Asks for a pass and waits (15 s at most) until one that started after the
+    /// request is done.
+    async fn run_and_wait(&self) {
+        let want = self.kick();
+        let mut done = self.done.subscribe();
+        let _ = tokio::time::timeout(Duration::from_secs(15), done.wait_for(|d| *d >= want)).await;
+    }
 }
 
 impl Engine {
@@ -216,23 +283,16 @@ impl<P: GrpcPlane> Engine<P> {
             metrics: metrics.families::<WireMetrics>(),
             kernel: seams.kernel,
             peers: seams.peers,
+            carriers: seams.carriers,
             new_plane: seams.plane,
-            plane: Mutex::new(None),
+            plane: OnceLock::new(),
             pods: Mutex::new(pods),
-            kick: Notify::new(),
-            requested: AtomicU64::new(0),
-            done: watch::channel(0).0,
-            retry: AtomicBool::new(false),
-            mirrored: AtomicBool::new(false),
-            sampled: Mutex::default(),
-            applied: Mutex::default(),
+            passes: Passes::new(),
             problems: Mutex::default(),
-            leftover_detours: Mutex::default(),
-            detours_listed: AtomicBool::new(false),
+            sampled: Mutex::default(),
             links: watch::channel(BTreeMap::new()).0,
-            links_unwritten: Mutex::default(),
         });
-        engine.restore_grpc_ends().await;
+        engine.restore().await;
         tokio::spawn(engine.clone().run());
         engine
     }
@@ -244,12 +304,26 @@ impl<P: GrpcPlane> Engine<P> {
 
     /// The data plane of gRPC wires (created once the node address is known).
     pub fn dataplane(&self) -> Option<Arc<P>> {
-        let mut dp = self.plane.lock().expect("dataplane lock");
-        if dp.is_none() {
-            let local = self.node_address()?;
-            *dp = Some((self.new_plane)(local));
+        if let Some(dp) = self.plane.get() {
+            return Some(dp.clone());
         }
-        dp.clone()
+        let local = self.node_address()?;
+        Some(self.plane.get_or_init(|| (self.new_plane)(local)).clone())
+    }
+
+    /// The pods the daemon attached, as they are now.
+    fn pods(&self) -> BTreeMap<PodKey, LocalPod> {
+        self.pods.lock().expect("pods lock").clone()
+    }
+
+    /// Has each end the store holds taken back by its carrier (before the first pass).
+    async fn restore(&self) {
+        let Ok(records) = self.store.run(|db| db.wires()).await else {
+            return;
+        };
+        for r in &records {
+            self.carriers.get(r.kind).restore(self, r).await;
+        }
     }
 
     /// A pod of this node was attached: wires it and waits for the pass that did it.
@@ -333,8 +407,7 @@ impl<P: GrpcPlane> Engine<P> {
                 .await
                 .is_err()
             {
-                self.requested.fetch_add(1, Ordering::AcqRel);
-                self.kick.notify_one();
+                self.passes.kick();
             }
         }
     }
@@ -346,10 +419,7 @@ impl<P: GrpcPlane> Engine<P> {
 
     /// Asks for a pass and waits until one that started after the request is done.
     pub async fn pass_and_wait(&self) {
-        let want = self.requested.fetch_add(1, Ordering::AcqRel) + 1;
-        self.kick.notify_one();
-        let mut done = self.done.subscribe();
-        let _ = tokio::time::timeout(Duration::from_secs(15), done.wait_for(|d| *d >= want)).await;
+        self.passes.run_and_wait().await
     }
 
     /// The wire ends this node holds.
@@ -384,8 +454,8 @@ impl<P: GrpcPlane> Engine<P> {
 
     /// Pods of this node with a topology.
     pub fn wired_pods(&self) -> Vec<PodKey> {
-        let pods = self.pods.lock().expect("pods lock").clone();
-        pods.into_keys()
+        self.pods()
+            .into_keys()
             .filter(|(ns, n)| self.source.topology(ns, n).is_some())
             .collect()
     }

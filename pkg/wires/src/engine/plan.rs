@@ -66,11 +66,8 @@ pub(crate) fn want(
         // Says it runs here but this daemon has not attached it (yet, or any more).
         return Want::Absent;
     }
-    let kind = match link.kind {
-        Some(LinkKind::Vxlan) => LinkKind::Vxlan,
-        Some(LinkKind::Grpc) => LinkKind::Grpc,
-        _ => default_kind,
-    };
+    // A link that names a same-node kind is carried the default way across nodes.
+    let kind = link.kind.filter(|k| k.crosses_nodes()).unwrap_or(default_kind);
     Want::Remote { kind, node }
 }
 
@@ -214,13 +211,15 @@ pub(crate) enum Attempt {
 }
 
 /// Where link `link` of pod `pod` stands after a pass: `rec` is its end as recorded,
-/// `attempt` what the pass did, `down` whether an operator took it down.
+/// `attempt` what the pass did, `down` whether an operator took it down, `waiting`
+/// what a recorded end that is not built yet waits for (its carrier says).
 pub(crate) fn link_status(
     pod: &str,
     link: &Link,
     rec: Option<&WireEnd>,
     attempt: &Attempt,
     down: Option<DownBy>,
+    waiting: &str,
 ) -> LinkStatus {
     let (state, reason) = match (attempt, rec) {
         (Attempt::Failed { transient: true, error }, _) => (LinkPhase::Pending, error.clone()),
@@ -252,13 +251,7 @@ pub(crate) fn link_status(
                 LinkPhase::Pending,
                 format!("peer pod {} went away; the end waits for it", link.peer_pod),
             ),
-            WireState::Pending => (
-                LinkPhase::Pending,
-                match r.kind {
-                    LinkKind::Vxlan => format!("agreeing on a VNI with the node of pod {}", link.peer_pod),
-                    _ => format!("waiting for the node of pod {} to build its end", link.peer_pod),
-                },
-            ),
+            WireState::Pending => (LinkPhase::Pending, waiting.to_string()),
         },
     };
     LinkStatus {
@@ -276,31 +269,6 @@ pub(crate) fn end_of(ns: &str, pod: &str, link: &Link, kind: LinkKind, vni: Opti
     let mut end = record(ns, pod, "", link, kind, String::new());
     end.vni = vni;
     convert::to_message(&end, true)
-}
-
-/// How an end's carrier is held by intent, by kind: a veth pair has no carrier switch,
-/// so the named end goes administratively down and its peer sees `NO-CARRIER`; a VXLAN
-/// end drops its carrier itself (protodown); a gRPC end's node end goes down, so its
-/// pod end sees `NO-CARRIER`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Carrier {
-    /// Set the pod's interface up or down.
-    PodAdmin { up: bool },
-    /// Set the VXLAN end's protodown.
-    ProtoDown { down: bool },
-    /// Set the gRPC end's node end up or down.
-    NodeEnd { up: bool },
-}
-
-/// What holds `kind`'s end where `down` says (`None`: up).
-pub(crate) fn carrier(kind: LinkKind, down: Option<DownBy>) -> Carrier {
-    match kind {
-        LinkKind::Veth => Carrier::PodAdmin {
-            up: down != Some(DownBy::Named),
-        },
-        LinkKind::Vxlan => Carrier::ProtoDown { down: down.is_some() },
-        LinkKind::Grpc => Carrier::NodeEnd { up: down.is_none() },
-    }
 }
 
 /// The settings both ends of a link get when an operator asks for `change` at one of

@@ -5,6 +5,7 @@
 //! another node, links removed from the topology, VNI negotiation, and a restart that
 //! finds the ends the kernel kept (and rebuilds those it did not).
 
+mod carrier;
 mod fakes;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,7 +24,7 @@ use weft_telemetry::metrics::RepairLabels;
 use weft_topology::{Link, LinkKind, MemorySource, Topology, TopologySource, TopologySpec};
 use weft_wires::ids::{derived_mac, derived_vni, next_vni, wire_id};
 use weft_wires::metrics::{WireDirLabels, WireMetrics};
-use weft_wires::{Engine, EngineConfig, LocalPod, PodKey, Seams, labels};
+use weft_wires::{Carriers, Engine, EngineConfig, LocalPod, PodKey, Seams, labels};
 
 const NS: &str = "lab";
 
@@ -47,7 +48,12 @@ struct Lab {
     metrics: Arc<Metrics>,
     nodes: Vec<Node>,
     links: BTreeMap<String, Vec<Link>>,
+    /// The carriers each node's engine gets, by node name (weft's own by default).
+    carriers: CarriersFor,
 }
+
+/// Makes the carriers of a node's engine, given the node's name.
+type CarriersFor = Box<dyn Fn(&str) -> Carriers<FakePlane>>;
 
 fn netns(node: &str, pod: &str) -> String {
     format!("/fake/{node}/{pod}")
@@ -77,6 +83,7 @@ impl Lab {
             metrics: Metrics::new("test", "test"),
             nodes,
             links: BTreeMap::new(),
+            carriers: Box::new(|_| Carriers::standard()),
         }
     }
 
@@ -101,6 +108,7 @@ impl Lab {
                 kernel: n.kernel.clone(),
                 peers: self.peers.clone(),
                 plane: Box::new(move |_| plane.clone()),
+                carriers: (self.carriers)(&n.name),
             };
             let store = Store::open(&n.db).unwrap();
             let engine = Engine::start_with(

@@ -46,7 +46,8 @@ fn pod(name: &str) -> LocalPod {
 fn a_links_state_says_why_it_is_not_up() {
     let l = link(1, "r2", None);
     let mut r = record("lab", "r1", "/run/netns/r1", &l, LinkKind::Grpc, "10.0.0.2".into());
-    let st = |rec: Option<&WireEnd>, a: &Attempt, down| link_status("r1", &l, rec, a, down);
+    let st =
+        |rec: Option<&WireEnd>, a: &Attempt, down| link_status("r1", &l, rec, a, down, "what the carrier waits for");
 
     let absent = st(None, &Attempt::PeerAbsent, None);
     assert_eq!(absent.state, LinkPhase::Pending);
@@ -71,10 +72,9 @@ fn a_links_state_says_why_it_is_not_up() {
         LinkPhase::Pending
     );
 
+    // A recorded end that is not built yet waits for what its carrier says.
     r.state = WireState::Pending;
-    assert!(st(Some(&r), &Attempt::Done, None).reason.contains("to build its end"));
-    r.kind = LinkKind::Vxlan;
-    assert!(st(Some(&r), &Attempt::Done, None).reason.contains("VNI"));
+    assert_eq!(st(Some(&r), &Attempt::Done, None).reason, "what the carrier waits for");
     r.state = WireState::Down;
     assert!(st(Some(&r), &Attempt::Done, None).reason.contains("went away"));
 
@@ -174,19 +174,6 @@ fn across_nodes_the_peer_status_decides() {
             node
         }
     );
-}
-
-#[test]
-fn carrier_by_intent_depends_on_the_kind() {
-    use Carrier::*;
-    assert_eq!(carrier(LinkKind::Veth, Some(DownBy::Named)), PodAdmin { up: false });
-    // The far end of a pair stays up, so it shows NO-CARRIER.
-    assert_eq!(carrier(LinkKind::Veth, Some(DownBy::Peer)), PodAdmin { up: true });
-    assert_eq!(carrier(LinkKind::Veth, None), PodAdmin { up: true });
-    assert_eq!(carrier(LinkKind::Vxlan, Some(DownBy::Peer)), ProtoDown { down: true });
-    assert_eq!(carrier(LinkKind::Vxlan, None), ProtoDown { down: false });
-    assert_eq!(carrier(LinkKind::Grpc, Some(DownBy::Named)), NodeEnd { up: false });
-    assert_eq!(carrier(LinkKind::Grpc, None), NodeEnd { up: true });
 }
 
 #[test]
