@@ -16,8 +16,8 @@ packages=(
   python3-venv                   # the venv for the rotel collector
   nftables conntrack             # host ports: weftd writes its table with nft and flushes UDP flows
   busybox-static                 # the httpd workload image of the CRI host-port test
-  iperf3                         # weftctl bench --compare wires: TCP throughput across wires
-  ethtool                        # weftctl bench --compare pod-network: offloads of both VXLAN devices compared
+  iperf3                         # weft-bench --compare wires: TCP throughput across wires
+  ethtool                        # weft-bench --compare pod-network: offloads of both VXLAN devices compared
   buildah                        # the weft image, built offline from the Containerfile (test/tests/install.rs)
   graphviz                       # weftctl lab graph: dot draws the lab as SVG or PNG (test/tests/lab/graph.rs)
   tcpdump                        # reads the pcapng weftctl capture writes (test/tests/lab/capture.rs)

@@ -823,3 +823,42 @@ pub fn wait_lab_reachable(lab: &weft_lab::Lab, pod: &str, addr: &str) {
         assert!(Instant::now() < deadline, "{pod} never reached {addr}");
     }
 }
+
+/// Tests of one area (one module of a merged test binary, which was a binary of its
+/// own before) may run beside each other, as they always did; tests of different areas
+/// never overlap, as when each area was a binary that `cargo test` ran after the last.
+/// Areas share names, ports and the machine's two cores, and were tuned for that.
+pub fn area(name: &'static str) -> AreaGuard {
+    let mut gate = AREA.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        match gate.0 {
+            Some(current) if current != name => {
+                gate = AREA_FREE.wait(gate).unwrap_or_else(|e| e.into_inner());
+            }
+            _ => break,
+        }
+    }
+    gate.0 = Some(name);
+    gate.1 += 1;
+    AreaGuard(())
+}
+
+/// The area being run and how many of its tests are running.
+static AREA: std::sync::Mutex<(Option<&'static str>, usize)> = std::sync::Mutex::new((None, 0));
+static AREA_FREE: std::sync::Condvar = std::sync::Condvar::new();
+
+/// Held for a test's whole run (see [`area`]); its drop, on failure too, lets the next
+/// area in once the last test of this one is done.
+#[must_use = "the area is left when the guard drops"]
+pub struct AreaGuard(());
+
+impl Drop for AreaGuard {
+    fn drop(&mut self) {
+        let mut gate = AREA.lock().unwrap_or_else(|e| e.into_inner());
+        gate.1 -= 1;
+        if gate.1 == 0 {
+            gate.0 = None;
+            AREA_FREE.notify_all();
+        }
+    }
+}

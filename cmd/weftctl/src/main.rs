@@ -44,9 +44,6 @@ enum Command {
     /// it denied (`denies`).
     #[command(subcommand)]
     Policy(commands::policy::PolicyAction),
-    /// Benchmark weft beside the reference plugins (ptp + host-local), in namespaces
-    /// it creates and removes. Needs root.
-    Bench(commands::bench::BenchArgs),
     /// A multi-node lab on this machine out of network namespaces: nodes in different
     /// subnets behind a router, a weftd per node, pods wired from Topology objects.
     /// Needs root.
@@ -66,8 +63,6 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        // The benchmark drives processes and runtimes of its own: it runs outside ours.
-        Command::Bench(args) => commands::bench::run(args, cli.json),
         Command::Lab(args) => commands::lab::run(args, cli.json),
         Command::Crds => commands::crds::run(),
         Command::Certs(action) => commands::certs::run(action),
@@ -95,7 +90,7 @@ fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyh
             Command::Link(action) => commands::link::run(action, socket, json).await,
             Command::Capture(args) => commands::capture::run(args, socket).await,
             Command::Policy(action) => commands::policy::run(action, socket, json).await,
-            Command::Bench(_) | Command::Lab(_) | Command::Crds | Command::Certs(_) | Command::InstallCni(_) => {
+            Command::Lab(_) | Command::Crds | Command::Certs(_) | Command::InstallCni(_) => {
                 unreachable!("run outside the runtime")
             }
         }

@@ -1,6 +1,5 @@
 //! One module per subcommand.
 
-pub mod bench;
 pub mod calls;
 pub mod capture;
 pub mod certs;

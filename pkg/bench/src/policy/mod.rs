@@ -12,7 +12,7 @@
 //!   its cache: start to table programmed, RSS, and the batch one pod's arrival causes
 //!   ([`scale`]).
 //!
-//! `weftctl bench --compare policy` runs them all; `WEFT_BENCH_POLICY_PARTS` (a comma
+//! `weft-bench --compare policy` runs them all; `WEFT_BENCH_POLICY_PARTS` (a comma
 //! list of the names above) runs some, and `WEFT_BENCH_POLICY_SIZES=smoke` runs them at
 //! `--smoke`'s tiny sizes. Kernel changes are read with `nft monitor` in
 //! the node namespaces ([`nftmon`]); the objects are [`objects`]'.

@@ -14,6 +14,7 @@ fn serves(socket: &std::path::Path) -> bool {
 
 #[test]
 fn a_second_weftd_waits_for_the_state_lock_and_serves_once_it_is_free() {
+    let _area = weft_tests::area("node::restart");
     if !privileged() {
         return;
     }
@@ -66,6 +67,7 @@ fn a_second_weftd_waits_for_the_state_lock_and_serves_once_it_is_free() {
 
 #[test]
 fn the_wait_is_bounded() {
+    let _area = weft_tests::area("node::restart");
     if !privileged() {
         return;
     }

@@ -1,4 +1,4 @@
-//! `weftctl bench --smoke`: every comparison runs end to end at a tiny size (the CNI
+//! `weft-bench --smoke`: every comparison runs end to end at a tiny size (the CNI
 //! benchmarks, host ports, exec cost, weftd's memory in a lab with gRPC wires, wire
 //! throughput with iperf3 and UDP floods, the gRPC wire in plaintext and with mTLS,
 //! pods attached to one node and removed under load, pod-to-pod traffic between nodes
@@ -18,16 +18,17 @@ fn positive(v: &Value, what: &str) {
 
 #[test]
 fn smoke_runs_every_comparison() {
+    let _area = weft_tests::area("bench::bench");
     if !privileged() {
         return;
     }
     let start = Instant::now();
-    let mut child = Command::new(bin("weftctl"))
-        .args(["--json", "bench", "--smoke"])
+    let mut child = Command::new(bin("weft-bench"))
+        .args(["--json", "--smoke"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("starting weftctl bench");
+        .expect("starting weft-bench");
     let pid = child.id();
     // Read in threads so a full pipe cannot stall the child while it is timed out.
     let mut out_pipe = child.stdout.take().unwrap();
@@ -51,13 +52,13 @@ fn smoke_runs_every_comparison() {
             // so this only happens when the run hangs.
             let _ = child.kill();
             let _ = child.wait();
-            panic!("weftctl bench --smoke still running after 240 s");
+            panic!("weft-bench --smoke still running after 240 s");
         }
         std::thread::sleep(Duration::from_millis(100));
     };
     let (out, err) = (out.join().unwrap(), err.join().unwrap());
-    eprintln!("weftctl bench --smoke took {:.1} s", start.elapsed().as_secs_f64());
-    assert!(status.success(), "weftctl bench --smoke failed: {err}");
+    eprintln!("weft-bench --smoke took {:.1} s", start.elapsed().as_secs_f64());
+    assert!(status.success(), "weft-bench --smoke failed: {err}");
     let r: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
 
     for section in ["reference", "otlp"] {

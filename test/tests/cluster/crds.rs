@@ -8,6 +8,7 @@ use weft_tests::bin;
 
 #[test]
 fn manifests_hold_exactly_what_weftctl_crds_prints() {
+    let _area = weft_tests::area("cluster::crds");
     let out = Command::new(bin("weftctl")).arg("crds").output().unwrap();
     assert!(
         out.status.success(),

@@ -142,6 +142,7 @@ fn rebuilds_after(tag: &str, lose: impl FnOnce(&Path), moved_aside: bool) {
 
 #[test]
 fn a_database_overwritten_with_garbage_is_moved_aside_and_rebuilt_from_the_kernel() {
+    let _area = weft_tests::area("node::store_faults");
     rebuilds_after(
         "sf-garbage",
         |db| {
@@ -157,6 +158,7 @@ fn a_database_overwritten_with_garbage_is_moved_aside_and_rebuilt_from_the_kerne
 
 #[test]
 fn a_deleted_database_is_rebuilt_from_the_kernel() {
+    let _area = weft_tests::area("node::store_faults");
     rebuilds_after(
         "sf-deleted",
         |db| {
@@ -195,6 +197,7 @@ c.close()
 
 #[test]
 fn a_database_of_an_older_schema_is_migrated_in_place_and_the_pods_keep_their_network() {
+    let _area = weft_tests::area("node::store_faults");
     if !privileged() {
         return;
     }

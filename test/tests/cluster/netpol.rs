@@ -54,7 +54,7 @@ macro_rules! fixture {
     ($name:literal) => {
         Fixture {
             name: $name,
-            text: include_str!(concat!("../fixtures/netpol/", $name, ".yaml")),
+            text: include_str!(concat!("../../fixtures/netpol/", $name, ".yaml")),
         }
     };
 }
@@ -644,6 +644,7 @@ impl PolicyLab {
 /// (AND) and as two peers (OR).
 #[test]
 fn upstream_netpol_ingress_selectors() {
+    let _area = weft_tests::area("cluster::netpol");
     if !privileged() {
         return;
     }
@@ -817,6 +818,7 @@ fn upstream_netpol_ingress_selectors() {
 /// SCTP rules that must not open TCP.
 #[test]
 fn upstream_netpol_ports_and_protocols() {
+    let _area = weft_tests::area("cluster::netpol");
     if !privileged() {
         return;
     }
@@ -959,6 +961,7 @@ fn upstream_netpol_ports_and_protocols() {
 /// matched by ipBlock.
 #[test]
 fn upstream_netpol_egress_and_ip_blocks() {
+    let _area = weft_tests::area("cluster::netpol");
     if !privileged() {
         return;
     }
@@ -1104,6 +1107,7 @@ fn upstream_netpol_egress_and_ip_blocks() {
 /// again with a new address.
 #[test]
 fn upstream_netpol_changes() {
+    let _area = weft_tests::area("cluster::netpol");
     if !privileged() {
         return;
     }
@@ -1200,6 +1204,7 @@ fn upstream_netpol_changes() {
 /// some ports, and egress to a network.
 #[test]
 fn cluster_network_policy_tiers() {
+    let _area = weft_tests::area("cluster::netpol");
     if !privileged() {
         return;
     }

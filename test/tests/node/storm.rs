@@ -289,6 +289,7 @@ fn assert_store_matches_kernel(d: &Daemon, live: &[Live]) {
 
 #[test]
 fn kill_storm_keeps_addresses_unique_and_state_consistent() {
+    let _area = weft_tests::area("node::storm");
     if !privileged() {
         return;
     }
@@ -411,6 +412,7 @@ fn kill_storm_keeps_addresses_unique_and_state_consistent() {
 /// The overlap check itself: it must see a shared address, and only when lives overlap.
 #[test]
 fn overlap_check_finds_an_address_held_twice() {
+    let _area = weft_tests::area("node::storm");
     let t = Instant::now();
     let at = |ms: u64| t + Duration::from_millis(ms);
     let a: IpAddr = "10.253.0.2".parse().unwrap();

@@ -231,6 +231,7 @@ fn crash_in_del(fp: &str) {
 
 #[test]
 fn every_failpoint_leaves_all_or_nothing() {
+    let _area = weft_tests::area("node::crash");
     if !privileged() {
         return;
     }
@@ -255,6 +256,7 @@ fn every_failpoint_leaves_all_or_nothing() {
 
 #[test]
 fn an_unarmed_daemon_ignores_other_failpoint_names() {
+    let _area = weft_tests::area("node::crash");
     if !privileged() {
         return;
     }

@@ -85,6 +85,7 @@ fn check(cid: &str, ns: &Netns, ifname: &str, conf: &str, added: &Value) -> weft
 /// both, and DEL of one leaves the other whole.
 #[test]
 fn two_networks_in_one_pod_each_work_and_the_first_keeps_the_default_route() {
+    let _area = weft_tests::area("node::networks");
     if !privileged() {
         return;
     }
@@ -179,6 +180,7 @@ fn two_networks_in_one_pod_each_work_and_the_first_keeps_the_default_route() {
 /// is refused with code 108 and leaves nothing.
 #[test]
 fn default_route_says_which_network_carries_the_default() {
+    let _area = weft_tests::area("node::networks");
     if !privileged() {
         return;
     }
@@ -223,6 +225,7 @@ fn default_route_says_which_network_carries_the_default() {
 /// address another pod holds (107) or outside the ranges (7) is refused, leaving nothing.
 #[test]
 fn requested_addresses_and_macs_are_honoured_or_refused() {
+    let _area = weft_tests::area("node::networks");
     if !privileged() {
         return;
     }

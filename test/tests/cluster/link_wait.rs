@@ -66,6 +66,7 @@ fn conf(d: &Daemon, wait: &str) -> String {
 
 #[test]
 fn an_add_waits_for_its_links_and_gives_up_clearly_at_its_bound() {
+    let _area = weft_tests::area("cluster::link_wait");
     if !privileged() {
         return;
     }

@@ -61,6 +61,7 @@ fn spool_one_late(d: &mut Daemon, pod: &Netns, cid: &str, conf: &str) -> (PathBu
 
 #[test]
 fn dels_while_weftd_is_down_are_spooled_and_replayed_before_it_serves() {
+    let _area = weft_tests::area("node::del_spool");
     if !privileged() {
         return;
     }
@@ -130,6 +131,7 @@ fn dels_while_weftd_is_down_are_spooled_and_replayed_before_it_serves() {
 
 #[test]
 fn a_del_spooled_while_weftd_restarted_is_done_before_the_pods_next_add() {
+    let _area = weft_tests::area("node::del_spool");
     if !privileged() {
         return;
     }
@@ -159,6 +161,7 @@ fn a_del_spooled_while_weftd_restarted_is_done_before_the_pods_next_add() {
 
 #[test]
 fn a_del_spooled_while_weftd_serves_is_replayed_by_the_reconcile_pass() {
+    let _area = weft_tests::area("node::del_spool");
     if !privileged() {
         return;
     }

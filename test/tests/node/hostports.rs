@@ -70,6 +70,7 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn host_ports_reach_the_pod_and_go_away_with_it() {
+    let _area = weft_tests::area("node::hostports");
     if !privileged() {
         return;
     }
@@ -261,6 +262,7 @@ fn unreachable_routes(d: &Daemon) -> Vec<String> {
 /// through the node's uplink, from the node itself or from a client outside.
 #[test]
 fn traffic_for_a_pod_deleted_while_weftd_is_away_never_leaves_the_node() {
+    let _area = weft_tests::area("node::hostports");
     if !privileged() {
         return;
     }
@@ -369,6 +371,7 @@ fn guarded(d: &Daemon) -> bool {
 /// off by weft.
 #[test]
 fn route_localnet_goes_back_without_the_flag_and_is_guarded_whenever_it_is_on() {
+    let _area = weft_tests::area("node::hostports");
     if !privileged() {
         return;
     }
@@ -434,6 +437,7 @@ fn serving_pod(d: &Daemon, cid: &str, port: u16) -> (Netns, weft_tests::ChildGua
 /// 127.0.0.1 reaches the pod.
 #[test]
 fn loopback_clients_are_refused_at_once_unless_weft_can_deliver() {
+    let _area = weft_tests::area("node::hostports");
     if !privileged() {
         return;
     }
@@ -466,6 +470,7 @@ fn loopback_clients_are_refused_at_once_unless_weft_can_deliver() {
 /// either ADD order; a second container is refused, named as podman names it.
 #[test]
 fn one_container_on_two_networks_keeps_its_host_port_through_a_reload() {
+    let _area = weft_tests::area("node::hostports");
     if !privileged() {
         return;
     }
@@ -592,6 +597,7 @@ fn one_container_on_two_networks_keeps_its_host_port_through_a_reload() {
 /// host port table: nothing is reported, and the port is closed.
 #[test]
 fn a_spooled_del_of_a_pod_with_host_ports_is_replayed_without_drift() {
+    let _area = weft_tests::area("node::hostports");
     if !privileged() {
         return;
     }
@@ -623,6 +629,7 @@ fn sysctl(ns: &Netns, name: &str) -> String {
 /// changed, refusing while weftd runs or while pods are attached.
 #[test]
 fn weftd_uninstall_leaves_the_node_as_weft_found_it() {
+    let _area = weft_tests::area("node::hostports");
     if !privileged() {
         return;
     }

@@ -42,6 +42,7 @@ fn call(d: &Daemon, command: &str, i: u32, netns: &str, tp: &str) -> weft_tests:
 
 #[test]
 fn every_log_line_of_a_call_carries_the_pod_fields() {
+    let _area = weft_tests::area("node::observability");
     if !privileged() {
         return;
     }
@@ -151,6 +152,7 @@ fn label_names(classic: &str, name: &str) -> Vec<String> {
 /// what `weftctl status` says (to a float's precision), not i64::MAX.
 #[test]
 fn a_v6_range_reports_its_free_addresses_alike_in_metrics_and_status() {
+    let _area = weft_tests::area("node::observability");
     if !privileged() {
         return;
     }
@@ -186,6 +188,7 @@ fn a_v6_range_reports_its_free_addresses_alike_in_metrics_and_status() {
 
 #[test]
 fn metrics_have_their_families_types_labels_and_exemplars() {
+    let _area = weft_tests::area("node::observability");
     if !privileged() {
         return;
     }
@@ -384,6 +387,7 @@ fn hex(b: &[u8]) -> String {
 
 #[test]
 fn traces_go_through_a_real_collector_one_per_call() {
+    let _area = weft_tests::area("node::observability");
     if !privileged() {
         return;
     }
@@ -550,6 +554,7 @@ fn traces_go_through_a_real_collector_one_per_call() {
 
 #[test]
 fn dashboard_queries_and_alerts_work_in_prometheus() {
+    let _area = weft_tests::area("node::observability");
     if !privileged() {
         return;
     }
@@ -644,6 +649,7 @@ fn dashboard_queries_and_alerts_work_in_prometheus() {
 
 #[test]
 fn dashboard_matches_the_grafana_schema() {
+    let _area = weft_tests::area("node::observability");
     let validator = workspace().join("test/grafana/validate.mjs");
     assert!(
         workspace().join("test/grafana/node_modules/@grafana/schema").exists(),
@@ -672,6 +678,7 @@ fn dashboard_matches_the_grafana_schema() {
 
 #[test]
 fn weftctl_calls_lists_recent_calls() {
+    let _area = weft_tests::area("node::observability");
     if !privileged() {
         return;
     }
@@ -753,6 +760,7 @@ const TCP_FRAME_HEADERS: f64 = 14.0 + 20.0 + 32.0;
 /// receive).
 #[test]
 fn pod_traffic_follows_iperf3_and_goes_with_the_pod() {
+    let _area = weft_tests::area("node::observability");
     if !privileged() {
         return;
     }

@@ -49,6 +49,7 @@ const NODE_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 
 #[test]
 fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
+    let _area = weft_tests::area("runtime::containerd");
     if !privileged() {
         return;
     }
@@ -198,6 +199,7 @@ fn containerd_runs_a_pod_sandbox_on_weft_and_tears_it_down() {
 
 #[test]
 fn containerd_passes_host_ports_to_weft_and_they_reach_the_pod() {
+    let _area = weft_tests::area("runtime::containerd");
     if !privileged() {
         return;
     }

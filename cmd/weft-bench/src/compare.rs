@@ -1,10 +1,10 @@
-//! `weftctl bench`: weft beside the reference plugins, same run, same machine.
+//! The comparisons `weft-bench` runs and the flags that choose them.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 
-/// Options of `weftctl bench`.
+/// Options of `weft-bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// Pods attached and detached per round (default 100); with `--compare load`,
@@ -24,7 +24,7 @@ pub struct BenchArgs {
     /// Directory of the reference plugins.
     #[arg(long, default_value = "/usr/lib/cni")]
     reference_dir: PathBuf,
-    /// Directory of weft and weftd (default: beside weftctl).
+    /// Directory of weft and weftd (default: beside weft-bench).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
     /// What weft is compared with: the reference plugins, or itself without OTLP
@@ -67,7 +67,7 @@ pub struct BenchArgs {
     smoke: bool,
 }
 
-/// What `weftctl bench` compares weft with.
+/// What `weft-bench` compares weft with.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum Compare {
     /// Debian's ptp + host-local.
@@ -140,7 +140,7 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
         Some(d) => d,
         None => std::env::current_exe()?
             .parent()
-            .context("weftctl's directory")?
+            .context("weft-bench's directory")?
             .to_path_buf(),
     };
     let work = WorkDir(std::env::temp_dir().join(format!("weft-bench-{}", std::process::id())));

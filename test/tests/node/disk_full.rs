@@ -80,6 +80,7 @@ fn spooled(d: &Daemon) -> Vec<PathBuf> {
 
 #[test]
 fn a_full_state_disk_fails_adds_cleanly_keeps_dels_working_and_recovers_once_freed() {
+    let _area = weft_tests::area("node::disk_full");
     if !privileged() {
         return;
     }

@@ -75,6 +75,7 @@ const PAUSE_IMAGE: &str = "localhost/weft/pause:install-test";
 
 #[test]
 fn manifests_render_and_validate_offline_with_minimal_rbac() {
+    let _area = weft_tests::area("runtime::install");
     let t0 = Instant::now();
     let text = kustomize();
     let objects = parse_documents(&text);
@@ -201,6 +202,7 @@ fn manifests_render_and_validate_offline_with_minimal_rbac() {
 
 #[test]
 fn cri_configs_follow_the_daemonset() {
+    let _area = weft_tests::area("runtime::install");
     let objects = parse_documents(&kustomize());
     let ds = daemonset(&objects);
     let kubelet = Kubelet {
@@ -334,6 +336,7 @@ fn cri_configs_follow_the_daemonset() {
 
 #[test]
 fn the_image_runs_weftd_as_the_daemonset_does() {
+    let _area = weft_tests::area("runtime::install");
     if !privileged() {
         return;
     }

@@ -115,6 +115,7 @@ const NODES: &str = "nodes: [n1, n2, n3]\npods:\n  - {name: a1, node: n1}\n  - {
 
 #[test]
 fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
+    let _area = weft_tests::area("cluster::cluster");
     if !privileged() {
         return;
     }
@@ -272,6 +273,7 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
 
 #[test]
 fn shared_segment_pods_reach_across_nodes_by_direct_routes() {
+    let _area = weft_tests::area("cluster::cluster");
     if !privileged() {
         return;
     }

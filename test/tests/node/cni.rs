@@ -11,6 +11,7 @@ const V6: &str = "fd00:10:244:1::/64";
 
 #[test]
 fn pods_are_reachable_from_the_node_and_from_each_other() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -70,6 +71,7 @@ fn pods_are_reachable_from_the_node_and_from_each_other() {
 
 #[test]
 fn repeated_add_returns_the_same_result() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -87,6 +89,7 @@ fn repeated_add_returns_the_same_result() {
 
 #[test]
 fn check_passes_when_healthy_and_names_what_is_broken() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -159,6 +162,7 @@ fn check_passes_when_healthy_and_names_what_is_broken() {
 
 #[test]
 fn del_is_idempotent_without_netns_and_after_the_netns_vanished() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -186,6 +190,7 @@ fn del_is_idempotent_without_netns_and_after_the_netns_vanished() {
 
 #[test]
 fn gc_removes_attachments_the_runtime_no_longer_lists() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -215,6 +220,7 @@ fn gc_removes_attachments_the_runtime_no_longer_lists() {
 
 #[test]
 fn status_and_add_report_an_exhausted_range() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -244,6 +250,7 @@ fn status_and_add_report_an_exhausted_range() {
 
 #[test]
 fn every_spec_version_gets_its_result_layout() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -275,6 +282,7 @@ fn every_spec_version_gets_its_result_layout() {
 
 #[test]
 fn version_is_answered_by_the_plugin_alone() {
+    let _area = weft_tests::area("node::cni");
     // No daemon, no root needed: VERSION never leaves the plugin.
     let out = Call::default().set("CNI_COMMAND", "VERSION").run();
     let v = out.ok();
@@ -290,6 +298,7 @@ fn version_is_answered_by_the_plugin_alone() {
 
 #[test]
 fn bad_input_gets_its_code_and_leaves_nothing() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -426,6 +435,7 @@ fn bad_input_gets_its_code_and_leaves_nothing() {
 
 #[test]
 fn an_unreachable_daemon_means_try_again_later() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -462,6 +472,7 @@ fn an_unreachable_daemon_means_try_again_later() {
 
 #[test]
 fn a_daemon_restarted_between_add_and_del_cleans_up() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -483,6 +494,7 @@ fn a_daemon_restarted_between_add_and_del_cleans_up() {
 
 #[test]
 fn the_socket_is_private_and_non_root_peers_are_refused() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -506,6 +518,7 @@ fn the_socket_is_private_and_non_root_peers_are_refused() {
 
 #[test]
 fn a_stale_socket_is_replaced_but_a_live_one_is_not_stolen() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }
@@ -534,6 +547,7 @@ fn a_stale_socket_is_replaced_but_a_live_one_is_not_stolen() {
 
 #[test]
 fn weftctl_status_shows_usage_per_range() {
+    let _area = weft_tests::area("node::cni");
     if !privileged() {
         return;
     }

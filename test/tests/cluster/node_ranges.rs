@@ -43,6 +43,7 @@ fn until(what: &str, d: &Daemon, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn pods_get_addresses_from_the_node_and_readiness_waits_for_them() {
+    let _area = weft_tests::area("cluster::node_ranges");
     if !privileged() {
         return;
     }

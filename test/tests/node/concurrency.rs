@@ -8,6 +8,7 @@ use weft_tests::{Call, Daemon, Netns, privileged};
 
 #[test]
 fn eight_workers_attach_and_detach_400_pods() {
+    let _area = weft_tests::area("node::concurrency");
     if !privileged() {
         return;
     }

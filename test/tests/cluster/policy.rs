@@ -125,6 +125,7 @@ fn eventually(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Durat
 
 #[test]
 fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
+    let _area = weft_tests::area("cluster::policy");
     if !privileged() {
         return;
     }

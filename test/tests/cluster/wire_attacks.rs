@@ -517,6 +517,7 @@ fn raise_nofile() {
 
 #[test]
 fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
+    let _area = weft_tests::area("cluster::wire_attacks");
     if !privileged() {
         return;
     }

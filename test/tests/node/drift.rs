@@ -40,6 +40,7 @@ fn ipv4_of(result: &Value) -> String {
 
 #[test]
 fn reconcile_restores_routes_and_veths_and_collects_vanished_pods() {
+    let _area = weft_tests::area("node::drift");
     if !privileged() {
         return;
     }
@@ -131,6 +132,7 @@ fn fdb(lab: &Lab, pod: &str, intf: &str) -> Vec<(String, String)> {
 
 #[test]
 fn reconcile_restores_deleted_vxlan_fdb_entries() {
+    let _area = weft_tests::area("node::drift");
     if !privileged() {
         return;
     }

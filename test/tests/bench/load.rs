@@ -3,7 +3,7 @@
 //! time; none of it may reach the runtime as an error. Every address is distinct,
 //! the daemon counts 1,000 allocated in the middle and none at the end, and nothing
 //! is left on the node or in a pod. Timing is not asserted: that is what
-//! `weftctl bench --compare load` measures.
+//! `weft-bench --compare load` measures.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -51,6 +51,7 @@ fn failures(command: &str, outs: &[CniOutput]) -> Vec<String> {
 
 #[test]
 fn a_thousand_pods_attach_and_detach_on_one_node() {
+    let _area = weft_tests::area("bench::load");
     if !privileged() {
         return;
     }
