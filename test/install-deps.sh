@@ -18,9 +18,11 @@ packages=(
   busybox-static                 # the httpd workload image of the CRI host-port test
   iperf3                         # weft-bench --compare wires: TCP throughput across wires
   ethtool                        # weft-bench --compare pod-network: offloads of both VXLAN devices compared
-  buildah                        # the weft image, built offline from the Containerfile (test/tests/install.rs)
+  buildah                        # the weft image, built offline from the Containerfile (test/tests/runtime/install.rs)
   graphviz                       # weftctl lab graph: dot draws the lab as SVG or PNG (test/tests/lab/graph.rs)
   tcpdump                        # reads the pcapng weftctl capture writes (test/tests/lab/capture.rs)
+  bird2                          # BGP in the lab: pod ranges between nodes (test/tests/lab/bgp.rs, examples/lab-bgp.yaml)
+  frr                            # vtysh --dryrun checks docs/routed-cluster.md's FRR configuration
 )
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
@@ -32,8 +34,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-# Debian starts the packaged Prometheus as a service; the tests run their own.
-systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+# Debian starts the packaged Prometheus, BIRD and FRR as services; the tests run their own.
+systemctl disable --now prometheus prometheus-node-exporter bird frr >/dev/null 2>&1 || true
 
 # rotel: a real OpenTelemetry collector (Rust), shipped as a PyPI wheel.
 if ! ls .venv/lib/python3*/site-packages/rotel/rotel-agent >/dev/null 2>&1; then
@@ -41,7 +43,7 @@ if ! ls .venv/lib/python3*/site-packages/rotel/rotel-agent >/dev/null 2>&1; then
   .venv/bin/pip install -q --disable-pip-version-check rotel==0.0.1a15
 fi
 # kubernetes-validate: the rendered manifests checked offline against the Kubernetes
-# schemas it ships (test/tests/install.rs).
+# schemas it ships (test/tests/runtime/install.rs).
 if [ "$(.venv/bin/pip show kubernetes-validate 2>/dev/null | sed -n 's/^Version: //p')" != 1.37.0 ]; then
   .venv/bin/pip install -q --disable-pip-version-check kubernetes-validate==1.37.0
 fi

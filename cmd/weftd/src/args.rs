@@ -95,6 +95,15 @@ pub struct Args {
     /// A destination never masqueraded (repeatable; comma-separated in the variable).
     #[arg(long = "no-masquerade-cidr", env = "WEFT_NO_MASQUERADE_CIDRS", value_delimiter = ',')]
     no_masquerade_cidrs: Vec<ipnet::IpNet>,
+    /// Export this node's podCIDRs for a routing daemon (BIRD, FRR): one `blackhole`
+    /// route per range in this routing table, withdrawn when the range goes. Off when
+    /// not given.
+    #[arg(long, env = "WEFT_EXPORT_TABLE", value_parser = export_table)]
+    export_table: Option<u32>,
+    /// The routing protocol number the exported routes carry (not 0-3: `kernel`
+    /// routes are ignored by FRR).
+    #[arg(long, env = "WEFT_EXPORT_PROTOCOL", default_value_t = weft_kernel::NODE_ROUTE_PROTOCOL, value_parser = export_protocol)]
+    export_protocol: u8,
     /// How long to wait at start for a previous weftd (still exiting) to release the
     /// state directory, seconds.
     #[arg(long, env = "WEFT_LOCK_WAIT", default_value_t = 30)]
@@ -126,13 +135,34 @@ fn inter_node_link(s: &str) -> Result<LinkKind, String> {
     }
 }
 
+/// `--export-table`: a table of weft's own.
+fn export_table(s: &str) -> Result<u32, String> {
+    let t: u32 = s.parse().map_err(|_| format!("{s:?} is not a table number"))?;
+    weft_nodenet::RouteExport::new(t, weft_kernel::NODE_ROUTE_PROTOCOL).map(|e| e.table)
+}
+
+/// `--export-protocol`: a protocol a routing daemon takes.
+fn export_protocol(s: &str) -> Result<u8, String> {
+    let p: u8 = s.parse().map_err(|_| format!("{s:?} is not a protocol number 4-255"))?;
+    weft_nodenet::RouteExport::new(119, p).map(|e| e.protocol)
+}
+
 /// The version and commit weftd reports.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const COMMIT: &str = env!("WEFT_COMMIT");
 
 impl Args {
+    /// Where the node's pod ranges are exported (`--export-table`, `--export-protocol`).
+    pub fn export(&self) -> Option<weft_nodenet::RouteExport> {
+        self.export_table.map(|table| weft_nodenet::RouteExport {
+            table,
+            protocol: self.export_protocol,
+        })
+    }
+
     /// The node's configuration (the log format stays here: telemetry is main's).
     pub fn config(self) -> NodeConfig {
+        let export = self.export();
         NodeConfig {
             node_name: self.node_name.unwrap_or_else(hostname),
             version: VERSION.into(),
@@ -159,6 +189,7 @@ impl Args {
             pod_vxlan_vni: self.pod_vxlan_vni,
             masquerade: self.masquerade,
             no_masquerade_cidrs: self.no_masquerade_cidrs,
+            export,
             lock_wait: Duration::from_secs(self.lock_wait),
         }
     }

@@ -26,6 +26,7 @@ async fn main() -> ExitCode {
     let mut args = Args::parse();
     if let Some(Command::Uninstall { force, keep_state }) = args.command.take() {
         return uninstall(weft_node::uninstall::UninstallConfig {
+            export: args.export(),
             state_dir: args.state_dir,
             socket: args.socket,
             force,

@@ -142,12 +142,56 @@ impl Netlink {
 
     /// The main table's routes of one family marked with routing protocol `proto`.
     pub fn routes_of_protocol(&mut self, v6: bool, proto: u8) -> io::Result<Vec<ProtoRoute>> {
+        Ok(self
+            .table_routes(v6, u32::from(RouteHeader::RT_TABLE_MAIN), proto)?
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect())
+    }
+
+    /// The `blackhole` routes of one family in table `table` marked with `proto` (what
+    /// weft exports to a routing daemon): their destinations.
+    pub fn blackholes_in_table(&mut self, v6: bool, table: u32, proto: u8) -> io::Result<Vec<IpNet>> {
+        Ok(self
+            .table_routes(v6, table, proto)?
+            .into_iter()
+            .filter(|(_, kind)| *kind == RouteType::BlackHole)
+            .map(|(r, _)| r.dst)
+            .collect())
+    }
+
+    /// Adds `blackhole dst` to table `table`, marked with `proto`. An existing route to
+    /// `dst` there is never replaced (it may not be weft's): that is `EEXIST`.
+    pub fn add_blackhole_route(&mut self, dst: IpNet, table: u32, proto: u8) -> io::Result<()> {
+        let msg = Self::blackhole_message(dst, table, proto);
+        self.execute(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL)
+    }
+
+    /// Deletes `blackhole dst` from table `table` when it is marked with `proto` (a
+    /// route of another protocol is never matched). Returns whether it existed.
+    pub fn delete_blackhole_route(&mut self, dst: IpNet, table: u32, proto: u8) -> io::Result<bool> {
+        let mut msg = Self::blackhole_message(dst, table, proto);
+        msg.header.scope = RouteScope::NoWhere;
+        self.execute_if_present(RouteNetlinkMessage::DelRoute(msg), libc::ESRCH)
+    }
+
+    fn blackhole_message(dst: IpNet, table: u32, proto: u8) -> RouteMessage {
+        let mut msg = Self::proto_route_message(dst, None, None, proto);
+        msg.header.kind = RouteType::BlackHole;
+        // Tables above 255 exist only as the attribute; the header says "see it".
+        msg.header.table = u8::try_from(table).unwrap_or(RouteHeader::RT_TABLE_UNSPEC);
+        msg.attributes.push(RouteAttribute::Table(table));
+        msg
+    }
+
+    /// The routes of one family in table `table` marked with `proto`, with their type.
+    fn table_routes(&mut self, v6: bool, table: u32, proto: u8) -> io::Result<Vec<(ProtoRoute, RouteType)>> {
         let mut msg = RouteMessage::default();
         msg.header.address_family = family(v6);
         let mut out = Vec::new();
         for m in self.dump(RouteNetlinkMessage::GetRoute(msg))? {
             let RouteNetlinkMessage::NewRoute(r) = m else { continue };
-            let table = r
+            let in_table = r
                 .attributes
                 .iter()
                 .find_map(|a| match a {
@@ -155,7 +199,7 @@ impl Netlink {
                     _ => None,
                 })
                 .unwrap_or(u32::from(r.header.table));
-            if table != u32::from(RouteHeader::RT_TABLE_MAIN) || r.header.protocol != RouteProtocol::from(proto) {
+            if in_table != table || r.header.protocol != RouteProtocol::from(proto) {
                 continue;
             }
             let len = r.header.destination_prefix_length;
@@ -173,12 +217,15 @@ impl Netlink {
                 });
             let Ok(dst) = IpNet::new(dst_ip, len) else { continue };
             let (gateway, oif) = next_hop(&r.attributes);
-            out.push(ProtoRoute {
-                dst,
-                gateway,
-                oif,
-                unreachable: r.header.kind == RouteType::Unreachable,
-            });
+            out.push((
+                ProtoRoute {
+                    dst,
+                    gateway,
+                    oif,
+                    unreachable: r.header.kind == RouteType::Unreachable,
+                },
+                r.header.kind,
+            ));
         }
         Ok(out)
     }

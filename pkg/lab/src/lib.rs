@@ -15,7 +15,7 @@ pub mod ping;
 mod process;
 pub mod spec;
 
-pub use cluster::{Lab, LinkCheck, OUTSIDE_ADDRESS};
+pub use cluster::{EXPORT_TABLE, Lab, LinkCheck, OUTSIDE_ADDRESS, ROUTER_AS, node_config, router_config};
 pub use spec::{LabSpec, NamespaceSpec, NodeSpec, PodPort, PodSpec, Underlay, WireSecurityMode};
 
 /// A lab that is taken down when this is dropped (a benchmark or test that fails

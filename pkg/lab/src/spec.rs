@@ -60,6 +60,12 @@ pub struct LabSpec {
     /// Each daemon's `--pod-routing` (`auto`, `direct`, `vxlan`, `none`).
     #[serde(default)]
     pub pod_routing: PodRouting,
+    /// Pod ranges between nodes over BGP: every weftd exports its podCIDRs
+    /// (`--export-table 119`), a BIRD 2 in every node announces them to a BIRD in the
+    /// router, and the nodes route by what it teaches them. Needs `underlay: routed`
+    /// and `pod_routing: none`; IPv4 pod ranges only.
+    #[serde(default)]
+    pub bgp: bool,
     /// How the nodes' wire ports are protected: `mtls` (the default: the lab makes a
     /// CA and a certificate per node naming its name and address) or `insecure`
     /// (plaintext, `--wire-insecure`).

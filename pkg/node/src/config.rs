@@ -54,6 +54,8 @@ pub struct NodeConfig {
     pub masquerade: bool,
     /// Destinations never masqueraded.
     pub no_masquerade_cidrs: Vec<ipnet::IpNet>,
+    /// Where this node's pod ranges are exported for a routing daemon, if anywhere.
+    pub export: Option<weft_nodenet::RouteExport>,
     /// How long to wait at start for a previous daemon to release the state directory.
     pub lock_wait: Duration,
 }
@@ -93,6 +95,7 @@ impl NodeConfig {
             masquerade: self.masquerade,
             no_masquerade: self.no_masquerade_cidrs.clone(),
             resync: self.resync(),
+            export: self.export,
         }
     }
 

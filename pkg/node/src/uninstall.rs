@@ -29,6 +29,9 @@ pub struct UninstallConfig {
     pub force: bool,
     /// Leave the state directory (for a later install to adopt).
     pub keep_state: bool,
+    /// Where weftd exported the node's pod ranges (the same flags as weftd's): those
+    /// routes are withdrawn too.
+    pub export: Option<weft_nodenet::RouteExport>,
 }
 
 /// What an uninstall removed and put back.
@@ -153,6 +156,23 @@ pub async fn uninstall(cfg: &UninstallConfig) -> Result<Uninstalled, UninstallEr
                 if nl
                     .delete_proto_route(r.dst, r.gateway, r.oif, proto, r.unreachable)
                     .map_err(|e| kernel("deleting a route of weft's", e))?
+                {
+                    done.routes += 1;
+                }
+            }
+        }
+    }
+    if let Some(e) = cfg.export {
+        for v6 in [false, true] {
+            let exported = match nl.blackholes_in_table(v6, e.table, e.protocol) {
+                Ok(r) => r,
+                Err(err) if v6 && err.raw_os_error() == Some(nix::errno::Errno::EAFNOSUPPORT as i32) => continue,
+                Err(err) => return Err(kernel("listing the exported pod ranges", err)),
+            };
+            for dst in exported {
+                if nl
+                    .delete_blackhole_route(dst, e.table, e.protocol)
+                    .map_err(|err| kernel("withdrawing an exported pod range", err))?
                 {
                     done.routes += 1;
                 }

@@ -193,6 +193,7 @@ impl<K: NodeKernel> NodeNetwork<K> {
                 "fdb" => "node_fdb",
                 "neighbour" => "node_neighbour",
                 "address" => "node_address",
+                "export" => "node_export",
                 _ => "node_vxlan",
             };
             m.repairs.get_or_create(&RepairLabels { kind }).inc();
@@ -338,7 +339,13 @@ pub fn run_pass<K: NodeKernel + ?Sized>(
     }
     let desired = plan(cfg, nodes, local_ranges, &facts);
     let drift = previous == Some(&desired);
-    match k.observe() {
+    let observed = k.observe().and_then(|mut o| {
+        if let Some(e) = cfg.export {
+            o.exported = k.exported(e)?;
+        }
+        Ok(o)
+    });
+    match observed {
         Ok(observed) => {
             for c in diff(&desired, &observed) {
                 match k.apply(&c) {

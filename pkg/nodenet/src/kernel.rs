@@ -23,6 +23,8 @@ pub trait NodeKernel: Send + 'static {
     fn masquerade(&mut self) -> Result<MasqFound, KernelError>;
     /// Changes the masquerade table.
     fn set_masquerade(&mut self, change: &MasqChange) -> Result<(), KernelError>;
+    /// The ranges weft exported to `export`'s table (its blackhole routes there).
+    fn exported(&mut self, export: RouteExport) -> Result<Vec<ipnet::IpNet>, KernelError>;
 }
 
 /// [`NodeKernel`] on the real kernel: the namespace of the thread that made it, whichever
@@ -248,6 +250,15 @@ impl NodeKernel for HostKernel {
                 .delete_proto_route(r.dst, r.gateway, r.oif, NODE_ROUTE_PROTOCOL, r.unreachable)
                 .map(|_| ())
                 .map_err(os("removing a route of weft's")),
+            Change::Export(dst, e) => self
+                .nl
+                .add_blackhole_route(*dst, e.table, e.protocol)
+                .map_err(os("exporting a pod range of this node")),
+            Change::Withdraw(dst, e) => self
+                .nl
+                .delete_blackhole_route(*dst, e.table, e.protocol)
+                .map(|_| ())
+                .map_err(os("withdrawing an exported pod range")),
         }
     }
 
@@ -260,6 +271,18 @@ impl NodeKernel for HostKernel {
                 std::io::Error::other(e),
             )),
         }
+    }
+
+    fn exported(&mut self, export: RouteExport) -> Result<Vec<ipnet::IpNet>, KernelError> {
+        let mut out = Vec::new();
+        for v6 in [false, true] {
+            match self.nl.blackholes_in_table(v6, export.table, export.protocol) {
+                Ok(found) => out.extend(found),
+                Err(e) if v6 && e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {}
+                Err(e) => return Err(KernelError::os("listing the exported pod ranges", e)),
+            }
+        }
+        Ok(out)
     }
 
     fn set_masquerade(&mut self, change: &MasqChange) -> Result<(), KernelError> {

@@ -75,6 +75,40 @@ pub struct Config {
     pub no_masquerade: Vec<IpNet>,
     /// How often the kernel is checked against what it should hold.
     pub resync: Duration,
+    /// Where this node's pod ranges are exported for a routing daemon (`--export-table`),
+    /// if anywhere.
+    pub export: Option<RouteExport>,
+}
+
+/// Where this node's pod ranges are exported: one `blackhole` route per podCIDR in a
+/// table of its own, marked with a routing protocol, for BIRD or FRR to pick up and
+/// announce (the node itself forwards by its main table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteExport {
+    /// The routing table (`--export-table`).
+    pub table: u32,
+    /// The routing protocol number the routes carry (`--export-protocol`).
+    pub protocol: u8,
+}
+
+impl RouteExport {
+    /// Checks `table` and `protocol`: a table of weft's own, not one the kernel uses
+    /// (0 unspecified, 253 default, 254 main, 255 local); a protocol a routing daemon
+    /// takes (not 0 unspecified, 1 redirect, 2 `kernel`, which FRR ignores, 3 boot).
+    pub fn new(table: u32, protocol: u8) -> Result<Self, String> {
+        if matches!(table, 0 | 253..=255) {
+            return Err(format!(
+                "--export-table {table} is a table the kernel uses itself (0, 253 default, 254 main, 255 local); pick one of weft's own, e.g. 119"
+            ));
+        }
+        if protocol <= 3 {
+            return Err(format!(
+                "--export-protocol {protocol} is reserved (0 unspec, 1 redirect, 2 kernel, 3 boot): routing daemons ignore or misread such routes; pick e.g. {}",
+                weft_kernel::NODE_ROUTE_PROTOCOL
+            ));
+        }
+        Ok(RouteExport { table, protocol })
+    }
 }
 
 /// A route weft owns to a peer node's pod range.
@@ -192,6 +226,12 @@ pub struct Desired {
     /// The MTU pods get when their config sets none; `None` while the underlay is
     /// unknown.
     pub pod_mtu: Option<u32>,
+    /// The pod ranges exported for a routing daemon (this node's podCIDRs), when
+    /// export is on.
+    pub exported: BTreeSet<IpNet>,
+    /// Where they are exported (`None`: export is off, and nothing is read or
+    /// withdrawn there).
+    pub export: Option<RouteExport>,
 }
 
 /// A route of weft's found in the kernel.
@@ -239,6 +279,9 @@ pub struct Observed {
     pub fdb: Vec<(Mac, IpAddr)>,
     /// Neighbour entries of the VXLAN device.
     pub neighbours: Vec<(IpAddr, Mac)>,
+    /// The ranges found exported (weft's blackhole routes in the export table), when
+    /// export is on.
+    pub exported: Vec<IpNet>,
 }
 
 /// Facts from the kernel that planning needs.
@@ -282,6 +325,10 @@ pub enum Change {
     AddUnreachable(IpNet),
     /// Remove a route.
     DeleteRoute(ObservedRoute),
+    /// Export one of this node's pod ranges (a blackhole route in the export table).
+    Export(IpNet, RouteExport),
+    /// Withdraw an exported range.
+    Withdraw(IpNet, RouteExport),
 }
 
 impl Change {
@@ -300,6 +347,8 @@ impl Change {
             Change::DeleteNeighbour(_) => ("neighbour", "delete"),
             Change::AddRoute(_) | Change::AddUnreachable(_) => ("route", "add"),
             Change::DeleteRoute(_) => ("route", "delete"),
+            Change::Export(..) => ("export", "add"),
+            Change::Withdraw(..) => ("export", "delete"),
         }
     }
 }
@@ -341,6 +390,10 @@ impl fmt::Display for Change {
                 Some(g) => write!(f, "delete route {} via {g}", r.dst),
                 None => write!(f, "delete route {}", r.dst),
             },
+            Change::Export(dst, e) => write!(f, "add route blackhole {dst} table {} proto {}", e.table, e.protocol),
+            Change::Withdraw(dst, e) => {
+                write!(f, "delete route blackhole {dst} table {} proto {}", e.table, e.protocol)
+            }
         }
     }
 }

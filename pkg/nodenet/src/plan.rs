@@ -65,6 +65,13 @@ pub fn plan(cfg: &Config, nodes: &[ClusterNode], local_ranges: &[IpNet], facts: 
     let mut d = Desired {
         ranges: ranges.clone(),
         unreachable: ours.iter().map(IpNet::trunc).collect(),
+        // Only the Node's podCIDRs: a network config's own ranges are not the
+        // cluster's to route.
+        exported: match cfg.export {
+            Some(_) => ranges.iter().map(IpNet::trunc).collect(),
+            None => BTreeSet::new(),
+        },
+        export: cfg.export,
         ..Desired::default()
     };
     let mut peers_with_ranges = 0usize;
@@ -312,6 +319,18 @@ pub fn diff(d: &Desired, o: &Observed) -> Vec<Change> {
         }
         if !routes.iter().any(|found| matches(r, found)) || (r.over_vxlan && fresh) {
             out.push(Change::AddRoute(r.clone()));
+        }
+    }
+    if let Some(e) = d.export {
+        for dst in &o.exported {
+            if !d.exported.contains(dst) {
+                out.push(Change::Withdraw(*dst, e));
+            }
+        }
+        for dst in &d.exported {
+            if !o.exported.contains(dst) {
+                out.push(Change::Export(*dst, e));
+            }
         }
     }
     out.extend(tail);

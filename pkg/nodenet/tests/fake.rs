@@ -1,8 +1,8 @@
 //! The engine against a fake kernel, without root: for any sequence of cluster states
 //! (nodes coming, going, moving, changing podCIDRs; any routing mode), one pass brings
 //! the kernel to the plan, a second pass finds nothing to do, the next state is reached
-//! from wherever the last one left the kernel, and routes that are not weft's are never
-//! touched.
+//! from wherever the last one left the kernel, routes that are not weft's are never
+//! touched, and with export on the export table holds exactly this node's podCIDRs.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -26,6 +26,8 @@ struct Fake {
     neighbours: BTreeMap<IpAddr, Mac>,
     masq: Option<MasqSets>,
     next_index: u32,
+    /// Blackhole routes by (table, protocol).
+    exported: BTreeMap<(u32, u8), Vec<IpNet>>,
 }
 
 const UPLINK: u32 = 2;
@@ -44,7 +46,11 @@ impl NodeKernel for Fake {
             vxlan_addresses: self.addresses.clone(),
             fdb: self.fdb.clone(),
             neighbours: self.neighbours.iter().map(|(a, b)| (*a, *b)).collect(),
+            exported: Vec::new(),
         })
+    }
+    fn exported(&mut self, e: RouteExport) -> Result<Vec<IpNet>, KernelError> {
+        Ok(self.exported.get(&(e.table, e.protocol)).cloned().unwrap_or_default())
     }
     fn apply(&mut self, change: &Change) -> Result<(), KernelError> {
         let gone = || KernelError::os("fake", std::io::Error::from_raw_os_error(libc::ENODEV));
@@ -121,6 +127,17 @@ impl NodeKernel for Fake {
                     oif: None,
                     unreachable: true,
                 });
+            }
+            Change::Export(dst, e) => {
+                let t = self.exported.entry((e.table, e.protocol)).or_default();
+                assert!(!t.contains(dst), "range {dst} exported twice");
+                t.push(*dst);
+            }
+            Change::Withdraw(dst, e) => {
+                let t = self.exported.entry((e.table, e.protocol)).or_default();
+                let before = t.len();
+                t.retain(|x| x != dst);
+                assert_eq!(before, t.len() + 1, "withdrew a range that was not exported: {dst}");
             }
             Change::DeleteRoute(r) => {
                 let before = self.routes.len();
@@ -205,7 +222,7 @@ fn routing() -> impl Strategy<Value = PodRouting> {
     ]
 }
 
-fn config(routing: PodRouting, masquerade: bool) -> Config {
+fn config(routing: PodRouting, masquerade: bool, export: bool) -> Config {
     Config {
         node_name: "n0".into(),
         node_address: None,
@@ -215,6 +232,7 @@ fn config(routing: PodRouting, masquerade: bool) -> Config {
         masquerade,
         no_masquerade: vec![],
         resync: Duration::from_secs(60),
+        export: export.then(|| RouteExport::new(119, 75).unwrap()),
     }
 }
 
@@ -223,15 +241,15 @@ proptest! {
 
     #[test]
     fn every_state_is_reached_in_one_pass_and_kept(
-        states in proptest::collection::vec((cluster(), routing(), any::<bool>()), 1..6)
+        states in proptest::collection::vec((cluster(), routing(), any::<bool>(), any::<bool>()), 1..6)
     ) {
         let mut k = Fake {
             foreign: vec![ObservedRoute { dst: "10.99.0.0/24".parse().unwrap(), gateway: Some("172.30.1.1".parse().unwrap()), oif: Some(UPLINK), unreachable: false }],
             ..Fake::default()
         };
         let mut previous: Option<Desired> = None;
-        for (nodes, routing, masquerade) in states {
-            let cfg = config(routing, masquerade);
+        for (nodes, routing, masquerade, export) in states {
+            let cfg = config(routing, masquerade, export);
             let (d, out) = run_pass(&cfg, &nodes, &[], previous.as_ref(), &mut k);
             prop_assert!(out.failures.is_empty(), "{:?}", out.failures);
             // The kernel holds the plan.
@@ -247,6 +265,12 @@ proptest! {
             let fdb: std::collections::BTreeSet<_> = k.fdb.iter().copied().collect();
             prop_assert_eq!(&fdb, &d.fdb);
             prop_assert_eq!(&k.masq, &d.masquerade);
+            // Exported: this node's podCIDRs, in the export table, when export is on.
+            if export {
+                let found: std::collections::BTreeSet<IpNet> = k.exported.get(&(119, 75)).into_iter().flatten().copied().collect();
+                prop_assert_eq!(&found, &own);
+                prop_assert_eq!(&found, &d.exported);
+            }
             // A second pass has nothing to do.
             let (d2, again) = run_pass(&cfg, &nodes, &[], Some(&d), &mut k);
             prop_assert_eq!(&d2, &d);

@@ -23,6 +23,7 @@ fn cfg(routing: PodRouting) -> Config {
         masquerade: true,
         no_masquerade: vec!["192.0.2.0/24".parse().unwrap()],
         resync: Duration::from_secs(60),
+        export: None,
     }
 }
 
@@ -212,4 +213,94 @@ fn masquerade_sets_change_element_by_element() {
     assert!(matches!(out.masquerade, Some(MasqChange::Update { .. })), "{out:?}");
     assert_eq!(handle(&n), before, "updated in place, not rebuilt");
     assert!(n.masquerade_sets().contains("10.250.9.0/24"));
+}
+
+/// `ip -j route show table 119` in the node: (destination, type, protocol) of each route.
+fn table_119(n: &Node, v6: bool) -> Vec<(String, String, String)> {
+    let family = if v6 { "-6" } else { "-4" };
+    let v = json(n.ns.path(), &["ip", "-j", family, "route", "show", "table", "119"]);
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["dst"].as_str().unwrap_or_default().to_string(),
+                r["type"].as_str().unwrap_or("unicast").to_string(),
+                r["protocol"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn exported_ranges_are_blackholes_in_their_table_repaired_and_withdrawn() {
+    if !privileged() {
+        return;
+    }
+    let n = Node::new(1500);
+    let mut c = cfg(PodRouting::None);
+    c.export = Some(RouteExport::new(119, 75).unwrap());
+    let mut nodes = cluster();
+    nodes[0].pod_cidrs.push("fd00:10:244:1::/64".parse().unwrap());
+    let (d, out) = n.pass(&c, &nodes, None);
+    assert!(out.failures.is_empty(), "{:?}", out.failures);
+    // `ip` names protocol 75 by number (it is in no rt_protos file).
+    let want4 = vec![("10.244.1.0/24".to_string(), "blackhole".to_string(), "75".to_string())];
+    let want6 = vec![(
+        "fd00:10:244:1::/64".to_string(),
+        "blackhole".to_string(),
+        "75".to_string(),
+    )];
+    assert_eq!(table_119(&n, false), want4);
+    assert_eq!(table_119(&n, true), want6);
+    // The node forwards by its main table: no route of weft's to another node in `none`.
+    assert!(n.routes().is_empty());
+
+    // A route someone deleted comes back at the next pass, counted as a repair; a
+    // foreign route in the same table is left alone.
+    sh(
+        n.ns.path(),
+        &[
+            "ip",
+            "route",
+            "del",
+            "blackhole",
+            "10.244.1.0/24",
+            "table",
+            "119",
+            "proto",
+            "75",
+        ],
+    );
+    sh(
+        n.ns.path(),
+        &[
+            "ip",
+            "route",
+            "add",
+            "10.99.0.0/24",
+            "via",
+            "172.30.1.1",
+            "table",
+            "119",
+            "proto",
+            "static",
+        ],
+    );
+    let (d2, out) = n.pass(&c, &nodes, Some(&d));
+    assert_eq!(out.repairs.len(), 1, "{:?}", out);
+    assert!(matches!(out.repairs[0], Change::Export(..)));
+    assert!(table_119(&n, false).contains(&want4[0]));
+
+    // The node's IPv4 range goes: its export is withdrawn, the IPv6 one stays.
+    nodes[0].pod_cidrs.retain(|c| c.addr().is_ipv6());
+    let (_, out) = n.pass(&c, &nodes, Some(&d2));
+    assert!(
+        out.changes.iter().any(|ch| matches!(ch, Change::Withdraw(..))),
+        "{out:?}"
+    );
+    let left = table_119(&n, false);
+    assert_eq!(left.len(), 1, "only the foreign route: {left:?}");
+    assert_eq!(left[0].0, "10.99.0.0/24");
+    assert_eq!(table_119(&n, true), want6);
 }

@@ -63,6 +63,7 @@ async fn node_events_reach_the_kernel() {
             no_masquerade: vec![],
             // Long: every change below must be picked up from the watch, not a resync.
             resync: Duration::from_secs(3600),
+            export: None,
         },
         Some(source.clone() as Arc<dyn TopologySource>),
         kernel,

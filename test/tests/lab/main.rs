@@ -6,6 +6,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 mod basics;
+mod bgp;
 mod capture;
 mod crash;
 mod edges;

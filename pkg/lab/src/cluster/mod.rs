@@ -9,9 +9,12 @@
 //! in `up.rs`, its certificates in `certs.rs`, its checks in `checks.rs`; the file's
 //! schema is `crate::spec`.
 
+mod bgp;
 mod certs;
 mod checks;
 mod up;
+
+pub use bgp::{EXPORT_TABLE, ROUTER_AS, node_config, router_config};
 
 pub use checks::LinkCheck;
 
@@ -161,6 +164,24 @@ impl Lab {
                 if !r.is_empty() && r.parse::<ipnet::IpNet>().is_err() {
                     return Err(bad(format!("node {}: pod range {r:?} is not a CIDR", n.name)));
                 }
+            }
+        }
+        if spec.bgp {
+            if spec.underlay != Underlay::Routed {
+                return Err(bad(
+                    "bgp: true needs `underlay: routed` (BGP carries the ranges between subnets)".into(),
+                ));
+            }
+            if spec.pod_routing != weft_nodenet::PodRouting::None {
+                return Err(bad(format!(
+                    "bgp: true needs `pod_routing: none` (the nodes route by what BGP teaches them), not {}",
+                    spec.pod_routing.as_str()
+                )));
+            }
+            if spec.ipv6 {
+                return Err(bad(
+                    "bgp: true carries IPv4 pod ranges only (the lab's BGP sessions are IPv4)".into(),
+                ));
             }
         }
         if !(576..=65535).contains(&spec.underlay_mtu) {

@@ -122,3 +122,31 @@ fn link_kinds_and_pod_routing_are_typed_and_refused_by_name() {
     let bogus = load_text(&format!("{base}pod_routing: bgp\n")).unwrap_err().to_string();
     assert!(bogus.contains("pod_routing") && bogus.contains("bgp"), "{bogus}");
 }
+
+#[test]
+fn a_bgp_lab_is_routed_leaves_routing_to_bgp_and_is_ipv4() {
+    let base = "name: t\nnodes: [n1, n2]\npods: [{name: p, node: n1}]\nbgp: true\n";
+    let lab = load_text(&format!("{base}pod_routing: none\n")).unwrap();
+    assert!(lab.spec.bgp);
+    assert_eq!(lab.node_as(&lab.spec.nodes[1]), 65002);
+    for (extra, says) in [
+        ("", "pod_routing: none"),
+        ("pod_routing: none\nunderlay: shared\n", "underlay: routed"),
+        ("pod_routing: none\nipv6: true\n", "IPv4 pod ranges only"),
+    ] {
+        let e = load_text(&format!("{base}{extra}")).unwrap_err().to_string();
+        assert!(e.contains(says), "{extra:?}: {e}");
+    }
+    // The router's configuration has a session per node, by its address and AS.
+    let nodes = vec![("n-1".to_string(), "172.30.1.2".to_string(), 65001)];
+    let conf = crate::router_config("172.30.1.1", &nodes);
+    assert!(
+        conf.contains("protocol bgp node_n_1 from node { neighbor 172.30.1.2 as 65001; }"),
+        "{conf}"
+    );
+    let node = crate::node_config("172.30.1.2", "172.30.1.1", 65001, 119);
+    assert!(
+        node.contains("kernel table 119;") && node.contains("neighbor 172.30.1.1 as 65000;"),
+        "{node}"
+    );
+}

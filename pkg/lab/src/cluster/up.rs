@@ -120,6 +120,9 @@ impl Lab {
                 started.push(n.name.clone());
             }
         }
+        if self.spec.bgp {
+            self.start_birds()?;
+        }
         for n in &self.spec.nodes {
             self.wait_for_socket(&n.name)?;
         }
@@ -164,6 +167,11 @@ impl Lab {
             "--pod-routing".into(),
             self.spec.pod_routing.as_str().into(),
         ];
+        if self.spec.bgp {
+            config
+                .args
+                .extend(["--export-table".into(), super::EXPORT_TABLE.to_string()]);
+        }
         match self.spec.wire_security {
             WireSecurityMode::Mtls => {
                 let tls = self.wire_tls_dir(&n.name);
@@ -382,6 +390,7 @@ impl Lab {
                 }
             }
         }
+        self.stop_birds();
         let mut names: Vec<String> = self.spec.pods.iter().map(|p| self.netns_of(p)).collect();
         names.extend(self.spec.nodes.iter().map(|n| self.node_ns(&n.name)));
         names.push(self.outside_ns());

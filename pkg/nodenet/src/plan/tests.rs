@@ -28,6 +28,7 @@ fn cfg(routing: PodRouting) -> Config {
         masquerade: true,
         no_masquerade: vec![net("192.0.2.0/24")],
         resync: Duration::from_secs(60),
+        export: None,
     }
 }
 
@@ -225,6 +226,7 @@ fn observed_after(d: &Desired) -> Observed {
         vxlan_addresses: d.vxlan_addresses.iter().copied().collect(),
         fdb: d.fdb.iter().copied().collect(),
         neighbours: d.neighbours.iter().copied().collect(),
+        exported: d.exported.iter().copied().collect(),
     }
 }
 
@@ -388,4 +390,68 @@ fn vxlan_macs_are_stable_unicast_and_local() {
     let m = vxlan_mac("node-a");
     assert_eq!(m[0] & 0x01, 0, "unicast");
     assert_eq!(m[0] & 0x02, 0x02, "locally administered");
+}
+
+// --- export ---
+
+#[test]
+fn export_is_this_nodes_podcidrs_only_and_follows_them() {
+    let export = RouteExport::new(119, 75).unwrap();
+    let mut c = cfg(PodRouting::None);
+    c.export = Some(export);
+    let config_range = net("10.250.0.0/24");
+    let d = plan(&c, &cluster(), &[config_range], &facts(1500));
+    // Not a network config's own range, not the peers' ranges.
+    assert_eq!(d.exported, BTreeSet::from([net("10.244.1.0/24")]));
+    // With `none`, no route of weft's to another node.
+    assert!(d.routes.is_empty());
+    assert_eq!(
+        diff(&d, &Observed::default())
+            .into_iter()
+            .filter(|ch| matches!(ch, Change::Export(..) | Change::Withdraw(..)))
+            .collect::<Vec<_>>(),
+        vec![Change::Export(net("10.244.1.0/24"), export)]
+    );
+    assert_eq!(diff(&d, &observed_after(&d)), vec![]);
+
+    // The range moves: the old one is withdrawn, the new one exported.
+    let mut moved = cluster();
+    moved[0].pod_cidrs = vec![net("10.244.9.0/24")];
+    let d2 = plan(&c, &moved, &[], &facts(1500));
+    let changes: Vec<Change> = diff(&d2, &observed_after(&d))
+        .into_iter()
+        .filter(|ch| matches!(ch, Change::Export(..) | Change::Withdraw(..)))
+        .collect();
+    assert_eq!(
+        changes,
+        vec![
+            Change::Withdraw(net("10.244.1.0/24"), export),
+            Change::Export(net("10.244.9.0/24"), export)
+        ]
+    );
+    // Off: nothing exported, nothing read there, nothing withdrawn.
+    let off = plan(&cfg(PodRouting::None), &cluster(), &[], &facts(1500));
+    assert!(off.exported.is_empty());
+    let mut found = observed_after(&off);
+    found.exported = vec![net("10.244.1.0/24")];
+    assert!(!diff(&off, &found).iter().any(|ch| matches!(ch, Change::Withdraw(..))));
+}
+
+#[test]
+fn export_refuses_the_kernels_tables_and_protocols() {
+    for table in [0, 253, 254, 255] {
+        assert!(RouteExport::new(table, 75).is_err(), "table {table}");
+    }
+    for proto in [0, 1, 2, 3] {
+        let e = RouteExport::new(119, proto).unwrap_err();
+        assert!(e.contains("--export-protocol"), "{e}");
+    }
+    assert_eq!(
+        RouteExport::new(119, 30),
+        Ok(RouteExport {
+            table: 119,
+            protocol: 30
+        })
+    );
+    assert!(RouteExport::new(1000, 75).is_ok());
 }
