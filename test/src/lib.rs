@@ -351,6 +351,22 @@ impl Daemon {
         }
     }
 
+    /// Starts the daemon again without waiting for it to serve (it is held at a pause
+    /// point); [`Daemon::wait_serving`] waits after.
+    pub fn spawn_again(&mut self) {
+        assert!(self.daemon.pid().is_none(), "daemon still running");
+        if let Err(e) = self.daemon.spawn_again() {
+            panic!("{e}:\n{}", self.log());
+        }
+    }
+
+    /// Waits until the daemon serves (after [`Daemon::spawn_again`]).
+    pub fn wait_serving(&mut self) {
+        if let Err(e) = self.daemon.wait_serving(Duration::from_secs(30)) {
+            panic!("{e}:\n{}", self.log());
+        }
+    }
+
     /// `weftctl status --json` for this daemon.
     pub fn status(&self) -> Value {
         let out =

@@ -126,6 +126,8 @@ fn spool_del(cfg: &PluginConfig, args: &CniArgs, unreachable: CniError) -> Resul
         spooled_at_ms: spool::now_ms(),
     };
     let dir = spool::dir_for_socket(Path::new(&cfg.socket));
+    // Tests hold the plugin here to land the file at a moment of their choosing.
+    weft_failpoint::pause!("plugin.spool");
     match spool::write(&dir, &del) {
         Ok(path) => {
             // stderr goes to the runtime's log; stdout stays the (empty) DEL answer.

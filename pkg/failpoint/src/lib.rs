@@ -1,6 +1,8 @@
 //! Crash points for tests: `failpoint!("add.veth")` kills weftd on the spot when the
 //! environment variable `WEFT_FAILPOINT` names that point, so a test can check what a
 //! crash at exactly that step of ADD or DEL leaves behind and that a restart repairs it.
+//! Pause points (`pause!`, armed by `WEFT_PAUSE`) hold a process instead, so a test can
+//! force an interleaving of weftd and the plugin.
 //!
 //! - Only in builds with `debug_assertions` (what `cargo build` and `cargo test` make).
 //!   In release builds [`hit`] is an empty inline function and every failpoint
@@ -124,6 +126,74 @@ macro_rules! failpoint {
     }};
 }
 
+/// Points a test can hold a process at, rather than crash it there, to force an
+/// interleaving of two processes: `start.spool_replayed` (weftd has replayed the DEL
+/// spool at start and not served yet), `plugin.spool` (the plugin could not reach
+/// weftd and is about to write its DEL to the spool). [`pause!`] refuses others.
+pub const PAUSES: &[&str] = &["start.spool_replayed", "plugin.spool"];
+
+/// The environment variable arming pause points: `NAME=FILE` (comma-separated for
+/// several). An armed point creates `FILE.paused` and waits until `FILE` exists.
+pub const PAUSE_ENV: &str = "WEFT_PAUSE";
+
+/// Whether `name` is in [`PAUSES`]; `const` so that [`pause!`] checks it at compile time.
+pub const fn known_pause(name: &str) -> bool {
+    let mut i = 0;
+    while i < PAUSES.len() {
+        if eq(PAUSES[i].as_bytes(), name.as_bytes()) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// The file that releases `name` when the value of [`PAUSE_ENV`] arms it.
+pub fn release_file_in(value: &str, name: &str) -> Option<std::path::PathBuf> {
+    value.split(',').find_map(|entry| {
+        let (n, file) = entry.split_once('=')?;
+        (n.trim() == name && !file.trim().is_empty()).then(|| std::path::PathBuf::from(file.trim()))
+    })
+}
+
+/// Holds the calling thread at `name` when [`PAUSE_ENV`] arms it: says so by creating
+/// `FILE.paused`, then waits until the test creates `FILE`. Prefer [`pause!`].
+#[cfg(debug_assertions)]
+pub fn hold(name: &str) {
+    let Ok(value) = std::env::var(PAUSE_ENV) else { return };
+    let Some(release) = release_file_in(&value, name) else {
+        return;
+    };
+    let mut paused = release.clone().into_os_string();
+    paused.push(".paused");
+    let _ = std::fs::write(&paused, name);
+    while !release.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Release builds: nothing.
+#[cfg(not(debug_assertions))]
+#[inline(always)]
+pub fn hold(_name: &str) {}
+
+/// `pause!("plugin.spool")`: holds the process here while `WEFT_PAUSE` arms the point
+/// (debug builds only). The name must be listed in [`PAUSES`].
+///
+/// ```compile_fail
+/// weft_failpoint::pause!("start.nowhere");
+/// ```
+#[macro_export]
+macro_rules! pause {
+    ($name:literal) => {{
+        const _: () = assert!(
+            $crate::known_pause($name),
+            concat!("pause point ", $name, " is not listed in weft_failpoint::PAUSES")
+        );
+        $crate::hold($name)
+    }};
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +207,16 @@ mod tests {
         assert!(!known("add"));
         assert!(!known("add.vet"));
         assert!(!known("add.veth2"));
+    }
+
+    #[test]
+    fn a_pause_is_armed_by_its_name_with_a_release_file() {
+        let v = "plugin.spool=/tmp/a, start.spool_replayed=/tmp/b";
+        assert_eq!(release_file_in(v, "plugin.spool"), Some("/tmp/a".into()));
+        assert_eq!(release_file_in(v, "start.spool_replayed"), Some("/tmp/b".into()));
+        assert_eq!(release_file_in(v, "plugin"), None);
+        assert_eq!(release_file_in("plugin.spool=", "plugin.spool"), None);
+        assert!(PAUSES.iter().all(|p| known_pause(p)) && !known_pause("add.veth"));
     }
 
     #[test]

@@ -291,14 +291,20 @@ impl NodeDaemon {
     /// Starts it again (on the same socket and state) after it exited, was stopped or
     /// killed, and waits until it serves.
     pub fn start_again(&mut self) -> Result<(), HarnessError> {
+        self.spawn_again()?;
+        self.wait_serving(START_LIMIT)
+    }
+
+    /// Starts the daemon again without waiting for it to serve (a test holds it at a
+    /// pause point on the way; [`NodeDaemon::wait_serving`] waits after).
+    pub fn spawn_again(&mut self) -> Result<(), HarnessError> {
         if self.child.is_some() {
             return Err(HarnessError::Command {
                 what: "starting weftd again".into(),
                 detail: "it is still running".into(),
             });
         }
-        self.spawn_child()?;
-        self.wait_serving(START_LIMIT)
+        self.spawn_child()
     }
 
     /// Lets the daemon run on after this value is gone (a lab's daemons outlive

@@ -17,6 +17,7 @@ pub mod ready;
 pub mod running;
 pub mod servers;
 pub mod source;
+pub mod spool_watch;
 pub mod steps;
 pub mod sysctls;
 pub mod uninstall;
@@ -88,6 +89,8 @@ impl Node {
             .map(|w| Arc::new(EngineWiring(w.engine.clone())) as Arc<dyn Wiring>);
         let policy = steps::policy(&config, source.as_ref(), &store, &metrics);
         let spool = steps::del_spool(&config, &state.metrics);
+        // Before the handler's start-up replay reads the spool: see `spool_watch`.
+        let spool_watch = steps::spool_watch(&spool);
         let parts = HandlerParts {
             nodenet: &nodenet,
             wiring: wiring.clone(),
@@ -111,6 +114,7 @@ impl Node {
             node_metrics: state.metrics,
             wiring,
             spool,
+            spool_watch,
             started_at,
         };
         steps::serve(&config, serving, &ready, &metrics, &stop_rx, &mut running)

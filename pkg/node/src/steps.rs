@@ -334,6 +334,9 @@ pub async fn handler(
         set_aside = spooled.set_aside,
         "DEL spool replayed"
     );
+    // Tests hold weftd here, between the start-up replay and serving, to land a DEL in
+    // the spool in that window (debug builds only).
+    weft_failpoint::pause!("start.spool_replayed");
     // The kernel is made to match the store again (what went while weftd was away is
     // repaired, pods whose namespace is gone are collected).
     let repaired = handler.reconcile().await.map_err(NodeError::Reconcile)?;
@@ -345,6 +348,19 @@ pub async fn handler(
         settle_sysctl(store, sysctls::ROUTE_LOCALNET, true).await?;
     }
     Ok(handler)
+}
+
+/// A watch on the DEL spool directory, taken before the start-up replay reads it, so a
+/// DEL spooled at any moment after is replayed at once (`serve` runs it). Without one
+/// (inotify unavailable), such a DEL waits for the reconcile pass, as it says.
+pub fn spool_watch(spool: &DelSpool) -> Option<crate::spool_watch::SpoolWatch> {
+    match crate::spool_watch::SpoolWatch::new(spool.dir()) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(dir = %spool.dir().display(), error = %e, "cannot watch the DEL spool; a DEL spooled while weftd serves waits for the reconcile pass");
+            None
+        }
+    }
 }
 
 /// The DEL spool of the node's socket, counting its replays.
@@ -379,6 +395,8 @@ pub struct Serving {
     pub wiring: Option<Arc<dyn Wiring>>,
     /// The DEL spool.
     pub spool: Arc<DelSpool>,
+    /// The watch on the spool directory, if one could be taken.
+    pub spool_watch: Option<crate::spool_watch::SpoolWatch>,
     /// When the node started (Unix seconds).
     pub started_at: i64,
 }
@@ -465,6 +483,26 @@ pub async fn serve(
         )),
     );
     running.task("node network", tokio::spawn(s.nodenet.clone().run(stopped())));
+    if let Some(watch) = s.spool_watch {
+        let (h, stop) = (s.handler.clone(), stopped());
+        running.task(
+            "spool watch",
+            tokio::spawn(async move {
+                tokio::pin!(stop);
+                loop {
+                    tokio::select! {
+                        _ = &mut stop => return,
+                        _ = watch.landed() => {
+                            let spooled = h.replay_del_spool().await;
+                            if spooled.replayed + spooled.failed + spooled.set_aside > 0 {
+                                info!(?spooled, "a DEL landed in the spool: replayed");
+                            }
+                        }
+                    }
+                }
+            }),
+        );
+    }
     if let Some(engine) = &s.policy {
         running.task("policy", tokio::spawn(engine.clone().run(stopped())));
         let deny_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -1,7 +1,9 @@
 //! DEL never waits for a down weftd: the plugin spools it (beside weftd's socket,
 //! root-only) and answers success; weftd replays the spool before it serves, so nothing
 //! of the pods is left and an ADD of a spooled container gets a fresh attachment. A
-//! spooled DEL that weftd finds only once it serves is done ahead of that pod's ADD.
+//! spooled DEL that lands once weftd serves, or between its start-up replay and serving
+//! (forced with pause points), is replayed at once by the spool watch, and in any case
+//! ahead of that pod's ADD.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -145,8 +147,7 @@ fn a_del_spooled_while_weftd_restarted_is_done_before_the_pods_next_add() {
     let (dir, file, aside) = spool_one_late(&mut d, &pod, cid, &conf);
     assert!(d.node.links().contains(&host_if), "the old attachment is still there");
     std::fs::rename(&aside, &file).unwrap();
-    assert_eq!(d.status()["spooled_dels"], 1, "weftctl status shows it");
-
+    // The spool watch may replay it first; if not, the ADD must do it before anything.
     let second = Call::new("ADD", cid, &pod.path(), &conf).run().ok();
     assert!(spooled(&dir).is_empty(), "the ADD did the spooled DEL first");
     assert_eq!(d.status()["spooled_dels"], 0);
@@ -160,7 +161,7 @@ fn a_del_spooled_while_weftd_restarted_is_done_before_the_pods_next_add() {
 }
 
 #[test]
-fn a_del_spooled_while_weftd_serves_is_replayed_by_the_reconcile_pass() {
+fn a_del_spooled_while_weftd_serves_is_replayed_without_a_call_for_the_pod() {
     let _area = weft_tests::area("node::del_spool");
     if !privileged() {
         return;
@@ -173,16 +174,90 @@ fn a_del_spooled_while_weftd_serves_is_replayed_by_the_reconcile_pass() {
     let (dir, file, aside) = spool_one_late(&mut d, &pod, cid, &conf);
     assert_eq!(d.status()["attachments"], 1);
     std::fs::rename(&aside, &file).unwrap();
-    // No call for the pod comes: the next pass does the DEL.
+    // No call for the pod comes: the spool watch (or, without one, the next reconcile
+    // pass) does the DEL.
     let deadline = Instant::now() + Duration::from_secs(15);
     while !spooled(&dir).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the reconcile pass never replayed it:\n{}",
-            d.log()
-        );
+        assert!(Instant::now() < deadline, "it was never replayed:\n{}", d.log());
         std::thread::sleep(Duration::from_millis(100));
     }
     d.assert_clean();
+    pod.delete();
+}
+
+/// Waits until `file` exists (a pause point says it holds its process there).
+fn wait_paused(file: &Path, who: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !file.exists() {
+        assert!(Instant::now() < deadline, "{who} never reached its pause point");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The window the start-up replay leaves: a plugin that gave up on the down weftd but
+/// writes its spool file only after the restarted weftd has read the spool. Both are
+/// held at pause points to force exactly that order; with the reconcile pass ten
+/// minutes away, only the spool watch can replay the DEL, and it must do so at once.
+#[test]
+fn a_del_spooled_after_the_start_up_replay_read_the_spool_is_replayed_at_once() {
+    let _area = weft_tests::area("node::del_spool");
+    if !privileged() {
+        return;
+    }
+    let long = [("WEFT_RECONCILE_INTERVAL", "600")];
+    let mut d = Daemon::start_with_env("spool-window", &long);
+    let conf = d.conf("1.1.0", &[V4]);
+    let pod = Netns::new("sw");
+    let cid = "ctr-spool-window";
+    Call::new("ADD", cid, &pod.path(), &conf).run().ok();
+    d.stop().expect("weftd stops on SIGTERM");
+
+    // The plugin finds no weftd and stops just before writing its spool file.
+    let plugin_release = d.dir().join("release-plugin");
+    let plugin_paused = d.dir().join("release-plugin.paused");
+    let mut del = Call::new("DEL", cid, &pod.path(), &conf);
+    del.env.push((
+        "WEFT_PAUSE".into(),
+        format!("plugin.spool={}", plugin_release.display()),
+    ));
+    let plugin = std::thread::spawn(move || del.run());
+    wait_paused(&plugin_paused, "the plugin");
+
+    // weftd starts, replays an empty spool, and is held before it serves.
+    let weftd_release = d.dir().join("release-weftd");
+    let weftd_paused = d.dir().join("release-weftd.paused");
+    let pause = format!("start.spool_replayed={}", weftd_release.display());
+    d.set_env(&[long[0], ("WEFT_PAUSE", &pause)]);
+    d.spawn_again();
+    wait_paused(&weftd_paused, "weftd");
+    let dir = spool_dir(&d);
+    assert!(spooled(&dir).is_empty(), "nothing was spooled before the read");
+
+    // Now the plugin writes: after the read, before weftd serves.
+    std::fs::write(&plugin_release, "").unwrap();
+    let out = plugin.join().unwrap();
+    assert_eq!(out.code, 0, "the DEL succeeds by spooling: {out:?}");
+    assert_eq!(spooled(&dir).len(), 1, "the DEL waits in the spool");
+
+    std::fs::write(&weftd_release, "").unwrap();
+    let released = Instant::now();
+    d.wait_serving();
+    while !spooled(&dir).is_empty() || d.status()["attachments"] != 0 {
+        assert!(
+            released.elapsed() < Duration::from_secs(5),
+            "the late DEL was not replayed (spool: {:?}):\n{}",
+            spooled(&dir),
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "the DEL spooled after the start-up replay was done {:?} after weftd went on",
+        released.elapsed()
+    );
+    d.settle();
+    d.assert_clean();
+    let metrics = d.http_get("/metrics", "text/plain");
+    assert!(metrics.contains("weft_del_spool_replayed_total 1"), "counted once");
     pod.delete();
 }
