@@ -1,6 +1,6 @@
 //! Cluster networking in the lab: pods reach pods on other nodes over `eth0` without
 //! NAT (through VXLAN on a routed underlay, by direct routes on a shared segment, IPv4
-//! and IPv6), other nodes, and the outside only through masquerade; the other nodes'
+//! and IPv6 on both), other nodes, and the outside only through masquerade; the other nodes'
 //! kernels follow a node that is readdressed or removed within 2 s; drift is repaired
 //! and counted; a 9000-byte underlay gives pods 8950 and an 8,900-byte packet crosses
 //! nodes with DF set.
@@ -277,7 +277,9 @@ fn shared_segment_pods_reach_across_nodes_by_direct_routes() {
     if !privileged() {
         return;
     }
-    let (dir, lab) = lab("cs", &format!("{NODES}underlay: shared\n"));
+    // Dual-stack: on a shared segment the nodes have IPv6 underlay addresses too, so
+    // IPv6 pod ranges are routed directly as well.
+    let (dir, lab) = lab("cs", &format!("{NODES}underlay: shared\nipv6: true\n"));
     let lab = &lab.0;
     lab.up().expect("lab up");
     // What an operator sees: `weftctl status` on n1.
@@ -290,7 +292,10 @@ fn shared_segment_pods_reach_across_nodes_by_direct_routes() {
     let st: Value = serde_json::from_slice(&out.stdout).unwrap();
     let n = &st["node_network"];
     assert_eq!(n["routing"], "auto", "{st}");
-    assert_eq!(n["pod_cidrs"], serde_json::json!(["10.244.1.0/24"]));
+    assert_eq!(
+        n["pod_cidrs"],
+        serde_json::json!(["10.244.1.0/24", "fd00:10:244:1::/64"])
+    );
     assert_eq!(n["pod_mtu"], 1500);
     assert_eq!(n["address"], "172.30.0.2");
     assert_eq!(
@@ -299,10 +304,20 @@ fn shared_segment_pods_reach_across_nodes_by_direct_routes() {
     );
     let checks = lab.check_network(Duration::from_secs(10));
     assert!(failed_checks(&checks).is_empty(), "{:?}", failed_checks(&checks));
-    assert_eq!(checks.iter().filter(|c| c.kind == "eth0").count(), 10);
+    // 10 pairs of pods on different nodes, both families.
+    assert_eq!(checks.iter().filter(|c| c.kind == "eth0").count(), 20);
+    assert_eq!(
+        checks
+            .iter()
+            .filter(|c| c.kind == "eth0" && c.to.contains("fd00:10:244:"))
+            .count(),
+        10
+    );
     assert_eq!(metric(lab, "n1", "weft_node_peers{mode=\"direct\"}"), 2.0);
     let route = in_ns(&lab.node_ns("n1"), &["ip", "route", "show", "10.244.3.0/24"]);
     assert!(route.contains("via 172.30.0.4 dev uplink"), "{route}");
+    let route6 = in_ns(&lab.node_ns("n1"), &["ip", "-6", "route", "show", "fd00:10:244:3::/64"]);
+    assert!(route6.contains("via fd00:172:30::4 dev uplink"), "{route6}");
     assert!(
         !try_in_ns(&lab.node_ns("n1"), &["ip", "link", "show", "weft-vxlan"]),
         "no VXLAN device without a VXLAN peer"

@@ -35,6 +35,8 @@ use crate::spec::{LabSpec, NodeSpec, PodSpec, Underlay};
 pub const OUTSIDE_ADDRESS: &str = "198.51.100.2";
 
 const OUTSIDE_GATEWAY: &str = "198.51.100.1/24";
+/// The IPv6 prefix of a shared segment (`fd00:172:30::/64`), without its host part.
+const SEGMENT6: &str = "fd00:172:30::";
 
 /// A lab loaded from its file, with where its state lives.
 #[derive(Debug, Clone)]
@@ -427,10 +429,10 @@ impl Lab {
             .iter()
             .map(|n| weft_topology::ClusterNode {
                 name: n.name.clone(),
-                addresses: self
-                    .address_of(&n.name)
-                    .and_then(|a| a.parse().ok())
+                addresses: [self.address_of(&n.name), self.address6_of(&n.name)]
                     .into_iter()
+                    .flatten()
+                    .filter_map(|a| a.parse().ok())
                     .collect(),
                 pod_cidrs: [&n.pod_range, &n.pod_range6]
                     .into_iter()
@@ -527,6 +529,21 @@ impl Lab {
         let addr = hosts.nth(nth - 1).unwrap_or(gw);
         let p = n.subnet.prefix_len();
         (format!("{gw}/{p}"), format!("{addr}/{p}"))
+    }
+
+    /// The router's and the node's IPv6 underlay addresses (with prefix) on a shared
+    /// segment of a lab with IPv6: `fd00:172:30::1` and `fd00:172:30::<index + 2>`, so
+    /// the nodes' IPv6 pod ranges are routed directly too. `None` elsewhere (IPv6 pod
+    /// ranges then cross an IPv4 underlay through VXLAN).
+    fn node_address6(&self, n: &NodeSpec) -> Option<(String, String)> {
+        (self.spec.underlay == Underlay::Shared && self.spec.ipv6)
+            .then(|| (format!("{SEGMENT6}1/64"), format!("{SEGMENT6}{:x}/64", n.index + 2)))
+    }
+
+    /// The IPv6 underlay address of node `node`, when it has one (see `node_address6`).
+    pub fn address6_of(&self, node: &str) -> Option<String> {
+        let n = self.spec.nodes.iter().find(|n| n.name == node)?;
+        Some(self.node_address6(n)?.1.split('/').next()?.to_string())
     }
 
     /// The underlay address of node `node`.

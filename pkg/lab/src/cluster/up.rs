@@ -48,6 +48,9 @@ impl Lab {
                 let gw = self.node_address(&self.spec.nodes[0]).0;
                 ip(&["-n", &router, "link", "add", "seg", "mtu", &mtu, "type", "bridge"])?;
                 ip(&["-n", &router, "addr", "add", &gw, "dev", "seg"])?;
+                if let Some((gw6, _)) = self.node_address6(&self.spec.nodes[0]) {
+                    ip(&["-n", &router, "-6", "addr", "add", &gw6, "dev", "seg", "nodad"])?;
+                }
                 ip(&["-n", &router, "link", "set", "seg", "up"])?;
             }
         }
@@ -103,6 +106,11 @@ impl Lab {
                 };
                 ip(&["-n", &router, "link", "set", &rt_if, "up"])?;
                 ip(&["-n", &ns, "addr", "add", &addr, "dev", "uplink"])?;
+                if let Some((_, addr6)) = self.node_address6(n) {
+                    // No duplicate address detection: the segment is the lab's own, and
+                    // a tentative address would not answer for a second.
+                    ip(&["-n", &ns, "-6", "addr", "add", &addr6, "dev", "uplink", "nodad"])?;
+                }
                 ip(&["-n", &ns, "link", "set", "uplink", "up"])?;
                 ip(&["-n", &ns, "link", "set", "lo", "up"])?;
                 ip(&[
