@@ -18,7 +18,7 @@ pub mod metrics;
 pub mod model;
 pub mod plan;
 
-pub use engine::{Failure, LocalRanges, NodeNetwork, NodeView, PassOutcome, run_pass};
+pub use engine::{Failure, LocalRanges, NodeNetwork, NodeView, PassOutcome, run_pass, run_pass_with};
 pub use kernel::{HostKernel, NodeKernel};
 pub use masq::{MasqChange, MasqFound};
 pub use metrics::NodeNetMetrics;

@@ -44,6 +44,8 @@ pub struct NodeNetMetrics {
     pub pod_cidr_changes: Counter,
     /// `weft_node_pod_mtu`.
     pub pod_mtu: Gauge,
+    /// `weft_node_network_lookups_total`.
+    pub lookups: Counter,
     /// Telemetry's shared `weft_reconcile_repairs_total`, where drift the node network
     /// repaired is counted (`node_route`, `node_fdb`, ..., `masquerade`).
     pub repairs: Family<RepairLabels, Counter>,
@@ -57,6 +59,7 @@ impl Families for NodeNetMetrics {
             failures: Family::default(),
             pod_cidr_changes: Counter::default(),
             pod_mtu: Gauge::default(),
+            lookups: Counter::default(),
             repairs: metrics.reconcile_repairs.clone(),
         };
         metrics.register(
@@ -78,6 +81,11 @@ impl Families for NodeNetMetrics {
             "weft_node_pod_cidr_changes",
             "Times this node's podCIDRs changed while weftd ran",
             m.pod_cidr_changes.clone(),
+        );
+        metrics.register(
+            "weft_node_network_lookups",
+            "Route lookups of peer addresses (whether each is on-link), asked only for addresses not known yet and again at each resync",
+            m.lookups.clone(),
         );
         metrics.register(
             "weft_node_pod_mtu",

@@ -28,6 +28,8 @@ struct Fake {
     next_index: u32,
     /// Blackhole routes by (table, protocol).
     exported: BTreeMap<(u32, u8), Vec<IpNet>>,
+    /// On-link questions asked.
+    lookups: usize,
 }
 
 const UPLINK: u32 = 2;
@@ -37,6 +39,7 @@ impl NodeKernel for Fake {
         Ok(Some(1500))
     }
     fn on_link(&mut self, addr: IpAddr) -> Result<bool, KernelError> {
+        self.lookups += 1;
         Ok("172.30.1.0/24".parse::<IpNet>().unwrap().contains(&addr))
     }
     fn observe(&mut self) -> Result<Observed, KernelError> {
@@ -279,4 +282,33 @@ proptest! {
         }
         prop_assert_eq!(k.foreign.len(), 1, "the foreign route is untouched");
     }
+}
+
+fn peer(i: u32) -> ClusterNode {
+    ClusterNode {
+        name: format!("n{i}"),
+        addresses: vec![IpAddr::from([172, 30, (i / 250) as u8 + 1, (i % 250) as u8 + 2])],
+        pod_cidrs: vec![IpNet::new(IpAddr::from([10, 200 + (i / 250) as u8, (i % 250) as u8, 0]), 24).unwrap()],
+    }
+}
+
+/// With the answers kept, a pass after one node changed asks the kernel about that
+/// node only, whatever the size of the cluster; forgetting them asks about all again.
+#[test]
+fn on_link_answers_are_kept_so_a_change_costs_one_lookup() {
+    let mut k = Fake::default();
+    let cfg = config(PodRouting::Auto, false, false);
+    let mut nodes: Vec<ClusterNode> = (0..500).map(peer).collect();
+    let mut known = BTreeMap::new();
+    let (d, _) = run_pass_with(&cfg, &nodes, &[], None, &mut k, &mut known);
+    assert_eq!(k.lookups, 499, "every peer once");
+    nodes[7].addresses = vec!["172.30.9.9".parse().unwrap()];
+    let (d2, out) = run_pass_with(&cfg, &nodes, &[], Some(&d), &mut k, &mut known);
+    assert_eq!(k.lookups, 500, "only the readdressed peer");
+    assert!(out.failures.is_empty());
+    assert_ne!(d2, d);
+    assert_eq!(known.len(), 499, "the old address is forgotten");
+    known.clear();
+    run_pass_with(&cfg, &nodes, &[], Some(&d2), &mut k, &mut known);
+    assert_eq!(k.lookups, 999, "a resync asks again");
 }
