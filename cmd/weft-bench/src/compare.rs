@@ -97,6 +97,10 @@ enum Compare {
     /// the batch one pod's arrival causes). `WEFT_BENCH_POLICY_PARTS=data,add,converge,scale`
     /// runs some of them.
     Policy,
+    /// One weftd reading 100, 1,000 and 5,000 Node objects from the in-process fake
+    /// API server (`WEFT_BENCH_NODE_SIZES=...` for others): start to kernel programmed,
+    /// RSS, one node's change to the kernel and the kernel requests it costs.
+    Nodes,
 }
 
 /// The options of a traffic comparison (`wires`, `pod-network`) from the flags.
@@ -222,6 +226,15 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
             }
             let report = weft_bench::run_policy(&opts).map_err(fail)?;
             return print(&report, weft_bench::PolicyReport::markdown, json);
+        }
+        Compare::Nodes => {
+            let opts = weft_bench::NodeScaleOptions {
+                weftd,
+                sizes: weft_bench::sizes_from_env().map_err(fail)?,
+                work_dir,
+            };
+            let report = weft_bench::run_nodes(&opts).map_err(fail)?;
+            return print(&report, weft_bench::NodeScaleReport::markdown, json);
         }
         Compare::Reference => weft_bench::Comparison::Reference,
         Compare::Otlp => weft_bench::Comparison::Otlp,

@@ -20,12 +20,14 @@
 //! own tools. `policy` measures network policy against its targets: traffic with
 //! policies beside without, ADD with a cluster's policies in the cache beside without,
 //! how fast a change reaches every node, and one node's cost as the cluster grows.
+//! `nodes` simulates clusters of up to 5,000 Node objects against one weftd.
 //! `smoke` runs everything small, for CI.
 
 mod exec;
 mod hostports;
 mod load;
 mod memory;
+mod nodes;
 mod otlp;
 mod podnet;
 mod policy;
@@ -47,6 +49,7 @@ pub use load::{
     CallFailure, LOAD_TARGET_RATIO, LOAD_WINDOW, LoadCommand, LoadOptions, LoadReport, LoadWindow, run_load,
 };
 pub use memory::{MEMORY_TARGET_MIB, MemoryOptions, MemoryReport, MemoryState, run_memory};
+pub use nodes::{NODE_SIZES, NodeScaleOptions, NodeScalePoint, NodeScaleReport, run_nodes, sizes_from_env};
 pub use podnet::{POD_NETWORK_TARGET_RATIO, PodMode, PodModeRatio, PodNetReport, PodPath, PodPathResult, run_podnet};
 pub use policy::{
     ADD_TARGET_RATIO, AddPath, AddReport, AddSample, AddSide, BatchCounts, CONVERGE_TARGET_MS, Change, ChangeKind,
@@ -229,7 +232,7 @@ fn lab(e: impl std::fmt::Display) -> String {
 }
 
 /// How long a benchmark's weftd gets to finish its teardowns after SIGTERM.
-const STOP_LIMIT: Duration = Duration::from_secs(60);
+pub(crate) const STOP_LIMIT: Duration = Duration::from_secs(60);
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0

@@ -14,6 +14,12 @@
 //!   minus 50, no DAD), its address, permanent neighbour and FDB entries and an onlink
 //!   route, and the pods' MTU lowered to the device's, as weft gives them.
 //!
+//! - weft over BGP: nodes in different subnets, `bgp: true` (BIRD in every node and the
+//!   router, weftd exporting each node's podCIDR, `--pod-routing none`): the routes BIRD
+//!   learnt;
+//! - kernel routed: the same routed lab with `--pod-routing none`, no BIRD, and the same
+//!   routes made with `ip route` on both nodes and the router.
+//!
 //! weft's modes are named rather than `auto`, so the pods' MTU never depends on when a
 //! daemon learned its peer; the bench checks the kernel holds what the mode means.
 //! Passes go through the four paths in alternating order.
@@ -54,6 +60,9 @@ pub enum PodMode {
     Direct,
     /// Encapsulated in unicast VXLAN (nodes in different subnets).
     Vxlan,
+    /// Routed through the router by routes BGP learnt from weft's export (nodes in
+    /// different subnets).
+    Bgp,
 }
 
 /// A path measured.
@@ -68,13 +77,26 @@ pub enum PodPath {
     WeftVxlan,
     /// A VXLAN device and entries made with `ip`.
     KernelVxlan,
+    /// BIRD's routes, learnt over BGP from weft's exported ranges.
+    WeftBgp,
+    /// The same routes through the router, made with `ip route`.
+    KernelRouted,
 }
 
-const PATHS: [PodPath; 4] = [
+const PATHS: [PodPath; 6] = [
     PodPath::WeftDirect,
     PodPath::KernelDirect,
     PodPath::WeftVxlan,
     PodPath::KernelVxlan,
+    PodPath::WeftBgp,
+    PodPath::KernelRouted,
+];
+
+/// Each mode with weft's path and the hand-made one it is compared with.
+const PAIRS: [(PodMode, PodPath, PodPath); 3] = [
+    (PodMode::Direct, PodPath::WeftDirect, PodPath::KernelDirect),
+    (PodMode::Vxlan, PodPath::WeftVxlan, PodPath::KernelVxlan),
+    (PodMode::Bgp, PodPath::WeftBgp, PodPath::KernelRouted),
 ];
 
 impl PodPath {
@@ -84,6 +106,8 @@ impl PodPath {
             PodPath::KernelDirect => "kernel direct",
             PodPath::WeftVxlan => "weft VXLAN",
             PodPath::KernelVxlan => "kernel VXLAN",
+            PodPath::WeftBgp => "weft export + BGP",
+            PodPath::KernelRouted => "kernel routes via router",
         }
     }
 
@@ -91,11 +115,12 @@ impl PodPath {
         match self {
             PodPath::WeftDirect | PodPath::KernelDirect => PodMode::Direct,
             PodPath::WeftVxlan | PodPath::KernelVxlan => PodMode::Vxlan,
+            PodPath::WeftBgp | PodPath::KernelRouted => PodMode::Bgp,
         }
     }
 
     fn weft(self) -> bool {
-        matches!(self, PodPath::WeftDirect | PodPath::WeftVxlan)
+        matches!(self, PodPath::WeftDirect | PodPath::WeftVxlan | PodPath::WeftBgp)
     }
 
     /// The suffix of its lab's name.
@@ -105,23 +130,26 @@ impl PodPath {
             PodPath::KernelDirect => "kd",
             PodPath::WeftVxlan => "pv",
             PodPath::KernelVxlan => "kv",
+            PodPath::WeftBgp => "pb",
+            PodPath::KernelRouted => "kr",
         }
     }
 
     fn spec(self, name: &str) -> serde_json::Value {
         let underlay = match self.mode() {
             PodMode::Direct => "shared",
-            PodMode::Vxlan => "routed",
+            PodMode::Vxlan | PodMode::Bgp => "routed",
         };
         let routing = match self {
             PodPath::WeftDirect => "direct",
             PodPath::WeftVxlan => "vxlan",
-            PodPath::KernelDirect | PodPath::KernelVxlan => "none",
+            PodPath::KernelDirect | PodPath::KernelVxlan | PodPath::WeftBgp | PodPath::KernelRouted => "none",
         };
         serde_json::json!({
             "name": name,
             "underlay": underlay,
             "pod_routing": routing,
+            "bgp": self == PodPath::WeftBgp,
             "nodes": ["n1", "n2"],
             "pods": [{"name": "a", "node": "n1"}, {"name": "b", "node": "n2"}],
         })
@@ -246,10 +274,7 @@ pub fn run_podnet(opts: &TrafficOptions) -> Result<PodNetReport, String> {
     }
     let mut setup_differences = Vec::new();
     let mut offloads_compared = true;
-    for (w, k) in [
-        (PodPath::WeftDirect, PodPath::KernelDirect),
-        (PodPath::WeftVxlan, PodPath::KernelVxlan),
-    ] {
+    for (_, w, k) in PAIRS {
         let (d, compared) = compare_setups(lab_of(w), lab_of(k))?;
         setup_differences.extend(d);
         offloads_compared &= compared;
@@ -300,33 +325,30 @@ pub fn run_podnet(opts: &TrafficOptions) -> Result<PodNetReport, String> {
         r.udp_sent_fps_median = median(&r.udp.iter().map(Flood::sent_per_s).collect::<Vec<_>>());
     }
     let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-    let ratios = [
-        (PodMode::Direct, PodPath::WeftDirect, PodPath::KernelDirect),
-        (PodMode::Vxlan, PodPath::WeftVxlan, PodPath::KernelVxlan),
-    ]
-    .into_iter()
-    .map(|(mode, w, k)| {
-        let (rw, rk) = (
-            results.iter().find(|r| r.path == w).expect("weft"),
-            results.iter().find(|r| r.path == k).expect("kernel"),
-        );
-        let tcp = div(rw.tcp_gbps_median, rk.tcp_gbps_median);
-        let fps = div(rw.udp_fps_median, rk.udp_fps_median);
-        PodModeRatio {
-            mode,
-            tcp,
-            fps,
-            tcp_per_pass: rw.tcp_gbps.iter().zip(&rk.tcp_gbps).map(|(a, b)| div(*a, *b)).collect(),
-            fps_per_pass: rw
-                .udp
-                .iter()
-                .zip(&rk.udp)
-                .map(|(a, b)| div(a.received_per_s(), b.received_per_s()))
-                .collect(),
-            met: tcp >= POD_NETWORK_TARGET_RATIO && fps >= POD_NETWORK_TARGET_RATIO,
-        }
-    })
-    .collect();
+    let ratios = PAIRS
+        .into_iter()
+        .map(|(mode, w, k)| {
+            let (rw, rk) = (
+                results.iter().find(|r| r.path == w).expect("weft"),
+                results.iter().find(|r| r.path == k).expect("kernel"),
+            );
+            let tcp = div(rw.tcp_gbps_median, rk.tcp_gbps_median);
+            let fps = div(rw.udp_fps_median, rk.udp_fps_median);
+            PodModeRatio {
+                mode,
+                tcp,
+                fps,
+                tcp_per_pass: rw.tcp_gbps.iter().zip(&rk.tcp_gbps).map(|(a, b)| div(*a, *b)).collect(),
+                fps_per_pass: rw
+                    .udp
+                    .iter()
+                    .zip(&rk.udp)
+                    .map(|(a, b)| div(a.received_per_s(), b.received_per_s()))
+                    .collect(),
+                met: tcp >= POD_NETWORK_TARGET_RATIO && fps >= POD_NETWORK_TARGET_RATIO,
+            }
+        })
+        .collect();
     Ok(PodNetReport {
         rounds: opts.rounds,
         tcp_seconds: opts.tcp_seconds,
@@ -364,7 +386,7 @@ impl PodNetReport {
                 r.path.label(),
                 match r.mode {
                     PodMode::Direct => "shared segment",
-                    PodMode::Vxlan => "routed",
+                    PodMode::Vxlan | PodMode::Bgp => "routed",
                 },
                 r.pod_mtu,
                 r.tcp_gbps_median,
@@ -380,10 +402,10 @@ impl PodNetReport {
         ));
         let list = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", ");
         for q in &self.ratios {
-            let (w, k) = match q.mode {
-                PodMode::Direct => (PodPath::WeftDirect, PodPath::KernelDirect),
-                PodMode::Vxlan => (PodPath::WeftVxlan, PodPath::KernelVxlan),
-            };
+            let (_, w, k) = PAIRS
+                .into_iter()
+                .find(|(m, ..)| *m == q.mode)
+                .expect("every mode has a pair");
             out.push_str(&format!(
                 "| {} / {} | {:.2} | {:.2} | {} | {} | {} |\n",
                 w.label(),

@@ -8,7 +8,8 @@ use serde::Serialize;
 
 use crate::{
     Comparison, ExecOptions, ExecReport, HostportOptions, HostportReport, LoadOptions, LoadReport, MemoryOptions,
-    MemoryReport, Options, PodNetReport, PolicyOptions, PolicyReport, Report, WiresReport,
+    MemoryReport, NodeScaleOptions, NodeScaleReport, Options, PodNetReport, PolicyOptions, PolicyReport, Report,
+    WiresReport,
 };
 
 /// Where the binaries are.
@@ -45,6 +46,8 @@ pub struct SmokeReport {
     pub pod_network: PodNetReport,
     /// Network policy: traffic, ADD, convergence and scale, each tiny.
     pub policy: PolicyReport,
+    /// One weftd reading a few dozen Node objects.
+    pub nodes: NodeScaleReport,
 }
 
 /// Runs every comparison once, small.
@@ -113,6 +116,12 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         o.work_dir.clone(),
     ))
     .map_err(|e| format!("policy: {e}"))?;
+    let nodes = crate::run_nodes(&NodeScaleOptions {
+        weftd: o.weftd.clone(),
+        sizes: vec![30],
+        work_dir: o.work_dir.clone(),
+    })
+    .map_err(|e| format!("nodes: {e}"))?;
     Ok(SmokeReport {
         reference,
         otlp,
@@ -123,6 +132,7 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         load,
         pod_network,
         policy,
+        nodes,
     })
 }
 
@@ -139,6 +149,7 @@ impl SmokeReport {
             self.load.markdown(),
             self.pod_network.markdown(),
             self.policy.markdown(),
+            self.nodes.markdown(),
         ]
         .join("\n")
     }

@@ -145,18 +145,28 @@ fn smoke_runs_every_comparison() {
     let pn = &r["pod_network"];
     let paths = pn["paths"].as_array().expect("pod network paths");
     let names: Vec<&str> = paths.iter().map(|p| p["path"].as_str().unwrap()).collect();
-    assert_eq!(names, ["weft_direct", "kernel_direct", "weft_vxlan", "kernel_vxlan"]);
+    assert_eq!(
+        names,
+        [
+            "weft_direct",
+            "kernel_direct",
+            "weft_vxlan",
+            "kernel_vxlan",
+            "weft_bgp",
+            "kernel_routed"
+        ]
+    );
     for p in paths {
         positive(&p["tcp_gbps_median"], &format!("{} TCP", p["path"]));
         positive(&p["udp_fps_median"], &format!("{} frames/s", p["path"]));
     }
-    // Pods get the underlay's MTU with direct routes, 50 bytes less through VXLAN, on
-    // weft's path and the hand-made one alike.
+    // Pods get the underlay's MTU with direct and BGP-learnt routes, 50 bytes less
+    // through VXLAN, on weft's path and the hand-made one alike.
     let mtus: Vec<u64> = paths.iter().map(|p| p["pod_mtu"].as_u64().unwrap()).collect();
-    assert_eq!(mtus, [1500, 1500, 1450, 1450], "pod MTUs: {pn}");
+    assert_eq!(mtus, [1500, 1500, 1450, 1450, 1500, 1500], "pod MTUs: {pn}");
     let ratios = pn["ratios"].as_array().expect("pod network ratios");
     let modes: Vec<&str> = ratios.iter().map(|q| q["mode"].as_str().unwrap()).collect();
-    assert_eq!(modes, ["direct", "vxlan"]);
+    assert_eq!(modes, ["direct", "vxlan", "bgp"]);
     for q in ratios {
         positive(&q["tcp"], "pod network TCP ratio");
         positive(&q["fps"], "pod network frames/s ratio");
@@ -236,9 +246,24 @@ fn smoke_runs_every_comparison() {
         assert_eq!(b["elements_added"], 1, "a remote peer pod is one element: {b}");
     }
 
+    // One weftd and 30 Node objects: every peer programmed, and a node's change costs
+    // a constant handful of kernel writes and no lookup of the other peers.
+    let nodes = &r["nodes"]["points"][0];
+    assert_eq!(nodes["nodes"], 30, "{nodes}");
+    assert_eq!(nodes["programmed"], serde_json::json!([29, 29, 29]), "{nodes}");
+    positive(&nodes["start_to_programmed_s"], "nodes: start to programmed");
+    positive(&nodes["rss_mib"], "nodes: RSS");
+    for w in nodes["writes_per_change"].as_array().expect("writes") {
+        assert_eq!(w.as_f64(), Some(4.0), "route and neighbour out and in: {nodes}");
+    }
+    for l in nodes["lookups_per_change"].as_array().expect("lookups") {
+        assert_eq!(l.as_f64(), Some(0.0), "no peer looked up again: {nodes}");
+    }
+    assert_eq!(nodes["lookups_at_start"].as_f64(), Some(29.0), "{nodes}");
+
     // Everything the run made is gone: its namespaces are named after its pid, and
     // its daemons run from its scratch directory.
-    let prefixes = [format!("wb{pid}"), format!("wbh{pid}")];
+    let prefixes = [format!("wb{pid}"), format!("wbh{pid}"), format!("wbn{pid}")];
     let left: Vec<String> = std::fs::read_dir("/run/netns")
         .map(|d| {
             d.flatten()

@@ -75,6 +75,17 @@ impl PathLab {
                     ip(&["-n", ns, "route", "add", peer_range, "via", peer])?;
                 }
             }
+            PodMode::Bgp => {
+                // What BIRD would install: each node's range via the router, and on the
+                // router via the node.
+                let lab = &self.guard.lab;
+                let router = lab.router();
+                for ((ns, _, _), (_, peer, peer_range)) in [(&n1, &n2), (&n2, &n1)] {
+                    let gw = gateway_of(lab, ns)?;
+                    ip(&["-n", ns, "route", "add", peer_range, "via", &gw])?;
+                    ip(&["-n", &router, "route", "add", peer_range, "via", peer])?;
+                }
+            }
             PodMode::Vxlan => {
                 let mtu = (self.guard.lab.spec.underlay_mtu - VXLAN_OVERHEAD).to_string();
                 let macs = ["02:6b:76:78:00:01", "02:6b:76:78:00:02"];
@@ -206,6 +217,24 @@ impl PathLab {
                 Some(r) if r["dev"] == "weft-vxlan" => Ok(()),
                 _ => fail("no route to the peer's pods through weft-vxlan"),
             },
+            PodPath::WeftBgp | PodPath::KernelRouted => {
+                // Neither weft's route nor its device: the route is BIRD's (or ours).
+                let all = ip_json(&["-n", &ns, "-4", "route", "show", &peer_range])?;
+                let proto = all[0]["protocol"].as_str().unwrap_or_default().to_string();
+                // `ip` leaves `boot`, its own default, unsaid.
+                let ours = if self.path == PodPath::WeftBgp {
+                    proto == "bird"
+                } else {
+                    all.as_array().is_some_and(|a| !a.is_empty()) && (proto.is_empty() || proto == "boot")
+                };
+                if !routes.is_empty() {
+                    fail("weft routes pods although its routing is off")
+                } else if !ours {
+                    fail(&format!("the route to the peer's pods is not the path's own: {all}"))
+                } else {
+                    Ok(())
+                }
+            }
             PodPath::KernelDirect | PodPath::KernelVxlan if !routes.is_empty() => {
                 fail("weft routes pods although its routing is off")
             }
@@ -219,6 +248,15 @@ impl PathLab {
             .and_then(|v| v[0]["mtu"].as_u64())
             .unwrap_or(0) as u32
     }
+}
+
+/// The router's address on node namespace `ns`'s subnet (its default gateway).
+fn gateway_of(lab: &weft_lab::Lab, ns: &str) -> Result<String, String> {
+    let route = ip_json(&["-n", ns, "-4", "route", "show", "default"])?;
+    route[0]["gateway"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("{}: no default route in {ns}", lab.spec.name))
 }
 
 pub(super) fn build(path: PodPath, opts: &TrafficOptions, name: &str) -> Result<PathLab, String> {

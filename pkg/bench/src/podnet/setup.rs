@@ -79,6 +79,7 @@ pub(super) fn compare_setups(weft: &PathLab, kernel: &PathLab) -> Result<(Vec<St
     let mode = match weft.path.mode() {
         PodMode::Direct => "direct",
         PodMode::Vxlan => "VXLAN",
+        PodMode::Bgp => "BGP",
     };
     let mut out = Vec::new();
     let (mw, mk) = (weft.pod_mtu(), kernel.pod_mtu());

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 pub use add::{ADD_TARGET_RATIO, AddPath, AddReport, AddSample, AddSide};
+pub(crate) use cluster::Cluster;
 pub use cluster::ClusterSource;
 pub use converge::{CONVERGE_TARGET_MS, Change, ChangeKind, ConvergeReport, ConvergeRun};
 pub use datapath::{DATA_PEERS, DATA_POLICIES, DATA_TARGET_RATIO, DataPathReport, FIRST_POLICY_PORT, TrafficSide};

@@ -412,7 +412,8 @@ impl Lab {
             })
     }
 
-    fn router(&self) -> String {
+    /// The name of the router namespace.
+    pub fn router(&self) -> String {
         format!("{}-rt", self.spec.name)
     }
 
