@@ -239,9 +239,12 @@ impl<K: NodeKernel> NodeNetwork<K> {
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         m.pod_mtu.set(i64::from(desired.pod_mtu.unwrap_or(0)));
-        let before = previous.map(|p| p.peers.clone()).unwrap_or_default();
+        let before: BTreeMap<&str, &PeerReport> = previous
+            .map(|p| p.peers.iter().map(|r| (r.name.as_str(), r)).collect())
+            .unwrap_or_default();
+        let now: std::collections::BTreeSet<&str> = desired.peers.iter().map(|p| p.name.as_str()).collect();
         for p in &desired.peers {
-            let was = before.iter().find(|b| b.name == p.name);
+            let was = before.get(p.name.as_str());
             if was.map(|w| (w.mode, &w.problem)) != Some((p.mode, &p.problem)) {
                 match &p.problem {
                     Some(problem) => {
@@ -251,9 +254,9 @@ impl<K: NodeKernel> NodeNetwork<K> {
                 }
             }
         }
-        for b in &before {
-            if !desired.peers.iter().any(|p| p.name == b.name) {
-                info!(peer = %b.name, "peer node gone");
+        for name in before.keys() {
+            if !now.contains(name) {
+                info!(peer = %name, "peer node gone");
             }
         }
         if let Some(p) = previous

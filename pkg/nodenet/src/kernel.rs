@@ -33,6 +33,11 @@ pub trait NodeKernel: Send + 'static {
 pub struct HostKernel {
     nl: Netlink,
     ns: NetNs,
+    /// The VXLAN device's index as last found (by `observe` or a lookup), so a pass
+    /// that adds thousands of entries does not look the device up before each; cleared
+    /// when weft creates or deletes it. A device replaced behind weft's back fails the
+    /// pass's changes, and the next pass's `observe` finds the new one.
+    vxlan_ix: Option<u32>,
 }
 
 fn os(step: &str) -> impl FnOnce(std::io::Error) -> KernelError + '_ {
@@ -49,6 +54,7 @@ impl HostKernel {
         Ok(Self {
             nl: Netlink::new().map_err(os("opening netlink"))?,
             ns: NetNs::current()?,
+            vxlan_ix: None,
         })
     }
 
@@ -63,6 +69,15 @@ impl HostKernel {
     }
 
     fn vxlan_index(&mut self) -> Result<u32, KernelError> {
+        if let Some(i) = self.vxlan_ix {
+            return Ok(i);
+        }
+        let i = self.find_vxlan()?;
+        self.vxlan_ix = Some(i);
+        Ok(i)
+    }
+
+    fn find_vxlan(&mut self) -> Result<u32, KernelError> {
         self.nl
             .link_by_name(VXLAN_DEVICE)
             .map_err(os("looking up the VXLAN device"))?
@@ -113,6 +128,8 @@ impl NodeKernel for HostKernel {
                 Err(e) => return Err(KernelError::os("listing weft's node routes", e)),
             }
         }
+        // Every pass starts from what is there now.
+        self.vxlan_ix = None;
         let Some(link) = self
             .nl
             .link_by_name(VXLAN_DEVICE)
@@ -120,6 +137,7 @@ impl NodeKernel for HostKernel {
         else {
             return Ok(o);
         };
+        self.vxlan_ix = Some(link.index);
         let params = self
             .nl
             .vxlan_params(VXLAN_DEVICE)
@@ -159,6 +177,7 @@ impl NodeKernel for HostKernel {
     fn apply(&mut self, change: &Change) -> Result<(), KernelError> {
         match change {
             Change::CreateVxlan(s) => {
+                self.vxlan_ix = None;
                 self.nl
                     .create_vxlan(&weft_kernel::VxlanDevice {
                         link: weft_kernel::NewLink {
@@ -181,11 +200,13 @@ impl NodeKernel for HostKernel {
                     .inside(|| weft_kernel::sysctl::write(&format!("net/ipv6/conf/{VXLAN_DEVICE}/accept_dad"), "0"));
                 self.nl.set_up(index, true).map_err(os("setting the VXLAN device up"))
             }
-            Change::DeleteVxlan => self
-                .nl
-                .delete_link(VXLAN_DEVICE)
-                .map(|_| ())
-                .map_err(os("deleting the VXLAN device")),
+            Change::DeleteVxlan => {
+                self.vxlan_ix = None;
+                self.nl
+                    .delete_link(VXLAN_DEVICE)
+                    .map(|_| ())
+                    .map_err(os("deleting the VXLAN device"))
+            }
             Change::SetVxlanMac(m) => {
                 let i = self.vxlan_index()?;
                 self.nl.set_mac(i, *m).map_err(os("setting the VXLAN device's MAC"))
@@ -213,7 +234,9 @@ impl NodeKernel for HostKernel {
             }
             Change::AddFdb(mac, dst) => {
                 let i = self.vxlan_index()?;
-                self.nl.set_fdb(i, *mac, *dst).map_err(os("adding an FDB entry"))
+                // The pass removed the MAC's stale entries before: a plain add, no read
+                // of the whole table per entry.
+                self.nl.add_fdb(i, *mac, *dst).map_err(os("adding an FDB entry"))
             }
             Change::DeleteFdb(mac, dst) => {
                 let i = self.vxlan_index()?;

@@ -255,6 +255,16 @@ pub fn diff(d: &Desired, o: &Observed) -> Vec<Change> {
         o.routes.clone()
     };
 
+    // Indexed once: a pass compares every wanted entry with every found one, which at
+    // 5,000 peers must not be a scan per entry.
+    let found_by_dst: BTreeMap<IpNet, Vec<&ObservedRoute>> = routes.iter().fold(BTreeMap::new(), |mut m, r| {
+        m.entry(r.dst).or_insert_with(Vec::new).push(r);
+        m
+    });
+    let wanted_by_dst: BTreeMap<IpNet, Vec<&PeerRoute>> = d.routes.iter().fold(BTreeMap::new(), |mut m, r| {
+        m.entry(r.dst).or_insert_with(Vec::new).push(r);
+        m
+    });
     let matches = |r: &PeerRoute, found: &ObservedRoute| {
         !found.unreachable
             && found.dst == r.dst
@@ -269,13 +279,20 @@ pub fn diff(d: &Desired, o: &Observed) -> Vec<Change> {
         let wanted = if found.unreachable {
             d.unreachable.contains(&found.dst)
         } else {
-            d.routes.iter().any(|r| matches(r, found))
+            wanted_by_dst
+                .get(&found.dst)
+                .is_some_and(|rs| rs.iter().any(|r| matches(r, found)))
         };
         if !wanted {
             out.push(Change::DeleteRoute(found.clone()));
         }
     }
     let wanted_neigh: BTreeMap<IpAddr, Mac> = d.neighbours.iter().copied().collect();
+    let (found_fdb, found_neigh, found_addr): (BTreeSet<_>, BTreeSet<_>, BTreeSet<_>) = (
+        fdb.iter().copied().collect(),
+        neighbours.iter().copied().collect(),
+        addresses.iter().copied().collect(),
+    );
     for (ip, _) in neighbours {
         if !wanted_neigh.contains_key(ip) {
             out.push(Change::DeleteNeighbour(*ip));
@@ -293,23 +310,24 @@ pub fn diff(d: &Desired, o: &Observed) -> Vec<Change> {
     }
     if d.vxlan.is_some() {
         for a in &d.vxlan_addresses {
-            if !addresses.contains(a) {
+            if !found_addr.contains(a) {
                 out.push(Change::AddAddress(*a));
             }
         }
         for entry in &d.fdb {
-            if !fdb.contains(entry) {
+            if !found_fdb.contains(entry) {
                 out.push(Change::AddFdb(entry.0, entry.1));
             }
         }
         for (ip, mac) in &d.neighbours {
-            if !neighbours.contains(&(*ip, *mac)) {
+            if !found_neigh.contains(&(*ip, *mac)) {
                 out.push(Change::AddNeighbour(*ip, *mac));
             }
         }
     }
+    let found = |dst: &IpNet| found_by_dst.get(dst).map(Vec::as_slice).unwrap_or_default();
     for dst in &d.unreachable {
-        if !routes.iter().any(|found| found.unreachable && found.dst == *dst) {
+        if !found(dst).iter().any(|f| f.unreachable) {
             out.push(Change::AddUnreachable(*dst));
         }
     }
@@ -317,7 +335,7 @@ pub fn diff(d: &Desired, o: &Observed) -> Vec<Change> {
         if r.over_vxlan && d.vxlan.is_none() {
             continue;
         }
-        if !routes.iter().any(|found| matches(r, found)) || (r.over_vxlan && fresh) {
+        if !found(&r.dst).iter().any(|f| matches(r, f)) || (r.over_vxlan && fresh) {
             out.push(Change::AddRoute(r.clone()));
         }
     }
@@ -327,8 +345,9 @@ pub fn diff(d: &Desired, o: &Observed) -> Vec<Change> {
                 out.push(Change::Withdraw(*dst, e));
             }
         }
+        let exported: BTreeSet<&IpNet> = o.exported.iter().collect();
         for dst in &d.exported {
-            if !o.exported.contains(dst) {
+            if !exported.contains(dst) {
                 out.push(Change::Export(*dst, e));
             }
         }

@@ -55,6 +55,17 @@ impl Netlink {
         )
     }
 
+    /// Adds the unicast FDB entry `mac` -> `dst` on VXLAN device `index` without
+    /// looking at what the device holds: for a caller that knows the MAC has no other
+    /// entry (it removed the stale ones first). [`Netlink::set_fdb`] reads the whole
+    /// table to replace an entry, which at thousands of entries costs a dump per add.
+    pub fn add_fdb(&mut self, index: u32, mac: [u8; 6], dst: IpAddr) -> io::Result<()> {
+        self.execute(
+            RouteNetlinkMessage::NewNeighbour(Self::fdb_message(index, mac, dst)),
+            NLM_F_CREATE | NLM_F_EXCL,
+        )
+    }
+
     /// The FDB entries of a VXLAN device: (MAC, VTEP).
     pub fn fdb(&mut self, index: u32) -> io::Result<Vec<([u8; 6], IpAddr)>> {
         // Dumped unfiltered (a pod holds few links) and filtered here: the kernel's
