@@ -88,9 +88,9 @@ impl Node {
             .as_ref()
             .map(|w| Arc::new(EngineWiring(w.engine.clone())) as Arc<dyn Wiring>);
         let policy = steps::policy(&config, source.as_ref(), &store, &metrics);
-        let spool = steps::del_spool(&config, &state.metrics);
+        let spool = spool_watch::del_spool(&config, &state.metrics);
         // Before the handler's start-up replay reads the spool: see `spool_watch`.
-        let spool_watch = steps::spool_watch(&spool);
+        let spool_watch = spool_watch::watch(&spool);
         let parts = HandlerParts {
             nodenet: &nodenet,
             wiring: wiring.clone(),

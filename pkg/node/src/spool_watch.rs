@@ -6,11 +6,57 @@
 //! start-up replay closes that window: every entry that lands after it is announced,
 //! and replayed as soon as weftd serves.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::Notify;
+use tracing::info;
+use weft_daemon::spool::DelSpool;
+
+use crate::metrics::NodeMetrics;
+use crate::steps::NodeHandler;
+
+/// The DEL spool of the node's socket, counting its replays.
+pub fn del_spool(config: &crate::config::NodeConfig, metrics: &NodeMetrics) -> Arc<DelSpool> {
+    let replayed = metrics.del_spool_replayed.clone();
+    Arc::new(
+        DelSpool::new(weft_cni::spool::dir_for_socket(&config.socket)).on_replayed(Arc::new(move |n| {
+            replayed.inc_by(n);
+        })),
+    )
+}
+
+/// A watch on the DEL spool directory, taken before the start-up replay reads it, so a
+/// DEL spooled at any moment after is replayed at once ([`replay_as_they_land`]).
+/// Without one (inotify unavailable), such a DEL waits for the reconcile pass, as the
+/// warning says.
+pub fn watch(spool: &DelSpool) -> Option<SpoolWatch> {
+    match SpoolWatch::new(spool.dir()) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(dir = %spool.dir().display(), error = %e, "cannot watch the DEL spool; a DEL spooled while weftd serves waits for the reconcile pass");
+            None
+        }
+    }
+}
+
+/// Replays the spool with `handler` each time an entry lands, until `stop`.
+pub async fn replay_as_they_land(watch: SpoolWatch, handler: Arc<NodeHandler>, stop: impl Future<Output = ()>) {
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = watch.landed() => {
+                let spooled = handler.replay_del_spool().await;
+                if spooled.replayed + spooled.failed + spooled.set_aside > 0 {
+                    info!(?spooled, "a DEL landed in the spool: replayed");
+                }
+            }
+        }
+    }
+}
 
 /// A watch on the DEL spool directory.
 pub struct SpoolWatch {

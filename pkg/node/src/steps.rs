@@ -350,29 +350,6 @@ pub async fn handler(
     Ok(handler)
 }
 
-/// A watch on the DEL spool directory, taken before the start-up replay reads it, so a
-/// DEL spooled at any moment after is replayed at once (`serve` runs it). Without one
-/// (inotify unavailable), such a DEL waits for the reconcile pass, as it says.
-pub fn spool_watch(spool: &DelSpool) -> Option<crate::spool_watch::SpoolWatch> {
-    match crate::spool_watch::SpoolWatch::new(spool.dir()) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::warn!(dir = %spool.dir().display(), error = %e, "cannot watch the DEL spool; a DEL spooled while weftd serves waits for the reconcile pass");
-            None
-        }
-    }
-}
-
-/// The DEL spool of the node's socket, counting its replays.
-pub fn del_spool(config: &NodeConfig, metrics: &NodeMetrics) -> Arc<DelSpool> {
-    let replayed = metrics.del_spool_replayed.clone();
-    Arc::new(
-        DelSpool::new(weft_cni::spool::dir_for_socket(&config.socket)).on_replayed(Arc::new(move |n| {
-            replayed.inc_by(n);
-        })),
-    )
-}
-
 /// Everything the servers and loops need, built by the steps before.
 pub struct Serving {
     /// The node's state.
@@ -484,23 +461,13 @@ pub async fn serve(
     );
     running.task("node network", tokio::spawn(s.nodenet.clone().run(stopped())));
     if let Some(watch) = s.spool_watch {
-        let (h, stop) = (s.handler.clone(), stopped());
         running.task(
             "spool watch",
-            tokio::spawn(async move {
-                tokio::pin!(stop);
-                loop {
-                    tokio::select! {
-                        _ = &mut stop => return,
-                        _ = watch.landed() => {
-                            let spooled = h.replay_del_spool().await;
-                            if spooled.replayed + spooled.failed + spooled.set_aside > 0 {
-                                info!(?spooled, "a DEL landed in the spool: replayed");
-                            }
-                        }
-                    }
-                }
-            }),
+            tokio::spawn(crate::spool_watch::replay_as_they_land(
+                watch,
+                s.handler.clone(),
+                stopped(),
+            )),
         );
     }
     if let Some(engine) = &s.policy {
