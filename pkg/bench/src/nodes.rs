@@ -11,6 +11,9 @@
 //! - one node's change (a new podCIDR) reaching the kernel: the time from the object's
 //!   write to the new route, and the kernel requests the change cost (changes made and
 //!   on-link lookups, from weftd's own counters): constant, not proportional to N.
+//!
+//! `WEFT_BENCH_KEEP_LOG=1` keeps each size's weftd log beside the scratch directory
+//! (`wbn<pid>-<k>.log`), for seeing where a slow start went.
 
 use std::time::{Duration, Instant};
 
