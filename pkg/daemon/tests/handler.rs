@@ -1267,3 +1267,20 @@ async fn an_add_answers_once_its_policies_are_in_place() {
     e.h.del(&args("c1", CONF)).await.unwrap();
     assert!(*policy.detached.lock().unwrap() > before);
 }
+
+/// Policies are placed while the pod's network is set up: when the setup fails after
+/// they were placed, the engine is told to take them back, and the ADD fails with the
+/// setup's error, leaving nothing.
+#[tokio::test]
+async fn a_failed_setup_takes_back_the_policies_placed_beside_it() {
+    let policy = Arc::new(FakePolicy::default());
+    let e = env_with(|h| h.with_policy(policy.clone()));
+    *e.net.fail_setup.lock().unwrap() =
+        Some(|| KernelError::os("creating the veth pair", std::io::Error::from_raw_os_error(libc::EPERM)));
+    let err = e.h.add(&args("c1", CONF)).await.unwrap_err();
+    assert_eq!(err.code, Code::Kernel, "{}", err.details);
+    assert_eq!(policy.attached.lock().unwrap().len(), 1, "placed beside the setup");
+    assert_eq!(*policy.detached.lock().unwrap(), 1, "and taken back");
+    assert_eq!(allocated(&e.store).await, 0);
+    assert!(e.store.run(|db| db.list(None, None)).await.unwrap().is_empty());
+}

@@ -41,10 +41,6 @@ const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_DATA: u16 = 2;
 const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
-const NFT_JUMP: i32 = -3;
 const NLA_F_NESTED: u16 = 0x8000;
 
 /// What an element of a map maps its key to.
@@ -52,8 +48,6 @@ const NLA_F_NESTED: u16 = 0x8000;
 pub enum ElementData {
     /// A value (a data map: an address and port, say).
     Value(Vec<u8>),
-    /// A jump to a chain (a verdict map).
-    Jump(String),
 }
 
 /// One element: which set or map, its key and (for maps) its data.
@@ -126,19 +120,8 @@ pub fn key_ifname(name: &str) -> Vec<u8> {
 
 fn element(e: &SetElement) -> Vec<u8> {
     let mut parts = vec![nested(NFTA_SET_ELEM_KEY, &[attr(NFTA_DATA_VALUE, &e.key)])];
-    match &e.data {
-        Some(ElementData::Value(d)) => parts.push(nested(NFTA_SET_ELEM_DATA, &[attr(NFTA_DATA_VALUE, d)])),
-        Some(ElementData::Jump(chain)) => parts.push(nested(
-            NFTA_SET_ELEM_DATA,
-            &[nested(
-                NFTA_DATA_VERDICT,
-                &[
-                    attr(NFTA_VERDICT_CODE, &NFT_JUMP.to_be_bytes()),
-                    attr(NFTA_VERDICT_CHAIN, &strz(chain)),
-                ],
-            )],
-        )),
-        None => {}
+    if let Some(ElementData::Value(d)) = &e.data {
+        parts.push(nested(NFTA_SET_ELEM_DATA, &[attr(NFTA_DATA_VALUE, d)]));
     }
     nested(NFTA_LIST_ELEM, &parts)
 }
@@ -180,10 +163,40 @@ pub fn batch(table: &str, family: u8, elements: &[SetElement], add: bool) -> Vec
 /// for every message's acknowledgement; the first error wins (the kernel then aborts the
 /// whole batch). Adding an element that is there with the same data is not an error.
 pub fn transact(table: &str, family: u8, elements: &[SetElement], add: bool) -> io::Result<()> {
-    if elements.is_empty() {
-        return Ok(());
+    Session::default().transact(table, family, elements, add)
+}
+
+/// An nfnetlink socket kept from one [`transact`] to the next: opening one is a few
+/// system calls more on every pod's ADD. It is opened on first use, in the calling
+/// thread's network namespace (so a session serves one namespace), and dropped after
+/// any error, so that a reply left over from a failed batch never meets the next one.
+#[derive(Default)]
+pub struct Session {
+    sock: Option<NetlinkSocket<Nfnetlink>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("open", &self.sock.is_some()).finish()
     }
-    NetlinkSocket::<Nfnetlink>::new()?.batch(batch(table, family, elements, add))
+}
+
+impl Session {
+    /// [`transact`] on this session's socket.
+    pub fn transact(&mut self, table: &str, family: u8, elements: &[SetElement], add: bool) -> io::Result<()> {
+        if elements.is_empty() {
+            return Ok(());
+        }
+        let sock = match &mut self.sock {
+            Some(s) => s,
+            None => self.sock.insert(NetlinkSocket::new()?),
+        };
+        let done = sock.batch(batch(table, family, elements, add));
+        if done.is_err() {
+            self.sock = None;
+        }
+        done
+    }
 }
 
 /// The attributes of a message body (after the 4-byte `nfgenmsg`), as (type without
@@ -244,19 +257,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_use_whole_registers_and_verdicts_nest() {
+    fn keys_use_whole_registers_and_data_nests() {
         let mut k = key_addr("10.0.0.1".parse().unwrap());
         k.extend(key_proto(6));
         k.extend(key_port(80));
         assert_eq!(k, vec![10, 0, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0]);
         assert_eq!(&key_ifname("weftabc")[..8], b"weftabc\0");
-        let jump = element(&SetElement {
+        let mapped = element(&SetElement {
             set: "m".into(),
             key: key_ifname("weft1"),
-            data: Some(ElementData::Jump("gabc".into())),
+            data: Some(ElementData::Value(vec![10, 0, 0, 9])),
         });
-        assert!(jump.windows(5).any(|w| w == b"gabc\0"), "the chain name travels");
-        assert!(jump.windows(4).any(|w| w == NFT_JUMP.to_be_bytes()), "as a jump");
+        assert!(mapped.windows(6).any(|w| w == b"weft1\0"), "the key travels");
+        assert!(mapped.windows(4).any(|w| w == [10, 0, 0, 9]), "and the data");
         let msgs = batch(
             "t",
             NFPROTO_INET,

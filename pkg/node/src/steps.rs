@@ -265,7 +265,7 @@ pub fn policy(
         config.policy(POLICY_SYNC_WAIT),
         source.source.clone(),
         adapters::policed_pods(store.clone()),
-        weft_policy::NftKernel,
+        weft_policy::NftKernel::default(),
         metrics.families::<weft_policy::PolicyMetrics>(),
     )))
 }

@@ -294,10 +294,11 @@ impl ClusterView {
 
     /// The pod `namespace/name`, if known.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Arc<PolicyPod>> {
+        // `pods` is sorted by namespace and name.
         self.pods
-            .iter()
-            .find(|p| p.namespace == namespace && p.name == name)
-            .cloned()
+            .binary_search_by(|p| (p.namespace.as_str(), p.name.as_str()).cmp(&(namespace, name)))
+            .ok()
+            .map(|i| self.pods[i].clone())
     }
 
     /// The policies that select `pod` and isolate it for `dir`, in order.

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use weft_kernel::KernelError;
-use weft_kernel::nftset::{self, ElementData, NFPROTO_INET, SetElement, key_addr, key_port};
+use weft_kernel::nftset::{self, NFPROTO_INET, SetElement, key_addr, key_port};
 
 use crate::nft::{self, Observed};
 use crate::plan::{Addition, Element, TABLE};
@@ -55,12 +55,12 @@ fn set_elements(add: &Addition) -> Vec<SetElement> {
             });
         }
     }
-    for (map, entries) in [("egress_pods", &add.egress), ("ingress_pods", &add.ingress)] {
+    for entries in [&add.egress, &add.ingress] {
         for (ifname, chain) in entries {
             out.push(SetElement {
-                set: map.to_string(),
+                set: nft::member_set(chain),
                 key: nftset::key_ifname(ifname),
-                data: Some(ElementData::Jump(chain.clone())),
+                data: None,
             });
         }
     }
@@ -68,9 +68,12 @@ fn set_elements(add: &Addition) -> Vec<SetElement> {
 }
 
 /// [`PolicyKernel`] through `nft` (package nftables), in the namespace of the calling
-/// thread: weftd's, the node's.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NftKernel;
+/// thread: weftd's, the node's. One value serves one namespace: it keeps the nfnetlink
+/// socket of the ADD's fast path open between pods.
+#[derive(Debug, Default)]
+pub struct NftKernel {
+    session: nftset::Session,
+}
 
 impl PolicyKernel for NftKernel {
     fn observe(&mut self) -> Result<Observed, KernelError> {
@@ -91,7 +94,8 @@ impl PolicyKernel for NftKernel {
 
     fn add_elements(&mut self, add: &Addition) -> Result<(), KernelError> {
         // One nfnetlink batch: no nft process on an ADD's path.
-        nftset::transact(TABLE, NFPROTO_INET, &set_elements(add), true)
+        self.session
+            .transact(TABLE, NFPROTO_INET, &set_elements(add), true)
             .map_err(|e| KernelError::os("adding a pod's elements to the policy table", e))
     }
 

@@ -25,14 +25,14 @@ use weft_topology::{CnpAction, CnpTier};
 
 use crate::cnp::{ClusterPeer, ClusterPolicy};
 use crate::eval::ClusterView;
-use crate::model::{Direction, Peer, Policy, PortMatch, Ports};
+use crate::model::{Direction, Peer, Policy, PolicyId, PortMatch, Ports};
 
 mod addition;
 mod sets;
 
 pub use addition::{Addition, addition};
 use sets::merge;
-pub use sets::{Element, SetKind, SetSource, SetSpec, Subject, block_ranges};
+pub use sets::{Element, NamespaceScope, PodScope, SetKind, SetSource, SetSpec, block_ranges};
 
 /// The name of weft's policy table (family `inet`).
 pub const TABLE: &str = "weft-policy";
@@ -127,13 +127,21 @@ pub struct Desired {
     pub groups: BTreeMap<String, Group>,
     /// Policy chains and what they stand for.
     pub policy_chains: BTreeMap<String, PolicyChain>,
+    /// Each policy chain's name by policy and direction.
+    pub chain_of: BTreeMap<(PolicyId, Direction), String>,
     /// ClusterNetworkPolicy rules by their counter.
     pub cluster_rules: BTreeMap<String, ClusterRuleRef>,
     /// What decides the elements of each set that depends on pods.
     pub sources: BTreeMap<String, SetSource>,
 }
 
-fn short_hash(parts: &[&str]) -> String {
+/// The version of how a policy's rules are written as nft rules, part of every policy
+/// chain's name: a weftd that writes them differently replaces the chains an older one
+/// left (a chain is compared by name and rule count only). 2: pod peer sets named after
+/// the pods they take, shared between rules.
+const RENDERING: &str = "2";
+
+pub(crate) fn short_hash(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
         h.update(p.as_bytes());
@@ -149,15 +157,27 @@ fn short_hash(parts: &[&str]) -> String {
 struct Planner<'v> {
     view: &'v ClusterView,
     fill: bool,
+    /// A plan whose chains are taken as they are: a chain's name says everything about
+    /// its rules, so one it holds need not be built again. It was planned from the
+    /// policies of `view`, so its chain of a policy is that policy's chain now.
+    known: Option<&'v Desired>,
     d: Desired,
 }
 
 impl Planner<'_> {
-    /// Adds a pod-dependent set of `kind`, filled from every pod when filling.
-    fn pod_set(&mut self, name: &str, kind: SetKind, source: SetSource) {
-        if self.d.sets.contains_key(name) {
-            return;
+    /// Whether chain `name` is planned already, here or in the known plan.
+    fn has_chain(&self, name: &str) -> bool {
+        self.d.chains.contains_key(name) || self.known.is_some_and(|k| k.chains.contains_key(name))
+    }
+
+    /// Adds the pod-dependent set of `source` (filled from every pod when filling) and
+    /// returns its name.
+    fn pod_set(&mut self, source: SetSource) -> String {
+        let name = source.set_name();
+        if self.d.sets.contains_key(&name) {
+            return name;
         }
+        let kind = source.kind();
         let elements = if self.fill {
             self.view
                 .pods
@@ -167,8 +187,24 @@ impl Planner<'_> {
         } else {
             BTreeSet::new()
         };
-        self.d.sets.insert(name.to_string(), SetSpec { kind, elements });
-        self.d.sources.insert(name.to_string(), source);
+        self.d.sets.insert(name.clone(), SetSpec { kind, elements });
+        self.d.sources.insert(name.clone(), source);
+        name
+    }
+
+    /// The address matches of pod peers `scopes` (each once), one per scope and family.
+    fn scope_matches(&mut self, dir: Direction, scopes: BTreeSet<PodScope>) -> Vec<(String, Option<bool>)> {
+        let mut out = Vec::new();
+        for scope in scopes {
+            for v6 in [false, true] {
+                let name = self.pod_set(SetSource::Pods {
+                    scope: scope.clone(),
+                    v6,
+                });
+                out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
+            }
+        }
+        out
     }
 
     /// Adds sets of ranges (their elements follow from the policy alone); the matches.
@@ -210,21 +246,8 @@ impl Planner<'_> {
         let Some(peers) = policy.rules(dir).and_then(|r| r.get(ri)).and_then(|r| r.peers.clone()) else {
             return vec![(String::new(), None)];
         };
-        let mut out = Vec::new();
-        if peers.iter().any(|p| matches!(p, Peer::Pods { .. })) {
-            for v6 in [false, true] {
-                let name = format!("{prefix}_pods{}", if v6 { 6 } else { 4 });
-                let kind = if v6 { SetKind::Addr6 } else { SetKind::Addr4 };
-                let source = SetSource::Peers {
-                    policy: policy.clone(),
-                    dir,
-                    rule: ri,
-                    v6,
-                };
-                self.pod_set(&name, kind, source);
-                out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
-            }
-        }
+        let scopes = peers.iter().filter_map(|p| PodScope::of_peer(policy, p)).collect();
+        let mut out = self.scope_matches(dir, scopes);
         let mut nets: [Vec<(IpAddr, IpAddr)>; 2] = [Vec::new(), Vec::new()];
         for p in &peers {
             if let Peer::Block { cidr, except } = p {
@@ -249,21 +272,8 @@ impl Planner<'_> {
         if rule.action != CnpAction::Accept && rule.peers.iter().any(|p| matches!(p, ClusterPeer::FailClosed(_))) {
             return vec![(String::new(), None)];
         }
-        let mut out = Vec::new();
-        if rule.peers.iter().any(|p| matches!(p, ClusterPeer::Pods { .. })) {
-            for v6 in [false, true] {
-                let name = format!("{prefix}_pods{}", if v6 { 6 } else { 4 });
-                let kind = if v6 { SetKind::Addr6 } else { SetKind::Addr4 };
-                let source = SetSource::ClusterPeers {
-                    policy: cnp.clone(),
-                    dir,
-                    rule: ri,
-                    v6,
-                };
-                self.pod_set(&name, kind, source);
-                out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
-            }
-        }
+        let scopes = rule.peers.iter().filter_map(PodScope::of_cluster_peer).collect();
+        let mut out = self.scope_matches(dir, scopes);
         let mut nets: [Vec<(IpAddr, IpAddr)>; 2] = [Vec::new(), Vec::new()];
         for p in &rule.peers {
             match p {
@@ -289,15 +299,14 @@ impl Planner<'_> {
     fn ports(
         &mut self,
         ports: Option<&Vec<PortMatch>>,
-        subject: &Subject,
+        subject: &PodScope,
         dir: Direction,
-        prefix: &str,
     ) -> Vec<(String, Option<bool>)> {
         let Some(ports) = ports else {
             return vec![(String::new(), None)];
         };
         let mut out = Vec::new();
-        for (pi, pm) in ports.iter().enumerate() {
+        for pm in ports {
             let proto = pm.protocol.as_str();
             match &pm.ports {
                 Ports::All => out.push((format!("meta l4proto {proto}"), None)),
@@ -305,16 +314,12 @@ impl Planner<'_> {
                 Ports::Range(a, b) => out.push((format!("meta l4proto {proto} th dport {a}-{b}"), None)),
                 Ports::Named(port_name) => {
                     for v6 in [false, true] {
-                        let name = format!("{prefix}_np{pi}_{}", if v6 { 6 } else { 4 });
-                        let kind = if v6 { SetKind::AddrPort6 } else { SetKind::AddrPort4 };
-                        let source = SetSource::Named {
-                            subject: subject.clone(),
-                            dir,
+                        let name = self.pod_set(SetSource::Named {
+                            dest: (dir == Direction::Ingress).then(|| subject.clone()),
                             name: port_name.clone(),
                             protocol: pm.protocol,
                             v6,
-                        };
-                        self.pod_set(&name, kind, source);
+                        });
                         let daddr = if v6 { "ip6 daddr" } else { "ip daddr" };
                         out.push((format!("{daddr} . meta l4proto . th dport @{name}"), Some(v6)));
                     }
@@ -326,25 +331,36 @@ impl Planner<'_> {
 
     /// One policy's chain for `dir`: its sets and rules.
     fn policy(&mut self, policy: &std::sync::Arc<Policy>, dir: Direction) -> String {
+        // Naming a chain hashes the policy's rules: an ADD's fast path takes the name
+        // the plan has.
+        if let Some(name) = self.known.and_then(|k| k.chain_of.get(&(policy.id, dir))) {
+            return name.clone();
+        }
         let rules = policy.rules(dir).unwrap_or_default();
         let spec_text = format!("{:?}", rules);
-        let chain = format!("p{}{}{}", policy.id, dir.letter(), &short_hash(&[&spec_text])[..4]);
-        if self.d.chains.contains_key(&chain) {
+        let chain = format!(
+            "p{}{}{}",
+            policy.id,
+            dir.letter(),
+            &short_hash(&[RENDERING, &spec_text])[..4]
+        );
+        if self.has_chain(&chain) {
             return chain;
         }
         let counter = format!("a{}{}", policy.id, dir.letter());
         self.d.counters.insert(counter.clone());
-        let subject = Subject::Policy(policy.clone());
+        let subject = PodScope::subject_of(policy);
         let mut text = Vec::new();
         for (ri, rule) in rules.iter().enumerate() {
             let prefix = format!("{chain}r{ri}");
             let peers = self.peers(policy, ri, dir, &prefix);
-            let ports = self.ports(rule.ports.as_ref(), &subject, dir, &prefix);
+            let ports = self.ports(rule.ports.as_ref(), &subject, dir);
             for m in combine(&peers, &ports) {
                 text.push(format!("{m}counter name \"{counter}\" {}", allow(dir)));
             }
         }
         self.d.chains.insert(chain.clone(), text);
+        self.d.chain_of.insert((policy.id, dir), chain.clone());
         self.d.policy_chains.insert(
             chain.clone(),
             PolicyChain {
@@ -367,7 +383,7 @@ impl Planner<'_> {
         let mut key: Vec<&str> = jumps.iter().map(String::as_str).collect();
         key.push(if audit { "audit" } else { "enforce" });
         let name = format!("g{}{}", short_hash(&key), dir.letter());
-        if !self.d.chains.contains_key(&name) {
+        if !self.has_chain(&name) {
             let counter = format!("d{}", &name[1..]);
             self.d.counters.insert(counter.clone());
             let mut rules: Vec<String> = jumps.iter().map(|j| format!("jump {j}")).collect();
@@ -402,7 +418,7 @@ impl Planner<'_> {
     fn cluster_lines(&mut self, cnps: &[&std::sync::Arc<ClusterPolicy>], dir: Direction, on_pass: &str) -> Vec<String> {
         let mut lines = Vec::new();
         for cnp in cnps {
-            let subject = Subject::Cluster((*cnp).clone());
+            let subject = PodScope::subject_of_cluster(cnp);
             for (i, rule) in cnp.rules(dir).iter().enumerate() {
                 let counter = format!("k{}{}{i}", cnp.id, dir.letter());
                 self.d.counters.insert(counter.clone());
@@ -420,7 +436,7 @@ impl Planner<'_> {
                 let spec_hash = short_hash(&[&format!("{rule:?}")]);
                 let prefix = format!("{counter}{}", &spec_hash[..4]);
                 let peers = self.cluster_peers(cnp, i, dir, &prefix);
-                let ports = self.ports(rule.ports.as_ref(), &subject, dir, &prefix);
+                let ports = self.ports(rule.ports.as_ref(), &subject, dir);
                 for m in combine(&peers, &ports) {
                     match rule.action {
                         CnpAction::Accept => lines.push(format!("{m}counter name \"{counter}\" {}", allow(dir))),
@@ -524,6 +540,7 @@ pub fn plan(view: &ClusterView) -> Desired {
     let mut p = Planner {
         view,
         fill: true,
+        known: None,
         d: Desired::default(),
     };
     for dir in Direction::BOTH {

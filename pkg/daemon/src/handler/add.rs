@@ -93,33 +93,56 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             }
         };
         let net = pod_network(&att);
-        let installed: Vec<InstalledRoute> = match self.net.setup(net.clone(), routes).await {
-            Ok(r) => r.iter().map(installed_route).collect(),
-            Err(e) => {
-                self.undo_add(&att).await;
-                return Err(kernel_err(e));
-            }
-        };
-        if !att.ports.is_empty() {
-            let added = self
-                .net
-                .add_host_ports(host_port_entries(&att.host_ifname, &att.ports))
-                .instrument(phase!("nftables"))
-                .await;
-            if let Err(e) = added {
-                let _ = self
+        let set_up = async {
+            let installed: Vec<InstalledRoute> = match self.net.setup(net.clone(), routes).await {
+                Ok(r) => r.iter().map(installed_route).collect(),
+                Err(e) => return Err(kernel_err(e)),
+            };
+            if !att.ports.is_empty() {
+                let added = self
                     .net
-                    .remove_host_ports(host_port_entries(&att.host_ifname, &att.ports))
+                    .add_host_ports(host_port_entries(&att.host_ifname, &att.ports))
+                    .instrument(phase!("nftables"))
                     .await;
-                let _ = self.net.remove(att.host_ifname.clone()).await;
-                self.undo_add(&att).await;
-                return Err(kernel_err(e));
+                if let Err(e) = added {
+                    let _ = self
+                        .net
+                        .remove_host_ports(host_port_entries(&att.host_ifname, &att.ports))
+                        .await;
+                    let _ = self.net.remove(att.host_ifname.clone()).await;
+                    return Err(kernel_err(e));
+                }
+                failpoint!("add.hostports");
             }
-            failpoint!("add.hostports");
-        }
-        if let (Some(policy), Some(pod)) = (&self.policy, Self::policed(&att)) {
-            let placed = policy.pod_attached(pod).instrument(phase!("policy")).await;
-            if let Err(why) = placed {
+            Ok(installed)
+        };
+        // The pod's policies are put in place while its network is set up (the engine
+        // needs its addresses and host interface name, known since `ipam`), as a task
+        // of its own so that another worker thread runs it. The ADD still answers only
+        // once both are done.
+        let policed = self.policy.clone().zip(Self::policed(&att));
+        let place = async {
+            let Some((policy, pod)) = policed.clone() else {
+                return Ok(());
+            };
+            let placing = tokio::spawn(async move { policy.pod_attached(pod).await }.instrument(phase!("policy")));
+            placing
+                .await
+                .unwrap_or_else(|e| Err(format!("placing the pod's policies failed: {e}")))
+        };
+        let (set_up, placed) = tokio::join!(set_up, place);
+        let installed = match (set_up, placed) {
+            (Ok(installed), Ok(())) => installed,
+            (Err(e), placed) => {
+                if let (Some((policy, _)), Ok(())) = (&policed, placed) {
+                    // Its elements go with the pass this asks for: the pod never became
+                    // ready.
+                    policy.pod_detached();
+                }
+                self.undo_add(&att).await;
+                return Err(e);
+            }
+            (Ok(_), Err(why)) => {
                 if !att.ports.is_empty() {
                     let _ = self
                         .net
@@ -128,7 +151,9 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 }
                 let _ = self.net.remove(att.host_ifname.clone()).await;
                 self.undo_add(&att).await;
-                policy.pod_detached();
+                if let Some((policy, _)) = &policed {
+                    policy.pod_detached();
+                }
                 return Err(CniError::new(
                     Code::TryAgainLater,
                     format!(
@@ -137,7 +162,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                     ),
                 ));
             }
-        }
+        };
         let ours = cni_result(&att, &net, &installed);
         let json = serde_json::to_string(&ours).expect("CNI results serialize");
         failpoint!("add.commit");

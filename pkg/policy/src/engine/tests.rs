@@ -164,7 +164,11 @@ async fn nothing_is_touched_before_the_cluster_is_listed_and_adds_wait_for_it() 
     waiting.await.unwrap().unwrap();
     let applied = k.applied.lock().unwrap().clone();
     assert_eq!(applied.len(), 1);
-    assert!(applied[0].contains("\"weft-a\" : jump g"), "{}", applied[0]);
+    assert!(
+        applied[0].contains("add element inet weft-policy mg") && applied[0].contains("{ \"weft-a\" }"),
+        "{}",
+        applied[0]
+    );
 }
 
 #[tokio::test]
@@ -187,7 +191,8 @@ async fn passes_apply_differences_and_resyncs_repair_drift() {
     e.pod_attached(local("b", "10.0.0.2")).await.unwrap();
     let last = k.applied.lock().unwrap().last().unwrap().clone();
     assert!(
-        last.starts_with("add element inet weft-policy ingress_pods { \"weft-b\" : jump g")
+        last.starts_with("add element inet weft-policy mg")
+            && last.trim_end().ends_with("{ \"weft-b\" }")
             && last.lines().count() == 1,
         "{last}"
     );

@@ -32,6 +32,7 @@ pub fn addition(view: &ClusterView, d: &Desired, pod: &PolicyPod, host_ifname: O
         let mut names = Planner {
             view,
             fill: false,
+            known: Some(d),
             d: Desired::default(),
         };
         for dir in Direction::BOTH {
@@ -42,9 +43,13 @@ pub fn addition(view: &ClusterView, d: &Desired, pod: &PolicyPod, host_ifname: O
                 };
             }
         }
-        // Every chain and set the pod's entries need must be there already.
+        // Every chain and set the pod's entries need must be there already, and each
+        // entry chain must be dispatched to (it is when another pod enters it that way:
+        // only a full pass writes the dispatch).
         if names.d.chains.keys().any(|c| !d.chains.contains_key(c))
             || names.d.sets.keys().any(|s| !d.sets.contains_key(s))
+            || out.egress.values().any(|c| !d.egress.values().any(|x| x == c))
+            || out.ingress.values().any(|c| !d.ingress.values().any(|x| x == c))
         {
             return None;
         }

@@ -10,7 +10,8 @@ use weft_topology::{PolicyPod, PortProtocol};
 
 use crate::cnp::{ClusterPeer, ClusterPolicy};
 use crate::eval::ClusterView;
-use crate::model::{Direction, Policy};
+use crate::model::{Namespaces, Peer, Policy};
+use crate::selector::Selector;
 
 /// What a set holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -138,29 +139,105 @@ pub(super) fn merge(mut ranges: Vec<(IpAddr, IpAddr)>) -> BTreeSet<Element> {
     out.into_iter().map(|(a, b)| Element::Range(a, b)).collect()
 }
 
-/// What decides a pod-dependent set's elements: the rule (and, for a named port, the
-/// port entry) it belongs to. A pod's elements in it follow from the pod alone
-/// ([`SetSource::elements`]), so a pod that comes adds its own and nothing else moves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Which namespaces a [`PodScope`] takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NamespaceScope {
+    /// This one (a NetworkPolicy's own, for a `podSelector` alone).
+    Named(String),
+    /// Those whose labels match (`{}`: all).
+    Matching(Selector),
+}
+
+/// Some pods of the cluster, by what selects them: the namespaces they may be in and
+/// their labels. Host-network pods are never in one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodScope {
+    /// The namespaces.
+    pub namespaces: NamespaceScope,
+    /// The pods in them.
+    pub pods: Selector,
+}
+
+impl PodScope {
+    /// The pods `peer` of `policy` takes (`None` for an `ipBlock`).
+    pub fn of_peer(policy: &Policy, peer: &Peer) -> Option<Self> {
+        match peer {
+            Peer::Pods { namespaces, pods } => Some(PodScope {
+                namespaces: match namespaces {
+                    Namespaces::Own => NamespaceScope::Named(policy.namespace.clone()),
+                    Namespaces::Matching(sel) => NamespaceScope::Matching(sel.clone()),
+                },
+                pods: pods.clone(),
+            }),
+            Peer::Block { .. } => None,
+        }
+    }
+
+    /// The pods `peer` of a ClusterNetworkPolicy takes (`None` for others than pods).
+    pub fn of_cluster_peer(peer: &ClusterPeer) -> Option<Self> {
+        match peer {
+            ClusterPeer::Pods { namespaces, pods } => Some(PodScope {
+                namespaces: NamespaceScope::Matching(namespaces.clone()),
+                pods: pods.clone(),
+            }),
+            ClusterPeer::Networks(_) | ClusterPeer::AllNodes | ClusterPeer::FailClosed(_) => None,
+        }
+    }
+
+    /// The pods a NetworkPolicy applies to.
+    pub fn subject_of(policy: &Policy) -> Self {
+        PodScope {
+            namespaces: NamespaceScope::Named(policy.namespace.clone()),
+            pods: policy.selector.clone(),
+        }
+    }
+
+    /// The pods a ClusterNetworkPolicy applies to.
+    pub fn subject_of_cluster(policy: &ClusterPolicy) -> Self {
+        PodScope {
+            namespaces: NamespaceScope::Matching(policy.subject_namespaces.clone()),
+            pods: policy.subject_pods.clone(),
+        }
+    }
+
+    /// Whether `pod` is one of them.
+    pub fn matches(&self, view: &ClusterView, pod: &PolicyPod) -> bool {
+        !pod.host_network
+            && match &self.namespaces {
+                NamespaceScope::Named(ns) => &pod.namespace == ns,
+                NamespaceScope::Matching(sel) => sel.matches(view.namespace_labels(&pod.namespace)),
+            }
+            && self.pods.matches(&pod.labels)
+    }
+
+    /// The namespace all of them are in, when the scope names one.
+    pub fn namespace(&self) -> Option<&str> {
+        match &self.namespaces {
+            NamespaceScope::Named(ns) => Some(ns),
+            NamespaceScope::Matching(_) => None,
+        }
+    }
+}
+
+/// What decides a pod-dependent set's elements. A set is named after its source (see
+/// [`SetSource::set_name`]), so rules of any policy that mean the same pods share one
+/// set, and a pod's elements follow from the pod alone ([`SetSource::elements`]): a pod
+/// that comes adds its own and nothing else moves.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SetSource {
-    /// The addresses of the pods a NetworkPolicy rule's pod peers select.
-    Peers {
-        /// The policy.
-        policy: std::sync::Arc<Policy>,
-        /// The rule's direction.
-        dir: Direction,
-        /// The rule's index.
-        rule: usize,
+    /// The addresses of the pods of a scope (a rule's pod peer).
+    Pods {
+        /// Which pods.
+        scope: PodScope,
         /// Which family.
         v6: bool,
     },
-    /// The address, protocol and port of every destination pod's port of a name.
+    /// The address, protocol and port of a port of a name: of every pod for egress
+    /// (`dest` `None`), of the pods of this node in `dest` for ingress (where the
+    /// destination is a pod the policy applies to).
     Named {
-        /// Whose subject a destination must be for ingress (a NetworkPolicy's or a
-        /// ClusterNetworkPolicy's); egress takes any pod.
-        subject: Subject,
-        /// The direction.
-        dir: Direction,
+        /// The destinations of an ingress rule.
+        dest: Option<PodScope>,
         /// The port name.
         name: String,
         /// Its protocol.
@@ -168,97 +245,71 @@ pub enum SetSource {
         /// Which family.
         v6: bool,
     },
-    /// The addresses of the pods a ClusterNetworkPolicy rule's pod peers select.
-    ClusterPeers {
-        /// The policy.
-        policy: std::sync::Arc<ClusterPolicy>,
-        /// The rule's direction.
-        dir: Direction,
-        /// The rule's index.
-        rule: usize,
-        /// Which family.
-        v6: bool,
-    },
-}
-
-/// The pods a policy applies to, for named ports of ingress rules.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Subject {
-    /// A NetworkPolicy's.
-    Policy(std::sync::Arc<Policy>),
-    /// A ClusterNetworkPolicy's.
-    Cluster(std::sync::Arc<ClusterPolicy>),
 }
 
 impl SetSource {
+    /// Which family the set holds.
+    pub fn v6(&self) -> bool {
+        match self {
+            SetSource::Pods { v6, .. } | SetSource::Named { v6, .. } => *v6,
+        }
+    }
+
+    /// The set's type.
+    pub fn kind(&self) -> SetKind {
+        match (self, self.v6()) {
+            (SetSource::Pods { .. }, false) => SetKind::Addr4,
+            (SetSource::Pods { .. }, true) => SetKind::Addr6,
+            (SetSource::Named { .. }, false) => SetKind::AddrPort4,
+            (SetSource::Named { .. }, true) => SetKind::AddrPort6,
+        }
+    }
+
+    /// The set's name: a letter for its kind, a hash of what it stands for, its family.
+    pub fn set_name(&self) -> String {
+        let (letter, family) = match self {
+            SetSource::Pods { v6, .. } => ('s', if *v6 { 6 } else { 4 }),
+            SetSource::Named { v6, .. } => ('n', if *v6 { 6 } else { 4 }),
+        };
+        format!("{letter}{}{family}", super::short_hash(&[&format!("{self:?}")]))
+    }
+
+    /// The namespace every pod in the set is in, when there is one.
+    pub fn namespace(&self) -> Option<&str> {
+        match self {
+            SetSource::Pods { scope, .. } => scope.namespace(),
+            SetSource::Named { dest, .. } => dest.as_ref().and_then(PodScope::namespace),
+        }
+    }
+
     /// The elements pod `pod` puts into the set (none for most).
     pub fn elements(&self, view: &ClusterView, pod: &PolicyPod) -> Vec<Element> {
-        let family = |v6: bool| pod.ips.iter().filter(move |ip| ip.is_ipv6() == v6);
-        // Every set holds one family: a pod without an address of it adds nothing, and
-        // an ADD's fast path asks every set (a cheap answer for half of them).
-        let v6 = match self {
-            SetSource::Peers { v6, .. } | SetSource::Named { v6, .. } | SetSource::ClusterPeers { v6, .. } => *v6,
-        };
-        if family(v6).next().is_none() {
+        let v6 = self.v6();
+        let family = || pod.ips.iter().filter(move |ip| ip.is_ipv6() == v6);
+        if pod.host_network || family().next().is_none() {
             return Vec::new();
         }
         match self {
-            SetSource::Peers { policy, dir, rule, v6 } => {
-                let peers = policy
-                    .rules(*dir)
-                    .and_then(|r| r.get(*rule))
-                    .and_then(|r| r.peers.as_ref());
-                if peers.is_some_and(|ps| ps.iter().any(|p| view.pod_is_peer(policy, p, pod))) {
-                    family(*v6).map(|ip| Element::Addr(*ip)).collect()
-                } else {
-                    Vec::new()
-                }
-            }
-            SetSource::ClusterPeers { policy, dir, rule, v6 } => {
-                let Some(r) = policy.rules(*dir).get(*rule) else {
-                    return Vec::new();
-                };
-                let ns = view.namespace_labels(&pod.namespace);
-                let matches = !pod.host_network
-                    && r.peers.iter().any(|p| match p {
-                        ClusterPeer::Pods { namespaces, pods } => namespaces.matches(ns) && pods.matches(&pod.labels),
-                        _ => false,
-                    });
-                if matches {
-                    family(*v6).map(|ip| Element::Addr(*ip)).collect()
+            SetSource::Pods { scope, .. } => {
+                if scope.matches(view, pod) {
+                    family().map(|ip| Element::Addr(*ip)).collect()
                 } else {
                     Vec::new()
                 }
             }
             SetSource::Named {
-                subject,
-                dir,
-                name,
-                protocol,
-                v6,
+                dest, name, protocol, ..
             } => {
-                if pod.host_network {
+                if let Some(scope) = dest
+                    && !(view.local.contains_key(&(pod.namespace.clone(), pod.name.clone()))
+                        && scope.matches(view, pod))
+                {
                     return Vec::new();
-                }
-                if *dir == Direction::Ingress {
-                    // The destination of an ingress rule is a pod of this node the
-                    // policy applies to.
-                    let local = view.local.contains_key(&(pod.namespace.clone(), pod.name.clone()));
-                    let selected = match subject {
-                        Subject::Policy(p) => p.namespace == pod.namespace && p.selector.matches(&pod.labels),
-                        Subject::Cluster(c) => {
-                            c.subject_namespaces.matches(view.namespace_labels(&pod.namespace))
-                                && c.subject_pods.matches(&pod.labels)
-                        }
-                    };
-                    if !local || !selected {
-                        return Vec::new();
-                    }
                 }
                 pod.ports
                     .iter()
                     .filter(|np| &np.name == name && np.protocol == *protocol)
-                    .flat_map(|np| family(*v6).map(move |ip| Element::AddrPort(*ip, np.protocol, np.port)))
+                    .flat_map(|np| family().map(move |ip| Element::AddrPort(*ip, np.protocol, np.port)))
                     .collect()
             }
         }

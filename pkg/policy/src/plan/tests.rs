@@ -83,6 +83,13 @@ impl World {
     }
 }
 
+/// The one set of `d` whose source `is`.
+fn set_of(d: &Desired, is: impl Fn(&SetSource) -> bool) -> &SetSpec {
+    let names: Vec<&String> = d.sources.iter().filter(|(_, s)| is(s)).map(|(n, _)| n).collect();
+    assert_eq!(names.len(), 1, "one such set: {:?}", d.sources);
+    &d.sets[names[0]]
+}
+
 #[test]
 fn without_policies_the_table_holds_nothing_but_its_base() {
     let d = World::new().plan();
@@ -111,17 +118,35 @@ fn pods_one_policy_isolates_share_a_group_chain() {
     // The policy chain: y's pod in the peer sets, x's pods' named port resolved.
     let (chain, pc) = d.policy_chains.iter().next().unwrap();
     assert_eq!((pc.namespace.as_str(), pc.name.as_str()), ("x", "from-y"));
-    let pods4 = d.sets.iter().find(|(n, _)| n.ends_with("_pods4")).unwrap().1;
+    let pods4 = set_of(&d, |s| matches!(s, SetSource::Pods { v6: false, .. }));
     assert_eq!(
         pods4.elements.iter().map(ToString::to_string).collect::<Vec<_>>(),
         ["10.244.2.10"]
     );
-    let np4 = d.sets.iter().find(|(n, _)| n.ends_with("_np1_4")).unwrap().1;
+    let np4 = set_of(&d, |s| {
+        matches!(
+            s,
+            SetSource::Named {
+                dest: Some(_),
+                v6: false,
+                ..
+            }
+        )
+    });
     assert_eq!(
         np4.elements.iter().map(ToString::to_string).collect::<Vec<_>>(),
         ["10.244.1.10 . tcp . 8080", "10.244.1.11 . tcp . 8080"]
     );
-    let np6 = d.sets.iter().find(|(n, _)| n.ends_with("_np1_6")).unwrap().1;
+    let np6 = set_of(&d, |s| {
+        matches!(
+            s,
+            SetSource::Named {
+                dest: Some(_),
+                v6: true,
+                ..
+            }
+        )
+    });
     assert_eq!(np6.elements.len(), 1, "a's IPv6 address");
     let rules = &d.chains[chain];
     assert!(
@@ -159,6 +184,50 @@ fn arrivals_change_elements_only() {
         assert!(line.starts_with("add element "), "{script}");
     }
     assert_eq!(script.lines().count(), 2, "{script}");
+}
+
+/// Rules of different policies that take the same pods share one set (named after
+/// what it takes), and a pod that arrives adds its address to it once; rules that take
+/// other pods have their own.
+#[test]
+fn rules_that_take_the_same_pods_share_a_set() {
+    let mut w = World::new();
+    let from_c = json!({"podSelector": {}, "ingress": [{"from": [
+        {"namespaceSelector": {"matchLabels": {"ns": "y"}}, "podSelector": {"matchLabels": {"pod": "c"}}}]}]});
+    w.objects.policies.push(np("x", "one", from_c.clone()));
+    w.objects.policies.push(np("x", "two", from_c));
+    w.objects.policies.push(np(
+        "x",
+        "three",
+        json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
+    ));
+    let d = w.plan();
+    let pods4: Vec<(&String, &SetSource)> = d
+        .sources
+        .iter()
+        .filter(|(_, s)| matches!(s, SetSource::Pods { v6: false, .. }))
+        .collect();
+    assert_eq!(pods4.len(), 2, "one set per distinct peer: {pods4:?}");
+    let c_set = pods4
+        .iter()
+        .find(|(_, s)| matches!(s, SetSource::Pods { scope, .. } if scope.namespace().is_none()))
+        .unwrap()
+        .0;
+    let users = d
+        .chains
+        .values()
+        .filter(|rules| rules.iter().any(|r| r.contains(&format!("@{c_set} "))))
+        .count();
+    assert_eq!(users, 2, "both policies' chains match the one set");
+    // Another pod labelled like c arrives in y: one element, in the one set.
+    let view_before = ClusterView::new(&w.objects, "n1", &w.local, HashMap::new());
+    let arriving = pod("y", "c2", "10.244.2.12", "n2", &[("pod", "c")]);
+    let add = crate::plan::addition(&view_before, &d, &arriving, None).unwrap();
+    assert_eq!(add.elements.len(), 1, "{add:?}");
+    assert_eq!(add.elements[c_set.as_str()].len(), 1);
+    // b's own namespace set takes only x's pods: c2 is not in it.
+    let b_set = pods4.iter().find(|(n, _)| n != &c_set).unwrap().0;
+    assert!(!add.elements.contains_key(b_set.as_str()));
 }
 
 /// A local pod the API has no Pod object for yet is policed with no labels; an
