@@ -4,7 +4,8 @@
 //! In the policy lab both pods are selected by [`DATA_POLICIES`] NetworkPolicies for
 //! ingress and egress whose peers are the pods labelled `role=peer`: the two real pods
 //! and [`DATA_PEERS`] Pod objects of a node that does not exist, written into the
-//! daemons' topology directory, so every peer set holds that many addresses and more.
+//! daemons' topology directory, so every peer set holds that many addresses and more
+//! (each rule's selector is written its own way, so no two rules share a set).
 //! The policies are jumped to in name order: the first allows UDP port
 //! [`FIRST_POLICY_PORT`] only, the last every port, and those between one TCP port
 //! nobody uses each. So a new flow to the flood's usual port (9919) or iperf3's goes
@@ -149,11 +150,14 @@ fn write_policy_objects(topology: &Path, policies: usize, peers: usize) -> Resul
         })
         .collect();
     write_chunked(topology, "bench-peers", &peer_pods, 500)?;
-    let peer = json!([{"podSelector": {"matchLabels": {"role": "peer"}}}]);
+    // Every rule takes the same pods, each through a selector written its own way: rules
+    // that take the same pods the same way share one set, and this table is to hold a
+    // set of every peer per rule, as distinct policies would.
+    let peer = |way: String| json!([{"podSelector": {"matchExpressions": [{"key": "role", "operator": "In", "values": ["peer", way]}]}}]);
     let docs: Vec<_> = (0..policies)
         .map(|i| {
-            let mut rule_in = json!({"from": peer});
-            let mut rule_out = json!({"to": peer});
+            let mut rule_in = json!({"from": peer(format!("in-{i}"))});
+            let mut rule_out = json!({"to": peer(format!("out-{i}"))});
             let ports = if i + 1 == policies {
                 None
             } else if i == 0 {
