@@ -675,7 +675,7 @@ mod tests {
         assert_eq!(o.egress.get("weft1").map(String::as_str), Some("gxe"));
         assert_eq!(o.egress_entries, ["gxe".to_string()].into());
         assert_eq!(o.member_sets, ["mgxe".to_string()].into());
-        assert!(o.sets.get("mgxe").is_none(), "a member set is no set of the plan's");
+        assert!(!o.sets.contains_key("mgxe"), "a member set is no set of the plan's");
         let nets: Vec<String> = o.sets["pa_nets4"].iter().map(ToString::to_string).collect();
         assert_eq!(nets, ["10.1.0.0-10.1.255.255", "10.2.0.1-10.2.0.9", "10.3.0.1"]);
         assert_eq!(o.sets["np"].iter().next().unwrap().to_string(), "10.0.0.1 . tcp . 80");

@@ -274,14 +274,6 @@ impl SetSource {
         format!("{letter}{}{family}", super::short_hash(&[&format!("{self:?}")]))
     }
 
-    /// The namespace every pod in the set is in, when there is one.
-    pub fn namespace(&self) -> Option<&str> {
-        match self {
-            SetSource::Pods { scope, .. } => scope.namespace(),
-            SetSource::Named { dest, .. } => dest.as_ref().and_then(PodScope::namespace),
-        }
-    }
-
     /// The elements pod `pod` puts into the set (none for most).
     pub fn elements(&self, view: &ClusterView, pod: &PolicyPod) -> Vec<Element> {
         let v6 = self.v6();
