@@ -404,7 +404,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     }
 
     /// An ADD's pod added to the last plan alone, when nothing it was planned from has
-    /// moved and the pod needs no chain the plan lacks: its map entries and its
+    /// moved and the pod needs no chain the plan lacks: its dispatch entries and its
     /// elements in existing sets, one small transaction. `None`: a full pass is needed.
     async fn add_one(&self, state: &mut State, pod: &LocalPod) -> Result<Option<PassOutcome>, String> {
         let started = Instant::now();

@@ -4,13 +4,14 @@
 //! The shape (see docs/policy.md): two base chains on the forward hook, `egress` (a
 //! local pod's traffic entering the node from its host end) and `ingress` (traffic
 //! leaving towards a local pod's host end), each accepting established and related
-//! traffic first, then jumping through a verdict map keyed by the host interface to
-//! the chain of the pod's *group*: the pods of one namespace that the same policies
-//! isolate that way share a chain, so a pod that comes or goes changes map and set
-//! elements only. A group chain jumps to each of its policies' chains, where a rule
-//! that matches accepts (counted per policy), and ends in a logged, counted drop (in
-//! an audit namespace: a logged, counted accept). A policy chain's rules match the
-//! peer sets and ports of its rules; sets hold addresses (pods: single addresses;
+//! traffic first, then sending the pod's traffic to the chain of its *group* (by a set
+//! of host interfaces per chain, see [`crate::nft`]): the pods of one namespace that
+//! the same policies isolate that way share a chain, so a pod that comes or goes
+//! changes set elements only. A group chain jumps to each of its policies' chains,
+//! where a rule that matches accepts (counted per policy), and ends in a logged,
+//! counted drop (in an audit namespace: a logged, counted accept). A policy chain's
+//! rules match the peer sets and ports of its rules; sets hold addresses (pods: single
+//! addresses, one set per distinct set of pods, shared by every rule that takes them;
 //! `ipBlock`s: ranges with `except` cut out) and, for named ports, address-protocol-port
 //! triples. Object names carry a hash of what they hold, so a changed policy gets new
 //! chains and sets and a name says everything about its rules.

@@ -1,5 +1,5 @@
-//! An ADD's fast path: one pod's map entries and set elements added to the last plan,
-//! when it needs no chain the plan lacks.
+//! An ADD's fast path: one pod's dispatch entries and set elements added to the last
+//! plan, when it needs no chain the plan lacks.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -11,14 +11,14 @@ use crate::model::Direction;
 use super::{Desired, Element, Planner};
 
 /// What one pod adds to a plan: its elements in existing sets, and (for a pod of this
-/// node) its entries in the maps.
+/// node) its entries in the dispatch.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Addition {
     /// Elements to add, by set.
     pub elements: BTreeMap<String, BTreeSet<Element>>,
-    /// Egress map entries to add: host interface to chain.
+    /// Egress dispatch entries to add: host interface to entry chain.
     pub egress: BTreeMap<String, String>,
-    /// Ingress map entries to add.
+    /// Ingress dispatch entries to add.
     pub ingress: BTreeMap<String, String>,
 }
 
