@@ -18,7 +18,7 @@ pub struct BenchArgs {
     /// Rounds per plugin (alternating which goes first); with `--compare memory` fresh
     /// labs, with `--compare wires` passes over every wire, with `--compare
     /// pod-network` passes over every path, with `--compare policy` data path passes and
-    /// ADD rounds per side.
+    /// the ADD rounds per side that are timed (one watched round per side comes on top).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Directory of the reference plugins.

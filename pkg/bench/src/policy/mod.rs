@@ -56,7 +56,7 @@ pub struct PolicyOptions {
     pub work_dir: PathBuf,
     /// Which parts ([`POLICY_PARTS`]).
     pub parts: Vec<String>,
-    /// Data path passes, and ADD rounds per side.
+    /// Data path passes, and the timed (unwatched) ADD rounds per side.
     pub rounds: usize,
     /// Seconds of each iperf3 TCP run.
     pub tcp_seconds: u64,
