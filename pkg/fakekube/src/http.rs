@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::{KINDS, Key, Kind, Shared, Store};
+use crate::{KINDS, Key, Kind, Shared, Store, at_version};
 
 pub(crate) fn object_key(kind: &'static Kind, namespace: Option<&str>, name: &str) -> Key {
     let ns = if kind.namespaced {
@@ -136,12 +136,12 @@ pub(crate) async fn serve(
         },
         (Method::GET, Some(name)) => {
             let mut store = shared.store();
-            store.log.push(format!("get {}", t.kind.plural));
+            store.note("get", t.kind, "");
             if let Some(refused) = refusal(&store, t.kind, "get") {
                 return refused;
             }
             match store.objects.get(&object_key(t.kind, t.namespace.as_deref(), name)) {
-                Some(object) => reply(StatusCode::OK, object),
+                Some(object) => reply(StatusCode::OK, &at_version(t.kind, object.clone())),
                 None => not_found(&t, name),
             }
         }
@@ -155,15 +155,15 @@ pub(crate) async fn serve(
 }
 
 pub(crate) async fn list(shared: Arc<Shared>, filter: Filter) -> Response {
-    shared.store().log.push(format!("list {}", filter.kind.plural));
+    shared.store().note("list", filter.kind, "");
     shared.connected(filter.kind).await;
     if let Some(refused) = refusal(&shared.store(), filter.kind, "list") {
         return refused;
     }
     let store = shared.store();
-    let items: Vec<&Value> = (store.objects.iter())
+    let items: Vec<Value> = (store.objects.iter())
         .filter(|((plural, _, _), o)| filter.matches(plural, o))
-        .map(|(_, o)| o)
+        .map(|(_, o)| at_version(filter.kind, o.clone()))
         .collect();
     let list = json!({
         "apiVersion": filter.kind.api_version,
@@ -206,29 +206,30 @@ impl Cursor {
     fn next(&mut self) -> Next {
         let mut store = self.shared.store();
         self.changed.borrow_and_update();
-        let plural = self.filter.kind.plural;
         if self.done || store.cut(self.filter.kind) != self.cut {
             return Next::End;
         }
         if let Some(status) = self.expired.take() {
             self.done = true;
-            store.log.push(format!("expired {plural}"));
+            store.note("expired", self.filter.kind, "");
             return Next::Line(json!({ "type": "ERROR", "object": status }));
         }
         if let Some(object) = self.initial.pop_front() {
+            let object = at_version(self.filter.kind, object);
             return Next::Line(json!({ "type": "ADDED", "object": object }));
         }
         let at = self.at;
         let change = (store.history.iter()).find(|c| c.rv > at && self.filter.matches(c.plural, &c.object));
         if let Some(c) = change {
             self.at = c.rv;
-            return Next::Line(json!({ "type": c.kind, "object": c.object }));
+            let object = at_version(self.filter.kind, c.object.clone());
+            return Next::Line(json!({ "type": c.kind, "object": object }));
         }
         self.at = store.rv;
         match self.bookmarks {
             Some(seen) if seen < store.bookmarks => {
                 self.bookmarks = Some(store.bookmarks);
-                store.log.push(format!("bookmark {plural}"));
+                store.note("bookmark", self.filter.kind, "");
                 let kind = self.filter.kind;
                 let object = json!({
                     "apiVersion": kind.api_version,
@@ -243,8 +244,7 @@ impl Cursor {
 }
 
 pub(crate) async fn watch_objects(shared: Arc<Shared>, filter: Filter, query: &HashMap<String, String>) -> Response {
-    let plural = filter.kind.plural;
-    shared.store().log.push(format!("watch {plural}"));
+    shared.store().note("watch", filter.kind, "");
     shared.connected(filter.kind).await;
     if let Some(refused) = refusal(&shared.store(), filter.kind, "watch") {
         return refused;
@@ -343,7 +343,7 @@ pub(crate) fn patch(
     };
     let key = object_key(t.kind, t.namespace.as_deref(), name);
     shared.change(|store| {
-        store.log.push(format!("patch {}{subresource}", t.kind.plural));
+        store.note("patch", t.kind, subresource);
         if let Some(refused) = refusal(store, t.kind, "patch") {
             return refused;
         }
@@ -433,7 +433,7 @@ pub(crate) fn failure(code: StatusCode, reason: &str, message: &str) -> Response
 /// The answer to a request for `kind` while it is refused (see
 /// [`FakeApiServer::unserve`]), worded as the API server words it.
 pub(crate) fn refusal(store: &Store, kind: &Kind, verb: &str) -> Option<Response> {
-    let code = *store.refused.get(kind.plural)?;
+    let code = *store.refused.get(&kind.id())?;
     if code == StatusCode::NOT_FOUND {
         return Some(failure(
             code,

@@ -91,7 +91,7 @@ pub(crate) async fn authorize(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     if given != Some(auth.expected.as_str()) {
-        auth.shared.store().log.push("unauthorized".to_string());
+        auth.shared.store().note_plain("unauthorized");
         return failure(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
     }
     next.run(request).await

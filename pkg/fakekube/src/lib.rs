@@ -21,12 +21,21 @@
 //! - the label `kubernetes.io/metadata.name` on every Namespace written, and no
 //!   namespace on a cluster-scoped object.
 //!
-//! The test changes objects with [`FakeApiServer::put`] and [`FakeApiServer::delete`],
-//! reads them back with [`FakeApiServer::get`], cuts the watches of one resource with
+//! The test changes objects with [`FakeApiServer::put`] (or [`FakeApiServer::put_json`],
+//! for an object with fields no Rust type has) and [`FakeApiServer::delete`], reads them
+//! back with [`FakeApiServer::get`], cuts the watches of one resource with
 //! [`FakeApiServer::disconnect`], takes a resource away as a cluster without its CRD
 //! ([`FakeApiServer::unserve`], 404) or without the RBAC to read it
 //! ([`FakeApiServer::forbid`], 403) until [`FakeApiServer::serve`], and checks what
 //! clients asked with [`FakeApiServer::count`].
+//!
+//! ClusterNetworkPolicy is served at two versions, `policy.networking.k8s.io/v1beta1` and
+//! `v1alpha2`, as one resource: as a real API server does for a CRD with several served
+//! versions and no conversion webhook, an object written at either version is stored
+//! once and listed, got and watched at every version served, its `apiVersion` rewritten
+//! to the one asked for. Both are served at first; [`FakeApiServer::unserve_version`]
+//! and [`FakeApiServer::serve_version`] change that one version at a time (a cluster
+//! whose CRD serves one version, or where a version is added later).
 //!
 //! A client in the test process gets the router itself ([`FakeApiServer::client`]); a
 //! process the test starts (weftd in a container, say) reaches it as a pod reaches the
@@ -62,7 +71,23 @@ struct Kind {
     namespaced: bool,
 }
 
-const KINDS: [Kind; 7] = [
+impl Kind {
+    /// The version part of the apiVersion (`v1`, `v1beta1`).
+    fn version(&self) -> &'static str {
+        self.api_version.rsplit('/').next().unwrap_or(self.api_version)
+    }
+
+    /// This resource at this version, as refusals and watch cuts are kept: a resource
+    /// served at several versions is one plural (one store) with one entry per version.
+    fn id(&self) -> KindId {
+        (self.plural, self.api_version)
+    }
+}
+
+/// (plural, apiVersion): one served version of a resource.
+type KindId = (&'static str, &'static str);
+
+const KINDS: [Kind; 8] = [
     Kind {
         api_version: "networkop.co.uk/v1beta1",
         kind: "Topology",
@@ -99,6 +124,13 @@ const KINDS: [Kind; 7] = [
         plural: "networkpolicies",
         namespaced: true,
     },
+    // One resource at two versions (see the module doc); v1beta1 is the Rust type's.
+    Kind {
+        api_version: "policy.networking.k8s.io/v1beta1",
+        kind: "ClusterNetworkPolicy",
+        plural: "clusternetworkpolicies",
+        namespaced: false,
+    },
     Kind {
         api_version: "policy.networking.k8s.io/v1alpha2",
         kind: "ClusterNetworkPolicy",
@@ -117,6 +149,55 @@ fn kind_of<K: Resource<DynamicType = ()>>() -> &'static Kind {
         .iter()
         .find(|k| k.plural == K::plural(&()) && k.api_version == K::api_version(&()) && k.kind == K::kind(&()))
         .unwrap_or_else(|| panic!("the fake API server does not serve {}", K::kind(&())))
+}
+
+/// Every served version of the resource `kind` is one of.
+fn versions_of(kind: &Kind) -> impl Iterator<Item = &'static Kind> + '_ {
+    KINDS.iter().filter(move |k| k.plural == kind.plural)
+}
+
+/// The resource of Rust type `K` at `version` (panics for one the server does not serve).
+fn kind_at<K: Resource<DynamicType = ()>>(version: &str) -> &'static Kind {
+    let kind = kind_of::<K>();
+    versions_of(kind)
+        .find(|k| k.version() == version)
+        .unwrap_or_else(|| panic!("the fake API server does not serve {} at {version}", kind.kind))
+}
+
+/// The served resource an object names with its `apiVersion` and `kind` (panics for one
+/// the server does not serve).
+fn kind_of_json(object: &Value) -> &'static Kind {
+    let field = |f: &str| object[f].as_str().unwrap_or_default();
+    let (api_version, kind) = (field("apiVersion"), field("kind"));
+    KINDS
+        .iter()
+        .find(|k| k.api_version == api_version && k.kind == kind)
+        .unwrap_or_else(|| panic!("the fake API server does not serve {kind} at {api_version:?}"))
+}
+
+/// `object` as the API server answers it at `kind`'s version: a resource served at
+/// several versions is stored once, and each version shows its own `apiVersion`.
+pub(crate) fn at_version(kind: &Kind, mut object: Value) -> Value {
+    if let Some(fields) = object.as_object_mut() {
+        fields.insert("apiVersion".into(), kind.api_version.into());
+    }
+    object
+}
+
+/// One line of the request log, with the apiVersion it was at (none for `unauthorized`).
+struct Logged {
+    line: String,
+    api_version: Option<&'static str>,
+}
+
+impl Logged {
+    /// The line with its version, `list clusternetworkpolicies@v1beta1`.
+    fn versioned(&self) -> String {
+        match self.api_version {
+            Some(v) => format!("{}@{}", self.line, v.rsplit('/').next().unwrap_or(v)),
+            None => self.line.clone(),
+        }
+    }
 }
 
 /// (plural, namespace or "", name)
@@ -139,14 +220,15 @@ struct Store {
     oldest: u64,
     /// Bumped by `bookmark`.
     bookmarks: u64,
-    /// Per resource, bumped by `disconnect`: open watches of an older generation end.
-    cuts: BTreeMap<&'static str, u64>,
+    /// Per resource version, bumped by `disconnect` and `unserve`: open watches of an
+    /// older generation end.
+    cuts: BTreeMap<KindId, u64>,
     /// Resources whose list and watch requests wait (see `disconnect`).
     held: BTreeSet<&'static str>,
-    /// Resources every request of which is refused with this code (see `unserve`).
-    refused: BTreeMap<&'static str, StatusCode>,
+    /// Resource versions every request of which is refused with this code (see `unserve`).
+    refused: BTreeMap<KindId, StatusCode>,
     /// What clients asked and what they were answered, e.g. "list topologies".
-    log: Vec<String>,
+    log: Vec<Logged>,
 }
 
 impl Store {
@@ -203,7 +285,23 @@ impl Store {
     }
 
     fn cut(&self, kind: &Kind) -> u64 {
-        self.cuts.get(kind.plural).copied().unwrap_or_default()
+        self.cuts.get(&kind.id()).copied().unwrap_or_default()
+    }
+
+    /// Logs a request (or answer) about `kind`: `what` and its plural (`list pods`).
+    pub(crate) fn note(&mut self, what: &str, kind: &Kind, suffix: &str) {
+        self.log.push(Logged {
+            line: format!("{what} {}{suffix}", kind.plural),
+            api_version: Some(kind.api_version),
+        });
+    }
+
+    /// Logs something about no resource (`unauthorized`).
+    pub(crate) fn note_plain(&mut self, line: &str) {
+        self.log.push(Logged {
+            line: line.to_string(),
+            api_version: None,
+        });
     }
 }
 
@@ -296,6 +394,16 @@ impl FakeApiServer {
         serde_json::from_value(stored).expect("stored object deserializes")
     }
 
+    /// Creates or replaces an object given as JSON, of the resource and version its
+    /// `apiVersion` and `kind` name (panics for one the server does not serve), kept as
+    /// given: fields no Rust type has, or of the wrong type, are stored and served as
+    /// they are (a CRD's schema may allow what a client's types do not). Returns it as
+    /// stored, with its uid and new resourceVersion.
+    pub fn put_json(&self, object: Value) -> Value {
+        let kind = kind_of_json(&object);
+        self.shared.change(|s| s.write(kind, object))
+    }
+
     /// Deletes an object (`namespace` is ignored for cluster-scoped kinds); whether it existed.
     pub fn delete<K: Resource<DynamicType = ()>>(&self, namespace: Option<&str>, name: &str) -> bool {
         let kind = kind_of::<K>();
@@ -312,14 +420,14 @@ impl FakeApiServer {
         Some(serde_json::from_value(object).expect("stored object deserializes"))
     }
 
-    /// An object as stored, as raw JSON (to see exactly which fields are set).
+    /// An object as stored, as raw JSON (to see exactly which fields are set), at `K`'s
+    /// version.
     pub fn get_json<K: Resource<DynamicType = ()>>(&self, namespace: Option<&str>, name: &str) -> Option<Value> {
         let kind = kind_of::<K>();
-        self.shared
-            .store()
-            .objects
+        let object = (self.shared.store().objects)
             .get(&object_key(kind, namespace, name))
-            .cloned()
+            .cloned()?;
+        Some(at_version(kind, object))
     }
 
     /// The current (global) resourceVersion.
@@ -338,13 +446,16 @@ impl FakeApiServer {
         self.shared.change(|s| s.bookmarks += 1);
     }
 
-    /// Ends the open watches of `K` and holds its new list and watch requests until
-    /// [`FakeApiServer::reconnect`] (a client cut off from the server for a while).
+    /// Ends the open watches of `K` (at every version) and holds its new list and watch
+    /// requests until [`FakeApiServer::reconnect`] (a client cut off from the server for
+    /// a while).
     pub fn disconnect<K: Resource<DynamicType = ()>>(&self) {
         let kind = kind_of::<K>();
         self.shared.change(|s| {
             s.held.insert(kind.plural);
-            *s.cuts.entry(kind.plural).or_default() += 1;
+            for v in versions_of(kind) {
+                *s.cuts.entry(v.id()).or_default() += 1;
+            }
         });
     }
 
@@ -354,46 +465,86 @@ impl FakeApiServer {
         self.shared.change(|s| s.held.remove(kind.plural));
     }
 
-    /// Makes `K` a resource this server does not have, as a cluster without its CRD: its
-    /// open watches end and every request for it is answered `404 NotFound` until
-    /// [`FakeApiServer::serve`]. Its objects are kept, and [`FakeApiServer::put`] still
-    /// works: the test plays whoever installs the CRD and creates objects with it.
+    /// Makes `K` a resource this server does not have, at any version, as a cluster
+    /// without its CRD: its open watches end and every request for it is answered `404
+    /// NotFound` until [`FakeApiServer::serve`]. Its objects are kept, and
+    /// [`FakeApiServer::put`] still works: the test plays whoever installs the CRD and
+    /// creates objects with it.
     pub fn unserve<K: Resource<DynamicType = ()>>(&self) {
-        self.refuse(kind_of::<K>(), StatusCode::NOT_FOUND);
+        self.refuse(versions_of(kind_of::<K>()), StatusCode::NOT_FOUND);
     }
 
-    /// Refuses every request for `K` with `403 Forbidden` (a ClusterRole without it)
-    /// until [`FakeApiServer::serve`]; its open watches end.
+    /// Stops serving `K` at `version` only (`v1alpha2`), as a CRD whose version is not
+    /// (or no longer) served: requests at it are answered `404 NotFound` and its open
+    /// watches end, the other versions go on, and the objects stay (they are the other
+    /// versions' too) until [`FakeApiServer::serve_version`] or
+    /// [`FakeApiServer::serve`]. Panics for a version the server does not know for `K`.
+    pub fn unserve_version<K: Resource<DynamicType = ()>>(&self, version: &str) {
+        self.refuse([kind_at::<K>(version)].into_iter(), StatusCode::NOT_FOUND);
+    }
+
+    /// Serves `K` at `version` again (a version added to the CRD): its objects are listed
+    /// and watched at it, whichever version they were written at. Panics for a version
+    /// the server does not know for `K`.
+    pub fn serve_version<K: Resource<DynamicType = ()>>(&self, version: &str) {
+        let id = kind_at::<K>(version).id();
+        self.shared.change(|s| s.refused.remove(&id));
+    }
+
+    /// Refuses every request for `K`, at every version, with `403 Forbidden` (a
+    /// ClusterRole without it: RBAC is per resource, not per version) until
+    /// [`FakeApiServer::serve`]; its open watches end.
     pub fn forbid<K: Resource<DynamicType = ()>>(&self) {
-        self.refuse(kind_of::<K>(), StatusCode::FORBIDDEN);
+        self.refuse(versions_of(kind_of::<K>()), StatusCode::FORBIDDEN);
     }
 
-    /// Answers the requests for `K` again (after [`FakeApiServer::unserve`] or
+    /// Answers the requests for `K` again, at every version (after
+    /// [`FakeApiServer::unserve`], [`FakeApiServer::unserve_version`] or
     /// [`FakeApiServer::forbid`]).
     pub fn serve<K: Resource<DynamicType = ()>>(&self) {
         let kind = kind_of::<K>();
-        self.shared.change(|s| s.refused.remove(kind.plural));
+        self.shared.change(|s| {
+            for v in versions_of(kind) {
+                s.refused.remove(&v.id());
+            }
+        });
     }
 
-    fn refuse(&self, kind: &'static Kind, code: StatusCode) {
+    fn refuse(&self, kinds: impl Iterator<Item = &'static Kind>, code: StatusCode) {
         self.shared.change(|s| {
-            s.refused.insert(kind.plural, code);
-            *s.cuts.entry(kind.plural).or_default() += 1;
+            for kind in kinds {
+                s.refused.insert(kind.id(), code);
+                *s.cuts.entry(kind.id()).or_default() += 1;
+            }
         });
     }
 
     /// How many requests or answers were logged as exactly `what`: `list P`, `watch P`,
     /// `get P`, `patch P` (`patch P/status`), `expired P` (a 410 sent), `bookmark P`,
     /// where `P` is the plural (`topologies`, `nodes`, `wirestates`, `pods`,
-    /// `namespaces`, `networkpolicies`, `clusternetworkpolicies`). A request refused
-    /// (see [`FakeApiServer::unserve`]) is logged as asked.
+    /// `namespaces`, `networkpolicies`, `clusternetworkpolicies`), at any version; with
+    /// `@V` after it (`list clusternetworkpolicies@v1alpha2`), those at version `V` only.
+    /// A request refused (see [`FakeApiServer::unserve`]) is logged as asked.
     pub fn count(&self, what: &str) -> usize {
-        self.shared.store().log.iter().filter(|l| *l == what).count()
+        let store = self.shared.store();
+        let log = store.log.iter();
+        if what.contains('@') {
+            log.filter(|l| l.versioned() == what).count()
+        } else {
+            log.filter(|l| l.line == what).count()
+        }
     }
 
-    /// Everything logged so far (see [`FakeApiServer::count`]), oldest first.
+    /// Everything logged so far (see [`FakeApiServer::count`]), oldest first, without
+    /// versions (`list clusternetworkpolicies`).
     pub fn log(&self) -> Vec<String> {
-        self.shared.store().log.clone()
+        self.shared.store().log.iter().map(|l| l.line.clone()).collect()
+    }
+
+    /// [`FakeApiServer::log`] with the version of each request
+    /// (`list clusternetworkpolicies@v1beta1`).
+    pub fn versioned_log(&self) -> Vec<String> {
+        self.shared.store().log.iter().map(Logged::versioned).collect()
     }
 
     /// Serves this server over HTTPS on `listener` until the returned endpoint is

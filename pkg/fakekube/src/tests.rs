@@ -1,5 +1,6 @@
 //! The fake server against kube clients: namespaced and cluster-wide lists and watches,
-//! resources taken away, HTTPS with and without the token.
+//! resources taken away, a resource served at two versions, HTTPS with and without the
+//! token.
 
 use super::*;
 use k8s_openapi::api::core::v1::Node;
@@ -121,6 +122,98 @@ async fn serves_cluster_network_policies_and_takes_them_away_on_request() {
         "refused requests are logged as asked"
     );
     assert_eq!(server.count("watch clusternetworkpolicies"), 3);
+}
+
+#[tokio::test]
+async fn serves_cluster_network_policies_at_two_versions_as_one_resource() {
+    use futures::StreamExt;
+    use kube::api::{ApiResource, DynamicObject, WatchEvent, WatchParams};
+    use kube::core::GroupVersionKind;
+    use weft_topology::{ClusterNetworkPolicy, ClusterNetworkPolicySpec};
+    let server = FakeApiServer::new();
+    server.put(&ClusterNetworkPolicy::new("a", ClusterNetworkPolicySpec::default()));
+    // Written at the other version, with a field no Rust type has.
+    let b = server.put_json(serde_json::json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": "b", "namespace": "ignored"},
+        "spec": {"tier": "Admin", "priority": 3, "subject": {"namespaces": {}}, "somethingNew": {"x": 1}},
+    }));
+    assert_eq!(b["metadata"]["resourceVersion"], "3");
+    assert!(b["metadata"].get("namespace").is_none(), "cluster-scoped");
+    let at = |version: &str| {
+        let gvk = GroupVersionKind::gvk("policy.networking.k8s.io", version, "ClusterNetworkPolicy");
+        let resource = ApiResource::from_gvk_with_plural(&gvk, "clusternetworkpolicies");
+        Api::<DynamicObject>::all_with(server.client(), &resource)
+    };
+    let (beta, alpha) = (at("v1beta1"), at("v1alpha2"));
+    let lp = ListParams::default();
+    let listed = |l: kube::core::ObjectList<DynamicObject>| {
+        (l.items.into_iter())
+            .map(|o| (o.metadata.name.unwrap(), o.types.unwrap().api_version))
+            .collect::<Vec<_>>()
+    };
+    // Stored once, shown at each version with that version's apiVersion.
+    for (api, version) in [(&beta, "v1beta1"), (&alpha, "v1alpha2")] {
+        let want = ["a", "b"].map(|n| (n.to_string(), format!("policy.networking.k8s.io/{version}")));
+        assert_eq!(listed(api.list(&lp).await.unwrap()), want);
+    }
+    let got = beta.get("b").await.unwrap();
+    assert_eq!(got.data["spec"]["somethingNew"]["x"], 1, "kept as written");
+    let json = server.get_json::<ClusterNetworkPolicy>(None, "b").unwrap();
+    assert_eq!(json["apiVersion"], "policy.networking.k8s.io/v1beta1");
+
+    // A watch at either version sees a change made at the other.
+    let rv = server.resource_version().to_string();
+    let mut alpha_watch = alpha.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
+    let mut beta_watch = beta.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
+    server.put(&ClusterNetworkPolicy::new("c", ClusterNetworkPolicySpec::default()));
+    match alpha_watch.next().await {
+        Some(Ok(WatchEvent::Added(o))) => {
+            assert_eq!(o.metadata.name.as_deref(), Some("c"));
+            assert_eq!(o.types.unwrap().api_version, "policy.networking.k8s.io/v1alpha2");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(beta_watch.next().await, Some(Ok(WatchEvent::Added(_)))));
+
+    // One version taken away: its watch ends and it answers 404; the other goes on.
+    server.unserve_version::<ClusterNetworkPolicy>("v1beta1");
+    assert!(beta_watch.next().await.is_none(), "the v1beta1 watch ends");
+    let code = |e: kube::Error| match e {
+        kube::Error::Api(s) => s.code,
+        e => panic!("{e:?}"),
+    };
+    assert_eq!(code(beta.list(&lp).await.unwrap_err()), 404);
+    assert!(server.delete::<ClusterNetworkPolicy>(None, "a"));
+    match alpha_watch.next().await {
+        Some(Ok(WatchEvent::Deleted(o))) => assert_eq!(o.metadata.name.as_deref(), Some("a")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(alpha.list(&lp).await.unwrap().items.len(), 2);
+    server.unserve_version::<ClusterNetworkPolicy>("v1alpha2");
+    assert_eq!(code(alpha.list(&lp).await.unwrap_err()), 404);
+    server.serve_version::<ClusterNetworkPolicy>("v1beta1");
+    assert_eq!(listed(beta.list(&lp).await.unwrap()).len(), 2);
+    assert_eq!(code(alpha.list(&lp).await.unwrap_err()), 404);
+    // `serve` serves every version again.
+    server.serve::<ClusterNetworkPolicy>();
+    assert_eq!(alpha.list(&lp).await.unwrap().items.len(), 2);
+
+    assert_eq!(server.count("list clusternetworkpolicies@v1alpha2"), 5);
+    assert_eq!(server.count("list clusternetworkpolicies@v1beta1"), 3);
+    assert_eq!(
+        server.count("list clusternetworkpolicies"),
+        8,
+        "{:?}",
+        server.versioned_log()
+    );
+    assert_eq!(server.count("get clusternetworkpolicies@v1beta1"), 1);
+}
+
+#[test]
+#[should_panic(expected = "does not serve ClusterNetworkPolicy at v2")]
+fn a_version_the_server_does_not_know_is_refused_loudly() {
+    FakeApiServer::new().unserve_version::<weft_topology::ClusterNetworkPolicy>("v2");
 }
 
 #[tokio::test]

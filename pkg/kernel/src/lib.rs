@@ -23,6 +23,7 @@ mod netlink;
 mod netns;
 pub mod nflog;
 pub mod nft;
+pub mod nftbatch;
 pub mod nftset;
 pub mod packet;
 pub mod process;
@@ -35,8 +36,8 @@ pub mod wire;
 pub use error::{Drift, KernelError};
 pub use netem::{Netem, Tbf, probability};
 pub use netlink::{
-    AliasedLink, Link, LinkStats, NetfilterMessage, Netlink, NetlinkSocket, NewLink, Nfnetlink, Protocol, RouteEntry,
-    Rtnetlink, VethPair, VxlanDevice,
+    AliasedLink, BatchFailure, Link, LinkStats, NetfilterMessage, Netlink, NetlinkSocket, NewLink, Nfnetlink, Protocol,
+    RouteEntry, Rtnetlink, VethPair, VxlanDevice,
 };
 pub use netns::{NetNs, in_netns};
 pub use packet::{PacketSocket, tune_allocator};

@@ -61,7 +61,7 @@ pub struct SetElement {
     pub data: Option<ElementData>,
 }
 
-fn attr(ty: u16, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn attr(ty: u16, payload: &[u8]) -> Vec<u8> {
     let len = 4 + payload.len();
     let mut v = Vec::with_capacity(len.next_multiple_of(4));
     v.extend_from_slice(&(len as u16).to_ne_bytes());
@@ -71,18 +71,18 @@ fn attr(ty: u16, payload: &[u8]) -> Vec<u8> {
     v
 }
 
-fn nested(ty: u16, parts: &[Vec<u8>]) -> Vec<u8> {
+pub(crate) fn nested(ty: u16, parts: &[Vec<u8>]) -> Vec<u8> {
     attr(ty | NLA_F_NESTED, &parts.concat())
 }
 
-fn strz(s: &str) -> Vec<u8> {
+pub(crate) fn strz(s: &str) -> Vec<u8> {
     let mut v = s.as_bytes().to_vec();
     v.push(0);
     v
 }
 
 /// An nfnetlink message: the nfgenmsg header, then the attributes.
-fn message(ty: u16, family: u8, res_id: u16, attrs: &[u8]) -> NetfilterMessage {
+pub(crate) fn message(ty: u16, family: u8, res_id: u16, attrs: &[u8]) -> NetfilterMessage {
     let mut body = Vec::with_capacity(4 + attrs.len());
     body.push(family);
     body.push(0); // NFNETLINK_V0
@@ -187,15 +187,24 @@ impl Session {
         if elements.is_empty() {
             return Ok(());
         }
-        let sock = match &mut self.sock {
-            Some(s) => s,
-            None => self.sock.insert(NetlinkSocket::new()?),
-        };
-        let done = sock.batch(batch(table, family, elements, add));
+        let done = self.socket()?.batch(batch(table, family, elements, add));
         if done.is_err() {
             self.sock = None;
         }
         done
+    }
+
+    /// The session's socket, opened on first use.
+    pub(crate) fn socket(&mut self) -> io::Result<&mut NetlinkSocket<Nfnetlink>> {
+        match self.sock {
+            Some(ref mut s) => Ok(s),
+            None => Ok(self.sock.insert(NetlinkSocket::new()?)),
+        }
+    }
+
+    /// Drops the socket after a failed batch (see the type's doc).
+    pub(crate) fn reset(&mut self) {
+        self.sock = None;
     }
 }
 

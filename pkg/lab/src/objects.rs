@@ -358,14 +358,16 @@ impl Lab {
         self.ensure_up()?;
         let policies = Self::read_policy_files(files)?;
         let namespaces = self.namespace_names();
+        let mut warnings = Vec::new();
         for p in &policies {
-            check_policy(p, &namespaces).map_err(|detail| LabError::Command {
+            warnings.extend(check_policy(p, &namespaces).map_err(|detail| LabError::Command {
                 what: "lab apply".into(),
                 detail,
-            })?;
+            })?);
         }
         self.with_live(|live| {
             let mut out = ObjectChanges::default();
+            out.lines.extend(warnings);
             for v in policies {
                 let key = object_key(&v);
                 let verb = match self.policies_of(live).get(&key) {

@@ -192,6 +192,7 @@ fn cluster() -> impl Strategy<Value = Vec<ClusterNode>> {
             name: "n0".into(),
             addresses: vec!["172.30.1.10".parse().unwrap()],
             pod_cidrs: vec!["10.244.0.0/24".parse().unwrap()],
+            ..Default::default()
         }];
         for (i, (place, two, shift)) in peers.into_iter().enumerate() {
             let i = i as u8 + 1;
@@ -210,6 +211,7 @@ fn cluster() -> impl Strategy<Value = Vec<ClusterNode>> {
                 name: format!("n{i}"),
                 addresses: vec![address],
                 pod_cidrs,
+                ..Default::default()
             });
         }
         nodes
@@ -289,6 +291,7 @@ fn peer(i: u32) -> ClusterNode {
         name: format!("n{i}"),
         addresses: vec![IpAddr::from([172, 30, (i / 250) as u8 + 1, (i % 250) as u8 + 2])],
         pod_cidrs: vec![IpNet::new(IpAddr::from([10, 200 + (i / 250) as u8, (i % 250) as u8, 0]), 24).unwrap()],
+        ..Default::default()
     }
 }
 

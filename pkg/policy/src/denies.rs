@@ -14,10 +14,6 @@ use tokio::sync::broadcast;
 
 use crate::model::Direction;
 
-/// The prefix of the log rules of group chains: `weft deny <chain>` or `weft audit
-/// <chain>`.
-pub const PREFIX: &str = "weft ";
-
 /// A flow as its first packet shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Flow {

@@ -22,10 +22,12 @@ use weft_topology::TopologySource;
 
 use weft_topology::PortProtocol;
 
-use crate::denies::{DenyEvent, DenyLog, PREFIX, flow_of, now_ms};
-use crate::eval::{ClusterView, LocalPod, Verdict};
+use crate::denies::{DenyEvent, DenyLog, flow_of, now_ms};
+use crate::eval::{ClusterView, LocalPod, NodeInfo, Verdict};
 use crate::kernel::PolicyKernel;
+use crate::metrics::InvalidLabels;
 use crate::metrics::PolicyMetrics;
+use crate::names::{Counter, LogPrefix};
 use crate::nft::{self, Observed};
 use crate::plan::{Desired, plan};
 
@@ -63,8 +65,8 @@ struct State {
     /// Whether the next pass must read the kernel back rather than trust the last plan
     /// (a transaction failed: the kernel holds the plan before it, or something else).
     must_observe: bool,
-    /// Invalid policies already logged, with their error (logged again when it changes).
-    logged: HashMap<(String, String), String>,
+    /// Problems of policies already logged (each is logged once, until it goes).
+    logged: std::collections::HashSet<crate::problem::Problem>,
     /// Local pods with no Pod object, already logged.
     unknown_logged: Vec<(String, String)>,
 }
@@ -108,7 +110,8 @@ pub struct Status {
     pub policies: usize,
     /// Valid ClusterNetworkPolicies known.
     pub cluster_policies: usize,
-    /// Refused policies, each with why.
+    /// What weft could not read in the policies, each with what it enforces instead
+    /// (`ClusterNetworkPolicy admin: spec.ingress[0].x: not a field weft knows; ...`).
     pub invalid: Vec<String>,
     /// This node's pods isolated for ingress.
     pub isolated_ingress: usize,
@@ -171,7 +174,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             cluster_policies: latest.as_ref().map_or(0, |l| l.view.cluster_policies.len()),
             invalid: latest
                 .as_ref()
-                .map(|l| l.view.errors.iter().map(ToString::to_string).collect())
+                .map(|l| l.view.problems.iter().map(ToString::to_string).collect())
                 .unwrap_or_default(),
             isolated_ingress: latest.as_ref().map_or(0, |l| l.desired.ingress.len()),
             isolated_egress: latest.as_ref().map_or(0, |l| l.desired.egress.len()),
@@ -219,15 +222,13 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     /// Turns a packet a group chain logged into a deny event (kept unless its flow was
     /// reported just before); `None` for a packet that is not weft's or not a flow.
     pub fn logged(&self, prefix: &str, payload: &[u8]) -> Option<DenyEvent> {
-        let mut words = prefix.strip_prefix(PREFIX)?.split_whitespace();
-        let kind = words.next()?;
-        let name = words.next()?;
+        let prefix = LogPrefix::parse(prefix)?;
         let flow = flow_of(payload)?;
         let latest = self.latest()?;
-        let (direction, audit, policies) = match kind {
+        let (direction, audit, policies) = match prefix {
             // A ClusterNetworkPolicy Deny rule, by its counter.
-            "cnp" => {
-                let r = latest.desired.cluster_rules.get(name)?;
+            LogPrefix::ClusterDeny(counter) => {
+                let r = latest.desired.cluster_rules.get(&counter)?;
                 let rule = if r.rule_name.is_empty() {
                     format!("rule {}", r.rule)
                 } else {
@@ -240,9 +241,9 @@ impl<K: PolicyKernel> PolicyEngine<K> {
                 )
             }
             // A NetworkPolicy group chain's end.
-            _ => {
-                let group = latest.desired.groups.get(name)?;
-                (group.direction, kind == "audit", group.policies.clone())
+            LogPrefix::Group { chain, audit } => {
+                let group = latest.desired.groups.get(&chain)?;
+                (group.direction, audit, group.policies.clone())
             }
         };
         let ev = DenyEvent {
@@ -266,26 +267,26 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         let read = tokio::task::spawn_blocking(move || kernel.lock().expect("policy kernel lock").counters()).await;
         let Ok(Ok(counters)) = read else { return };
         let d = &latest.desired;
-        let by_counter: HashMap<&str, &crate::plan::PolicyChain> =
-            d.policy_chains.values().map(|p| (p.counter.as_str(), p)).collect();
+        let by_counter: HashMap<&Counter, &crate::plan::PolicyChain> =
+            d.policy_chains.values().map(|p| (&p.counter, p)).collect();
         let mut sampled = self.sampled.lock().expect("sample lock");
         for (name, value) in &counters {
             let before = sampled.get(name).copied().unwrap_or(0);
             let delta = if *value >= before { value - before } else { *value };
             sampled.insert(name.clone(), *value);
-            if delta == 0 {
+            let Some(counter) = Counter::parse(name).filter(|_| delta > 0) else {
                 continue;
-            }
-            if let Some(p) = by_counter.get(name.as_str()) {
+            };
+            if let Some(p) = by_counter.get(&counter) {
                 self.metrics.verdict(p.direction, "allow", &p.namespace, &p.name, delta);
-            } else if let Some(r) = d.cluster_rules.get(name) {
+            } else if let Some(r) = d.cluster_rules.get(&counter) {
                 let action = match r.action {
                     weft_topology::CnpAction::Accept => "allow",
                     weft_topology::CnpAction::Deny => "deny",
                     weft_topology::CnpAction::Pass => "pass",
                 };
                 self.metrics.verdict(r.direction, action, "", &r.policy, delta);
-            } else if let Some(g) = name.strip_prefix('d').and_then(|h| d.groups.get(&format!("g{h}"))) {
+            } else if let Some(g) = counter.group_chain().and_then(|c| d.groups.get(&c)) {
                 let action = if g.audit { "audit" } else { "deny" };
                 for policy in &g.policies {
                     let name = policy.split_once('/').map_or(policy.as_str(), |(_, n)| n);
@@ -310,13 +311,17 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             local.retain(|l| l.host_ifname != p.host_ifname);
             local.push(p.clone());
         }
-        let nodes: HashMap<IpAddr, String> = self
+        let nodes: Vec<NodeInfo> = self
             .source
             .nodes()
             .into_iter()
-            .flat_map(|n| n.addresses.iter().map(|a| (*a, n.name.clone())).collect::<Vec<_>>())
+            .map(|n| NodeInfo {
+                addresses: n.addresses.iter().chain(&n.external_addresses).copied().collect(),
+                labels: n.labels,
+                name: n.name,
+            })
             .collect();
-        Ok(Some(ClusterView::new(&objects, &self.cfg.node_name, &local, nodes)))
+        Ok(Some(ClusterView::new(&objects, &self.cfg.node_name, &local, &nodes)))
     }
 
     /// Runs one pass; `resync` reads the kernel back instead of trusting the last plan.
@@ -428,23 +433,19 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             let Some(p) = view.pod(&pod.namespace, &pod.name) else {
                 return Ok(None);
             };
-            let Some(add) = crate::plan::addition(view, &latest.desired, &p, Some(&pod.host_ifname)) else {
-                // Roll the view back: the full pass plans from the store.
-                latest.generation = (u64::MAX, u64::MAX);
-                return Ok(None);
-            };
+            let add = crate::plan::addition(view, &latest.desired, &p, Some(&pod.host_ifname));
             add.apply_to(Arc::make_mut(&mut latest.desired));
             self.metrics.isolated(&latest.desired);
             add
         };
         let script = nft::addition_script(&add);
-        if script.is_some() {
-            // A few set elements in one nfnetlink batch, about 0.06 ms, written on this
-            // thread: handing the call to the blocking pool and back cost 0.2 ms (two
-            // thread wake-ups on the ADD's path), and `block_in_place` hands the worker's
-            // place to a new thread each time, each of which gets a malloc arena of its
-            // own (43 MiB more RSS at 10,000 pods).
-            let applied = self.kernel.lock().expect("policy kernel lock").add_elements(&add);
+        if !add.is_empty() {
+            // Written on this thread: a few set elements in one nfnetlink batch take
+            // about 0.06 ms, and handing the call to the blocking pool and back cost
+            // 0.2 ms (two thread wake-ups on the ADD's path); `block_in_place` hands the
+            // worker's place to a new thread each time, each of which gets a malloc
+            // arena of its own (43 MiB more RSS at 10,000 pods).
+            let applied = self.kernel.lock().expect("policy kernel lock").add(&add);
             if let Err(e) = applied {
                 self.metrics.failures.inc();
                 // The plan says the pod's rules are in; the kernel does not hold them:
@@ -469,17 +470,32 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     /// Logs and counts what the view says once: invalid policies, local pods the API
     /// does not know yet.
     fn report(&self, view: &ClusterView, state: &mut State) {
-        let mut now = HashMap::new();
-        let mut invalid: HashMap<String, i64> = HashMap::new();
-        for e in &view.errors {
-            let key = (e.namespace.clone(), e.name.clone());
-            if state.logged.get(&key) != Some(&e.reason) {
-                warn!(namespace = %e.namespace, policy = %e.name, error = %e.reason, "NetworkPolicy refused: not enforced (the others are)");
+        let mut objects = std::collections::BTreeSet::new();
+        for e in &view.problems {
+            if !state.logged.contains(e) {
+                warn!(
+                    kind = e.kind.as_str(),
+                    namespace = %e.namespace,
+                    policy = %e.name,
+                    field = %e.field,
+                    error = %e.reason,
+                    effect = %e.effect,
+                    "{}: {} cannot be read: {}; {}", e.object(), e.field, e.reason, e.effect
+                );
             }
-            *invalid.entry(e.namespace.clone()).or_default() += 1;
-            now.insert(key, e.reason.clone());
+            // Objects are counted, not problems: one object may have several.
+            let labels = InvalidLabels {
+                kind: e.kind.as_str(),
+                namespace: e.namespace.clone(),
+                effect: e.effect.label(),
+            };
+            objects.insert((labels, e.name.clone()));
         }
-        state.logged = now;
+        state.logged = view.problems.iter().cloned().collect();
+        let mut invalid: HashMap<InvalidLabels, i64> = HashMap::new();
+        for (labels, _) in objects {
+            *invalid.entry(labels).or_default() += 1;
+        }
         self.metrics.set_invalid(&invalid);
         for key in &view.unknown_local {
             if !state.unknown_logged.contains(key) {

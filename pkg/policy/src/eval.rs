@@ -12,7 +12,8 @@ use std::sync::Arc;
 use weft_topology::{CnpAction, CnpTier, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol};
 
 use crate::cnp::{ClusterPeer, ClusterPolicy, ClusterRule};
-use crate::model::{Direction, Namespaces, Peer, Policy, PolicyError, PortMatch, Ports, Rule};
+use crate::model::{Direction, Namespaces, Peer, Policy, PortMatch, Ports, Rule};
+use crate::problem::Problem;
 use crate::selector::Labels;
 
 /// A pod this node runs, as its store knows it: addresses and host interface are
@@ -27,6 +28,19 @@ pub struct LocalPod {
     pub ips: Vec<IpAddr>,
     /// The node side of its `eth0`: where its traffic enters and leaves the node.
     pub host_ifname: String,
+}
+
+/// A node of the cluster as policy sees it: `nodes` peers of ClusterNetworkPolicy select
+/// nodes by label and take every address in their status, and a pod's traffic with its
+/// own node is never policed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The Node's name.
+    pub name: String,
+    /// Every address of its status (internal and external).
+    pub addresses: Vec<IpAddr>,
+    /// Its labels.
+    pub labels: Labels,
 }
 
 /// One side of a flow.
@@ -153,10 +167,12 @@ pub struct ClusterView {
     pub by_namespace: HashMap<String, Vec<Arc<Policy>>>,
     /// The ClusterNetworkPolicies that read, by tier, then priority, then name.
     pub cluster_policies: Vec<Arc<ClusterPolicy>>,
-    /// The policies that did not read, each with why.
-    pub errors: Vec<PolicyError>,
+    /// What could not be read in the policies, each with what is enforced instead.
+    pub problems: Vec<Problem>,
     /// Node addresses, with the node's name.
     pub nodes: HashMap<IpAddr, String>,
+    /// Node labels, by node name.
+    pub node_labels: HashMap<String, Labels>,
     /// This node's pods as the store knows them, by `namespace/name`.
     pub local: BTreeMap<(String, String), LocalPod>,
     /// Local pods the API has no Pod object for yet (policed with no labels).
@@ -166,13 +182,16 @@ pub struct ClusterView {
 static EMPTY: std::sync::LazyLock<Labels> = std::sync::LazyLock::new(Labels::new);
 
 impl ClusterView {
-    /// The view of `objects` from node `node` (name) running `local`, with the
-    /// cluster's node addresses `nodes`.
-    pub fn new(objects: &PolicyObjects, node: &str, local: &[LocalPod], nodes: HashMap<IpAddr, String>) -> Self {
-        let mut v = ClusterView {
-            nodes,
-            ..ClusterView::default()
-        };
+    /// The view of `objects` from node `node` (name) running `local`, in a cluster of
+    /// `nodes`.
+    pub fn new(objects: &PolicyObjects, node: &str, local: &[LocalPod], nodes: &[NodeInfo]) -> Self {
+        let mut v = ClusterView::default();
+        for n in nodes {
+            for a in &n.addresses {
+                v.nodes.insert(*a, n.name.clone());
+            }
+            v.node_labels.insert(n.name.clone(), n.labels.clone());
+        }
         for n in &objects.namespaces {
             v.namespaces.insert(n.name.clone(), n.clone());
         }
@@ -218,18 +237,16 @@ impl ClusterView {
         }
         v.pods = pods.into_values().collect();
         for np in &objects.policies {
-            match Policy::from_k8s(np) {
-                Ok(p) => v.policies.push(Arc::new(p)),
-                Err(e) => v.errors.push(e),
-            }
+            let read = Policy::read(np);
+            v.policies.extend(read.policy.map(Arc::new));
+            v.problems.extend(read.problems);
         }
         v.policies
             .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         for c in &objects.cluster_policies {
-            match ClusterPolicy::from_k8s(c) {
-                Ok(p) => v.cluster_policies.push(Arc::new(p)),
-                Err(e) => v.errors.push(e),
-            }
+            let read = ClusterPolicy::read(c);
+            v.cluster_policies.extend(read.policy.map(Arc::new));
+            v.problems.extend(read.problems);
         }
         v.cluster_policies
             .sort_by(|a, b| (a.tier, a.priority, &a.name).cmp(&(b.tier, b.priority, &b.name)));
@@ -327,16 +344,20 @@ impl ClusterView {
         })
     }
 
-    /// Whether the far side at `ip` is `peer` of a ClusterNetworkPolicy rule doing
-    /// `action` (what weft cannot evaluate fails closed).
-    pub fn cluster_peer_matches(&self, peer: &ClusterPeer, action: CnpAction, ip: IpAddr) -> bool {
+    /// The labels of node `name` (none when it is not known).
+    pub fn node_labels(&self, name: &str) -> &Labels {
+        self.node_labels.get(name).unwrap_or(&EMPTY)
+    }
+
+    /// Whether the far side at `ip` is `peer` of a ClusterNetworkPolicy rule.
+    pub fn cluster_peer_matches(&self, peer: &ClusterPeer, ip: IpAddr) -> bool {
         match peer {
             ClusterPeer::Pods { namespaces, pods } => self.by_ip.get(&ip).is_some_and(|p| {
                 !p.host_network && namespaces.matches(self.namespace_labels(&p.namespace)) && pods.matches(&p.labels)
             }),
             ClusterPeer::Networks(nets) => nets.iter().any(|n| n.contains(&ip)),
-            ClusterPeer::AllNodes => self.nodes.contains_key(&ip),
-            ClusterPeer::FailClosed(_) => action != CnpAction::Accept,
+            ClusterPeer::Nodes(sel) => self.nodes.get(&ip).is_some_and(|n| sel.matches(self.node_labels(n))),
+            ClusterPeer::All => true,
         }
     }
 
@@ -348,9 +369,7 @@ impl ClusterView {
         port: u16,
         dst: Option<&PolicyPod>,
     ) -> bool {
-        rule.peers
-            .iter()
-            .any(|p| self.cluster_peer_matches(p, rule.action, far))
+        rule.peers.iter().any(|p| self.cluster_peer_matches(p, far))
             && rule
                 .ports
                 .as_ref()
@@ -501,9 +520,18 @@ impl ClusterView {
     /// about).
     pub fn verdict(&self, src: IpAddr, dst: IpAddr, proto: PortProtocol, port: u16) -> Verdict {
         let (s, d) = (self.by_ip.get(&src).cloned(), self.by_ip.get(&dst).cloned());
+        // A pod's traffic to itself (hairpin: through a Service or a node port that
+        // leads back to it) is not policed (network-policy-api PR #390).
+        if let (Some(a), Some(b)) = (&s, &d)
+            && Arc::ptr_eq(a, b)
+        {
+            return Verdict::default();
+        }
+        // A host-network pod's address is its node's: no named port of it is a pod's.
+        let dst_pod = d.as_deref().filter(|p| !p.host_network);
         Verdict {
-            egress: self.side(s.as_deref(), Direction::Egress, dst, proto, port, d.as_deref()),
-            ingress: self.side(d.as_deref(), Direction::Ingress, src, proto, port, d.as_deref()),
+            egress: self.side(s.as_deref(), Direction::Egress, dst, proto, port, dst_pod),
+            ingress: self.side(d.as_deref(), Direction::Ingress, src, proto, port, dst_pod),
         }
     }
 }

@@ -29,11 +29,15 @@ pub struct DirectionLabels {
     pub direction: &'static str,
 }
 
-/// A namespace.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NamespaceLabels {
-    /// The namespace.
+/// Policy objects weft could not read whole.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct InvalidLabels {
+    /// `NetworkPolicy` or `ClusterNetworkPolicy`.
+    pub kind: &'static str,
+    /// The object's namespace (empty for a ClusterNetworkPolicy).
     pub namespace: String,
+    /// `refused` (not enforced) or `fail_closed` (enforced, closed where not read).
+    pub effect: &'static str,
 }
 
 /// A verdict of the policy table.
@@ -66,14 +70,15 @@ pub struct PolicyMetrics {
     pub pass_seconds: Histogram,
     /// `weft_policy_isolated_pods{direction}`: this node's pods some policy isolates.
     pub isolated_pods: Family<DirectionLabels, Gauge>,
-    /// `weft_policy_invalid{namespace}`: NetworkPolicies refused (not enforced).
-    pub invalid: Family<NamespaceLabels, Gauge>,
+    /// `weft_policy_invalid{kind, namespace, effect}`: policy objects weft could not
+    /// read whole.
+    pub invalid: Family<InvalidLabels, Gauge>,
     /// `weft_policy_verdicts_total{direction, action, namespace, policy}`: new
     /// connections (their first packets) each policy allowed, or denied as one of the
     /// policies isolating the pod.
     pub verdicts: Family<VerdictLabels, Counter>,
-    /// Namespaces last reported with invalid policies, to zero them once fixed.
-    invalid_seen: Mutex<Vec<String>>,
+    /// Label sets last reported with invalid policies, to zero them once fixed.
+    invalid_seen: Mutex<Vec<InvalidLabels>>,
 }
 
 impl PolicyMetrics {
@@ -103,19 +108,15 @@ impl PolicyMetrics {
         }
     }
 
-    /// Sets the invalid-policy gauges: `counts` by namespace, every other namespace
-    /// seen before back to zero.
-    pub fn set_invalid(&self, counts: &HashMap<String, i64>) {
+    /// Sets the invalid-policy gauges from `counts` (objects by label set), every label
+    /// set seen before and not now back to zero.
+    pub fn set_invalid(&self, counts: &HashMap<InvalidLabels, i64>) {
         let mut seen = self.invalid_seen.lock().expect("metrics lock");
-        for ns in seen.iter().filter(|ns| !counts.contains_key(*ns)) {
-            self.invalid
-                .get_or_create(&NamespaceLabels { namespace: ns.clone() })
-                .set(0);
+        for l in seen.iter().filter(|l| !counts.contains_key(*l)) {
+            self.invalid.get_or_create(l).set(0);
         }
-        for (ns, n) in counts {
-            self.invalid
-                .get_or_create(&NamespaceLabels { namespace: ns.clone() })
-                .set(*n);
+        for (l, n) in counts {
+            self.invalid.get_or_create(l).set(*n);
         }
         *seen = counts.keys().cloned().collect();
     }
@@ -167,7 +168,7 @@ impl Families for PolicyMetrics {
         );
         metrics.register(
             "weft_policy_invalid",
-            "NetworkPolicies refused as invalid (not enforced), by namespace",
+            "Policy objects weft could not read whole, by kind, namespace and effect (refused: not enforced; fail_closed: enforced, what was not read closed)",
             m.invalid.clone(),
         );
         metrics.register(

@@ -1,6 +1,7 @@
 //! A `networking.k8s.io/v1` NetworkPolicy read into a checked model: the defaults of
 //! `policyTypes` applied, peers and ports in one form each, CIDRs parsed. What the API
-//! server itself would refuse is refused here too ([`PolicyError`]), one policy at a
+//! server would refuse, and fields weft does not know, are never skipped: the part that
+//! cannot be read fails closed ([`crate::problem`]) and is reported, one policy at a
 //! time, so one bad object never stops the others.
 
 use std::fmt;
@@ -9,8 +10,12 @@ use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
-use weft_topology::PortProtocol;
+use weft_topology::{PortProtocol, Strict};
 
+use crate::problem::{Cause, Effect, ObjectKind, Place, Problem, RuleAt, place};
+
+/// The reason given for a field weft does not know.
+pub(crate) const UNKNOWN: &str = "not a field weft knows";
 use crate::selector::Selector;
 
 /// Which way traffic goes, as seen from the pod a policy selects.
@@ -50,23 +55,24 @@ impl fmt::Display for Direction {
 }
 
 /// A stable short name for a policy (from its namespace and name), the same on every
-/// node and across restarts: nftables objects of a policy carry it.
+/// node and across restarts: nftables objects of a policy carry it. 48 bits, written
+/// as 12 hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PolicyId(pub u64);
 
 impl PolicyId {
-    /// The id of policy `namespace/name` (the first 8 bytes of a SHA-256).
+    /// The id of policy `namespace/name` (the first 6 bytes of a SHA-256).
     pub fn of(namespace: &str, name: &str) -> Self {
         let h = Sha256::digest(format!("networkpolicy/{namespace}/{name}").as_bytes());
         let mut b = [0u8; 8];
-        b.copy_from_slice(&h[..8]);
+        b[2..].copy_from_slice(&h[..6]);
         PolicyId(u64::from_be_bytes(b))
     }
 }
 
 impl fmt::Display for PolicyId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:012x}", self.0 >> 16)
+        write!(f, "{:012x}", self.0)
     }
 }
 
@@ -118,6 +124,20 @@ pub struct PortMatch {
     pub protocol: PortProtocol,
     /// The ports.
     pub ports: Ports,
+}
+
+impl PortMatch {
+    /// The port named `name` of whichever protocol the destination pod's port of that
+    /// name has (ClusterNetworkPolicy names ports without a protocol).
+    pub fn named_any(name: &str) -> Vec<PortMatch> {
+        PortProtocol::ALL
+            .iter()
+            .map(|p| PortMatch {
+                protocol: *p,
+                ports: Ports::Named(name.to_string()),
+            })
+            .collect()
+    }
 }
 
 impl fmt::Display for PortMatch {
@@ -174,26 +194,23 @@ impl Policy {
     }
 }
 
-/// Why a NetworkPolicy (or a ClusterNetworkPolicy) is not enforced.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}: {reason}", self.object())]
-pub struct PolicyError {
-    /// Its namespace (empty for a cluster-scoped ClusterNetworkPolicy).
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-    /// What is wrong, naming the field.
-    pub reason: String,
+/// A policy object as read: what weft enforces of it (`None`: nothing, it is refused)
+/// and everything it could not read, each with what it does instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read<T> {
+    /// What is enforced.
+    pub policy: Option<T>,
+    /// What could not be read.
+    pub problems: Vec<Problem>,
 }
 
-impl PolicyError {
-    /// The object, as people name it: `NetworkPolicy ns/name` or
-    /// `ClusterNetworkPolicy name`.
-    pub fn object(&self) -> String {
-        if self.namespace.is_empty() {
-            format!("ClusterNetworkPolicy {}", self.name)
-        } else {
-            format!("NetworkPolicy {}/{}", self.namespace, self.name)
+impl<T> Read<T> {
+    /// The policy when it was read whole (tests, and `lab apply`, which refuses any
+    /// problem); the problems otherwise.
+    pub fn clean(self) -> Result<T, Vec<Problem>> {
+        match self.policy {
+            Some(p) if self.problems.is_empty() => Ok(p),
+            _ => Err(self.problems),
         }
     }
 }
@@ -241,21 +258,38 @@ fn peer(p: &NetworkPolicyPeer, at: &str) -> Result<Peer, String> {
     }
 }
 
+/// A port number (1 to 65535) named `at` in errors.
+pub(crate) fn port_number(n: i32, at: &str) -> Result<u16, String> {
+    u16::try_from(n)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{at}: {n} is not a port"))
+}
+
+/// Whether `s` is a container port's name (IANA_SVC_NAME: 1-15 lower-case letters,
+/// digits and '-', with a letter, no '-' at either end or twice in a row).
+pub(crate) fn port_name(s: &str) -> bool {
+    s.len() <= 15
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes().any(|b| b.is_ascii_lowercase())
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && !s.contains("--")
+}
+
 fn port(p: &NetworkPolicyPort, at: &str) -> Result<PortMatch, String> {
     let protocol = PortProtocol::parse(p.protocol.as_deref())
         .ok_or_else(|| format!("{at}.protocol: {:?} is not TCP, UDP or SCTP", p.protocol))?;
-    let number = |n: i32, what: &str| {
-        u16::try_from(n)
-            .ok()
-            .filter(|n| *n > 0)
-            .ok_or_else(|| format!("{at}.{what}: {n} is not a port"))
-    };
     let ports = match (&p.port, p.end_port) {
         (None, None) => Ports::All,
         (None, Some(_)) => return Err(format!("{at}.endPort: needs a port")),
-        (Some(IntOrString::Int(n)), None) => Ports::One(number(*n, "port")?),
+        (Some(IntOrString::Int(n)), None) => Ports::One(port_number(*n, &format!("{at}.port"))?),
         (Some(IntOrString::Int(n)), Some(end)) => {
-            let (a, b) = (number(*n, "port")?, number(end, "endPort")?);
+            let (a, b) = (
+                port_number(*n, &format!("{at}.port"))?,
+                port_number(end, &format!("{at}.endPort"))?,
+            );
             if b < a {
                 return Err(format!("{at}.endPort: {b} is below port {a}"));
             }
@@ -267,8 +301,8 @@ fn port(p: &NetworkPolicyPort, at: &str) -> Result<PortMatch, String> {
             }
             match s.parse::<i32>() {
                 // The API server keeps a number written as a string as a number.
-                Ok(n) => Ports::One(number(n, "port")?),
-                Err(_) if s.is_empty() || s.len() > 15 => return Err(format!("{at}.port: {s:?} is not a port name")),
+                Ok(n) => Ports::One(port_number(n, &format!("{at}.port"))?),
+                Err(_) if !port_name(s) => return Err(format!("{at}.port: {s:?} is not a port name")),
                 Err(_) => Ports::Named(s.clone()),
             }
         }
@@ -307,22 +341,62 @@ fn rule(
     Ok(Rule { peers, ports })
 }
 
+impl Rule {
+    /// The rule that allows nothing: what a rule weft cannot read becomes.
+    pub fn nothing() -> Self {
+        Rule {
+            peers: Some(Vec::new()),
+            ports: None,
+        }
+    }
+}
+
+/// Splits an error of the readers above (`field: reason`) into its field and reason.
+pub(crate) fn split_error(e: &str) -> (String, String) {
+    match e.split_once(": ") {
+        Some((field, reason)) => (field.to_string(), reason.to_string()),
+        None => (String::new(), e.to_string()),
+    }
+}
+
 impl Policy {
-    /// Reads a NetworkPolicy, applying the defaults of `policyTypes`: absent, it is
-    /// `Ingress`, plus `Egress` when `egress` is given. A direction in `policyTypes`
-    /// with no rules isolates and allows nothing.
-    pub fn from_k8s(np: &NetworkPolicy) -> Result<Policy, PolicyError> {
-        let namespace = np.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-        let name = np.metadata.name.clone().unwrap_or_default();
-        let fail = |reason: String| PolicyError {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            reason,
+    /// Reads a NetworkPolicy (see [`crate::problem`] for what is made of what cannot be
+    /// read), applying the defaults of `policyTypes`: absent, it is `Ingress`, plus
+    /// `Egress` when `egress` is given. A direction in `policyTypes` with no rules
+    /// isolates and allows nothing.
+    pub fn read(np: &Strict<NetworkPolicy>) -> Read<Policy> {
+        let np_obj = &np.object;
+        let namespace = np_obj.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let name = np_obj.metadata.name.clone().unwrap_or_default();
+        let mut problems = Vec::new();
+        let mut problem = |field: String, reason: String, effect: Effect| {
+            let cause = if reason == UNKNOWN {
+                Cause::UnknownField
+            } else {
+                Cause::Invalid
+            };
+            problems.push(Problem {
+                kind: ObjectKind::NetworkPolicy,
+                namespace: namespace.clone(),
+                name: name.clone(),
+                field,
+                reason,
+                effect,
+                cause,
+            })
         };
-        let spec = np.spec.as_ref().ok_or_else(|| fail("no spec".into()))?;
-        // An absent podSelector is the empty one: every pod of the namespace.
+        // The API server always has a spec; an absent one is the empty one.
+        let default_spec = Default::default();
+        let spec = np_obj.spec.as_ref().unwrap_or(&default_spec);
+        let mut spec_unread = false;
+        // An absent podSelector is the empty one: every pod of the namespace. One that
+        // cannot be read could select any of them: all are isolated.
         let selector = match &spec.pod_selector {
-            Some(s) => Selector::from_k8s(s).map_err(|e| fail(format!("spec.podSelector: {e}")))?,
+            Some(s) => Selector::from_k8s(s).unwrap_or_else(|e| {
+                problem("spec.podSelector".into(), e, Effect::IsolatesOnly);
+                spec_unread = true;
+                Selector::everything()
+            }),
             None => Selector::everything(),
         };
         let (mut ingress_on, mut egress_on) = (true, spec.egress.is_some());
@@ -333,40 +407,89 @@ impl Policy {
                 match t.as_str() {
                     "Ingress" => ingress_on = true,
                     "Egress" => egress_on = true,
-                    other => return Err(fail(format!("spec.policyTypes: unknown type {other:?}"))),
+                    other => {
+                        // Either way could be meant: both are isolated.
+                        problem(
+                            "spec.policyTypes".into(),
+                            format!("unknown type {other:?}"),
+                            Effect::IsolatesOnly,
+                        );
+                        spec_unread = true;
+                    }
+                }
+            }
+            if spec_unread {
+                (ingress_on, egress_on) = (true, true);
+            }
+        }
+        let mut unread_rules = std::collections::BTreeSet::new();
+        for path in &np.unknown {
+            match place(path) {
+                Place::Rule(at) => {
+                    problem(path.clone(), UNKNOWN.into(), Effect::AllowsNothing(at));
+                    unread_rules.insert(at);
+                }
+                Place::Spec => {
+                    problem(path.clone(), UNKNOWN.into(), Effect::IsolatesOnly);
+                    spec_unread = true;
                 }
             }
         }
-        let ingress = ingress_on
-            .then(|| {
-                spec.ingress
-                    .iter()
-                    .flatten()
+        let mut read_rules = |dir: Direction, on: bool, list: Vec<Result<Rule, String>>| -> Option<Vec<Rule>> {
+            on.then(|| {
+                list.into_iter()
                     .enumerate()
-                    .map(|(i, r)| rule(r.from.as_ref(), r.ports.as_ref(), &format!("spec.ingress[{i}]"), "from"))
-                    .collect::<Result<Vec<_>, _>>()
+                    .map(|(index, r)| {
+                        let at = RuleAt { direction: dir, index };
+                        match r {
+                            _ if spec_unread => Rule::nothing(),
+                            Err(e) => {
+                                let (field, reason) = split_error(&e);
+                                problem(field, reason, Effect::AllowsNothing(at));
+                                Rule::nothing()
+                            }
+                            Ok(_) if unread_rules.contains(&at) => Rule::nothing(),
+                            Ok(r) => r,
+                        }
+                    })
+                    .collect()
             })
-            .transpose()
-            .map_err(fail)?;
-        let egress = egress_on
-            .then(|| {
-                spec.egress
-                    .iter()
-                    .flatten()
-                    .enumerate()
-                    .map(|(i, r)| rule(r.to.as_ref(), r.ports.as_ref(), &format!("spec.egress[{i}]"), "to"))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .transpose()
-            .map_err(fail)?;
-        Ok(Policy {
+        };
+        let ingress_rules = spec
+            .ingress
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, r)| rule(r.from.as_ref(), r.ports.as_ref(), &format!("spec.ingress[{i}]"), "from"))
+            .collect();
+        let egress_rules = spec
+            .egress
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, r)| rule(r.to.as_ref(), r.ports.as_ref(), &format!("spec.egress[{i}]"), "to"))
+            .collect();
+        let ingress = read_rules(Direction::Ingress, ingress_on, ingress_rules);
+        let egress = read_rules(Direction::Egress, egress_on, egress_rules);
+        let policy = Policy {
             id: PolicyId::of(&namespace, &name),
-            namespace,
-            name,
+            namespace: namespace.clone(),
+            name: name.clone(),
             selector,
             ingress,
             egress,
-        })
+        };
+        problems.sort();
+        problems.dedup();
+        Read {
+            policy: Some(policy),
+            problems,
+        }
+    }
+
+    /// Reads a NetworkPolicy built in code (nothing unknown in it).
+    pub fn from_k8s(np: &NetworkPolicy) -> Read<Policy> {
+        Self::read(&Strict::known(np.clone()))
     }
 }
 
@@ -384,6 +507,7 @@ mod tests {
             "metadata": {"name": "a", "namespace": "x"},
             "spec": {"podSelector": {}}
         })))
+        .clean()
         .unwrap();
         assert_eq!(p.ingress, Some(vec![]), "ingress isolated, nothing allowed");
         assert_eq!(p.egress, None, "egress left alone");
@@ -391,6 +515,7 @@ mod tests {
             "metadata": {"name": "a", "namespace": "x"},
             "spec": {"podSelector": {}, "egress": [{}]}
         })))
+        .clean()
         .unwrap();
         assert_eq!(
             p.egress.as_ref().map(Vec::len),
@@ -408,6 +533,7 @@ mod tests {
             "metadata": {"name": "a", "namespace": "x"},
             "spec": {"podSelector": {}, "policyTypes": ["Egress"], "ingress": [{}]}
         })))
+        .clean()
         .unwrap();
         assert_eq!(p.ingress, None, "policyTypes decides");
         assert_eq!(p.egress, Some(vec![]));
@@ -428,6 +554,7 @@ mod tests {
                           {"port": "serve-81"}, {"protocol": "SCTP"}, {"port": "82"}]
             }]}
         })))
+        .clean()
         .unwrap();
         let r = &p.ingress.unwrap()[0];
         let peers = r.peers.as_ref().unwrap();
@@ -454,49 +581,101 @@ mod tests {
         assert_eq!(ports, ["80/tcp", "1000-2000/udp", "serve-81/tcp", "sctp", "82/tcp"]);
     }
 
+    /// What the API server would refuse fails closed, naming the field: a rule that
+    /// cannot be read allows nothing, a spec that cannot be read isolates and allows
+    /// nothing.
     #[test]
-    fn what_the_api_server_refuses_is_refused_with_the_field_named() {
-        for (spec, field) in [
+    fn what_cannot_be_read_fails_closed_with_the_field_named() {
+        let rule0 = |d| Effect::AllowsNothing(RuleAt { direction: d, index: 0 });
+        for (spec, field, effect) in [
             (
                 serde_json::json!({"podSelector": {}, "ingress": [{"from": [{}]}]}),
                 "spec.ingress[0].from[0]",
+                rule0(Direction::Ingress),
             ),
             (
                 serde_json::json!({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]}]}),
-                "ipBlock.cidr",
+                "spec.ingress[0].from[0].ipBlock.cidr",
+                rule0(Direction::Ingress),
             ),
             (
                 serde_json::json!({"podSelector": {}, "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["11.0.0.0/16"]}}]}]}),
-                "except[0]",
+                "spec.egress[0].to[0].ipBlock.except[0]",
+                rule0(Direction::Egress),
             ),
             (
                 serde_json::json!({"podSelector": {}, "egress": [{"ports": [{"port": 90, "endPort": 80}]}]}),
-                "endPort",
+                "spec.egress[0].ports[0].endPort",
+                rule0(Direction::Egress),
             ),
             (
                 serde_json::json!({"podSelector": {}, "egress": [{"ports": [{"port": "web", "endPort": 80}]}]}),
-                "endPort",
+                "spec.egress[0].ports[0].endPort",
+                rule0(Direction::Egress),
             ),
             (
                 serde_json::json!({"podSelector": {}, "egress": [{"ports": [{"protocol": "ICMP"}]}]}),
-                "protocol",
+                "spec.egress[0].ports[0].protocol",
+                rule0(Direction::Egress),
             ),
             (
                 serde_json::json!({"podSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}),
                 "spec.podSelector",
+                Effect::IsolatesOnly,
             ),
             (
                 serde_json::json!({"podSelector": {}, "policyTypes": ["Both"]}),
-                "policyTypes",
+                "spec.policyTypes",
+                Effect::IsolatesOnly,
             ),
         ] {
-            let e = Policy::from_k8s(&np(
+            let read = Policy::from_k8s(&np(
                 serde_json::json!({"metadata": {"name": "bad", "namespace": "x"}, "spec": spec}),
-            ))
-            .unwrap_err();
-            assert!(e.to_string().contains(field), "{e} should name {field}");
+            ));
+            let p = read.policy.expect("still enforced, closed");
+            assert_eq!(read.problems.len(), 1, "{:?}", read.problems);
+            let e = &read.problems[0];
+            assert_eq!((e.field.as_str(), e.effect), (field, effect), "{e}");
             assert!(e.to_string().starts_with("NetworkPolicy x/bad: "), "{e}");
+            for dir in Direction::BOTH {
+                for r in p.rules(dir).unwrap_or_default() {
+                    assert_eq!(*r, Rule::nothing(), "{e}: nothing is allowed");
+                }
+            }
+            if effect == Effect::IsolatesOnly {
+                assert!(p.selector.is_everything(), "{e}: every pod it could select");
+                assert!(p.ingress.is_some(), "{e}");
+            }
         }
+    }
+
+    /// A field weft does not know closes the rule it is in, or the whole policy when it
+    /// is elsewhere in the spec; the rest of the policy stands.
+    #[test]
+    fn an_unknown_field_closes_what_holds_it() {
+        let v = serde_json::json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "a", "namespace": "x"},
+            "spec": {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [
+                {"from": [{"podSelector": {}, "serviceAccountSelector": {}}]},
+                {"ports": [{"port": 80}]}
+            ]}
+        });
+        let s: Strict<NetworkPolicy> = weft_topology::strict::decode(&v).unwrap();
+        let read = Policy::read(&s);
+        let p = read.policy.unwrap();
+        let rules = p.ingress.unwrap();
+        assert_eq!(rules[0], Rule::nothing());
+        assert_eq!(rules[1].ports.as_ref().unwrap()[0].to_string(), "80/tcp");
+        assert_eq!(read.problems.len(), 1);
+        assert_eq!(read.problems[0].field, "spec.ingress[0].from[0].serviceAccountSelector");
+        let mut v2 = v.clone();
+        v2["spec"]["ingressPriority"] = 5.into();
+        let read = Policy::read(&weft_topology::strict::decode(&v2).unwrap());
+        let p = read.policy.unwrap();
+        assert!(p.ingress.unwrap().iter().all(|r| *r == Rule::nothing()));
+        assert_eq!(p.selector.to_string(), "pod=a", "a readable selector is kept");
+        assert!(read.problems.iter().any(|e| e.effect == Effect::IsolatesOnly));
     }
 
     #[test]

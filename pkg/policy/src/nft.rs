@@ -1,7 +1,8 @@
 //! The table in nft's language: the whole table for a first install or a repair
 //! ([`install_script`]), the one transaction that takes the kernel from what it holds
-//! to a plan ([`diff`]), and what the kernel holds, read back from `nft -j`
-//! ([`parse`]). Every script is applied by `nft -f` in one atomic transaction.
+//! to a plan ([`diff`]), and what the kernel holds, read back from `nft -j` ([`parse`])
+//! as the same typed rules the plan holds, so a rule changed behind weft's back is
+//! seen and repaired. Every script is applied by `nft -f` in one atomic transaction.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -10,99 +11,56 @@ use std::net::IpAddr;
 use serde_json::Value;
 use weft_topology::PortProtocol;
 
-use crate::plan::{ALLOWED_EGRESS_MARK, ALLOWED_INGRESS_MARK, Desired, Element, SetKind, TABLE};
+use crate::model::Direction;
+use crate::names::{Chain, Counter, SetName};
+use crate::plan::{Addition, Desired, Element, SetKind, TABLE, base_rules, dispatch_rule};
+use crate::rule::Rule;
 
-/// The base chains and the (empty) dispatch chains, the same on every node. A
-/// connection whose first packet a direction allowed is accepted on its conntrack mark,
-/// before any dispatch.
-fn base() -> String {
-    format!(
-        "  chain {de} {{ }}
-  chain {di} {{ }}
-  chain egress {{
-    type filter hook forward priority -5; policy accept;
-    ct state established,related accept
-    ct mark and {e:#010x} == {e:#010x} accept
-    jump {de}
-  }}
-  chain ingress {{
-    type filter hook forward priority -4; policy accept;
-    ct state established,related accept
-    ct mark and {i:#010x} == {i:#010x} accept
-    jump {di}
-  }}
-",
-        de = dispatch_chain(true),
-        di = dispatch_chain(false),
-        e = ALLOWED_EGRESS_MARK,
-        i = ALLOWED_INGRESS_MARK
-    )
-}
-
-/// The regular chain that sends a direction's isolated pods to their entry chains: one
-/// rule per entry chain, matching the host interfaces in its member set.
-///
-/// Why sets and a rule per entry, not one verdict map from host interface to chain: a
-/// map element that jumps makes the kernel validate the whole table at commit, every
-/// chain again through every element (0.2 ms per ADD with 100 pods on the node and 242
-/// chains, growing with both). A plain set element needs no validation. The price is a
-/// set lookup per distinct entry chain of the node for a connection's first packet.
-fn dispatch_chain(egress: bool) -> &'static str {
-    if egress { "egress_pods" } else { "ingress_pods" }
-}
-
-/// The set of host interfaces whose traffic goes to entry chain `entry` (its pods).
-pub(crate) fn member_set(entry: &str) -> String {
-    format!("m{entry}")
-}
-
-/// The rule of `entry` in its direction's dispatch chain.
-fn dispatch_rule(egress: bool, entry: &str) -> String {
-    let side = if egress { "iifname" } else { "oifname" };
-    format!("{side} @{} jump {entry}", member_set(entry))
-}
-
-/// A direction's entry chains, each with the host interfaces it serves.
-fn members(map: &BTreeMap<String, String>) -> BTreeMap<&str, BTreeSet<&str>> {
-    let mut out: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for (ifname, chain) in map {
-        out.entry(chain.as_str()).or_default().insert(ifname.as_str());
+/// The base chains' hook declarations: filter type on the forward hook, egress just
+/// before ingress, both ahead of kube-proxy's filter chains.
+fn hook(dir: Direction) -> &'static str {
+    match dir {
+        Direction::Egress => "type filter hook forward priority -5; policy accept;",
+        Direction::Ingress => "type filter hook forward priority -4; policy accept;",
     }
-    out
 }
 
-fn ifname_list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
-    names
-        .into_iter()
-        .map(|n| format!("\"{n}\""))
-        .collect::<Vec<_>>()
-        .join(", ")
+/// The priority of a direction's base chain.
+fn priority(dir: Direction) -> i64 {
+    match dir {
+        Direction::Egress => -5,
+        Direction::Ingress => -4,
+    }
 }
+
+/// The declaration of the member sets (host interfaces) and of the hairpin set.
+const IFNAME: &str = "type ifname;";
+const IFNAME_PAIR: &str = "type ifname . ifname;";
 
 /// What the kernel's table holds, as far as the diff needs it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observed {
     /// Whether the table exists.
     pub present: bool,
-    /// Whether the base chains and maps are as weft writes them.
+    /// Whether the base chains are as weft writes them, and nothing weft does not
+    /// write is in the table (else it is written again whole).
     pub base_ok: bool,
-    /// Sets and their elements.
-    pub sets: BTreeMap<String, BTreeSet<Element>>,
-    /// Regular chains and how many rules each holds (a chain's name says what its
-    /// rules are, so a count tells a chain someone changed).
-    pub chains: BTreeMap<String, usize>,
+    /// Data sets and their elements.
+    pub sets: BTreeMap<SetName, BTreeSet<Element>>,
+    /// Regular chains and their rules; `None`: a rule weft does not write is in it.
+    pub chains: BTreeMap<Chain, Option<Vec<Rule>>>,
     /// Named counters with their packet counts.
-    pub counters: BTreeMap<String, u64>,
+    pub counters: BTreeMap<Counter, u64>,
     /// The egress dispatch: host interface to entry chain (from the member sets).
-    pub egress: BTreeMap<String, String>,
+    pub egress: BTreeMap<String, Chain>,
     /// The ingress dispatch.
-    pub ingress: BTreeMap<String, String>,
-    /// The member sets, by name (empty ones too).
-    pub member_sets: BTreeSet<String>,
-    /// The entry chains the egress dispatch chain's rules jump to.
-    pub egress_entries: BTreeSet<String>,
-    /// The same for ingress.
-    pub ingress_entries: BTreeSet<String>,
+    pub ingress: BTreeMap<String, Chain>,
+    /// The entry chains that have a member set (empty ones too).
+    pub member_sets: BTreeSet<Chain>,
+    /// The rules of each dispatch chain, as entry chains; `None`: not all readable.
+    pub dispatch: BTreeMap<Direction, Option<BTreeSet<Chain>>>,
+    /// The host interfaces in the hairpin set.
+    pub hairpin: BTreeSet<String>,
 }
 
 impl Observed {
@@ -113,17 +71,55 @@ impl Observed {
             present: true,
             base_ok: true,
             sets: d.sets.iter().map(|(k, v)| (k.clone(), v.elements.clone())).collect(),
-            chains: d.chains.iter().map(|(k, v)| (k.clone(), v.len())).collect(),
+            chains: d.chains.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect(),
             counters: d.counters.iter().map(|c| (c.clone(), 0)).collect(),
             egress: d.egress.clone(),
             ingress: d.ingress.clone(),
-            member_sets: members(&d.egress)
-                .into_keys()
-                .chain(members(&d.ingress).into_keys())
-                .map(member_set)
+            member_sets: Direction::BOTH
+                .iter()
+                .flat_map(|dir| d.members(*dir).into_keys().cloned())
                 .collect(),
-            egress_entries: members(&d.egress).into_keys().map(str::to_string).collect(),
-            ingress_entries: members(&d.ingress).into_keys().map(str::to_string).collect(),
+            dispatch: Direction::BOTH
+                .iter()
+                .map(|dir| (*dir, Some(d.members(*dir).into_keys().cloned().collect())))
+                .collect(),
+            hairpin: d.hairpin().into_iter().map(str::to_string).collect(),
+        }
+    }
+
+    /// What the kernel holds once `add`'s transaction was applied to what this holds.
+    pub fn add(&mut self, add: &Addition) {
+        for (name, set) in &add.new.sets {
+            self.sets.insert(name.clone(), set.elements.clone());
+        }
+        for (name, elements) in &add.elements {
+            self.sets
+                .entry(name.clone())
+                .or_default()
+                .extend(elements.iter().copied());
+        }
+        for (chain, rules) in &add.new.chains {
+            self.chains.insert(chain.clone(), Some(rules.clone()));
+        }
+        for c in &add.new.counters {
+            self.counters.insert(c.clone(), 0);
+        }
+        for entry in &add.entries {
+            self.member_sets.insert(entry.clone());
+            if let Some(Some(entries)) = self.dispatch.get_mut(&entry.direction()) {
+                entries.insert(entry.clone());
+            }
+        }
+        self.egress.extend(add.egress.clone());
+        self.ingress.extend(add.ingress.clone());
+        self.hairpin.extend(add.hairpin.iter().cloned());
+    }
+
+    /// The dispatch of `dir` (host interface to entry chain).
+    fn map(&self, dir: Direction) -> &BTreeMap<String, Chain> {
+        match dir {
+            Direction::Egress => &self.egress,
+            Direction::Ingress => &self.ingress,
         }
     }
 }
@@ -132,12 +128,42 @@ impl Observed {
 /// nft parses slowly, and chunks keep each line readable in a debug dump.
 const CHUNK: usize = 4096;
 
-fn element_lines(out: &mut String, verb: &str, set: &str, list: &BTreeSet<Element>) {
+fn element_lines(out: &mut String, verb: &str, set: &SetName, list: &BTreeSet<Element>) {
     let v: Vec<&Element> = list.iter().collect();
     for chunk in v.chunks(CHUNK) {
         let text: Vec<String> = chunk.iter().map(ToString::to_string).collect();
         let _ = writeln!(out, "{verb} element inet {TABLE} {set} {{ {} }}", text.join(", "));
     }
+}
+
+fn quoted<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    names
+        .into_iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn pairs<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    names
+        .into_iter()
+        .map(|n| format!("\"{n}\" . \"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn rules_of(out: &mut String, chain: &Chain, rules: &[Rule]) {
+    for r in rules {
+        let _ = writeln!(out, "add rule inet {TABLE} {chain} {r}");
+    }
+}
+
+/// Regular chains in the order they can be filled: a chain before those that jump to
+/// it.
+fn by_rank<'a>(chains: impl IntoIterator<Item = &'a Chain>) -> Vec<&'a Chain> {
+    let mut v: Vec<&Chain> = chains.into_iter().collect();
+    v.sort_by_key(|c| (c.rank(), (*c).clone()));
+    v
 }
 
 /// The script that replaces the table with one holding exactly `d`, atomically.
@@ -146,49 +172,56 @@ pub fn install_script(d: &Desired) -> String {
     for (name, set) in &d.sets {
         let _ = writeln!(s, "  set {name} {{ {} }}", set.kind.declaration());
     }
-    let dispatch = [(true, members(&d.egress)), (false, members(&d.ingress))];
-    for (_, entries) in &dispatch {
-        for entry in entries.keys() {
-            let _ = writeln!(s, "  set {} {{ type ifname; }}", member_set(entry));
+    for dir in Direction::BOTH {
+        for entry in d.members(dir).keys() {
+            let _ = writeln!(s, "  set {} {{ {IFNAME} }}", SetName::Members((*entry).clone()));
         }
     }
+    let _ = writeln!(s, "  set {} {{ {IFNAME_PAIR} }}", SetName::Hairpin);
     for name in &d.counters {
         let _ = writeln!(s, "  counter {name} {{ }}");
     }
     for name in d.chains.keys() {
         let _ = writeln!(s, "  chain {name} {{ }}");
     }
-    s.push_str(&base());
+    for dir in Direction::BOTH {
+        let _ = writeln!(s, "  chain {} {{ }}", Chain::Dispatch(dir));
+        let _ = writeln!(s, "  chain {} {{\n    {}", Chain::Base(dir), hook(dir));
+        for r in base_rules(dir) {
+            let _ = writeln!(s, "    {r}");
+        }
+        s.push_str("  }\n");
+    }
     s.push_str("}\n");
     for (name, set) in &d.sets {
         if !set.elements.is_empty() {
             element_lines(&mut s, "add", name, &set.elements);
         }
     }
-    for (_, entries) in &dispatch {
-        for (entry, ifnames) in entries {
+    for dir in Direction::BOTH {
+        for (entry, ifnames) in d.members(dir) {
             let _ = writeln!(
                 s,
                 "add element inet {TABLE} {} {{ {} }}",
-                member_set(entry),
-                ifname_list(ifnames.iter().copied())
+                SetName::Members(entry.clone()),
+                quoted(ifnames)
             );
         }
     }
-    for (name, rules) in &d.chains {
-        for r in rules {
-            let _ = writeln!(s, "add rule inet {TABLE} {name} {r}");
-        }
+    let hairpin = d.hairpin();
+    if !hairpin.is_empty() {
+        let _ = writeln!(
+            s,
+            "add element inet {TABLE} {} {{ {} }}",
+            SetName::Hairpin,
+            pairs(hairpin)
+        );
     }
-    for (egress, entries) in &dispatch {
-        for entry in entries.keys() {
-            let _ = writeln!(
-                s,
-                "add rule inet {TABLE} {} {}",
-                dispatch_chain(*egress),
-                dispatch_rule(*egress, entry)
-            );
-        }
+    for chain in by_rank(d.chains.keys()) {
+        rules_of(&mut s, chain, &d.chains[chain]);
+    }
+    for dir in Direction::BOTH {
+        rules_of(&mut s, &Chain::Dispatch(dir), &d.fixed_chain(&Chain::Dispatch(dir)));
     }
     s
 }
@@ -207,18 +240,16 @@ pub fn diff(d: &Desired, o: &Observed) -> Option<String> {
             let _ = writeln!(s, "add set inet {TABLE} {name} {{ {} }}", set.kind.declaration());
         }
     }
-    let want = [
-        (true, members(&d.egress), &o.egress, &o.egress_entries),
-        (false, members(&d.ingress), &o.ingress, &o.ingress_entries),
-    ];
-    let wanted_members: BTreeSet<String> = want
+    let wanted_members: BTreeSet<Chain> = Direction::BOTH
         .iter()
-        .flat_map(|(_, entries, _, _)| entries.keys().map(|e| member_set(e)))
+        .flat_map(|dir| d.members(*dir).into_keys().cloned())
         .collect();
-    for name in &wanted_members {
-        if !o.member_sets.contains(name) {
-            let _ = writeln!(s, "add set inet {TABLE} {name} {{ type ifname; }}");
-        }
+    for entry in wanted_members.difference(&o.member_sets) {
+        let _ = writeln!(
+            s,
+            "add set inet {TABLE} {} {{ {IFNAME} }}",
+            SetName::Members(entry.clone())
+        );
     }
     for name in &d.counters {
         if !o.counters.contains_key(name) {
@@ -238,60 +269,81 @@ pub fn diff(d: &Desired, o: &Observed) -> Option<String> {
             element_lines(&mut s, "add", name, &add);
         }
     }
-    for (_, entries, have, _) in &want {
-        for (entry, ifnames) in entries {
+    for dir in Direction::BOTH {
+        for (entry, ifnames) in d.members(dir) {
             let new: Vec<&str> = ifnames
-                .iter()
-                .copied()
-                .filter(|i| have.get(*i).map(String::as_str) != Some(*entry))
+                .into_iter()
+                .filter(|i| o.map(dir).get(*i) != Some(entry))
                 .collect();
             if !new.is_empty() {
                 let _ = writeln!(
                     s,
                     "add element inet {TABLE} {} {{ {} }}",
-                    member_set(entry),
-                    ifname_list(new)
+                    SetName::Members(entry.clone()),
+                    quoted(new)
                 );
             }
         }
     }
-    // Policy chains before group chains (a group chain's rules jump to them).
-    let order = |name: &String| (name.starts_with('g'), name.clone());
-    let mut chains: Vec<&String> = d.chains.keys().collect();
-    chains.sort_by_key(|n| order(n));
-    for name in chains {
-        let rules = &d.chains[name];
-        match o.chains.get(name) {
-            Some(n) if *n == rules.len() => continue,
+    let hairpin = d.hairpin();
+    let new_pairs: Vec<&str> = hairpin.iter().copied().filter(|i| !o.hairpin.contains(*i)).collect();
+    if !new_pairs.is_empty() {
+        let _ = writeln!(
+            s,
+            "add element inet {TABLE} {} {{ {} }}",
+            SetName::Hairpin,
+            pairs(new_pairs)
+        );
+    }
+    for chain in by_rank(d.chains.keys()) {
+        let rules = &d.chains[chain];
+        match o.chains.get(chain) {
+            Some(Some(have)) if have == rules => continue,
             Some(_) => {
-                let _ = writeln!(s, "flush chain inet {TABLE} {name}");
+                let _ = writeln!(s, "flush chain inet {TABLE} {chain}");
             }
             None => {}
         }
-        for r in rules {
-            let _ = writeln!(s, "add rule inet {TABLE} {name} {r}");
-        }
+        rules_of(&mut s, chain, rules);
     }
-    // The dispatch is rewritten whole when its entry chains change (only a full pass
-    // adds or removes an entry chain).
-    for (egress, entries, _, dispatched) in &want {
-        if !entries.keys().copied().eq(dispatched.iter().map(String::as_str)) {
-            let chain = dispatch_chain(*egress);
+    // The dispatch is rewritten whole when its entry chains change (rules are compared
+    // as a set: an ADD may have appended one).
+    for dir in Direction::BOTH {
+        let want: BTreeSet<Chain> = d.members(dir).into_keys().cloned().collect();
+        if o.dispatch.get(&dir).and_then(Option::as_ref) != Some(&want) {
+            let chain = Chain::Dispatch(dir);
             let _ = writeln!(s, "flush chain inet {TABLE} {chain}");
-            for entry in entries.keys() {
-                let _ = writeln!(s, "add rule inet {TABLE} {chain} {}", dispatch_rule(*egress, entry));
+            for entry in &want {
+                let _ = writeln!(s, "add rule inet {TABLE} {chain} {}", dispatch_rule(dir, entry));
             }
         }
     }
-    for (egress, map) in [(true, &d.egress), (false, &d.ingress)] {
-        let have = if egress { &o.egress } else { &o.ingress };
-        for (ifname, chain) in have {
-            let set = member_set(chain);
+    for dir in Direction::BOTH {
+        let want = d.dispatch(dir);
+        for (ifname, chain) in o.map(dir) {
             // A member set that goes takes its elements with it.
-            if map.get(ifname) != Some(chain) && wanted_members.contains(&set) {
-                let _ = writeln!(s, "delete element inet {TABLE} {set} {{ \"{ifname}\" }}");
+            if want.get(ifname) != Some(chain) && wanted_members.contains(chain) {
+                let _ = writeln!(
+                    s,
+                    "delete element inet {TABLE} {} {{ \"{ifname}\" }}",
+                    SetName::Members(chain.clone())
+                );
             }
         }
+    }
+    let gone_pairs: Vec<&str> = o
+        .hairpin
+        .iter()
+        .map(String::as_str)
+        .filter(|i| !hairpin.contains(i))
+        .collect();
+    if !gone_pairs.is_empty() {
+        let _ = writeln!(
+            s,
+            "delete element inet {TABLE} {} {{ {} }}",
+            SetName::Hairpin,
+            pairs(gone_pairs)
+        );
     }
     for (name, have) in &o.sets {
         if let Some(set) = d.sets.get(name) {
@@ -301,9 +353,11 @@ pub fn diff(d: &Desired, o: &Observed) -> Option<String> {
             }
         }
     }
-    // Chains no longer wanted: group chains first (they jump to policy chains).
-    let mut old: Vec<&String> = o.chains.keys().filter(|n| !d.chains.contains_key(*n)).collect();
-    old.sort_by_key(|n| std::cmp::Reverse(order(n)));
+    // Chains no longer wanted: the ones that jump first.
+    let old: Vec<&Chain> = by_rank(o.chains.keys().filter(|n| !d.chains.contains_key(*n)))
+        .into_iter()
+        .rev()
+        .collect();
     for name in &old {
         let _ = writeln!(s, "flush chain inet {TABLE} {name}");
     }
@@ -313,8 +367,8 @@ pub fn diff(d: &Desired, o: &Observed) -> Option<String> {
     for name in o.sets.keys().filter(|n| !d.sets.contains_key(*n)) {
         let _ = writeln!(s, "delete set inet {TABLE} {name}");
     }
-    for name in o.member_sets.difference(&wanted_members) {
-        let _ = writeln!(s, "delete set inet {TABLE} {name}");
+    for entry in o.member_sets.difference(&wanted_members) {
+        let _ = writeln!(s, "delete set inet {TABLE} {}", SetName::Members(entry.clone()));
     }
     for name in o.counters.keys().filter(|n| !d.counters.contains(*n)) {
         let _ = writeln!(s, "delete counter inet {TABLE} {name}");
@@ -322,16 +376,60 @@ pub fn diff(d: &Desired, o: &Observed) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
-/// The transaction that adds one pod's [`crate::plan::Addition`]: elements only.
-pub fn addition_script(add: &crate::plan::Addition) -> Option<String> {
+/// The transaction that adds one pod's [`Addition`], in nft's language (the kernel
+/// seam may write the same with nfnetlink instead).
+pub fn addition_script(add: &Addition) -> Option<String> {
     let mut s = String::new();
+    for (name, set) in &add.new.sets {
+        let _ = writeln!(s, "add set inet {TABLE} {name} {{ {} }}", set.kind.declaration());
+    }
+    for entry in &add.entries {
+        let _ = writeln!(
+            s,
+            "add set inet {TABLE} {} {{ {IFNAME} }}",
+            SetName::Members(entry.clone())
+        );
+    }
+    for name in &add.new.counters {
+        let _ = writeln!(s, "add counter inet {TABLE} {name}");
+    }
+    for name in add.new.chains.keys() {
+        let _ = writeln!(s, "add chain inet {TABLE} {name}");
+    }
+    for (name, set) in &add.new.sets {
+        if !set.elements.is_empty() {
+            element_lines(&mut s, "add", name, &set.elements);
+        }
+    }
     for (set, elements) in &add.elements {
         element_lines(&mut s, "add", set, elements);
     }
-    for map in [&add.egress, &add.ingress] {
-        for (ifname, chain) in map {
-            let _ = writeln!(s, "add element inet {TABLE} {} {{ \"{ifname}\" }}", member_set(chain));
-        }
+    for chain in by_rank(add.new.chains.keys()) {
+        rules_of(&mut s, chain, &add.new.chains[chain]);
+    }
+    for (ifname, chain) in add.egress.iter().chain(&add.ingress) {
+        let _ = writeln!(
+            s,
+            "add element inet {TABLE} {} {{ \"{ifname}\" }}",
+            SetName::Members(chain.clone())
+        );
+    }
+    if !add.hairpin.is_empty() {
+        let _ = writeln!(
+            s,
+            "add element inet {TABLE} {} {{ {} }}",
+            SetName::Hairpin,
+            pairs(add.hairpin.iter().map(String::as_str))
+        );
+    }
+    for entry in &add.entries {
+        let dir = entry.direction();
+        let _ = writeln!(
+            s,
+            "add rule inet {TABLE} {} {}",
+            Chain::Dispatch(dir),
+            dispatch_rule(dir, entry)
+        );
     }
     (!s.is_empty()).then_some(s)
 }
@@ -395,312 +493,140 @@ fn kind_of(set: &Value) -> Option<SetKind> {
     }
 }
 
-impl Observed {
-    /// Reads member set `name` (JSON `set`) into the dispatch it records; `false` when
-    /// it is no set weft writes.
-    fn member(&mut self, name: &str, set: &Value) -> bool {
-        let Some(entry) = name.strip_prefix('m') else {
-            return false;
-        };
-        let map = match entry.chars().last() {
-            Some('e') => &mut self.egress,
-            Some('i') => &mut self.ingress,
-            _ => return false,
-        };
-        for e in set["elem"].as_array().into_iter().flatten() {
-            let Some(ifname) = e.as_str() else { return false };
-            map.insert(ifname.to_string(), entry.to_string());
-        }
-        self.member_sets.insert(name.to_string());
-        true
-    }
-}
-
-/// The entry chain a dispatch rule (JSON `rule`) jumps to, when it is the rule weft
-/// writes for it: the member set of that chain matched, then the jump.
-fn dispatch_target(rule: &Value, egress: bool) -> Option<String> {
-    let expr = rule["expr"].as_array()?;
-    let [matched, jump] = expr.as_slice() else { return None };
-    let target = jump["jump"]["target"].as_str()?;
-    let side = if egress { "iifname" } else { "oifname" };
-    let set = matched["match"]["right"].as_str()?;
-    (matched["match"]["left"]["meta"]["key"] == side && set.strip_prefix('@') == Some(member_set(target).as_str()))
-        .then(|| target.to_string())
-}
-
-/// Reads `nft -j list table inet weft-policy` back. What weft never writes (a set of
-/// another type, an element it cannot read) makes the table count as changed, and the
-/// repair writes it again.
+/// Reads `nft -j list table inet weft-policy` back. What weft never writes (an object
+/// whose name is not one of weft's, a set of another type, an element or base rule it
+/// cannot read) makes the table count as changed, and the repair writes it again.
 pub fn parse(json: &str) -> Result<Observed, String> {
     let v: Value = serde_json::from_str(json).map_err(|e| format!("reading nft -j output: {e}"))?;
     let mut o = Observed {
         present: true,
         ..Observed::default()
     };
-    let mut base_rules: BTreeMap<String, usize> = BTreeMap::new();
-    let mut dispatch_chains = 0;
+    let mut base: BTreeMap<Direction, Vec<Option<Rule>>> = BTreeMap::new();
+    let mut base_hooks = 0;
     let mut unreadable = false;
     for obj in v["nftables"].as_array().into_iter().flatten() {
         if let Some(set) = obj.get("set") {
-            let name = set["name"].as_str().unwrap_or_default().to_string();
-            if set["type"] == "ifname" {
-                if !o.member(&name, set) {
-                    unreadable = true;
-                }
-                continue;
-            }
-            let Some(kind) = kind_of(set) else {
+            let Some(name) = set["name"].as_str().and_then(SetName::parse) else {
                 unreadable = true;
                 continue;
             };
-            let mut elems = BTreeSet::new();
-            for e in set["elem"].as_array().into_iter().flatten() {
-                match element(kind, e) {
-                    Some(x) => {
-                        elems.insert(x);
+            match (&name, &set["type"]) {
+                (SetName::Members(entry), Value::String(t)) if t == "ifname" => {
+                    let map = match entry.direction() {
+                        Direction::Egress => &mut o.egress,
+                        Direction::Ingress => &mut o.ingress,
+                    };
+                    for e in set["elem"].as_array().into_iter().flatten() {
+                        match e.as_str() {
+                            Some(ifname) => {
+                                map.insert(ifname.to_string(), entry.clone());
+                            }
+                            None => unreadable = true,
+                        }
                     }
-                    None => unreadable = true,
+                    o.member_sets.insert(entry.clone());
                 }
+                (SetName::Hairpin, Value::Array(t)) if t.len() == 2 && t.iter().all(|x| x == "ifname") => {
+                    for e in set["elem"].as_array().into_iter().flatten() {
+                        let pair: Vec<&str> = e
+                            .get("concat")
+                            .and_then(Value::as_array)
+                            .into_iter()
+                            .flatten()
+                            .filter_map(Value::as_str)
+                            .collect();
+                        match pair.as_slice() {
+                            [a, b] if a == b => {
+                                o.hairpin.insert(a.to_string());
+                            }
+                            _ => unreadable = true,
+                        }
+                    }
+                }
+                (SetName::Data { .. }, _) => {
+                    let Some(kind) = kind_of(set) else {
+                        unreadable = true;
+                        continue;
+                    };
+                    let mut elems = BTreeSet::new();
+                    for e in set["elem"].as_array().into_iter().flatten() {
+                        match element(kind, e) {
+                            Some(x) => {
+                                elems.insert(x);
+                            }
+                            None => unreadable = true,
+                        }
+                    }
+                    o.sets.insert(name, elems);
+                }
+                _ => unreadable = true,
             }
-            o.sets.insert(name, elems);
         } else if obj.get("map").is_some() {
             // weft writes no map (an older weftd's table): written again whole.
             unreadable = true;
         } else if let Some(chain) = obj.get("chain") {
-            let name = chain["name"].as_str().unwrap_or_default().to_string();
-            if chain.get("hook").is_some() {
-                base_rules.entry(name).or_default();
-            } else if name == dispatch_chain(true) || name == dispatch_chain(false) {
-                dispatch_chains += 1;
-            } else {
-                o.chains.entry(name).or_default();
+            match chain["name"].as_str().and_then(Chain::parse) {
+                Some(Chain::Base(dir)) => {
+                    let right = chain["hook"] == "forward"
+                        && chain["type"] == "filter"
+                        && chain["prio"].as_i64() == Some(priority(dir))
+                        && chain["policy"] == "accept";
+                    if right {
+                        base_hooks += 1;
+                        base.entry(dir).or_default();
+                    } else {
+                        unreadable = true;
+                    }
+                }
+                Some(Chain::Dispatch(dir)) => {
+                    o.dispatch.entry(dir).or_insert_with(|| Some(BTreeSet::new()));
+                }
+                Some(c) if chain.get("hook").is_none() => {
+                    o.chains.entry(c).or_insert_with(|| Some(Vec::new()));
+                }
+                _ => unreadable = true,
             }
         } else if let Some(rule) = obj.get("rule") {
-            let chain = rule["chain"].as_str().unwrap_or_default().to_string();
-            if let Some(n) = base_rules.get_mut(&chain) {
-                *n += 1;
-            } else if chain == dispatch_chain(true) || chain == dispatch_chain(false) {
-                let egress = chain == dispatch_chain(true);
-                let entries = if egress {
-                    &mut o.egress_entries
-                } else {
-                    &mut o.ingress_entries
-                };
-                // A rule weft would not write counts as an entry no plan has, so the
-                // dispatch is written again.
-                entries.insert(dispatch_target(rule, egress).unwrap_or_default());
-            } else {
-                *o.chains.entry(chain).or_default() += 1;
+            let read = rule["expr"].as_array().and_then(|e| Rule::from_json(e));
+            match rule["chain"].as_str().and_then(Chain::parse) {
+                Some(Chain::Base(dir)) => base.entry(dir).or_default().push(read),
+                Some(Chain::Dispatch(dir)) => {
+                    let entry = read.filter(|r| r.target().is_some_and(|t| *r == dispatch_rule(dir, t)));
+                    let slot = o.dispatch.entry(dir).or_insert_with(|| Some(BTreeSet::new()));
+                    match (slot.as_mut(), entry.and_then(|r| r.target().cloned())) {
+                        (Some(set), Some(target)) => {
+                            set.insert(target);
+                        }
+                        // A rule weft would not write: the dispatch is written again.
+                        _ => *slot = None,
+                    }
+                }
+                Some(c) => {
+                    let slot = o.chains.entry(c).or_insert_with(|| Some(Vec::new()));
+                    match (slot.as_mut(), read) {
+                        (Some(rules), Some(r)) => rules.push(r),
+                        _ => *slot = None,
+                    }
+                }
+                None => unreadable = true,
             }
         } else if let Some(c) = obj.get("counter") {
-            let name = c["name"].as_str().unwrap_or_default().to_string();
-            o.counters.insert(name, c["packets"].as_u64().unwrap_or(0));
+            match c["name"].as_str().and_then(Counter::parse) {
+                Some(name) => {
+                    o.counters.insert(name, c["packets"].as_u64().unwrap_or(0));
+                }
+                None => unreadable = true,
+            }
         }
     }
-    o.base_ok = !unreadable
-        && dispatch_chains == 2
-        && base_rules.get("egress") == Some(&3)
-        && base_rules.get("ingress") == Some(&3)
-        && base_rules.len() == 2;
+    let base_right = Direction::BOTH.iter().all(|dir| {
+        base.get(dir)
+            .is_some_and(|rules| rules.iter().cloned().collect::<Option<Vec<_>>>() == Some(base_rules(*dir)))
+    });
+    o.base_ok = !unreadable && base_hooks == 2 && base_right && o.dispatch.len() == 2;
     Ok(o)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plan::SetSpec;
-
-    fn desired() -> Desired {
-        let mut d = Desired::default();
-        d.sets.insert(
-            "pa_pods4".into(),
-            SetSpec {
-                kind: SetKind::Addr4,
-                elements: [Element::Addr("10.0.0.1".parse().unwrap())].into(),
-            },
-        );
-        d.sets.insert(
-            "pa_nets4".into(),
-            SetSpec {
-                kind: SetKind::Net4,
-                elements: [Element::Range(
-                    "10.1.0.0".parse().unwrap(),
-                    "10.1.255.255".parse().unwrap(),
-                )]
-                .into(),
-            },
-        );
-        d.counters.insert("apa".into());
-        d.chains.insert(
-            "pa".into(),
-            vec!["ip saddr @pa_pods4 counter name \"apa\" accept".into()],
-        );
-        d.chains.insert("gxe".into(), vec!["jump pa".into(), "drop".into()]);
-        d.ingress.insert("weft1".into(), "gxe".into());
-        d
-    }
-
-    #[test]
-    fn nothing_to_do_after_applying_the_plan() {
-        let d = desired();
-        assert_eq!(diff(&d, &Observed::after(&d)), None);
-        assert!(
-            diff(&d, &Observed::default())
-                .unwrap()
-                .starts_with("table inet weft-policy {}\ndelete table")
-        );
-    }
-
-    #[test]
-    fn a_pod_that_comes_changes_elements_only() {
-        let before = desired();
-        let mut after = before.clone();
-        after
-            .sets
-            .get_mut("pa_pods4")
-            .unwrap()
-            .elements
-            .insert(Element::Addr("10.0.0.2".parse().unwrap()));
-        after.ingress.insert("weft2".into(), "gxe".into());
-        let s = diff(&after, &Observed::after(&before)).unwrap();
-        assert_eq!(
-            s,
-            "add element inet weft-policy pa_pods4 { 10.0.0.2 }\n\
-             add element inet weft-policy mgxe { \"weft2\" }\n"
-        );
-    }
-
-    /// The dispatch chain gets a rule per entry chain, rewritten when the entry chains
-    /// change; a member set goes with its entry chain, after the rule that used it.
-    #[test]
-    fn the_dispatch_follows_the_entry_chains() {
-        let before = desired();
-        let install = install_script(&before);
-        assert!(install.contains("  set mgxe { type ifname; }\n"), "{install}");
-        assert!(
-            install.contains("add element inet weft-policy mgxe { \"weft1\" }\n"),
-            "{install}"
-        );
-        assert!(
-            install.contains("add rule inet weft-policy ingress_pods oifname @mgxe jump gxe\n"),
-            "{install}"
-        );
-        let mut after = before.clone();
-        after.chains.insert("gye".into(), vec!["drop".into()]);
-        after.ingress.insert("weft1".into(), "gye".into());
-        after.chains.remove("gxe");
-        let s = diff(&after, &Observed::after(&before)).unwrap();
-        let lines: Vec<&str> = s.lines().collect();
-        let pos = |needle: &str| {
-            lines
-                .iter()
-                .position(|l| l.contains(needle))
-                .unwrap_or_else(|| panic!("{needle} in {s}"))
-        };
-        assert!(pos("add set inet weft-policy mgye { type ifname; }") < pos("add element inet weft-policy mgye"));
-        assert!(
-            pos("add element inet weft-policy mgye { \"weft1\" }") < pos("flush chain inet weft-policy ingress_pods")
-        );
-        assert!(
-            pos("flush chain inet weft-policy ingress_pods")
-                < pos("add rule inet weft-policy ingress_pods oifname @mgye jump gye")
-        );
-        assert!(pos("add rule inet weft-policy ingress_pods oifname @mgye") < pos("delete chain inet weft-policy gxe"));
-        assert!(pos("delete chain inet weft-policy gxe") < pos("delete set inet weft-policy mgxe"));
-        assert!(
-            !s.contains("delete element inet weft-policy mgxe"),
-            "the set goes whole: {s}"
-        );
-        assert_eq!(diff(&after, &Observed::after(&after)), None);
-    }
-
-    #[test]
-    fn gone_chains_go_after_their_users_and_a_changed_chain_is_refilled() {
-        let before = desired();
-        let after = Desired {
-            counters: before.counters.clone(),
-            ..Desired::default()
-        };
-        let s = diff(&after, &Observed::after(&before)).unwrap();
-        let lines: Vec<&str> = s.lines().collect();
-        let pos = |needle: &str| lines.iter().position(|l| l.contains(needle)).unwrap();
-        assert!(pos("flush chain inet weft-policy ingress_pods") < pos("flush chain inet weft-policy gxe"));
-        assert!(pos("delete chain inet weft-policy gxe") < pos("delete set inet weft-policy mgxe"));
-        assert!(pos("flush chain inet weft-policy gxe") < pos("delete chain inet weft-policy gxe"));
-        assert!(pos("delete chain inet weft-policy gxe") < pos("delete chain inet weft-policy pa"));
-        assert!(pos("delete chain inet weft-policy pa") < pos("delete set inet weft-policy pa_pods4"));
-        // A rule deleted behind weft's back: the chain is flushed and filled again.
-        let d = desired();
-        let mut o = Observed::after(&d);
-        o.chains.insert("gxe".into(), 1);
-        let s = diff(&d, &o).unwrap();
-        assert_eq!(
-            s,
-            "flush chain inet weft-policy gxe\nadd rule inet weft-policy gxe jump pa\nadd rule inet weft-policy gxe drop\n"
-        );
-    }
-
-    #[test]
-    fn nft_json_reads_back() {
-        let json = r#"{"nftables": [
-          {"metainfo": {"json_schema_version": 1}},
-          {"table": {"family": "inet", "name": "weft-policy"}},
-          {"set": {"family": "inet", "name": "pa_pods4", "table": "weft-policy", "type": "ipv4_addr", "elem": ["10.0.0.1"]}},
-          {"set": {"family": "inet", "name": "pa_nets4", "table": "weft-policy", "type": "ipv4_addr", "flags": ["interval"],
-                   "elem": [{"prefix": {"addr": "10.1.0.0", "len": 16}}, {"range": ["10.2.0.1", "10.2.0.9"]}, "10.3.0.1"]}},
-          {"set": {"family": "inet", "name": "np", "table": "weft-policy", "type": ["ipv4_addr", "inet_proto", "inet_service"],
-                   "elem": [{"concat": ["10.0.0.1", "tcp", 80]}]}},
-          {"set": {"family": "inet", "name": "mgxe", "table": "weft-policy", "type": "ifname", "elem": ["weft1"]}},
-          {"counter": {"family": "inet", "name": "apa", "table": "weft-policy", "packets": 7, "bytes": 420}},
-          {"chain": {"family": "inet", "table": "weft-policy", "name": "egress", "type": "filter", "hook": "forward", "prio": -5, "policy": "accept"}},
-          {"chain": {"family": "inet", "table": "weft-policy", "name": "ingress", "type": "filter", "hook": "forward", "prio": -4, "policy": "accept"}},
-          {"chain": {"family": "inet", "table": "weft-policy", "name": "gxe"}},
-          {"chain": {"family": "inet", "table": "weft-policy", "name": "egress_pods"}},
-          {"chain": {"family": "inet", "table": "weft-policy", "name": "ingress_pods"}},
-          {"rule": {"family": "inet", "table": "weft-policy", "chain": "egress_pods", "expr": [
-            {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "@mgxe"}},
-            {"jump": {"target": "gxe"}}]}},
-          {"rule": {"family": "inet", "table": "weft-policy", "chain": "egress", "expr": []}},
-          {"rule": {"family": "inet", "table": "weft-policy", "chain": "egress", "expr": []}},
-          {"rule": {"family": "inet", "table": "weft-policy", "chain": "egress", "expr": []}},
-          {"rule": {"family": "inet", "table": "weft-policy", "chain": "ingress", "expr": []}},
-          {"rule": {"family": "inet", "table": "weft-policy", "chain": "ingress", "expr": []}},
-          {"rule": {"family": "inet", "table": "weft-policy", "chain": "ingress", "expr": []}},
-          {"rule": {"family": "inet", "table": "weft-policy", "chain": "gxe", "expr": []}}
-        ]}"#;
-        let o = parse(json).unwrap();
-        assert!(o.base_ok);
-        assert_eq!(o.chains.get("gxe"), Some(&1));
-        assert_eq!(o.counters.get("apa"), Some(&7));
-        assert_eq!(o.egress.get("weft1").map(String::as_str), Some("gxe"));
-        assert_eq!(o.egress_entries, ["gxe".to_string()].into());
-        assert_eq!(o.member_sets, ["mgxe".to_string()].into());
-        assert!(!o.sets.contains_key("mgxe"), "a member set is no set of the plan's");
-        let nets: Vec<String> = o.sets["pa_nets4"].iter().map(ToString::to_string).collect();
-        assert_eq!(nets, ["10.1.0.0-10.1.255.255", "10.2.0.1-10.2.0.9", "10.3.0.1"]);
-        assert_eq!(o.sets["np"].iter().next().unwrap().to_string(), "10.0.0.1 . tcp . 80");
-        let broken = json.replace(
-            r#""chain": "ingress", "expr": []}},"#,
-            r#""chain": "gxe", "expr": []}},"#,
-        );
-        assert!(!parse(&broken).unwrap().base_ok, "a base rule gone");
-        let older = json.replace(
-            r#"{"set": {"family": "inet", "name": "mgxe", "table": "weft-policy", "type": "ifname", "elem": ["weft1"]}},"#,
-            r#"{"map": {"family": "inet", "name": "egress_pods", "table": "weft-policy", "type": "ifname", "map": "verdict"}},"#,
-        );
-        assert_ne!(older, json);
-        assert!(
-            !parse(&older).unwrap().base_ok,
-            "an older weftd's verdict map: written again"
-        );
-        let altered = json.replace(
-            r#""key": "iifname"}}, "right": "@mgxe""#,
-            r#""key": "oifname"}}, "right": "@mgxe""#,
-        );
-        assert_eq!(
-            parse(&altered).unwrap().egress_entries,
-            [String::new()].into(),
-            "a rule weft does not write"
-        );
-    }
-}
+mod tests;

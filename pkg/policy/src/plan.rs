@@ -1,32 +1,34 @@
 //! Deciding: from the cluster and this node's pods, the nftables objects weft's policy
-//! table should hold ([`plan`]). Pure, so every decision is tested without root.
+//! table should hold ([`plan`]), as typed rules ([`crate::rule`]) over typed names
+//! ([`crate::names`]). Pure, so every decision is tested without root, and the plan is
+//! checked against the evaluator by running it ([`crate::interp`]).
 //!
 //! The shape (see docs/policy.md): two base chains on the forward hook, `egress` (a
 //! local pod's traffic entering the node from its host end) and `ingress` (traffic
 //! leaving towards a local pod's host end), each accepting established and related
-//! traffic first, then sending the pod's traffic to the chain of its *group* (by a set
-//! of host interfaces per chain, see [`crate::nft`]): the pods of one namespace that
-//! the same policies isolate that way share a chain, so a pod that comes or goes
-//! changes set elements only. A group chain jumps to each of its policies' chains,
-//! where a rule that matches accepts (counted per policy), and ends in a logged,
-//! counted drop (in an audit namespace: a logged, counted accept). A policy chain's
-//! rules match the peer sets and ports of its rules; sets hold addresses (pods: single
-//! addresses, one set per distinct set of pods, shared by every rule that takes them;
-//! `ipBlock`s: ranges with `except` cut out) and, for named ports, address-protocol-port
-//! triples. Object names carry a hash of what they hold, so a changed policy gets new
-//! chains and sets and a name says everything about its rules.
+//! traffic, a pod's traffic to itself (hairpin) and connections it allowed before
+//! first, then sending the pod's traffic to its *entry chain* (by a set of host
+//! interfaces per chain): the pods of one namespace that the same policies isolate that
+//! way share one, so a pod that comes or goes changes set elements only. An entry chain
+//! is the Admin tier's rules (`a`) in front of a group chain (`g`: the NetworkPolicy
+//! tier: a jump to each policy's chain, then a logged, counted drop) or of the Baseline
+//! tier's rules (`b`). A policy chain's rules match the peer sets and ports of its
+//! rules; sets hold addresses (pods: one set per distinct set of pods, shared by every
+//! rule that takes them), ranges (ipBlocks, networks, nodes) and, for named ports,
+//! address-protocol-port triples. Names carry a hash of what they hold.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
-use weft_topology::PolicyPod;
-
-use weft_topology::{CnpAction, CnpTier};
+use weft_topology::{CnpAction, CnpTier, PolicyPod};
 
 use crate::cnp::{ClusterPeer, ClusterPolicy};
 use crate::eval::ClusterView;
 use crate::model::{Direction, Peer, Policy, PolicyId, PortMatch, Ports};
+use crate::names::{Chain, Counter, LogPrefix, SetName, SetRole};
+use crate::rule::{Match, Rule, Side, Verdict};
 
 mod addition;
 mod sets;
@@ -61,12 +63,6 @@ pub fn allowed_mark(dir: Direction) -> u32 {
     }
 }
 
-/// How an allowing rule of `dir` ends: the verdict is remembered on the connection
-/// (other mark bits kept), then the packet accepted.
-fn allow(dir: Direction) -> String {
-    format!("ct mark set ct mark or {:#010x} accept", allowed_mark(dir))
-}
-
 /// The local pods one group chain serves: same namespace, same policies isolating them
 /// the same way.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -91,7 +87,7 @@ pub struct PolicyChain {
     /// The direction.
     pub direction: Direction,
     /// The counter of what its rules accepted.
-    pub counter: String,
+    pub counter: Counter,
 }
 
 /// What a ClusterNetworkPolicy rule's counter stands for.
@@ -111,37 +107,114 @@ pub struct ClusterRuleRef {
     pub action: CnpAction,
 }
 
-/// The state weft's policy table should be in on this node.
+/// The state weft's policy table should be in on this node. The base chains, the
+/// dispatch and its member sets, and the hairpin set follow from `egress` and
+/// `ingress` ([`Desired::fixed_chain`], [`Desired::members`], [`Desired::hairpin`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
-    /// Sets by name.
-    pub sets: BTreeMap<String, SetSpec>,
-    /// Regular chains by name, with their rules in nft syntax.
-    pub chains: BTreeMap<String, Vec<String>>,
+    /// Sets of addresses and ports by name (member and hairpin sets aside).
+    pub sets: BTreeMap<SetName, SetSpec>,
+    /// Regular chains (policy, group and tier chains) with their rules.
+    pub chains: BTreeMap<Chain, Vec<Rule>>,
     /// Named counters.
-    pub counters: BTreeSet<String>,
-    /// Local pods isolated for egress: host interface to group chain.
-    pub egress: BTreeMap<String, String>,
-    /// Local pods isolated for ingress: host interface to group chain.
-    pub ingress: BTreeMap<String, String>,
+    pub counters: BTreeSet<Counter>,
+    /// Local pods isolated for egress: host interface to entry chain.
+    pub egress: BTreeMap<String, Chain>,
+    /// Local pods isolated for ingress: host interface to entry chain.
+    pub ingress: BTreeMap<String, Chain>,
     /// Group chains and what they stand for.
-    pub groups: BTreeMap<String, Group>,
+    pub groups: BTreeMap<Chain, Group>,
     /// Policy chains and what they stand for.
-    pub policy_chains: BTreeMap<String, PolicyChain>,
-    /// Each policy chain's name by policy and direction.
-    pub chain_of: BTreeMap<(PolicyId, Direction), String>,
+    pub policy_chains: BTreeMap<Chain, PolicyChain>,
+    /// Each policy chain by policy and direction.
+    pub chain_of: BTreeMap<(PolicyId, Direction), Chain>,
     /// ClusterNetworkPolicy rules by their counter.
-    pub cluster_rules: BTreeMap<String, ClusterRuleRef>,
+    pub cluster_rules: BTreeMap<Counter, ClusterRuleRef>,
     /// What decides the elements of each set that depends on pods.
-    pub sources: BTreeMap<String, SetSource>,
+    pub sources: BTreeMap<SetName, SetSource>,
+}
+
+impl Desired {
+    /// The dispatch of `dir`: host interface to entry chain.
+    pub fn dispatch(&self, dir: Direction) -> &BTreeMap<String, Chain> {
+        match dir {
+            Direction::Egress => &self.egress,
+            Direction::Ingress => &self.ingress,
+        }
+    }
+
+    /// A direction's entry chains, each with the host interfaces entering it (its
+    /// member set's elements).
+    pub fn members(&self, dir: Direction) -> BTreeMap<&Chain, BTreeSet<&str>> {
+        let mut out: BTreeMap<&Chain, BTreeSet<&str>> = BTreeMap::new();
+        for (ifname, chain) in self.dispatch(dir) {
+            out.entry(chain).or_default().insert(ifname.as_str());
+        }
+        out
+    }
+
+    /// The host interfaces whose own traffic (hairpin: the pod to itself, through a
+    /// Service or a node port) passes unpoliced: those of every isolated local pod.
+    pub fn hairpin(&self) -> BTreeSet<&str> {
+        self.egress
+            .keys()
+            .chain(self.ingress.keys())
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// The rules of a base or dispatch chain (the same on every node but for the
+    /// dispatch's entries).
+    pub fn fixed_chain(&self, chain: &Chain) -> Vec<Rule> {
+        match chain {
+            Chain::Base(dir) => base_rules(*dir),
+            Chain::Dispatch(dir) => self
+                .members(*dir)
+                .into_keys()
+                .map(|entry| dispatch_rule(*dir, entry))
+                .collect(),
+            Chain::Policy { .. } | Chain::Group { .. } | Chain::Admin { .. } | Chain::Baseline { .. } => {
+                self.chains.get(chain).cloned().unwrap_or_default()
+            }
+        }
+    }
+
+    /// Whether a set of this plan holds IPv6 elements (for tests and metrics).
+    pub fn is_v6(&self, set: &SetName) -> Option<bool> {
+        self.sets.get(set).map(|s| s.kind.v6())
+    }
+}
+
+/// A base chain's rules: what passes without asking policy (established and related
+/// traffic: replies, ICMP errors of a connection; a pod's traffic to itself; a
+/// connection this direction allowed before), then the dispatch.
+pub fn base_rules(dir: Direction) -> Vec<Rule> {
+    vec![
+        Rule::new(vec![Match::Established], Verdict::Accept),
+        Rule::new(vec![Match::IfacePair(SetName::Hairpin)], Verdict::Accept),
+        Rule::new(vec![Match::Marked(dir)], Verdict::Accept),
+        Rule::new(Vec::new(), Verdict::Jump(Chain::Dispatch(dir))),
+    ]
+}
+
+/// The rule of entry chain `entry` in its direction's dispatch chain: its member set
+/// matched on the host interface the traffic enters (egress) or leaves (ingress) by.
+pub fn dispatch_rule(dir: Direction, entry: &Chain) -> Rule {
+    Rule::new(
+        vec![Match::Iface {
+            input: dir == Direction::Egress,
+            set: SetName::Members(entry.clone()),
+        }],
+        Verdict::Jump(entry.clone()),
+    )
 }
 
 /// The version of how a policy's rules are written as nft rules, part of every policy
 /// chain's name: a weftd that writes them differently replaces the chains an older one
-/// left (a chain is compared by name and rule count only). 2: pod peer sets named after
-/// the pods they take, shared between rules.
-const RENDERING: &str = "2";
+/// left. 3: typed rules, range sets named after their ranges.
+const RENDERING: &str = "3";
 
+/// A hash of `parts`, in lower-case hex digits (ten of them unless cut).
 pub(crate) fn short_hash(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
@@ -152,177 +225,208 @@ pub(crate) fn short_hash(parts: &[&str]) -> String {
     d[..5].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Builds a [`Desired`]: with `fill`, every pod-dependent set gets its elements from
-/// every pod of the view; without, the objects are only named (to learn which chains a
-/// pod would use).
-struct Planner<'v> {
-    view: &'v ClusterView,
-    fill: bool,
-    /// A plan whose chains are taken as they are: a chain's name says everything about
-    /// its rules, so one it holds need not be built again. It was planned from the
-    /// policies of `view`, so its chain of a policy is that policy's chain now.
-    known: Option<&'v Desired>,
-    d: Desired,
+/// One alternative of a rule's peers or ports: its matches, and the family they bind
+/// (`None`: either).
+type Alt = (Vec<Match>, Option<bool>);
+
+/// Builds a [`Desired`], or the objects a plan lacks for one more pod: with `known`,
+/// an object it holds is taken as it is (a name says everything about what it holds)
+/// and only new ones are built, filled from every pod of the view.
+pub(crate) struct Planner<'v> {
+    pub(crate) view: &'v ClusterView,
+    pub(crate) known: Option<&'v Desired>,
+    pub(crate) d: Desired,
 }
 
-impl Planner<'_> {
+impl<'v> Planner<'v> {
+    /// A planner over `view`, extending `known` if given.
+    pub(crate) fn new(view: &'v ClusterView, known: Option<&'v Desired>) -> Self {
+        Planner {
+            view,
+            known,
+            d: Desired::default(),
+        }
+    }
+
     /// Whether chain `name` is planned already, here or in the known plan.
-    fn has_chain(&self, name: &str) -> bool {
+    fn has_chain(&self, name: &Chain) -> bool {
         self.d.chains.contains_key(name) || self.known.is_some_and(|k| k.chains.contains_key(name))
     }
 
-    /// Adds the pod-dependent set of `source` (filled from every pod when filling) and
-    /// returns its name.
-    fn pod_set(&mut self, source: SetSource) -> String {
+    fn has_set(&self, name: &SetName) -> bool {
+        self.d.sets.contains_key(name) || self.known.is_some_and(|k| k.sets.contains_key(name))
+    }
+
+    fn counter(&mut self, c: Counter) -> Counter {
+        if !self.known.is_some_and(|k| k.counters.contains(&c)) {
+            self.d.counters.insert(c.clone());
+        }
+        c
+    }
+
+    /// Adds the pod-dependent set of `source` (filled from every pod) and returns its
+    /// name.
+    fn pod_set(&mut self, source: SetSource) -> SetName {
         let name = source.set_name();
-        if self.d.sets.contains_key(&name) {
+        if self.has_set(&name) {
             return name;
         }
-        let kind = source.kind();
-        let elements = if self.fill {
-            self.view
-                .pods
-                .iter()
-                .flat_map(|p| source.elements(self.view, p))
-                .collect()
-        } else {
-            BTreeSet::new()
-        };
-        self.d.sets.insert(name.clone(), SetSpec { kind, elements });
+        let elements = self
+            .view
+            .pods
+            .iter()
+            .flat_map(|p| source.elements(self.view, p))
+            .collect();
+        self.d.sets.insert(
+            name.clone(),
+            SetSpec {
+                kind: source.kind(),
+                elements,
+            },
+        );
         self.d.sources.insert(name.clone(), source);
         name
     }
 
     /// The address matches of pod peers `scopes` (each once), one per scope and family.
-    fn scope_matches(&mut self, dir: Direction, scopes: BTreeSet<PodScope>) -> Vec<(String, Option<bool>)> {
+    fn scope_matches(&mut self, dir: Direction, scopes: BTreeSet<PodScope>) -> Vec<Alt> {
         let mut out = Vec::new();
         for scope in scopes {
             for v6 in [false, true] {
-                let name = self.pod_set(SetSource::Pods {
+                let set = self.pod_set(SetSource::Pods {
                     scope: scope.clone(),
                     v6,
                 });
-                out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
+                out.push((
+                    vec![Match::Addr {
+                        side: Side::of_peer(dir),
+                        v6,
+                        set,
+                    }],
+                    Some(v6),
+                ));
             }
         }
         out
     }
 
-    /// Adds sets of ranges (their elements follow from the policy alone); the matches.
-    fn net_sets(
-        &mut self,
-        dir: Direction,
-        prefix: &str,
-        nets: [Vec<(IpAddr, IpAddr)>; 2],
-    ) -> Vec<(String, Option<bool>)> {
+    /// Adds sets of ranges (their elements follow from the ranges alone, so the name
+    /// is a hash of them and rules with the same ranges share one); the matches.
+    fn range_sets(&mut self, dir: Direction, nets: [Vec<(IpAddr, IpAddr)>; 2]) -> Vec<Alt> {
         let mut out = Vec::new();
         for (v6, ranges) in nets.into_iter().enumerate() {
             if ranges.is_empty() {
                 continue;
             }
             let v6 = v6 == 1;
-            let name = format!("{prefix}_nets{}", if v6 { 6 } else { 4 });
-            let kind = if v6 { SetKind::Net6 } else { SetKind::Net4 };
-            self.d.sets.insert(
-                name.clone(),
-                SetSpec {
-                    kind,
-                    elements: merge(ranges),
-                },
-            );
-            out.push((format!("{} @{name}", addr_match(dir, v6)), Some(v6)));
+            let elements = merge(ranges);
+            let text: Vec<String> = elements.iter().map(ToString::to_string).collect();
+            let set = SetName::Data {
+                role: SetRole::Ranges,
+                hash: short_hash(&[&text.join(",")]),
+                v6,
+            };
+            if !self.has_set(&set) {
+                let kind = if v6 { SetKind::Net6 } else { SetKind::Net4 };
+                self.d.sets.insert(set.clone(), SetSpec { kind, elements });
+            }
+            out.push((
+                vec![Match::Addr {
+                    side: Side::of_peer(dir),
+                    v6,
+                    set,
+                }],
+                Some(v6),
+            ));
         }
         out
     }
 
     /// The address matches of a NetworkPolicy rule's peers, each with the family it
-    /// binds (`None`: every family); `[("", None)]` when the rule takes every peer.
-    fn peers(
-        &mut self,
-        policy: &std::sync::Arc<Policy>,
-        ri: usize,
-        dir: Direction,
-        prefix: &str,
-    ) -> Vec<(String, Option<bool>)> {
-        let Some(peers) = policy.rules(dir).and_then(|r| r.get(ri)).and_then(|r| r.peers.clone()) else {
-            return vec![(String::new(), None)];
+    /// binds; `[([], None)]` when the rule takes every peer.
+    fn peers(&mut self, policy: &Policy, peers: Option<&[Peer]>, dir: Direction) -> Vec<Alt> {
+        let Some(peers) = peers else {
+            return vec![(Vec::new(), None)];
         };
         let scopes = peers.iter().filter_map(|p| PodScope::of_peer(policy, p)).collect();
         let mut out = self.scope_matches(dir, scopes);
         let mut nets: [Vec<(IpAddr, IpAddr)>; 2] = [Vec::new(), Vec::new()];
-        for p in &peers {
+        for p in peers {
             if let Peer::Block { cidr, except } = p {
                 nets[usize::from(cidr.addr().is_ipv6())].extend(block_ranges(cidr, except));
             }
         }
-        out.extend(self.net_sets(dir, prefix, nets));
+        out.extend(self.range_sets(dir, nets));
         out
     }
 
-    /// The address matches of a ClusterNetworkPolicy rule's peers; `[("", None)]` when
-    /// a peer weft cannot evaluate makes a Deny or Pass rule match everything (fail
-    /// closed); none when nothing can match.
-    fn cluster_peers(
-        &mut self,
-        cnp: &std::sync::Arc<ClusterPolicy>,
-        ri: usize,
-        dir: Direction,
-        prefix: &str,
-    ) -> Vec<(String, Option<bool>)> {
-        let rule = &cnp.rules(dir)[ri];
-        if rule.action != CnpAction::Accept && rule.peers.iter().any(|p| matches!(p, ClusterPeer::FailClosed(_))) {
-            return vec![(String::new(), None)];
+    /// The address matches of a ClusterNetworkPolicy rule's peers; `[([], None)]` when
+    /// a peer takes every address; none when nothing can match.
+    fn cluster_peers(&mut self, peers: &[ClusterPeer], dir: Direction) -> Vec<Alt> {
+        if peers.contains(&ClusterPeer::All) {
+            return vec![(Vec::new(), None)];
         }
-        let scopes = rule.peers.iter().filter_map(PodScope::of_cluster_peer).collect();
+        let scopes = peers.iter().filter_map(PodScope::of_cluster_peer).collect();
         let mut out = self.scope_matches(dir, scopes);
         let mut nets: [Vec<(IpAddr, IpAddr)>; 2] = [Vec::new(), Vec::new()];
-        for p in &rule.peers {
+        for p in peers {
             match p {
                 ClusterPeer::Networks(list) => {
                     for n in list {
                         nets[usize::from(n.addr().is_ipv6())].push((n.network(), n.broadcast()));
                     }
                 }
-                ClusterPeer::AllNodes => {
-                    for ip in self.view.nodes.keys() {
-                        nets[usize::from(ip.is_ipv6())].push((*ip, *ip));
+                ClusterPeer::Nodes(sel) => {
+                    for (ip, node) in &self.view.nodes {
+                        if sel.matches(self.view.node_labels(node)) {
+                            nets[usize::from(ip.is_ipv6())].push((*ip, *ip));
+                        }
                     }
                 }
-                ClusterPeer::Pods { .. } | ClusterPeer::FailClosed(_) => {}
+                ClusterPeer::Pods { .. } | ClusterPeer::All => {}
             }
         }
-        out.extend(self.net_sets(dir, prefix, nets));
+        out.extend(self.range_sets(dir, nets));
         out
     }
 
-    /// The port matches of a rule, each with the family it binds; `[("", None)]` when
-    /// the rule takes every port. Named ports resolve on the destination pod.
-    fn ports(
-        &mut self,
-        ports: Option<&Vec<PortMatch>>,
-        subject: &PodScope,
-        dir: Direction,
-    ) -> Vec<(String, Option<bool>)> {
+    /// The port matches of a rule, each with the family it binds; `[([], None)]` when
+    /// the rule takes every port. Named ports resolve on the destination pod: for
+    /// ingress, this node's pods of the rule's subject; for egress, any pod.
+    fn ports(&mut self, ports: Option<&[PortMatch]>, subject: &PodScope, dir: Direction) -> Vec<Alt> {
         let Some(ports) = ports else {
-            return vec![(String::new(), None)];
+            return vec![(Vec::new(), None)];
         };
         let mut out = Vec::new();
         for pm in ports {
-            let proto = pm.protocol.as_str();
+            let protocol = pm.protocol;
             match &pm.ports {
-                Ports::All => out.push((format!("meta l4proto {proto}"), None)),
-                Ports::One(p) => out.push((format!("meta l4proto {proto} th dport {p}"), None)),
-                Ports::Range(a, b) => out.push((format!("meta l4proto {proto} th dport {a}-{b}"), None)),
+                Ports::All => out.push((vec![Match::Proto(protocol)], None)),
+                Ports::One(p) => out.push((
+                    vec![Match::Port {
+                        protocol,
+                        from: *p,
+                        to: *p,
+                    }],
+                    None,
+                )),
+                Ports::Range(a, b) => out.push((
+                    vec![Match::Port {
+                        protocol,
+                        from: *a,
+                        to: *b,
+                    }],
+                    None,
+                )),
                 Ports::Named(port_name) => {
                     for v6 in [false, true] {
-                        let name = self.pod_set(SetSource::Named {
+                        let set = self.pod_set(SetSource::Named {
                             dest: (dir == Direction::Ingress).then(|| subject.clone()),
                             name: port_name.clone(),
-                            protocol: pm.protocol,
+                            protocol,
                             v6,
                         });
-                        let daddr = if v6 { "ip6 daddr" } else { "ip daddr" };
-                        out.push((format!("{daddr} . meta l4proto . th dport @{name}"), Some(v6)));
+                        out.push((vec![Match::DestPort { v6, set }], Some(v6)));
                     }
                 }
             }
@@ -331,36 +435,35 @@ impl Planner<'_> {
     }
 
     /// One policy's chain for `dir`: its sets and rules.
-    fn policy(&mut self, policy: &std::sync::Arc<Policy>, dir: Direction) -> String {
-        // Naming a chain hashes the policy's rules: an ADD's fast path takes the name
-        // the plan has.
+    fn policy(&mut self, policy: &Arc<Policy>, dir: Direction) -> Chain {
+        // Naming a chain hashes the policy's rules: an ADD's path takes the name the
+        // plan has.
         if let Some(name) = self.known.and_then(|k| k.chain_of.get(&(policy.id, dir))) {
             return name.clone();
         }
         let rules = policy.rules(dir).unwrap_or_default();
-        let spec_text = format!("{:?}", rules);
-        let chain = format!(
-            "p{}{}{}",
-            policy.id,
-            dir.letter(),
-            &short_hash(&[RENDERING, &spec_text])[..4]
-        );
+        let chain = Chain::Policy {
+            id: policy.id,
+            direction: dir,
+            hash: short_hash(&[RENDERING, &format!("{rules:?}")])[..4].to_string(),
+        };
         if self.has_chain(&chain) {
             return chain;
         }
-        let counter = format!("a{}{}", policy.id, dir.letter());
-        self.d.counters.insert(counter.clone());
+        let counter = self.counter(Counter::Policy {
+            id: policy.id,
+            direction: dir,
+        });
         let subject = PodScope::subject_of(policy);
-        let mut text = Vec::new();
-        for (ri, rule) in rules.iter().enumerate() {
-            let prefix = format!("{chain}r{ri}");
-            let peers = self.peers(policy, ri, dir, &prefix);
-            let ports = self.ports(rule.ports.as_ref(), &subject, dir);
+        let mut lines = Vec::new();
+        for rule in rules {
+            let peers = self.peers(policy, rule.peers.as_deref(), dir);
+            let ports = self.ports(rule.ports.as_deref(), &subject, dir);
             for m in combine(&peers, &ports) {
-                text.push(format!("{m}counter name \"{counter}\" {}", allow(dir)));
+                lines.push(Rule::allow(m, counter.clone(), dir));
             }
         }
-        self.d.chains.insert(chain.clone(), text);
+        self.d.chains.insert(chain.clone(), lines);
         self.d.chain_of.insert((policy.id, dir), chain.clone());
         self.d.policy_chains.insert(
             chain.clone(),
@@ -378,30 +481,45 @@ impl Planner<'_> {
     /// jumps to each policy's chain (a rule that matches accepts) and ends in a logged,
     /// counted drop (an accept in an audit namespace). Pods of one namespace with the
     /// same policies share it.
-    fn group(&mut self, pod: &PolicyPod, isolating: &[&std::sync::Arc<Policy>], dir: Direction) -> String {
+    fn group(&mut self, pod: &PolicyPod, isolating: &[&Arc<Policy>], dir: Direction) -> Chain {
         let audit = self.view.audit(&pod.namespace);
-        let jumps: Vec<String> = isolating.iter().map(|p| self.policy(p, dir)).collect();
-        let mut key: Vec<&str> = jumps.iter().map(String::as_str).collect();
-        key.push(if audit { "audit" } else { "enforce" });
-        let name = format!("g{}{}", short_hash(&key), dir.letter());
-        if !self.has_chain(&name) {
-            let counter = format!("d{}", &name[1..]);
-            self.d.counters.insert(counter.clone());
-            let mut rules: Vec<String> = jumps.iter().map(|j| format!("jump {j}")).collect();
+        let jumps: Vec<Chain> = isolating.iter().map(|p| self.policy(p, dir)).collect();
+        let mut key: Vec<String> = jumps.iter().map(ToString::to_string).collect();
+        key.push(if audit { "audit" } else { "enforce" }.into());
+        let refs: Vec<&str> = key.iter().map(String::as_str).collect();
+        let chain = Chain::Group {
+            hash: short_hash(&refs),
+            direction: dir,
+        };
+        if !self.has_chain(&chain) {
+            let Chain::Group { hash, .. } = &chain else {
+                unreachable!()
+            };
+            let counter = self.counter(Counter::Group {
+                hash: hash.clone(),
+                direction: dir,
+            });
+            let mut rules: Vec<Rule> = jumps
+                .into_iter()
+                .map(|j| Rule::new(Vec::new(), Verdict::Jump(j)))
+                .collect();
+            rules.push(Rule::log(
+                Vec::new(),
+                LogPrefix::Group {
+                    chain: chain.clone(),
+                    audit,
+                },
+            ));
             // An audited flow is remembered as allowed too: it is reported and counted
             // once, like an allowed one.
-            let (word, verdict) = if audit {
-                ("audit", allow(dir))
+            rules.push(if audit {
+                Rule::allow(Vec::new(), counter, dir)
             } else {
-                ("deny", "drop".to_string())
-            };
-            rules.push(format!(
-                "limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {LOG_GROUP} prefix \"weft {word} {name}\""
-            ));
-            rules.push(format!("counter name \"{counter}\" {verdict}"));
-            self.d.chains.insert(name.clone(), rules);
+                Rule::new(Vec::new(), Verdict::Drop).counted(counter)
+            });
+            self.d.chains.insert(chain.clone(), rules);
             self.d.groups.insert(
-                name.clone(),
+                chain.clone(),
                 Group {
                     direction: dir,
                     namespace: pod.namespace.clone(),
@@ -410,19 +528,22 @@ impl Planner<'_> {
                 },
             );
         }
-        name
+        chain
     }
 
     /// The rules of one tier's ClusterNetworkPolicies for `dir`, inline and in order:
     /// the first that matches decides (accept, or a logged drop) or, for Pass, does
     /// `on_pass` (a goto to the next tier's chain, or a return to the default).
-    fn cluster_lines(&mut self, cnps: &[&std::sync::Arc<ClusterPolicy>], dir: Direction, on_pass: &str) -> Vec<String> {
-        let mut lines = Vec::new();
+    fn cluster_rules(&mut self, cnps: &[&Arc<ClusterPolicy>], dir: Direction, on_pass: &Verdict) -> Vec<Rule> {
+        let mut out = Vec::new();
         for cnp in cnps {
             let subject = PodScope::subject_of_cluster(cnp);
             for (i, rule) in cnp.rules(dir).iter().enumerate() {
-                let counter = format!("k{}{}{i}", cnp.id, dir.letter());
-                self.d.counters.insert(counter.clone());
+                let counter = self.counter(Counter::ClusterRule {
+                    id: cnp.id,
+                    direction: dir,
+                    rule: i,
+                });
                 self.d.cluster_rules.insert(
                     counter.clone(),
                     ClusterRuleRef {
@@ -434,68 +555,70 @@ impl Planner<'_> {
                         action: rule.action,
                     },
                 );
-                let spec_hash = short_hash(&[&format!("{rule:?}")]);
-                let prefix = format!("{counter}{}", &spec_hash[..4]);
-                let peers = self.cluster_peers(cnp, i, dir, &prefix);
-                let ports = self.ports(rule.ports.as_ref(), &subject, dir);
+                let peers = self.cluster_peers(&rule.peers, dir);
+                let ports = self.ports(rule.ports.as_deref(), &subject, dir);
                 for m in combine(&peers, &ports) {
                     match rule.action {
-                        CnpAction::Accept => lines.push(format!("{m}counter name \"{counter}\" {}", allow(dir))),
+                        CnpAction::Accept => out.push(Rule::allow(m, counter.clone(), dir)),
                         CnpAction::Deny => {
-                            lines.push(format!(
-                                "{m}limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {LOG_GROUP} prefix \"weft cnp {counter}\""
-                            ));
-                            lines.push(format!("{m}counter name \"{counter}\" drop"));
+                            out.push(Rule::log(m.clone(), LogPrefix::ClusterDeny(counter.clone())));
+                            out.push(Rule::new(m, Verdict::Drop).counted(counter.clone()));
                         }
-                        CnpAction::Pass => lines.push(format!("{m}counter name \"{counter}\" {on_pass}")),
+                        CnpAction::Pass => out.push(Rule::new(m, on_pass.clone()).counted(counter.clone())),
                     }
                 }
             }
         }
-        lines
+        out
     }
 
-    /// Adds a chain named after what it holds (`letter`, a hash, the direction).
-    fn named_chain(&mut self, letter: char, dir: Direction, lines: Vec<String>) -> String {
-        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
-        let name = format!("{letter}{}{}", short_hash(&refs), dir.letter());
-        self.d.chains.entry(name.clone()).or_insert(lines);
-        name
+    /// Adds a tier chain named after what it holds.
+    fn tier_chain(&mut self, tier: CnpTier, dir: Direction, rules: Vec<Rule>) -> Chain {
+        let text: Vec<String> = rules.iter().map(ToString::to_string).collect();
+        let refs: Vec<&str> = text.iter().map(String::as_str).collect();
+        let hash = short_hash(&refs);
+        let chain = match tier {
+            CnpTier::Admin => Chain::Admin { hash, direction: dir },
+            CnpTier::Baseline => Chain::Baseline { hash, direction: dir },
+        };
+        if !self.has_chain(&chain) {
+            self.d.chains.insert(chain.clone(), rules);
+        }
+        chain
     }
 
     /// The chain `pod`'s traffic in `dir` jumps to, with everything it needs; `None`
     /// when no policy applies to it that way.
-    fn entry(&mut self, pod: &PolicyPod, dir: Direction) -> Option<String> {
+    pub(crate) fn entry(&mut self, pod: &PolicyPod, dir: Direction) -> Option<Chain> {
         let view = self.view;
-        let admin: Vec<&std::sync::Arc<ClusterPolicy>> = view.cluster_selecting(pod, dir, CnpTier::Admin).collect();
-        let baseline: Vec<&std::sync::Arc<ClusterPolicy>> =
-            view.cluster_selecting(pod, dir, CnpTier::Baseline).collect();
-        let isolating: Vec<&std::sync::Arc<Policy>> = view.isolating(pod, dir).collect();
+        let admin: Vec<&Arc<ClusterPolicy>> = view.cluster_selecting(pod, dir, CnpTier::Admin).collect();
+        let baseline: Vec<&Arc<ClusterPolicy>> = view.cluster_selecting(pod, dir, CnpTier::Baseline).collect();
+        let isolating: Vec<&Arc<Policy>> = view.isolating(pod, dir).collect();
         // NetworkPolicy decides for the pods it isolates; the Baseline tier only for
         // the others.
         let tail = if !isolating.is_empty() {
             Some(self.group(pod, &isolating, dir))
         } else if !baseline.is_empty() {
-            let lines = self.cluster_lines(&baseline, dir, "return");
-            Some(self.named_chain('b', dir, lines))
+            let rules = self.cluster_rules(&baseline, dir, &Verdict::Return);
+            Some(self.tier_chain(CnpTier::Baseline, dir, rules))
         } else {
             None
         };
         if admin.is_empty() {
             return tail;
         }
-        let on_pass = tail.as_ref().map_or("return".to_string(), |t| format!("goto {t}"));
-        let mut lines = self.cluster_lines(&admin, dir, &on_pass);
-        if let Some(t) = &tail {
-            lines.push(format!("goto {t}"));
+        let on_pass = tail.clone().map_or(Verdict::Return, Verdict::Goto);
+        let mut rules = self.cluster_rules(&admin, dir, &on_pass);
+        if let Some(t) = tail {
+            rules.push(Rule::new(Vec::new(), Verdict::Goto(t)));
         }
-        Some(self.named_chain('a', dir, lines))
+        Some(self.tier_chain(CnpTier::Admin, dir, rules))
     }
 }
 
-/// The rule texts of every peer match with every port match of the same family (or
-/// of none), each ending in a space.
-fn combine(peers: &[(String, Option<bool>)], ports: &[(String, Option<bool>)]) -> Vec<String> {
+/// The matches of every peer alternative with every port alternative of the same
+/// family (or of none).
+fn combine(peers: &[Alt], ports: &[Alt]) -> Vec<Vec<Match>> {
     let mut out = Vec::new();
     for peer in peers {
         for port in ports {
@@ -505,30 +628,14 @@ fn combine(peers: &[(String, Option<bool>)], ports: &[(String, Option<bool>)]) -
             {
                 continue;
             }
-            out.push(
-                [peer.0.as_str(), port.0.as_str()]
-                    .iter()
-                    .filter(|x| !x.is_empty())
-                    .map(|x| format!("{x} "))
-                    .collect(),
-            );
+            out.push(peer.0.iter().chain(&port.0).cloned().collect());
         }
     }
     out
 }
 
-/// The peer-match expression of one side (`saddr` for ingress, `daddr` for egress).
-fn addr_match(dir: Direction, v6: bool) -> &'static str {
-    match (dir, v6) {
-        (Direction::Ingress, false) => "ip saddr",
-        (Direction::Ingress, true) => "ip6 saddr",
-        (Direction::Egress, false) => "ip daddr",
-        (Direction::Egress, true) => "ip6 daddr",
-    }
-}
-
 /// This node's pods, with what the view knows of them (labels from the API).
-fn local_pods(view: &ClusterView) -> Vec<(String, std::sync::Arc<PolicyPod>)> {
+fn local_pods(view: &ClusterView) -> Vec<(String, Arc<PolicyPod>)> {
     view.local
         .values()
         .filter_map(|l| view.pod(&l.namespace, &l.name).map(|p| (l.host_ifname.clone(), p)))
@@ -538,12 +645,7 @@ fn local_pods(view: &ClusterView) -> Vec<(String, std::sync::Arc<PolicyPod>)> {
 
 /// Plans weft's policy table for this node (its pods are `view.local`).
 pub fn plan(view: &ClusterView) -> Desired {
-    let mut p = Planner {
-        view,
-        fill: true,
-        known: None,
-        d: Desired::default(),
-    };
+    let mut p = Planner::new(view, None);
     for dir in Direction::BOTH {
         for (host_ifname, pod) in local_pods(view) {
             let Some(entry) = p.entry(&pod, dir) else { continue };
@@ -555,13 +657,6 @@ pub fn plan(view: &ClusterView) -> Desired {
         }
     }
     p.d
-}
-
-impl Desired {
-    /// Whether a set of this plan holds IPv6 elements (for tests and metrics).
-    pub fn is_v6(&self, set: &str) -> Option<bool> {
-        self.sets.get(set).map(|s| s.kind.v6())
-    }
 }
 
 #[cfg(test)]

@@ -6,73 +6,26 @@
 //! ClusterNetworkPolicy tiers.
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
-use weft_kernel::ptp::{PodAddress, PodNetwork};
 use weft_kernel::testutil::{TempNetns, privileged};
-use weft_policy::nft::{self, Observed};
-use weft_policy::{ClusterView, LocalPod, NftKernel, PolicyKernel, plan};
-use weft_topology::{PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol};
+use weft_policy::names::Counter;
+use weft_policy::nft::Observed;
+use weft_policy::{ClusterView, Direction, LocalPod, NftKernel, PolicyKernel, plan};
+use weft_topology::{PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol, Strict};
 
-struct Host {
-    ns: TempNetns,
-    ip: IpAddr,
-    /// `namespace/name`, or `None` for the address outside the cluster.
-    pod: Option<(String, String)>,
-    host_ifname: String,
-}
+mod support;
 
-fn host(node: &TempNetns, i: u8, ip: &str, gw: &str, pod: Option<(&str, &str)>) -> Host {
-    let ns = TempNetns::new();
-    let host_ifname = format!("wpol{i}");
-    let net = PodNetwork {
-        netns: ns.path().to_path_buf(),
-        ifname: "eth0".into(),
-        host_ifname: host_ifname.clone(),
-        host_mac: [2, 0, 0, 0, 1, i],
-        pod_mac: [2, 0, 0, 0, 2, i],
-        mtu: 1500,
-        addresses: vec![PodAddress {
-            address: ip.parse().unwrap(),
-            gateway: gw.parse().unwrap(),
-        }],
-        alias: format!("weft:test-{i}"),
-    };
-    node.run(|| net.setup()).unwrap();
-    Host {
-        ns,
-        ip: ip.parse().unwrap(),
-        pod: pod.map(|(a, b)| (a.to_string(), b.to_string())),
-        host_ifname,
-    }
-}
+use support::{Host, host, program};
 
 /// Accepts on 80 and 81 until `stop`.
 fn serve(h: &Host, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
-    [80u16, 81]
-        .into_iter()
-        .map(|port| {
-            let l = h.ns.run(|| TcpListener::bind(("0.0.0.0", port)).unwrap());
-            l.set_nonblocking(true).unwrap();
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    match l.accept() {
-                        Ok((mut c, _)) => {
-                            let _ = c.write_all(b"ok");
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                    }
-                }
-            })
-        })
-        .collect()
+    support::serve(h, &[(PortProtocol::Tcp, 80), (PortProtocol::Tcp, 81)], stop)
 }
 
 /// Every connection between the hosts, tried at once: `(src, dst, port) -> passed`.
@@ -100,11 +53,15 @@ fn probe(hosts: &[Host]) -> HashMap<(usize, usize, u16), bool> {
     })
 }
 
-fn np(ns: &str, name: &str, spec: Value) -> Arc<NetworkPolicy> {
+fn np(ns: &str, name: &str, spec: Value) -> Arc<Strict<NetworkPolicy>> {
     Arc::new(serde_json::from_value(json!({"metadata": {"namespace": ns, "name": name}, "spec": spec})).unwrap())
 }
 
-fn objects(hosts: &[Host], labels: &HashMap<String, String>, policies: Vec<Arc<NetworkPolicy>>) -> PolicyObjects {
+fn objects(
+    hosts: &[Host],
+    labels: &HashMap<String, String>,
+    policies: Vec<Arc<Strict<NetworkPolicy>>>,
+) -> PolicyObjects {
     PolicyObjects {
         pods: hosts
             .iter()
@@ -150,21 +107,7 @@ fn view(hosts: &[Host], o: &PolicyObjects) -> ClusterView {
             })
         })
         .collect();
-    ClusterView::new(o, "n1", &local, HashMap::new())
-}
-
-/// Programs the node for `v` from whatever its kernel holds; returns the script.
-fn program(node: &TempNetns, v: &ClusterView) -> Option<String> {
-    let d = plan(v);
-    node.run(|| {
-        let mut k = NftKernel::default();
-        let observed = k.observe().unwrap();
-        let script = nft::diff(&d, &observed);
-        if let Some(s) = &script {
-            k.apply(s).unwrap_or_else(|e| panic!("{e}\n{s}"));
-        }
-        script
-    })
+    ClusterView::new(o, "n1", &local, &[])
 }
 
 fn assert_matches_verdicts(hosts: &[Host], v: &ClusterView, what: &str) {
@@ -268,7 +211,7 @@ fn the_kernel_blocks_exactly_what_the_evaluator_says() {
     let group = d.ingress.values().next().unwrap().clone();
     node.run(|| {
         std::process::Command::new("nft")
-            .args(["flush", "chain", "inet", "weft-policy", &group])
+            .args(["flush", "chain", "inet", "weft-policy", &group.to_string()])
             .status()
             .unwrap()
     });
@@ -300,16 +243,38 @@ fn the_kernel_blocks_exactly_what_the_evaluator_says() {
     let v3 = view(&hosts, &o3);
     let before = plan(&v2);
     let d_pod = v3.pod("x", "d").unwrap();
-    let add = weft_policy::plan::addition(&v3, &before, &d_pod, Some(&hosts[4].host_ifname)).expect("elements only");
+    let add = weft_policy::plan::addition(&v3, &before, &d_pod, Some(&hosts[4].host_ifname));
+    assert!(add.elements_only(), "{add:?}");
     assert!(!add.ingress.is_empty(), "x/d is isolated by x/deny");
-    node.run(|| NftKernel::default().add_elements(&add)).unwrap();
+    node.run(|| NftKernel::default().add(&add)).unwrap();
     let mut want = Observed::after(&plan(&v3));
     let read = node.run(|| NftKernel::default().observe().unwrap());
     want.counters = read.counters.clone();
     assert_eq!(read, want, "the kernel holds the full plan with x/d");
     let servers_d = serve(&hosts[4], stop.clone());
     assert_matches_verdicts(&hosts, &v3, "with the pod added alone");
-    let v2 = v3;
+
+    // The first pod of a new group (x/e, labelled `pod=e`: x/deny and x/from-y isolate
+    // it, x/a-from-b does not): its chains come with it, in one nfnetlink batch, and
+    // the kernel again holds what a full plan holds.
+    hosts.push(host(&node, 5, "10.9.0.15", "10.9.0.1", Some(("x", "e"))));
+    let o4 = objects(&hosts, &labels, policies.clone());
+    let v4 = view(&hosts, &o4);
+    let before = plan(&v3);
+    let e_pod = v4.pod("x", "e").unwrap();
+    let add = weft_policy::plan::addition(&v4, &before, &e_pod, Some(&hosts[5].host_ifname));
+    assert!(
+        !add.elements_only() && !add.new.chains.is_empty(),
+        "a new group: {add:?}"
+    );
+    node.run(|| NftKernel::default().add(&add)).unwrap();
+    let mut want = Observed::after(&plan(&v4));
+    let read = node.run(|| NftKernel::default().observe().unwrap());
+    want.counters = read.counters.clone();
+    assert_eq!(read, want, "the kernel holds the full plan with x/e");
+    let servers_e = serve(&hosts[5], stop.clone());
+    assert_matches_verdicts(&hosts, &v4, "with a new group's first pod added alone");
+    let v2 = v4;
 
     // A denied connection's first packet comes back through NFLOG with its group's
     // name: what names the pods and policies of a deny event.
@@ -338,14 +303,14 @@ fn the_kernel_blocks_exactly_what_the_evaluator_says() {
     );
 
     stop.store(true, Ordering::Relaxed);
-    for s in servers.into_iter().chain(servers_d) {
+    for s in servers.into_iter().chain(servers_d).chain(servers_e) {
         s.join().unwrap();
     }
 }
 
-fn cnp(name: &str, spec: Value) -> Arc<weft_topology::ClusterNetworkPolicy> {
+fn cnp(name: &str, spec: Value) -> Arc<Strict<weft_topology::ClusterNetworkPolicy>> {
     Arc::new(
-        serde_json::from_value(json!({"apiVersion": "policy.networking.k8s.io/v1alpha2",
+        serde_json::from_value(json!({"apiVersion": "policy.networking.k8s.io/v1beta1",
             "kind": "ClusterNetworkPolicy", "metadata": {"name": name}, "spec": spec}))
         .unwrap(),
     )
@@ -405,7 +370,7 @@ fn cluster_network_policy_tiers_in_the_kernel() {
     let mut o = objects(&hosts, &labels, policies.clone());
     o.cluster_policies = cnps(10);
     let v = view(&hosts, &o);
-    assert!(v.errors.is_empty(), "{:?}", v.errors);
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
     program(&node, &v).expect("a first install");
     assert_eq!(program(&node, &v), None);
     assert_matches_verdicts(&hosts, &v, "with the tiers");
@@ -469,26 +434,32 @@ fn a_one_way_udp_flow_walks_the_policy_chains_once() {
     assert_eq!(received, PACKETS, "the allowed flow's packets all arrive");
 
     let observed = node.run(|| NftKernel::default().observe()).unwrap();
-    let counted = |first: char| -> u64 {
+    let counted = |policy: bool| -> u64 {
         observed
             .counters
             .iter()
-            .filter(|(name, _)| name.starts_with(first) && name.ends_with('i'))
+            .filter(|(c, _)| match c {
+                Counter::Policy { direction, .. } => policy && direction == &Direction::Ingress,
+                Counter::Group { direction, .. } => !policy && direction == &Direction::Ingress,
+                Counter::ClusterRule { .. } => false,
+            })
             .map(|(_, n)| *n)
             .sum()
     };
     assert_eq!(
-        counted('a'),
+        counted(true),
         1,
         "the allowed flow is decided by its first packet only: {observed:?}"
     );
     assert_eq!(
-        counted('d'),
+        counted(false),
         PACKETS,
         "every packet of the denied flow is decided: {observed:?}"
     );
     // The metrics read the counters over nfnetlink, not through `nft`: the same numbers.
     let dumped = node.run(|| NftKernel::default().counters()).unwrap();
-    assert_eq!(dumped, observed.counters, "nfnetlink's counters are nft's");
+    let listed: std::collections::BTreeMap<String, u64> =
+        observed.counters.iter().map(|(c, n)| (c.to_string(), *n)).collect();
+    assert_eq!(dumped, listed, "nfnetlink's counters are nft's");
     assert!(dumped.values().any(|n| *n > 0), "{dumped:?}");
 }

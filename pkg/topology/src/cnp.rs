@@ -1,20 +1,39 @@
-//! `ClusterNetworkPolicy` (`policy.networking.k8s.io/v1alpha2`), the network-policy-api
-//! successor of AdminNetworkPolicy and BaselineAdminNetworkPolicy: cluster-wide
-//! policies in an Admin tier (before NetworkPolicy) and a Baseline tier (after), with
-//! priorities and Accept, Deny and Pass actions. The types follow the upstream API
-//! (kubernetes-sigs/network-policy-api, `apis/v1alpha2`); weft reads them as plain
-//! serde types (the CRD is the network-policy-api project's to install). Rules may
-//! name ports either as upstream's `match` list (`tcp`/`udp` port numbers and ranges,
-//! `namedPort`) or as AdminNetworkPolicy's `ports` list (`portNumber`, `portRange`,
-//! `namedPort`), which implementations and users still write.
+//! `ClusterNetworkPolicy` (`policy.networking.k8s.io`), the network-policy-api successor
+//! of AdminNetworkPolicy and BaselineAdminNetworkPolicy: cluster-wide policies in an
+//! Admin tier (before NetworkPolicy) and a Baseline tier (after), with priorities and
+//! Accept, Deny and Pass actions. The types follow the upstream API
+//! (kubernetes-sigs/network-policy-api, `apis/v1alpha2` as released in v0.2.0 and
+//! `apis/v1beta1`, which have the same shape); weft reads them as plain serde types (the
+//! CRD is the network-policy-api project's to install), through [`crate::strict`], so
+//! a field these types lack is seen, never dropped.
+//!
+//! A rule's ports may be written three ways: upstream's released `protocols` list
+//! (`tcp`/`udp`/`sctp` with a `destinationPort` `number` or `range`, or
+//! `destinationNamedPort`), the earlier v1alpha2 drafts' `match` list (`tcp`/`udp`/`sctp`
+//! port `number` or `portRange`, `namedPort`), and AdminNetworkPolicy's `ports` list
+//! (`portNumber`, `portRange`, `namedPort`), which implementations and users still write.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The API group of ClusterNetworkPolicy.
+pub const CNP_GROUP: &str = "policy.networking.k8s.io";
+
+/// The versions weft reads, in the order it prefers them when a cluster serves both
+/// (the same object, converted): v1beta1 first (upstream's storage version).
+pub const CNP_VERSIONS: [&str; 2] = ["v1beta1", "v1alpha2"];
+
+/// Whether `api_version` (`group/version`) is one weft reads ClusterNetworkPolicy at.
+pub fn cnp_api_version_known(api_version: &str) -> bool {
+    api_version
+        .split_once('/')
+        .is_some_and(|(g, v)| g == CNP_GROUP && CNP_VERSIONS.contains(&v))
+}
+
 /// The tier a ClusterNetworkPolicy is evaluated in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CnpTier {
     /// Before NetworkPolicy: a final Accept or Deny here is not overridden.
     Admin,
@@ -22,8 +41,27 @@ pub enum CnpTier {
     Baseline,
 }
 
+impl CnpTier {
+    /// Reads the API's spelling (`Admin`, `Baseline`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "Admin" => Some(Self::Admin),
+            "Baseline" => Some(Self::Baseline),
+            _ => None,
+        }
+    }
+
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admin => "Admin",
+            Self::Baseline => "Baseline",
+        }
+    }
+}
+
 /// What a rule does to the traffic it matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CnpAction {
     /// Allowed; no later rule or tier is looked at.
     Accept,
@@ -33,16 +71,37 @@ pub enum CnpAction {
     Pass,
 }
 
+impl CnpAction {
+    /// Reads the API's spelling (`Accept`, `Deny`, `Pass`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "Accept" => Some(Self::Accept),
+            "Deny" => Some(Self::Deny),
+            "Pass" => Some(Self::Pass),
+            _ => None,
+        }
+    }
+
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accept => "Accept",
+            Self::Deny => "Deny",
+            Self::Pass => "Pass",
+        }
+    }
+}
+
 /// Pods in namespaces (both selectors; `{}` selects all).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NamespacedPod {
-    /// Which namespaces.
+    /// Which namespaces (absent: all).
     #[serde(default)]
     pub namespace_selector: LabelSelector,
-    /// Which pods in them.
-    #[serde(default)]
-    pub pod_selector: LabelSelector,
+    /// Which pods in them (required by the API: absent is not read as "all").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
 }
 
 /// The pods a policy applies to: exactly one field.
@@ -152,21 +211,75 @@ pub struct CnpPort {
     pub port_range: Option<CnpPortRange>,
 }
 
+/// A destination port of the released API's `protocols` form: exactly one field.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CnpDestinationPort {
+    /// One port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub number: Option<i32>,
+    /// A range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<CnpRange>,
+}
+
+/// `start` to `end`, both included (the released API: `start` below `end`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CnpRange {
+    /// First port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<i32>,
+    /// Last port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<i32>,
+}
+
+/// The match of one protocol in the `protocols` form (at least one field).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CnpProtocolPorts {
+    /// The destination port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination_port: Option<CnpDestinationPort>,
+}
+
+/// One entry of a rule's `protocols` (the released API): exactly one field.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CnpProtocol {
+    /// TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<CnpProtocolPorts>,
+    /// UDP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp: Option<CnpProtocolPorts>,
+    /// SCTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sctp: Option<CnpProtocolPorts>,
+    /// A destination pod's container port by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination_named_port: Option<String>,
+}
+
 /// One ingress or egress rule, in the order written (the first that matches decides).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct CnpRule {
     /// A name for people (in logs and explanations).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
-    /// What it does.
-    pub action: Option<CnpAction>,
+    /// What it does: `Accept`, `Deny` or `Pass` ([`CnpAction::parse`]; kept as written,
+    /// so an action weft does not know is seen, not a decoding error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
     /// The sources (ingress).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<Vec<CnpPeer>>,
     /// The destinations (egress).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<Vec<CnpPeer>>,
-    /// Ports, upstream v1alpha2's form (absent or empty: every port and protocol).
+    /// Ports, the released API's form (absent: every port and protocol).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocols: Option<Vec<CnpProtocol>>,
+    /// Ports, the earlier v1alpha2 drafts' form.
     #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
     pub matches: Option<Vec<CnpMatch>>,
     /// Ports, AdminNetworkPolicy's form.
@@ -178,18 +291,19 @@ pub struct CnpRule {
 #[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "policy.networking.k8s.io",
-    version = "v1alpha2",
+    version = "v1beta1",
     kind = "ClusterNetworkPolicy",
     plural = "clusternetworkpolicies",
     derive = "PartialEq",
     derive = "Default"
 )]
 pub struct ClusterNetworkPolicySpec {
-    /// `Admin` or `Baseline`.
-    pub tier: Option<CnpTier>,
-    /// 0 to 1000; lower goes first within the tier.
-    #[serde(default)]
-    pub priority: i32,
+    /// `Admin` or `Baseline` ([`CnpTier::parse`]; kept as written, as the action is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    /// 0 to 1000; lower goes first within the tier (required).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
     /// The pods it applies to.
     #[serde(default)]
     pub subject: CnpSubject,

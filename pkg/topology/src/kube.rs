@@ -28,16 +28,20 @@ pub const FIELD_MANAGER: &str = "weftd";
 /// the cluster, and, for network policy, of every `Pod`, `Namespace`, `NetworkPolicy`
 /// and `ClusterNetworkPolicy`. Writes go to the API server.
 ///
-/// ClusterNetworkPolicy's CRD is not weft's, so the policy objects do not wait for it:
-/// where the cluster answers 404 (no CRD) the kind counts as listed with none (synced,
-/// not stale; said once in the log) and is asked for again after 1 s, doubling up to
-/// every 60 s, so a CRD installed later is picked up. A 403 (the ClusterRole lacks it)
-/// is logged as an error and counts as listed too, but stale: never synced would leave
-/// every new pod of a cluster whose RBAC was not updated without networking (a 403 does
-/// not even say the CRD exists), while stale keeps saying (`weft_policy_stale`,
-/// `/readyz`) that their Admin-tier denies, if any, are not enforced; ones read before
-/// the 403 stay enforced. Any other failure is a lost watch: stale, the last objects
-/// kept.
+/// Policies are read strictly (a field weft does not know is named in
+/// [`crate::Strict::unknown`]); one that does not decode is left out alone, with a
+/// warning. ClusterNetworkPolicy is watched at v1beta1 and v1alpha2, each object once
+/// (v1beta1's copy where both are served). Its CRD is not weft's, so the policy objects
+/// do not wait for it: where the cluster answers 404 at a version (no CRD, or that
+/// version not served) the version counts as listed with none (synced, not stale; said
+/// in the log, and once more plainly when neither version is served) and is asked for
+/// again after 1 s, doubling up to every 60 s, so a CRD installed later is picked up.
+/// A 403 (the ClusterRole lacks it) is logged as an error and counts as listed too, but
+/// stale: never synced would leave every new pod of a cluster whose RBAC was not
+/// updated without networking (a 403 does not even say the CRD exists), while stale
+/// keeps saying (`weft_policy_stale`, `/readyz`) that their Admin-tier denies, if any,
+/// are not enforced; ones read before the 403 stay enforced. Any other failure is a lost
+/// watch: stale, the last objects kept.
 pub struct KubeSource {
     client: Client,
     node_name: String,
@@ -96,9 +100,10 @@ impl KubeSource {
         }));
 
         // Every Node, not just this one: pod routes to the other nodes come from their
-        // addresses and podCIDRs. Kubelets rewrite their Node often; only those fields
-        // matter, so the cache keeps nothing else and a change is announced only when
-        // what pod networking sees changed.
+        // addresses and podCIDRs, and network policy's node peers from their labels and
+        // addresses. Kubelets rewrite their Node often; only those fields matter, so the
+        // cache keeps nothing else and a change is announced only when what pod
+        // networking or policy sees changed.
         let (nodes, writer) = reflector::store::<Node>();
         let stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
@@ -196,14 +201,14 @@ impl Drop for KubeSource {
     }
 }
 
-/// Keeps only what pod networking reads of a Node (name, uid, podCIDRs, addresses):
-/// a cluster's Nodes carry images, conditions and labels that would otherwise fill the
-/// cache of every daemon.
+/// Keeps only what [`ClusterNode`] reads of a Node (name, uid, labels, podCIDRs,
+/// addresses): a cluster's Nodes carry images, conditions and annotations that would
+/// otherwise fill the cache of every daemon. The labels stay: ClusterNetworkPolicy's
+/// `nodes` peers select Nodes by them.
 fn slim_node(n: &mut Node) {
     use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus};
     n.metadata.managed_fields = None;
     n.metadata.annotations = None;
-    n.metadata.labels = None;
     if let Some(sp) = n.spec.as_mut() {
         *sp = NodeSpec {
             pod_cidr: sp.pod_cidr.take(),

@@ -15,6 +15,7 @@ pub mod kube;
 pub mod node;
 pub mod objects;
 pub mod source;
+pub mod strict;
 pub mod types;
 pub mod validate;
 
@@ -25,5 +26,6 @@ pub use dir::{DirSource, LoadProblem, parse_topologies, read_topologies};
 pub use node::ClusterNode;
 pub use objects::{NamedPort, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol};
 pub use source::{MemorySource, SourceError, TopologySource};
+pub use strict::Strict;
 pub use types::*;
 pub use validate::validate;

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use crate::ClusterNetworkPolicy;
+use crate::strict::Strict;
 
 /// The namespace annotation that puts a namespace's policies in audit mode: would-be
 /// denies are counted and logged, and forwarded.
@@ -185,12 +186,14 @@ pub struct PolicyObjects {
     /// Every namespace, sorted by name.
     pub namespaces: Vec<Arc<PolicyNamespace>>,
     /// Every `networking.k8s.io/v1` NetworkPolicy, sorted by namespace and name, as the
-    /// API has it (validated by the policy engine, which refuses bad ones one by one).
-    pub policies: Vec<Arc<NetworkPolicy>>,
-    /// Every `policy.networking.k8s.io/v1alpha2` ClusterNetworkPolicy, sorted by name,
-    /// with only its name, uid, generation and spec (none where the cluster has no such
-    /// CRD; none, or the last known, and `stale`, where weftd may not read them).
-    pub cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
+    /// API has it, with the fields weft does not know named (the policy engine reads
+    /// each, failing closed on what it cannot understand).
+    pub policies: Vec<Arc<Strict<NetworkPolicy>>>,
+    /// Every ClusterNetworkPolicy (`policy.networking.k8s.io` v1beta1 or v1alpha2; one
+    /// served at both counts once), sorted by name, with only its name, uid, generation
+    /// and spec and the fields weft does not know named (none where the cluster has no
+    /// such CRD; none, or the last known, and `stale`, where weftd may not read them).
+    pub cluster_policies: Vec<Arc<Strict<ClusterNetworkPolicy>>>,
     /// Whether every kind was listed once (before, "no policy" means "not known yet").
     pub synced: bool,
     /// Whether a watch is lost (or refused) now (the objects are the last known;
@@ -207,9 +210,9 @@ pub(crate) struct PolicyMaps {
     /// By name.
     pub(crate) namespaces: BTreeMap<String, Arc<PolicyNamespace>>,
     /// By (namespace, name).
-    pub(crate) policies: BTreeMap<(String, String), Arc<NetworkPolicy>>,
+    pub(crate) policies: BTreeMap<(String, String), Arc<Strict<NetworkPolicy>>>,
     /// By name.
-    pub(crate) cluster_policies: BTreeMap<String, Arc<ClusterNetworkPolicy>>,
+    pub(crate) cluster_policies: BTreeMap<String, Arc<Strict<ClusterNetworkPolicy>>>,
 }
 
 impl PolicyMaps {

@@ -9,6 +9,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use tokio::sync::watch;
 
 use crate::objects::{PolicyMaps, cluster_policy_key, pod_key, policy_key};
+use crate::strict::Strict;
 use crate::{
     ClusterNetworkPolicy, ClusterNode, PolicyNamespace, PolicyObjects, PolicyPod, Topology, TopologyStatus, WireEnd,
 };
@@ -43,7 +44,8 @@ pub trait TopologySource: Send + Sync + 'static {
     /// This node's address (its `InternalIP`), once known.
     fn node_address(&self) -> Option<IpAddr>;
     /// Every node known (this one included), sorted by name: where each is and which
-    /// pod ranges it holds.
+    /// pod ranges it holds, and its labels and external addresses (for network policy's
+    /// node peers). A change of any of these moves [`TopologySource::changes`].
     fn nodes(&self) -> Vec<ClusterNode>;
     /// Records where a pod of this node runs (or, with an empty status, that it is gone).
     fn set_status<'a>(
@@ -206,7 +208,7 @@ impl MemorySource {
         policy.metadata.namespace.get_or_insert_with(|| "default".into());
         self.change_policy(|p| {
             if let Some(key) = policy_key(&policy) {
-                p.maps.policies.insert(key, Arc::new(policy));
+                p.maps.policies.insert(key, Arc::new(Strict::known(policy)));
             }
         });
     }
@@ -225,7 +227,7 @@ impl MemorySource {
         policy.metadata.namespace = None;
         self.change_policy(|p| {
             if let Some(key) = cluster_policy_key(&policy) {
-                p.maps.cluster_policies.insert(key, Arc::new(policy));
+                p.maps.cluster_policies.insert(key, Arc::new(Strict::known(policy)));
             }
         });
     }
@@ -361,7 +363,7 @@ mod tests {
             let mut c = ClusterNetworkPolicy::new(
                 name,
                 crate::ClusterNetworkPolicySpec {
-                    priority,
+                    priority: Some(priority),
                     ..Default::default()
                 },
             );
@@ -373,7 +375,12 @@ mod tests {
         assert_eq!(*changes.borrow(), 2);
         let o = source.policy_objects();
         let names: Vec<_> = (o.cluster_policies.iter())
-            .map(|c| (c.metadata.name.as_deref().unwrap(), c.metadata.namespace.as_deref()))
+            .map(|c| {
+                (
+                    c.object.metadata.name.as_deref().unwrap(),
+                    c.object.metadata.namespace.as_deref(),
+                )
+            })
             .collect();
         assert_eq!(names, [("a", None), ("b", None)], "sorted, cluster-scoped");
 
@@ -382,7 +389,10 @@ mod tests {
         assert_eq!(*changes.borrow(), 2);
         source.put_cluster_policy(cnp("a", 3));
         assert_eq!(*changes.borrow(), 3);
-        assert_eq!(source.policy_objects().cluster_policies[0].spec.priority, 3);
+        assert_eq!(
+            source.policy_objects().cluster_policies[0].object.spec.priority,
+            Some(3)
+        );
         // Without a name, nothing.
         source.put_cluster_policy(ClusterNetworkPolicy::default());
         assert_eq!(*changes.borrow(), 3);

@@ -24,7 +24,7 @@ fn pods(o: &PolicyObjects) -> Vec<String> {
 fn policies(o: &PolicyObjects) -> Vec<String> {
     (o.policies.iter())
         .map(|p| {
-            let m = &p.metadata;
+            let m = &p.object.metadata;
             format!(
                 "{}/{}",
                 m.namespace.as_deref().unwrap_or("?"),
@@ -115,7 +115,7 @@ fn policy_objects_come_from_files_with_several_documents() {
     assert_eq!(o.namespaces[1].labels["env"], "prod");
 
     assert_eq!(policies(&o), ["db/deny", "default/allow-web"]);
-    assert_eq!(o.policies[1].metadata.managed_fields, None, "slimmed");
+    assert_eq!(o.policies[1].object.metadata.managed_fields, None, "slimmed");
 
     // The policy objects are not topologies: nothing else is served.
     assert!(source.topologies().is_empty() && source.nodes().is_empty());
@@ -292,7 +292,7 @@ spec:
 
 fn cluster_policies(o: &PolicyObjects) -> Vec<String> {
     (o.cluster_policies.iter())
-        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .map(|c| c.object.metadata.name.clone().unwrap_or_default())
         .collect()
 }
 
@@ -329,19 +329,23 @@ fn cluster_policies_come_from_files_and_another_api_version_is_refused() {
     assert_eq!(
         problems[2],
         "ClusterNetworkPolicy old (document at line 1): apiVersion \"policy.networking.k8s.io/v1alpha1\" \
-         is not policy.networking.k8s.io/v1alpha2"
+         is not policy.networking.k8s.io/v1beta1 or policy.networking.k8s.io/v1alpha2"
     );
 
     let o = source.policy_objects();
     assert!(o.synced && !o.stale);
     assert_eq!(cluster_policies(&o), ["baseline", "deny-db"]);
     let deny = &o.cluster_policies[1];
-    assert_eq!(deny.spec.priority, 10);
-    assert_eq!(deny.spec.ingress[0].name, "no-db");
-    assert_eq!(deny.metadata.namespace, None, "cluster-scoped");
-    assert_eq!(deny.metadata.labels, None, "slimmed");
-    assert_eq!(deny.metadata.managed_fields, None, "slimmed");
-    assert_eq!(o.cluster_policies[0].spec.priority, 900, "the first baseline wins");
+    assert_eq!(deny.object.spec.priority, Some(10));
+    assert_eq!(deny.object.spec.ingress[0].name, "no-db");
+    assert_eq!(deny.object.metadata.namespace, None, "cluster-scoped");
+    assert_eq!(deny.object.metadata.labels, None, "slimmed");
+    assert_eq!(deny.object.metadata.managed_fields, None, "slimmed");
+    assert_eq!(
+        o.cluster_policies[0].object.spec.priority,
+        Some(900),
+        "the first baseline wins"
+    );
     // The rest of the lab is there too.
     assert_eq!(policies(&o), ["db/deny", "default/allow-web"]);
 
@@ -356,7 +360,10 @@ fn cluster_policies_come_from_files_and_another_api_version_is_refused() {
     source.reload().unwrap();
     expected += 1;
     assert_eq!(*policy_changes.borrow(), expected);
-    assert_eq!(source.policy_objects().cluster_policies[1].spec.priority, 20);
+    assert_eq!(
+        source.policy_objects().cluster_policies[1].object.spec.priority,
+        Some(20)
+    );
     write(
         dir.path(),
         "cnp.yaml",
@@ -373,5 +380,5 @@ fn cluster_policies_come_from_files_and_another_api_version_is_refused() {
     // The duplicate in old.yaml is the one now.
     let o = source.policy_objects();
     assert_eq!(cluster_policies(&o), ["baseline"]);
-    assert_eq!(o.cluster_policies[0].spec.priority, 2);
+    assert_eq!(o.cluster_policies[0].object.spec.priority, Some(2));
 }

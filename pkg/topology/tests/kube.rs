@@ -226,15 +226,36 @@ async fn added_modified_and_deleted_topologies_reach_the_cache_and_bump_changes(
     server.put(&node("node-2", "10.9.9.9"));
     expected += 1;
     settles!("another node", source.nodes().iter().any(|n| n.name == "node-2"));
-    // ...but a rewrite of a Node that changes nothing pod networking reads (as kubelets
-    // do all the time) moves nothing: the next change counts one.
-    let mut relabelled = node("node-2", "10.9.9.9");
-    relabelled.metadata.labels = Some([("kubelet".to_string(), "busy".to_string())].into());
-    server.put(&relabelled);
+    // ...but a rewrite of a Node that changes nothing pod networking or policy reads (as
+    // kubelets do all the time: annotations, conditions) moves nothing: the next change
+    // counts one.
+    let mut annotated = node("node-2", "10.9.9.9");
+    annotated.metadata.annotations = Some([("kubelet".to_string(), "busy".to_string())].into());
+    annotated.status.as_mut().unwrap().conditions = Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+        type_: "Ready".into(),
+        status: "True".into(),
+        ..Default::default()
+    }]);
+    server.put(&annotated);
     server.put(&topo("lab", "r5", vec![]));
     expected += 1;
     settles!("after another node", source.topology("lab", "r5").is_some());
     assert_eq!(source.node_address(), ip("10.1.2.4"));
+    // A label is read (ClusterNetworkPolicy's node peers select by it): one change.
+    let mut relabelled = annotated.clone();
+    relabelled.metadata.labels = Some([("zone".to_string(), "b".to_string())].into());
+    server.put(&relabelled);
+    expected += 1;
+    settles!(
+        "relabelled",
+        (source.nodes().iter()).any(|n| n.name == "node-2" && n.labels.get("zone").is_some_and(|z| z == "b"))
+    );
+    // Both kinds of addresses are kept.
+    let node2 = source.nodes().into_iter().find(|n| n.name == "node-2").unwrap();
+    assert_eq!(
+        (node2.addresses, node2.external_addresses),
+        (vec![ip("10.9.9.9").unwrap()], vec![ip("192.0.2.10").unwrap()])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

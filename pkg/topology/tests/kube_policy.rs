@@ -1,7 +1,9 @@
 //! `KubeSource`'s policy objects (Pods, Namespaces, NetworkPolicies,
 //! ClusterNetworkPolicies) against the in-process fake API server: the snapshot, when
 //! `policy_changes` moves (and when it must not), `synced`, `stale` across a lost watch,
-//! and a cluster without the ClusterNetworkPolicy CRD (404) or the RBAC to read it (403).
+//! a cluster without the ClusterNetworkPolicy CRD (404) or the RBAC to read it (403),
+//! ClusterNetworkPolicy served at v1beta1, v1alpha2, both or neither, and policies read
+//! strictly (unknown fields named, an object that does not decode left out alone).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +13,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use weft_fakekube::FakeApiServer;
+use weft_topology::cnp::CNP_VERSIONS;
 use weft_topology::{
     ClusterNetworkPolicy, KubeSource, NamedPort, PolicyObjects, PortProtocol, Topology, TopologySource, TopologySpec,
 };
@@ -105,7 +108,7 @@ fn cluster_policy(name: &str, priority: i32) -> ClusterNetworkPolicy {
 /// The names of the snapshot's ClusterNetworkPolicies, in its order.
 fn cluster_policies(o: &PolicyObjects) -> Vec<String> {
     (o.cluster_policies.iter())
-        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .map(|c| c.object.metadata.name.clone().unwrap_or_default())
         .collect()
 }
 
@@ -148,7 +151,7 @@ fn pods(o: &PolicyObjects) -> Vec<String> {
 fn policies(o: &PolicyObjects) -> Vec<String> {
     (o.policies.iter())
         .map(|p| {
-            let m = &p.metadata;
+            let m = &p.object.metadata;
             format!(
                 "{}/{}",
                 m.namespace.as_deref().unwrap_or(""),
@@ -211,9 +214,9 @@ async fn pods_namespaces_and_policies_arrive_sorted_and_slimmed() {
 
     assert_eq!(policies(&o), ["db/deny-db", "web/allow-web"]);
     let allow = &o.policies[1];
-    assert_eq!(allow.spec, policy("web", "allow-web", "web").spec);
+    assert_eq!(allow.object.spec, policy("web", "allow-web", "web").spec);
     // Only what policy reads is cached: no managedFields, labels or annotations.
-    let meta = serde_json::to_value(&allow.metadata).unwrap();
+    let meta = serde_json::to_value(&allow.object.metadata).unwrap();
     let mut keys: Vec<_> = meta.as_object().unwrap().keys().cloned().collect();
     keys.sort();
     assert_eq!(keys, ["generation", "name", "namespace", "uid"], "{meta}");
@@ -314,7 +317,10 @@ async fn policy_changes_moves_once_per_change_that_policy_reads() {
     changed.metadata.generation = Some(2);
     server.put(&changed);
     expected += 1;
-    settles!("policy spec", source.policy_objects().policies[0].spec == changed.spec);
+    settles!(
+        "policy spec",
+        source.policy_objects().policies[0].object.spec == changed.spec
+    );
 
     assert!(server.delete::<Pod>(Some("web"), "a"));
     expected += 1;
@@ -430,8 +436,10 @@ async fn lost_watch<K: kube::Resource<DynamicType = ()>>() {
             && pods(&o) == ["web/a"]
             && ips(&source, "web", "a") == Some(vec!["10.244.1.40".into()])
             && o.namespaces[0].labels.contains_key("env")
-            && o.policies[0].spec == policy("web", "allow-web", "api").spec
-            && o.cluster_policies.first().is_some_and(|c| c.spec.priority == 20)
+            && o.policies[0].object.spec == policy("web", "allow-web", "api").spec
+            && o.cluster_policies
+                .first()
+                .is_some_and(|c| c.object.spec.priority == Some(20))
     };
     assert!(
         wait_for(converged).await,
@@ -440,10 +448,21 @@ async fn lost_watch<K: kube::Resource<DynamicType = ()>>() {
         server.log()
     );
     assert!(source.policy_objects().synced);
-    // Through a 410 and a second list of the cut kind, not through its expired watch.
+    // Through a 410 and a second list of the cut kind, not through its expired watch
+    // (each version's watch, for ClusterNetworkPolicy).
     let plural = K::plural(&());
-    assert_eq!(server.count(&format!("expired {plural}")), 1, "{:?}", server.log());
-    assert_eq!(server.count(&format!("list {plural}")), 2, "{:?}", server.log());
+    let versions = match plural.as_ref() {
+        "clusternetworkpolicies" => CNP_VERSIONS.to_vec(),
+        _ => vec!["v1"],
+    };
+    for v in versions {
+        // The other version may be converging still (its relist comes after a backoff).
+        let relisted = || server.count(&format!("list {plural}@{v}")) >= 2;
+        assert!(wait_for(relisted).await, "{:?}", server.versioned_log());
+        let log = server.versioned_log();
+        assert_eq!(server.count(&format!("expired {plural}@{v}")), 1, "{log:?}");
+        assert_eq!(server.count(&format!("list {plural}@{v}")), 2, "{log:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -475,14 +494,18 @@ async fn cluster_policies_arrive_sorted_and_slimmed_and_move_policy_changes_once
     let o = source.policy_objects();
     assert!(o.synced && !o.stale, "{o:?}");
     assert_eq!(cluster_policies(&o), ["baseline", "deny-db"]);
-    assert_eq!(o.cluster_policies[1].spec, cluster_policy("deny-db", 10).spec);
+    assert_eq!(o.cluster_policies[1].object.spec, cluster_policy("deny-db", 10).spec);
     // Only what policy reads is cached: no resourceVersion, managedFields, labels or
     // annotations (and, cluster-scoped, no namespace).
-    let meta = serde_json::to_value(&o.cluster_policies[1].metadata).unwrap();
+    let meta = serde_json::to_value(&o.cluster_policies[1].object.metadata).unwrap();
     let mut keys: Vec<_> = meta.as_object().unwrap().keys().cloned().collect();
     keys.sort();
     assert_eq!(keys, ["generation", "name", "uid"], "{meta}");
-    assert_eq!(server.count("list clusternetworkpolicies"), 1, "{:?}", server.log());
+    // One list at each version (the cluster serves both).
+    for v in CNP_VERSIONS {
+        let what = format!("list clusternetworkpolicies@{v}");
+        assert_eq!(server.count(&what), 1, "{:?}", server.versioned_log());
+    }
 
     let policy_changes = source.policy_changes();
     let mut expected = *policy_changes.borrow();
@@ -508,7 +531,10 @@ async fn cluster_policies_arrive_sorted_and_slimmed_and_move_policy_changes_once
     changed.metadata.generation = Some(2);
     server.put(&changed);
     expected += 1;
-    settles!("spec", source.policy_objects().cluster_policies[1].spec.priority == 20);
+    settles!(
+        "spec",
+        source.policy_objects().cluster_policies[1].object.spec.priority == Some(20)
+    );
 
     // Relabelled and annotated anew (a new resourceVersion, the same spec and
     // generation): the same policy, nothing moves; the next change counts one.
@@ -563,8 +589,9 @@ async fn without_the_crd_policy_objects_are_synced_with_no_cluster_policies_and_
     let policy_changes = source.policy_changes();
     let moved = *policy_changes.borrow();
 
-    // Asked for again slower and slower, up to once a minute; neither stale nor moving.
-    let lists = || server.count("list clusternetworkpolicies");
+    // Asked for again slower and slower, up to once a minute (each version on its own);
+    // neither stale nor moving.
+    let lists = || server.count("list clusternetworkpolicies@v1beta1");
     let at = lists();
     for _ in 0..300 {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -625,11 +652,251 @@ async fn forbidden_cluster_policies_are_synced_but_stale_and_the_rest_is_enforce
     tokio::time::sleep(Duration::from_millis(300)).await;
     let o = source.policy_objects();
     assert!(o.synced && o.stale);
-    assert_eq!(o.cluster_policies[0].spec.priority, 10, "the last known");
+    assert_eq!(o.cluster_policies[0].object.spec.priority, Some(10), "the last known");
     server.serve::<ClusterNetworkPolicy>();
     let back = || {
         let o = source.policy_objects();
-        !o.stale && o.cluster_policies.first().is_some_and(|c| c.spec.priority == 20)
+        !o.stale
+            && o.cluster_policies
+                .first()
+                .is_some_and(|c| c.object.spec.priority == Some(20))
     };
     assert!(wait_for(back).await, "{:?}", server.log());
+}
+
+/// A server serving ClusterNetworkPolicy at `versions` only (of [`CNP_VERSIONS`]).
+fn serving(versions: &[&str]) -> FakeApiServer {
+    let server = server();
+    for v in CNP_VERSIONS.iter().filter(|v| !versions.contains(v)) {
+        server.unserve_version::<ClusterNetworkPolicy>(v);
+    }
+    server
+}
+
+/// The priority of the snapshot's ClusterNetworkPolicy `name`, as JSON.
+fn priority(o: &PolicyObjects, name: &str) -> Option<i64> {
+    let c = (o.cluster_policies.iter()).find(|c| c.object.metadata.name.as_deref() == Some(name))?;
+    serde_json::to_value(&c.object.spec).unwrap()["priority"].as_i64()
+}
+
+/// A cluster serving one version only (either): its objects arrive, and its changes;
+/// the other version's 404 neither holds `synced` back nor makes it stale.
+async fn one_version_only(version: &str) {
+    let server = serving(&[version]);
+    server.put(&cluster_policy("deny-db", 10));
+    server.put(&cluster_policy("baseline", 900));
+    let source = start(&server).await;
+    let o = source.policy_objects();
+    assert!(o.synced && !o.stale, "{o:?}");
+    assert_eq!(cluster_policies(&o), ["baseline", "deny-db"]);
+    let other = CNP_VERSIONS.iter().find(|v| **v != version).unwrap();
+    assert!(server.count(&format!("list clusternetworkpolicies@{other}")) >= 1);
+
+    let mut changed = cluster_policy("deny-db", 20);
+    changed.metadata.generation = Some(2);
+    server.put(&changed);
+    let moved = || priority(&source.policy_objects(), "deny-db") == Some(20);
+    assert!(wait_for(moved).await, "{:?}", server.versioned_log());
+    assert!(server.delete::<ClusterNetworkPolicy>(None, "baseline"));
+    let gone = || cluster_policies(&source.policy_objects()) == ["deny-db"];
+    assert!(wait_for(gone).await, "{:?}", server.versioned_log());
+    assert!(!source.policy_objects().stale);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_serving_only_v1beta1_gives_its_cluster_policies() {
+    one_version_only("v1beta1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_serving_only_v1alpha2_gives_its_cluster_policies() {
+    one_version_only("v1alpha2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_serving_neither_version_is_synced_with_no_cluster_policies() {
+    let server = serving(&[]);
+    server.put(&policy("web", "allow-web", "web"));
+    server.put(&cluster_policy("deny-db", 10));
+    let source = start(&server).await;
+    let o = source.policy_objects();
+    assert!(o.synced && !o.stale && o.cluster_policies.is_empty(), "{o:?}");
+    assert_eq!(o.policies.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_serving_both_versions_gives_each_cluster_policy_once() {
+    let server = serving(&CNP_VERSIONS);
+    server.put(&cluster_policy("deny-db", 10));
+    // Written at the other version: the same resource, served at both.
+    let mut baseline = serde_json::to_value(cluster_policy("baseline", 900)).unwrap();
+    baseline["apiVersion"] = "policy.networking.k8s.io/v1alpha2".into();
+    server.put_json(baseline);
+    let source = start(&server).await;
+    let o = source.policy_objects();
+    assert!(o.synced && !o.stale, "{o:?}");
+    assert_eq!(cluster_policies(&o), ["baseline", "deny-db"], "each once");
+    for v in CNP_VERSIONS {
+        let what = format!("list clusternetworkpolicies@{v}");
+        assert_eq!(server.count(&what), 1, "{:?}", server.versioned_log());
+    }
+
+    // A change reaches both watches, and moves `policy_changes` once.
+    let policy_changes = source.policy_changes();
+    let at = *policy_changes.borrow();
+    let mut changed = cluster_policy("deny-db", 20);
+    changed.metadata.generation = Some(2);
+    server.put(&changed);
+    let moved = || priority(&source.policy_objects(), "deny-db") == Some(20);
+    assert!(wait_for(moved).await, "{:?}", server.versioned_log());
+    // Both watches have had their event by the time a later object shows.
+    server.put(&cluster_policy("allow-dns", 5));
+    let next = || cluster_policies(&source.policy_objects()).len() == 3;
+    assert!(wait_for(next).await, "{:?}", server.versioned_log());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(*policy_changes.borrow(), at + 2, "one move per change, not per version");
+
+    // No longer served at v1beta1: still at v1alpha2, so nothing goes.
+    let asked = || {
+        let at = |verb| server.count(&format!("{verb} clusternetworkpolicies@v1beta1"));
+        at("list") + at("watch")
+    };
+    let before = asked();
+    server.unserve_version::<ClusterNetworkPolicy>("v1beta1");
+    assert!(wait_for(|| asked() > before).await, "{:?}", server.versioned_log());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let o = source.policy_objects();
+    assert!(o.synced && !o.stale, "{o:?}");
+    assert_eq!(cluster_policies(&o), ["allow-dns", "baseline", "deny-db"]);
+    assert_eq!(priority(&o, "deny-db"), Some(20));
+    // Deleted (at the version still served): gone.
+    assert!(server.delete::<ClusterNetworkPolicy>(None, "allow-dns"));
+    let gone = || cluster_policies(&source.policy_objects()) == ["baseline", "deny-db"];
+    assert!(wait_for(gone).await, "{:?}", server.versioned_log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_from_the_api_name_the_fields_weft_does_not_know() {
+    let server = server();
+    let mut np = serde_json::to_value(policy("web", "allow-web", "web")).unwrap();
+    np["apiVersion"] = "networking.k8s.io/v1".into();
+    np["kind"] = "NetworkPolicy".into();
+    np["spec"]["ingress"][0]["from"][0]["serviceAccount"] = "b".into();
+    server.put_json(np);
+    let mut cnp = serde_json::to_value(cluster_policy("deny-db", 10)).unwrap();
+    cnp["apiVersion"] = "policy.networking.k8s.io/v1alpha2".into();
+    cnp["spec"]["ingress"][0]["protocols"] = json!([{"icmp": {"type": 8}}]);
+    server.put_json(cnp);
+    let source = start(&server).await;
+    let o = source.policy_objects();
+    assert_eq!(o.policies.len(), 1, "{o:?}");
+    assert_eq!(o.policies[0].unknown, ["spec.ingress[0].from[0].serviceAccount"]);
+    assert_eq!(o.cluster_policies.len(), 1, "{o:?}");
+    assert_eq!(o.cluster_policies[0].unknown, ["spec.ingress[0].protocols[0].icmp"]);
+    // Still slimmed: the raw object's metadata is not kept.
+    let meta = serde_json::to_value(&o.policies[0].object.metadata).unwrap();
+    assert!(
+        meta.get("managedFields").is_none() && meta.get("labels").is_none(),
+        "{meta}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_that_does_not_decode_is_left_out_and_the_rest_of_its_kind_arrives() {
+    let server = server();
+    server.put(&policy("web", "allow-web", "web"));
+    // A port that is neither a number nor a name.
+    let mut bad = serde_json::to_value(policy("web", "bad", "web")).unwrap();
+    bad["apiVersion"] = "networking.k8s.io/v1".into();
+    bad["kind"] = "NetworkPolicy".into();
+    bad["spec"]["ingress"][0]["ports"][0]["port"] = json!({"x": 1});
+    server.put_json(bad.clone());
+    server.put(&cluster_policy("deny-db", 10));
+    // A priority that is not a number, at both versions.
+    let mut odd = serde_json::to_value(cluster_policy("odd", 1)).unwrap();
+    odd["spec"]["priority"] = "high".into();
+    server.put_json(odd);
+    let source = start(&server).await;
+    let o = source.policy_objects();
+    assert!(o.synced && !o.stale, "{o:?}");
+    assert_eq!(policies(&o), ["web/allow-web"]);
+    assert_eq!(cluster_policies(&o), ["deny-db"]);
+
+    // Later objects and changes keep arriving; a good version of the bad one is read.
+    server.put(&policy("db", "deny-db", "db"));
+    bad["spec"]["ingress"][0]["ports"][0]["port"] = json!(8080);
+    server.put_json(bad);
+    let all = || policies(&source.policy_objects()) == ["db/deny-db", "web/allow-web", "web/bad"];
+    assert!(wait_for(all).await, "{:?}", source.policy_objects());
+    server.put(&cluster_policy("odd", 2));
+    let fixed = || cluster_policies(&source.policy_objects()) == ["deny-db", "odd"];
+    assert!(wait_for(fixed).await, "{:?}", source.policy_objects());
+    assert!(!source.policy_objects().stale);
+}
+
+/// Paused time: the rechecks of a missing version wait up to a minute.
+#[tokio::test(start_paused = true)]
+async fn a_version_installed_later_is_picked_up_by_the_recheck() {
+    let server = serving(&["v1alpha2"]);
+    server.put(&cluster_policy("deny-db", 10));
+    let source = KubeSource::start(server.client(), NODE.into());
+    let synced = || {
+        let o = source.policy_objects();
+        o.synced && cluster_policies(&o) == ["deny-db"]
+    };
+    assert!(wait_virtual(10, synced).await, "{:?}", server.versioned_log());
+    let watches = || server.count("watch clusternetworkpolicies@v1beta1");
+    assert_eq!(watches(), 0, "never served yet");
+
+    // v1beta1 served from now on: the next look lists and watches it.
+    server.serve_version::<ClusterNetworkPolicy>("v1beta1");
+    assert!(wait_virtual(61, || watches() > 0).await, "{:?}", server.versioned_log());
+    // Shown by taking v1alpha2 away: the objects stay, read at v1beta1 now.
+    let asked = || {
+        let at = |verb| server.count(&format!("{verb} clusternetworkpolicies@v1alpha2"));
+        at("list") + at("watch")
+    };
+    let before = asked();
+    server.unserve_version::<ClusterNetworkPolicy>("v1alpha2");
+    assert!(
+        wait_virtual(5, || asked() > before).await,
+        "{:?}",
+        server.versioned_log()
+    );
+    assert_eq!(cluster_policies(&source.policy_objects()), ["deny-db"]);
+    server.put(&cluster_policy("deny-db", 20));
+    let moved = || priority(&source.policy_objects(), "deny-db") == Some(20);
+    assert!(wait_virtual(5, moved).await, "{:?}", server.versioned_log());
+    let o = source.policy_objects();
+    assert!(o.synced && !o.stale, "{o:?}");
+}
+
+/// Paused time. A version taken away and served again (a CRD edited twice): its watch
+/// goes on from where it was, so the objects that did not change meanwhile come back
+/// with those that did.
+#[tokio::test(start_paused = true)]
+async fn a_version_served_again_comes_back_with_its_objects() {
+    let server = serving(&["v1beta1"]);
+    server.put(&cluster_policy("deny-db", 10));
+    server.put(&cluster_policy("baseline", 900));
+    let source = KubeSource::start(server.client(), NODE.into());
+    let listed = || cluster_policies(&source.policy_objects()) == ["baseline", "deny-db"];
+    assert!(wait_virtual(10, listed).await, "{:?}", server.versioned_log());
+
+    server.unserve_version::<ClusterNetworkPolicy>("v1beta1");
+    let none = || {
+        let o = source.policy_objects();
+        o.synced && !o.stale && o.cluster_policies.is_empty()
+    };
+    assert!(wait_virtual(10, none).await, "{:?}", server.versioned_log());
+    server.put(&cluster_policy("allow-dns", 5));
+    server.serve_version::<ClusterNetworkPolicy>("v1beta1");
+    let back = || cluster_policies(&source.policy_objects()) == ["allow-dns", "baseline", "deny-db"];
+    assert!(
+        wait_virtual(61, back).await,
+        "{:?} {:?}",
+        source.policy_objects(),
+        server.versioned_log()
+    );
+    assert!(!source.policy_objects().stale);
 }

@@ -19,6 +19,7 @@ fn node(name: &str, cidrs: &[&str]) -> ClusterNode {
         name: name.into(),
         addresses: vec!["127.0.0.1".parse().unwrap()],
         pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+        ..Default::default()
     }
 }
 

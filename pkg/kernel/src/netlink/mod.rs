@@ -14,4 +14,4 @@ mod socket;
 pub(crate) use addr::{address_message, host_prefix};
 pub use link::{AliasedLink, Link, LinkStats, NewLink, VethPair, VxlanDevice};
 pub use route::RouteEntry;
-pub use socket::{NetfilterMessage, Netlink, NetlinkSocket, Nfnetlink, Protocol, Rtnetlink};
+pub use socket::{BatchFailure, NetfilterMessage, Netlink, NetlinkSocket, Nfnetlink, Protocol, Rtnetlink};

@@ -45,6 +45,12 @@ pub enum Nfnetlink {}
 impl Protocol for Nfnetlink {
     const PROTOCOL: isize = NETLINK_NETFILTER;
     type Message = NetfilterMessage;
+
+    fn configure(sock: &mut netlink_sys::Socket) {
+        // An error need not echo the failed message: a large element list would not
+        // fit the receive buffer, and the error would be lost to a truncated read.
+        let _ = sock.set_cap_ack(true);
+    }
 }
 
 /// One nfnetlink message as its user writes it: no crate models nftables' messages
@@ -202,10 +208,22 @@ impl<P: Protocol> NetlinkSocket<P> {
     /// that asks for one (`NLM_F_ACK`). The first error wins: the kernel aborts the
     /// whole batch then, so nothing more is waited for.
     pub fn batch(&mut self, msgs: impl IntoIterator<Item = (P::Message, u16)>) -> io::Result<()> {
+        self.batch_checked(msgs).map_err(|f| f.error)
+    }
+
+    /// [`batch`](Self::batch), saying which message failed: the kernel answers each
+    /// message of a batch in order, so the first error is the first message that
+    /// failed (later ones may only fail because of it). An error about the batch's
+    /// first message is one of the batch as a whole: nfnetlink reports a failed
+    /// commit there.
+    pub fn batch_checked(&mut self, msgs: impl IntoIterator<Item = (P::Message, u16)>) -> Result<(), BatchFailure> {
+        let unplaced = |error| BatchFailure { message: None, error };
         let mut out = Vec::new();
+        let mut seqs = Vec::new();
         let mut pending = Vec::new();
         for (msg, flags) in msgs {
             let seq = self.encode(msg, flags, &mut out);
+            seqs.push(seq);
             if flags & NLM_F_ACK != 0 {
                 pending.push(seq);
             }
@@ -213,25 +231,48 @@ impl<P: Protocol> NetlinkSocket<P> {
         if out.is_empty() {
             return Ok(());
         }
-        self.sock.send(&out, 0)?;
+        self.make_room(out.len(), pending.len()).map_err(unplaced)?;
+        self.sock.send(&out, 0).map_err(unplaced)?;
         while !pending.is_empty() {
-            let n = self.sock.recv(&mut &mut self.buf[..], 0)?;
+            let n = self.sock.recv(&mut &mut self.buf[..], 0).map_err(unplaced)?;
             let mut off = 0;
             let mut first_error = None;
             while off < n {
-                let msg = decode::<P>(&self.buf[off..n])?;
+                let msg = decode::<P>(&self.buf[off..n]).map_err(unplaced)?;
                 let len = msg.header.length as usize;
                 off += if len == 0 { n } else { (len + 3) & !3 };
                 if let NetlinkPayload::Error(e) = msg.payload {
-                    pending.retain(|s| *s != msg.header.sequence_number);
+                    let seq = msg.header.sequence_number;
+                    pending.retain(|s| *s != seq);
                     if e.code.is_some() && first_error.is_none() {
-                        first_error = Some(e.to_io());
+                        first_error = Some(BatchFailure {
+                            message: seqs.iter().position(|s| *s == seq),
+                            error: e.to_io(),
+                        });
                     }
                 }
             }
             if let Some(e) = first_error {
                 return Err(e);
             }
+        }
+        Ok(())
+    }
+
+    /// Grows the socket's buffers for a batch of `bytes` answered by `acks`
+    /// acknowledgements, as `nft` does: the default send buffer refuses a datagram
+    /// larger than itself (`EMSGSIZE`), and acknowledgements beyond the receive buffer
+    /// are dropped (the read fails with `ENOBUFS` though the batch applied). Forcing
+    /// the sizes needs `CAP_NET_ADMIN`, which changing nftables needs anyway.
+    fn make_room(&mut self, bytes: usize, acks: usize) -> io::Result<()> {
+        use nix::sys::socket::{getsockopt, setsockopt, sockopt};
+        // Each acknowledgement costs a small buffer of its own in the kernel's account.
+        const ACK_COST: usize = 2048;
+        if bytes + 4096 > getsockopt(&self.sock, sockopt::SndBuf).map_err(io::Error::from)? {
+            setsockopt(&self.sock, sockopt::SndBufForce, &(bytes + 4096)).map_err(io::Error::from)?;
+        }
+        if acks * ACK_COST > getsockopt(&self.sock, sockopt::RcvBuf).map_err(io::Error::from)? {
+            setsockopt(&self.sock, sockopt::RcvBufForce, &(acks * ACK_COST)).map_err(io::Error::from)?;
         }
         Ok(())
     }
@@ -263,6 +304,17 @@ impl<P: Protocol> NetlinkSocket<P> {
         }
         Ok(out)
     }
+}
+
+/// A failed [`NetlinkSocket::batch_checked`]: the kernel's error and, when the kernel
+/// named one, the index of the message it is about.
+#[derive(Debug)]
+pub struct BatchFailure {
+    /// The index in the batch of the message that failed; `None` when the batch
+    /// could not be sent or its answers read.
+    pub message: Option<usize>,
+    /// The error.
+    pub error: io::Error,
 }
 
 fn decode<P: Protocol>(buf: &[u8]) -> io::Result<NetlinkMessage<P::Message>> {

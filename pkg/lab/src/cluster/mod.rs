@@ -266,7 +266,9 @@ impl Lab {
         let mut policy_keys = std::collections::BTreeSet::new();
         for p in &policies {
             let key = crate::objects::object_key(p);
-            crate::objects::check_policy(p, &namespaces).map_err(bad)?;
+            for warning in crate::objects::check_policy(p, &namespaces).map_err(bad)? {
+                eprintln!("{}: {warning}", path.display());
+            }
             if !policy_keys.insert(key.clone()) {
                 return Err(bad(format!("NetworkPolicy {key}: given twice")));
             }
@@ -439,6 +441,8 @@ impl Lab {
                     .into_iter()
                     .filter_map(|r| r.parse().ok())
                     .collect(),
+                // Lab nodes have no labels or external addresses.
+                ..Default::default()
             })
             .collect()
     }

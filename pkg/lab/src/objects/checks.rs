@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 use serde_json::Value;
+use weft_policy::problem::Cause;
+use weft_topology::Strict;
 
 use crate::spec::{NamespaceSpec, PodSpec};
 
@@ -144,7 +146,10 @@ pub(super) fn shown(key: &str) -> String {
 /// The kind of a cluster-wide policy the lab takes beside NetworkPolicy.
 pub(super) const CNP_KIND: &str = "ClusterNetworkPolicy";
 
-pub(super) const CNP_API_VERSION: &str = "policy.networking.k8s.io/v1alpha2";
+/// The apiVersions the lab takes a ClusterNetworkPolicy at, as an error names them:
+/// those weftd reads ([`weft_topology::cnp::CNP_VERSIONS`], checked by
+/// [`weft_topology::cnp::cnp_api_version_known`]).
+pub(super) const CNP_API_VERSION: &str = "policy.networking.k8s.io/v1alpha2 or policy.networking.k8s.io/v1beta1";
 
 /// Whether an object is a ClusterNetworkPolicy (cluster-scoped).
 pub(super) fn is_cluster_policy(v: &Value) -> bool {
@@ -201,7 +206,7 @@ pub(crate) fn read_policies(v: Value, what: &str) -> Result<Vec<Value>, String> 
         "NetworkPolicy" => Err(format!(
             "{what}: NetworkPolicy {name}: apiVersion {api_version:?} is not networking.k8s.io/v1"
         )),
-        CNP_KIND if api_version == CNP_API_VERSION => {
+        CNP_KIND if weft_topology::cnp::cnp_api_version_known(api_version) => {
             if !dns_subdomain(name) || name.is_empty() {
                 return Err(format!(
                     "{what}: ClusterNetworkPolicy name {name:?} is not a DNS subdomain"
@@ -238,26 +243,44 @@ pub(crate) fn parse_policies(text: &str, what: &str) -> Result<Vec<Value>, Strin
     Ok(out)
 }
 
-/// Checks a NetworkPolicy as the API server would before storing it: its namespace
-/// exists, and it is one weft can enforce (what weftd would refuse, naming the field).
-pub(crate) fn check_policy(v: &Value, namespaces: &BTreeSet<String>) -> Result<(), String> {
+/// Checks a policy object as the API server would before storing it, and as weftd
+/// will read it: its namespace exists, it decodes, and weft reads all of it. A field
+/// weft does not know or a value the API refuses is an error naming every such field
+/// (the object is refused, as `kubectl apply` with strict validation refuses it); what
+/// the API takes but weft does not enforce yet (`domainNames`) is returned as a
+/// warning, with what weft enforces instead.
+pub(crate) fn check_policy(v: &Value, namespaces: &BTreeSet<String>) -> Result<Vec<String>, String> {
     let key = object_key(v);
-    if is_cluster_policy(v) {
-        let c: weft_topology::ClusterNetworkPolicy = serde_json::from_value(v.clone())
+    let read = if is_cluster_policy(v) {
+        let c: Strict<weft_topology::ClusterNetworkPolicy> = serde_json::from_value(v.clone())
             .map_err(|e| format!("ClusterNetworkPolicy {key}: not a valid ClusterNetworkPolicy: {e}"))?;
-        weft_policy::ClusterPolicy::from_k8s(&c).map_err(|e| e.to_string())?;
-        return Ok(());
-    }
-    let ns = key.split('/').next().unwrap_or_default();
-    if !namespaces.contains(ns) {
+        weft_policy::ClusterPolicy::read(&c).problems
+    } else {
+        let ns = key.split('/').next().unwrap_or_default();
+        if !namespaces.contains(ns) {
+            return Err(format!(
+                "NetworkPolicy {key}: namespace {ns} is not in the lab (list it under `namespaces`)"
+            ));
+        }
+        let np: Strict<k8s_openapi::api::networking::v1::NetworkPolicy> = serde_json::from_value(v.clone())
+            .map_err(|e| format!("NetworkPolicy {key}: not a valid NetworkPolicy: {e}"))?;
+        weft_policy::Policy::read(&np).problems
+    };
+    let (warnings, refused): (Vec<_>, Vec<_>) = read.into_iter().partition(|p| p.cause == Cause::Unsupported);
+    if !refused.is_empty() {
+        let lines: Vec<String> = refused.iter().map(|p| format!("{}: {}", p.field, p.reason)).collect();
         return Err(format!(
-            "NetworkPolicy {key}: namespace {ns} is not in the lab (list it under `namespaces`)"
+            "{}: refused ({}):\n  {}",
+            refused[0].object(),
+            if refused.iter().any(|p| p.cause == Cause::UnknownField) {
+                "a field weft does not know is never ignored"
+            } else {
+                "the API server would refuse it"
+            },
+            lines.join("\n  ")
         ));
     }
-    let np: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(v.clone())
-        .map_err(|e| format!("NetworkPolicy {key}: not a valid NetworkPolicy: {e}"))?;
-    weft_policy::Policy::from_k8s(&np).map_err(|e| e.to_string())?;
-    Ok(())
+    Ok(warnings.iter().map(|p| format!("warning: {p}")).collect())
 }
 
 /// A label change of `lab label`: `k=v` sets, `k-` removes.

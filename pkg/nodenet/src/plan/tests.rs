@@ -15,6 +15,7 @@ fn node(name: &str, addrs: &[&str], cidrs: &[&str]) -> ClusterNode {
         name: name.into(),
         addresses: addrs.iter().map(|a| ip(a)).collect(),
         pod_cidrs: cidrs.iter().map(|c| net(c)).collect(),
+        ..Default::default()
     }
 }
 

@@ -38,6 +38,7 @@ pub fn node(name: &str, addr: &str, cidrs: &[&str]) -> ClusterNode {
         name: name.into(),
         addresses: vec![addr.parse().unwrap()],
         pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+        ..Default::default()
     }
 }
 

@@ -95,7 +95,10 @@ impl TopologySource for Cluster {
     }
 }
 
-fn policy(name: &str, spec: serde_json::Value) -> Arc<k8s_openapi::api::networking::v1::NetworkPolicy> {
+fn policy(
+    name: &str,
+    spec: serde_json::Value,
+) -> Arc<weft_topology::Strict<k8s_openapi::api::networking::v1::NetworkPolicy>> {
     Arc::new(serde_json::from_value(json!({"metadata": {"namespace": "x", "name": name}, "spec": spec})).unwrap())
 }
 
@@ -190,11 +193,15 @@ async fn passes_apply_differences_and_resyncs_repair_drift() {
     // A new pod of this node: its map element, before its ADD answers.
     e.pod_attached(local("b", "10.0.0.2")).await.unwrap();
     let last = k.applied.lock().unwrap().last().unwrap().clone();
+    let lines: Vec<&str> = last.lines().collect();
+    assert_eq!(lines.len(), 2, "its member set's element and its hairpin pair: {last}");
     assert!(
-        last.starts_with("add element inet weft-policy mg")
-            && last.trim_end().ends_with("{ \"weft-b\" }")
-            && last.lines().count() == 1,
+        lines[0].starts_with("add element inet weft-policy mg") && lines[0].ends_with("{ \"weft-b\" }"),
         "{last}"
+    );
+    assert_eq!(
+        lines[1],
+        "add element inet weft-policy hairpin { \"weft-b\" . \"weft-b\" }"
     );
     // Its ADD is committed: the store lists it, and nothing changes.
     pods.lock().unwrap().push(local("b", "10.0.0.2"));
@@ -235,16 +242,16 @@ async fn an_invalid_policy_is_refused_alone_and_counted() {
         metrics
             .render("text/plain")
             .1
-            .contains("weft_policy_invalid{namespace=\"x\"} 1")
+            .contains("weft_policy_invalid{kind=\"NetworkPolicy\",namespace=\"x\",effect=\"fail_closed\"} 1")
     );
     assert_eq!(k.applied.lock().unwrap().len(), 1, "the valid one is enforced");
-    cluster.change(|o| o.policies.retain(|p| p.metadata.name.as_deref() != Some("bad")));
+    cluster.change(|o| o.policies.retain(|p| p.object.metadata.name.as_deref() != Some("bad")));
     e.pass(false).await.unwrap();
     assert!(
         metrics
             .render("text/plain")
             .1
-            .contains("weft_policy_invalid{namespace=\"x\"} 0")
+            .contains("weft_policy_invalid{kind=\"NetworkPolicy\",namespace=\"x\",effect=\"fail_closed\"} 0")
     );
 }
 
@@ -285,6 +292,9 @@ async fn explain_denies_and_verdicts() {
     );
 
     let group = e.latest().unwrap().desired.ingress["weft-a"].clone();
+    let crate::names::Chain::Group { hash: group_hash, .. } = group.clone() else {
+        panic!("{group} is no group chain")
+    };
     let mut syn = vec![0x45, 0, 0, 40, 0, 0, 0, 0, 64, 6, 0, 0, 10, 0, 0, 2, 10, 0, 0, 1];
     syn.extend_from_slice(&[0x9c, 0x40, 0, 80]);
     let ev = e.logged(&format!("weft deny {group}"), &syn).unwrap();
@@ -298,7 +308,16 @@ async fn explain_denies_and_verdicts() {
     assert!(e.logged("someone else's prefix", &syn).is_none());
     assert_eq!(e.denies().recent(10).len(), 1);
 
-    k.holds.lock().unwrap().counters.insert(format!("d{}", &group[1..]), 3);
+    let counter = |n| {
+        (
+            Counter::Group {
+                hash: group_hash.clone(),
+                direction: crate::Direction::Ingress,
+            },
+            n,
+        )
+    };
+    k.holds.lock().unwrap().counters.extend([counter(3)]);
     e.sample_verdicts().await;
     let page = metrics.render("text/plain").1;
     assert!(
@@ -307,7 +326,7 @@ async fn explain_denies_and_verdicts() {
         ),
         "{page}"
     );
-    k.holds.lock().unwrap().counters.insert(format!("d{}", &group[1..]), 5);
+    k.holds.lock().unwrap().counters.extend([counter(5)]);
     e.sample_verdicts().await;
     assert!(metrics.render("text/plain").1.contains("policy=\"deny\"} 5"));
 }

@@ -5,13 +5,12 @@
 //! `.` passing and `X` blocked; a pod always reaches itself (its traffic never leaves
 //! it).
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
-use weft_topology::{NamedPort, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol};
+use weft_topology::{NamedPort, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol, Strict};
 
 use super::*;
 
@@ -56,11 +55,12 @@ fn cluster(policies: &[Value]) -> ClusterView {
         }
     }
     for p in policies {
-        o.policies
-            .push(Arc::new(serde_json::from_value::<NetworkPolicy>(p.clone()).unwrap()));
+        o.policies.push(Arc::new(
+            serde_json::from_value::<Strict<NetworkPolicy>>(p.clone()).unwrap(),
+        ));
     }
-    let v = ClusterView::new(&o, "n1", &[], HashMap::new());
-    assert!(v.errors.is_empty(), "{:?}", v.errors);
+    let v = ClusterView::new(&o, "n1", &[], &[]);
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
     v
 }
 
@@ -399,7 +399,7 @@ fn audit_mode_forwards_and_says_so() {
     o.policies.push(Arc::new(
         serde_json::from_value(policy("x", "deny", json!({"podSelector": {}}))).unwrap(),
     ));
-    let v = ClusterView::new(&o, "n1", &[], HashMap::new());
+    let v = ClusterView::new(&o, "n1", &[], &[]);
     let verdict = v.verdict(
         "10.0.0.1".parse().unwrap(),
         "10.0.0.2".parse().unwrap(),
@@ -441,17 +441,19 @@ fn node_traffic_host_network_and_unknown_local_pods() {
         ))
         .unwrap(),
     ));
-    let nodes = HashMap::from([
-        ("172.30.1.2".parse().unwrap(), "n1".to_string()),
-        ("172.30.2.2".parse().unwrap(), "n2".to_string()),
-    ]);
+    let node = |name: &str, ip: &str| NodeInfo {
+        name: name.into(),
+        addresses: vec![ip.parse().unwrap()],
+        ..NodeInfo::default()
+    };
+    let nodes = [node("n1", "172.30.1.2"), node("n2", "172.30.2.2")];
     let local = [LocalPod {
         namespace: "x".into(),
         name: "new".into(),
         ips: vec!["10.0.0.9".parse().unwrap()],
         host_ifname: "weft0".into(),
     }];
-    let v = ClusterView::new(&o, "n1", &local, nodes);
+    let v = ClusterView::new(&o, "n1", &local, &nodes);
     let a: IpAddr = "10.0.0.1".parse().unwrap();
     assert!(
         v.verdict("172.30.1.2".parse().unwrap(), a, PortProtocol::Tcp, 80)

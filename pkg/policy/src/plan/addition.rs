@@ -1,5 +1,7 @@
-//! An ADD's fast path: one pod's dispatch entries and set elements added to the last
-//! plan, when it needs no chain the plan lacks.
+//! An ADD's path: what one pod adds to the last plan, computed alone. Usually that is
+//! set elements and dispatch entries; the first pod of a new group (a combination of
+//! policies the node had no pod of) also brings the chains, sets and counters the plan
+//! lacks, built as a full plan would build them. A full plan is never needed for it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -7,51 +9,74 @@ use weft_topology::PolicyPod;
 
 use crate::eval::ClusterView;
 use crate::model::Direction;
+use crate::names::{Chain, SetName};
 
 use super::{Desired, Element, Planner};
 
-/// What one pod adds to a plan: its elements in existing sets, and (for a pod of this
-/// node) its entries in the dispatch.
+/// What one pod adds to a plan.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Addition {
-    /// Elements to add, by set.
-    pub elements: BTreeMap<String, BTreeSet<Element>>,
+    /// Objects the plan lacks: new sets (with all their elements), chains, counters,
+    /// and what they stand for.
+    pub new: Desired,
+    /// Elements to add to existing sets, by set.
+    pub elements: BTreeMap<SetName, BTreeSet<Element>>,
     /// Egress dispatch entries to add: host interface to entry chain.
-    pub egress: BTreeMap<String, String>,
+    pub egress: BTreeMap<String, Chain>,
     /// Ingress dispatch entries to add.
-    pub ingress: BTreeMap<String, String>,
+    pub ingress: BTreeMap<String, Chain>,
+    /// Entry chains the dispatch did not have: each needs its member set and its rule
+    /// in the dispatch chain of its direction.
+    pub entries: BTreeSet<Chain>,
+    /// Host interfaces new to the hairpin set.
+    pub hairpin: BTreeSet<String>,
+}
+
+impl Addition {
+    /// Whether it adds nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self == &Addition::default()
+    }
+
+    /// Whether it is set elements only (no new object, no new entry chain).
+    pub fn elements_only(&self) -> bool {
+        self.new == Desired::default() && self.entries.is_empty()
+    }
 }
 
 /// What pod `pod` (already in `view`, which `d` was planned from without it) adds to
-/// `d`, when that is elements only: `None` when the pod needs a chain `d` does not have
-/// (a new combination of policies), which only a full plan makes. `host_ifname` is set
-/// for a pod of this node.
-pub fn addition(view: &ClusterView, d: &Desired, pod: &PolicyPod, host_ifname: Option<&str>) -> Option<Addition> {
+/// `d`. `host_ifname` is set for a pod of this node.
+pub fn addition(view: &ClusterView, d: &Desired, pod: &PolicyPod, host_ifname: Option<&str>) -> Addition {
     let mut out = Addition::default();
-    if let Some(ifname) = host_ifname {
-        let mut names = Planner {
-            view,
-            fill: false,
-            known: Some(d),
-            d: Desired::default(),
-        };
+    if let Some(ifname) = host_ifname
+        && !pod.host_network
+    {
+        let mut p = Planner::new(view, Some(d));
         for dir in Direction::BOTH {
-            if let Some(entry) = names.entry(pod, dir) {
+            if let Some(entry) = p.entry(pod, dir) {
                 match dir {
                     Direction::Egress => out.egress.insert(ifname.to_string(), entry),
                     Direction::Ingress => out.ingress.insert(ifname.to_string(), entry),
                 };
             }
         }
-        // Every chain and set the pod's entries need must be there already, and each
-        // entry chain must be dispatched to (it is when another pod enters it that way:
-        // only a full pass writes the dispatch).
-        if names.d.chains.keys().any(|c| !d.chains.contains_key(c))
-            || names.d.sets.keys().any(|s| !d.sets.contains_key(s))
-            || out.egress.values().any(|c| !d.egress.values().any(|x| x == c))
-            || out.ingress.values().any(|c| !d.ingress.values().any(|x| x == c))
+        out.new = p.d;
+        for dir in Direction::BOTH {
+            let (add, have) = match dir {
+                Direction::Egress => (&out.egress, &d.egress),
+                Direction::Ingress => (&out.ingress, &d.ingress),
+            };
+            for chain in add.values() {
+                if !have.values().any(|x| x == chain) {
+                    out.entries.insert(chain.clone());
+                }
+            }
+        }
+        if !d.egress.contains_key(ifname)
+            && !d.ingress.contains_key(ifname)
+            && (out.egress.contains_key(ifname) || out.ingress.contains_key(ifname))
         {
-            return None;
+            out.hairpin.insert(ifname.to_string());
         }
     }
     for (name, source) in &d.sources {
@@ -65,7 +90,7 @@ pub fn addition(view: &ClusterView, d: &Desired, pod: &PolicyPod, host_ifname: O
             out.elements.insert(name.clone(), new);
         }
     }
-    Some(out)
+    out
 }
 
 impl Addition {
@@ -76,6 +101,15 @@ impl Addition {
                 s.elements.extend(elements.iter().copied());
             }
         }
+        let n = self.new.clone();
+        d.sets.extend(n.sets);
+        d.chains.extend(n.chains);
+        d.counters.extend(n.counters);
+        d.groups.extend(n.groups);
+        d.policy_chains.extend(n.policy_chains);
+        d.chain_of.extend(n.chain_of);
+        d.cluster_rules.extend(n.cluster_rules);
+        d.sources.extend(n.sources);
         d.egress.extend(self.egress.clone());
         d.ingress.extend(self.ingress.clone());
     }

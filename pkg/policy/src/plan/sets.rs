@@ -11,6 +11,7 @@ use weft_topology::{PolicyPod, PortProtocol};
 use crate::cnp::{ClusterPeer, ClusterPolicy};
 use crate::eval::ClusterView;
 use crate::model::{Namespaces, Peer, Policy};
+use crate::names::{SetName, SetRole};
 use crate::selector::Selector;
 
 /// What a set holds.
@@ -43,7 +44,8 @@ impl SetKind {
         }
     }
 
-    pub(super) fn v6(self) -> bool {
+    /// Whether it holds IPv6 addresses.
+    pub fn v6(self) -> bool {
         matches!(self, SetKind::Addr6 | SetKind::Net6 | SetKind::AddrPort6)
     }
 }
@@ -180,7 +182,7 @@ impl PodScope {
                 namespaces: NamespaceScope::Matching(namespaces.clone()),
                 pods: pods.clone(),
             }),
-            ClusterPeer::Networks(_) | ClusterPeer::AllNodes | ClusterPeer::FailClosed(_) => None,
+            ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) | ClusterPeer::All => None,
         }
     }
 
@@ -265,13 +267,17 @@ impl SetSource {
         }
     }
 
-    /// The set's name: a letter for its kind, a hash of what it stands for, its family.
-    pub fn set_name(&self) -> String {
-        let (letter, family) = match self {
-            SetSource::Pods { v6, .. } => ('s', if *v6 { 6 } else { 4 }),
-            SetSource::Named { v6, .. } => ('n', if *v6 { 6 } else { 4 }),
+    /// The set's name: its role, a hash of what it stands for, its family.
+    pub fn set_name(&self) -> SetName {
+        let role = match self {
+            SetSource::Pods { .. } => SetRole::Pods,
+            SetSource::Named { .. } => SetRole::Named,
         };
-        format!("{letter}{}{family}", super::short_hash(&[&format!("{self:?}")]))
+        SetName::Data {
+            role,
+            hash: super::short_hash(&[&format!("{self:?}")]),
+            v6: self.v6(),
+        }
     }
 
     /// The elements pod `pod` puts into the set (none for most).

@@ -9,12 +9,13 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::Resource;
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::file_err;
+use crate::cnp::{CNP_GROUP, CNP_VERSIONS, cnp_api_version_known};
 use crate::objects::{slim_cluster_policy, slim_policy};
+use crate::strict::{self, Strict};
 use crate::{ClusterNetworkPolicy, ClusterNode, PolicyNamespace, PolicyPod, SourceError, Topology, validate};
 
 /// The label the API server gives every Namespace; the directory plays the API server,
@@ -53,11 +54,11 @@ pub(super) struct FileObjects {
     pub(super) pods: Vec<Arc<PolicyPod>>,
     /// `Namespace` objects, as policy reads them.
     pub(super) namespaces: Vec<Arc<PolicyNamespace>>,
-    /// `networking.k8s.io/v1` NetworkPolicy objects, with only what policy reads.
-    pub(super) policies: Vec<Arc<NetworkPolicy>>,
-    /// `policy.networking.k8s.io/v1alpha2` ClusterNetworkPolicy objects, with only what
-    /// policy reads.
-    pub(super) cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
+    /// `networking.k8s.io/v1` NetworkPolicy objects, with only what policy reads and
+    /// the fields weft does not know named.
+    pub(super) policies: Vec<Arc<Strict<NetworkPolicy>>>,
+    /// ClusterNetworkPolicy objects (v1beta1 or v1alpha2), alike.
+    pub(super) cluster_policies: Vec<Arc<Strict<ClusterNetworkPolicy>>>,
     pub(super) problems: Vec<LoadProblem>,
 }
 
@@ -298,10 +299,12 @@ fn add_object(v: Value, what: &str, out: &mut FileObjects, path: &Path) {
                 out.problems.push(problem(label, reason));
                 return;
             }
-            match NetworkPolicy::deserialize(&v) {
-                Ok(policy) if policy.metadata.name.is_none() => out.problems.push(problem(label, "no name".into())),
+            match strict::decode::<NetworkPolicy>(&v) {
+                Ok(policy) if policy.object.metadata.name.is_none() => {
+                    out.problems.push(problem(label, "no name".into()))
+                }
                 Ok(mut policy) => {
-                    slim_policy(&mut policy);
+                    slim_policy(&mut policy.object);
                     out.policies.push(Arc::new(policy));
                 }
                 Err(e) => out
@@ -315,17 +318,21 @@ fn add_object(v: Value, what: &str, out: &mut FileObjects, path: &Path) {
                 name => format!("ClusterNetworkPolicy {name} ({what})"),
             };
             // Another version (an older alpha, a later one) may differ in shape or meaning:
-            // read as this one, it would look enforced and not be.
-            let wanted = ClusterNetworkPolicy::api_version(&());
-            if api_version != wanted {
-                let reason = format!("apiVersion {api_version:?} is not {wanted}");
+            // read as these, it would look enforced and not be.
+            if !cnp_api_version_known(&api_version) {
+                let reason = format!(
+                    "apiVersion {api_version:?} is not {CNP_GROUP}/{}",
+                    CNP_VERSIONS.join(format!(" or {CNP_GROUP}/").as_str())
+                );
                 out.problems.push(problem(label, reason));
                 return;
             }
-            match ClusterNetworkPolicy::deserialize(&v) {
-                Ok(policy) if policy.metadata.name.is_none() => out.problems.push(problem(label, "no name".into())),
+            match strict::decode::<ClusterNetworkPolicy>(&v) {
+                Ok(policy) if policy.object.metadata.name.is_none() => {
+                    out.problems.push(problem(label, "no name".into()))
+                }
                 Ok(mut policy) => {
-                    slim_cluster_policy(&mut policy);
+                    slim_cluster_policy(&mut policy.object);
                     out.cluster_policies.push(Arc::new(policy));
                 }
                 Err(e) => out
@@ -406,6 +413,20 @@ mod tests {
                 ("n2", vec!["10.1.0.2".parse::<IpAddr>().unwrap()])
             ]
         );
+    }
+
+    /// Node files keep what network policy's node peers read: labels and external
+    /// addresses.
+    #[test]
+    fn node_labels_and_external_addresses_are_read() {
+        let text = "apiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {zone: a}}\n\
+                    status: {addresses: [{type: InternalIP, address: 10.1.0.1}, {type: ExternalIP, address: 203.0.113.1}]}\n";
+        let out = parse_file(Path::new("n.yaml"), text.as_bytes());
+        assert!(out.problems.is_empty(), "{:?}", out.problems);
+        let n = &out.nodes[0];
+        assert_eq!(n.labels.get("zone").map(String::as_str), Some("a"));
+        assert_eq!(n.addresses, ["10.1.0.1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(n.external_addresses, ["203.0.113.1".parse::<IpAddr>().unwrap()]);
     }
 
     #[test]

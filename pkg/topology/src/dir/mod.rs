@@ -334,13 +334,15 @@ impl Inner {
                 }
             }
             for p in &objects.policies {
-                let Some(key) = policy_key(p) else { continue };
+                let Some(key) = policy_key(&p.object) else { continue };
                 if !duplicate(format!("NetworkPolicy {}/{}", key.0, key.1), &path) {
                     policy.policies.insert(key, p.clone());
                 }
             }
             for p in &objects.cluster_policies {
-                let Some(key) = cluster_policy_key(p) else { continue };
+                let Some(key) = cluster_policy_key(&p.object) else {
+                    continue;
+                };
                 if !duplicate(format!("ClusterNetworkPolicy {key}"), &path) {
                     policy.cluster_policies.insert(key, p.clone());
                 }

@@ -1,5 +1,5 @@
 //! Pods, namespaces, network policies and cluster network policies from the API for
-//! network policy: four more cluster-wide watch caches beside the Topology and Node ones,
+//! network policy: more cluster-wide watch caches beside the Topology and Node ones,
 //! slimmed to what policy reads, and the [`PolicyObjects`] snapshot rebuilt from them.
 //!
 //! The snapshot is republished (and [`TopologySource::policy_changes`] moves) only when
@@ -7,32 +7,72 @@
 //! change nothing policy reads. It moves on its own counter, never on `changes()`, so
 //! the engines that wake on that one do not run for every pod in the cluster.
 //!
+//! Memory: no watch keeps a reflector store. Each object is kept only in its read form
+//! (a [`PolicyPod`], a [`PolicyNamespace`], a slimmed [`Strict`] policy), in the cache's
+//! maps; a (re)list gathers its objects in that form and swaps them in at its end.
+//!
+//! Policies are read strictly ([`crate::strict`]): a field weft does not know must reach
+//! the policy engine named, not be dropped by a typed decoding. So NetworkPolicies and
+//! ClusterNetworkPolicies are watched as raw objects ([`DynamicObject`]: typed metadata,
+//! the rest as JSON, whatever its shape) and each is decoded with [`strict::decode`] as
+//! it arrives, then slimmed like the directory source's. An object that does not decode
+//! at all (a field of the wrong type: a CRD's schema may allow what weft's types do not)
+//! is left out, and a later version of it that does not decode takes the readable one
+//! out (what is written is no longer what it said): the rest of its kind still arrive,
+//! where a typed watch would fail the whole list, and the object is named in a warning,
+//! once per change of it (its resourceVersion), not at every relist. Pods and Namespaces
+//! are watched typed: weft reads only a few of their fields, and the API server
+//! validates those.
+//!
 //! Whether a watch is lost (`stale`) is not something kube's watcher stream says: after
 //! a dropped connection it just asks again, and a watch that is answered again yields
-//! nothing until an object changes. So each kind gets its own client, wrapped in
-//! [`Observed`], which sees every list and watch request of that kind: one unanswered
-//! for longer than [`SLOW_ANSWER`], or answered with an error, marks the kind as
+//! nothing until an object changes. So each watch gets its own client, wrapped in
+//! [`Observed`], which sees every list and watch request of that watch: one unanswered
+//! for longer than [`SLOW_ANSWER`], or answered with an error, marks the watch as
 //! failing; a successful answer (or an event on the stream) marks it healthy again.
 //!
 //! ClusterNetworkPolicy is optional: its CRD is the network-policy-api project's, and
-//! most clusters do not have it. [`Observed`] tells its answers apart:
-//! - `404 Not Found` (the resource does not exist): listed, none. The kind is synced
-//!   and not stale, its objects are dropped (deleting a CRD deletes its objects first),
-//!   it is said once in the log, and the resource is asked for again after 1 s, 2 s,
-//!   4 s... then every [`RECHECK`] ([`Recheck`]), so a CRD installed later is picked up.
-//! - `403 Forbidden` (weftd's ClusterRole lacks it): synced, but stale, and logged as an
-//!   error (and warned at every retry, on the same schedule). Before the kind was ever
-//!   listed that means none are enforced; after, the last ones stay. Not synced would
-//!   be never-open, but 403 also answers where the CRD is absent, so a cluster whose
-//!   RBAC was not updated would have no new pod networked at all (an ADD waits for
+//! most clusters do not have it. It is watched at each version weft reads
+//! ([`CNP_VERSIONS`]: `policy.networking.k8s.io/v1beta1` and `v1alpha2`), one watch per
+//! version, each optional on its own; a cluster may serve either or both. [`Observed`]
+//! tells a version's answers apart:
+//! - `404 Not Found` (the cluster does not serve that version): listed, none. The version
+//!   is synced and not stale, its objects leave the snapshot (deleting a CRD deletes its
+//!   objects first; a version no longer served shows none), it is said in the log, naming
+//!   the version, and the version is asked for again after 1 s, 2 s, 4 s... then every
+//!   [`RECHECK`] ([`Recheck`]), so a CRD or a version installed later is picked up. When
+//!   NEITHER version is served, the log says so once, plainly: no ClusterNetworkPolicy is
+//!   enforced. The version's copies are kept aside meanwhile, not forgotten: kube's
+//!   watcher, once it has listed, asks again with a watch from where it was (never a new
+//!   list), and the API server answers that with what changed since (or `410 Gone`,
+//!   and a relist), so the copies must stay in step with that point. They are few.
+//! - `403 Forbidden` (weftd's ClusterRole lacks it; RBAC is per resource, so every
+//!   version answers so, and it is logged once): synced, but stale, and logged as an
+//!   error (and warned at every retry, on the same schedule). Before the version was
+//!   ever listed that means none are enforced; after, the last ones stay. Not synced
+//!   would be never-open, but 403 also answers where the CRD is absent, so a cluster
+//!   whose RBAC was not updated would have no new pod networked at all (an ADD waits for
 //!   `synced`) to guard against policies it most likely does not have; the stale flag
 //!   (`weft_policy_stale`, `/readyz`) and the log say that Admin-tier denies, if any,
 //!   are not enforced, and NetworkPolicies still are.
 //! - any other failure: stale, the last objects kept, as for the other kinds.
 //!
+//! The snapshot is synced once every version has answered (listed, or 404/403 as above).
+//! Where both versions are served, the API server serves each object at both (converted,
+//! which for these two identical shapes changes only `apiVersion`): the snapshot holds
+//! each object once, by name, the v1beta1 copy where both versions have it (if the two
+//! copies differ, which happens for a moment after every change since the two watches
+//! are apart, v1beta1's wins, with a debug log), and an object one version's watch
+//! deleted while the other's still has it stays: that watch's delete is still coming,
+//! or the version that went is no longer served. Both versions decode into the one
+//! [`ClusterNetworkPolicy`] type (the same shape), whose read form carries no
+//! apiVersion, so equal copies compare equal and are kept in memory once.
+//!
 //! [`TopologySource::policy_changes`]: crate::TopologySource::policy_changes
+//! [`CNP_VERSIONS`]: crate::cnp::CNP_VERSIONS
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -41,19 +81,20 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodSpec, PodStatus};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::ObjectMeta;
-
+use kube::api::{ApiResource, DynamicObject, ObjectMeta};
+use kube::core::GroupVersionKind;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::DefaultBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::drive_with;
-use crate::objects::{
-    POLICY_MODE_ANNOTATION, PolicyMaps, cluster_policy_key, pod_key, policy_key, slim_cluster_policy, slim_policy,
-};
-use crate::{ClusterNetworkPolicy, PolicyNamespace, PolicyObjects, PolicyPod};
+use crate::cnp::{CNP_GROUP, CNP_VERSIONS};
+use crate::objects::{POLICY_MODE_ANNOTATION, PolicyMaps, pod_key, slim_cluster_policy, slim_policy};
+use crate::strict;
+use crate::{ClusterNetworkPolicy, PolicyNamespace, PolicyObjects, PolicyPod, Strict};
 use recheck::Recheck;
 
 /// How long a list or watch request may wait for its answer before its watch counts as
@@ -70,21 +111,51 @@ const RECHECK: Duration = Duration::from_secs(60);
 /// applied together with weft may take a moment to be served.
 const FIRST_RECHECK: Duration = Duration::from_secs(1);
 
-/// The four kinds, as indexes into [`State::kinds`].
+/// The ClusterNetworkPolicy watches as logs name them, one per [`CNP_VERSIONS`] entry
+/// (a test checks they agree).
+const CNP_WATCHES: [&str; CNP_VERSIONS.len()] = ["ClusterNetworkPolicy v1beta1", "ClusterNetworkPolicy v1alpha2"];
+
+/// The watches: one per kind, and one per version of ClusterNetworkPolicy (an index into
+/// [`CNP_VERSIONS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    Pods = 0,
-    Namespaces = 1,
-    Policies = 2,
-    ClusterPolicies = 3,
+    Pods,
+    Namespaces,
+    Policies,
+    ClusterPolicies(usize),
 }
 
 impl Kind {
-    const COUNT: usize = 4;
+    const COUNT: usize = 3 + CNP_VERSIONS.len();
+
+    /// Where the watch's health is in [`State::kinds`].
+    fn index(self) -> usize {
+        match self {
+            Kind::Pods => 0,
+            Kind::Namespaces => 1,
+            Kind::Policies => 2,
+            Kind::ClusterPolicies(v) => 3 + v,
+        }
+    }
+
+    /// The ClusterNetworkPolicy watches, in [`CNP_VERSIONS`] order (preferred first).
+    fn cluster_policies() -> impl Iterator<Item = Kind> {
+        (0..CNP_VERSIONS.len()).map(Kind::ClusterPolicies)
+    }
 
     /// Whether the cluster may lack the kind (see the module doc).
     fn optional(self) -> bool {
-        self == Kind::ClusterPolicies
+        matches!(self, Kind::ClusterPolicies(_))
+    }
+
+    /// The watch, as logs name it.
+    fn what(self) -> &'static str {
+        match self {
+            Kind::Pods => "Pod",
+            Kind::Namespaces => "Namespace",
+            Kind::Policies => "NetworkPolicy",
+            Kind::ClusterPolicies(v) => CNP_WATCHES[v],
+        }
     }
 }
 
@@ -108,12 +179,143 @@ struct Health {
     slow: u32,
     /// Why an optional kind's last answer did not serve it.
     unserved: Option<Unserved>,
+    /// Whether the last answer that said if the kind is served said it is not (404):
+    /// a 403 or a lost connection after a 404 says nothing new, so its objects stay
+    /// out of the snapshot until it is served again.
+    absent: bool,
 }
 
+/// ClusterNetworkPolicies by name.
+type ClusterPolicyMap = BTreeMap<String, Arc<Strict<ClusterNetworkPolicy>>>;
+
 struct State {
+    /// The objects of the snapshot (`cluster_policies` merged from the versions' maps).
     maps: PolicyMaps,
+    /// The ClusterNetworkPolicies each version's watch has, in [`CNP_VERSIONS`] order.
+    cluster_policies: [ClusterPolicyMap; CNP_VERSIONS.len()],
     kinds: [Health; Kind::COUNT],
     snapshot: Arc<PolicyObjects>,
+}
+
+impl State {
+    /// Rebuilds the snapshot's ClusterNetworkPolicies from the versions the cluster
+    /// serves (each name once, the first version's copy first: see the module doc);
+    /// whether they changed.
+    fn merge_cluster_policies(&mut self) -> bool {
+        let State {
+            maps,
+            cluster_policies,
+            kinds,
+            ..
+        } = self;
+        // Each name's copy, and the version it is from.
+        let mut merged: BTreeMap<String, (usize, Arc<Strict<ClusterNetworkPolicy>>)> = BTreeMap::new();
+        for (v, copies) in cluster_policies.iter_mut().enumerate() {
+            // Not served: kept aside, out of the snapshot (module doc).
+            if kinds[Kind::ClusterPolicies(v).index()].absent {
+                continue;
+            }
+            for (name, copy) in copies.iter_mut() {
+                let (from, kept) = match merged.entry(name.clone()) {
+                    Entry::Vacant(e) => {
+                        e.insert((v, copy.clone()));
+                        continue;
+                    }
+                    Entry::Occupied(e) => e.into_mut(),
+                };
+                if Arc::ptr_eq(kept, copy) {
+                    continue;
+                }
+                if **kept == **copy {
+                    // The same object twice: keep it in memory once.
+                    *copy = kept.clone();
+                    continue;
+                }
+                // Said when the copy read is new, not at every merge.
+                if (maps.cluster_policies.get(name)).is_none_or(|was| !Arc::ptr_eq(was, kept)) {
+                    tracing::debug!(
+                        cluster_network_policy = %name,
+                        read = CNP_VERSIONS[*from],
+                        other = CNP_VERSIONS[v],
+                        "a ClusterNetworkPolicy differs between two versions (for a moment after a change, \
+                         the watches being apart); the preferred version's copy is read"
+                    );
+                }
+            }
+        }
+        let merged: ClusterPolicyMap = merged.into_iter().map(|(name, (_, copy))| (name, copy)).collect();
+        let changed = merged != maps.cluster_policies;
+        maps.cluster_policies = merged;
+        changed
+    }
+}
+
+/// The ClusterNetworkPolicies of one version's watch (`kind`).
+fn cluster_policies_at(st: &mut State, kind: Kind) -> &mut ClusterPolicyMap {
+    let Kind::ClusterPolicies(v) = kind else {
+        unreachable!("{kind:?} is not a ClusterNetworkPolicy watch")
+    };
+    &mut st.cluster_policies[v]
+}
+
+/// An object a watch could not read as its type.
+#[derive(Debug)]
+struct Unreadable {
+    /// `namespace/name`, or the name of a cluster-scoped object.
+    name: String,
+    /// Its resourceVersion (a warning is given once per version).
+    resource_version: Option<String>,
+    /// Why (the decoder's words, with the path).
+    error: String,
+}
+
+/// What a watch's `read` makes of an object: `None` for one without a name (never
+/// kept), else its key and its read form, or why it has none.
+type Read<K, V> = Option<(K, Result<V, Unreadable>)>;
+
+/// What one watch keeps between its events.
+struct Watch<K, V> {
+    /// A (re)list in progress: its objects in their read form (`None`: unreadable),
+    /// swapped in at its end.
+    relist: Option<BTreeMap<K, Option<V>>>,
+    /// The objects that could not be read, with the resourceVersion warned about.
+    unreadable: BTreeMap<K, Option<String>>,
+}
+
+impl<K, V> Default for Watch<K, V> {
+    fn default() -> Self {
+        Self {
+            relist: None,
+            unreadable: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord + Clone, V> Watch<K, V> {
+    /// The key and read form (`None`: unreadable) of what `read` made of an object,
+    /// warning about an unreadable one once per change of it.
+    fn take(&mut self, kind: Kind, read: Read<K, V>) -> Option<(K, Option<V>)> {
+        let (key, read) = read?;
+        match read {
+            Ok(v) => {
+                self.unreadable.remove(&key);
+                Some((key, Some(v)))
+            }
+            Err(u) => {
+                if self.unreadable.get(&key) != Some(&u.resource_version) {
+                    tracing::warn!(
+                        resource = kind.what(),
+                        object = %u.name,
+                        resource_version = u.resource_version.as_deref().unwrap_or_default(),
+                        error = %u.error,
+                        "an object that does not read as its type is left out (its other objects are read)"
+                    );
+                    self.unreadable.insert(key.clone(), u.resource_version);
+                }
+                Some((key, None))
+            }
+        }
+    }
 }
 
 /// The policy objects of a [`super::KubeSource`] and the counter that announces them.
@@ -127,6 +329,7 @@ impl PolicyCache {
         Self {
             state: Mutex::new(State {
                 maps: PolicyMaps::default(),
+                cluster_policies: Default::default(),
                 kinds: [Health::default(); Kind::COUNT],
                 snapshot: Arc::default(),
             }),
@@ -176,56 +379,72 @@ impl PolicyCache {
         self.publish(&mut st, changed);
     }
 
-    /// Takes one watcher event of a kind into the maps: `map` picks the kind's map, `read`
-    /// turns an object into its key and value; `relist` gathers a (re)list's objects until
-    /// it is complete.
+    /// Takes one watcher event of a watch (`kind`) into the maps: `map` picks the watch's
+    /// map, `read` turns an object into its key and read form; `watch` keeps a (re)list's
+    /// objects until it is complete, and which objects could not be read.
     fn on_event<O, K, V>(
         &self,
         kind: Kind,
         ev: &watcher::Event<O>,
-        relist: &mut Option<BTreeMap<K, V>>,
-        map: fn(&mut PolicyMaps) -> &mut BTreeMap<K, Arc<V>>,
-        read: fn(&O) -> Option<(K, V)>,
+        watch: &mut Watch<K, V>,
+        map: fn(&mut State, Kind) -> &mut BTreeMap<K, Arc<V>>,
+        read: fn(&O) -> Read<K, V>,
     ) where
-        O: kube::Resource<DynamicType = ()> + Clone + 'static,
         K: Ord + Clone,
         V: PartialEq,
     {
+        // Read (decoded, for policies) before the lock is taken: readers of the snapshot
+        // and the other watches wait on it.
+        let taken = match ev {
+            watcher::Event::InitApply(o) | watcher::Event::Apply(o) => watch.take(kind, read(o)),
+            watcher::Event::Delete(o) => read(o).map(|(k, _)| {
+                watch.unreadable.remove(&k);
+                (k, None)
+            }),
+            watcher::Event::Init | watcher::Event::InitDone => None,
+        };
         self.update(|st| {
             // An object on the stream shows the watch works; `Init` does not: the watcher
             // emits it before it even asks for the list (again after each failed list).
             if !matches!(ev, watcher::Event::Init) {
-                st.kinds[kind as usize].failing = false;
+                st.kinds[kind.index()].failing = false;
             }
-            match ev {
+            let changed = match (ev, taken) {
                 // A (re)list in progress: its objects are gathered in their read form
                 // (never as whole API objects) and swapped in at InitDone.
-                watcher::Event::Init => {
-                    *relist = Some(BTreeMap::new());
+                (watcher::Event::Init, _) => {
+                    watch.relist = Some(BTreeMap::new());
                     false
                 }
-                watcher::Event::InitApply(o) => {
-                    if let (Some(buffer), Some((k, v))) = (relist.as_mut(), read(o)) {
+                (watcher::Event::InitApply(_), Some((k, v))) => {
+                    if let Some(buffer) = watch.relist.as_mut() {
                         buffer.insert(k, v);
                     }
                     false
                 }
-                watcher::Event::Apply(o) => {
-                    let Some((k, v)) = read(o) else { return false };
-                    let map = map(&mut st.maps);
+                (watcher::Event::Apply(_), Some((k, Some(v)))) => {
+                    let map = map(st, kind);
                     if map.get(&k).is_some_and(|old| **old == v) {
-                        return false;
+                        false
+                    } else {
+                        map.insert(k, Arc::new(v));
+                        true
                     }
-                    map.insert(k, Arc::new(v));
-                    true
                 }
-                watcher::Event::Delete(o) => read(o).is_some_and(|(k, _)| map(&mut st.maps).remove(&k).is_some()),
-                watcher::Event::InitDone => {
-                    st.kinds[kind as usize].synced = true;
-                    let old = map(&mut st.maps);
+                // Unreadable now: the last readable version is not what is written.
+                (watcher::Event::Apply(_), Some((k, None))) => map(st, kind).remove(&k).is_some(),
+                (watcher::Event::Delete(_), Some((k, _))) => map(st, kind).remove(&k).is_some(),
+                (watcher::Event::InitDone, _) => {
+                    st.kinds[kind.index()].synced = true;
+                    let listed = watch.relist.take().unwrap_or_default();
+                    // Forget the unreadable objects that are gone, so that one created
+                    // again under the same name is warned about again.
+                    watch.unreadable.retain(|k, _| matches!(listed.get(k), Some(None)));
+                    let old = map(st, kind);
                     let mut changed = false;
                     let mut fresh = BTreeMap::new();
-                    for (k, v) in relist.take().unwrap_or_default() {
+                    for (k, v) in listed {
+                        let Some(v) = v else { continue };
                         // The old Arc when nothing changed, so holders can compare cheaply.
                         let v = match old.get(&k) {
                             Some(a) if **a == v => a.clone(),
@@ -240,6 +459,12 @@ impl PolicyCache {
                     *old = fresh;
                     changed
                 }
+                // An object without a name: never kept.
+                (_, None) => false,
+            };
+            match kind {
+                Kind::ClusterPolicies(_) if changed => st.merge_cluster_policies(),
+                _ => changed,
             }
         });
     }
@@ -252,7 +477,7 @@ impl PolicyCache {
             return refused_with(error) == Some(404);
         }
         self.update(|st| {
-            st.kinds[kind as usize].failing = true;
+            st.kinds[kind.index()].failing = true;
             false
         });
         false
@@ -268,44 +493,68 @@ impl PolicyCache {
             _ => None,
         };
         self.update(|st| {
-            let health = &mut st.kinds[kind as usize];
+            let health = &mut st.kinds[kind.index()];
             let was = std::mem::replace(&mut health.unserved, unserved);
             health.failing = !ok && unserved != Some(Unserved::Absent);
+            if unserved.is_some() {
+                // Listed as none if it never was (see the module doc).
+                health.synced = true;
+            }
+            let was_absent = health.absent;
+            if ok || unserved == Some(Unserved::Absent) {
+                health.absent = !ok;
+            }
+            let absent_changed = health.absent != was_absent;
+            let Kind::ClusterPolicies(v) = kind else {
+                return false;
+            };
+            let version = CNP_VERSIONS[v];
+            // How the other versions' last answers went.
+            let others = || (Kind::cluster_policies()).filter(move |k| *k != kind);
             match unserved {
                 Some(Unserved::Absent) => {
-                    health.synced = true;
                     if was != unserved {
-                        tracing::info!(
-                            recheck = ?RECHECK,
-                            "ClusterNetworkPolicy is not served by the cluster (no CRD for \
-                             clusternetworkpolicies.policy.networking.k8s.io): none are enforced; \
-                             looking again now and then"
-                        );
+                        if others().all(|k| st.kinds[k.index()].unserved == Some(Unserved::Absent)) {
+                            tracing::info!(
+                                versions = ?CNP_VERSIONS,
+                                recheck = ?RECHECK,
+                                "ClusterNetworkPolicy is not served by the cluster at any version weft reads \
+                                 (no CRD for clusternetworkpolicies.{CNP_GROUP}, or one serving none of \
+                                 {CNP_GROUP}/{}): no ClusterNetworkPolicy is enforced; looking again now and then",
+                                CNP_VERSIONS.join(", ")
+                            );
+                        } else {
+                            tracing::info!(
+                                version = %format!("{CNP_GROUP}/{version}"),
+                                recheck = ?RECHECK,
+                                "ClusterNetworkPolicy is not served at {CNP_GROUP}/{version}: read at the other \
+                                 versions the cluster serves, if any; looking again now and then"
+                            );
+                        }
                     }
-                    // The one optional kind; its objects went with its CRD.
-                    let map = &mut st.maps.cluster_policies;
-                    let changed = !map.is_empty();
-                    map.clear();
-                    changed
+                    // Its objects went with its CRD, or the version is no longer served.
+                    absent_changed && st.merge_cluster_policies()
                 }
                 Some(Unserved::Forbidden) => {
-                    // Listed as none if it never was (see the module doc), stale either way.
-                    health.synced = true;
-                    if was != unserved {
+                    // RBAC is per resource: every version is refused alike; said once.
+                    let said = others().any(|k| st.kinds[k.index()].unserved == Some(Unserved::Forbidden));
+                    if was != unserved && !said {
                         tracing::error!(
-                            "weftd may not list ClusterNetworkPolicies (403 Forbidden: its ClusterRole lacks \
-                             list and watch on clusternetworkpolicies in policy.networking.k8s.io): their \
-                             denies are not enforced (the last known stay, if any), NetworkPolicies are; \
-                             the policy state is stale until the RBAC is fixed (manifests/rbac.yaml)"
+                            "weftd may not list ClusterNetworkPolicies (403 Forbidden at {CNP_GROUP}/{version}: \
+                             its ClusterRole lacks list and watch on clusternetworkpolicies in {CNP_GROUP}, \
+                             which covers every version): their denies are not enforced (the last known \
+                             stay, if any), NetworkPolicies are; the policy state is stale until the RBAC \
+                             is fixed (manifests/rbac.yaml)"
                         );
                     }
                     false
                 }
                 None => {
                     if ok && was.is_some() {
-                        tracing::info!("ClusterNetworkPolicy is served and readable now");
+                        tracing::info!("ClusterNetworkPolicy is served and readable now at {CNP_GROUP}/{version}");
                     }
-                    false
+                    // Served again: its copies count again, as its watch goes on from them.
+                    absent_changed && st.merge_cluster_policies()
                 }
             }
         });
@@ -313,31 +562,32 @@ impl PolicyCache {
 
     /// Whether the last answer for `kind` was a 404 or 403 of an optional kind.
     fn unserved(&self, kind: Kind) -> bool {
-        self.lock().kinds[kind as usize].unserved.is_some()
+        self.lock().kinds[kind.index()].unserved.is_some()
     }
 
     /// A request of `kind` waits longer than it should (`true`), or no longer (`false`).
     fn slow(&self, kind: Kind, slow: bool) {
         self.update(|st| {
-            let n = &mut st.kinds[kind as usize].slow;
+            let n = &mut st.kinds[kind.index()].slow;
             *n = if slow { *n + 1 } else { n.saturating_sub(1) };
             false
         });
     }
 }
 
-/// Starts the four watches (in tasks of the current runtime); returns the cache and the
-/// tasks to abort when the source goes.
+/// Starts the watches (in tasks of the current runtime): Pods, Namespaces,
+/// NetworkPolicies, and ClusterNetworkPolicies at each version; returns the cache and
+/// the tasks to abort when the source goes.
 pub(super) fn start(client: &Client) -> (Arc<PolicyCache>, Vec<tokio::task::AbortHandle>) {
     let cache = Arc::new(PolicyCache::new());
-    let tasks = vec![
+    let mut tasks = vec![
         watch_kind::<Pod, _, _>(
             client,
             &cache,
             Kind::Pods,
-            "Pod",
+            &(),
             slim_pod,
-            |m| &mut m.pods,
+            |st, _| &mut st.maps.pods,
             read_pod,
             DefaultBackoff::default(),
         ),
@@ -345,34 +595,43 @@ pub(super) fn start(client: &Client) -> (Arc<PolicyCache>, Vec<tokio::task::Abor
             client,
             &cache,
             Kind::Namespaces,
-            "Namespace",
+            &(),
             slim_namespace,
-            |m| &mut m.namespaces,
+            |st, _| &mut st.maps.namespaces,
             read_namespace,
             DefaultBackoff::default(),
         ),
-        watch_kind::<NetworkPolicy, _, _>(
+        watch_kind::<DynamicObject, _, _>(
             client,
             &cache,
             Kind::Policies,
-            "NetworkPolicy",
-            slim_policy,
-            |m| &mut m.policies,
+            &ApiResource::erase::<NetworkPolicy>(&()),
+            slim_raw,
+            |st, _| &mut st.maps.policies,
             read_policy,
             DefaultBackoff::default(),
         ),
-        watch_kind::<ClusterNetworkPolicy, _, _>(
+    ];
+    for (v, version) in CNP_VERSIONS.iter().enumerate() {
+        let kind = Kind::ClusterPolicies(v);
+        tasks.push(watch_kind::<DynamicObject, _, _>(
             client,
             &cache,
-            Kind::ClusterPolicies,
-            "ClusterNetworkPolicy",
-            slim_cluster_policy,
-            |m| &mut m.cluster_policies,
+            kind,
+            &cluster_policy_resource(version),
+            slim_raw,
+            cluster_policies_at,
             read_cluster_policy,
-            Recheck::new(cache.clone(), Kind::ClusterPolicies),
-        ),
-    ];
+            Recheck::new(cache.clone(), kind),
+        ));
+    }
     (cache, tasks)
+}
+
+/// ClusterNetworkPolicy at `version`, as the API serves it.
+fn cluster_policy_resource(version: &str) -> ApiResource {
+    let gvk = GroupVersionKind::gvk(CNP_GROUP, version, "ClusterNetworkPolicy");
+    ApiResource::from_gvk_with_plural(&gvk, "clusternetworkpolicies")
 }
 
 /// The HTTP status a list or watch request was refused with, if that is the watcher's
@@ -385,21 +644,21 @@ fn refused_with(e: &watcher::Error) -> Option<u16> {
     }
 }
 
-/// One kind's watch: a watcher over an [`Observed`] client, each object slimmed and read
-/// into the cache as it comes, driven for ever.
+/// One watch: a watcher of `O` (of `resource`) over an [`Observed`] client, each object
+/// slimmed and read into the cache as it comes, driven for ever.
 #[allow(clippy::too_many_arguments)]
 fn watch_kind<O, K, V>(
     client: &Client,
     cache: &Arc<PolicyCache>,
     kind: Kind,
-    what: &'static str,
+    resource: &O::DynamicType,
     slim: fn(&mut O),
-    map: fn(&mut PolicyMaps) -> &mut BTreeMap<K, Arc<V>>,
-    read: fn(&O) -> Option<(K, V)>,
+    map: fn(&mut State, Kind) -> &mut BTreeMap<K, Arc<V>>,
+    read: fn(&O) -> Read<K, V>,
     backoff: impl Backoff + 'static,
 ) -> tokio::task::AbortHandle
 where
-    O: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    O: kube::Resource + Clone + std::fmt::Debug + DeserializeOwned + Send + Sync + 'static,
     K: Ord + Clone + Send + 'static,
     V: PartialEq + Send + Sync + 'static,
 {
@@ -408,18 +667,17 @@ where
         cache: cache.clone(),
         kind,
     };
-    let api = Api::<O>::all(Client::new(observed, client.default_namespace().to_string()));
-    // No reflector store: each object is kept only in its read form, in the cache's
-    // maps; a relist gathers its objects in that form and swaps them in at its end.
+    let api = Api::<O>::all_with(Client::new(observed, client.default_namespace().to_string()), resource);
+    // No reflector store: each object is kept only in its read form (module doc).
     let stream = watcher(api, watcher::Config::default())
         .backoff(backoff)
         .map(move |ev| ev.map(|ev| ev.modify(slim)));
     let (events, errors) = (cache.clone(), cache.clone());
-    let mut relist = None;
+    let mut state = Watch::default();
     let task = tokio::spawn(drive_with(
         stream,
-        what,
-        move |ev| events.on_event(kind, ev, &mut relist, map, read),
+        kind.what(),
+        move |ev| events.on_event(kind, ev, &mut state, map, read),
         move |e| errors.failed(kind, e),
     ));
     task.abort_handle()
@@ -484,22 +742,68 @@ impl Drop for Slow<'_> {
 }
 
 /// A pod as [`PolicyPod::from_pod`] reads it, keyed.
-fn read_pod(p: &Pod) -> Option<((String, String), PolicyPod)> {
+fn read_pod(p: &Pod) -> Read<(String, String), PolicyPod> {
     let p = PolicyPod::from_pod(p)?;
-    Some((pod_key(&p), p))
+    Some((pod_key(&p), Ok(p)))
 }
 
-fn read_namespace(n: &Namespace) -> Option<(String, PolicyNamespace)> {
+fn read_namespace(n: &Namespace) -> Read<String, PolicyNamespace> {
     let n = PolicyNamespace::from_namespace(n)?;
-    Some((n.name.clone(), n))
+    Some((n.name.clone(), Ok(n)))
 }
 
-fn read_policy(p: &NetworkPolicy) -> Option<((String, String), NetworkPolicy)> {
-    Some((policy_key(p)?, p.clone()))
+/// A NetworkPolicy read strictly from its raw object and slimmed, keyed by namespace
+/// (`default` if unset, as the API server would) and name.
+fn read_policy(o: &DynamicObject) -> Read<(String, String), Strict<NetworkPolicy>> {
+    let name = o.metadata.name.clone()?;
+    let namespace = o.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let read = decode(o, format!("{namespace}/{name}")).map(|mut p: Strict<NetworkPolicy>| {
+        slim_policy(&mut p.object);
+        p
+    });
+    Some(((namespace, name), read))
 }
 
-fn read_cluster_policy(p: &ClusterNetworkPolicy) -> Option<(String, ClusterNetworkPolicy)> {
-    Some((cluster_policy_key(p)?, p.clone()))
+/// A ClusterNetworkPolicy (at either version: the same shape) read strictly from its raw
+/// object and slimmed, keyed by name.
+fn read_cluster_policy(o: &DynamicObject) -> Read<String, Strict<ClusterNetworkPolicy>> {
+    let name = o.metadata.name.clone()?;
+    let read = decode(o, name.clone()).map(|mut p: Strict<ClusterNetworkPolicy>| {
+        slim_cluster_policy(&mut p.object);
+        p
+    });
+    Some((name, read))
+}
+
+/// A raw object (apiVersion, kind, metadata, spec...) decoded as `T` by
+/// [`strict::decode`], or why it could not be.
+fn decode<T: DeserializeOwned>(o: &DynamicObject, name: String) -> Result<Strict<T>, Unreadable> {
+    let unreadable = |error: String| Unreadable {
+        name: name.clone(),
+        resource_version: o.metadata.resource_version.clone(),
+        error,
+    };
+    let value = serde_json::to_value(o).map_err(|e| unreadable(e.to_string()))?;
+    strict::decode(&value).map_err(unreadable)
+}
+
+/// Keeps of a raw policy object what reading it needs: its name, namespace, uid and
+/// generation (which the read form keeps), its resourceVersion (to warn once per change
+/// about one that does not read), and everything but the metadata and the status, which
+/// is what the strict reading looks at. The rest of the metadata (managedFields above
+/// all) goes before the object is even decoded.
+fn slim_raw(o: &mut DynamicObject) {
+    o.metadata = ObjectMeta {
+        name: o.metadata.name.take(),
+        namespace: o.metadata.namespace.take(),
+        uid: o.metadata.uid.take(),
+        generation: o.metadata.generation.take(),
+        resource_version: o.metadata.resource_version.take(),
+        ..ObjectMeta::default()
+    };
+    if let Some(fields) = o.data.as_object_mut() {
+        fields.remove("status");
+    }
 }
 
 /// Keeps only what [`PolicyPod::from_pod`] reads of a Pod (name, namespace, uid, labels,

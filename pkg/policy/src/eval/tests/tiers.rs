@@ -3,7 +3,7 @@
 
 use super::*;
 
-fn cnp(name: &str, tier: &str, priority: i32, spec: Value) -> Arc<weft_topology::ClusterNetworkPolicy> {
+fn cnp(name: &str, tier: &str, priority: i32, spec: Value) -> Arc<Strict<weft_topology::ClusterNetworkPolicy>> {
     let mut s = spec;
     s["tier"] = tier.into();
     s["priority"] = priority.into();
@@ -14,7 +14,7 @@ fn cnp(name: &str, tier: &str, priority: i32, spec: Value) -> Arc<weft_topology:
     )
 }
 
-fn tiered(policies: &[Value], cnps: Vec<Arc<weft_topology::ClusterNetworkPolicy>>) -> ClusterView {
+fn tiered(policies: &[Value], cnps: Vec<Arc<Strict<weft_topology::ClusterNetworkPolicy>>>) -> ClusterView {
     let base = cluster(policies);
     let mut o = PolicyObjects {
         synced: true,
@@ -24,11 +24,12 @@ fn tiered(policies: &[Value], cnps: Vec<Arc<weft_topology::ClusterNetworkPolicy>
         ..PolicyObjects::default()
     };
     for p in policies {
-        o.policies
-            .push(Arc::new(serde_json::from_value::<NetworkPolicy>(p.clone()).unwrap()));
+        o.policies.push(Arc::new(
+            serde_json::from_value::<Strict<NetworkPolicy>>(p.clone()).unwrap(),
+        ));
     }
-    let v = ClusterView::new(&o, "n1", &[], HashMap::new());
-    assert!(v.errors.is_empty(), "{:?}", v.errors);
+    let v = ClusterView::new(&o, "n1", &[], &[]);
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
     v
 }
 
