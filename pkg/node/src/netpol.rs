@@ -171,6 +171,7 @@ impl PolicyAdmin for EnginePolicyAdmin {
             passes: e.verdict.passes(),
             egress: Some(side(&e.verdict.egress)),
             ingress: Some(side(&e.verdict.ingress)),
+            problems: e.problems.iter().map(ToString::to_string).collect(),
         })
     }
 

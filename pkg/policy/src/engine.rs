@@ -97,6 +97,9 @@ pub struct Explanation {
     pub dst_ip: IpAddr,
     /// The verdict.
     pub verdict: Verdict,
+    /// What weft could not read in the policies that may apply to either end: the
+    /// NetworkPolicies of their namespaces and every ClusterNetworkPolicy.
+    pub problems: Vec<crate::problem::Problem>,
 }
 
 /// Network policy on this node, for operators.
@@ -210,12 +213,23 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             .iter()
             .find_map(|a| d_ips.iter().find(|b| a.is_ipv6() == b.is_ipv6()).map(|b| (*a, *b)))
             .ok_or_else(|| format!("{s} and {d} have no address of one family"))?;
+        let namespaces: Vec<String> = [src_ip, dst_ip]
+            .iter()
+            .filter_map(|ip| v.endpoint(*ip).pod().map(|p| p.namespace.clone()))
+            .collect();
+        let problems = v
+            .problems
+            .iter()
+            .filter(|p| p.kind == crate::problem::ObjectKind::ClusterNetworkPolicy || namespaces.contains(&p.namespace))
+            .cloned()
+            .collect();
         Ok(Explanation {
             src: s,
             dst: d,
             src_ip,
             dst_ip,
             verdict: v.verdict(src_ip, dst_ip, protocol, port),
+            problems,
         })
     }
 

@@ -1,6 +1,6 @@
 //! The upstream Kubernetes e2e NetworkPolicy suite (`test/e2e/network/netpol`,
 //! network_policy.go, the "Netpol" tests) as lab tests, and the ClusterNetworkPolicy
-//! tiers (network-policy-api's `policy.networking.k8s.io/v1alpha2`) on the same lab.
+//! tiers (network-policy-api's `policy.networking.k8s.io` v1beta1 and v1alpha2) on the same lab.
 //!
 //! The lab is upstream's: namespaces x, y, z (labelled `ns=<name>`, plus the
 //! `kubernetes.io/metadata.name` the lab adds), pods a, b, c in each (labelled
@@ -584,7 +584,7 @@ impl PolicyLab {
                 .iter()
                 .map(|key| match key.split_once('/').unwrap() {
                     ("clusternetworkpolicy", name) => format!(
-                        "---\napiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {{name: {name}}}\n"
+                        "---\napiVersion: policy.networking.k8s.io/v1beta1\nkind: ClusterNetworkPolicy\nmetadata: {{name: {name}}}\n"
                     ),
                     (ns, name) => format!(
                         "---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {name}, namespace: {ns}}}\n"
@@ -1304,6 +1304,38 @@ fn cluster_network_policy_tiers() {
         }),
     );
     t.clean();
+
+    t.begin("Admin Accept on 81/TCP only, in the released protocols form (v1beta1)");
+    t.put_cnp("protocols", fixture!("cnp-admin-x-tcp-81"));
+    t.check(
+        "x takes from x only 81/TCP",
+        &Expect::all().on(&[TCP80, UDP80, UDP81], |r| {
+            r.expect("x/*", "x/*", false);
+        }),
+    );
+    t.clean();
+
+    t.begin("Admin Accept on a UDP range only, in the released protocols form (v1alpha2)");
+    t.put_cnp("protocols", fixture!("cnp-admin-x-udp-range"));
+    t.check(
+        "x takes from x only UDP 80-81",
+        &Expect::all().on(&[TCP80, TCP81], |r| {
+            r.expect("x/*", "x/*", false);
+        }),
+    );
+    t.clean();
+
+    t.begin("a field weft does not know: lab apply refuses the object, naming the field");
+    let text = t.render(fixture!("cnp-unknown-field"));
+    let path = t.write("cnp-unknown-field.yaml", &text);
+    let out = t.weftctl(&["lab", "apply", &t.file, &path]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "lab apply took it: {said}");
+    assert!(
+        said.contains("spec.ingress[0].protocols[0].icmp") && said.contains("not a field weft knows"),
+        "{said}"
+    );
+    t.check("nothing applied", &Expect::all());
 
     let _server = OutsideServer::start(&t.lab.0);
     t.begin("Admin Deny of egress to a network outside the cluster");

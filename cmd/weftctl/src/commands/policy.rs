@@ -176,7 +176,7 @@ pub async fn run(action: PolicyAction, socket: &Path, json: bool) -> anyhow::Res
                     "src": r.src, "dst": r.dst, "src_ip": r.src_ip, "dst_ip": r.dst_ip,
                     "port": port, "protocol": protocol,
                     "allowed": r.allowed, "passes": r.passes,
-                    "egress": egress, "ingress": ingress,
+                    "egress": egress, "ingress": ingress, "problems": r.problems,
                 });
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(());
@@ -195,6 +195,12 @@ pub async fn run(action: PolicyAction, socket: &Path, json: bool) -> anyhow::Res
             );
             println!("  {}", describe(&format!("egress of {}", r.src), &egress));
             println!("  {}", describe(&format!("ingress of {}", r.dst), &ingress));
+            if !r.problems.is_empty() {
+                println!("  not read in full (weft fails closed where it cannot read):");
+                for p in &r.problems {
+                    println!("    {p}");
+                }
+            }
             Ok(())
         }
         PolicyAction::Denies { follow, limit, lab } => {

@@ -203,7 +203,7 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
             p.policies, p.cluster_policies, p.isolated_ingress, p.isolated_egress
         );
         for i in &p.invalid {
-            println!("  refused: {i}");
+            println!("  not read in full: {i}");
         }
     }
     Ok(())
