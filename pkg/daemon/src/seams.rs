@@ -304,8 +304,9 @@ pub const POLICED_IFNAME: &str = "eth0";
 pub trait PolicyHook: Send + Sync + 'static {
     /// Puts the policies of the pod being attached in place.
     fn pod_attached(&self, pod: PolicedPod) -> futures::future::BoxFuture<'_, Result<(), String>>;
-    /// A pod of this node was detached.
-    fn pod_detached(&self);
+    /// A pod of this node was detached (or its ADD failed after its policies were put
+    /// in place): `host_ifname` was its host interface.
+    fn pod_detached(&self, host_ifname: &str);
 }
 
 /// Point-to-point wires between pods (the third seam, optional): told when a pod of

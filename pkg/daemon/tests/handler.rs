@@ -1227,7 +1227,7 @@ impl weft_daemon::PolicyHook for FakePolicy {
         let refuse = self.refuse.lock().unwrap().clone();
         Box::pin(async move { refuse.map_or(Ok(()), Err) })
     }
-    fn pod_detached(&self) {
+    fn pod_detached(&self, _: &str) {
         *self.detached.lock().unwrap() += 1;
     }
 }

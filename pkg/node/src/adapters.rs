@@ -224,8 +224,8 @@ impl weft_daemon::PolicyHook for EnginePolicy {
                 .await
         })
     }
-    fn pod_detached(&self) {
-        self.0.local_pods_changed();
+    fn pod_detached(&self, host_ifname: &str) {
+        self.0.pod_detached(host_ifname);
     }
 }
 

@@ -9,7 +9,7 @@
 //! restarted weftd leaves the last enforced table in place; a lost watch keeps the last
 //! objects (the source says the state is stale) and the table with them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use tokio::sync::Notify;
 use tracing::{info, warn};
-use weft_topology::TopologySource;
+use weft_topology::{PolicyObjects, PolicyPod, TopologySource};
 
 use weft_topology::PortProtocol;
 
@@ -69,7 +69,15 @@ struct State {
     logged: std::collections::HashSet<crate::problem::Problem>,
     /// Local pods with no Pod object, already logged.
     unknown_logged: Vec<(String, String)>,
+    /// Pods whose ADD put their policies in place and has not committed them to the
+    /// store yet, by host interface: a pass in between plans them too (the store does
+    /// not list them), so it never takes out what an ADD just answered for.
+    pending: BTreeMap<String, (LocalPod, Instant)>,
 }
+
+/// How long a pod stays pending without its ADD committing it: an ADD commits within
+/// milliseconds of placing its policies, so an entry this old is an ADD that died.
+const PENDING_TTL: Duration = Duration::from_secs(60);
 
 /// What the last pass planned from and decided: what names a denied packet's group
 /// and ends, and what `explain` evaluates against.
@@ -82,6 +90,8 @@ pub struct Latest {
     /// The generations of the source's policy objects and nodes it was planned from: a
     /// pod's ADD may add to this plan only while neither moved.
     generation: (u64, u64),
+    /// The objects it was planned from: a change of pods only is found against them.
+    objects: Arc<PolicyObjects>,
 }
 
 /// The verdict of one flow with the ends resolved.
@@ -135,6 +145,9 @@ pub struct PolicyEngine<K> {
     denies: DenyLog,
     /// Kernel counter values at the last sample, by counter name.
     sampled: Mutex<HashMap<String, u64>>,
+    /// Host interfaces detached since the last pass (a DEL, or an ADD that failed after
+    /// its policies were placed): if pending, they are no longer.
+    detached: Mutex<Vec<String>>,
 }
 
 impl<K: PolicyKernel> PolicyEngine<K> {
@@ -158,6 +171,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             latest: Mutex::new(None),
             denies: DenyLog::default(),
             sampled: Mutex::default(),
+            detached: Mutex::default(),
         }
     }
 
@@ -311,20 +325,29 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         sampled.retain(|k, _| counters.contains_key(k));
     }
 
-    /// The view a pass plans from, with `extra` (a pod being attached, not in the store
-    /// as ready yet) among this node's pods.
-    async fn view(&self, extra: Option<&LocalPod>) -> Result<Option<ClusterView>, String> {
-        let objects = self.source.policy_objects();
-        self.metrics.synced.set(i64::from(objects.synced));
-        self.metrics.stale.set(i64::from(objects.stale));
-        if !objects.synced {
-            return Ok(None);
-        }
+    /// This node's pods: the store's ready ones, those whose ADD is under way
+    /// (`pending`, and `extra`, the pod being attached now).
+    async fn local_pods(&self, state: &mut State, extra: Option<&LocalPod>) -> Result<Vec<LocalPod>, String> {
         let mut local = (self.local)().await?;
+        let listed: BTreeSet<String> = local.iter().map(|l| l.host_ifname.clone()).collect();
+        for ifname in std::mem::take(&mut *self.detached.lock().expect("detached lock")) {
+            state.pending.remove(&ifname);
+        }
+        state
+            .pending
+            .retain(|ifname, (_, since)| !listed.contains(ifname) && since.elapsed() < PENDING_TTL);
+        for (p, _) in state.pending.values() {
+            local.push(p.clone());
+        }
         if let Some(p) = extra {
             local.retain(|l| l.host_ifname != p.host_ifname);
             local.push(p.clone());
         }
+        Ok(local)
+    }
+
+    /// The view a pass plans from `objects`, with this node's pods `local`.
+    fn view(&self, objects: &PolicyObjects, local: &[LocalPod]) -> ClusterView {
         let nodes: Vec<NodeInfo> = self
             .source
             .nodes()
@@ -335,7 +358,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
                 name: n.name,
             })
             .collect();
-        Ok(Some(ClusterView::new(&objects, &self.cfg.node_name, &local, &nodes)))
+        ClusterView::new(objects, &self.cfg.node_name, local, &nodes)
     }
 
     /// Runs one pass; `resync` reads the kernel back instead of trusting the last plan.
@@ -350,19 +373,47 @@ impl<K: PolicyKernel> PolicyEngine<K> {
 
     async fn pass_with(&self, extra: Option<&LocalPod>, resync: bool) -> Result<PassOutcome, String> {
         let mut state = self.state.lock().await;
+        let out = self.pass_locked(&mut state, extra, resync).await?;
+        if let Some(p) = extra
+            && out.synced
+        {
+            // Planned now, in the store only once its ADD commits.
+            state.pending.insert(p.host_ifname.clone(), (p.clone(), Instant::now()));
+        }
+        Ok(out)
+    }
+
+    async fn pass_locked(
+        &self,
+        state: &mut State,
+        extra: Option<&LocalPod>,
+        resync: bool,
+    ) -> Result<PassOutcome, String> {
         if let Some(pod) = extra
             && !resync
             && !state.must_observe
-            && let Some(out) = self.add_one(&mut state, pod).await?
+            && let Some(out) = self.add_one(state, pod).await?
+        {
+            return Ok(out);
+        }
+        if extra.is_none()
+            && !resync
+            && !state.must_observe
+            && let Some(out) = self.pods_only(state).await?
         {
             return Ok(out);
         }
         let started = Instant::now();
         let generation = self.generation();
-        let Some(view) = self.view(extra).await? else {
+        let objects = self.source.policy_objects();
+        self.metrics.synced.set(i64::from(objects.synced));
+        self.metrics.stale.set(i64::from(objects.stale));
+        if !objects.synced {
             return Ok(PassOutcome::default());
-        };
-        self.report(&view, &mut state);
+        }
+        let local = self.local_pods(state, extra).await?;
+        let view = self.view(&objects, &local);
+        self.report(&view, state);
         let desired = Arc::new(plan(&view));
         let last = self.latest().map(|l| l.desired);
         let base = match (&last, resync || state.must_observe) {
@@ -413,6 +464,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             view: Arc::new(view),
             desired,
             generation,
+            objects,
         });
         Ok(PassOutcome {
             synced: true,
@@ -420,6 +472,87 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             repaired,
             incremental: false,
         })
+    }
+
+    /// A change of pods only (elsewhere in the cluster, or a local pod's Pod object
+    /// that changes nothing the view has of it), applied as set elements for the
+    /// addresses it touches, without planning the table again: one small transaction
+    /// whatever the cluster's size. `None`: something else moved (namespaces, policies,
+    /// nodes, this node's pods, the cache's state), and a full pass is needed.
+    async fn pods_only(&self, state: &mut State) -> Result<Option<PassOutcome>, String> {
+        let started = Instant::now();
+        let generation = self.generation();
+        let objects = self.source.policy_objects();
+        let local = self.local_pods(state, None).await?;
+        let delta = {
+            let mut slot = self.latest.lock().expect("latest lock");
+            let Some(latest) = slot.as_mut() else { return Ok(None) };
+            let old = &latest.objects;
+            let local_same = local.len() == latest.view.local.len()
+                && local
+                    .iter()
+                    .all(|l| latest.view.local.get(&(l.namespace.clone(), l.name.clone())) == Some(l));
+            if latest.generation.1 != generation.1
+                || !objects.synced
+                || (objects.synced, objects.stale) != (old.synced, old.stale)
+                || !same(&objects.namespaces, &old.namespaces)
+                || !same(&objects.policies, &old.policies)
+                || !same(&objects.cluster_policies, &old.cluster_policies)
+                || !local_same
+            {
+                return Ok(None);
+            }
+            let changes = changed_pods(&old.pods, &objects.pods);
+            // A pod of this node whose Pod object changes what the view has of it (its
+            // labels, ports, or its object's coming or going) may change its group: a
+            // full pass. Checked before anything is changed.
+            let view = &latest.view;
+            for (key, new) in &changes {
+                if let Some(l) = view.local.get(key) {
+                    let merged = new.as_ref().map(|p| PolicyPod {
+                        ips: l.ips.clone(),
+                        node: view.node.clone(),
+                        ..(**p).clone()
+                    });
+                    if merged.is_none() || view.pod(&key.0, &key.1).as_deref() != merged.as_ref() {
+                        return Ok(None);
+                    }
+                }
+            }
+            let view = Arc::make_mut(&mut latest.view);
+            let mut ips = BTreeSet::new();
+            for (key, new) in changes {
+                if !view.local.contains_key(&key) {
+                    ips.extend(view.set_pod(key, new));
+                }
+            }
+            let d = Arc::make_mut(&mut latest.desired);
+            let delta = crate::plan::delta(view, d, &ips);
+            delta.apply_to(d);
+            latest.generation = generation;
+            latest.objects = objects;
+            delta
+        };
+        let script = nft::delta_script(&delta);
+        if !delta.is_empty() {
+            let applied = self.kernel.lock().expect("policy kernel lock").update(&delta);
+            if let Err(e) = applied {
+                self.metrics.failures.inc();
+                state.must_observe = true;
+                return Err(e.to_string());
+            }
+            self.metrics
+                .changes
+                .get_or_create(&crate::metrics::ChangeLabels { kind: "change" })
+                .inc();
+        }
+        self.metrics.pass_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(Some(PassOutcome {
+            synced: true,
+            script,
+            repaired: false,
+            incremental: true,
+        }))
     }
 
     /// An ADD's pod added to the last plan alone, when nothing it was planned from has
@@ -443,7 +576,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             // Readers (explain, the deny log) hold these only for a moment: the plan is
             // changed in place, not copied.
             let view = Arc::make_mut(&mut latest.view);
-            view.add_local(pod, &self.cfg.node_name);
+            view.add_local(pod);
             let Some(p) = view.pod(&pod.namespace, &pod.name) else {
                 return Ok(None);
             };
@@ -546,6 +679,16 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         self.wake.notify_one();
     }
 
+    /// Says the pod at `host_ifname` was detached (a DEL, or an ADD that failed after
+    /// placing its policies): it is no longer pending, and the next pass comes at once.
+    pub fn pod_detached(&self, host_ifname: &str) {
+        self.detached
+            .lock()
+            .expect("detached lock")
+            .push(host_ifname.to_string());
+        self.wake.notify_one();
+    }
+
     /// Runs passes until `stop`: at once, whenever the cache's policy objects or the
     /// node's pods change (a burst of changes costs one pass: the loop waits a few
     /// milliseconds for the rest), and every resync interval with the kernel read back.
@@ -578,6 +721,61 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             }
         }
     }
+}
+
+/// A pod (`namespace`, `name`) as a newer snapshot has it (`None`: gone).
+type PodChange = ((String, String), Option<Arc<PolicyPod>>);
+
+/// Whether two lists hold the very same objects (a source keeps an unchanged object's
+/// `Arc` from one snapshot to the next).
+fn same<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+}
+
+/// The pods that differ between two snapshots (each sorted by namespace and name),
+/// with what the newer has (`None`: gone). An unchanged pod keeps its `Arc` from one
+/// snapshot to the next, so this is a walk of pointer comparisons.
+fn changed_pods(old: &[Arc<PolicyPod>], new: &[Arc<PolicyPod>]) -> Vec<PodChange> {
+    let key = |p: &Arc<PolicyPod>| (p.namespace.clone(), p.name.clone());
+    let (mut i, mut j) = (0, 0);
+    let mut out = Vec::new();
+    while i < old.len() || j < new.len() {
+        match (old.get(i), new.get(j)) {
+            (Some(a), Some(b)) if Arc::ptr_eq(a, b) => {
+                i += 1;
+                j += 1;
+            }
+            (Some(a), Some(b)) => {
+                match (a.namespace.as_str(), a.name.as_str()).cmp(&(b.namespace.as_str(), b.name.as_str())) {
+                    std::cmp::Ordering::Equal => {
+                        if a != b {
+                            out.push((key(b), Some(b.clone())));
+                        }
+                        i += 1;
+                        j += 1;
+                    }
+                    std::cmp::Ordering::Less => {
+                        out.push((key(a), None));
+                        i += 1;
+                    }
+                    std::cmp::Ordering::Greater => {
+                        out.push((key(b), Some(b.clone())));
+                        j += 1;
+                    }
+                }
+            }
+            (Some(a), None) => {
+                out.push((key(a), None));
+                i += 1;
+            }
+            (None, Some(b)) => {
+                out.push((key(b), Some(b.clone())));
+                j += 1;
+            }
+            (None, None) => break,
+        }
+    }
+    out
 }
 
 #[cfg(test)]

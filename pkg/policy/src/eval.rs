@@ -4,7 +4,7 @@
 //! `weftctl policy explain` answers with it, and the kernel's rules are tested against
 //! it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -159,8 +159,14 @@ pub struct ClusterView {
     pub namespaces: HashMap<String, Arc<PolicyNamespace>>,
     /// Every pod known (this node's from its store, with the API's labels), sorted.
     pub pods: Vec<Arc<PolicyPod>>,
-    /// Pods by address (this node's pods win over a stale API entry).
+    /// Pods by address (this node's pods win over a stale API entry: [`Self::owner`]).
     pub by_ip: HashMap<IpAddr, Arc<PolicyPod>>,
+    /// Every pod that claims an address, in name order (a freed address may still be
+    /// claimed by a finished pod's stale object): what [`Self::by_ip`] is chosen from,
+    /// and what a set's elements of one address come from.
+    pub claims: HashMap<IpAddr, Vec<Arc<PolicyPod>>>,
+    /// This node's name.
+    pub node: String,
     /// The policies that read, sorted by namespace and name.
     pub policies: Vec<Arc<Policy>>,
     /// The policies of each namespace.
@@ -185,7 +191,10 @@ impl ClusterView {
     /// The view of `objects` from node `node` (name) running `local`, in a cluster of
     /// `nodes`.
     pub fn new(objects: &PolicyObjects, node: &str, local: &[LocalPod], nodes: &[NodeInfo]) -> Self {
-        let mut v = ClusterView::default();
+        let mut v = ClusterView {
+            node: node.to_string(),
+            ..ClusterView::default()
+        };
         for n in nodes {
             for a in &n.addresses {
                 v.nodes.insert(*a, n.name.clone());
@@ -203,38 +212,20 @@ impl ClusterView {
         for l in local {
             let key = (l.namespace.clone(), l.name.clone());
             v.local.insert(key.clone(), l.clone());
-            let merged = match pods.get(&key) {
-                Some(p) => PolicyPod {
-                    ips: l.ips.clone(),
-                    node: node.to_string(),
-                    ..(**p).clone()
-                },
-                None => {
-                    v.unknown_local.push(key.clone());
-                    PolicyPod {
-                        namespace: l.namespace.clone(),
-                        name: l.name.clone(),
-                        ips: l.ips.clone(),
-                        node: node.to_string(),
-                        ..PolicyPod::default()
-                    }
-                }
-            };
+            let merged = v.merge_local(l, pods.get(&key).map(|p| &**p));
             pods.insert(key, Arc::new(merged));
         }
-        // A pod of another node claiming a local pod's address is stale (the address was
-        // freed and given again here): the local one wins.
         for p in pods.values() {
             for ip in &p.ips {
-                let local_here = p.node == node && v.local.contains_key(&(p.namespace.clone(), p.name.clone()));
-                match v.by_ip.get(ip) {
-                    Some(existing) if !local_here && existing.node == node => {}
-                    _ => {
-                        v.by_ip.insert(*ip, p.clone());
-                    }
-                }
+                v.claims.entry(*ip).or_default().push(p.clone());
             }
         }
+        let owners: Vec<(IpAddr, Arc<PolicyPod>)> = v
+            .claims
+            .iter()
+            .filter_map(|(ip, claims)| v.owner(claims).map(|o| (*ip, o)))
+            .collect();
+        v.by_ip = owners.into_iter().collect();
         v.pods = pods.into_values().collect();
         for np in &objects.policies {
             let read = Policy::read(np);
@@ -256,39 +247,98 @@ impl ClusterView {
         v
     }
 
-    /// Adds a pod of node `node` that its store knows now, as [`ClusterView::new`] would
-    /// have had it among `local`.
-    pub fn add_local(&mut self, l: &LocalPod, node: &str) {
-        let key = (l.namespace.clone(), l.name.clone());
-        let merged = match self.pod(&l.namespace, &l.name) {
+    /// A pod of this node as the view has it: its addresses from the store (`l`), its
+    /// labels and ports from its Pod object when the API has one (`api`; until then it
+    /// has no labels, and is remembered as unknown).
+    fn merge_local(&mut self, l: &LocalPod, api: Option<&PolicyPod>) -> PolicyPod {
+        match api {
             Some(p) => PolicyPod {
                 ips: l.ips.clone(),
-                node: node.to_string(),
-                ..(*p).clone()
+                node: self.node.clone(),
+                ..p.clone()
             },
             None => {
-                self.unknown_local.push(key.clone());
+                self.unknown_local.push((l.namespace.clone(), l.name.clone()));
                 PolicyPod {
                     namespace: l.namespace.clone(),
                     name: l.name.clone(),
                     ips: l.ips.clone(),
-                    node: node.to_string(),
+                    node: self.node.clone(),
                     ..PolicyPod::default()
                 }
             }
-        };
-        let merged = Arc::new(merged);
-        self.local.insert(key.clone(), l.clone());
-        match self
+        }
+    }
+
+    /// Which of the pods claiming one address (in name order) it belongs to: a pod of
+    /// this node its store knows wins over another's claim (that one is stale: the
+    /// address was freed and given again here); otherwise the last claim.
+    pub fn owner(&self, claims: &[Arc<PolicyPod>]) -> Option<Arc<PolicyPod>> {
+        let mut owner: Option<&Arc<PolicyPod>> = None;
+        for p in claims {
+            let local_here = p.node == self.node && self.local.contains_key(&(p.namespace.clone(), p.name.clone()));
+            match owner {
+                Some(o) if !local_here && o.node == self.node => {}
+                _ => owner = Some(p),
+            }
+        }
+        owner.cloned()
+    }
+
+    /// Puts pod `key` in the view as `pod` (`None`: takes it out), keeping every index
+    /// as [`ClusterView::new`] would have built it; returns the addresses whose claims
+    /// changed (the old pod's and the new one's).
+    pub fn set_pod(&mut self, key: (String, String), pod: Option<Arc<PolicyPod>>) -> BTreeSet<IpAddr> {
+        let at = self
             .pods
-            .binary_search_by(|p| (p.namespace.as_str(), p.name.as_str()).cmp(&(key.0.as_str(), key.1.as_str())))
-        {
-            Ok(i) => self.pods[i] = merged.clone(),
-            Err(i) => self.pods.insert(i, merged.clone()),
+            .binary_search_by(|p| (p.namespace.as_str(), p.name.as_str()).cmp(&(key.0.as_str(), key.1.as_str())));
+        let old = match (at, &pod) {
+            (Ok(i), Some(p)) => Some(std::mem::replace(&mut self.pods[i], p.clone())),
+            (Ok(i), None) => Some(self.pods.remove(i)),
+            (Err(i), Some(p)) => {
+                self.pods.insert(i, p.clone());
+                None
+            }
+            (Err(_), None) => None,
+        };
+        let mut affected = BTreeSet::new();
+        for ip in old.iter().flat_map(|o| o.ips.iter()) {
+            affected.insert(*ip);
+            if let Some(claims) = self.claims.get_mut(ip) {
+                claims.retain(|c| (c.namespace.as_str(), c.name.as_str()) != (key.0.as_str(), key.1.as_str()));
+            }
         }
-        for ip in &merged.ips {
-            self.by_ip.insert(*ip, merged.clone());
+        for ip in pod.iter().flat_map(|p| p.ips.iter()) {
+            affected.insert(*ip);
+            let claims = self.claims.entry(*ip).or_default();
+            let pos = claims
+                .binary_search_by(|c| (c.namespace.as_str(), c.name.as_str()).cmp(&(key.0.as_str(), key.1.as_str())))
+                .unwrap_or_else(|i| i);
+            claims.insert(pos, pod.clone().expect("a pod"));
         }
+        for ip in &affected {
+            let owner = self.claims.get(ip).and_then(|c| self.owner(c));
+            match owner {
+                Some(o) => {
+                    self.by_ip.insert(*ip, o);
+                }
+                None => {
+                    self.by_ip.remove(ip);
+                    self.claims.remove(ip);
+                }
+            }
+        }
+        affected
+    }
+
+    /// Adds a pod of this node that its store knows now, as [`ClusterView::new`] would
+    /// have had it among `local`; returns the addresses whose claims changed.
+    pub fn add_local(&mut self, l: &LocalPod) -> BTreeSet<IpAddr> {
+        let key = (l.namespace.clone(), l.name.clone());
+        let api = self.pod(&l.namespace, &l.name);
+        let merged = self.merge_local(l, api.as_deref());
+        self.local.insert(key.clone(), l.clone());
+        self.set_pod(key, Some(Arc::new(merged)))
     }
 
     /// The labels of namespace `name` (none when it is not known).

@@ -3,7 +3,7 @@
 //! and its implementation over `nft` and nfnetlink in the caller's network namespace
 //! ([`NftKernel`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use weft_kernel::KernelError;
 use weft_kernel::nftbatch as nb;
@@ -11,7 +11,7 @@ use weft_kernel::nftset::{self, NFPROTO_INET, SetElement, key_addr, key_port};
 
 use crate::names::{Chain, SetName};
 use crate::nft::{self, Observed};
-use crate::plan::{Addition, Element, SetKind, TABLE, dispatch_rule};
+use crate::plan::{Addition, Delta, Element, SetKind, TABLE, dispatch_rule};
 
 /// What network policy asks of and does to the kernel of the node's namespace.
 pub trait PolicyKernel: Send + 'static {
@@ -28,6 +28,15 @@ pub trait PolicyKernel: Send + 'static {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect())
+    }
+    /// Takes out and adds set elements in one transaction (a change of pods elsewhere
+    /// in the cluster): the same as applying [`nft::delta_script`], which is what this
+    /// does unless the kernel has a quicker way.
+    fn update(&mut self, delta: &Delta) -> Result<(), KernelError> {
+        match nft::delta_script(delta) {
+            Some(s) => self.apply(&s),
+            None => Ok(()),
+        }
     }
     /// Adds one pod (an ADD's path), atomically: the same as applying
     /// [`nft::addition_script`], which is what this does unless the kernel has a
@@ -112,6 +121,35 @@ fn batch_element(e: &Element) -> nb::Element {
     }
 }
 
+/// The batch's form of a set of pods' elements (of one address family, one kind).
+fn pod_set(name: &SetName, elements: &BTreeSet<Element>) -> Option<nb::Set> {
+    let kind = match elements.iter().next()? {
+        Element::AddrPort(ip, ..) if ip.is_ipv6() => SetKind::AddrPort6,
+        Element::AddrPort(..) => SetKind::AddrPort4,
+        Element::Addr(ip) if ip.is_ipv6() => SetKind::Addr6,
+        Element::Addr(_) => SetKind::Addr4,
+        // Ranges are the policies' own, never a pod's.
+        Element::Range(..) => return None,
+    };
+    Some(batch_set(name, kind))
+}
+
+/// A delta as one nfnetlink batch: what goes, then what comes.
+fn batch_of_delta(delta: &Delta) -> nb::Batch {
+    let mut b = nb::Batch::new(TABLE);
+    for (name, elements) in &delta.del {
+        if let Some(set) = pod_set(name, elements) {
+            b.delete_elements(&set, elements.iter().map(batch_element));
+        }
+    }
+    for (name, elements) in &delta.add {
+        if let Some(set) = pod_set(name, elements) {
+            b.add_elements(&set, elements.iter().map(batch_element));
+        }
+    }
+    b
+}
+
 /// An addition as one nfnetlink batch, in the order of [`nft::addition_script`]: new
 /// sets (filled), member sets, counters, chains; elements; rules, a chain before the
 /// chains that jump to it; dispatch members, hairpin pairs, dispatch rules.
@@ -131,15 +169,9 @@ fn batch_of(add: &Addition) -> Result<nb::Batch, KernelError> {
         b.add_chain(c.to_string());
     }
     for (name, elements) in &add.elements {
-        let kind = match elements.iter().next() {
-            Some(Element::AddrPort(ip, ..)) if ip.is_ipv6() => SetKind::AddrPort6,
-            Some(Element::AddrPort(..)) => SetKind::AddrPort4,
-            Some(Element::Addr(ip)) if ip.is_ipv6() => SetKind::Addr6,
-            Some(Element::Addr(_)) => SetKind::Addr4,
-            // Ranges are the policies' own, never a pod's.
-            Some(Element::Range(..)) | None => continue,
-        };
-        b.add_elements(&batch_set(name, kind), elements.iter().map(batch_element));
+        if let Some(set) = pod_set(name, elements) {
+            b.add_elements(&set, elements.iter().map(batch_element));
+        }
     }
     let mut chains: Vec<&Chain> = add.new.chains.keys().collect();
     chains.sort_by_key(|c| (c.rank(), (*c).clone()));
@@ -209,6 +241,18 @@ impl PolicyKernel for NftKernel {
                 .commit(&mut self.session)
                 .map_err(|e| KernelError::os("adding a pod to the policy table", std::io::Error::other(e.to_string()))),
         }
+    }
+
+    fn update(&mut self, delta: &Delta) -> Result<(), KernelError> {
+        if delta.is_empty() {
+            return Ok(());
+        }
+        batch_of_delta(delta).commit(&mut self.session).map_err(|e| {
+            KernelError::os(
+                "changing pods' elements in the policy table",
+                std::io::Error::other(e.to_string()),
+            )
+        })
     }
 
     fn counters(&mut self) -> Result<BTreeMap<String, u64>, KernelError> {

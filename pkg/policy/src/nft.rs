@@ -13,7 +13,7 @@ use weft_topology::PortProtocol;
 
 use crate::model::Direction;
 use crate::names::{Chain, Counter, SetName};
-use crate::plan::{Addition, Desired, Element, SetKind, TABLE, base_rules, dispatch_rule};
+use crate::plan::{Addition, Delta, Desired, Element, SetKind, TABLE, base_rules, dispatch_rule};
 use crate::rule::Rule;
 
 /// The base chains' hook declarations: filter type on the forward hook, egress just
@@ -430,6 +430,18 @@ pub fn addition_script(add: &Addition) -> Option<String> {
             Chain::Dispatch(dir),
             dispatch_rule(dir, entry)
         );
+    }
+    (!s.is_empty()).then_some(s)
+}
+
+/// The transaction of a [`Delta`]: what goes, then what comes.
+pub fn delta_script(delta: &Delta) -> Option<String> {
+    let mut s = String::new();
+    for (set, elements) in &delta.del {
+        element_lines(&mut s, "delete", set, elements);
+    }
+    for (set, elements) in &delta.add {
+        element_lines(&mut s, "add", set, elements);
     }
     (!s.is_empty()).then_some(s)
 }

@@ -31,9 +31,11 @@ use crate::names::{Chain, Counter, LogPrefix, SetName, SetRole};
 use crate::rule::{Match, Rule, Side, Verdict};
 
 mod addition;
+mod delta;
 mod sets;
 
 pub use addition::{Addition, addition};
+pub use delta::{Delta, delta};
 use sets::merge;
 pub use sets::{Element, NamespaceScope, PodScope, SetKind, SetSource, SetSpec, block_ranges};
 

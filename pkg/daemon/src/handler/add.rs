@@ -134,10 +134,10 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         let installed = match (set_up, placed) {
             (Ok(installed), Ok(())) => installed,
             (Err(e), placed) => {
-                if let (Some((policy, _)), Ok(())) = (&policed, placed) {
+                if let (Some((policy, pod)), Ok(())) = (&policed, placed) {
                     // Its elements go with the pass this asks for: the pod never became
                     // ready.
-                    policy.pod_detached();
+                    policy.pod_detached(&pod.host_ifname);
                 }
                 self.undo_add(&att).await;
                 return Err(e);
@@ -151,8 +151,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 }
                 let _ = self.net.remove(att.host_ifname.clone()).await;
                 self.undo_add(&att).await;
-                if let Some((policy, _)) = &policed {
-                    policy.pod_detached();
+                if let Some((policy, pod)) = &policed {
+                    policy.pod_detached(&pod.host_ifname);
                 }
                 return Err(CniError::new(
                     Code::TryAgainLater,

@@ -80,7 +80,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         let ticket = self.teardowns.start(&att.key)?;
         self.cut_off(&att).await;
         if let Some(policy) = &self.policy {
-            policy.pod_detached();
+            policy.pod_detached(&att.host_ifname);
         }
         let (net, ipam) = (self.net.clone(), self.ipam.clone());
         let key = att.key.clone();

