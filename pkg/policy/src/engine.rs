@@ -73,6 +73,8 @@ struct State {
     /// store yet, by host interface: a pass in between plans them too (the store does
     /// not list them), so it never takes out what an ADD just answered for.
     pending: BTreeMap<String, (LocalPod, Instant)>,
+    /// Pods of other nodes announced by them before the API has their addresses.
+    announced: announce::Announcements,
 }
 
 /// How long a pod stays pending without its ADD committing it: an ADD commits within
@@ -148,6 +150,8 @@ pub struct PolicyEngine<K> {
     /// Host interfaces detached since the last pass (a DEL, or an ADD that failed after
     /// its policies were placed): if pending, they are no longer.
     detached: Mutex<Vec<String>>,
+    /// How this node tells the others about its new pods, if it does.
+    announcer: Mutex<Option<Arc<dyn Announcer>>>,
 }
 
 impl<K: PolicyKernel> PolicyEngine<K> {
@@ -172,6 +176,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             denies: DenyLog::default(),
             sampled: Mutex::default(),
             detached: Mutex::default(),
+            announcer: Mutex::default(),
         }
     }
 
@@ -405,7 +410,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         }
         let started = Instant::now();
         let generation = self.generation();
-        let objects = self.source.policy_objects();
+        let objects = state.announced.patch(self.source.policy_objects());
         self.metrics.synced.set(i64::from(objects.synced));
         self.metrics.stale.set(i64::from(objects.stale));
         if !objects.synced {
@@ -482,7 +487,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     async fn pods_only(&self, state: &mut State) -> Result<Option<PassOutcome>, String> {
         let started = Instant::now();
         let generation = self.generation();
-        let objects = self.source.policy_objects();
+        let objects = state.announced.patch(self.source.policy_objects());
         let local = self.local_pods(state, None).await?;
         let delta = {
             let mut slot = self.latest.lock().expect("latest lock");
@@ -660,6 +665,8 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         loop {
             let out = self.pass_with(Some(&pod), false).await?;
             if out.synced {
+                // The other nodes put its addresses in their sets before the ADD answers.
+                self.announce(&pod).await;
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -777,6 +784,9 @@ fn changed_pods(old: &[Arc<PolicyPod>], new: &[Arc<PolicyPod>]) -> Vec<PodChange
     }
     out
 }
+
+mod announce;
+pub use announce::{ANNOUNCED_TTL, Announced, Announcer, Taken};
 
 #[cfg(test)]
 mod tests;

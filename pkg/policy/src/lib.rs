@@ -21,7 +21,9 @@ pub mod selector;
 
 pub use cnp::{ClusterPeer, ClusterPolicy, ClusterRule};
 pub use denies::{DenyEvent, DenyLog, Flow};
-pub use engine::{Config, Explanation, Latest, LocalPods, PassOutcome, PolicyEngine, Status};
+pub use engine::{
+    Announced, Announcer, Config, Explanation, Latest, LocalPods, PassOutcome, PolicyEngine, Status, Taken,
+};
 pub use eval::{ClusterDecision, ClusterView, Endpoint, LocalPod, NodeInfo, RuleRef, SideVerdict, Verdict};
 pub use kernel::{NftKernel, PolicyKernel};
 pub use metrics::PolicyMetrics;

@@ -77,11 +77,27 @@ pub struct PolicyMetrics {
     /// connections (their first packets) each policy allowed, or denied as one of the
     /// policies isolating the pod.
     pub verdicts: Family<VerdictLabels, Counter>,
+    /// `weft_policy_announcements_total{result}`: pods of other nodes announced by
+    /// them at their ADD (`applied`, `kept` until the cache has the pod, `known` by the
+    /// API already, `refused`).
+    pub announcements: Family<ResultLabels, Counter>,
     /// Label sets last reported with invalid policies, to zero them once fixed.
     invalid_seen: Mutex<Vec<InvalidLabels>>,
 }
 
+/// What became of something.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// The result.
+    pub result: &'static str,
+}
+
 impl PolicyMetrics {
+    /// Counts an announcement received, by what became of it.
+    pub fn announced(&self, result: &'static str) {
+        self.announcements.get_or_create(&ResultLabels { result }).inc();
+    }
+
     /// Counts `n` verdicts.
     pub fn verdict(&self, direction: Direction, action: &'static str, namespace: &str, policy: &str, n: u64) {
         self.verdicts
@@ -134,6 +150,7 @@ impl Families for PolicyMetrics {
             isolated_pods: Family::default(),
             invalid: Family::default(),
             verdicts: Family::default(),
+            announcements: Family::default(),
             invalid_seen: Mutex::default(),
         };
         metrics.register(
@@ -170,6 +187,11 @@ impl Families for PolicyMetrics {
             "weft_policy_invalid",
             "Policy objects weft could not read whole, by kind, namespace and effect (refused: not enforced; fail_closed: enforced, what was not read closed)",
             m.invalid.clone(),
+        );
+        metrics.register(
+            "weft_policy_announcements",
+            "Pods of other nodes announced by them at their ADD, by what became of them (applied, kept, known, refused)",
+            m.announcements.clone(),
         );
         metrics.register(
             "weft_policy_verdicts",

@@ -14,6 +14,7 @@ use weft_topology::{
 };
 
 use super::*;
+use crate::engine::{Announced, Taken};
 
 /// A kernel that records the transactions it is given and reads back what a test says.
 #[derive(Clone, Default)]
@@ -36,6 +37,7 @@ impl PolicyKernel for FakeKernel {
 struct Cluster {
     objects: Mutex<Arc<PolicyObjects>>,
     tx: watch::Sender<u64>,
+    nodes: Mutex<Vec<ClusterNode>>,
 }
 
 impl Cluster {
@@ -50,6 +52,7 @@ impl Cluster {
                 ..PolicyObjects::default()
             })),
             tx: watch::channel(0).0,
+            nodes: Mutex::default(),
         })
     }
 
@@ -73,7 +76,7 @@ impl TopologySource for Cluster {
         None
     }
     fn nodes(&self) -> Vec<ClusterNode> {
-        Vec::new()
+        self.nodes.lock().unwrap().clone()
     }
     fn set_status<'a>(&'a self, _: &'a str, _: &'a str, _: TopologyStatus) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async { Ok(()) })
@@ -406,4 +409,87 @@ async fn a_pod_between_its_policies_and_its_commit_stays_planned() {
     e.pass(false).await.unwrap();
     assert!(!e.latest().unwrap().desired.ingress.contains_key("weft-b"));
     assert!(k.applied.lock().unwrap().len() > before);
+}
+
+/// A pod of another node, announced by that node at its ADD before the API has its
+/// addresses: its addresses go into the sets at once (its labels are the API's), and
+/// stay when the API confirms them. An announcement of the wrong node, outside the
+/// node's ranges, of an unknown node or of this node's own pod is refused.
+#[tokio::test]
+async fn an_announced_pod_is_in_the_sets_before_the_api_has_its_address() {
+    let cluster = Cluster::new(true);
+    *cluster.nodes.lock().unwrap() = vec![ClusterNode {
+        name: "n2".into(),
+        pod_cidrs: vec!["10.0.2.0/24".parse().unwrap()],
+        ..ClusterNode::default()
+    }];
+    let new = |ips: &[&str]| {
+        Arc::new(PolicyPod {
+            namespace: "x".into(),
+            name: "client".into(),
+            labels: [("role".to_string(), "client".to_string())].into(),
+            ips: ips.iter().map(|i| i.parse().unwrap()).collect(),
+            node: "n2".into(),
+            ..PolicyPod::default()
+        })
+    };
+    cluster.change(|o| {
+        o.policies.push(policy(
+            "from-clients",
+            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
+        ));
+        o.pods.push(new(&[]));
+    });
+    let (e, k, metrics) = engine(cluster.clone(), vec![local("a", "10.0.1.1")]);
+    e.pass(true).await.unwrap();
+    let announced = |name: &str, ip: &str| Announced {
+        namespace: "x".into(),
+        name: name.into(),
+        ips: vec![ip.parse().unwrap()],
+    };
+    for (node, pod, why) in [
+        ("n3", announced("client", "10.0.2.9"), "no such node"),
+        ("n2", announced("client", "10.0.3.9"), "not in the node's pod ranges"),
+        ("n1", announced("a", "10.0.2.9"), "a pod of this node"),
+    ] {
+        let err = e.pod_announced(node, pod).await.unwrap_err();
+        assert!(err.contains(why), "{err}");
+    }
+    let before = k.applied.lock().unwrap().len();
+    assert_eq!(
+        e.pod_announced("n2", announced("client", "10.0.2.9")).await,
+        Ok(Taken::Applied)
+    );
+    let applied = k.applied.lock().unwrap();
+    assert_eq!(applied.len(), before + 1);
+    assert!(
+        applied[before].trim_end().ends_with("{ 10.0.2.9 }"),
+        "{}",
+        applied[before]
+    );
+    drop(applied);
+    // The API confirms it: nothing changes.
+    cluster.change(|o| o.pods[0] = new(&["10.0.2.9"]));
+    assert_eq!(e.pass(false).await.unwrap().script, None);
+    assert_eq!(
+        e.pod_announced("n2", announced("client", "10.0.2.9")).await,
+        Ok(Taken::Known)
+    );
+    // Another pod the cache has no object of yet: kept, applied when the object comes.
+    assert_eq!(
+        e.pod_announced("n2", announced("later", "10.0.2.10")).await,
+        Ok(Taken::Kept)
+    );
+    cluster.change(|o| {
+        let mut p = (*new(&[])).clone();
+        p.name = "later".into();
+        o.pods.push(Arc::new(p));
+    });
+    let script = e.pass(false).await.unwrap().script.unwrap();
+    assert!(script.trim_end().ends_with("{ 10.0.2.10 }"), "{script}");
+    let page = metrics.render("text/plain").1;
+    assert!(
+        page.contains("weft_policy_announcements_total{result=\"refused\"} 3"),
+        "{page}"
+    );
 }
