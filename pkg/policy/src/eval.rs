@@ -13,7 +13,7 @@ use weft_topology::{CnpAction, CnpTier, PolicyNamespace, PolicyObjects, PolicyPo
 
 use crate::cnp::{ClusterPeer, ClusterPolicy, ClusterRule};
 use crate::model::{Direction, Namespaces, Peer, Policy, PortMatch, Ports, Rule};
-use crate::problem::Problem;
+use crate::problem::{Cause, Effect, ObjectKind, Problem};
 use crate::selector::Labels;
 
 /// A pod this node runs, as its store knows it: addresses and host interface are
@@ -238,6 +238,21 @@ impl ClusterView {
             let read = ClusterPolicy::read(c);
             v.cluster_policies.extend(read.policy.map(Arc::new));
             v.problems.extend(read.problems);
+        }
+        for u in &objects.unreadable {
+            v.problems.push(Problem {
+                kind: if u.kind == "NetworkPolicy" {
+                    ObjectKind::NetworkPolicy
+                } else {
+                    ObjectKind::ClusterNetworkPolicy
+                },
+                namespace: u.namespace.clone(),
+                name: u.name.clone(),
+                field: "(object)".into(),
+                reason: format!("does not decode: {}", u.error),
+                effect: Effect::Refused,
+                cause: Cause::Invalid,
+            });
         }
         v.cluster_policies
             .sort_by(|a, b| (a.tier, a.priority, &a.name).cmp(&(b.tier, b.priority, &b.name)));

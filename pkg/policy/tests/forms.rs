@@ -85,7 +85,7 @@ fn objects(l: &Lab, policies: Vec<Value>, cnps: Vec<Value>) -> PolicyObjects {
             .map(|v| Arc::new(serde_json::from_value::<Strict<_>>(v).unwrap()))
             .collect(),
         synced: true,
-        stale: false,
+        ..PolicyObjects::default()
     }
 }
 

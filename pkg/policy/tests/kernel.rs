@@ -91,6 +91,7 @@ fn objects(
         synced: true,
         stale: false,
         cluster_policies: Vec::new(),
+        unreadable: Vec::new(),
     }
 }
 

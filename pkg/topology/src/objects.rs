@@ -178,6 +178,20 @@ impl PolicyNamespace {
     }
 }
 
+/// A policy object that does not decode as its type (a field of the wrong type: an API
+/// server never stores one, a file may): never enforced, and said so.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UnreadablePolicy {
+    /// `NetworkPolicy` or `ClusterNetworkPolicy`.
+    pub kind: String,
+    /// Its namespace (empty for a cluster-scoped object).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Why it does not decode (the decoder's words).
+    pub error: String,
+}
+
 /// Everything network policy reads of the cluster, at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PolicyObjects {
@@ -194,6 +208,8 @@ pub struct PolicyObjects {
     /// and spec and the fields weft does not know named (none where the cluster has no
     /// such CRD; none, or the last known, and `stale`, where weftd may not read them).
     pub cluster_policies: Vec<Arc<Strict<ClusterNetworkPolicy>>>,
+    /// Policy objects that do not decode as their type, sorted (each once).
+    pub unreadable: Vec<Arc<UnreadablePolicy>>,
     /// Whether every kind was listed once (before, "no policy" means "not known yet").
     pub synced: bool,
     /// Whether a watch is lost (or refused) now (the objects are the last known;
@@ -213,6 +229,8 @@ pub(crate) struct PolicyMaps {
     pub(crate) policies: BTreeMap<(String, String), Arc<Strict<NetworkPolicy>>>,
     /// By name.
     pub(crate) cluster_policies: BTreeMap<String, Arc<Strict<ClusterNetworkPolicy>>>,
+    /// Objects that do not decode, by who found them (a watch, a file).
+    pub(crate) unreadable: BTreeMap<String, Vec<Arc<UnreadablePolicy>>>,
 }
 
 impl PolicyMaps {
@@ -223,6 +241,12 @@ impl PolicyMaps {
             namespaces: self.namespaces.values().cloned().collect(),
             policies: self.policies.values().cloned().collect(),
             cluster_policies: self.cluster_policies.values().cloned().collect(),
+            unreadable: {
+                let mut all: Vec<Arc<UnreadablePolicy>> = self.unreadable.values().flatten().cloned().collect();
+                all.sort();
+                all.dedup_by(|a, b| (&a.kind, &a.namespace, &a.name) == (&b.kind, &b.namespace, &b.name));
+                all
+            },
             synced,
             stale,
         }

@@ -821,6 +821,20 @@ async fn a_policy_that_does_not_decode_is_left_out_and_the_rest_of_its_kind_arri
     assert!(o.synced && !o.stale, "{o:?}");
     assert_eq!(policies(&o), ["web/allow-web"]);
     assert_eq!(cluster_policies(&o), ["deny-db"]);
+    // Left out, but said: the snapshot names each (once, though both versions saw it).
+    let unreadable: Vec<(String, String, String)> = o
+        .unreadable
+        .iter()
+        .map(|u| (u.kind.clone(), u.namespace.clone(), u.name.clone()))
+        .collect();
+    assert_eq!(
+        unreadable,
+        [
+            ("ClusterNetworkPolicy".to_string(), String::new(), "odd".to_string()),
+            ("NetworkPolicy".to_string(), "web".to_string(), "bad".to_string()),
+        ]
+    );
+    assert!(o.unreadable.iter().all(|u| !u.error.is_empty()));
 
     // Later objects and changes keep arriving; a good version of the bad one is read.
     server.put(&policy("db", "deny-db", "db"));
@@ -832,6 +846,10 @@ async fn a_policy_that_does_not_decode_is_left_out_and_the_rest_of_its_kind_arri
     let fixed = || cluster_policies(&source.policy_objects()) == ["deny-db", "odd"];
     assert!(wait_for(fixed).await, "{:?}", source.policy_objects());
     assert!(!source.policy_objects().stale);
+    assert!(
+        source.policy_objects().unreadable.is_empty(),
+        "read now: no longer said"
+    );
 }
 
 /// Paused time: the rechecks of a missing version wait up to a minute.

@@ -492,3 +492,33 @@ async fn an_announced_pod_is_in_the_sets_before_the_api_has_its_address() {
         "{page}"
     );
 }
+
+/// A policy object that does not decode is refused, and said: in the status, and
+/// counted as refused (not enforced) in its namespace.
+#[tokio::test]
+async fn an_object_that_does_not_decode_is_said_refused() {
+    let cluster = Cluster::new(true);
+    cluster.change(|o| {
+        o.unreadable.push(Arc::new(weft_topology::UnreadablePolicy {
+            kind: "NetworkPolicy".into(),
+            namespace: "x".into(),
+            name: "typo".into(),
+            error: "invalid type: string \"high\", expected i32".into(),
+        }))
+    });
+    let (e, _, metrics) = engine(cluster, vec![local("a", "10.0.0.1")]);
+    e.pass(true).await.unwrap();
+    let s = e.status();
+    assert_eq!(s.invalid.len(), 1, "{:?}", s.invalid);
+    assert!(
+        s.invalid[0].starts_with("NetworkPolicy x/typo: (object): does not decode: invalid type")
+            && s.invalid[0].ends_with("not enforced"),
+        "{}",
+        s.invalid[0]
+    );
+    let page = metrics.render("text/plain").1;
+    assert!(
+        page.contains("weft_policy_invalid{kind=\"NetworkPolicy\",namespace=\"x\",effect=\"refused\"} 1"),
+        "{page}"
+    );
+}

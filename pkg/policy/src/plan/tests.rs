@@ -77,6 +77,7 @@ impl World {
                 synced: true,
                 stale: false,
                 cluster_policies: Vec::new(),
+                unreadable: Vec::new(),
             },
             local,
         }

@@ -16,7 +16,9 @@ use super::file_err;
 use crate::cnp::{CNP_GROUP, CNP_VERSIONS, cnp_api_version_known};
 use crate::objects::{slim_cluster_policy, slim_policy};
 use crate::strict::{self, Strict};
-use crate::{ClusterNetworkPolicy, ClusterNode, PolicyNamespace, PolicyPod, SourceError, Topology, validate};
+use crate::{
+    ClusterNetworkPolicy, ClusterNode, PolicyNamespace, PolicyPod, SourceError, Topology, UnreadablePolicy, validate,
+};
 
 /// The label the API server gives every Namespace; the directory plays the API server,
 /// so its Namespaces get it too (policies select namespaces by name through it).
@@ -59,6 +61,8 @@ pub(super) struct FileObjects {
     pub(super) policies: Vec<Arc<Strict<NetworkPolicy>>>,
     /// ClusterNetworkPolicy objects (v1beta1 or v1alpha2), alike.
     pub(super) cluster_policies: Vec<Arc<Strict<ClusterNetworkPolicy>>>,
+    /// Policy objects that do not decode.
+    pub(super) unreadable: Vec<Arc<UnreadablePolicy>>,
     pub(super) problems: Vec<LoadProblem>,
 }
 
@@ -307,9 +311,16 @@ fn add_object(v: Value, what: &str, out: &mut FileObjects, path: &Path) {
                     slim_policy(&mut policy.object);
                     out.policies.push(Arc::new(policy));
                 }
-                Err(e) => out
-                    .problems
-                    .push(problem(label, format!("not a valid NetworkPolicy: {e}"))),
+                Err(e) => {
+                    out.unreadable.push(Arc::new(UnreadablePolicy {
+                        kind: "NetworkPolicy".into(),
+                        namespace: namespace_of(&v).to_string(),
+                        name: name.clone(),
+                        error: e.clone(),
+                    }));
+                    out.problems
+                        .push(problem(label, format!("not a valid NetworkPolicy: {e}")))
+                }
             }
         }
         "ClusterNetworkPolicy" => {
@@ -335,9 +346,16 @@ fn add_object(v: Value, what: &str, out: &mut FileObjects, path: &Path) {
                     slim_cluster_policy(&mut policy.object);
                     out.cluster_policies.push(Arc::new(policy));
                 }
-                Err(e) => out
-                    .problems
-                    .push(problem(label, format!("not a valid ClusterNetworkPolicy: {e}"))),
+                Err(e) => {
+                    out.unreadable.push(Arc::new(UnreadablePolicy {
+                        kind: "ClusterNetworkPolicy".into(),
+                        namespace: String::new(),
+                        name: name.clone(),
+                        error: e.clone(),
+                    }));
+                    out.problems
+                        .push(problem(label, format!("not a valid ClusterNetworkPolicy: {e}")))
+                }
             }
         }
         _ => tracing::debug!(file = %path.display(), kind, api_version, "ignoring an object weft does not use"),

@@ -339,6 +339,13 @@ impl Inner {
                     policy.policies.insert(key, p.clone());
                 }
             }
+            if !objects.unreadable.is_empty() {
+                policy
+                    .unreadable
+                    .entry(path.display().to_string())
+                    .or_default()
+                    .extend(objects.unreadable.iter().cloned());
+            }
             for p in &objects.cluster_policies {
                 let Some(key) = cluster_policy_key(&p.object) else {
                     continue;

@@ -94,7 +94,7 @@ use super::drive_with;
 use crate::cnp::{CNP_GROUP, CNP_VERSIONS};
 use crate::objects::{POLICY_MODE_ANNOTATION, PolicyMaps, pod_key, slim_cluster_policy, slim_policy};
 use crate::strict;
-use crate::{ClusterNetworkPolicy, PolicyNamespace, PolicyObjects, PolicyPod, Strict};
+use crate::{ClusterNetworkPolicy, PolicyNamespace, PolicyObjects, PolicyPod, Strict, UnreadablePolicy};
 use recheck::Recheck;
 
 /// How long a list or watch request may wait for its answer before its watch counts as
@@ -267,6 +267,8 @@ struct Unreadable {
     resource_version: Option<String>,
     /// Why (the decoder's words, with the path).
     error: String,
+    /// What the snapshot says of it.
+    object: Arc<UnreadablePolicy>,
 }
 
 /// What a watch's `read` makes of an object: `None` for one without a name (never
@@ -278,8 +280,9 @@ struct Watch<K, V> {
     /// A (re)list in progress: its objects in their read form (`None`: unreadable),
     /// swapped in at its end.
     relist: Option<BTreeMap<K, Option<V>>>,
-    /// The objects that could not be read, with the resourceVersion warned about.
-    unreadable: BTreeMap<K, Option<String>>,
+    /// The objects that could not be read, with the resourceVersion warned about and
+    /// what the snapshot says of them.
+    unreadable: BTreeMap<K, (Option<String>, Arc<UnreadablePolicy>)>,
 }
 
 impl<K, V> Default for Watch<K, V> {
@@ -302,7 +305,7 @@ impl<K: Ord + Clone, V> Watch<K, V> {
                 Some((key, Some(v)))
             }
             Err(u) => {
-                if self.unreadable.get(&key) != Some(&u.resource_version) {
+                if self.unreadable.get(&key).map(|(v, _)| v) != Some(&u.resource_version) {
                     tracing::warn!(
                         resource = kind.what(),
                         object = %u.name,
@@ -310,7 +313,7 @@ impl<K: Ord + Clone, V> Watch<K, V> {
                         error = %u.error,
                         "an object that does not read as its type is left out (its other objects are read)"
                     );
-                    self.unreadable.insert(key.clone(), u.resource_version);
+                    self.unreadable.insert(key.clone(), (u.resource_version, u.object));
                 }
                 Some((key, None))
             }
@@ -462,10 +465,18 @@ impl PolicyCache {
                 // An object without a name: never kept.
                 (_, None) => false,
             };
-            match kind {
-                Kind::ClusterPolicies(_) if changed => st.merge_cluster_policies(),
-                _ => changed,
+            // The objects it cannot read, in the snapshot too (rare: a list of few).
+            let now: Vec<Arc<UnreadablePolicy>> = watch.unreadable.values().map(|(_, u)| u.clone()).collect();
+            let slot = st.maps.unreadable.entry(kind.what().to_string()).or_default();
+            let unreadable_changed = slot.len() != now.len() || slot.iter().zip(&now).any(|(a, b)| !Arc::ptr_eq(a, b));
+            if unreadable_changed {
+                *slot = now;
             }
+            unreadable_changed
+                | match kind {
+                    Kind::ClusterPolicies(_) if changed => st.merge_cluster_policies(),
+                    _ => changed,
+                }
         });
     }
 
@@ -757,7 +768,7 @@ fn read_namespace(n: &Namespace) -> Read<String, PolicyNamespace> {
 fn read_policy(o: &DynamicObject) -> Read<(String, String), Strict<NetworkPolicy>> {
     let name = o.metadata.name.clone()?;
     let namespace = o.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-    let read = decode(o, format!("{namespace}/{name}")).map(|mut p: Strict<NetworkPolicy>| {
+    let read = decode(o, "NetworkPolicy", format!("{namespace}/{name}")).map(|mut p: Strict<NetworkPolicy>| {
         slim_policy(&mut p.object);
         p
     });
@@ -768,7 +779,7 @@ fn read_policy(o: &DynamicObject) -> Read<(String, String), Strict<NetworkPolicy
 /// object and slimmed, keyed by name.
 fn read_cluster_policy(o: &DynamicObject) -> Read<String, Strict<ClusterNetworkPolicy>> {
     let name = o.metadata.name.clone()?;
-    let read = decode(o, name.clone()).map(|mut p: Strict<ClusterNetworkPolicy>| {
+    let read = decode(o, "ClusterNetworkPolicy", name.clone()).map(|mut p: Strict<ClusterNetworkPolicy>| {
         slim_cluster_policy(&mut p.object);
         p
     });
@@ -777,10 +788,19 @@ fn read_cluster_policy(o: &DynamicObject) -> Read<String, Strict<ClusterNetworkP
 
 /// A raw object (apiVersion, kind, metadata, spec...) decoded as `T` by
 /// [`strict::decode`], or why it could not be.
-fn decode<T: DeserializeOwned>(o: &DynamicObject, name: String) -> Result<Strict<T>, Unreadable> {
+fn decode<T: DeserializeOwned>(o: &DynamicObject, kind: &str, name: String) -> Result<Strict<T>, Unreadable> {
     let unreadable = |error: String| Unreadable {
         name: name.clone(),
         resource_version: o.metadata.resource_version.clone(),
+        object: Arc::new(UnreadablePolicy {
+            kind: kind.to_string(),
+            namespace: match kind {
+                "NetworkPolicy" => o.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+                _ => String::new(),
+            },
+            name: o.metadata.name.clone().unwrap_or_default(),
+            error: error.clone(),
+        }),
         error,
     };
     let value = serde_json::to_value(o).map_err(|e| unreadable(e.to_string()))?;
