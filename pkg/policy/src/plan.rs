@@ -188,13 +188,15 @@ impl Desired {
 }
 
 /// A base chain's rules: what passes without asking policy (established and related
-/// traffic: replies, ICMP errors of a connection; a pod's traffic to itself; a
-/// connection this direction allowed before), then the dispatch.
+/// traffic: replies, ICMP errors of a connection; a connection this direction allowed
+/// before; a pod's traffic to itself), then the dispatch. The mark comes before the
+/// hairpin lookup: every packet of a one-way flow (no reply makes it established)
+/// meets the rules up to the mark, and a hairpin connection is rare.
 pub fn base_rules(dir: Direction) -> Vec<Rule> {
     vec![
         Rule::new(vec![Match::Established], Verdict::Accept),
-        Rule::new(vec![Match::IfacePair(SetName::Hairpin)], Verdict::Accept),
         Rule::new(vec![Match::Marked(dir)], Verdict::Accept),
+        Rule::new(vec![Match::IfacePair(SetName::Hairpin)], Verdict::Accept),
         Rule::new(Vec::new(), Verdict::Jump(Chain::Dispatch(dir))),
     ]
 }

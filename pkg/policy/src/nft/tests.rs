@@ -237,8 +237,8 @@ fn nft_json_reads_back() {
     let base = |dir: &str, bit: u32| {
         format!(
             r#"{{"rule": {{"chain": "{dir}", "expr": [{{"match": {{"op": "in", "left": {{"ct": {{"key": "state"}}}}, "right": ["established", "related"]}}}}, {{"accept": null}}]}}}},
-      {{"rule": {{"chain": "{dir}", "expr": [{{"match": {{"op": "==", "left": {{"concat": [{{"meta": {{"key": "iifname"}}}}, {{"meta": {{"key": "oifname"}}}}]}}, "right": "@hairpin"}}}}, {{"accept": null}}]}}}},
       {{"rule": {{"chain": "{dir}", "expr": [{{"match": {{"op": "==", "left": {{"&": [{{"ct": {{"key": "mark"}}}}, {bit}]}}, "right": {bit}}}}}, {{"accept": null}}]}}}},
+      {{"rule": {{"chain": "{dir}", "expr": [{{"match": {{"op": "==", "left": {{"concat": [{{"meta": {{"key": "iifname"}}}}, {{"meta": {{"key": "oifname"}}}}]}}, "right": "@hairpin"}}}}, {{"accept": null}}]}}}},
       {{"rule": {{"chain": "{dir}", "expr": [{{"jump": {{"target": "{dir}_pods"}}}}]}}}},"#
         )
     };
