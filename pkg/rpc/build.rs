@@ -17,7 +17,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_transport(false)
         .compile_fds(protox::compile(files, [&root])?)?;
-    // The wire service on its own: its codec sizes buffers for batches of frames.
+    // The wire port's services on their own: the codec sizes buffers for batches of
+    // frames. `Policy` shares the file (its requests carry the same `Hello`) and so the
+    // codec; its calls are one per ADD and peer, where a 64 KiB buffer costs nothing
+    // that matters.
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -108,6 +108,13 @@ pub struct Args {
     /// state directory, seconds.
     #[arg(long, env = "WEFT_LOCK_WAIT", default_value_t = 30)]
     lock_wait: u64,
+    /// How long a pod's ADD waits at most, in milliseconds, for the other nodes to put
+    /// its addresses into their network-policy sets (a peer that does not answer is left
+    /// out until it answers again); 0: new pods are not announced, other nodes learn of
+    /// them from the API server.
+    #[arg(long, env = "WEFT_POLICY_ANNOUNCE_TIMEOUT_MS", default_value_t = 250,
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    policy_announce_timeout_ms: u64,
 }
 
 /// What weftd does besides serving.
@@ -191,6 +198,7 @@ impl Args {
             no_masquerade_cidrs: self.no_masquerade_cidrs,
             export,
             lock_wait: Duration::from_secs(self.lock_wait),
+            policy_announce_timeout: Duration::from_millis(self.policy_announce_timeout_ms),
         }
     }
 }

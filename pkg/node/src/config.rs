@@ -58,6 +58,9 @@ pub struct NodeConfig {
     pub export: Option<weft_nodenet::RouteExport>,
     /// How long to wait at start for a previous daemon to release the state directory.
     pub lock_wait: Duration,
+    /// How long a pod's ADD waits at most for the other nodes to take its addresses into
+    /// their network-policy sets (see [`crate::announce`]); zero: pods are not announced.
+    pub policy_announce_timeout: Duration,
 }
 
 /// How the node-to-node wire port is protected (`--wire-tls-dir` or `--wire-insecure`).

@@ -7,6 +7,7 @@
 //! waits for a signal between the two.
 
 pub mod adapters;
+pub mod announce;
 pub mod config;
 pub mod error;
 pub mod lock;

@@ -1,6 +1,6 @@
 //! The node's servers: CNI and admin gRPC on the UNIX socket, the HTTP endpoints, and
-//! the node-to-node wire service on TCP (tuned for frame streams, on the data plane's
-//! thread). Each binds first, so a start-up error names the address, then serves on a
+//! the node-to-node services on TCP (the wire service, tuned for frame streams, on the
+//! data plane's thread; beside it network policy's announcements). Each binds first, so a start-up error names the address, then serves on a
 //! task of its own until `stop`.
 
 use std::net::SocketAddr;
@@ -16,7 +16,9 @@ use weft_telemetry::{CallLog, GrpcLayer, Metrics, Readiness, Refresh};
 use weft_wires::{Engine, WireService};
 use weft_wiretls::{TlsObserver, WireSecurity};
 
+use crate::announce::PolicyService;
 use crate::error::NodeError;
+use crate::netpol;
 
 /// Serves the CNI and admin services on `listener` (peers other than root are closed)
 /// until `stop`, then lets calls in flight finish.
@@ -56,13 +58,18 @@ pub async fn serve_http(
     )))
 }
 
-/// Binds `addr` and serves the node-to-node wire service of `engine` on the data
+/// The `weft.wire.v1.Policy` server weftd runs beside the wire service.
+pub type PolicyServer = weft_rpc::wire::policy_server::PolicyServer<PolicyService<netpol::Engine>>;
+
+/// Binds `addr` and serves the node-to-node wire service of `engine`, and `policy`
+/// (new pods' addresses from the other nodes) when network policy runs, on the data
 /// plane's runtime (`plane`) until `stop`; with mTLS, every connection proves first that
 /// it is the node at its address (see `weft_wiretls::incoming`).
 pub async fn serve_wires(
     addr: SocketAddr,
     engine: Arc<Engine>,
     security: WireSecurity,
+    policy: Option<PolicyServer>,
     plane: &tokio::runtime::Handle,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<JoinHandle<Result<(), tonic::transport::Error>>, NodeError> {
@@ -78,6 +85,7 @@ pub async fn serve_wires(
         .initial_connection_window_size(Some(8 << 20))
         .max_frame_size(Some(weft_wires::dataplane::H2_MAX_FRAME))
         .add_service(WireService::server(engine))
+        .add_optional_service(policy)
         .serve_with_incoming_shutdown(incoming, stop);
     // On the wire data plane's own thread, beside the TAP readers.
     Ok(plane.spawn(serve))

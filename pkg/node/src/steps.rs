@@ -21,6 +21,7 @@ use weft_wires::dataplane::DataPlaneRuntime;
 use weft_wiretls::WireSecurity;
 
 use crate::adapters;
+use crate::announce::{AnnounceMetrics, PolicyService, WireAnnouncer};
 use crate::config::{NodeConfig, WireTls};
 use crate::lock::{self, StateLock};
 use crate::metrics::NodeMetrics;
@@ -223,6 +224,9 @@ pub struct Wires {
     pub security: WireSecurity,
     /// The data plane's runtime: where the wire server runs.
     pub plane: tokio::runtime::Handle,
+    /// The cluster's objects: the Node objects say who may call the port, and which
+    /// nodes new pods are announced to.
+    pub source: Arc<dyn TopologySource>,
 }
 
 /// The wire engine, on a data plane thread of its own (stopped last of all), with the
@@ -249,6 +253,7 @@ pub async fn wires(
         engine,
         security,
         plane,
+        source: source.source.clone(),
     }))
 }
 
@@ -431,6 +436,13 @@ pub async fn serve(
     )
     .await?;
     running.task("http", http);
+    // Before the socket serves: no ADD answers without telling the other nodes.
+    if let (Some(w), Some(engine)) = (&s.wires, &s.policy)
+        && let Some(announcer) = announcer(config, w, metrics)
+    {
+        engine.set_announcer(Arc::new(announcer.clone()));
+        running.task("policy announcer", tokio::spawn(announcer.run(stopped())));
+    }
     let grpc = servers::serve_socket(
         s.listener,
         metrics.clone(),
@@ -496,10 +508,20 @@ pub async fn serve(
         )),
     );
     if let Some(w) = &s.wires {
+        // The other nodes' announcements, taken on this runtime (see `PolicyService`).
+        let policy = s.policy.clone().map(|engine| {
+            PolicyService::server(
+                engine,
+                w.source.clone(),
+                w.engine.metrics().rejected.clone(),
+                tokio::runtime::Handle::current(),
+            )
+        });
         let task = servers::serve_wires(
             config.wire_addr,
             w.engine.clone(),
             w.security.clone(),
+            policy,
             &w.plane,
             stopped(),
         )
@@ -507,6 +529,26 @@ pub async fn serve(
         running.task("wire port", task);
     }
     Ok(())
+}
+
+/// The announcer of this node's new pods to the others, over the wire port (the same
+/// port on every node); none when `--policy-announce-timeout-ms` is 0.
+fn announcer(config: &NodeConfig, w: &Wires, metrics: &Metrics) -> Option<WireAnnouncer> {
+    if config.policy_announce_timeout.is_zero() {
+        info!(
+            "new pods are not announced to the other nodes (--policy-announce-timeout-ms 0): their policies learn of them from the API server"
+        );
+        return None;
+    }
+    Some(WireAnnouncer::new(
+        config.node_name.clone(),
+        config.wire_node_address(),
+        config.wire_addr.port(),
+        w.security.clone(),
+        w.source.clone(),
+        config.policy_announce_timeout,
+        metrics.families::<AnnounceMetrics>(),
+    ))
 }
 
 /// What readiness waits for: a writable store always; with a source, its caches

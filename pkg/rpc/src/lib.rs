@@ -22,7 +22,8 @@ pub mod admin {
 
 pub mod codec;
 
-/// The node-to-node wire service (`weft.wire.v1`), on [`codec::WireCodec`].
+/// The node-to-node services (`weft.wire.v1`: `Wire`, and `Policy`, which announces new
+/// pods' addresses), on [`codec::WireCodec`].
 pub mod wire {
     #![allow(missing_docs, clippy::all)]
     tonic::include_proto!("weft.wire.v1");

@@ -78,10 +78,11 @@ pub struct PeerLabels {
 }
 
 /// Why the wire port refused a connection (one of [`weft_wiretls::REFUSALS`]), a call
-/// (one of [`crate::service::Refusal`]'s reasons) or a frame (`other_peer_wire`: it
-/// names a wire held for another peer node; `unknown_wire`: no end here has its id;
-/// `oversized_batch`: a stream message over the limit, `malformed_batch`: one that does
-/// not decode; either ends that stream).
+/// (one of [`crate::service::Refusal`]'s reasons; weftd's `Policy` service beside it
+/// adds `ambiguous_node`, an address several Node objects have, and `bad_announcement`)
+/// or a frame (`other_peer_wire`: it names a wire held for another peer node;
+/// `unknown_wire`: no end here has its id; `oversized_batch`: a stream message over the
+/// limit, `malformed_batch`: one that does not decode; either ends that stream).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
     /// The reason, as above.
