@@ -92,10 +92,12 @@ enum Compare {
     PodNetwork,
     /// Network policy against its targets: pod-to-pod TCP and 64-byte UDP with 100
     /// NetworkPolicies (1,000 peers) beside none; ADD with 1,000 policies and 5,000 pods
-    /// in the cache beside none; a change to every node of a three-node lab in step;
-    /// one weftd as the cluster grows to 10,000 pods (start to table programmed, RSS,
-    /// the batch one pod's arrival causes). `WEFT_BENCH_POLICY_PARTS=data,add,converge,scale`
-    /// runs some of them.
+    /// in the cache beside none; a change to every node of a three-node lab in step; a
+    /// new pod's first echo each way from its ADD's answer, with and without the nodes
+    /// announcing new pods; one weftd as the cluster grows to 10,000 pods (start to
+    /// table programmed, RSS, each remote pod's arrival and label change to the kernel
+    /// and its batch). `WEFT_BENCH_POLICY_PARTS=data,add,converge,reach,scale` runs some
+    /// of them.
     Policy,
     /// One weftd reading 100, 1,000 and 5,000 Node objects from the in-process fake
     /// API server (`WEFT_BENCH_NODE_SIZES=...` for others): start to kernel programmed,

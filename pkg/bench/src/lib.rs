@@ -19,7 +19,8 @@
 //! routing (direct and VXLAN) beside the same labs routed by hand with the kernel's
 //! own tools. `policy` measures network policy against its targets: traffic with
 //! policies beside without, ADD with a cluster's policies in the cache beside without,
-//! how fast a change reaches every node, and one node's cost as the cluster grows.
+//! how fast a change reaches every node, how soon a new pod reaches and is reached by
+//! pods of other nodes, and one node's cost as the cluster grows.
 //! `nodes` simulates clusters of up to 5,000 Node objects against one weftd.
 //! `smoke` runs everything small, for CI.
 
@@ -54,8 +55,10 @@ pub use podnet::{POD_NETWORK_TARGET_RATIO, PodMode, PodModeRatio, PodNetReport, 
 pub use policy::{
     ADD_TARGET_RATIO, AddPath, AddReport, AddSample, AddSide, BatchCounts, CONVERGE_TARGET_MS, Change, ChangeKind,
     ClusterSize, ClusterSource, ConvergeReport, ConvergeRun, DATA_PEERS, DATA_POLICIES, DATA_TARGET_RATIO,
-    DataPathReport, FIRST_POLICY_PORT, LoadAvg, POLICY_PARTS, PolicyOptions, PolicyReport, SCALE_LOCAL_PODS,
-    SCALE_RSS_TARGET_MIB, ScalePoint, ScaleReport, TableSize, TrafficSide, run_policy, scaled,
+    DataPathReport, FIRST_POLICY_PORT, LoadAvg, NO_ANNOUNCE_ENV, POLICY_PARTS, PolicyOptions, PolicyReport, Quantiles,
+    REACH_PODS, REACH_PORT, REACH_PROBE_LIMIT, REACH_TARGET_MS, ReachPod, ReachReport, ReachRun, SCALE_ARRIVALS,
+    SCALE_CHURN, SCALE_KERNEL_TARGET_MS, SCALE_LOCAL_PODS, SCALE_RSS_TARGET_MIB, ScalePoint, ScaleReport, TableSize,
+    TrafficSide, run_policy, scaled,
 };
 pub use smoke::{SmokeOptions, SmokeReport, run_smoke};
 pub use stats::{Percentiles, median};

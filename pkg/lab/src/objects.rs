@@ -310,8 +310,9 @@ impl Lab {
         })
     }
 
-    /// Records pod `p`'s addresses (its `status.podIPs`) after its ADD.
-    pub(crate) fn report_pod_ips(&self, p: &PodSpec, ips: Vec<IpAddr>) -> Result<(), LabError> {
+    /// Records pod `p`'s addresses (its `status.podIPs`) after its ADD and writes its
+    /// Pod object with them, as kubelet reports them once the sandbox is up.
+    pub fn report_pod_ips(&self, p: &PodSpec, ips: Vec<IpAddr>) -> Result<(), LabError> {
         self.with_live(|live| {
             live.pod_ips.insert(format!("{}/{}", self.namespace_of(p), p.name), ips);
             write_file(

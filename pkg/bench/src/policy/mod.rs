@@ -8,9 +8,12 @@
 //!   ([`add`]);
 //! - `converge`: from a label or policy change written into the topology directory to
 //!   every node of a three-node lab holding it in its kernel ([`converge`]);
+//! - `reach`: from a new pod's ADD answering to its first UDP echo from a pod of
+//!   another node its policies allow, each way, in a three-node lab, with the nodes
+//!   announcing new pods and without ([`reach`]);
 //! - `scale`: one weftd with 30 pods and a synthetic cluster of 1,000 to 10,000 pods in
-//!   its cache: start to table programmed, RSS, and the batch one pod's arrival causes
-//!   ([`scale`]).
+//!   its cache: start to table programmed, RSS, and each remote pod's arrival and label
+//!   change timed to the node's kernel with the batch it caused ([`scale`]).
 //!
 //! `weft-bench --compare policy` runs them all; `WEFT_BENCH_POLICY_PARTS` (a comma
 //! list of the names above) runs some, and `WEFT_BENCH_POLICY_SIZES=smoke` runs them at
@@ -23,6 +26,7 @@ mod converge;
 mod datapath;
 mod nftmon;
 mod objects;
+mod reach;
 mod scale;
 
 use std::fmt;
@@ -38,12 +42,23 @@ pub use converge::{CONVERGE_TARGET_MS, Change, ChangeKind, ConvergeReport, Conve
 pub use datapath::{DATA_PEERS, DATA_POLICIES, DATA_TARGET_RATIO, DataPathReport, FIRST_POLICY_PORT, TrafficSide};
 pub use nftmon::{BatchCounts, TableSize};
 pub use objects::ClusterSize;
-pub use scale::{SCALE_LOCAL_PODS, SCALE_RSS_TARGET_MIB, ScalePoint, ScaleReport, scaled};
+pub use reach::{
+    NO_ANNOUNCE_ENV, Quantiles, REACH_PODS, REACH_PORT, REACH_PROBE_LIMIT, REACH_TARGET_MS, ReachPod, ReachReport,
+    ReachRun,
+};
+pub use scale::{
+    SCALE_ARRIVALS, SCALE_CHURN, SCALE_KERNEL_TARGET_MS, SCALE_LOCAL_PODS, SCALE_RSS_TARGET_MIB, ScalePoint,
+    ScaleReport, scaled,
+};
 
 use crate::util::{metric_sum, metrics_in};
 
+/// From a new pod's Pod object written to its ADD, unless set otherwise: the lab's own
+/// wait for its daemons to read new Pod objects before it attaches pods.
+const REACH_OBJECT_LEAD: Duration = Duration::from_millis(300);
+
 /// The parts `WEFT_BENCH_POLICY_PARTS` may name.
-pub const POLICY_PARTS: [&str; 4] = ["data", "add", "converge", "scale"];
+pub const POLICY_PARTS: [&str; 5] = ["data", "add", "converge", "reach", "scale"];
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -75,11 +90,28 @@ pub struct PolicyOptions {
     /// Convergence runs with these synthetic clusters beside the lab (after one
     /// without).
     pub converge_backgrounds: Vec<ClusterSize>,
+    /// New pods per run of the reachability measurement.
+    pub reach_pods: usize,
+    /// From a new pod's Pod object written to its ADD: the scheduler's binding reaching
+    /// kubelet, which starts the sandbox (`WEFT_BENCH_REACH_OBJECT_LEAD_MS`; the lab's
+    /// own `up` waits as long for its daemons to read new Pod objects).
+    pub reach_object_lead: Duration,
+    /// From a new pod's ADD answering to its addresses reported into the lab, as
+    /// kubelet reports them; never before the probes started
+    /// (`WEFT_BENCH_REACH_REPORT_DELAY_MS`).
+    pub reach_report_delay: Duration,
+    /// A second run of the reachability measurement with weftds that do not announce
+    /// new pods (the watch path alone; `WEFT_BENCH_REACH_WATCH_ONLY=0` leaves it out).
+    pub reach_watch_only_run: bool,
     /// The scale simulation's sizes (pods).
     pub scale_pods: Vec<usize>,
     /// Local pods in the scale simulation.
     pub scale_local_pods: usize,
-    /// Changes after the arrivals in the scale simulation (RSS read every 25).
+    /// Remote pods that arrive at each size of the scale simulation, each timed to the
+    /// node's kernel.
+    pub scale_arrivals: usize,
+    /// Label changes of those remote pods after the arrivals, each timed to the node's
+    /// kernel (RSS read every 25).
     pub scale_churn: usize,
     /// Where the ADD part's weftd reads its cluster.
     pub add_source: ClusterSource,
@@ -112,7 +144,8 @@ impl PolicyOptions {
             return Self {
                 parts,
                 ..Self::smoke(weft, weftd, work_dir)
-            };
+            }
+            .reach_from_env();
         }
         Self {
             weft,
@@ -128,15 +161,42 @@ impl PolicyOptions {
             add_cluster,
             converge_changes: 50,
             converge_backgrounds: vec![add_cluster],
+            reach_pods: REACH_PODS,
+            reach_object_lead: REACH_OBJECT_LEAD,
+            reach_report_delay: Duration::ZERO,
+            reach_watch_only_run: true,
             scale_pods: vec![1000, 5000, 10000],
             scale_local_pods: SCALE_LOCAL_PODS,
-            scale_churn: scale::SCALE_CHURN,
+            scale_arrivals: SCALE_ARRIVALS,
+            scale_churn: SCALE_CHURN,
             // The directory by default: through the fake API server, that server (in this
             // process, on the same two cores) adds its own work to every ADD of the side
             // with 5,000 pods; docs/BENCHMARKS.md gives both.
             add_source: ClusterSource::from_env(ClusterSource::Dir).unwrap_or(ClusterSource::Dir),
             scale_source: ClusterSource::from_env(ClusterSource::Api).unwrap_or(ClusterSource::Api),
         }
+        .reach_from_env()
+    }
+
+    /// The reachability measurement's settings from the environment, where given:
+    /// `WEFT_BENCH_REACH_PODS`, `WEFT_BENCH_REACH_OBJECT_LEAD_MS`,
+    /// `WEFT_BENCH_REACH_REPORT_DELAY_MS`, `WEFT_BENCH_REACH_WATCH_ONLY` (0: no run
+    /// without announcements).
+    fn reach_from_env(mut self) -> Self {
+        let num = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(n) = num("WEFT_BENCH_REACH_PODS") {
+            self.reach_pods = n as usize;
+        }
+        if let Some(ms) = num("WEFT_BENCH_REACH_OBJECT_LEAD_MS") {
+            self.reach_object_lead = Duration::from_millis(ms);
+        }
+        if let Some(ms) = num("WEFT_BENCH_REACH_REPORT_DELAY_MS") {
+            self.reach_report_delay = Duration::from_millis(ms);
+        }
+        if let Some(n) = num("WEFT_BENCH_REACH_WATCH_ONLY") {
+            self.reach_watch_only_run = n != 0;
+        }
+        self
     }
 
     /// Every part, tiny (CI: the code runs, timings mean nothing).
@@ -159,9 +219,14 @@ impl PolicyOptions {
             },
             converge_changes: 2,
             converge_backgrounds: Vec::new(),
+            reach_pods: 5,
+            reach_object_lead: REACH_OBJECT_LEAD,
+            reach_report_delay: Duration::ZERO,
+            reach_watch_only_run: true,
             scale_pods: vec![100],
             scale_local_pods: 3,
-            scale_churn: 2,
+            scale_arrivals: 3,
+            scale_churn: 4,
             add_source: ClusterSource::Api,
             scale_source: ClusterSource::Api,
         }
@@ -204,6 +269,8 @@ pub struct PolicyReport {
     pub add: Option<AddReport>,
     /// Convergence.
     pub converge: Option<ConvergeReport>,
+    /// A new pod's reachability.
+    pub reach: Option<ReachReport>,
     /// The scale simulation.
     pub scale: Option<ScaleReport>,
     /// Seconds the whole run took.
@@ -240,6 +307,11 @@ pub fn run_policy(o: &PolicyOptions) -> Result<PolicyReport, String> {
     } else {
         None
     };
+    let reach = if o.wants("reach") {
+        Some(reach::run_reach(o).map_err(|e| format!("reachability: {e}"))?)
+    } else {
+        None
+    };
     let scale = if o.wants("scale") {
         Some(scale::run_scale(o).map_err(|e| format!("scale: {e}"))?)
     } else {
@@ -249,6 +321,7 @@ pub fn run_policy(o: &PolicyOptions) -> Result<PolicyReport, String> {
         data,
         add,
         converge,
+        reach,
         scale,
         seconds: start.elapsed().as_secs_f64(),
     })
@@ -266,6 +339,9 @@ impl PolicyReport {
         }
         if let Some(c) = &self.converge {
             out.push(c.markdown());
+        }
+        if let Some(r) = &self.reach {
+            out.push(r.markdown());
         }
         if let Some(s) = &self.scale {
             out.push(s.markdown());
@@ -302,7 +378,36 @@ impl PolicyReport {
                 crate::exec::met(c.met())
             ));
         }
+        if let Some(r) = &self.reach {
+            let measured = match r.judged() {
+                Some(j) => format!(
+                    "new pod -> other node p99 {:.1} ms, other node -> new pod p99 {:.1} ms, {} of {} probes failed; the lab as it is, announcements the other nodes applied: {:.0}",
+                    j.out.p99,
+                    j.into.p99,
+                    j.out_failed + j.in_failed,
+                    2 * j.pods.len(),
+                    j.announcements.get("applied").copied().unwrap_or(0.0)
+                ),
+                None => "not run".into(),
+            };
+            t.push_str(&format!(
+                "| new-pod reachability from the ADD's answer, p99 < {:.0} ms | {measured} | {} |\n",
+                r.target_ms,
+                crate::exec::met(r.met())
+            ));
+        }
         if let Some(s) = &self.scale {
+            if let Some(p) = s.points.last() {
+                t.push_str(&format!(
+                    "| a remote pod's arrival and a label change at {} pods and {} policies: kernel in step p99 < {:.0} ms | arrival p99 {:.1} ms, label change p99 {:.1} ms | {} |\n",
+                    p.cluster.pods,
+                    p.cluster.policies,
+                    s.kernel_target_ms,
+                    p.arrival_ms.p99,
+                    p.churn_ms.p99,
+                    crate::exec::met(s.kernel_met())
+                ));
+            }
             let rss: Vec<String> = s
                 .points
                 .iter()

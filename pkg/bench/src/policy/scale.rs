@@ -4,10 +4,14 @@
 //! `WEFT_BENCH_POLICY_SOURCE=dir`, from files in its `--topology-dir`). At each size:
 //!
 //! - the batch one pod's arrival causes, read from `nft monitor`: a local pod's ADD
-//!   (and kubelet's report of its address afterwards), and a pod of another node that
-//!   is a peer of the node's policies appearing with its address;
-//! - the time from such a remote pod's Pod object being written to the node's kernel
-//!   holding its address (a full pass at that size);
+//!   (and kubelet's report of its address afterwards);
+//! - pods of another node that are peers of the node's policies, each timed from its
+//!   Pod object written to the node's kernel holding the change (the first line of the
+//!   transaction that adds or deletes its address, in `nft monitor`), with the batch it
+//!   caused: its arrival with an address, then changes of its `app` label between a
+//!   value the policies take as a peer and one no selector matches (its address leaves
+//!   and enters the peer sets). Pods elsewhere in the cluster change set elements only,
+//!   so neither the time nor the batch should grow with the cluster;
 //! - weftd's RSS with the cluster in its cache;
 //! - the time from weftd's start to its policy table programmed: weftd is stopped, its
 //!   table deleted, and weftd started again on the same node (its pods attached):
@@ -21,7 +25,7 @@ use weft_harness::CniExec;
 
 use super::add::{AddPath, NODE, PolicyNode, add, path_of};
 use super::cluster::{Cluster, ClusterSource};
-use super::nftmon::{BatchCounts, Monitor, TableSize, nft, table_size};
+use super::nftmon::{BatchCounts, Monitor, TableSize, Transaction, nft, table_size};
 use super::objects::{ClusterSize, Synthetic};
 use super::{LoadAvg, PolicyOptions};
 use crate::Percentiles;
@@ -33,14 +37,20 @@ use crate::util::status_kib;
 pub const SCALE_LOCAL_PODS: usize = 30;
 /// weftd's RSS with the largest cluster in its cache, at most (MiB).
 pub const SCALE_RSS_TARGET_MIB: f64 = 150.0;
-/// Remote pods that arrive at each size.
-const ARRIVALS: usize = 5;
-/// How long a remote pod's address may take to reach the kernel.
+/// Remote pods that arrive at each size (the issue's sizes), each timed.
+pub const SCALE_ARRIVALS: usize = 50;
+/// How long a remote pod's change may take to reach the kernel.
 const ARRIVAL_LIMIT: Duration = Duration::from_secs(60);
-/// Changes (a remote pod's label, each a full pass) after the arrivals, with weftd's
-/// RSS read after every [`CHURN_STEP`] of them: whether memory settles or grows.
+/// Label changes of the arrived pods after the arrivals, each timed, with weftd's RSS
+/// read after every [`CHURN_STEP`] of them: whether memory settles or grows.
 pub const SCALE_CHURN: usize = 100;
 const CHURN_STEP: usize = 25;
+/// The target: a remote pod's arrival and a label change in the node's kernel, p99
+/// below (ms), at the largest size.
+pub const SCALE_KERNEL_TARGET_MS: f64 = 50.0;
+/// The `app` label a churned pod takes out of every peer set: no synthetic selector
+/// matches it.
+const OFF_APP: &str = "off";
 
 /// The cluster of a given pod count: a tenth as many namespaces, a fifth as many
 /// policies (10,000 pods: 1,000 namespaces, 2,000 policies).
@@ -65,18 +75,33 @@ pub struct ScalePoint {
     pub add_paths: Vec<AddPath>,
     /// The batch of kubelet's address report after each local ADD (a full pass).
     pub status_batches: Vec<BatchCounts>,
+    /// Remote pods that arrived.
+    pub arrivals: usize,
     /// The batch of each remote pod's arrival.
     pub arrival_batches: Vec<BatchCounts>,
+    /// Who wrote each arrival's transactions: weftd's batch of set elements (`fast`),
+    /// or an `nft` full pass.
+    pub arrival_paths: Vec<AddPath>,
     /// From each remote pod's object written to the node's kernel holding its address
     /// (ms).
     pub arrival_ms: Percentiles,
-    /// The policy table with every local pod attached.
+    /// Label changes of arrived pods.
+    pub churn: usize,
+    /// The batch of each label change.
+    pub churn_batches: Vec<BatchCounts>,
+    /// Who wrote each label change's transactions.
+    pub churn_paths: Vec<AddPath>,
+    /// From each label change written to the node's kernel holding it (its address
+    /// added to or deleted from the peer sets; ms).
+    pub churn_ms: Percentiles,
+    /// The policy table with every local pod attached, after the arrivals and label
+    /// changes (before the restart).
     pub table: TableSize,
     /// weftd's VmRSS (MiB) after the pods and arrivals (the first start).
     pub rss_mib: f64,
     /// weftd's VmRSS (MiB) along the first run: once started (cluster loaded, first
     /// pass), after the local pods, after the arrivals, then after every 25 more
-    /// changes; with how many full passes it had run then.
+    /// changes; with how many passes (full or of set elements only) it had run then.
     pub rss_trend: Vec<(String, f64, f64)>,
     /// The restarted weftd: from spawn to the policy table created (s).
     pub start_to_table_s: f64,
@@ -99,6 +124,8 @@ pub struct ScaleReport {
     pub points: Vec<ScalePoint>,
     /// The RSS target (MiB).
     pub rss_target_mib: f64,
+    /// The target (ms) for the p99 of arrivals and label changes at the largest size.
+    pub kernel_target_ms: f64,
     /// Where weftd read the cluster from.
     pub source: ClusterSource,
 }
@@ -162,61 +189,51 @@ fn point(o: &PolicyOptions, cluster: ClusterSize, tag: &str) -> Result<ScalePoin
     }
     trend(&format!("{n} local pods"), &node, &mut rss_trend)?;
     // Remote pods arriving, each a peer of a policy selecting a local pod.
-    let mut arrival_batches = Vec::new();
-    let mut arrival_ms = Vec::new();
-    let mut arrived = Vec::new();
-    for i in 0..ARRIVALS {
+    let mut arrived = Vec::with_capacity(o.scale_arrivals);
+    let mut arrived_ips = Vec::with_capacity(o.scale_arrivals);
+    let mut arrivals = Vec::with_capacity(o.scale_arrivals);
+    for i in 0..o.scale_arrivals {
         let p = s.arriving_peer(i);
         let ip = p["status"]["podIP"].as_str().unwrap_or_default().to_string();
         arrived.push(p);
-        let mark = monitor.mark();
-        let t0 = Instant::now();
-        objects.put("arrivals.yaml", &arrived)?;
-        let needle = format!("{ip} ");
-        let needle2 = format!("{ip},");
-        let (txs, ok) = monitor.wait(mark, ARRIVAL_LIMIT, |txs| {
-            txs.iter()
-                .any(|t| t.has(&["add element", &needle]) || t.has(&["add element", &needle2]))
-        });
-        if !ok {
-            return Err(format!(
-                "{tag}: the address of arriving pod {i} ({ip}) never reached the kernel"
-            ));
-        }
-        let t = txs
-            .iter()
-            .find(|t| t.has(&["add element", &needle]) || t.has(&["add element", &needle2]))
-            .expect("found above");
-        arrival_ms.push(t.first.duration_since(t0).as_secs_f64() * 1000.0);
-        monitor.settle(Duration::from_millis(100), Duration::from_secs(10));
-        let (_, batch) = path_of(&monitor.policy_since(mark));
-        arrival_batches.push(batch);
+        let what = format!("{tag}: arriving pod {i} ({ip})");
+        arrivals.push(remote_change(&monitor, &objects, &arrived, &ip, true, &what)?);
+        arrived_ips.push(ip);
     }
-    let table = table_size(node.ns.name())?;
     let pid = node.daemon.pid().ok_or("weftd is not running")?;
     let rss_mib = sample(pid)?.0 as f64 / 1024.0;
     rss_trend.push((
-        format!("{ARRIVALS} remote pods"),
+        format!("{} remote pods", o.scale_arrivals),
         rss_mib,
         super::metric(node.ns.name(), "weft_policy_pass_seconds_count")?,
     ));
-    // Churn: the last arrival's label flips, each flip a full pass.
+    // Churn: the arrived pods' `app` label, in turn, out of every peer set and back.
+    let mut churn = Vec::with_capacity(o.scale_churn);
     for c in 1..=o.scale_churn {
-        let mut last = arrived.pop().expect("arrivals");
-        last["metadata"]["labels"]["churn"] = (c % 2).to_string().into();
-        arrived.push(last);
-        let before = super::metric(node.ns.name(), "weft_policy_pass_seconds_count")?;
-        objects.put("arrivals.yaml", &arrived)?;
-        super::wait_metric(
-            node.ns.name(),
-            "weft_policy_pass_seconds_count",
-            before + 1.0,
-            Duration::from_secs(60),
-        )?;
+        let Some(j) = (c - 1).checked_rem(arrived.len()) else {
+            break;
+        };
+        let on_app = s.arriving_peer(j)["metadata"]["labels"]["app"].clone();
+        let labels = &mut arrived[j]["metadata"]["labels"];
+        let adds = labels["app"] != on_app;
+        labels["app"] = if adds { on_app } else { OFF_APP.into() };
+        let what = format!("{tag}: label change {c} (arrived pod {j}, {})", arrived_ips[j]);
+        churn.push(remote_change(
+            &monitor,
+            &objects,
+            &arrived,
+            &arrived_ips[j],
+            adds,
+            &what,
+        )?);
         if c % CHURN_STEP == 0 {
             trend(&format!("{c} more changes"), &node, &mut rss_trend)?;
         }
     }
+
+    // The table the restarted weftd must make again (the churn leaves some arrived
+    // pods out of the peer sets).
+    let table = table_size(node.ns.name())?;
 
     // Start again without the table: from spawn to the table programmed.
     node.daemon.stop(crate::STOP_LIMIT);
@@ -255,8 +272,14 @@ fn point(o: &PolicyOptions, cluster: ClusterSize, tag: &str) -> Result<ScalePoin
         add_batches,
         add_paths,
         status_batches,
-        arrival_batches,
-        arrival_ms: Percentiles::of(&arrival_ms),
+        arrivals: arrivals.len(),
+        arrival_batches: arrivals.iter().map(|c| c.batch).collect(),
+        arrival_paths: arrivals.iter().map(|c| c.path).collect(),
+        arrival_ms: Percentiles::of(&arrivals.iter().map(|c| c.ms).collect::<Vec<_>>()),
+        churn: churn.len(),
+        churn_batches: churn.iter().map(|c| c.batch).collect(),
+        churn_paths: churn.iter().map(|c| c.path).collect(),
+        churn_ms: Percentiles::of(&churn.iter().map(|c| c.ms).collect::<Vec<_>>()),
         table,
         rss_mib,
         rss_trend,
@@ -269,6 +292,46 @@ fn point(o: &PolicyOptions, cluster: ClusterSize, tag: &str) -> Result<ScalePoin
     })
 }
 
+/// One remote pod's change as the node's kernel took it.
+struct Timed {
+    /// From the object written to the first line of the transaction holding it (ms).
+    ms: f64,
+    /// What every transaction it caused did to the policy table.
+    batch: BatchCounts,
+    /// Who wrote them.
+    path: AddPath,
+}
+
+/// Writes `docs` (the arrived pods, one of them changed) and times it to the first
+/// transaction that adds (`adds`) or deletes `ip` in the node's policy table; then
+/// lets the node finish what the change set off and counts its batch.
+fn remote_change(
+    monitor: &Monitor,
+    objects: &Cluster,
+    docs: &[serde_json::Value],
+    ip: &str,
+    adds: bool,
+    what: &str,
+) -> Result<Timed, String> {
+    let verb = if adds { "add element" } else { "delete element" };
+    let (a, b) = (format!("{ip} "), format!("{ip},"));
+    let holds = |t: &Transaction| t.has(&[verb, &a]) || t.has(&[verb, &b]);
+    let mark = monitor.mark();
+    let t0 = Instant::now();
+    objects.put("arrivals.yaml", docs)?;
+    let (txs, ok) = monitor.wait(mark, ARRIVAL_LIMIT, |txs| txs.iter().any(holds));
+    if !ok {
+        return Err(format!(
+            "{what}: the kernel never took it ({verb}) within {ARRIVAL_LIMIT:?}"
+        ));
+    }
+    let t = txs.iter().find(|t| holds(t)).expect("found above");
+    let ms = t.first.duration_since(t0).as_secs_f64() * 1000.0;
+    monitor.settle(Duration::from_millis(100), Duration::from_secs(10));
+    let (path, batch) = path_of(&monitor.policy_since(mark));
+    Ok(Timed { ms, batch, path })
+}
+
 /// Runs every size, smallest first.
 pub(crate) fn run_scale(o: &PolicyOptions) -> Result<ScaleReport, String> {
     let mut points = Vec::new();
@@ -279,6 +342,7 @@ pub(crate) fn run_scale(o: &PolicyOptions) -> Result<ScaleReport, String> {
     Ok(ScaleReport {
         points,
         rss_target_mib: SCALE_RSS_TARGET_MIB,
+        kernel_target_ms: SCALE_KERNEL_TARGET_MS,
         source: o.scale_source,
     })
 }
@@ -293,7 +357,24 @@ fn range(batches: &[BatchCounts], f: impl Fn(&BatchCounts) -> usize) -> String {
     }
 }
 
+/// `weftd batches / full passes` over changes' paths.
+fn writers(paths: &[AddPath]) -> String {
+    let n = |p: AddPath| paths.iter().filter(|x| **x == p).count();
+    format!("{} / {}", n(AddPath::Fast), n(AddPath::Full))
+}
+
 impl ScaleReport {
+    /// Whether the largest size's arrivals and label changes reached the kernel with a
+    /// p99 under the target.
+    pub fn kernel_met(&self) -> bool {
+        self.points.last().is_some_and(|p| {
+            p.arrival_ms.n > 0
+                && p.churn_ms.n > 0
+                && p.arrival_ms.p99 < self.kernel_target_ms
+                && p.churn_ms.p99 < self.kernel_target_ms
+        })
+    }
+
     /// Whether the largest size's RSS is within the target.
     pub fn rss_met(&self) -> bool {
         self.points
@@ -305,12 +386,12 @@ impl ScaleReport {
     pub fn markdown(&self) -> String {
         let mut out = format!(
             "Scale by simulation: one weftd, its pods attached through the plugin, the cluster's objects read from {} (namespaces = pods / 10, policies = pods / 5)\n\n\
-             | pods | namespaces | policies | local pods | policy table (elements / chains) | weftd start to table programmed (s) | start to serving (s) | VmRSS first run / restarted (MiB) | VmHWM restarted (MiB) | remote pod to kernel p50 / max (ms) | load start / end |\n|---:|---:|---:|---:|---|---:|---:|---|---:|---|---|\n",
+             | pods | namespaces | policies | local pods | policy table (elements / chains) | weftd start to table programmed (s) | start to serving (s) | VmRSS first run / restarted (MiB) | VmHWM restarted (MiB) | load start / end |\n|---:|---:|---:|---:|---|---:|---:|---|---:|---|\n",
             self.source.describe()
         );
         for p in &self.points {
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {} / {} | {:.2} | {:.2} | {:.1} / {:.1} | {:.1} | {:.0} / {:.0} | {} / {} |\n",
+                "| {} | {} | {} | {} | {} / {} | {:.2} | {:.2} | {:.1} / {:.1} | {:.1} | {} / {} |\n",
                 p.cluster.pods,
                 p.cluster.namespaces,
                 p.cluster.policies,
@@ -322,22 +403,20 @@ impl ScaleReport {
                 p.rss_mib,
                 p.restart_rss_mib,
                 p.restart_hwm_mib,
-                p.arrival_ms.p50,
-                p.arrival_ms.max,
                 p.load.0,
                 p.load.1,
             ));
         }
         out.push_str(
             "\nThe batch one pod's arrival causes (elements added; other objects: chains, sets, rules added or deleted), min-max over the pods\n\n\
-             | pods | local ADD, first half: elements / objects | local ADD, second half: elements / objects | ADDs nothing / fast / full | kubelet's address report: elements / objects | remote peer pod: elements / objects |\n|---:|---|---|---|---|---|\n",
+             | pods | local ADD, first half: elements / objects | local ADD, second half: elements / objects | ADDs nothing / fast / full | kubelet's address report: elements / objects |\n|---:|---|---|---|---|\n",
         );
         for p in &self.points {
             let half = p.add_batches.len() / 2;
             let (first, second) = p.add_batches.split_at(half);
             let count = |x: AddPath| p.add_paths.iter().filter(|a| **a == x).count();
             out.push_str(&format!(
-                "| {} | {} / {} | {} / {} | {} / {} / {} | {} / {} | {} / {} |\n",
+                "| {} | {} / {} | {} / {} | {} / {} / {} | {} / {} |\n",
                 p.cluster.pods,
                 range(first, |b| b.elements_added),
                 range(first, BatchCounts::objects),
@@ -348,11 +427,36 @@ impl ScaleReport {
                 count(AddPath::Full),
                 range(&p.status_batches, |b| b.elements_added),
                 range(&p.status_batches, BatchCounts::objects),
-                range(&p.arrival_batches, |b| b.elements_added),
-                range(&p.arrival_batches, BatchCounts::objects),
             ));
         }
-        out.push_str("\nweftd's VmRSS along the first run (MiB; full passes run so far in brackets)\n\n| pods |");
+        out.push_str(&format!(
+            "\nPods of other nodes, peers of a local pod's policy: each arrival (its Pod object with an address), then label changes of the arrived pods in turn (app=a1, a peer, to app={OFF_APP}, which no selector matches, and back: the address leaves or enters the peer sets); each timed from the Pod object written to the first line of the transaction holding it in the node's `nft monitor`, with what its transactions did (min-max: elements added / deleted, other objects) and who wrote them (weftd's batch of set elements / an `nft` full pass)\n\n\
+             | pods | policies | arrivals | arrival p50 / p99 / max (ms) | arrival batch: +elements / -elements / objects | weftd batch / full pass | label changes | label change p50 / p99 / max (ms) | label change batch: +elements / -elements / objects | weftd batch / full pass |\n|---:|---:|---:|---|---|---|---:|---|---|---|\n",
+        ));
+        for p in &self.points {
+            out.push_str(&format!(
+                "| {} | {} | {} | {:.1} / {:.1} / {:.1} | {} / {} / {} | {} | {} | {:.1} / {:.1} / {:.1} | {} / {} / {} | {} |\n",
+                p.cluster.pods,
+                p.cluster.policies,
+                p.arrivals,
+                p.arrival_ms.p50,
+                p.arrival_ms.p99,
+                p.arrival_ms.max,
+                range(&p.arrival_batches, |b| b.elements_added),
+                range(&p.arrival_batches, |b| b.elements_deleted),
+                range(&p.arrival_batches, BatchCounts::objects),
+                writers(&p.arrival_paths),
+                p.churn,
+                p.churn_ms.p50,
+                p.churn_ms.p99,
+                p.churn_ms.max,
+                range(&p.churn_batches, |b| b.elements_added),
+                range(&p.churn_batches, |b| b.elements_deleted),
+                range(&p.churn_batches, BatchCounts::objects),
+                writers(&p.churn_paths),
+            ));
+        }
+        out.push_str("\nweftd's VmRSS along the first run (MiB; policy passes run so far, full or of set elements only, in brackets)\n\n| pods |");
         let steps: Vec<String> = self
             .points
             .first()
@@ -378,6 +482,17 @@ impl ScaleReport {
             self.rss_target_mib,
             crate::exec::met(self.rss_met())
         ));
+        if let Some(p) = self.points.last() {
+            out.push_str(&format!(
+                "target: a remote pod's arrival and a label change at {} pods and {} policies: kernel in step p99 < {:.0} ms: arrival {:.1} ms, label change {:.1} ms: {}\n",
+                p.cluster.pods,
+                p.cluster.policies,
+                self.kernel_target_ms,
+                p.arrival_ms.p99,
+                p.churn_ms.p99,
+                crate::exec::met(self.kernel_met())
+            ));
+        }
         out
     }
 }

@@ -283,14 +283,33 @@ impl Lab {
     }
 
     fn attach(&self, n: &NodeSpec, p: &PodSpec) -> Result<(), LabError> {
+        // Its Pod object is written already; its addresses go into it after, as kubelet
+        // reports them.
+        let ips = self.add_pod(n, p)?;
+        self.report_pod_ips(p, ips)
+    }
+
+    /// Attaches pod `pod` (`NS/NAME`, or a unique `NAME`) on its node as `up` does (its
+    /// network namespace made if missing, CNI ADD through the plugin) and returns its
+    /// addresses without reporting them: for a pod added to `spec.pods` after the lab
+    /// was loaded, whose caller reports them itself ([`Lab::report_pod_ips`]) when
+    /// kubelet would, so what happens between the ADD's answer and that report can be
+    /// watched (a benchmark of how soon a new pod is reachable).
+    pub fn attach_unreported(&self, pod: &str) -> Result<Vec<std::net::IpAddr>, LabError> {
+        let p = self.find_pod(pod)?;
+        self.add_pod(self.node(&p.node)?, p)
+    }
+
+    /// Pod `p`'s network namespace (made if missing) and its ADD on node `n`; its
+    /// addresses from the result.
+    fn add_pod(&self, n: &NodeSpec, p: &PodSpec) -> Result<Vec<std::net::IpAddr>, LabError> {
         let ns = self.netns_of(p);
         if !NamedNetns::exists(&ns) {
             NamedNetns::create(&ns)?.keep();
         }
-        // ADD is idempotent: an attached pod gets its stored result back. Its Pod object
-        // is written already; its addresses go into it after, as kubelet reports them.
+        // ADD is idempotent: an attached pod gets its stored result back.
         let result = self.cni(n, p, "ADD")?;
-        self.report_pod_ips(p, crate::objects::result_ips(&result))
+        Ok(crate::objects::result_ips(&result))
     }
 
     /// Detaches a pod (CNI DEL on its node) and removes its namespace and its Pod
