@@ -733,10 +733,11 @@ impl<K: PolicyKernel> PolicyEngine<K> {
 /// A pod (`namespace`, `name`) as a newer snapshot has it (`None`: gone).
 type PodChange = ((String, String), Option<Arc<PolicyPod>>);
 
-/// Whether two lists hold the very same objects (a source keeps an unchanged object's
-/// `Arc` from one snapshot to the next).
-fn same<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+/// Whether two lists hold the same objects: the very same (a source keeps an unchanged
+/// object's `Arc` from one snapshot to the next), or equal ones (a source may read an
+/// unchanged object anew: a file too recent to trust its timestamps).
+fn same<T: PartialEq>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y) || x == y)
 }
 
 /// The pods that differ between two snapshots (each sorted by namespace and name),

@@ -522,3 +522,31 @@ async fn an_object_that_does_not_decode_is_said_refused() {
         "{page}"
     );
 }
+
+/// kubelet reporting the address of a pod of this node (its Pod object gets
+/// `status.podIPs`) changes nothing the view has of it: no pass plans the table again.
+#[tokio::test]
+async fn a_local_pods_reported_address_changes_nothing() {
+    let cluster = Cluster::new(true);
+    let object = |ips: &[&str]| {
+        Arc::new(PolicyPod {
+            namespace: "x".into(),
+            name: "b".into(),
+            labels: [("app".to_string(), "web".to_string())].into(),
+            ips: ips.iter().map(|i| i.parse().unwrap()).collect(),
+            node: "n1".into(),
+            ..PolicyPod::default()
+        })
+    };
+    cluster.change(|o| {
+        o.policies.push(policy("deny", json!({"podSelector": {}})));
+        o.pods.push(object(&[]));
+    });
+    let (e, _, _, pods) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
+    e.pass(true).await.unwrap();
+    e.pod_attached(local("b", "10.0.0.2")).await.unwrap();
+    pods.lock().unwrap().push(local("b", "10.0.0.2"));
+    cluster.change(|o| o.pods[0] = object(&["10.0.0.2"]));
+    let out = e.pass(false).await.unwrap();
+    assert!(out.incremental && out.script.is_none(), "{out:?}");
+}

@@ -46,7 +46,7 @@ impl fmt::Display for LoadProblem {
 }
 
 /// What one topology file holds.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq)]
 pub(super) struct FileObjects {
     pub(super) topologies: Vec<Topology>,
     /// `Node` objects.
