@@ -21,6 +21,7 @@
 //! the node namespaces ([`nftmon`]); the objects are [`objects`]'.
 
 mod add;
+mod announce;
 mod cluster;
 mod converge;
 mod datapath;

@@ -97,6 +97,14 @@ pub struct ScalePoint {
     /// The policy table with every local pod attached, after the arrivals and label
     /// changes (before the restart).
     pub table: TableSize,
+    /// Pods announced by their node (the wire port's `Policy/Announce`) before the API
+    /// has their addresses.
+    pub announced: usize,
+    /// From each announcement's call to its answer, which comes once the address is in
+    /// the node's kernel (ms).
+    pub announce_answer_ms: Percentiles,
+    /// From each announcement's call to the first transaction holding the address (ms).
+    pub announce_kernel_ms: Percentiles,
     /// weftd's VmRSS (MiB) after the pods and arrivals (the first start).
     pub rss_mib: f64,
     /// weftd's VmRSS (MiB) along the first run: once started (cluster loaded, first
@@ -207,6 +215,8 @@ fn point(o: &PolicyOptions, cluster: ClusterSize, tag: &str) -> Result<ScalePoin
         rss_mib,
         super::metric(node.ns.name(), "weft_policy_pass_seconds_count")?,
     ));
+    // Pods announced by their node before the API has their addresses.
+    let announced = super::announce::announce(&node, &objects, &s, &monitor, o.scale_arrivals, tag)?;
     // Churn: the arrived pods' `app` label, in turn, out of every peer set and back.
     let mut churn = Vec::with_capacity(o.scale_churn);
     for c in 1..=o.scale_churn {
@@ -276,6 +286,9 @@ fn point(o: &PolicyOptions, cluster: ClusterSize, tag: &str) -> Result<ScalePoin
         arrival_batches: arrivals.iter().map(|c| c.batch).collect(),
         arrival_paths: arrivals.iter().map(|c| c.path).collect(),
         arrival_ms: Percentiles::of(&arrivals.iter().map(|c| c.ms).collect::<Vec<_>>()),
+        announced: announced.len(),
+        announce_answer_ms: Percentiles::of(&announced.iter().map(|a| a.answer_ms).collect::<Vec<_>>()),
+        announce_kernel_ms: Percentiles::of(&announced.iter().map(|a| a.kernel_ms).collect::<Vec<_>>()),
         churn: churn.len(),
         churn_batches: churn.iter().map(|c| c.batch).collect(),
         churn_paths: churn.iter().map(|c| c.path).collect(),
@@ -454,6 +467,24 @@ impl ScaleReport {
                 range(&p.churn_batches, |b| b.elements_deleted),
                 range(&p.churn_batches, BatchCounts::objects),
                 writers(&p.churn_paths),
+            ));
+        }
+        out.push_str(
+            "\nPods of another node announced by it at their ADD (the wire port's `weft.wire.v1.Policy/Announce`, called from that node's address, each pod's object in the cache without an address, as before kubelet reports it): from the call to its answer (given once the address is in the node's kernel) and to the first transaction holding it\n\n\
+             | pods | policies | announced | answer p50 / p99 / max (ms) | in the kernel p50 / p99 / max (ms) |\n|---:|---:|---:|---|---|\n",
+        );
+        for p in &self.points {
+            out.push_str(&format!(
+                "| {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} / {:.2} |\n",
+                p.cluster.pods,
+                p.cluster.policies,
+                p.announced,
+                p.announce_answer_ms.p50,
+                p.announce_answer_ms.p99,
+                p.announce_answer_ms.max,
+                p.announce_kernel_ms.p50,
+                p.announce_kernel_ms.p99,
+                p.announce_kernel_ms.max,
             ));
         }
         out.push_str("\nweftd's VmRSS along the first run (MiB; policy passes run so far, full or of set elements only, in brackets)\n\n| pods |");
