@@ -342,5 +342,4 @@ fn an_addition_adds_objects_before_their_users() {
     let mut after = before.clone();
     add.apply_to(&mut after);
     assert_eq!(after.ingress.get("weft9"), Some(&newg));
-    let _ = Verdict::Accept;
 }

@@ -490,11 +490,13 @@ mod additions {
             delta.apply_to(&mut d);
             let full = plan(&view);
             prop_assert_eq!(&d, &full);
-            // The view kept in place is the view built anew from the same objects.
-            let objects = PolicyObjects { pods: view.pods.iter().filter(|p| !view.local.contains_key(&(p.namespace.clone(), p.name.clone()))).cloned().collect(), ..PolicyObjects::default() };
-            let _ = objects;
-            for (ip, owner) in &view.by_ip {
-                prop_assert!(view.claims[ip].iter().any(|c| Arc::ptr_eq(c, owner)));
+            // The view kept in place keeps its indexes as a view built anew does: every
+            // claim is a pod of the view, every address's owner is chosen by the one rule.
+            for (ip, claims) in &view.claims {
+                for c in claims {
+                    prop_assert!(view.pods.iter().any(|p| Arc::ptr_eq(p, c)), "{} claims {ip} but is gone", c.name);
+                }
+                prop_assert_eq!(view.by_ip.get(ip).map(|o| o.name.clone()), view.owner(claims).map(|o| o.name.clone()));
             }
             for p in &view.pods {
                 for ip in &p.ips {
