@@ -74,7 +74,8 @@ pub(crate) fn announce(
     let pods: Vec<Value> = (0..n).map(|i| pod_object(s, i)).collect();
     objects.put("announced-pods.yaml", &pods)?;
     let namespace = Synthetic::ns_name(0);
-    node.ns
+    let timed = node
+        .ns
         .within(|| {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -167,5 +168,18 @@ pub(crate) fn announce(
                 Ok(out)
             })
         })
-        .map_err(|e| format!("{tag}: entering the node's namespace: {e}"))?
+        .map_err(|e| format!("{tag}: entering the node's namespace: {e}"))??;
+    // kubelet reports their addresses: the API now has what the announcements gave (a
+    // restarted weftd, which knows no announcement, builds the same table from it).
+    let reported: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut p = pod_object(s, i);
+            p["status"] = json!({"phase": "Running", "podIP": address(i).to_string(),
+                                  "podIPs": [{"ip": address(i).to_string()}]});
+            p
+        })
+        .collect();
+    objects.put("announced-pods.yaml", &reported)?;
+    monitor.settle(Duration::from_millis(300), Duration::from_secs(10));
+    Ok(timed)
 }
