@@ -1,8 +1,11 @@
-//! Network policy for weft: Kubernetes NetworkPolicy read into a checked model
-//! ([`model`], [`selector`]), the reference evaluation of a flow ([`eval`]: what
-//! `weftctl policy explain` says and what the kernel's rules are tested against), and
-//! the compilation of the policies that select this node's pods into nftables sets and
-//! chains of weft's own table.
+//! Network policy for weft: NetworkPolicy and ClusterNetworkPolicy read into a checked
+//! model, failing closed on what cannot be read ([`model`], [`cnp`], [`problem`],
+//! [`selector`]), the reference evaluation of a flow ([`eval`]: what `weftctl policy
+//! explain` says), and the compilation of the policies that apply to this node's pods
+//! into typed rules over typed names ([`plan`], [`rule`], [`names`]) of weft's own
+//! nftables table, written and read back in one place ([`nft`], [`kernel`]) and run by
+//! an interpreter ([`interp`]) that the differential test holds to the evaluator; the
+//! run loop ([`engine`]) keeps the kernel in step.
 
 pub mod cnp;
 pub mod denies;
