@@ -53,7 +53,7 @@ fn ours(meta: &tracing::Metadata<'_>) -> bool {
 pub fn init(format: LogFormat, provider: SdkTracerProvider, metrics: Arc<Metrics>) -> SdkTracerProvider {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = match format {
-        LogFormat::Json => logs::JsonLogLayer.with_filter(filter).boxed(),
+        LogFormat::Json => logs::JsonLogLayer::stderr().with_filter(filter).boxed(),
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .with_filter(filter)
@@ -78,7 +78,7 @@ pub fn init(format: LogFormat, provider: SdkTracerProvider, metrics: Arc<Metrics
 pub fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = match format {
-        LogFormat::Json => logs::JsonLogLayer.with_filter(filter).boxed(),
+        LogFormat::Json => logs::JsonLogLayer::stderr().with_filter(filter).boxed(),
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .with_filter(filter)

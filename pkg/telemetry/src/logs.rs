@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::layer::{Context, Layer};
@@ -49,14 +50,36 @@ fn internal(name: &str) -> bool {
     name.starts_with("otel.")
 }
 
-/// A layer writing flat JSON lines to stderr.
-#[derive(Default)]
-pub struct JsonLogLayer;
+/// A layer writing flat JSON lines, one `write_all` each, to what `W` makes (stderr
+/// in the daemon; a buffer in tests).
+pub struct JsonLogLayer<W = fn() -> std::io::Stderr> {
+    make_writer: W,
+}
+
+impl JsonLogLayer {
+    /// The daemon's layer: lines to stderr.
+    pub fn stderr() -> Self {
+        JsonLogLayer {
+            make_writer: std::io::stderr,
+        }
+    }
+}
+
+impl<W> JsonLogLayer<W> {
+    /// A layer writing to what `make_writer` makes.
+    pub fn with_writer(make_writer: W) -> Self {
+        JsonLogLayer { make_writer }
+    }
+}
 
 /// The OpenTelemetry span id of a span, cached on first use.
 struct OtelSpanId(String);
 
-impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for JsonLogLayer {
+impl<S, W> Layer<S> for JsonLogLayer<W>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + 'static,
+{
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
         let mut m = Map::new();
@@ -100,7 +123,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for JsonLogLayer {
         }
         let mut out = serde_json::to_vec(&line).unwrap_or_default();
         out.push(b'\n');
-        let _ = std::io::stderr().lock().write_all(&out);
+        let _ = self.make_writer.make_writer().write_all(&out);
     }
 }
 
@@ -118,6 +141,9 @@ fn otel_span_id<S: Subscriber + for<'a> LookupSpan<'a>>(id: &Id, ctx: &Context<'
         return None;
     }
     let s = sc.span_id().to_string();
-    span.extensions_mut().insert(OtelSpanId(s.clone()));
+    // `replace`, not `insert`: two threads logging in the same span at once both miss
+    // the cache and both store it (`insert` asserts the slot was empty, and a panic
+    // here aborts the daemon). They store the same id.
+    span.extensions_mut().replace(OtelSpanId(s.clone()));
     Some(s)
 }

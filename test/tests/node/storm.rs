@@ -23,6 +23,8 @@ const V4: &str = "10.253.0.0/27";
 const V6: &str = "fd00:253::/123";
 /// How long a worker retries one DEL before it reports the pod stuck.
 const DEL_PATIENCE: Duration = Duration::from_secs(30);
+/// How long after the storm a worker keeps trying for its last pod.
+const LAST_ADD_PATIENCE: Duration = Duration::from_secs(30);
 
 /// One pod that ADD attached, and the interval in which it certainly held its addresses:
 /// from the ADD's success (the daemon had answered) to the start of its first DEL
@@ -138,16 +140,28 @@ fn holds(ns: &Netns, addrs: &[IpAddr]) -> Result<(), String> {
 
 fn worker(w: usize, conf: &str, stop: &AtomicBool) -> WorkerLog {
     let mut log = WorkerLog::default();
+    let mut stopped_at = None;
     for n in 0.. {
         // Once the storm is over, each worker ends with one pod left attached, so the
         // final comparison of store and kernel has something to compare.
         let last_round = stop.load(Ordering::SeqCst);
+        if last_round && stopped_at.is_none() {
+            stopped_at = Some(Instant::now());
+        }
         let container = format!("storm-{w}-{n}");
         let ns = Netns::new(&format!("s{w}"));
         let out = Call::new("ADD", &container, &ns.path(), conf).run();
         if out.code != 0 {
             log.failed("ADD", &container, &out);
             log.del_until_ok(&container, &ns, conf);
+            // A daemon that died for good (or a killer that panicked) must fail the
+            // test, not hang it: the last round gets a bounded number of tries.
+            if stopped_at.is_some_and(|t| t.elapsed() > LAST_ADD_PATIENCE) {
+                log.problems.push(format!(
+                    "{container}: no ADD succeeded within {LAST_ADD_PATIENCE:?} after the storm"
+                ));
+                return log;
+            }
             continue;
         }
         let added = Instant::now();
