@@ -1,6 +1,26 @@
 //! weftctl, the operator CLI: a thin `main` over `commands/`.
 
+/// `print!` that ends weftctl quietly when the reader of its output has gone
+/// (`weftctl flows | head`), as command-line tools do: the standard macro panics on a
+/// broken pipe. Other write errors still panic.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::stdout::write(format_args!($($arg)*))
+    };
+}
+
+/// `println!` with [`out!`]'s behaviour on a broken pipe.
+macro_rules! outln {
+    () => {
+        $crate::stdout::write(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::stdout::write(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod commands;
+mod stdout;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -68,16 +68,22 @@ pub async fn run(socket: &Path, args: CallsArgs, json: bool) -> anyhow::Result<(
         })
         .collect();
     if json {
-        println!("{}", serde_json::to_string_pretty(&calls)?);
+        outln!("{}", serde_json::to_string_pretty(&calls)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<24} {:<7} {:<40} {:<8} {:>10} {:>4}  {:<32}",
-        "TIME", "COMMAND", "POD", "IFNAME", "DURATION", "CODE", "TRACE"
+        "TIME",
+        "COMMAND",
+        "POD",
+        "IFNAME",
+        "DURATION",
+        "CODE",
+        "TRACE"
     );
     for c in &calls {
         let pod = super::pod_label(&c.pod_namespace, &c.pod, &c.container_id);
-        println!(
+        outln!(
             "{:<24} {:<7} {:<40} {:<8} {:>8.1}ms {:>4}  {:<32}",
             c.finished,
             c.command,
@@ -88,7 +94,7 @@ pub async fn run(socket: &Path, args: CallsArgs, json: bool) -> anyhow::Result<(
             c.trace_id
         );
         if !c.error.is_empty() {
-            println!("{:<24} {}", "", c.error);
+            outln!("{:<24} {}", "", c.error);
         }
     }
     Ok(())

@@ -70,7 +70,7 @@ pub fn run(action: CertsAction) -> anyhow::Result<()> {
                     write_tls_dir(&out, ca.cert_pem(), &cert)?;
                     eprintln!("{}: ca.crt, tls.crt, tls.key for node {}", out.display(), a.name);
                 }
-                (None, Some(secret)) => print!("{}", secret_yaml(&secret, &a.namespace, ca.cert_pem(), &cert)),
+                (None, Some(secret)) => out!("{}", secret_yaml(&secret, &a.namespace, ca.cert_pem(), &cert)),
                 (None, None) => bail!("say where the certificate goes: --out DIR or --secret NAME"),
             }
             Ok(())

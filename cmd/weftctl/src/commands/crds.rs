@@ -2,6 +2,6 @@
 
 /// Prints the CRDs.
 pub fn run() -> anyhow::Result<()> {
-    print!("{}", weft_topology::crds_yaml());
+    out!("{}", weft_topology::crds_yaml());
     Ok(())
 }

@@ -43,9 +43,9 @@ struct Installed {
 pub fn run(args: InstallArgs, json: bool) -> anyhow::Result<()> {
     let installed = install(&args)?;
     if json {
-        println!("{}", serde_json::to_string(&installed)?);
+        outln!("{}", serde_json::to_string(&installed)?);
     } else {
-        println!(
+        outln!(
             "installed {} and {}",
             installed.plugin.display(),
             installed.conflist.display()

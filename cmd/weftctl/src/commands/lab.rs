@@ -159,7 +159,7 @@ pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
         LabAction::Up { file } => {
             let lab = load(&file)?;
             let started = lab.up()?;
-            println!(
+            outln!(
                 "lab {} up: {} nodes, {} pods; weftd started on: {}",
                 lab.spec.name,
                 lab.spec.nodes.len(),
@@ -177,9 +177,9 @@ pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
             super::link::mark_down_by_intent(&lab, &mut checks);
             checks.extend(lab.check_network(Duration::from_secs(within)));
             if json {
-                println!("{}", serde_json::to_string_pretty(&checks)?);
+                outln!("{}", serde_json::to_string_pretty(&checks)?);
             } else {
-                println!("{:<16} {:<34} {:<7} {:<5} {:>9}", "FROM", "TO", "KIND", "OK", "RTT(ms)");
+                outln!("{:<16} {:<34} {:<7} {:<5} {:>9}", "FROM", "TO", "KIND", "OK", "RTT(ms)");
                 for c in &checks {
                     let rtt = c.rtt_ms.map_or_else(|| "-".to_string(), |r| format!("{r:.3}"));
                     let ok = match (c.ok, c.down_by_intent) {
@@ -187,14 +187,14 @@ pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
                         (false, true) => "down",
                         (false, false) => "FAIL",
                     };
-                    println!("{:<16} {:<34} {:<7} {:<5} {:>9}", c.from, c.to, c.kind, ok, rtt);
+                    outln!("{:<16} {:<34} {:<7} {:<5} {:>9}", c.from, c.to, c.kind, ok, rtt);
                 }
             }
             if !json {
                 // Why each failure failed, after the table: what to look at next.
                 for c in checks.iter().filter(|c| !c.ok && !c.down_by_intent) {
                     if let Some(r) = &c.reason {
-                        println!("FAIL {} -> {}: {r}", c.from, c.to);
+                        outln!("FAIL {} -> {}: {r}", c.from, c.to);
                     }
                 }
             }
@@ -226,7 +226,7 @@ pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
             let text = weft_lab::generate::generate(&spec).map_err(anyhow::Error::msg)?;
             match output {
                 Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
-                None => print!("{text}"),
+                None => out!("{text}"),
             }
         }
         LabAction::Graph { file, output, sample } => super::lab_graph::run(&load(&file)?, output.as_deref(), sample)?,
@@ -258,7 +258,7 @@ pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
                 LabelKind::Pod => weft_lab::objects::LabelTarget::Pod,
                 LabelKind::Namespace => weft_lab::objects::LabelTarget::Namespace,
             };
-            println!("{}", load(&file)?.label(target, &name, &changes)?);
+            outln!("{}", load(&file)?.label(target, &name, &changes)?);
         }
         LabAction::Matrix {
             file,
@@ -274,10 +274,10 @@ pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
 fn print_changes(done: &weft_lab::objects::ObjectChanges, json: bool) -> anyhow::Result<()> {
     if json {
         let v = serde_json::json!({"changes": done.lines, "missing": done.missing});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         for l in &done.lines {
-            println!("{l}");
+            outln!("{l}");
         }
     }
     Ok(())
@@ -314,16 +314,16 @@ fn matrix(
         if expected.is_some() {
             v["differences"] = serde_json::json!(differences);
         }
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print!("{}", m.to_text());
+        out!("{}", m.to_text());
         for e in &errors {
             eprintln!("failed: {e}");
         }
         if !differences.is_empty() {
-            println!();
+            outln!();
             for d in &differences {
-                println!("differs: {d}");
+                outln!("differs: {d}");
             }
         }
     }

@@ -115,7 +115,7 @@ pub fn run(lab: &Lab, output: Option<&Path>, interval: Duration) -> anyhow::Resu
     let ends = reports(lab, interval)?;
     let dot = Graph::new(&lab.spec, &lab.topologies, &ends).to_dot();
     let Some(path) = output else {
-        print!("{dot}");
+        out!("{dot}");
         return Ok(());
     };
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default();

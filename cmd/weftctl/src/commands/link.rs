@@ -195,7 +195,7 @@ pub async fn run(action: LinkAction, socket: &Path, json: bool) -> anyhow::Resul
             for i in 1..=count {
                 for up in [false, true] {
                     state(socket, &link, up).await?;
-                    println!(
+                    outln!(
                         "{:>8.3}s  {}:{} {} ({i}/{count})",
                         start.elapsed().as_secs_f64(),
                         link.pod,
@@ -289,7 +289,7 @@ fn row_json(l: &LinkInfo) -> serde_json::Value {
 /// was what was asked), else it is only shown.
 fn print_one(l: LinkInfo, json: bool, strict: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(&row_json(&l))?);
+        outln!("{}", serde_json::to_string_pretty(&row_json(&l))?);
         anyhow::ensure!(
             !strict || l.problem.is_empty(),
             "{}:{}: not in force: {}",
@@ -304,7 +304,7 @@ fn print_one(l: LinkInfo, json: bool, strict: bool) -> anyhow::Result<()> {
     } else {
         "the topology's".to_string()
     };
-    println!(
+    outln!(
         "{}:{} <-> {}:{} ({}): link {}, impairment {} ({source})",
         l.pod,
         l.intf,
@@ -315,7 +315,7 @@ fn print_one(l: LinkInfo, json: bool, strict: bool) -> anyhow::Result<()> {
         impairment_text(&l.active)
     );
     if !l.problem.is_empty() && !strict {
-        println!("  impairment not in force at this end: {}", l.problem);
+        outln!("  impairment not in force at this end: {}", l.problem);
     } else if !l.problem.is_empty() {
         bail!(
             "{}:{}: kept, but not in force at this end: {}",
@@ -330,12 +330,17 @@ fn print_one(l: LinkInfo, json: bool, strict: bool) -> anyhow::Result<()> {
 fn print_all(links: &[LinkInfo], json: bool) -> anyhow::Result<()> {
     if json {
         let rows: Vec<_> = links.iter().map(row_json).collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<24} {:<20} {:<6} {:<8} {:<10} {:<40} SOURCE",
-        "END", "PEER", "KIND", "WIRE", "LINK", "IMPAIRMENT"
+        "END",
+        "PEER",
+        "KIND",
+        "WIRE",
+        "LINK",
+        "IMPAIRMENT"
     );
     for l in links {
         let mut source = if l.overridden {
@@ -346,7 +351,7 @@ fn print_all(links: &[LinkInfo], json: bool) -> anyhow::Result<()> {
         if !l.problem.is_empty() {
             source = format!("{source}; NOT IN FORCE: {}", l.problem);
         }
-        println!(
+        outln!(
             "{:<24} {:<20} {:<6} {:<8} {:<10} {:<40} {source}",
             format!("{}/{}:{}", l.namespace, l.pod, l.intf),
             format!("{}:{}", l.peer_pod, l.peer_intf),

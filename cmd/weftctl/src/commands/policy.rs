@@ -131,7 +131,7 @@ fn print_deny(d: &PolicyDeny) {
     } else {
         format!("{}/{}", d.port, d.protocol)
     };
-    println!(
+    outln!(
         "{when}  {:<6} {:<7} {} -> {} {port}  isolated by {}",
         if d.audit { "audit" } else { "deny" },
         d.direction,
@@ -178,10 +178,10 @@ pub async fn run(action: PolicyAction, socket: &Path, json: bool) -> anyhow::Res
                     "allowed": r.allowed, "passes": r.passes,
                     "egress": egress, "ingress": ingress, "problems": r.problems,
                 });
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(());
             }
-            println!(
+            outln!(
                 "{} ({}) -> {} ({}) {port}/{protocol}: {}",
                 r.src,
                 r.src_ip,
@@ -193,12 +193,12 @@ pub async fn run(action: PolicyAction, socket: &Path, json: bool) -> anyhow::Res
                     (false, false) => "DENIED",
                 }
             );
-            println!("  {}", describe(&format!("egress of {}", r.src), &egress));
-            println!("  {}", describe(&format!("ingress of {}", r.dst), &ingress));
+            outln!("  {}", describe(&format!("egress of {}", r.src), &egress));
+            outln!("  {}", describe(&format!("ingress of {}", r.dst), &ingress));
             if !r.problems.is_empty() {
-                println!("  not read in full (weft fails closed where it cannot read):");
+                outln!("  not read in full (weft fails closed where it cannot read):");
                 for p in &r.problems {
-                    println!("    {p}");
+                    outln!("    {p}");
                 }
             }
             Ok(())
@@ -244,7 +244,7 @@ fn show_deny(d: &PolicyDeny, json: bool) {
         "direction": d.direction, "src": d.src, "dst": d.dst, "src_ip": d.src_ip,
         "dst_ip": d.dst_ip, "protocol": d.protocol, "port": d.port, "policies": d.policies,
     });
-    println!("{v}");
+    outln!("{v}");
 }
 
 #[cfg(test)]

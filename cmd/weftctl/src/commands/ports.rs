@@ -39,10 +39,10 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
         })
         .collect();
     if json {
-        println!("{}", serde_json::to_string_pretty(&ports)?);
+        outln!("{}", serde_json::to_string_pretty(&ports)?);
         return Ok(());
     }
-    println!("{:<32} {:<5} {:<32} POD", "HOST", "PROTO", "POD ADDRESS");
+    outln!("{:<32} {:<5} {:<32} POD", "HOST", "PROTO", "POD ADDRESS");
     for p in &ports {
         let six = p.container_ip.contains(':');
         let host = match (p.host_ip.is_empty(), six) {
@@ -57,7 +57,7 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
             format!("{}:{}", p.container_ip, p.container_port)
         };
         let pod = super::pod_label(&p.pod_namespace, &p.pod, &p.container_id);
-        println!("{host:<32} {:<5} {target:<32} {pod}", p.protocol);
+        outln!("{host:<32} {:<5} {target:<32} {pod}", p.protocol);
     }
     Ok(())
 }

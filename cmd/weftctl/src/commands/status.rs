@@ -130,36 +130,41 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
         }),
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
+        outln!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "node         {} (weftd {}, up {}, {})",
         status.node,
         status.version,
         human_duration(status.uptime_seconds),
         if status.ready { "ready" } else { "NOT READY" }
     );
-    println!("state        {} (schema {})", status.state_path, status.schema_version);
-    println!(
+    outln!("state        {} (schema {})", status.state_path, status.schema_version);
+    outln!(
         "attachments  {} ({} teardowns pending)",
-        status.attachments, status.pending_teardowns
+        status.attachments,
+        status.pending_teardowns
     );
     if status.spooled_dels > 0 {
         // Normally replayed at start; one left here waits for the next reconcile pass
         // or its pod's next ADD.
-        println!(
+        outln!(
             "spooled DELs {} (recorded by the plugin while weftd was down)",
             status.spooled_dels
         );
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:<28} {:<26} {:>10} {:>20} {:>7}",
-        "RANGE", "GATEWAY", "ALLOCATED", "CAPACITY", "USED"
+        "RANGE",
+        "GATEWAY",
+        "ALLOCATED",
+        "CAPACITY",
+        "USED"
     );
     if status.ranges.is_empty() {
-        println!("(no ranges yet: they are recorded at the first ADD)");
+        outln!("(no ranges yet: they are recorded at the first ADD)");
     }
     for g in &status.ranges {
         let pct = if g.capacity == 0 {
@@ -167,15 +172,19 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
         } else {
             g.allocated as f64 * 100.0 / g.capacity as f64
         };
-        println!(
+        outln!(
             "{:<28} {:<26} {:>10} {:>20} {:>6.1}%",
-            g.cidr, g.gateway, g.allocated, g.capacity, pct
+            g.cidr,
+            g.gateway,
+            g.allocated,
+            g.capacity,
+            pct
         );
     }
     if let Some(n) = &status.node_network {
-        println!();
+        outln!();
         let or_none = |v: &[String]| if v.is_empty() { "none".to_string() } else { v.join(", ") };
-        println!(
+        outln!(
             "pod network  routing {}, podCIDRs {}, pod MTU {}, address {}, masquerade {}",
             n.routing,
             or_none(&n.pod_cidrs),
@@ -184,26 +193,29 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
             if n.masquerade { "on" } else { "off" }
         );
         if !n.peers.is_empty() {
-            println!();
-            println!("{:<24} {:<12} PROBLEM", "PEER NODE", "MODE");
+            outln!();
+            outln!("{:<24} {:<12} PROBLEM", "PEER NODE", "MODE");
             for p in &n.peers {
-                println!("{:<24} {:<12} {}", p.name, p.mode, p.problem);
+                outln!("{:<24} {:<12} {}", p.name, p.mode, p.problem);
             }
         }
     }
     if let Some(p) = &status.policy {
-        println!();
+        outln!();
         let state = match (p.synced, p.stale) {
             (false, _) => "NOT SYNCED (the cluster's objects are not listed yet: the last table stays)",
             (true, true) => "STALE (a watch is lost: the last known policies stay enforced)",
             (true, false) => "in step",
         };
-        println!(
+        outln!(
             "policy       {state}; {} policies, {} cluster policies, pods isolated: {} ingress, {} egress",
-            p.policies, p.cluster_policies, p.isolated_ingress, p.isolated_egress
+            p.policies,
+            p.cluster_policies,
+            p.isolated_ingress,
+            p.isolated_egress
         );
         for i in &p.invalid {
-            println!("  not read in full: {i}");
+            outln!("  not read in full: {i}");
         }
     }
     Ok(())

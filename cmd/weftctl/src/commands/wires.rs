@@ -56,12 +56,20 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
     let wires = client.wires(WiresRequest {}).await?.into_inner().wires;
     if json {
         let rows: Vec<Json<'_>> = wires.iter().map(Json).collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<24} {:<24} {:<6} {:<8} {:<16} {:>10} {:>10} {:>8} {:<16} REASON",
-        "END", "PEER", "KIND", "STATE", "PEER NODE", "TX FRAMES", "RX FRAMES", "DROPPED", "WIRE ID"
+        "END",
+        "PEER",
+        "KIND",
+        "STATE",
+        "PEER NODE",
+        "TX FRAMES",
+        "RX FRAMES",
+        "DROPPED",
+        "WIRE ID"
     );
     let n = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
     for w in &wires {
@@ -71,7 +79,7 @@ pub async fn run(socket: &Path, json: bool) -> anyhow::Result<()> {
             &w.peer_node
         };
         let [(_, tx_frames), _, (_, rx_frames), _, (_, dropped)] = counters(w);
-        println!(
+        outln!(
             "{:<24} {:<24} {:<6} {:<8} {:<16} {:>10} {:>10} {:>8} {:<16} {}",
             format!("{}/{}:{}", w.namespace, w.pod, w.intf),
             format!("{}:{}", w.peer_pod, w.peer_intf),
