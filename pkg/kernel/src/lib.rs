@@ -14,6 +14,7 @@
 
 mod bpf;
 pub mod capture;
+pub mod conntrack;
 pub mod detour;
 mod error;
 pub mod hostends;

@@ -306,6 +306,52 @@ impl<P: Protocol> NetlinkSocket<P> {
     }
 }
 
+impl<P: Protocol> NetlinkSocket<P> {
+    /// Joins multicast group `group` of the family (conntrack's events, say): the
+    /// kernel sends the group's messages to this socket from now on.
+    pub(crate) fn join_group(&mut self, group: u32) -> io::Result<()> {
+        self.sock.add_membership(group)
+    }
+
+    /// Sets the socket's receive buffer to `bytes`, past the system's maximum
+    /// (`SO_RCVBUFFORCE`, which needs `CAP_NET_ADMIN`): a burst of events beyond the
+    /// buffer is dropped by the kernel and the next read fails with `ENOBUFS`.
+    pub(crate) fn force_receive_buffer(&mut self, bytes: usize) -> io::Result<()> {
+        use nix::sys::socket::{setsockopt, sockopt};
+        setsockopt(&self.sock, sockopt::RcvBufForce, &bytes).map_err(io::Error::from)
+    }
+
+    /// The receive buffer the kernel granted (it doubles what was asked, for its
+    /// bookkeeping).
+    pub(crate) fn receive_buffer(&self) -> io::Result<usize> {
+        use nix::sys::socket::{getsockopt, sockopt};
+        getsockopt(&self.sock, sockopt::RcvBuf).map_err(io::Error::from)
+    }
+
+    /// Sets how long a read waits before it ends empty.
+    pub(crate) fn set_receive_timeout(&mut self, timeout: std::time::Duration) -> io::Result<()> {
+        let tv = nix::sys::time::TimeVal::new(
+            i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            i64::from(timeout.subsec_micros()),
+        );
+        nix::sys::socket::setsockopt(&self.sock, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
+            .map_err(io::Error::from)
+    }
+
+    /// Reads the next datagram into the socket's buffer and returns it; empty when the
+    /// receive timeout passed first (or at once, when `wait` is false and nothing is
+    /// queued). Nothing is decoded or copied: a reader of many small messages
+    /// (conntrack events) walks them in place.
+    pub(crate) fn receive_datagram(&mut self, wait: bool) -> io::Result<&[u8]> {
+        let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
+        match self.sock.recv(&mut &mut self.buf[..], flags) {
+            Ok(n) => Ok(&self.buf[..n]),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Ok(&[]),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// A failed [`NetlinkSocket::batch_checked`]: the kernel's error and, when the kernel
 /// named one, the index of the message it is about.
 #[derive(Debug)]
