@@ -71,6 +71,10 @@ impl fmt::Display for Endpoint {
     }
 }
 
+/// A flow's port protocol and destination port; `None` for an IP protocol without
+/// ports (ICMP, ICMPv6, ...).
+pub type L4 = Option<(PortProtocol, u16)>;
+
 /// A policy's rule that allowed a flow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleRef {
@@ -426,19 +430,12 @@ impl ClusterView {
         }
     }
 
-    fn cluster_rule_matches(
-        &self,
-        rule: &ClusterRule,
-        far: IpAddr,
-        proto: PortProtocol,
-        port: u16,
-        dst: Option<&PolicyPod>,
-    ) -> bool {
+    fn cluster_rule_matches(&self, rule: &ClusterRule, far: IpAddr, l4: L4, dst: Option<&PolicyPod>) -> bool {
         rule.peers.iter().any(|p| self.cluster_peer_matches(p, far))
             && rule
                 .ports
                 .as_ref()
-                .is_none_or(|ports| ports.iter().any(|pm| Self::port_matches(pm, proto, port, dst)))
+                .is_none_or(|ports| ports.iter().any(|pm| Self::l4_matches(pm, l4, dst)))
     }
 
     /// The first rule of `tier` that matches: `Some(decision)` for Accept or Deny,
@@ -450,13 +447,12 @@ impl ClusterView {
         pod: &PolicyPod,
         dir: Direction,
         far: IpAddr,
-        proto: PortProtocol,
-        port: u16,
+        l4: L4,
         dst: Option<&PolicyPod>,
     ) -> Option<ClusterDecision> {
         for c in self.cluster_selecting(pod, dir, tier) {
             for (i, r) in c.rules(dir).iter().enumerate() {
-                if !self.cluster_rule_matches(r, far, proto, port, dst) {
+                if !self.cluster_rule_matches(r, far, l4, dst) {
                     continue;
                 }
                 if r.action == CnpAction::Pass {
@@ -513,15 +509,13 @@ impl ClusterView {
             }
     }
 
-    fn rule_allows(
-        &self,
-        policy: &Policy,
-        rule: &Rule,
-        far: IpAddr,
-        proto: PortProtocol,
-        port: u16,
-        dst: Option<&PolicyPod>,
-    ) -> bool {
+    /// [`Self::port_matches`] for a flow that may have no ports: none matches no port
+    /// rule.
+    fn l4_matches(pm: &PortMatch, l4: L4, dst: Option<&PolicyPod>) -> bool {
+        l4.is_some_and(|(proto, port)| Self::port_matches(pm, proto, port, dst))
+    }
+
+    fn rule_allows(&self, policy: &Policy, rule: &Rule, far: IpAddr, l4: L4, dst: Option<&PolicyPod>) -> bool {
         let peer_ok = rule
             .peers
             .as_ref()
@@ -529,7 +523,7 @@ impl ClusterView {
         let port_ok = rule
             .ports
             .as_ref()
-            .is_none_or(|ports| ports.iter().any(|pm| Self::port_matches(pm, proto, port, dst)));
+            .is_none_or(|ports| ports.iter().any(|pm| Self::l4_matches(pm, l4, dst)));
         peer_ok && port_ok
     }
 
@@ -538,8 +532,7 @@ impl ClusterView {
         pod: Option<&PolicyPod>,
         dir: Direction,
         far: IpAddr,
-        proto: PortProtocol,
-        port: u16,
+        l4: L4,
         dst: Option<&PolicyPod>,
     ) -> SideVerdict {
         let Some(pod) = pod.filter(|p| !p.host_network) else {
@@ -554,7 +547,7 @@ impl ClusterView {
             audit: self.audit(&pod.namespace),
             ..SideVerdict::default()
         };
-        if let Some(d) = self.tier_decides(CnpTier::Admin, pod, dir, far, proto, port, dst) {
+        if let Some(d) = self.tier_decides(CnpTier::Admin, pod, dir, far, l4, dst) {
             out.cluster = Some(d);
             return out;
         }
@@ -564,10 +557,7 @@ impl ClusterView {
                 continue;
             }
             let rules = policy.rules(dir).unwrap_or_default();
-            if let Some(i) = rules
-                .iter()
-                .position(|r| self.rule_allows(policy, r, far, proto, port, dst))
-            {
+            if let Some(i) = rules.iter().position(|r| self.rule_allows(policy, r, far, l4, dst)) {
                 out.allowed_by = Some(RuleRef {
                     policy: policy.full_name(),
                     rule: i,
@@ -575,7 +565,7 @@ impl ClusterView {
             }
         }
         if out.isolating.is_empty() {
-            out.cluster = self.tier_decides(CnpTier::Baseline, pod, dir, far, proto, port, dst);
+            out.cluster = self.tier_decides(CnpTier::Baseline, pod, dir, far, l4, dst);
         }
         out
     }
@@ -584,6 +574,13 @@ impl ClusterView {
     /// `port`/`proto` (replies of allowed connections always pass and are not asked
     /// about).
     pub fn verdict(&self, src: IpAddr, dst: IpAddr, proto: PortProtocol, port: u16) -> Verdict {
+        self.verdict_l4(src, dst, Some((proto, port)))
+    }
+
+    /// The verdict on a flow of any IP protocol: `l4` is its port protocol and
+    /// destination port, or `None` for one without ports (ICMP, say), which only a
+    /// rule naming no ports takes.
+    pub fn verdict_l4(&self, src: IpAddr, dst: IpAddr, l4: L4) -> Verdict {
         let (s, d) = (self.by_ip.get(&src).cloned(), self.by_ip.get(&dst).cloned());
         // A pod's traffic to itself (hairpin: through a Service or a node port that
         // leads back to it) is not policed (network-policy-api PR #390).
@@ -595,8 +592,8 @@ impl ClusterView {
         // A host-network pod's address is its node's: no named port of it is a pod's.
         let dst_pod = d.as_deref().filter(|p| !p.host_network);
         Verdict {
-            egress: self.side(s.as_deref(), Direction::Egress, dst, proto, port, dst_pod),
-            ingress: self.side(d.as_deref(), Direction::Ingress, src, proto, port, dst_pod),
+            egress: self.side(s.as_deref(), Direction::Egress, dst, l4, dst_pod),
+            ingress: self.side(d.as_deref(), Direction::Ingress, src, l4, dst_pod),
         }
     }
 }

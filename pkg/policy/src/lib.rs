@@ -27,7 +27,7 @@ pub use denies::{DenyEvent, DenyLog, Flow};
 pub use engine::{
     Announced, Announcer, Config, Explanation, Latest, LocalPods, PassOutcome, PolicyEngine, Status, Taken,
 };
-pub use eval::{ClusterDecision, ClusterView, Endpoint, LocalPod, NodeInfo, RuleRef, SideVerdict, Verdict};
+pub use eval::{ClusterDecision, ClusterView, Endpoint, L4, LocalPod, NodeInfo, RuleRef, SideVerdict, Verdict};
 pub use kernel::{NftKernel, PolicyKernel};
 pub use metrics::PolicyMetrics;
 pub use model::{Direction, Namespaces, Peer, Policy, PolicyId, PortMatch, Ports, Read, Rule};

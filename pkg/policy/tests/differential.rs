@@ -425,6 +425,7 @@ fn world(c: &ClusterGen) -> World {
             ports: named_ports(p.ports),
             node: if p.here { HERE } else { "n2" }.to_string(),
             host_network: p.host_network,
+            workload: String::new(),
         };
         if p.host_network {
             // Its addresses are its node's, which are ends already.

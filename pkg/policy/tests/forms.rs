@@ -54,6 +54,7 @@ fn objects(l: &Lab, policies: Vec<Value>, cnps: Vec<Value>) -> PolicyObjects {
             ports,
             node: "n1".into(),
             host_network: false,
+            workload: String::new(),
         })
     };
     let named = |name: &str, port: u16, protocol: PortProtocol| NamedPort {

@@ -98,6 +98,10 @@ pub struct PolicyPod {
     /// Whether it uses the node's network (`spec.hostNetwork`): never policed, and not
     /// a pod peer.
     pub host_network: bool,
+    /// The workload it belongs to, as flows group pods: its controller owner as
+    /// `Kind/name` (a ReplicaSet made by a Deployment counts as the Deployment), or
+    /// empty for a pod no controller owns (the pod is its own workload).
+    pub workload: String,
 }
 
 impl PolicyPod {
@@ -145,8 +149,31 @@ impl PolicyPod {
             ports,
             node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
             host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+            workload: workload_of(&pod.metadata),
         })
     }
+}
+
+/// A pod's workload from its controller owner reference: `Kind/name`, with a
+/// Deployment's ReplicaSet (`web-7d4b9c`, labelled `pod-template-hash: 7d4b9c`) named
+/// as the Deployment (`Deployment/web`); empty when no controller owns the pod.
+pub fn workload_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    let Some(owner) = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+    else {
+        return String::new();
+    };
+    if owner.kind == "ReplicaSet"
+        && let Some(hash) = meta.labels.as_ref().and_then(|l| l.get("pod-template-hash"))
+        && let Some(deployment) = owner.name.strip_suffix(hash.as_str()).and_then(|n| n.strip_suffix('-'))
+        && !deployment.is_empty()
+    {
+        return format!("Deployment/{deployment}");
+    }
+    format!("{}/{}", owner.kind, owner.name)
 }
 
 /// A namespace, reduced to what network policy reads.
@@ -295,4 +322,47 @@ pub(crate) fn slim_cluster_policy(p: &mut ClusterNetworkPolicy) {
         generation: p.metadata.generation.take(),
         ..Default::default()
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+    use super::*;
+
+    fn owned(kind: &str, name: &str, controller: bool, hash: Option<&str>) -> ObjectMeta {
+        ObjectMeta {
+            owner_references: Some(vec![OwnerReference {
+                kind: kind.into(),
+                name: name.into(),
+                controller: Some(controller),
+                ..OwnerReference::default()
+            }]),
+            labels: hash.map(|h| [("pod-template-hash".to_string(), h.to_string())].into()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn a_pods_workload_is_its_controller_a_deployment_through_its_replicaset() {
+        assert_eq!(
+            workload_of(&owned("ReplicaSet", "web-7d4b9c", true, Some("7d4b9c"))),
+            "Deployment/web"
+        );
+        assert_eq!(
+            workload_of(&owned("ReplicaSet", "web-7d4b9c", true, None)),
+            "ReplicaSet/web-7d4b9c"
+        );
+        assert_eq!(
+            workload_of(&owned("ReplicaSet", "web", true, Some("7d4b9c"))),
+            "ReplicaSet/web"
+        );
+        assert_eq!(workload_of(&owned("StatefulSet", "db", true, None)), "StatefulSet/db");
+        assert_eq!(
+            workload_of(&owned("StatefulSet", "db", false, None)),
+            "",
+            "not its controller"
+        );
+        assert_eq!(workload_of(&ObjectMeta::default()), "");
+    }
 }

@@ -51,6 +51,7 @@ fn cluster(policies: &[Value]) -> ClusterView {
                 ports,
                 node: format!("n{}", (i * 3 + j) % 3 + 1),
                 host_network: false,
+                workload: String::new(),
             }));
         }
     }
@@ -475,3 +476,26 @@ fn node_traffic_host_network_and_unknown_local_pods() {
 }
 
 mod tiers;
+
+/// A flow without ports (ICMP) is taken by a rule naming no ports only: a rule with
+/// ports never matches it.
+#[test]
+fn a_flow_without_ports_is_taken_only_by_a_rule_without_ports() {
+    let (a, b) = (ip_of(0, 0), ip_of(1, 1));
+    let ported = cluster(&[policy(
+        "y",
+        "web",
+        json!({"podSelector": {"matchLabels": {"pod": "b"}}, "policyTypes": ["Ingress"],
+               "ingress": [{"ports": [{"port": 80}]}]}),
+    )]);
+    assert!(ported.verdict(a, b, PortProtocol::Tcp, 80).passes());
+    assert!(!ported.verdict_l4(a, b, None).passes(), "ICMP is no port 80");
+    let open = cluster(&[policy(
+        "y",
+        "any",
+        json!({"podSelector": {"matchLabels": {"pod": "b"}}, "policyTypes": ["Ingress"], "ingress": [{}]}),
+    )]);
+    let v = open.verdict_l4(a, b, None);
+    assert!(v.passes());
+    assert_eq!(v.ingress.allowed_by.unwrap().policy, "y/any");
+}

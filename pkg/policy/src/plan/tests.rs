@@ -26,6 +26,7 @@ fn pod(ns: &str, name: &str, ip: &str, node: &str, labels: &[(&str, &str)]) -> A
         }],
         node: node.into(),
         host_network: false,
+        workload: String::new(),
     })
 }
 
