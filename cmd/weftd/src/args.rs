@@ -115,6 +115,28 @@ pub struct Args {
     #[arg(long, env = "WEFT_POLICY_ANNOUNCE_TIMEOUT_MS", default_value_t = 250,
           value_parser = clap::value_parser!(u64).range(0..=10_000))]
     policy_announce_timeout_ms: u64,
+    /// Record every connection of this node's pods as a flow (`weftctl flows`), from
+    /// the node's conntrack table (turning its byte counters and timestamps on) and the
+    /// policy deny log.
+    #[arg(long, env = "WEFT_FLOWS", default_value_t = true, action = clap::ArgAction::Set)]
+    flows: bool,
+    /// How many ended flows the node keeps for `weftctl flows` (about 700 bytes each).
+    #[arg(long, env = "WEFT_FLOWS_RING", default_value_t = weft_flows_ring_default(),
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    flows_ring: u64,
+    /// How long 15 s flow aggregates are kept, seconds.
+    #[arg(long, env = "WEFT_FLOWS_WINDOW", default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(15..=86_400))]
+    flows_window: u64,
+    /// The conntrack event socket's receive buffer, bytes: a burst beyond it is dropped
+    /// by the kernel, counted (`weft_flow_events_lost_total`) and recovered by a dump.
+    #[arg(long, env = "WEFT_FLOWS_RECEIVE_BUFFER", default_value_t = 8 << 20,
+          value_parser = clap::value_parser!(u64).range(4096..=1 << 30))]
+    flows_receive_buffer: u64,
+}
+
+fn weft_flows_ring_default() -> u64 {
+    weft_node::flows::FlowsConfig::default().ring as u64
 }
 
 /// What weftd does besides serving.
@@ -199,6 +221,13 @@ impl Args {
             export,
             lock_wait: Duration::from_secs(self.lock_wait),
             policy_announce_timeout: Duration::from_millis(self.policy_announce_timeout_ms),
+            flows: weft_node::flows::FlowsConfig {
+                enabled: self.flows,
+                ring: self.flows_ring as usize,
+                window: Duration::from_secs(self.flows_window),
+                receive_buffer: self.flows_receive_buffer as usize,
+                ..weft_node::flows::FlowsConfig::default()
+            },
         }
     }
 }

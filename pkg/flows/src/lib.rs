@@ -11,6 +11,7 @@ pub mod aggregate;
 pub mod filter;
 pub mod record;
 pub mod tracker;
+pub mod wire;
 
 pub use aggregate::{AggKey, AggValue, Aggregate, Aggregates};
 pub use filter::{EndpointSel, Filter};

@@ -429,10 +429,12 @@ impl Tracker {
         let mut seen = HashSet::with_capacity(dump.len());
         for e in dump {
             let key = Key::of(e);
-            if after_loss && !self.open.contains_key(&key) && !self.ignored.contains(&key) {
+            let known = self.open.contains_key(&key) || self.ignored.contains(&key);
+            self.apply(e, r, now_ms);
+            // A flow of ours whose opening was among the dropped events.
+            if after_loss && !known && self.open.contains_key(&key) {
                 self.stats.lost_events += 1;
             }
-            self.apply(e, r, now_ms);
             seen.insert(key);
         }
         let gone: Vec<Key> = self.open.keys().filter(|k| !seen.contains(k)).copied().collect();

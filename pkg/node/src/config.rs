@@ -61,6 +61,8 @@ pub struct NodeConfig {
     /// How long a pod's ADD waits at most for the other nodes to take its addresses into
     /// their network-policy sets (see [`crate::announce`]); zero: pods are not announced.
     pub policy_announce_timeout: Duration,
+    /// How flows are recorded (see [`crate::flows`]).
+    pub flows: crate::flows::FlowsConfig,
 }
 
 /// How the node-to-node wire port is protected (`--wire-tls-dir` or `--wire-insecure`).

@@ -66,6 +66,9 @@ pub enum NodeError {
     /// The thread reading denied flows from the kernel (NFLOG) could not start.
     #[error("starting the deny log reader")]
     DenyLogReader(#[source] std::io::Error),
+    /// The thread reading conntrack for flows could not start.
+    #[error("starting the flow reader")]
+    FlowReader(#[source] std::io::Error),
     /// A blocking start-up task died before it finished (a panic).
     #[error("start-up task {what}")]
     TaskFailed {

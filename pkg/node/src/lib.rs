@@ -10,6 +10,7 @@ pub mod adapters;
 pub mod announce;
 pub mod config;
 pub mod error;
+pub mod flows;
 pub mod lock;
 pub mod loops;
 pub mod metrics;
@@ -89,6 +90,10 @@ impl Node {
             .as_ref()
             .map(|w| Arc::new(EngineWiring(w.engine.clone())) as Arc<dyn Wiring>);
         let policy = steps::policy(&config, source.as_ref(), &store, &metrics);
+        let flows = policy
+            .as_ref()
+            .filter(|_| config.flows.enabled)
+            .map(|engine| flows::NodeFlows::new(&config.node_name, config.flows.clone(), engine.clone(), &metrics));
         let spool = spool_watch::del_spool(&config, &state.metrics);
         // Before the handler's start-up replay reads the spool: see `spool_watch`.
         let spool_watch = spool_watch::watch(&spool);
@@ -112,6 +117,7 @@ impl Node {
             nodenet: nodenet.clone(),
             wires,
             policy,
+            flows,
             node_metrics: state.metrics,
             wiring,
             spool,

@@ -155,6 +155,12 @@ pub async fn sysctls(config: &NodeConfig, store: &Store) -> Result<(), NodeError
         // Before the table loses its guard of 127/8 at the first reconcile.
         settle_sysctl(store, sysctls::ROUTE_LOCALNET, false).await?;
     }
+    for name in crate::flows::SYSCTLS {
+        // Absent until conntrack is loaded: flows then say why they have no counters.
+        if std::path::Path::new("/proc/sys").join(name).exists() {
+            settle_sysctl(store, name, config.flows.enabled).await?;
+        }
+    }
     Ok(())
 }
 
@@ -371,6 +377,8 @@ pub struct Serving {
     pub wires: Option<Wires>,
     /// The policy engine, if any.
     pub policy: Option<Arc<netpol::Engine>>,
+    /// The node's flows, when recorded (they need the policy engine's view).
+    pub flows: Option<Arc<crate::flows::NodeFlows>>,
     /// The node's own metric families.
     pub node_metrics: Arc<NodeMetrics>,
     /// The wires, as the handler and the admin service see them.
@@ -402,6 +410,9 @@ fn admin(config: &NodeConfig, s: &Serving, ready: &Readiness, metrics: &Metrics)
     }
     if let Some(engine) = &s.policy {
         admin = admin.with_policy(Arc::new(netpol::EnginePolicyAdmin::new(engine.clone())));
+    }
+    if let Some(flows) = &s.flows {
+        admin = admin.with_flows(flows.clone());
     }
     admin
         .with_node_network(adapters::node_network_report(&s.nodenet, config.masquerade))
@@ -490,6 +501,20 @@ pub async fn serve(
             deny_stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = tokio::task::spawn_blocking(move || reader.join()).await;
         });
+    }
+    if let Some(flows) = &s.flows {
+        running.task("flow denies", tokio::spawn(flows.clone().relay_denies(stopped())));
+        let flow_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = flows.read(flow_stop.clone()).map_err(NodeError::FlowReader)?;
+        running.then("flow reader", async move {
+            flow_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+        });
+        let f = flows.clone();
+        ready.note(
+            "flow events were lost in the last 10 minutes (the kernel's buffer overflowed): recovered from a dump, see weftctl flows",
+            move || f.lost_recently(),
+        );
     }
     let h = s.handler.clone();
     running.task(

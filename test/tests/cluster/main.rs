@@ -6,6 +6,7 @@
 
 mod cluster;
 mod crds;
+mod flows;
 mod link_wait;
 mod netpol;
 mod node_ranges;

@@ -118,6 +118,11 @@ pub fn run(lab: &Lab, output: Option<&Path>, interval: Duration) -> anyhow::Resu
         out!("{dot}");
         return Ok(());
     };
+    render(&dot, path)
+}
+
+/// Writes `dot` to `path`: as DOT, or drawn by Graphviz as SVG or PNG, by its extension.
+pub fn render(dot: &str, path: &Path) -> anyhow::Result<()> {
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
     let format = match ext.to_ascii_lowercase().as_str() {
         "dot" | "gv" => {

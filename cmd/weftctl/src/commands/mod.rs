@@ -4,6 +4,7 @@ pub mod calls;
 pub mod capture;
 pub mod certs;
 pub mod crds;
+pub mod flows;
 pub mod install;
 pub mod lab;
 pub mod lab_graph;

@@ -153,6 +153,7 @@ pub struct AdminService<S = Store> {
     del_spool: Option<Arc<DelSpool>>,
     captures: Captures,
     policy: Option<Arc<dyn PolicyAdmin>>,
+    flows: Option<Arc<dyn FlowsAdmin>>,
 }
 
 /// The frames of one capture as the admin service streams them.
@@ -171,6 +172,19 @@ pub trait PolicyAdmin: Send + Sync + 'static {
     /// The denied flows from now on (a follower that falls behind loses the oldest).
     fn follow(&self) -> tokio::sync::broadcast::Receiver<PolicyDeny>;
 }
+
+/// Flow records as the admin service reports them: the daemon's flow reader answers
+/// (filters, follow, aggregates), the service only relays.
+pub trait FlowsAdmin: Send + Sync + 'static {
+    /// The answer to a Flows request: its stats first, then the flows or aggregates,
+    /// then (with follow) what opens and ends; the error says what in the request does
+    /// not parse.
+    fn flows(&self, request: weft_rpc::admin::FlowsRequest) -> Result<FlowsStream, String>;
+}
+
+/// A Flows answer as the admin service streams it.
+pub type FlowsStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<weft_rpc::admin::FlowsItem, Status>> + Send>>;
 
 /// The denied flows as the admin service streams them.
 pub type DenyStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<PolicyDeny, Status>> + Send>>;
@@ -201,7 +215,14 @@ impl<S: AdminState> AdminService<S> {
             del_spool: None,
             captures: Captures::default(),
             policy: None,
+            flows: None,
         }
+    }
+
+    /// Reports flow records from `flows`.
+    pub fn with_flows(mut self, flows: Arc<dyn FlowsAdmin>) -> Self {
+        self.flows = Some(flows);
+        self
     }
 
     /// Reports network policy (status, explain, denies) from `policy`.
@@ -402,6 +423,15 @@ impl<S: AdminState> Admin for AdminService<S> {
             .map_err(Status::failed_precondition)
     }
 
+    type FlowsStream = FlowsStream;
+
+    async fn flows(&self, request: Request<weft_rpc::admin::FlowsRequest>) -> Result<Response<FlowsStream>, Status> {
+        flows_of(&self.flows)?
+            .flows(request.into_inner())
+            .map(Response::new)
+            .map_err(Status::invalid_argument)
+    }
+
     type PolicyDeniesStream = DenyStream;
 
     async fn policy_denies(&self, request: Request<PolicyDeniesRequest>) -> Result<Response<DenyStream>, Status> {
@@ -424,6 +454,15 @@ impl<S: AdminState> Admin for AdminService<S> {
         };
         Ok(Response::new(stream))
     }
+}
+
+/// The flows seam, or why there is none.
+fn flows_of(f: &Option<Arc<dyn FlowsAdmin>>) -> Result<&Arc<dyn FlowsAdmin>, Status> {
+    f.as_ref().ok_or_else(|| {
+        Status::failed_precondition(
+            "this daemon records no flows (it reads no cluster objects, or was started with --flows=false)",
+        )
+    })
 }
 
 /// The policy seam, or why there is none.

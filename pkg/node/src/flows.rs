@@ -1,0 +1,727 @@
+//! Flow records in the node: the node's conntrack table read on a thread of its own
+//! (events as they come, a dump at start, every [`FlowsConfig::dump_every`] and after
+//! an overflow), the policy engine's denied packets, both attributed through the
+//! engine's view of the cluster (the one `policy explain` evaluates), kept by a
+//! [`Tracker`], counted in `weft_flow*` metrics and served to `weftctl flows`.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::broadcast;
+use weft_daemon::service::{FlowsAdmin, FlowsStream};
+use weft_flows::{
+    Config, Decision, DeniedPacket, Effect, FlowRecord, Peer, PeerKind, PolicyHit, PolicySide, Resolve, Tracker,
+    Verdict, wire,
+};
+use weft_kernel::conntrack::{self, ConntrackEvents, ReadError};
+use weft_policy::{ClusterView, Direction, SideVerdict};
+use weft_rpc::admin::{FlowsItem, FlowsRequest, flows_item};
+use weft_telemetry::{Families, Metrics};
+use weft_topology::{CnpAction, PortProtocol};
+
+use crate::netpol::Engine;
+
+/// How flows are recorded (`weftd --flows*`).
+#[derive(Debug, Clone)]
+pub struct FlowsConfig {
+    /// Whether flows are recorded at all.
+    pub enabled: bool,
+    /// Ended flows kept for listing.
+    pub ring: usize,
+    /// How long 15 s aggregates are kept.
+    pub window: Duration,
+    /// The conntrack event socket's receive buffer (bytes).
+    pub receive_buffer: usize,
+    /// How often the table is dumped to refresh open flows' counters.
+    pub dump_every: Duration,
+}
+
+impl Default for FlowsConfig {
+    fn default() -> Self {
+        FlowsConfig {
+            enabled: true,
+            ring: weft_flows::tracker::DEFAULT_RING,
+            window: Duration::from_secs(3600),
+            receive_buffer: 8 << 20,
+            dump_every: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The sysctls flows need on: per-connection byte and packet counters, and start and
+/// stop times.
+pub const SYSCTLS: [&str; 2] = [
+    "net/netfilter/nf_conntrack_acct",
+    "net/netfilter/nf_conntrack_timestamp",
+];
+
+/// A flow's verdict and kind, with the namespace of the pod this node reports it for.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FlowLabels {
+    /// `forwarded`, `denied` or `audit`.
+    pub verdict: &'static str,
+    /// `intra-node`, `inter-node`, `to-outside`, `from-outside`, `to-node`, `from-node`.
+    pub kind: &'static str,
+    /// The namespace of the pod the flow is reported for (the source pod, or the
+    /// destination of a flow from outside or from a node).
+    pub namespace: String,
+}
+
+/// Conntrack entries read, by what they said.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// `entries` (events and dumped entries), `denies`, `undecodable`.
+    pub kind: &'static str,
+}
+
+/// Flow records kept, by state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RecordLabels {
+    /// `open` or `kept` (ended, in the ring), or `aggregates`.
+    pub state: &'static str,
+}
+
+/// The flow families; get them with `metrics.families::<FlowMetrics>()`.
+pub struct FlowMetrics {
+    /// `weft_flows_total{verdict, kind, namespace}`: flows begun (or refused).
+    pub flows: Family<FlowLabels, Counter>,
+    /// `weft_flow_bytes_total{verdict, kind, namespace}`: bytes both ways, counted when
+    /// a flow ends.
+    pub bytes: Family<FlowLabels, Counter>,
+    /// `weft_flow_events_total{kind}`.
+    pub events: Family<EventLabels, Counter>,
+    /// `weft_flow_events_lost_total`: flows whose end was lost with dropped kernel
+    /// events, and flows first seen in a recovery dump.
+    pub lost: Counter,
+    /// `weft_flow_overflows_total`: times the kernel dropped events.
+    pub overflows: Counter,
+    /// `weft_flow_records{state}`.
+    pub records: Family<RecordLabels, Gauge>,
+}
+
+impl Families for FlowMetrics {
+    fn register(metrics: &Metrics) -> Self {
+        let m = FlowMetrics {
+            flows: Family::default(),
+            bytes: Family::default(),
+            events: Family::default(),
+            lost: Counter::default(),
+            overflows: Counter::default(),
+            records: Family::default(),
+        };
+        metrics.register(
+            "weft_flows",
+            "Flows of this node's pods begun (or refused), by verdict, kind and the reported pod's namespace",
+            m.flows.clone(),
+        );
+        metrics.register(
+            "weft_flow_bytes",
+            "Bytes of ended flows, both ways, by verdict, kind and namespace",
+            m.bytes.clone(),
+        );
+        metrics.register(
+            "weft_flow_events",
+            "Conntrack entries and denied packets read",
+            m.events.clone(),
+        );
+        metrics.register(
+            "weft_flow_events_lost",
+            "Flow events lost when the kernel's buffer overflowed (ends recovered from a dump, as lost)",
+            m.lost.clone(),
+        );
+        metrics.register(
+            "weft_flow_overflows",
+            "Times the kernel dropped conntrack events (ENOBUFS), each recovered by a dump",
+            m.overflows.clone(),
+        );
+        metrics.register("weft_flow_records", "Flow records held, by state", m.records.clone());
+        m
+    }
+}
+
+/// Answers the tracker's questions from the policy engine's view.
+struct ViewResolver<'a> {
+    view: Option<&'a ClusterView>,
+}
+
+impl Resolve for ViewResolver<'_> {
+    fn peer(&self, ip: IpAddr) -> Peer {
+        let Some(v) = self.view else {
+            return Peer::outside(ip, 0);
+        };
+        if let Some(p) = v.by_ip.get(&ip) {
+            if p.host_network {
+                return Peer {
+                    kind: PeerKind::Node,
+                    node: p.node.as_str().into(),
+                    ..Peer::outside(ip, 0)
+                };
+            }
+            return Peer {
+                ip,
+                port: 0,
+                kind: PeerKind::Pod,
+                namespace: p.namespace.as_str().into(),
+                pod: p.name.as_str().into(),
+                workload: p.workload.as_str().into(),
+                node: p.node.as_str().into(),
+            };
+        }
+        if let Some(n) = v.nodes.get(&ip) {
+            return Peer {
+                kind: PeerKind::Node,
+                node: n.as_str().into(),
+                ..Peer::outside(ip, 0)
+            };
+        }
+        Peer::outside(ip, 0)
+    }
+
+    fn decide(&self, src: IpAddr, dst: IpAddr, protocol: u8, port: u16) -> Decision {
+        let Some(v) = self.view else {
+            return Decision::unpoliced();
+        };
+        let l4 = match protocol {
+            6 => Some((PortProtocol::Tcp, port)),
+            17 => Some((PortProtocol::Udp, port)),
+            132 => Some((PortProtocol::Sctp, port)),
+            _ => None,
+        };
+        decision(&v.verdict_l4(src, dst, l4))
+    }
+}
+
+/// The flow's view of a policy verdict: the sides that deny first, then the ones that
+/// allow, each naming the rule that decided (or every isolating policy, when none did).
+pub fn decision(v: &weft_policy::Verdict) -> Decision {
+    let verdict = if v.allowed() {
+        Verdict::Forwarded
+    } else if v.passes() {
+        Verdict::Audit
+    } else {
+        Verdict::Denied
+    };
+    let mut sides = [(PolicySide::Egress, &v.egress), (PolicySide::Ingress, &v.ingress)];
+    sides.sort_by_key(|(_, s)| s.allows());
+    let mut policies = Vec::new();
+    for (side, s) in sides {
+        hits(side, s, &mut policies);
+    }
+    Decision { verdict, policies }
+}
+
+fn hits(side: PolicySide, s: &SideVerdict, out: &mut Vec<PolicyHit>) {
+    if let Some(c) = &s.cluster {
+        out.push(PolicyHit {
+            side,
+            kind: "clusternetworkpolicy".into(),
+            name: c.policy.as_str().into(),
+            rule: u32::try_from(c.rule).ok(),
+            rule_name: c.rule_name.as_str().into(),
+            effect: match c.action {
+                CnpAction::Accept | CnpAction::Pass => Effect::Allow,
+                CnpAction::Deny => Effect::Deny,
+            },
+        });
+        return;
+    }
+    if let Some(r) = &s.allowed_by {
+        out.push(PolicyHit {
+            side,
+            kind: "networkpolicy".into(),
+            name: r.policy.as_str().into(),
+            rule: u32::try_from(r.rule).ok(),
+            rule_name: "".into(),
+            effect: Effect::Allow,
+        });
+        return;
+    }
+    for p in &s.isolating {
+        out.push(PolicyHit {
+            side,
+            kind: "networkpolicy".into(),
+            name: p.as_str().into(),
+            rule: None,
+            rule_name: "".into(),
+            effect: Effect::Isolate,
+        });
+    }
+}
+
+fn now_ms() -> i64 {
+    weft_policy::denies::now_ms()
+}
+
+/// The flows of this node, shared by the reader thread, the deny relay and the admin
+/// service.
+pub struct NodeFlows {
+    node: String,
+    cfg: FlowsConfig,
+    tracker: Mutex<Tracker>,
+    changes: broadcast::Sender<FlowRecord>,
+    engine: Arc<Engine>,
+    metrics: Arc<FlowMetrics>,
+    /// When events were last lost (Unix ms; 0: never), for readiness's note.
+    last_overflow_ms: AtomicI64,
+    /// Why flows are not recorded, when the reader could not start.
+    problem: Mutex<Option<String>>,
+    /// When a listing last refreshed the counters (Unix ms).
+    last_refresh_ms: AtomicI64,
+}
+
+/// How long after an overflow `/readyz` mentions it.
+pub const OVERFLOW_NOTE_FOR: Duration = Duration::from_secs(600);
+
+impl NodeFlows {
+    /// Flows of node `node`, attributed through `engine`.
+    pub fn new(node: &str, cfg: FlowsConfig, engine: Arc<Engine>, metrics: &Metrics) -> Arc<Self> {
+        let bucket_ms = 15_000;
+        let tracker = Tracker::new(Config {
+            node: node.into(),
+            ring: cfg.ring,
+            bucket_ms,
+            buckets: (cfg.window.as_millis() as i64 / bucket_ms).max(1) as usize,
+            ..Config::default()
+        });
+        Arc::new(NodeFlows {
+            node: node.into(),
+            cfg,
+            tracker: Mutex::new(tracker),
+            changes: broadcast::channel(4096).0,
+            engine,
+            metrics: metrics.families::<FlowMetrics>(),
+            last_overflow_ms: AtomicI64::new(0),
+            problem: Mutex::new(None),
+            last_refresh_ms: AtomicI64::new(0),
+        })
+    }
+
+    /// Whether events were lost within [`OVERFLOW_NOTE_FOR`].
+    pub fn lost_recently(&self) -> bool {
+        let t = self.last_overflow_ms.load(Ordering::Relaxed);
+        t != 0 && now_ms() - t < OVERFLOW_NOTE_FOR.as_millis() as i64
+    }
+
+    fn with_tracker<R>(&self, f: impl FnOnce(&mut Tracker, &dyn Resolve) -> R) -> R {
+        let latest = self.engine.latest();
+        let resolver = ViewResolver {
+            view: latest.as_ref().map(|l| &*l.view),
+        };
+        let mut t = self.tracker.lock().expect("flow tracker lock");
+        let out = f(&mut t, &resolver);
+        let changes = t.take_changes();
+        let stats = t.stats();
+        drop(t);
+        for r in changes {
+            self.count(&r);
+            let _ = self.changes.send(r);
+        }
+        for (state, n) in [
+            ("open", stats.open),
+            ("kept", stats.kept),
+            ("aggregates", stats.aggregates),
+        ] {
+            self.metrics
+                .records
+                .get_or_create(&RecordLabels { state })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        out
+    }
+
+    fn count(&self, r: &FlowRecord) {
+        let pod = if r.src.kind == PeerKind::Pod { &r.src } else { &r.dst };
+        let labels = FlowLabels {
+            verdict: r.verdict.as_str(),
+            kind: r.kind.as_str(),
+            namespace: pod.namespace.to_string(),
+        };
+        let ended = r.end_ms.is_some() && r.end != weft_flows::EndReason::Open;
+        if !ended || r.end == weft_flows::EndReason::Denied {
+            self.metrics.flows.get_or_create(&labels).inc();
+        }
+        if ended && r.bytes() > 0 {
+            self.metrics.bytes.get_or_create(&labels).inc_by(r.bytes());
+        }
+    }
+
+    /// Reads the node's conntrack table until `stop`, on a thread of its own in the
+    /// calling thread's network namespace (weftd's, the node's).
+    pub fn read(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("flows-conntrack".into())
+            .spawn(move || me.read_loop(&stop))
+    }
+
+    fn read_loop(&self, stop: &AtomicBool) {
+        let mut events = match ConntrackEvents::subscribe(self.cfg.receive_buffer) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read conntrack events: flows are not recorded");
+                *self.problem.lock().expect("lock") = Some(format!("conntrack events: {e}"));
+                return;
+            }
+        };
+        let _ = events.set_timeout(Duration::from_millis(250));
+        let started = now_ms();
+        let _ = self.dump(false);
+        self.with_tracker(|t, _| t.gap(0, started, "start"));
+        let mut last_dump = Instant::now();
+        let mut batch = Vec::with_capacity(256);
+        while !stop.load(Ordering::Relaxed) {
+            batch.clear();
+            match events.next(&mut batch) {
+                Ok(bad) => {
+                    let now = now_ms();
+                    self.metrics
+                        .events
+                        .get_or_create(&EventLabels { kind: "entries" })
+                        .inc_by(batch.len() as u64);
+                    if bad > 0 {
+                        self.metrics
+                            .events
+                            .get_or_create(&EventLabels { kind: "undecodable" })
+                            .inc_by(bad as u64);
+                    }
+                    if !batch.is_empty() || bad > 0 {
+                        self.with_tracker(|t, r| {
+                            t.undecodable(bad as u64);
+                            for e in &batch {
+                                t.apply(e, r, now);
+                            }
+                        });
+                    }
+                }
+                Err(ReadError::Overflow) => {
+                    let at = now_ms();
+                    self.metrics.overflows.inc();
+                    self.last_overflow_ms.store(at, Ordering::Relaxed);
+                    tracing::warn!(
+                        buffer = self.cfg.receive_buffer,
+                        "conntrack events were dropped (the receive buffer overflowed): recovering from a dump"
+                    );
+                    // The kernel drops silently until the queue is read empty: drain
+                    // first, then dump (see `ConntrackEvents::drain`).
+                    batch.clear();
+                    let bad = events.drain(&mut batch).unwrap_or(0);
+                    self.with_tracker(|t, r| {
+                        t.overflowed();
+                        t.undecodable(bad as u64);
+                        for e in &batch {
+                            t.apply(e, r, at);
+                        }
+                    });
+                    let lost = self.dump(true);
+                    self.with_tracker(|t, _| t.gap(at, now_ms(), "overflow"));
+                    tracing::warn!(
+                        lost,
+                        drained = batch.len(),
+                        "conntrack events recovered: flows first seen in the dump, or gone from it (ended as lost)"
+                    );
+                    last_dump = Instant::now();
+                }
+                Err(ReadError::Io(e)) => {
+                    tracing::warn!(error = %e, "reading conntrack events failed");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            if last_dump.elapsed() >= self.cfg.dump_every {
+                let _ = self.dump(false);
+                last_dump = Instant::now();
+            }
+        }
+    }
+
+    /// Dumps the table and reconciles the open flows with it; returns the events found
+    /// lost.
+    fn dump(&self, after_loss: bool) -> u64 {
+        match conntrack::dump() {
+            Ok(entries) => {
+                let now = now_ms();
+                let lost = self.with_tracker(|t, r| {
+                    let before = t.stats().lost_events;
+                    t.reconcile(&entries, r, now, after_loss);
+                    t.stats().lost_events - before
+                });
+                self.metrics.lost.inc_by(lost);
+                lost
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "dumping the conntrack table failed");
+                0
+            }
+        }
+    }
+
+    /// Refreshes open flows' counters now (a listing shows what the kernel counts, not
+    /// what the last periodic dump read), at most every 250 ms however many ask.
+    fn refresh(&self) {
+        let now = now_ms();
+        if now - self.last_refresh_ms.swap(now, Ordering::Relaxed) >= 250 {
+            let _ = self.dump(false);
+        }
+    }
+
+    /// Relays the policy engine's denied packets into the tracker until `stop`.
+    pub async fn relay_denies(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        let mut rx = self.engine.denies().subscribe();
+        tokio::pin!(stop);
+        loop {
+            let ev = tokio::select! {
+                _ = &mut stop => return,
+                ev = rx.recv() => ev,
+            };
+            match ev {
+                Ok(ev) => {
+                    self.metrics.events.get_or_create(&EventLabels { kind: "denies" }).inc();
+                    let d = DeniedPacket {
+                        at_ms: ev.at_ms,
+                        src: ev.flow.src,
+                        dst: ev.flow.dst,
+                        protocol: ev.flow.protocol,
+                        port: ev.flow.port.unwrap_or(0),
+                        src_port: 0,
+                        side: match ev.direction {
+                            Direction::Egress => PolicySide::Egress,
+                            Direction::Ingress => PolicySide::Ingress,
+                        },
+                        audit: ev.audit,
+                    };
+                    self.with_tracker(|t, r| t.denied(&d, r));
+                }
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "flows fell behind the deny log");
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+
+    fn stats_item(&self) -> FlowsItem {
+        let stats = self.tracker.lock().expect("flow tracker lock").stats();
+        let mut s = wire::stats(&self.node, &stats, self.cfg.ring);
+        if let Some(p) = self.problem.lock().expect("lock").clone() {
+            s.enabled = false;
+            s.problem = p;
+        }
+        FlowsItem {
+            item: Some(flows_item::Item::Stats(s)),
+        }
+    }
+}
+
+impl FlowsAdmin for NodeFlows {
+    fn flows(&self, request: FlowsRequest) -> Result<FlowsStream, String> {
+        let filter = wire::filter_of(&request.filter.unwrap_or_default())?;
+        // Subscribed before the kept ones are read: none falls between the two.
+        let live = request.follow.then(|| self.changes.subscribe());
+        self.refresh();
+        let mut items = vec![Ok(self.stats_item())];
+        {
+            let t = self.tracker.lock().expect("flow tracker lock");
+            if request.aggregate {
+                let since = filter.since_ms.unwrap_or(i64::MIN);
+                for a in t.aggregates().query(since, request.per_bucket, |_| true) {
+                    if aggregate_matches(&filter, &a) {
+                        items.push(Ok(FlowsItem {
+                            item: Some(flows_item::Item::Aggregate(wire::aggregate(&a))),
+                        }));
+                    }
+                }
+            } else {
+                for r in t.list(|r| filter.matches(r), request.limit as usize) {
+                    items.push(Ok(FlowsItem {
+                        item: Some(flows_item::Item::Flow(wire::flow(&r))),
+                    }));
+                }
+            }
+        }
+        let kept = futures::stream::iter(items);
+        let Some(rx) = live else {
+            return Ok(Box::pin(kept));
+        };
+        let live = futures::stream::unfold((rx, filter), |(mut rx, filter)| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(r) if filter.matches(&r) => {
+                        let item = FlowsItem {
+                            item: Some(flows_item::Item::Flow(wire::flow(&r))),
+                        };
+                        return Some((Ok(item), (rx, filter)));
+                    }
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(Box::pin(futures::StreamExt::chain(kept, live)))
+    }
+}
+
+/// Whether an aggregate falls within a filter: its groups and port, protocol, verdict
+/// and policy (ends by pod name cannot match a group of many pods; they match the
+/// group of a pod no controller owns, named as the pod).
+fn aggregate_matches(f: &weft_flows::Filter, a: &weft_flows::Aggregate) -> bool {
+    let probe = FlowRecord {
+        id: 0,
+        node: "".into(),
+        start_ms: a.start_ms,
+        end_ms: Some(a.end_ms),
+        updated_ms: a.end_ms,
+        src: group_peer(&a.key.src),
+        dst: group_peer(&a.key.dst),
+        dialled: None,
+        protocol: a.key.protocol,
+        icmp: None,
+        kind: a.key.kind,
+        verdict: a.key.verdict,
+        policies: if a.key.policy.is_empty() {
+            vec![]
+        } else {
+            vec![PolicyHit {
+                side: PolicySide::Egress,
+                kind: "".into(),
+                name: a.key.policy.clone(),
+                rule: None,
+                rule_name: "".into(),
+                effect: Effect::Allow,
+            }]
+        },
+        forward: a.value.forward,
+        reverse: a.value.reverse,
+        end: weft_flows::EndReason::Timeout,
+    };
+    let mut probe = probe;
+    probe.dst.port = a.key.port;
+    f.matches(&probe)
+}
+
+/// A peer standing for an aggregate's group (`ns/Kind/name`, `ns/pod`, `node/NAME`,
+/// an address).
+fn group_peer(g: &str) -> Peer {
+    if let Ok(ip) = g.parse::<IpAddr>() {
+        return Peer::outside(ip, 0);
+    }
+    let unspecified: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+    if let Some(node) = g.strip_prefix("node/") {
+        return Peer {
+            kind: PeerKind::Node,
+            node: node.into(),
+            ..Peer::outside(unspecified, 0)
+        };
+    }
+    let parts: Vec<&str> = g.splitn(2, '/').collect();
+    let (ns, rest) = (parts[0], parts.get(1).copied().unwrap_or_default());
+    let (pod, workload) = if rest.contains('/') { ("", rest) } else { (rest, "") };
+    Peer {
+        ip: unspecified,
+        port: 0,
+        kind: PeerKind::Pod,
+        namespace: ns.into(),
+        pod: pod.into(),
+        workload: workload.into(),
+        node: "".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_policy::{ClusterDecision, RuleRef};
+    use weft_topology::CnpTier;
+
+    #[test]
+    fn a_verdict_names_the_denying_side_first_and_the_rule_that_allowed() {
+        let v = weft_policy::Verdict {
+            egress: SideVerdict {
+                policed: true,
+                isolating: vec!["x/out".into()],
+                allowed_by: Some(RuleRef {
+                    policy: "x/out".into(),
+                    rule: 1,
+                }),
+                ..SideVerdict::default()
+            },
+            ingress: SideVerdict {
+                policed: true,
+                isolating: vec!["y/in".into(), "y/in2".into()],
+                ..SideVerdict::default()
+            },
+        };
+        let d = decision(&v);
+        assert_eq!(d.verdict, Verdict::Denied);
+        let names: Vec<String> = d.policies.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            names,
+            [
+                "ingress isolated by networkpolicy y/in",
+                "ingress isolated by networkpolicy y/in2",
+                "egress allowed by networkpolicy x/out rule 1"
+            ]
+        );
+        let audit = weft_policy::Verdict {
+            ingress: SideVerdict {
+                audit: true,
+                ..v.ingress.clone()
+            },
+            ..v.clone()
+        };
+        assert_eq!(decision(&audit).verdict, Verdict::Audit);
+        let cnp = weft_policy::Verdict {
+            egress: SideVerdict {
+                policed: true,
+                cluster: Some(ClusterDecision {
+                    tier: CnpTier::Admin,
+                    policy: "block".into(),
+                    rule: 0,
+                    rule_name: "no-db".into(),
+                    action: CnpAction::Deny,
+                }),
+                ..SideVerdict::default()
+            },
+            ingress: SideVerdict::default(),
+        };
+        let d = decision(&cnp);
+        assert_eq!(d.verdict, Verdict::Denied);
+        assert_eq!(
+            d.policies[0].to_string(),
+            "egress denied by clusternetworkpolicy block rule 0 (no-db)"
+        );
+        assert_eq!(decision(&weft_policy::Verdict::default()), Decision::unpoliced());
+    }
+
+    #[test]
+    fn an_aggregate_group_stands_for_its_pods_in_a_filter() {
+        let mut f = weft_flows::Filter::default();
+        f.add("from=x/Deployment/web").unwrap();
+        f.add("to=y/").unwrap();
+        let key = |src: &str, dst: &str| weft_flows::AggKey {
+            src: src.into(),
+            dst: dst.into(),
+            port: 80,
+            protocol: 6,
+            kind: weft_flows::FlowKind::IntraNode,
+            verdict: Verdict::Forwarded,
+            policy: "".into(),
+        };
+        let agg = |k| weft_flows::Aggregate {
+            start_ms: 0,
+            end_ms: 15_000,
+            key: k,
+            value: weft_flows::AggValue::default(),
+        };
+        assert!(aggregate_matches(&f, &agg(key("x/Deployment/web", "y/b"))));
+        assert!(!aggregate_matches(&f, &agg(key("x/a", "y/b"))));
+        assert!(!aggregate_matches(&f, &agg(key("x/Deployment/web", "node/n1"))));
+        let mut g = weft_flows::Filter::default();
+        g.add("to=outside").unwrap();
+        assert!(aggregate_matches(&g, &agg(key("x/a", "198.51.100.1"))));
+    }
+}
