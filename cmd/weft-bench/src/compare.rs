@@ -103,6 +103,11 @@ enum Compare {
     /// API server (`WEFT_BENCH_NODE_SIZES=...` for others): start to kernel programmed,
     /// RSS, one node's change to the kernel and the kernel requests it costs.
     Nodes,
+    /// Flow records, the parts that need no lab: conntrack events decoded, attributed
+    /// (policy's view of 1,000 pods and 100 policies) and aggregated per second on one
+    /// core, replaying 100,000 flows framed as the kernel frames them; the RSS of
+    /// 100,000 flows in the ring and an hour of aggregates for 1,000 pairs.
+    Flows,
 }
 
 /// The options of a traffic comparison (`wires`, `pod-network`) from the flags.
@@ -237,6 +242,10 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
             };
             let report = weft_bench::run_nodes(&opts).map_err(fail)?;
             return print(&report, weft_bench::NodeScaleReport::markdown, json);
+        }
+        Compare::Flows => {
+            let report = weft_bench::run_flows(&weft_bench::FlowsOptions::issue(args.rounds)).map_err(fail)?;
+            return print(&report, weft_bench::FlowsReport::markdown, json);
         }
         Compare::Reference => weft_bench::Comparison::Reference,
         Compare::Otlp => weft_bench::Comparison::Otlp,

@@ -25,6 +25,7 @@
 //! `smoke` runs everything small, for CI.
 
 mod exec;
+mod flows;
 mod hostports;
 mod load;
 mod memory;
@@ -45,6 +46,7 @@ use serde::Serialize;
 use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon};
 
 pub use exec::{EXEC_TARGET_P50_MS, ExecOptions, ExecReport, ExecSide, run_exec};
+pub use flows::{FLOW_EVENTS_TARGET, FLOW_MEMORY_TARGET_MIB, FlowsOptions, FlowsReport, run_flows};
 pub use hostports::{HostportOptions, HostportReport, around, run_hostports};
 pub use load::{
     CallFailure, LOAD_TARGET_RATIO, LOAD_WINDOW, LoadCommand, LoadOptions, LoadReport, LoadWindow, run_load,

@@ -48,6 +48,8 @@ pub struct SmokeReport {
     pub policy: PolicyReport,
     /// One weftd reading a few dozen Node objects.
     pub nodes: NodeScaleReport,
+    /// Flow records replayed through the tracker, tiny.
+    pub flows: crate::FlowsReport,
 }
 
 /// Runs every comparison once, small.
@@ -122,7 +124,9 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         work_dir: o.work_dir.clone(),
     })
     .map_err(|e| format!("nodes: {e}"))?;
+    let flows = crate::run_flows(&crate::FlowsOptions::smoke()).map_err(|e| format!("flows: {e}"))?;
     Ok(SmokeReport {
+        flows,
         reference,
         otlp,
         hostports,
@@ -150,6 +154,7 @@ impl SmokeReport {
             self.pod_network.markdown(),
             self.policy.markdown(),
             self.nodes.markdown(),
+            self.flows.markdown(),
         ]
         .join("\n")
     }

@@ -66,13 +66,68 @@ pub struct Aggregate {
 /// only its grouping.
 pub const OVERFLOW_GROUP: &str = "(other)";
 
+/// One bucket's sums: a hash map while flows still land in it, then, once two newer
+/// buckets exist, a sorted vector of exactly its size (a hash map holds up to twice its
+/// entries' room; an hour of buckets is most of what flows keep).
+#[derive(Debug)]
+enum Bucket {
+    Open(HashMap<AggKey, AggValue>),
+    Frozen(Vec<(AggKey, AggValue)>),
+}
+
+impl Bucket {
+    fn get_mut(&mut self, key: &AggKey) -> Option<&mut AggValue> {
+        match self {
+            Bucket::Open(m) => m.get_mut(key),
+            Bucket::Frozen(v) => v.binary_search_by(|(k, _)| k.cmp(key)).ok().map(|i| &mut v[i].1),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Bucket::Open(m) => m.len(),
+            Bucket::Frozen(v) => v.len(),
+        }
+    }
+
+    /// Adds a key not held yet (a late add into a frozen bucket is rare: a flow's
+    /// opening counted in the bucket before the newest).
+    fn insert(&mut self, key: AggKey, value: AggValue) {
+        match self {
+            Bucket::Open(m) => {
+                m.insert(key, value);
+            }
+            Bucket::Frozen(v) => {
+                let at = v.binary_search_by(|(k, _)| k.cmp(&key)).unwrap_or_else(|i| i);
+                v.insert(at, (key, value));
+            }
+        }
+    }
+
+    fn iter(&self) -> Box<dyn Iterator<Item = (&AggKey, &AggValue)> + '_> {
+        match self {
+            Bucket::Open(m) => Box::new(m.iter()),
+            Bucket::Frozen(v) => Box::new(v.iter().map(|(k, v)| (k, v))),
+        }
+    }
+
+    fn freeze(&mut self) {
+        if let Bucket::Open(m) = self {
+            let mut v: Vec<(AggKey, AggValue)> = std::mem::take(m).into_iter().collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v.shrink_to_fit();
+            *self = Bucket::Frozen(v);
+        }
+    }
+}
+
 /// The buckets of the window, oldest first.
 #[derive(Debug)]
 pub struct Aggregates {
     bucket_ms: i64,
     keep: usize,
     max_keys: usize,
-    buckets: VecDeque<(i64, HashMap<AggKey, AggValue>)>,
+    buckets: VecDeque<(i64, Bucket)>,
     /// Adds summed under [`OVERFLOW_GROUP`] because a bucket was full.
     pub overflowed: u64,
 }
@@ -100,9 +155,12 @@ impl Aggregates {
         let start = at_ms.div_euclid(self.bucket_ms) * self.bucket_ms;
         let newest = self.buckets.back().map(|b| b.0);
         if newest.is_none_or(|n| start > n) {
-            self.buckets.push_back((start, HashMap::new()));
+            self.buckets.push_back((start, Bucket::Open(HashMap::new())));
             while self.buckets.len() > self.keep {
                 self.buckets.pop_front();
+            }
+            if let Some(i) = self.buckets.len().checked_sub(3) {
+                self.buckets[i].1.freeze();
             }
         }
         let Some((_, map)) = self.buckets.iter_mut().rev().find(|(s, _)| *s <= start) else {
@@ -123,7 +181,10 @@ impl Aggregates {
                 verdict: key.verdict,
                 policy: "".into(),
             };
-            map.entry(other).or_default().add(&v);
+            match map.get_mut(&other) {
+                Some(slot) => slot.add(&v),
+                None => map.insert(other, v),
+            }
             return;
         }
         map.insert(key.clone(), v);
@@ -140,12 +201,13 @@ impl Aggregates {
                 continue;
             }
             for (k, v) in map.iter().filter(|(k, _)| keep(k)) {
+                let v = *v;
                 if per_bucket {
                     out.push(Aggregate {
                         start_ms: *start,
                         end_ms: start + self.bucket_ms,
                         key: k.clone(),
-                        value: *v,
+                        value: v,
                     });
                     continue;
                 }
@@ -155,7 +217,7 @@ impl Aggregates {
                     key: k.clone(),
                     value: AggValue::default(),
                 });
-                a.value.add(v);
+                a.value.add(&v);
                 a.end_ms = start + self.bucket_ms;
             }
         }
@@ -240,6 +302,30 @@ mod tests {
         a.add(1_000, &key("x/a", "y/b", 80), bytes(1000));
         let first = &a.query(0, true, |_| true)[0];
         assert_eq!((first.start_ms, first.value.forward.bytes), (15_000, 107));
+    }
+
+    #[test]
+    fn an_older_bucket_frozen_still_takes_late_adds_in_order() {
+        let mut a = Aggregates::new(15_000, 10, 100);
+        for port in [5, 1, 9] {
+            a.add(0, &key("x/a", "y/b", port), bytes(1));
+        }
+        a.add(15_000, &key("x/a", "y/b", 1), bytes(1));
+        a.add(30_000, &key("x/a", "y/b", 1), bytes(1));
+        assert!(
+            matches!(a.buckets[0].1, Bucket::Frozen(_)),
+            "two newer buckets: the first is frozen"
+        );
+        assert!(matches!(a.buckets[1].1, Bucket::Open(_)));
+        a.add(1_000, &key("x/a", "y/b", 5), bytes(10));
+        a.add(1_000, &key("x/a", "y/b", 7), bytes(3));
+        let first: Vec<(u16, u64)> = a
+            .query(0, true, |_| true)
+            .iter()
+            .filter(|x| x.start_ms == 0)
+            .map(|x| (x.key.port, x.value.forward.bytes))
+            .collect();
+        assert_eq!(first, vec![(1, 1), (5, 11), (7, 3), (9, 1)]);
     }
 
     #[test]

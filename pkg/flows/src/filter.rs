@@ -199,7 +199,7 @@ mod tests {
             protocol: 6,
             icmp: None,
             verdict,
-            policies: vec![],
+            policies: Vec::new().into(),
             forward: Counters::default(),
             reverse: Counters::default(),
             end: EndReason::Open,

@@ -8,7 +8,9 @@
 //! in tests) who each address is and what policy says.
 
 pub mod aggregate;
+pub mod attribution;
 pub mod filter;
+pub mod intern;
 pub mod record;
 pub mod tracker;
 pub mod wire;

@@ -323,15 +323,19 @@ pub struct FlowRecord {
     pub kind: FlowKind,
     /// What policy did.
     pub verdict: Verdict,
-    /// The policies that decided.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub policies: Vec<PolicyHit>,
+    /// The policies that decided (shared between the flows one decision covers).
+    #[serde(default, skip_serializing_if = "no_policies")]
+    pub policies: Arc<[PolicyHit]>,
     /// Source to destination.
     pub forward: Counters,
     /// Destination to source.
     pub reverse: Counters,
     /// How it ended.
     pub end: EndReason,
+}
+
+fn no_policies(p: &Arc<[PolicyHit]>) -> bool {
+    p.is_empty()
 }
 
 impl FlowRecord {

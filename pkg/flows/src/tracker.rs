@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use weft_kernel::conntrack::{CtEntry, CtEventKind, CtTuple, TcpState};
 
 use crate::aggregate::{AggKey, AggValue, Aggregates};
+use crate::intern::Interner;
 use crate::record::{Counters, Decision, EndReason, FlowKind, FlowRecord, Peer, PeerKind, PolicySide, Verdict};
 
 /// The cluster as the tracker asks it: who an address is and what policy says of a new
@@ -161,6 +162,8 @@ pub struct Tracker {
     next_id: u64,
     stats: Stats,
     outbox: Vec<FlowRecord>,
+    names: Interner,
+    last_prune_ms: i64,
 }
 
 impl Tracker {
@@ -177,6 +180,8 @@ impl Tracker {
             next_id: 1,
             stats: Stats::default(),
             outbox: Vec::new(),
+            names: Interner::default(),
+            last_prune_ms: 0,
         }
     }
 
@@ -218,6 +223,8 @@ impl Tracker {
         let mut dst = r.peer(real_dst);
         dst.port = dport;
         let kind = FlowKind::of(&src, &dst)?;
+        self.names.peer(&mut src);
+        self.names.peer(&mut dst);
         let here = |p: &Peer| p.kind == PeerKind::Pod && *p.node == *self.node;
         let reports = here(&src) || (here(&dst) && src.kind != PeerKind::Pod);
         if !reports {
@@ -243,7 +250,7 @@ impl Tracker {
             icmp: o.icmp.map(|i| (i.kind, i.code)),
             kind,
             verdict,
-            policies: decision.policies,
+            policies: self.names.hits(decision.policies),
             forward: Counters::default(),
             reverse: Counters::default(),
             end: EndReason::Open,
@@ -251,7 +258,7 @@ impl Tracker {
             dst,
         };
         self.next_id += 1;
-        let agg = agg_key(&record);
+        let agg = agg_key(&record, &mut self.names);
         Some(Open {
             record,
             counted: (Counters::default(), Counters::default()),
@@ -390,6 +397,8 @@ impl Tracker {
             return;
         }
         let Some(kind) = FlowKind::of(&src, &dst) else { return };
+        self.names.peer(&mut src);
+        self.names.peer(&mut dst);
         let decision = r.decide(d.src, d.dst, d.protocol, d.port);
         let record = FlowRecord {
             id: self.next_id,
@@ -404,7 +413,7 @@ impl Tracker {
             icmp: None,
             kind,
             verdict: Verdict::Denied,
-            policies: decision.policies,
+            policies: self.names.hits(decision.policies),
             forward: Counters { packets: 1, bytes: 0 },
             reverse: Counters::default(),
             end: EndReason::Denied,
@@ -415,7 +424,8 @@ impl Tracker {
             forward: record.forward,
             reverse: Counters::default(),
         };
-        self.aggregates.add(d.at_ms, &agg_key(&record), v);
+        let key = agg_key(&record, &mut self.names);
+        self.aggregates.add(d.at_ms, &key, v);
         self.stats.ended += 1;
         self.keep(record);
     }
@@ -450,6 +460,10 @@ impl Tracker {
         }
         self.absent.retain(|k| !seen.contains(k));
         self.ignored.retain(|k| seen.contains(k));
+        if now_ms - self.last_prune_ms >= 10_000 {
+            self.names.prune();
+            self.last_prune_ms = now_ms;
+        }
     }
 
     /// Takes the records opened or ended since the last call (for followers and
@@ -500,10 +514,10 @@ fn counters(c: Option<weft_kernel::conntrack::CtCounters>) -> Option<Counters> {
 /// `IPS_SEEN_REPLY`: the entry saw a packet of the reply direction.
 const IPS_SEEN_REPLY: u32 = 1 << 1;
 
-fn agg_key(r: &FlowRecord) -> AggKey {
+fn agg_key(r: &FlowRecord, names: &mut Interner) -> AggKey {
     AggKey {
-        src: r.src.group().into(),
-        dst: r.dst.group().into(),
+        src: names.str(&r.src.group()),
+        dst: names.str(&r.dst.group()),
         port: r.dst.port,
         protocol: r.protocol,
         kind: r.kind,

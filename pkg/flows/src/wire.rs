@@ -178,7 +178,7 @@ pub fn record_of(f: pb::Flow) -> Result<FlowRecord, String> {
         icmp: f.has_icmp.then_some((f.icmp_type as u8, f.icmp_code as u8)),
         kind,
         verdict: Verdict::parse(&f.verdict).ok_or_else(|| format!("verdict {:?}", f.verdict))?,
-        policies,
+        policies: policies.into(),
         forward: counters_of(f.forward),
         reverse: counters_of(f.reverse),
         end,
@@ -264,6 +264,8 @@ pub fn filter_of(f: &pb::FlowFilter) -> Result<Filter, String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
@@ -289,14 +291,14 @@ mod tests {
             icmp: Some((8, 0)),
             kind: FlowKind::ToOutside,
             verdict: Verdict::Audit,
-            policies: vec![PolicyHit {
+            policies: Arc::from(vec![PolicyHit {
                 side: PolicySide::Egress,
                 kind: "networkpolicy".into(),
                 name: "x/p".into(),
                 rule: None,
                 rule_name: "".into(),
                 effect: Effect::Isolate,
-            }],
+            }]),
             forward: Counters { packets: 3, bytes: 300 },
             reverse: Counters { packets: 2, bytes: 200 },
             end: EndReason::Rst,

@@ -150,12 +150,10 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
         }
     };
     assert_eq!(server.join().unwrap(), SENT);
-    let port = client_port.to_string();
     let flows = lab.flows_until(&["--from", "y/a", "--to", "x/a", "--port", "80"], "the transfer", |f| {
-        f.iter()
-            .any(|r| r["src"]["port"].to_string() == port && r["end"] == "fin")
+        f.iter().any(|r| r["src"]["port"] == client_port && r["end"] == "fin")
     });
-    let f = flows.iter().find(|r| r["src"]["port"].to_string() == port).unwrap();
+    let f = flows.iter().find(|r| r["src"]["port"] == client_port).unwrap();
     let fwd = s(f, &["forward", "bytes"]).as_u64().unwrap();
     let rev = s(f, &["reverse", "bytes"]).as_u64().unwrap();
     assert!(
@@ -191,7 +189,7 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
         "{f:#}"
     );
     assert_eq!(
-        flows.iter().filter(|r| r["src"]["port"].to_string() == port).count(),
+        flows.iter().filter(|r| r["src"]["port"] == client_port).count(),
         1,
         "one flow, reported once"
     );
