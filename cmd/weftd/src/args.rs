@@ -133,6 +133,28 @@ pub struct Args {
     #[arg(long, env = "WEFT_FLOWS_RECEIVE_BUFFER", default_value_t = 8 << 20,
           value_parser = clap::value_parser!(u64).range(4096..=1 << 30))]
     flows_receive_buffer: u64,
+    /// Write every ended flow as a JSON line to this file (rotated by size), besides
+    /// keeping it for `weftctl flows`.
+    #[arg(long, env = "WEFT_FLOWS_FILE")]
+    flows_file: Option<PathBuf>,
+    /// The flow file's size at most before it is rotated (PATH.1, PATH.2, ...), bytes.
+    #[arg(long, env = "WEFT_FLOWS_FILE_MAX_BYTES", default_value_t = 100 << 20,
+          value_parser = clap::value_parser!(u64).range(4096..))]
+    flows_file_max_bytes: u64,
+    /// Rotated flow files kept.
+    #[arg(long, env = "WEFT_FLOWS_FILE_KEEP", default_value_t = 5)]
+    flows_file_keep: usize,
+    /// Only flows matching KEY=VALUE go to the file (KEY: from, to, port, protocol,
+    /// verdict, policy, as `weftctl flows` reads them); repeat for more.
+    #[arg(long, env = "WEFT_FLOWS_FILE_FILTER", value_delimiter = ',', value_name = "KEY=VALUE",
+          value_parser = flow_criterion)]
+    flows_file_filter: Vec<String>,
+}
+
+/// Checks one `KEY=VALUE` flow criterion at parse time.
+fn flow_criterion(s: &str) -> Result<String, String> {
+    weft_flows::Filter::default().add(s)?;
+    Ok(s.to_string())
 }
 
 fn weft_flows_ring_default() -> u64 {
@@ -226,6 +248,19 @@ impl Args {
                 ring: self.flows_ring as usize,
                 window: Duration::from_secs(self.flows_window),
                 receive_buffer: self.flows_receive_buffer as usize,
+                file: self.flows_file.map(|path| {
+                    let mut filter = weft_flows::Filter::default();
+                    for c in &self.flows_file_filter {
+                        // Checked when the flags were parsed.
+                        let _ = filter.add(c);
+                    }
+                    weft_flows::export::FileExportConfig {
+                        path,
+                        max_bytes: self.flows_file_max_bytes,
+                        keep: self.flows_file_keep,
+                        filter,
+                    }
+                }),
                 ..weft_node::flows::FlowsConfig::default()
             },
         }

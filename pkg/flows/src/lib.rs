@@ -9,6 +9,7 @@
 
 pub mod aggregate;
 pub mod attribution;
+pub mod export;
 pub mod filter;
 pub mod intern;
 pub mod record;

@@ -16,6 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::broadcast;
 use weft_daemon::service::{FlowsAdmin, FlowsStream};
 use weft_flows::attribution::ViewResolver;
+use weft_flows::export::FileExport;
 use weft_flows::{
     Config, DeniedPacket, Effect, FlowRecord, Peer, PeerKind, PolicyHit, PolicySide, Resolve, Tracker, wire,
 };
@@ -39,6 +40,8 @@ pub struct FlowsConfig {
     pub receive_buffer: usize,
     /// How often the table is dumped to refresh open flows' counters.
     pub dump_every: Duration,
+    /// Ended flows written to a file as JSON lines, if anywhere.
+    pub file: Option<weft_flows::export::FileExportConfig>,
 }
 
 impl Default for FlowsConfig {
@@ -49,6 +52,7 @@ impl Default for FlowsConfig {
             window: Duration::from_secs(3600),
             receive_buffer: 8 << 20,
             dump_every: Duration::from_secs(10),
+            file: None,
         }
     }
 }
@@ -163,6 +167,8 @@ pub struct NodeFlows {
     problem: Mutex<Option<String>>,
     /// When a listing last refreshed the counters (Unix ms).
     last_refresh_ms: AtomicI64,
+    /// The export file, when one is configured and could be opened.
+    export: Option<Mutex<FileExport>>,
 }
 
 /// How long after an overflow `/readyz` mentions it.
@@ -172,6 +178,16 @@ impl NodeFlows {
     /// Flows of node `node`, attributed through `engine`.
     pub fn new(node: &str, cfg: FlowsConfig, engine: Arc<Engine>, metrics: &Metrics) -> Arc<Self> {
         let bucket_ms = 15_000;
+        let export = cfg.file.clone().and_then(|f| {
+            let path = f.path.clone();
+            match FileExport::open(f) {
+                Ok(e) => Some(Mutex::new(e)),
+                Err(e) => {
+                    tracing::error!(error = %e, path = %path.display(), "cannot open the flow export file: flows are not written to it");
+                    None
+                }
+            }
+        });
         let tracker = Tracker::new(Config {
             node: node.into(),
             ring: cfg.ring,
@@ -189,6 +205,7 @@ impl NodeFlows {
             last_overflow_ms: AtomicI64::new(0),
             problem: Mutex::new(None),
             last_refresh_ms: AtomicI64::new(0),
+            export,
         })
     }
 
@@ -208,6 +225,15 @@ impl NodeFlows {
         let changes = t.take_changes();
         let stats = t.stats();
         drop(t);
+        if let Some(export) = &self.export {
+            let mut export = export.lock().expect("flow export lock");
+            for r in &changes {
+                if let Err(e) = export.write(r) {
+                    tracing::warn!(error = %e, "writing a flow to the export file failed");
+                    break;
+                }
+            }
+        }
         for r in changes {
             self.count(&r);
             let _ = self.changes.send(r);

@@ -307,7 +307,15 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
     // n2's weftd restarted with a buffer too small for a burst.
     let before_restart = weft_policy_now_ms();
     lab.weftctl_ok(&["lab", "crash", &lab.file, "n2"]);
-    let up = lab.weftctl(&["lab", "up", &lab.file], &[("WEFT_FLOWS_RECEIVE_BUFFER", "4096")]);
+    let export = lab.dir.path().join("n2-flows.jsonl");
+    let up = lab.weftctl(
+        &["lab", "up", &lab.file],
+        &[
+            ("WEFT_FLOWS_RECEIVE_BUFFER", "4096"),
+            ("WEFT_FLOWS_FILE", export.to_str().unwrap()),
+            ("WEFT_FLOWS_FILE_FILTER", "verdict=denied"),
+        ],
+    );
     assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
     let n2_stats = |lab: &FlowLab| {
         let (stats, _) = lab.flows(&["--from", "y/a", "--to", "y/b", "--port", "9"]);
@@ -361,6 +369,28 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
     );
     let table = lab.weftctl_ok(&["flows", "--lab", &lab.file, "--from", "y/a", "--port", "9"]);
     assert!(table.contains("# n2: EVENTS LOST"), "{table}");
+
+    // The export file of n2 (denied flows only): a refusal on the node (y/a to x/b on
+    // 81, both on n2) is written at once; the burst (forwarded) is not.
+    let xb = lab.ip("x/b");
+    let refused = lab.in_pod("y/a", || {
+        TcpStream::connect_timeout(&SocketAddr::new(xb, 81), Duration::from_secs(1))
+    });
+    assert!(refused.is_err());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lines = loop {
+        let text = std::fs::read_to_string(&export).unwrap_or_default();
+        let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        if lines.iter().any(|l| l["dst"]["pod"] == "b" && l["dst"]["port"] == 81) {
+            break lines;
+        }
+        assert!(Instant::now() < deadline, "the refusal in {}: {text}", export.display());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        lines.iter().all(|l| l["verdict"] == "denied" && l["node"] == "n2"),
+        "{lines:#?}"
+    );
 }
 
 fn weft_policy_now_ms() -> i64 {
