@@ -4,6 +4,7 @@
 //! engine's view of the cluster (the one `policy explain` evaluates), kept by a
 //! [`Tracker`], counted in `weft_flow*` metrics and served to `weftctl flows`.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -169,6 +170,9 @@ pub struct NodeFlows {
     last_refresh_ms: AtomicI64,
     /// The export file, when one is configured and could be opened.
     export: Option<Mutex<FileExport>>,
+    /// The label sets of `weft_flows_total` and `weft_flow_bytes_total` in use: those of
+    /// a namespace that is gone are removed.
+    labels: Mutex<HashSet<FlowLabels>>,
 }
 
 /// How long after an overflow `/readyz` mentions it.
@@ -206,6 +210,7 @@ impl NodeFlows {
             problem: Mutex::new(None),
             last_refresh_ms: AtomicI64::new(0),
             export,
+            labels: Mutex::new(HashSet::new()),
         })
     }
 
@@ -258,6 +263,11 @@ impl NodeFlows {
             kind: r.kind.as_str(),
             namespace: pod.namespace.to_string(),
         };
+        if let Ok(mut seen) = self.labels.lock()
+            && !seen.contains(&labels)
+        {
+            seen.insert(labels.clone());
+        }
         let ended = r.end_ms.is_some() && r.end != weft_flows::EndReason::Open;
         if !ended || r.end == weft_flows::EndReason::Denied {
             self.metrics.flows.get_or_create(&labels).inc();
@@ -350,6 +360,7 @@ impl NodeFlows {
             }
             if last_dump.elapsed() >= self.cfg.dump_every {
                 let _ = self.dump(false);
+                self.forget_gone_namespaces();
                 last_dump = Instant::now();
             }
         }
@@ -373,6 +384,21 @@ impl NodeFlows {
                 tracing::warn!(error = %e, "dumping the conntrack table failed");
                 0
             }
+        }
+    }
+
+    /// Removes the flow series of namespaces the cluster no longer has (their count
+    /// would otherwise grow with every namespace ever seen).
+    fn forget_gone_namespaces(&self) {
+        let Some(latest) = self.engine.latest() else { return };
+        // A source that lists no Namespace objects knows none gone.
+        if latest.view.namespaces.is_empty() {
+            return;
+        }
+        let mut seen = self.labels.lock().expect("flow labels lock");
+        for l in gone(&mut seen, |ns| latest.view.namespaces.contains_key(ns)) {
+            self.metrics.flows.remove(&l);
+            self.metrics.bytes.remove(&l);
         }
     }
 
@@ -481,6 +507,16 @@ impl FlowsAdmin for NodeFlows {
     }
 }
 
+/// Takes out of `seen` the label sets of namespaces `known` does not know, and returns
+/// them.
+fn gone(seen: &mut HashSet<FlowLabels>, known: impl Fn(&str) -> bool) -> Vec<FlowLabels> {
+    let out: Vec<FlowLabels> = seen.iter().filter(|l| !known(&l.namespace)).cloned().collect();
+    for l in &out {
+        seen.remove(l);
+    }
+    out
+}
+
 /// Whether an aggregate falls within a filter: its groups and port, protocol, verdict
 /// and policy (ends by pod name cannot match a group of many pods; they match the
 /// group of a pod no controller owns, named as the pod).
@@ -550,6 +586,27 @@ fn group_peer(g: &str) -> Peer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn series_of_a_namespace_that_is_gone_are_removed() {
+        let metrics = Metrics::new("test", "test");
+        let m = metrics.families::<FlowMetrics>();
+        let labels = |ns: &str| FlowLabels {
+            verdict: "forwarded",
+            kind: "intra-node",
+            namespace: ns.into(),
+        };
+        let mut seen: HashSet<FlowLabels> = [labels("x"), labels("gone")].into();
+        m.flows.get_or_create(&labels("x")).inc();
+        m.flows.get_or_create(&labels("gone")).inc();
+        for l in gone(&mut seen, |ns| ns == "x") {
+            m.flows.remove(&l);
+        }
+        assert_eq!(seen, [labels("x")].into());
+        let (_, text) = metrics.render("text/plain");
+        assert!(text.contains("namespace=\"x\""), "{text}");
+        assert!(!text.contains("namespace=\"gone\""), "{text}");
+    }
 
     #[test]
     fn an_aggregate_group_stands_for_its_pods_in_a_filter() {
