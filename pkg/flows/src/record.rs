@@ -350,17 +350,8 @@ impl FlowRecord {
     }
 }
 
-/// The name of IP protocol `n` as flows show it.
-pub fn protocol_name(n: u8) -> String {
-    match n {
-        1 => "icmp".into(),
-        6 => "tcp".into(),
-        17 => "udp".into(),
-        58 => "icmpv6".into(),
-        132 => "sctp".into(),
-        other => other.to_string(),
-    }
-}
+/// The name of IP protocol `n` as flows show it (the deny log's names).
+pub use weft_policy::denies::protocol_name;
 
 /// Reads [`protocol_name`]'s names, or a number.
 pub fn parse_protocol(s: &str) -> Option<u8> {

@@ -149,17 +149,6 @@ impl Selection {
     }
 }
 
-/// The sockets to ask: the lab's nodes', or `socket`.
-fn sockets(socket: &Path, lab: Option<&Path>) -> anyhow::Result<Vec<PathBuf>> {
-    match lab {
-        None => Ok(vec![socket.to_path_buf()]),
-        Some(file) => {
-            let lab = weft_lab::Lab::load(file).map_err(|e| anyhow::anyhow!("loading lab {}: {e}", file.display()))?;
-            Ok(lab.spec.nodes.iter().map(|n| lab.socket(&n.name)).collect())
-        }
-    }
-}
-
 /// What the nodes answered.
 #[derive(Default)]
 struct Answers {
@@ -229,7 +218,7 @@ async fn list(
         aggregate,
         per_bucket: false,
     };
-    let all = sockets(socket, sel.lab.as_deref())?;
+    let all = super::daemons(socket, sel.lab.as_deref())?;
     let answers = ask(&all, &request).await?;
     for s in &answers.stats {
         print_stats(s, json);
@@ -475,7 +464,9 @@ async fn aggregates(sel: &Selection, socket: &Path) -> anyhow::Result<Vec<FlowAg
         aggregate: true,
         ..FlowsRequest::default()
     };
-    Ok(ask(&sockets(socket, sel.lab.as_deref())?, &request).await?.aggregates)
+    Ok(ask(&super::daemons(socket, sel.lab.as_deref())?, &request)
+        .await?
+        .aggregates)
 }
 
 /// A talker's totals.

@@ -32,6 +32,17 @@ pub fn pod_label(namespace: &str, name: &str, container_id: &str) -> String {
     }
 }
 
+/// The daemons to ask: every node's of the lab in `lab`, or the one at `socket`.
+pub fn daemons(socket: &Path, lab: Option<&Path>) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    match lab {
+        None => Ok(vec![socket.to_path_buf()]),
+        Some(file) => {
+            let lab = weft_lab::Lab::load(file).map_err(|e| anyhow::anyhow!("loading lab {}: {e}", file.display()))?;
+            Ok(lab.spec.nodes.iter().map(|n| lab.socket(&n.name)).collect())
+        }
+    }
+}
+
 /// Connects to weftd at `socket` without waiting for a restarting daemon.
 pub async fn connect(socket: &Path) -> anyhow::Result<Channel> {
     let opts = DialOptions {

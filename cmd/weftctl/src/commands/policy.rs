@@ -44,17 +44,6 @@ pub enum PolicyAction {
     },
 }
 
-/// The sockets to ask: the lab's nodes', or `socket`.
-fn sockets(socket: &Path, lab: Option<&Path>) -> anyhow::Result<Vec<PathBuf>> {
-    match lab {
-        None => Ok(vec![socket.to_path_buf()]),
-        Some(file) => {
-            let lab = weft_lab::Lab::load(file).map_err(|e| anyhow::anyhow!("loading lab {}: {e}", file.display()))?;
-            Ok(lab.spec.nodes.iter().map(|n| lab.socket(&n.name)).collect())
-        }
-    }
-}
-
 #[derive(Serialize)]
 struct Side {
     policed: bool,
@@ -157,7 +146,7 @@ fn chrono_like(ms: i64) -> String {
 pub async fn run(action: PolicyAction, socket: &Path, json: bool) -> anyhow::Result<()> {
     match action {
         PolicyAction::Explain { src, dst, port, lab } => {
-            let socket = sockets(socket, lab.as_deref())?.remove(0);
+            let socket = super::daemons(socket, lab.as_deref())?.remove(0);
             let mut client = AdminClient::new(super::connect(&socket).await?);
             let (port, protocol) = port_spec(&port)?;
             let r = client
@@ -204,7 +193,7 @@ pub async fn run(action: PolicyAction, socket: &Path, json: bool) -> anyhow::Res
             Ok(())
         }
         PolicyAction::Denies { follow, limit, lab } => {
-            let all = sockets(socket, lab.as_deref())?;
+            let all = super::daemons(socket, lab.as_deref())?;
             let asked = if follow { &all[..1] } else { &all[..] };
             let mut denies = Vec::new();
             for socket in asked {
