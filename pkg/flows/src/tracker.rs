@@ -164,7 +164,12 @@ pub struct Tracker {
     outbox: Vec<FlowRecord>,
     names: Interner,
     last_prune_ms: i64,
+    growth: Growth,
 }
+
+/// Bytes flows moved since the last [`Tracker::take_growth`], by verdict, kind and the
+/// namespace of the pod the flow is reported for.
+pub type Growth = HashMap<(Verdict, FlowKind, Arc<str>), u64>;
 
 impl Tracker {
     /// An empty tracker.
@@ -182,6 +187,7 @@ impl Tracker {
             outbox: Vec::new(),
             names: Interner::default(),
             last_prune_ms: 0,
+            growth: Growth::new(),
         }
     }
 
@@ -308,7 +314,7 @@ impl Tracker {
                     }
                 }
                 if let (Some(f), Some(b)) = (counters(e.original_counters), counters(e.reply_counters)) {
-                    refresh(&mut self.aggregates, open, f, b, now_ms);
+                    refresh(&mut self.aggregates, &mut self.growth, open, f, b, now_ms);
                 }
             }
             CtEventKind::Destroy => {
@@ -359,7 +365,7 @@ impl Tracker {
         now_ms: i64,
     ) {
         if let (Some(f), Some(b)) = (forward, reverse) {
-            refresh(&mut self.aggregates, &mut open, f, b, now_ms);
+            refresh(&mut self.aggregates, &mut self.growth, &mut open, f, b, now_ms);
         }
         let rec = &mut open.record;
         if rec.end_ms.is_none() || otherwise == EndReason::Lost && rec.end == EndReason::Open {
@@ -466,6 +472,12 @@ impl Tracker {
         }
     }
 
+    /// Takes the bytes flows moved since the last call (for the metrics: counted as
+    /// they grow, not only when a flow ends).
+    pub fn take_growth(&mut self) -> Growth {
+        std::mem::take(&mut self.growth)
+    }
+
     /// Takes the records opened or ended since the last call (for followers and
     /// export).
     pub fn take_changes(&mut self) -> Vec<FlowRecord> {
@@ -528,8 +540,20 @@ fn agg_key(r: &FlowRecord, names: &mut Interner) -> AggKey {
 
 /// Takes a flow's counters as read now, adding what grew to the aggregates' current
 /// bucket.
-fn refresh(aggs: &mut Aggregates, open: &mut Open, forward: Counters, reverse: Counters, now_ms: i64) {
+fn refresh(
+    aggs: &mut Aggregates,
+    growth: &mut Growth,
+    open: &mut Open,
+    forward: Counters,
+    reverse: Counters,
+    now_ms: i64,
+) {
     let (df, dr) = (forward.since(open.counted.0), reverse.since(open.counted.1));
+    if df.bytes + dr.bytes > 0 {
+        let r = &open.record;
+        let pod = if r.src.kind == PeerKind::Pod { &r.src } else { &r.dst };
+        *growth.entry((r.verdict, r.kind, pod.namespace.clone())).or_default() += df.bytes + dr.bytes;
+    }
     if df != Counters::default() || dr != Counters::default() {
         aggs.add(
             now_ms,

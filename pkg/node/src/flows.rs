@@ -95,8 +95,8 @@ pub struct RecordLabels {
 pub struct FlowMetrics {
     /// `weft_flows_total{verdict, kind, namespace}`: flows begun (or refused).
     pub flows: Family<FlowLabels, Counter>,
-    /// `weft_flow_bytes_total{verdict, kind, namespace}`: bytes both ways, counted when
-    /// a flow ends.
+    /// `weft_flow_bytes_total{verdict, kind, namespace}`: bytes both ways, counted as
+    /// they grow (each read of the table adds what the flows moved since the last).
     pub bytes: Family<FlowLabels, Counter>,
     /// `weft_flow_events_total{kind}`.
     pub events: Family<EventLabels, Counter>,
@@ -126,7 +126,7 @@ impl Families for FlowMetrics {
         );
         metrics.register(
             "weft_flow_bytes",
-            "Bytes of ended flows, both ways, by verdict, kind and namespace",
+            "Bytes flows moved, both ways, by verdict, kind and namespace (counted at each read of the conntrack table)",
             m.bytes.clone(),
         );
         metrics.register(
@@ -228,8 +228,18 @@ impl NodeFlows {
         let mut t = self.tracker.lock().expect("flow tracker lock");
         let out = f(&mut t, &resolver);
         let changes = t.take_changes();
+        let growth = t.take_growth();
         let stats = t.stats();
         drop(t);
+        for ((verdict, kind, namespace), bytes) in growth {
+            let labels = FlowLabels {
+                verdict: verdict.as_str(),
+                kind: kind.as_str(),
+                namespace: namespace.to_string(),
+            };
+            self.metrics.bytes.get_or_create(&labels).inc_by(bytes);
+            self.labels.lock().expect("flow labels lock").insert(labels);
+        }
         if let Some(export) = &self.export {
             let mut export = export.lock().expect("flow export lock");
             for r in &changes {
@@ -268,12 +278,9 @@ impl NodeFlows {
         {
             seen.insert(labels.clone());
         }
-        let ended = r.end_ms.is_some() && r.end != weft_flows::EndReason::Open;
-        if !ended || r.end == weft_flows::EndReason::Denied {
+        // Once per flow: as it opens, or as it is refused.
+        if r.end == weft_flows::EndReason::Open || r.end == weft_flows::EndReason::Denied {
             self.metrics.flows.get_or_create(&labels).inc();
-        }
-        if ended && r.bytes() > 0 {
-            self.metrics.bytes.get_or_create(&labels).inc_by(r.bytes());
         }
     }
 

@@ -263,13 +263,18 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
         "count_over_time(weft_policy_verdicts_total[1m]) >= 3",
         Duration::from_secs(30),
     );
+    // The flows row's bytes are counted at each read of the conntrack table (every 10 s).
+    prom.wait_for(
+        "count_over_time(weft_flow_bytes_total[1m]) >= 2",
+        Duration::from_secs(40),
+    );
     let mut checked = 0;
     for q in dashboard_queries("weft.json").iter().filter(|q| is_policy_row(&q.row)) {
         let r = prom.query(&q.expr);
         assert!(!r.is_empty(), "panel {:?} query returns nothing: {}", q.title, q.expr);
         checked += 1;
     }
-    assert!(checked >= 7, "only {checked} policy queries");
+    assert!(checked >= 13, "only {checked} policy and flow queries");
 
     // A policy change reaches the kernel within a second of the file.
     write(

@@ -209,6 +209,14 @@ fn counters_of_open_flows_are_refreshed_and_aggregated_as_they_grow() {
         vec![(0, 5_000), (30_000, 15_000)],
         "each bucket has what grew in it"
     );
+    let growth = t.take_growth();
+    assert_eq!(growth.len(), 1);
+    assert_eq!(
+        growth.get(&(Verdict::Forwarded, FlowKind::InterNode, "x".into())),
+        Some(&20_300),
+        "both ways, for the source pod's namespace"
+    );
+    assert!(t.take_growth().is_empty(), "taken once");
 }
 
 #[test]
