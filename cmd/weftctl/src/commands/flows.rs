@@ -314,18 +314,6 @@ fn agg_bytes(a: &FlowAggregate) -> u64 {
     a.forward.as_ref().map_or(0, |c| c.bytes) + a.reverse.as_ref().map_or(0, |c| c.bytes)
 }
 
-/// `HH:MM:SS.mmm` UTC.
-fn clock(ms: i64) -> String {
-    let s = ms.div_euclid(1000);
-    format!(
-        "{:02}:{:02}:{:02}.{:03}",
-        (s / 3600) % 24,
-        (s / 60) % 60,
-        s % 60,
-        ms.rem_euclid(1000)
-    )
-}
-
 /// Bytes as people read them.
 fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
@@ -383,8 +371,8 @@ fn print_stats(s: &FlowStats, json: bool) {
         outln!(
             "# {}: flows may be missing from {} to {} ({})",
             s.node,
-            clock(g.from_unix_ms),
-            clock(g.to_unix_ms),
+            super::clock(g.from_unix_ms),
+            super::clock(g.to_unix_ms),
             g.reason
         );
     }
@@ -392,7 +380,7 @@ fn print_stats(s: &FlowStats, json: bool) {
         outln!(
             "# {}: recording since {}: flows that ended before are not known",
             s.node,
-            clock(g.to_unix_ms)
+            super::clock(g.to_unix_ms)
         );
     }
 }
@@ -417,7 +405,7 @@ fn print_flow(f: &FlowRecord, json: bool) {
         .join("; ");
     outln!(
         "{:<12} {:<8} {:<30} {:<30} {:<7} {:<12} {:<9} {:>9} {:>9} {:<7}  {policy}",
-        clock(f.start_ms),
+        super::clock(f.start_ms),
         f.node,
         end(&f.src),
         end(&f.dst),

@@ -55,6 +55,18 @@ pub async fn connect(socket: &Path) -> anyhow::Result<Channel> {
         .with_context(|| format!("cannot reach weftd at {}", socket.display()))
 }
 
+/// Unix ms as `HH:MM:SS.mmm` UTC (enough to line events up; JSON has the number).
+pub fn clock(ms: i64) -> String {
+    let s = ms.div_euclid(1000);
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        (s / 3600) % 24,
+        (s / 60) % 60,
+        s % 60,
+        ms.rem_euclid(1000)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -114,7 +114,7 @@ fn describe(what: &str, s: &Side) -> String {
 }
 
 fn print_deny(d: &PolicyDeny) {
-    let when = chrono_like(d.at_unix_ms);
+    let when = super::clock(d.at_unix_ms);
     let port = if d.port == 0 {
         d.protocol.clone()
     } else {
@@ -128,18 +128,6 @@ fn print_deny(d: &PolicyDeny) {
         d.dst,
         d.policies.join(", ")
     );
-}
-
-/// Unix ms as `HH:MM:SS.mmm` UTC (enough to line events up; JSON has the number).
-fn chrono_like(ms: i64) -> String {
-    let s = ms.div_euclid(1000);
-    format!(
-        "{:02}:{:02}:{:02}.{:03}",
-        (s / 3600) % 24,
-        (s / 60) % 60,
-        s % 60,
-        ms.rem_euclid(1000)
-    )
 }
 
 /// Runs a policy action against the daemon at `socket`.
@@ -254,6 +242,6 @@ mod tests {
             cluster: None,
         };
         assert!(describe("ingress of x/a", &denied).ends_with("DENIED"));
-        assert_eq!(chrono_like(3_723_004), "01:02:03.004");
+        assert_eq!(super::super::clock(3_723_004), "01:02:03.004");
     }
 }
