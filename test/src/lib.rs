@@ -2,7 +2,7 @@
 //! namespaces that clean up after themselves, a real `weftd` inside a "node"
 //! namespace, the real `weft` plugin executed as a container runtime executes it)
 //! under the tests' short names, plus the tests' own helpers (Prometheus, dashboards,
-//! containerd in `cri`).
+//! containerd in `cri`, an OpenTelemetry collector in `otlp`).
 //!
 //! Every namespace a test makes is named `wt<pid>-<tag>-<n>`, so a test only ever
 //! touches what it created, and a crashed run's leftovers are recognisable.
@@ -20,6 +20,7 @@ pub use weft_harness::{ChildGuard, wait_exit};
 pub use weft_kernel::testutil::privileged;
 
 pub mod cri;
+pub mod otlp;
 
 /// Path of a workspace binary (`weft`, `weftd`, `weftctl`) built beside the tests.
 pub fn bin(name: &str) -> PathBuf {

@@ -149,6 +149,37 @@ pub struct Args {
     #[arg(long, env = "WEFT_FLOWS_FILE_FILTER", value_delimiter = ',', value_name = "KEY=VALUE",
           value_parser = flow_criterion)]
     flows_file_filter: Vec<String>,
+    /// Export flows as OTLP logs to the endpoint `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+    /// `OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`) names: `flows`, one record per ended flow;
+    /// `aggregates`, one per key of each closed 15 s bucket; `off`.
+    #[arg(long, env = "WEFT_FLOWS_OTLP", value_enum, default_value_t = FlowsOtlp::Off)]
+    flows_otlp: FlowsOtlp,
+    /// Only flows (or aggregates) matching KEY=VALUE are exported over OTLP, as for
+    /// `--flows-file-filter`; repeat for more.
+    #[arg(long, env = "WEFT_FLOWS_OTLP_FILTER", value_delimiter = ',', value_name = "KEY=VALUE",
+          value_parser = flow_criterion)]
+    flows_otlp_filter: Vec<String>,
+}
+
+/// What `--flows-otlp` exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FlowsOtlp {
+    /// Nothing.
+    Off,
+    /// Each ended flow.
+    Flows,
+    /// Each closed 15 s aggregate.
+    Aggregates,
+}
+
+/// A filter of checked `KEY=VALUE` criteria.
+fn flow_filter(criteria: &[String]) -> weft_flows::Filter {
+    let mut filter = weft_flows::Filter::default();
+    for c in criteria {
+        // Checked when the flags were parsed (`flow_criterion`).
+        let _ = filter.add(c);
+    }
+    filter
 }
 
 /// Checks one `KEY=VALUE` flow criterion at parse time.
@@ -248,19 +279,24 @@ impl Args {
                 ring: self.flows_ring as usize,
                 window: Duration::from_secs(self.flows_window),
                 receive_buffer: self.flows_receive_buffer as usize,
-                file: self.flows_file.map(|path| {
-                    let mut filter = weft_flows::Filter::default();
-                    for c in &self.flows_file_filter {
-                        // Checked when the flags were parsed.
-                        let _ = filter.add(c);
-                    }
-                    weft_flows::export::FileExportConfig {
-                        path,
-                        max_bytes: self.flows_file_max_bytes,
-                        keep: self.flows_file_keep,
-                        filter,
-                    }
+                file: self.flows_file.map(|path| weft_flows::export::FileExportConfig {
+                    path,
+                    max_bytes: self.flows_file_max_bytes,
+                    keep: self.flows_file_keep,
+                    filter: flow_filter(&self.flows_file_filter),
                 }),
+                otlp: {
+                    use weft_node::flows::otlp::{OtlpExportConfig, OtlpRecords};
+                    let records = match self.flows_otlp {
+                        FlowsOtlp::Off => None,
+                        FlowsOtlp::Flows => Some(OtlpRecords::Flows),
+                        FlowsOtlp::Aggregates => Some(OtlpRecords::Aggregates),
+                    };
+                    records.map(|records| OtlpExportConfig {
+                        records,
+                        filter: flow_filter(&self.flows_otlp_filter),
+                    })
+                },
                 ..weft_node::flows::FlowsConfig::default()
             },
         }

@@ -231,6 +231,20 @@ impl Aggregates {
         out
     }
 
+    /// The aggregates of the buckets that closed after `after_ms` (a bucket's end) by
+    /// `now_ms`, per bucket, and the end of the newest of them: what an export sends once.
+    /// A bucket is closed one bucket after its end, when the periodic dump (every 10 s)
+    /// has added what its open flows moved.
+    pub fn closed(&self, after_ms: i64, now_ms: i64) -> (Vec<Aggregate>, i64) {
+        let until = (now_ms - self.bucket_ms).div_euclid(self.bucket_ms) * self.bucket_ms;
+        if until <= after_ms {
+            return (Vec::new(), after_ms);
+        }
+        let mut out = self.query(after_ms, true, |_| true);
+        out.retain(|a| a.start_ms >= after_ms && a.end_ms <= until);
+        (out, until)
+    }
+
     /// How many (bucket, key) entries are held.
     pub fn entries(&self) -> usize {
         self.buckets.iter().map(|(_, m)| m.len()).sum()
@@ -244,6 +258,38 @@ impl Aggregates {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_bucket_is_sent_once_one_bucket_after_it_ends() {
+        let mut a = Aggregates::new(15_000, 10, 100);
+        let key = |src: &str| AggKey {
+            src: src.into(),
+            dst: "d".into(),
+            port: 80,
+            protocol: 6,
+            kind: FlowKind::IntraNode,
+            verdict: Verdict::Forwarded,
+            policy: "".into(),
+        };
+        let one = AggValue {
+            flows: 1,
+            ..AggValue::default()
+        };
+        a.add(1_000, &key("a"), one);
+        a.add(16_000, &key("b"), one);
+        // At 29 s the first bucket [0, 15) is not closed yet: it is, one bucket on.
+        let (none, after) = a.closed(i64::MIN, 29_999);
+        assert!(none.is_empty());
+        let (first, after) = a.closed(after, 30_000);
+        assert_eq!(first.iter().map(|x| &*x.key.src).collect::<Vec<_>>(), ["a"]);
+        assert_eq!((first[0].start_ms, first[0].end_ms, after), (0, 15_000, 15_000));
+        // A late add to the sent bucket is not sent again; the next bucket goes once.
+        a.add(2_000, &key("late"), one);
+        let (second, after) = a.closed(after, 46_000);
+        assert_eq!(second.iter().map(|x| &*x.key.src).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(after, 30_000);
+        assert!(a.closed(after, 46_000).0.is_empty());
+    }
+
     use super::*;
 
     fn key(src: &str, dst: &str, port: u16) -> AggKey {

@@ -12,6 +12,7 @@ pub mod attribution;
 pub mod export;
 pub mod filter;
 pub mod intern;
+pub mod otlp;
 pub mod record;
 pub mod tracker;
 pub mod wire;

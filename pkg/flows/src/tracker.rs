@@ -125,6 +125,11 @@ struct Open {
     /// What was added to the aggregates so far.
     counted: (Counters, Counters),
     agg: AggKey,
+    /// Its FIN or RST is seen and its end not yet announced: it waits for counters
+    /// (conntrack's update events carry none; the next dump or its destruction does).
+    closing: bool,
+    /// Its end was announced at its FIN or RST.
+    end_announced: bool,
 }
 
 /// A denied packet as the policy engine read it.
@@ -165,6 +170,8 @@ pub struct Tracker {
     names: Interner,
     last_prune_ms: i64,
     growth: Growth,
+    /// Flows [`Open::closing`].
+    closing: usize,
 }
 
 /// Bytes flows moved since the last [`Tracker::take_growth`], by verdict, kind and the
@@ -188,6 +195,27 @@ impl Tracker {
             names: Interner::default(),
             last_prune_ms: 0,
             growth: Growth::new(),
+            closing: 0,
+        }
+    }
+
+    /// How many flows have closed (FIN or RST) and wait for a dump to read their
+    /// counters before their end is announced: the node dumps soon when there are any.
+    pub fn closing(&self) -> usize {
+        self.closing
+    }
+
+    /// Reads the counters of the flows that closed from `dump` and announces their
+    /// ends; nothing else is taken from it (the periodic [`Tracker::reconcile`] does the
+    /// rest).
+    pub fn read_closing(&mut self, dump: &[CtEntry], r: &dyn Resolve, now_ms: i64) {
+        for e in dump {
+            if self.closing == 0 {
+                return;
+            }
+            if self.open.get(&Key::of(e)).is_some_and(|o| o.closing) {
+                self.apply(e, r, now_ms);
+            }
         }
     }
 
@@ -269,6 +297,8 @@ impl Tracker {
             record,
             counted: (Counters::default(), Counters::default()),
             agg,
+            closing: false,
+            end_announced: false,
         })
     }
 
@@ -311,10 +341,22 @@ impl Tracker {
                     if let Some(end) = end {
                         open.record.end = end;
                         open.record.end_ms = Some(now_ms);
+                        open.closing = true;
+                        self.closing += 1;
                     }
                 }
                 if let (Some(f), Some(b)) = (counters(e.original_counters), counters(e.reply_counters)) {
                     refresh(&mut self.aggregates, &mut self.growth, open, f, b, now_ms);
+                    if open.closing {
+                        // Announced as ended once its counters are read, not when its
+                        // entry goes (TIME_WAIT keeps it two minutes): exports and
+                        // followers have it at the FIN.
+                        open.closing = false;
+                        open.end_announced = true;
+                        self.closing -= 1;
+                        open.record.updated_ms = now_ms;
+                        self.outbox.push(open.record.clone());
+                    }
                 }
             }
             CtEventKind::Destroy => {
@@ -367,6 +409,9 @@ impl Tracker {
         if let (Some(f), Some(b)) = (forward, reverse) {
             refresh(&mut self.aggregates, &mut self.growth, &mut open, f, b, now_ms);
         }
+        if open.closing {
+            self.closing -= 1;
+        }
         let rec = &mut open.record;
         if rec.end_ms.is_none() || otherwise == EndReason::Lost && rec.end == EndReason::Open {
             rec.end = otherwise;
@@ -376,11 +421,14 @@ impl Tracker {
         }
         rec.updated_ms = now_ms;
         self.stats.ended += 1;
-        self.keep(open.record);
+        // Announced at its FIN or RST already (see `apply`): kept, not announced again.
+        self.keep(open.record, !open.end_announced);
     }
 
-    fn keep(&mut self, record: FlowRecord) {
-        self.outbox.push(record.clone());
+    fn keep(&mut self, record: FlowRecord, announce: bool) {
+        if announce {
+            self.outbox.push(record.clone());
+        }
         if self.ring.len() >= self.ring_cap {
             self.ring.pop_front();
         }
@@ -433,7 +481,7 @@ impl Tracker {
         let key = agg_key(&record, &mut self.names);
         self.aggregates.add(d.at_ms, &key, v);
         self.stats.ended += 1;
-        self.keep(record);
+        self.keep(record, true);
     }
 
     /// Applies a full dump of the table. Open flows missing from it ended unseen:

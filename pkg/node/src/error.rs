@@ -66,6 +66,10 @@ pub enum NodeError {
     /// The thread reading denied flows from the kernel (NFLOG) could not start.
     #[error("starting the deny log reader")]
     DenyLogReader(#[source] std::io::Error),
+    /// A flow export asked for could not start (no OTLP endpoint, an exporter that
+    /// cannot be built).
+    #[error("starting the flow export: {0}")]
+    FlowExport(String),
     /// The thread reading conntrack for flows could not start.
     #[error("starting the flow reader")]
     FlowReader(#[source] std::io::Error),

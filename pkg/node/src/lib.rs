@@ -93,7 +93,9 @@ impl Node {
         let flows = policy
             .as_ref()
             .filter(|_| config.flows.enabled)
-            .map(|engine| flows::NodeFlows::new(&config.node_name, config.flows.clone(), engine.clone(), &metrics));
+            .map(|engine| flows::NodeFlows::new(&config.node_name, config.flows.clone(), engine.clone(), &metrics))
+            .transpose()
+            .map_err(NodeError::FlowExport)?;
         let spool = spool_watch::del_spool(&config, &state.metrics);
         // Before the handler's start-up replay reads the spool: see `spool_watch`.
         let spool_watch = spool_watch::watch(&spool);

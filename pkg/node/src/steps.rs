@@ -506,9 +506,15 @@ pub async fn serve(
         running.task("flow denies", tokio::spawn(flows.clone().relay_denies(stopped())));
         let flow_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let reader = flows.read(flow_stop.clone()).map_err(NodeError::FlowReader)?;
+        let f = flows.clone();
         running.then("flow reader", async move {
             flow_stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = reader.join();
+                // What the reader ended last goes out before weftd does.
+                f.shutdown_export();
+            })
+            .await;
         });
         let f = flows.clone();
         ready.note(

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use weft_kernel::{NetNs, in_netns};
+use weft_tests::otlp::{Collector, attr, int_attr};
 use weft_tests::{LabDown, TempDir, bin, in_lab_pod, load_lab, privileged};
 
 /// The policy lab, under its own name.
@@ -308,12 +309,19 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
     let before_restart = weft_policy_now_ms();
     lab.weftctl_ok(&["lab", "crash", &lab.file, "n2"]);
     let export = lab.dir.path().join("n2-flows.jsonl");
+    // A real collector in n2's namespace: n2 exports y's ended flows as OTLP logs.
+    let collector = Collector::start(&lab.lab.0.node_ns("n2"));
     let up = lab.weftctl(
         &["lab", "up", &lab.file],
         &[
             ("WEFT_FLOWS_RECEIVE_BUFFER", "4096"),
             ("WEFT_FLOWS_FILE", export.to_str().unwrap()),
             ("WEFT_FLOWS_FILE_FILTER", "verdict=denied"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", weft_tests::otlp::ENDPOINT),
+            ("OTEL_BLRP_SCHEDULE_DELAY", "100"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("WEFT_FLOWS_OTLP", "flows"),
+            ("WEFT_FLOWS_OTLP_FILTER", "from=y/"),
         ],
     );
     assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
@@ -333,6 +341,8 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
         start["to_unix_ms"].as_i64().unwrap() >= before_restart,
         "the restart is said: {st:#}"
     );
+    otlp_records_carry_the_conventions_attributes(&lab, &collector);
+
     const BURST: usize = 500;
     lab.in_pod("y/a", || {
         for _ in 0..BURST {
@@ -390,6 +400,102 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
     assert!(
         lines.iter().all(|l| l["verdict"] == "denied" && l["node"] == "n2"),
         "{lines:#?}"
+    );
+}
+
+/// n2 exports y's ended flows over OTLP (see the restart above): an allowed transfer
+/// y/a to x/b on 80 (both on n2) arrives in the collector at its FIN with the semantic
+/// conventions' attributes, its bytes and the rule that allowed it; x/b's own flow to
+/// y/a does not pass the filter.
+fn otlp_records_carry_the_conventions_attributes(lab: &FlowLab, collector: &Collector) {
+    const SENT: usize = 200_000;
+    let (ya, xb) = (lab.ip("y/a"), lab.ip("x/b"));
+    let listener = lab.in_pod("x/b", || TcpListener::bind("0.0.0.0:80").unwrap());
+    let server = std::thread::spawn(move || {
+        let (mut c, _) = listener.accept().unwrap();
+        let mut buf = Vec::new();
+        c.read_to_end(&mut buf).unwrap();
+        buf.len()
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let client_port = loop {
+        let r = lab.in_pod("y/a", || -> std::io::Result<u16> {
+            let mut c = TcpStream::connect_timeout(&SocketAddr::new(xb, 80), Duration::from_secs(1))?;
+            c.write_all(&vec![7u8; SENT])?;
+            Ok(c.local_addr()?.port())
+        });
+        match r {
+            Ok(p) => break p,
+            Err(e) => assert!(Instant::now() < deadline, "y/a never reached x/b on 80: {e}"),
+        }
+    };
+    assert_eq!(server.join().unwrap(), SENT);
+    lab.in_pod("x/b", || {
+        UdpSocket::bind("0.0.0.0:0")
+            .unwrap()
+            .send_to(b"not y's", SocketAddr::new(ya, 5353))
+            .unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (resource, record) = loop {
+        let found = collector.logs().into_iter().find_map(|rl| {
+            let resource = rl.resource.clone()?.attributes;
+            rl.scope_logs
+                .iter()
+                .flat_map(|sl| sl.log_records.iter())
+                .find(|r| int_attr(&r.attributes, "source.port") == Some(i64::from(client_port)))
+                .cloned()
+                .map(|r| (resource, r))
+        });
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "y/a's flow did not reach the collector: {:#?}\nrotel: {}",
+            collector.logs(),
+            collector.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let a = &record.attributes;
+    for (k, v) in [
+        ("source.address", ya.to_string()),
+        ("destination.address", xb.to_string()),
+        ("network.transport", "tcp".into()),
+        ("network.type", "ipv4".into()),
+        ("k8s.namespace.name", "y".into()),
+        ("k8s.pod.name", "a".into()),
+        ("weft.destination.namespace", "x".into()),
+        ("weft.destination.pod", "b".into()),
+        ("weft.flow.kind", "intra-node".into()),
+        ("weft.flow.verdict", "forwarded".into()),
+        ("weft.flow.end", "fin".into()),
+    ] {
+        assert_eq!(attr(a, k), Some(v.as_str()), "{k}: {record:#?}");
+    }
+    assert_eq!(int_attr(a, "destination.port"), Some(80));
+    let fwd = int_attr(a, "weft.flow.forward.bytes").unwrap();
+    assert!(
+        fwd >= SENT as i64 && fwd <= SENT as i64 * 101 / 100,
+        "forward bytes within 1 % of {SENT}: {fwd}"
+    );
+    assert!(
+        format!("{:?}", a).contains("ingress allowed by networkpolicy x/allow-y-on-http rule 0"),
+        "the allowing rule: {record:#?}"
+    );
+    assert_eq!(record.event_name, "weft.flow");
+    assert_eq!(attr(&resource, "k8s.node.name"), Some("n2"));
+    assert_eq!(attr(&resource, "service.name"), Some("weftd"));
+    let all: Vec<_> = collector
+        .logs()
+        .into_iter()
+        .flat_map(|rl| rl.scope_logs.into_iter().flat_map(|sl| sl.log_records))
+        .collect();
+    assert!(
+        all.iter()
+            .all(|r| attr(&r.attributes, "k8s.namespace.name") == Some("y")),
+        "the filter keeps y's flows only: {all:#?}"
     );
 }
 

@@ -4,14 +4,10 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
-use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
-use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
-use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
 use serde_json::Value;
+use weft_tests::otlp::{Collector, attr};
 use weft_tests::{
     Call, Daemon, Netns, Prometheus, bin, dashboard_queries, is_node_network_row, is_wire_row, privileged, run, sh,
 };
@@ -334,53 +330,6 @@ fn metrics_have_their_families_types_labels_and_exemplars() {
     );
 }
 
-/// The rotel collector (PyPI `rotel`), as installed by test/install-deps.sh.
-fn rotel_agent() -> PathBuf {
-    if let Ok(p) = std::env::var("WEFT_ROTEL_AGENT") {
-        return PathBuf::from(p);
-    }
-    let lib = workspace().join(".venv/lib");
-    let found = std::fs::read_dir(&lib)
-        .ok()
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .map(|e| e.path().join("site-packages/rotel/rotel-agent"))
-        .find(|p| p.exists());
-    found.unwrap_or_else(|| {
-        panic!(
-            "rotel-agent not found under {}: run test/install-deps.sh (or set WEFT_ROTEL_AGENT)",
-            lib.display()
-        )
-    })
-}
-
-/// An OTLP trace receiver: what the collector forwards lands here.
-#[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<ResourceSpans>>>);
-
-#[tonic::async_trait]
-impl TraceService for Sink {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        self.0.lock().unwrap().extend(request.into_inner().resource_spans);
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
-
-fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
-    attrs.iter().find(|kv| kv.key == key).and_then(|kv| match &kv.value {
-        Some(AnyValue {
-            value: Some(any_value::Value::StringValue(s)),
-        }) => Some(s.as_str()),
-        _ => None,
-    })
-}
-
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -391,63 +340,13 @@ fn traces_go_through_a_real_collector_one_per_call() {
     if !privileged() {
         return;
     }
-    let rotel = rotel_agent();
     let node = Netns::new("otel");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let sink = Sink::default();
-    let listener = node.bind_tcp("127.0.0.1:0");
-    let recv_port = listener.local_addr().unwrap().port();
-    listener.set_nonblocking(true).unwrap();
-    {
-        let sink = sink.clone();
-        let _g = rt.enter();
-        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-        rt.spawn(
-            tonic::transport::Server::builder()
-                // rotel compresses its exports with gzip by default.
-                .add_service(TraceServiceServer::new(sink).accept_compressed(tonic::codec::CompressionEncoding::Gzip))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
-    }
-    let logs = weft_tests::TempDir::new("rotel");
-    let _collector = node.spawn(
-        rotel.to_str().unwrap(),
-        &[
-            "start",
-            "--otlp-grpc-endpoint",
-            "127.0.0.1:4317",
-            "--otlp-http-endpoint",
-            "127.0.0.1:4318",
-            "--exporter",
-            "otlp",
-            "--otlp-exporter-endpoint",
-            &format!("http://127.0.0.1:{recv_port}"),
-            "--otlp-exporter-protocol",
-            "grpc",
-        ],
-        &logs.path().join("rotel.log"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !run(node.cmd("bash").args(["-c", "exec 3<>/dev/tcp/127.0.0.1/4317"]))
-        .status
-        .success()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "rotel did not listen: {}",
-            std::fs::read_to_string(logs.path().join("rotel.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let collector = Collector::start(node.name());
     let d = Daemon::start_in(
         node,
         "otel",
         &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", weft_tests::otlp::ENDPOINT),
             ("OTEL_SERVICE_NAME", "weftd-under-test"),
             ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test"),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
@@ -465,7 +364,7 @@ fn traces_go_through_a_real_collector_one_per_call() {
     // Wait for every call's server span to arrive at the receiver.
     let deadline = Instant::now() + Duration::from_secs(40);
     let spans = loop {
-        let all: Vec<_> = sink.0.lock().unwrap().clone();
+        let all = collector.spans();
         let flat: Vec<_> = all
             .iter()
             .flat_map(|rs| {
@@ -487,7 +386,7 @@ fn traces_go_through_a_real_collector_one_per_call() {
             Instant::now() < deadline,
             "spans did not arrive; got {:?}\nrotel log:\n{}\nweftd log tail:\n{}",
             flat.iter().map(|(_, s)| &s.name).collect::<Vec<_>>(),
-            std::fs::read_to_string(logs.path().join("rotel.log")).unwrap_or_default(),
+            collector.log(),
             d.log().lines().rev().take(5).collect::<Vec<_>>().join("\n")
         );
         std::thread::sleep(Duration::from_millis(200));
@@ -549,7 +448,6 @@ fn traces_go_through_a_real_collector_one_per_call() {
         .map(|(_, s)| hex(&s.trace_id))
         .collect();
     assert_eq!(cni_traces.len(), expect.len(), "{cni_traces:?}");
-    drop(rt);
 }
 
 #[test]

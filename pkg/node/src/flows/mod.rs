@@ -28,6 +28,10 @@ use weft_telemetry::{Families, Metrics};
 
 use crate::netpol::Engine;
 
+pub mod otlp;
+
+use otlp::OtlpExport;
+
 /// How flows are recorded (`weftd --flows*`).
 #[derive(Debug, Clone)]
 pub struct FlowsConfig {
@@ -43,6 +47,8 @@ pub struct FlowsConfig {
     pub dump_every: Duration,
     /// Ended flows written to a file as JSON lines, if anywhere.
     pub file: Option<weft_flows::export::FileExportConfig>,
+    /// Flows or aggregates exported as OTLP logs, if at all.
+    pub otlp: Option<otlp::OtlpExportConfig>,
 }
 
 impl Default for FlowsConfig {
@@ -54,6 +60,7 @@ impl Default for FlowsConfig {
             receive_buffer: 8 << 20,
             dump_every: Duration::from_secs(10),
             file: None,
+            otlp: None,
         }
     }
 }
@@ -170,17 +177,24 @@ pub struct NodeFlows {
     last_refresh_ms: AtomicI64,
     /// The export file, when one is configured and could be opened.
     export: Option<Mutex<FileExport>>,
+    /// The OTLP export, when one is configured.
+    otlp: Option<Mutex<OtlpExport>>,
     /// The label sets of `weft_flows_total` and `weft_flow_bytes_total` in use: those of
     /// a namespace that is gone are removed.
     labels: Mutex<HashSet<FlowLabels>>,
 }
 
+/// How soon a closed flow (FIN, RST) is announced at most: its counters come from a
+/// dump (conntrack's update events carry none), taken this often while flows close.
+pub const CLOSING_READ_EVERY: Duration = Duration::from_secs(1);
+
 /// How long after an overflow `/readyz` mentions it.
 pub const OVERFLOW_NOTE_FOR: Duration = Duration::from_secs(600);
 
 impl NodeFlows {
-    /// Flows of node `node`, attributed through `engine`.
-    pub fn new(node: &str, cfg: FlowsConfig, engine: Arc<Engine>, metrics: &Metrics) -> Arc<Self> {
+    /// Flows of node `node`, attributed through `engine`; an error when an export asked
+    /// for cannot start. Must be called inside a tokio runtime (the OTLP exporter's).
+    pub fn new(node: &str, cfg: FlowsConfig, engine: Arc<Engine>, metrics: &Metrics) -> Result<Arc<Self>, String> {
         let bucket_ms = 15_000;
         let export = cfg.file.clone().and_then(|f| {
             let path = f.path.clone();
@@ -192,6 +206,10 @@ impl NodeFlows {
                 }
             }
         });
+        let otlp = match cfg.otlp.clone() {
+            Some(o) => Some(Mutex::new(OtlpExport::start(node, o)?)),
+            None => None,
+        };
         let tracker = Tracker::new(Config {
             node: node.into(),
             ring: cfg.ring,
@@ -199,7 +217,7 @@ impl NodeFlows {
             buckets: (cfg.window.as_millis() as i64 / bucket_ms).max(1) as usize,
             ..Config::default()
         });
-        Arc::new(NodeFlows {
+        Ok(Arc::new(NodeFlows {
             node: node.into(),
             cfg,
             tracker: Mutex::new(tracker),
@@ -210,8 +228,26 @@ impl NodeFlows {
             problem: Mutex::new(None),
             last_refresh_ms: AtomicI64::new(0),
             export,
+            otlp,
             labels: Mutex::new(HashSet::new()),
-        })
+        }))
+    }
+
+    /// Sends what the OTLP export has queued and stops it (blocks: call it off the
+    /// runtime's workers).
+    pub fn shutdown_export(&self) {
+        if let Some(o) = &self.otlp {
+            o.lock().expect("flow OTLP export lock").shutdown();
+        }
+    }
+
+    /// Hands the buckets that closed to the OTLP export, when it exports aggregates.
+    fn export_aggregates(&self) {
+        let Some(o) = &self.otlp else { return };
+        let t = self.tracker.lock().expect("flow tracker lock");
+        o.lock()
+            .expect("flow OTLP export lock")
+            .aggregates(t.aggregates(), now_ms());
     }
 
     /// Whether events were lost within [`OVERFLOW_NOTE_FOR`].
@@ -247,6 +283,13 @@ impl NodeFlows {
                     tracing::warn!(error = %e, "writing a flow to the export file failed");
                     break;
                 }
+            }
+        }
+        if let Some(o) = &self.otlp {
+            let mut o = o.lock().expect("flow OTLP export lock");
+            let now = now_ms();
+            for r in &changes {
+                o.flow(r, now);
             }
         }
         for r in changes {
@@ -307,6 +350,7 @@ impl NodeFlows {
         let _ = self.dump(false);
         self.with_tracker(|t, _| t.gap(0, started, "start"));
         let mut last_dump = Instant::now();
+        let mut last_closing_dump = Instant::now();
         let mut batch = Vec::with_capacity(256);
         while !stop.load(Ordering::Relaxed) {
             batch.clear();
@@ -370,7 +414,27 @@ impl NodeFlows {
                 self.forget_gone_namespaces();
                 last_dump = Instant::now();
             }
+            if last_closing_dump.elapsed() >= CLOSING_READ_EVERY && self.read_closing() {
+                last_closing_dump = Instant::now();
+            }
+            self.export_aggregates();
         }
+    }
+
+    /// When flows closed since the last call, dumps the table to read their counters and
+    /// announce their ends; whether it dumped.
+    fn read_closing(&self) -> bool {
+        if self.tracker.lock().expect("flow tracker lock").closing() == 0 {
+            return false;
+        }
+        match conntrack::dump() {
+            Ok(entries) => {
+                let now = now_ms();
+                self.with_tracker(|t, r| t.read_closing(&entries, r, now));
+            }
+            Err(e) => tracing::warn!(error = %e, "dumping the conntrack table failed"),
+        }
+        true
     }
 
     /// Dumps the table and reconciles the open flows with it; returns the events found
@@ -527,7 +591,7 @@ fn gone(seen: &mut HashSet<FlowLabels>, known: impl Fn(&str) -> bool) -> Vec<Flo
 /// Whether an aggregate falls within a filter: its groups and port, protocol, verdict
 /// and policy (ends by pod name cannot match a group of many pods; they match the
 /// group of a pod no controller owns, named as the pod).
-fn aggregate_matches(f: &weft_flows::Filter, a: &weft_flows::Aggregate) -> bool {
+pub(crate) fn aggregate_matches(f: &weft_flows::Filter, a: &weft_flows::Aggregate) -> bool {
     let probe = FlowRecord {
         id: 0,
         node: "".into(),
