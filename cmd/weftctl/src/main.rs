@@ -67,7 +67,7 @@ enum Command {
     /// Flows: every connection of the node's pods (or a lab's, with --lab) with bytes,
     /// verdict and the policy that decided; filtered, followed (-f), aggregated, ranked
     /// (`top`) and drawn (`graph`).
-    Flows(commands::flows::FlowsArgs),
+    Flows(Box<commands::flows::FlowsArgs>),
     /// A multi-node lab on this machine out of network namespaces: nodes in different
     /// subnets behind a router, a weftd per node, pods wired from Topology objects.
     /// Needs root.
@@ -114,7 +114,7 @@ fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyh
             Command::Link(action) => commands::link::run(action, socket, json).await,
             Command::Capture(args) => commands::capture::run(args, socket).await,
             Command::Policy(action) => commands::policy::run(action, socket, json).await,
-            Command::Flows(args) => commands::flows::run(args, socket, json).await,
+            Command::Flows(args) => commands::flows::run(*args, socket, json).await,
             Command::Lab(_) | Command::Crds | Command::Certs(_) | Command::InstallCni(_) => {
                 unreachable!("run outside the runtime")
             }

@@ -145,7 +145,7 @@ pub struct Args {
     #[arg(long, env = "WEFT_FLOWS_FILE_KEEP", default_value_t = 5)]
     flows_file_keep: usize,
     /// Only flows matching KEY=VALUE go to the file (KEY: from, to, port, protocol,
-    /// verdict, policy, as `weftctl flows` reads them); repeat for more.
+    /// verdict, staged, policy, as `weftctl flows` reads them); repeat for more.
     #[arg(long, env = "WEFT_FLOWS_FILE_FILTER", value_delimiter = ',', value_name = "KEY=VALUE",
           value_parser = flow_criterion)]
     flows_file_filter: Vec<String>,

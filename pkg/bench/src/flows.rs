@@ -229,7 +229,10 @@ pub fn run_flows(o: &FlowsOptions) -> Result<FlowsReport, String> {
             ring: 16_384,
             ..Config::default()
         });
-        let resolver = ViewResolver { view: Some(&view) };
+        let resolver = ViewResolver {
+            view: Some(&view),
+            staged: None,
+        };
         let mut batch = Vec::with_capacity(4);
         let now = 1_795_000_000_000i64;
         let start = Instant::now();
@@ -265,7 +268,10 @@ pub fn run_flows(o: &FlowsOptions) -> Result<FlowsReport, String> {
         buckets: o.buckets,
         ..Config::default()
     });
-    let resolver = ViewResolver { view: Some(&view) };
+    let resolver = ViewResolver {
+        view: Some(&view),
+        staged: None,
+    };
     let mut batch = Vec::new();
     let bucket_ms = 15_000i64;
     let pairs = o.pairs.max(1);

@@ -16,6 +16,9 @@ use crate::tracker::Resolve;
 pub struct ViewResolver<'a> {
     /// The view; `None` before the engine's first pass (every address is outside).
     pub view: Option<&'a ClusterView>,
+    /// The view were the staged policy changes made ([`ClusterView::staged`]), when any
+    /// are: flows get its verdict beside the enforced one.
+    pub staged: Option<&'a ClusterView>,
 }
 
 impl Resolve for ViewResolver<'_> {
@@ -61,7 +64,12 @@ impl Resolve for ViewResolver<'_> {
             132 => Some((PortProtocol::Sctp, port)),
             _ => None,
         };
-        decision(&v.verdict_l4(src, dst, l4))
+        let mut d = decision(&v.verdict_l4(src, dst, l4));
+        if let Some(s) = self.staged {
+            let preview = decision(&s.verdict_l4(src, dst, l4));
+            d.staged = Some((preview.verdict, preview.policies));
+        }
+        d
     }
 }
 
@@ -81,7 +89,11 @@ pub fn decision(v: &weft_policy::Verdict) -> Decision {
     for (side, s) in sides {
         hits(side, s, &mut policies);
     }
-    Decision { verdict, policies }
+    Decision {
+        verdict,
+        policies,
+        staged: None,
+    }
 }
 
 fn hits(side: PolicySide, s: &SideVerdict, out: &mut Vec<PolicyHit>) {

@@ -128,6 +128,7 @@ mod tests {
             kind: FlowKind::IntraNode,
             verdict,
             policies: Vec::new().into(),
+            staged: None,
             forward: Counters::default(),
             reverse: Counters::default(),
             end,

@@ -104,6 +104,8 @@ pub struct Filter {
     pub protocols: Vec<u8>,
     /// The verdict is one of these.
     pub verdicts: Vec<Verdict>,
+    /// The staged policies' verdict is one of these (a flow without one matches none).
+    pub staged: Vec<Verdict>,
     /// One of these policies (`namespace/name` of a NetworkPolicy, `name` of a
     /// ClusterNetworkPolicy) took part in the verdict.
     pub policies: Vec<String>,
@@ -111,6 +113,9 @@ pub struct Filter {
     /// so an empty `not` leaves out nothing: see [`Filter::is_empty`]).
     pub not: Option<Box<Filter>>,
 }
+
+/// The keys of [`Filter::add`].
+pub const KEYS: &str = "from, to, port, protocol, verdict, staged, policy";
 
 impl Filter {
     /// Whether nothing is asked (every flow matches).
@@ -121,6 +126,7 @@ impl Filter {
             && self.ports.is_empty()
             && self.protocols.is_empty()
             && self.verdicts.is_empty()
+            && self.staged.is_empty()
             && self.policies.is_empty()
             && self.not.as_ref().is_none_or(|n| n.is_empty())
     }
@@ -139,15 +145,16 @@ impl Filter {
             && (self.ports.is_empty() || self.ports.contains(&r.port()))
             && (self.protocols.is_empty() || self.protocols.contains(&r.protocol))
             && (self.verdicts.is_empty() || self.verdicts.contains(&r.verdict))
+            && (self.staged.is_empty() || r.staged.as_ref().is_some_and(|s| self.staged.contains(&s.verdict)))
             && (self.policies.is_empty() || r.policies.iter().any(|h| self.policies.iter().any(|p| **p == *h.name)))
     }
 
     /// Adds one `KEY=VALUE` criterion (`from`, `to`, `port`, `protocol`, `verdict`,
-    /// `policy`), as `weftctl flows --not` takes them.
+    /// `staged`, `policy`), as `weftctl flows --not` takes them.
     pub fn add(&mut self, criterion: &str) -> Result<(), String> {
         let (key, value) = criterion
             .split_once('=')
-            .ok_or_else(|| format!("{criterion:?}: KEY=VALUE, KEY one of from, to, port, protocol, verdict, policy"))?;
+            .ok_or_else(|| format!("{criterion:?}: KEY=VALUE, KEY one of {KEYS}"))?;
         match key.trim() {
             "from" => self.from.push(EndpointSel::parse(value)?),
             "to" => self.to.push(EndpointSel::parse(value)?),
@@ -161,8 +168,11 @@ impl Filter {
             "verdict" => self
                 .verdicts
                 .push(Verdict::parse(value).ok_or_else(|| format!("verdict {value:?}: forwarded, denied or audit"))?),
+            "staged" => self
+                .staged
+                .push(Verdict::parse(value).ok_or_else(|| format!("staged {value:?}: forwarded, denied or audit"))?),
             "policy" => self.policies.push(value.trim().to_string()),
-            other => return Err(format!("{other:?}: one of from, to, port, protocol, verdict, policy")),
+            other => return Err(format!("{other:?}: one of {KEYS}")),
         }
         Ok(())
     }
@@ -200,6 +210,7 @@ mod tests {
             icmp: None,
             verdict,
             policies: Vec::new().into(),
+            staged: None,
             forward: Counters::default(),
             reverse: Counters::default(),
             end: EndReason::Open,

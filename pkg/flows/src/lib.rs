@@ -20,7 +20,7 @@ pub mod wire;
 pub use aggregate::{AggKey, AggValue, Aggregate, Aggregates};
 pub use filter::{EndpointSel, Filter};
 pub use record::{
-    Counters, Decision, Effect, EndReason, FlowKind, FlowRecord, Peer, PeerKind, PolicyHit, PolicySide, Verdict,
-    parse_protocol, protocol_name,
+    Counters, Decision, Effect, EndReason, FlowKind, FlowRecord, Peer, PeerKind, PolicyHit, PolicySide, Staged,
+    Verdict, parse_protocol, protocol_name,
 };
 pub use tracker::{Config, DeniedPacket, Gap, Resolve, Stats, Tracker};

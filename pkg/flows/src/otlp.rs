@@ -143,6 +143,11 @@ pub fn flow<R: LogRecord>(rec: &mut R, r: &FlowRecord, now_ms: i64) {
         let list: Vec<AnyValue> = r.policies.iter().map(|p| text(p.to_string())).collect();
         rec.add_attribute("weft.flow.policies", AnyValue::ListAny(Box::new(list)));
     }
+    if let Some(s) = &r.staged {
+        rec.add_attribute("weft.flow.staged.verdict", s.verdict.as_str());
+        let list: Vec<AnyValue> = s.policies.iter().map(|p| text(p.to_string())).collect();
+        rec.add_attribute("weft.flow.staged.policies", AnyValue::ListAny(Box::new(list)));
+    }
     counters(rec, r.forward, r.reverse);
 }
 
@@ -289,6 +294,7 @@ mod tests {
                 rule_name: "".into(),
                 effect: crate::record::Effect::Allow,
             }]),
+            staged: None,
             forward: Counters {
                 packets: 10,
                 bytes: 1_000,

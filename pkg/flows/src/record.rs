@@ -228,6 +228,9 @@ pub struct Decision {
     pub verdict: Verdict,
     /// The policies that decided, egress first.
     pub policies: Vec<PolicyHit>,
+    /// The verdict and policies were the staged changes made (policies marked `staged`
+    /// enforced, `staged-removal` ones gone); `None` when nothing is staged.
+    pub staged: Option<(Verdict, Vec<PolicyHit>)>,
 }
 
 impl Decision {
@@ -236,8 +239,19 @@ impl Decision {
         Decision {
             verdict: Verdict::Forwarded,
             policies: Vec::new(),
+            staged: None,
         }
     }
+}
+
+/// What the staged policies would do with a flow: the preview beside the verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Staged {
+    /// The verdict the flow would get.
+    pub verdict: Verdict,
+    /// The policies that would decide it.
+    #[serde(default, skip_serializing_if = "no_policies")]
+    pub policies: Arc<[PolicyHit]>,
 }
 
 /// Packets and bytes one way.
@@ -326,6 +340,9 @@ pub struct FlowRecord {
     /// The policies that decided (shared between the flows one decision covers).
     #[serde(default, skip_serializing_if = "no_policies")]
     pub policies: Arc<[PolicyHit]>,
+    /// What the staged policies would do, when any are staged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged: Option<Box<Staged>>,
     /// Source to destination.
     pub forward: Counters,
     /// Destination to source.

@@ -18,7 +18,9 @@ use weft_kernel::conntrack::{CtEntry, CtEventKind, CtTuple, TcpState};
 
 use crate::aggregate::{AggKey, AggValue, Aggregates};
 use crate::intern::Interner;
-use crate::record::{Counters, Decision, EndReason, FlowKind, FlowRecord, Peer, PeerKind, PolicySide, Verdict};
+use crate::record::{
+    Counters, Decision, EndReason, FlowKind, FlowRecord, Peer, PeerKind, PolicyHit, PolicySide, Staged, Verdict,
+};
 
 /// The cluster as the tracker asks it: who an address is and what policy says of a new
 /// flow. The node answers from its policy engine's view (the same one `policy explain`
@@ -242,6 +244,16 @@ impl Tracker {
         self.stats.overflows += 1;
     }
 
+    /// A decision's staged part as records hold it.
+    fn staged(&mut self, staged: Option<(Verdict, Vec<PolicyHit>)>) -> Option<Box<Staged>> {
+        staged.map(|(verdict, hits)| {
+            Box::new(Staged {
+                verdict,
+                policies: self.names.hits(hits),
+            })
+        })
+    }
+
     /// The ends of a new entry as the cluster names them, and whether this node reports
     /// it. A translated destination (a Service's DNAT) is the address that answered.
     fn resolve_new(&mut self, e: &CtEntry, r: &dyn Resolve, now_ms: i64) -> Option<Open> {
@@ -285,6 +297,7 @@ impl Tracker {
             kind,
             verdict,
             policies: self.names.hits(decision.policies),
+            staged: self.staged(decision.staged),
             forward: Counters::default(),
             reverse: Counters::default(),
             end: EndReason::Open,
@@ -468,6 +481,7 @@ impl Tracker {
             kind,
             verdict: Verdict::Denied,
             policies: self.names.hits(decision.policies),
+            staged: self.staged(decision.staged),
             forward: Counters { packets: 1, bytes: 0 },
             reverse: Counters::default(),
             end: EndReason::Denied,

@@ -8,7 +8,8 @@ use weft_rpc::admin as pb;
 use crate::aggregate::Aggregate;
 use crate::filter::{EndpointSel, Filter};
 use crate::record::{
-    Counters, Effect, EndReason, FlowKind, FlowRecord, Peer, PeerKind, PolicyHit, PolicySide, Verdict, parse_protocol,
+    Counters, Effect, EndReason, FlowKind, FlowRecord, Peer, PeerKind, PolicyHit, PolicySide, Staged, Verdict,
+    parse_protocol,
 };
 use crate::tracker::Stats;
 
@@ -82,6 +83,43 @@ fn side(s: PolicySide) -> &'static str {
     }
 }
 
+fn hits(h: &[PolicyHit]) -> Vec<pb::FlowPolicy> {
+    h.iter()
+        .map(|h| pb::FlowPolicy {
+            side: side(h.side).into(),
+            kind: h.kind.to_string(),
+            name: h.name.to_string(),
+            rule: h.rule.map_or(-1, |r| r as i32),
+            rule_name: h.rule_name.to_string(),
+            effect: effect(h.effect).into(),
+        })
+        .collect()
+}
+
+fn hits_of(list: Vec<pb::FlowPolicy>) -> Result<Vec<PolicyHit>, String> {
+    let mut policies = Vec::new();
+    for p in list {
+        policies.push(PolicyHit {
+            side: match p.side.as_str() {
+                "egress" => PolicySide::Egress,
+                "ingress" => PolicySide::Ingress,
+                other => return Err(format!("policy side {other:?}")),
+            },
+            kind: p.kind.into(),
+            name: p.name.into(),
+            rule: u32::try_from(p.rule).ok(),
+            rule_name: p.rule_name.into(),
+            effect: match p.effect.as_str() {
+                "allow" => Effect::Allow,
+                "deny" => Effect::Deny,
+                "isolate" => Effect::Isolate,
+                other => return Err(format!("policy effect {other:?}")),
+            },
+        });
+    }
+    Ok(policies)
+}
+
 /// A record as the admin API sends it.
 pub fn flow(r: &FlowRecord) -> pb::Flow {
     pb::Flow {
@@ -96,18 +134,9 @@ pub fn flow(r: &FlowRecord) -> pb::Flow {
         protocol: u32::from(r.protocol),
         kind: r.kind.as_str().into(),
         verdict: r.verdict.as_str().into(),
-        policies: r
-            .policies
-            .iter()
-            .map(|h| pb::FlowPolicy {
-                side: side(h.side).into(),
-                kind: h.kind.to_string(),
-                name: h.name.to_string(),
-                rule: h.rule.map_or(-1, |r| r as i32),
-                rule_name: h.rule_name.to_string(),
-                effect: effect(h.effect).into(),
-            })
-            .collect(),
+        policies: hits(&r.policies),
+        staged_verdict: r.staged.as_ref().map(|s| s.verdict.as_str().into()).unwrap_or_default(),
+        staged_policies: r.staged.as_ref().map(|s| hits(&s.policies)).unwrap_or_default(),
         forward: Some(counters(r.forward)),
         reverse: Some(counters(r.reverse)),
         end: r.end.as_str().into(),
@@ -141,26 +170,16 @@ pub fn record_of(f: pb::Flow) -> Result<FlowRecord, String> {
     .into_iter()
     .find(|e| e.as_str() == f.end)
     .ok_or_else(|| format!("end {:?}", f.end))?;
-    let mut policies = Vec::new();
-    for p in f.policies {
-        policies.push(PolicyHit {
-            side: match p.side.as_str() {
-                "egress" => PolicySide::Egress,
-                "ingress" => PolicySide::Ingress,
-                other => return Err(format!("policy side {other:?}")),
-            },
-            kind: p.kind.into(),
-            name: p.name.into(),
-            rule: u32::try_from(p.rule).ok(),
-            rule_name: p.rule_name.into(),
-            effect: match p.effect.as_str() {
-                "allow" => Effect::Allow,
-                "deny" => Effect::Deny,
-                "isolate" => Effect::Isolate,
-                other => return Err(format!("policy effect {other:?}")),
-            },
-        });
-    }
+    let policies = hits_of(f.policies)?;
+    let staged = if f.staged_verdict.is_empty() {
+        None
+    } else {
+        Some(Box::new(Staged {
+            verdict: Verdict::parse(&f.staged_verdict)
+                .ok_or_else(|| format!("staged verdict {:?}", f.staged_verdict))?,
+            policies: hits_of(f.staged_policies)?.into(),
+        }))
+    };
     Ok(FlowRecord {
         id: f.id,
         node: f.node.into(),
@@ -179,6 +198,7 @@ pub fn record_of(f: pb::Flow) -> Result<FlowRecord, String> {
         kind,
         verdict: Verdict::parse(&f.verdict).ok_or_else(|| format!("verdict {:?}", f.verdict))?,
         policies: policies.into(),
+        staged,
         forward: counters_of(f.forward),
         reverse: counters_of(f.reverse),
         end,
@@ -255,6 +275,10 @@ pub fn filter_of(f: &pb::FlowFilter) -> Result<Filter, String> {
         out.verdicts
             .push(Verdict::parse(v).ok_or_else(|| format!("verdict {v:?}: forwarded, denied or audit"))?);
     }
+    for v in &f.staged {
+        out.staged
+            .push(Verdict::parse(v).ok_or_else(|| format!("staged verdict {v:?}: forwarded, denied or audit"))?);
+    }
     out.policies = f.policies.clone();
     if let Some(not) = &f.not {
         out.not = Some(Box::new(filter_of(not)?));
@@ -299,6 +323,7 @@ mod tests {
                 rule_name: "".into(),
                 effect: Effect::Isolate,
             }]),
+            staged: None,
             forward: Counters { packets: 3, bytes: 300 },
             reverse: Counters { packets: 2, bytes: 200 },
             end: EndReason::Rst,

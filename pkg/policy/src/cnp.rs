@@ -15,7 +15,9 @@ use weft_topology::cnp::{
 };
 use weft_topology::{ClusterNetworkPolicy, CnpAction, CnpTier, PortProtocol, Strict};
 
-use crate::model::{Direction, PolicyId, PortMatch, Ports, Read, UNKNOWN, port_name, port_number, split_error};
+use crate::model::{
+    Direction, PolicyId, PolicyMode, PortMatch, Ports, Read, UNKNOWN, mode_problem, port_name, port_number, split_error,
+};
 use crate::problem::{Cause, Effect, ObjectKind, Place, Problem, RuleAt, place};
 use crate::selector::Selector;
 
@@ -98,6 +100,8 @@ pub struct ClusterPolicy {
     pub ingress: Vec<ClusterRule>,
     /// Egress rules, in order.
     pub egress: Vec<ClusterRule>,
+    /// Whether it is enforced, staged or staged for removal.
+    pub mode: PolicyMode,
 }
 
 impl ClusterPolicy {
@@ -236,6 +240,11 @@ impl ClusterPolicy {
                 .collect()
         };
         let (ingress, egress) = (rules(Direction::Ingress), rules(Direction::Egress));
+        let mode = PolicyMode::read(&c.object.metadata).unwrap_or_else(|e| {
+            let (field, reason) = mode_problem(e);
+            problem(field, reason, Effect::EnforcedAsWritten, Cause::Invalid);
+            PolicyMode::Enforced
+        });
         let policy = match (tier, priority, subject) {
             (Some(tier), Some(priority), Ok((subject_namespaces, subject_pods))) if !refused => Some(ClusterPolicy {
                 id: PolicyId::of("", &format!("clusternetworkpolicy/{name}")),
@@ -246,6 +255,7 @@ impl ClusterPolicy {
                 subject_pods,
                 ingress,
                 egress,
+                mode,
             }),
             _ => None,
         };

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use weft_topology::{CnpAction, CnpTier, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol};
 
 use crate::cnp::{ClusterPeer, ClusterPolicy, ClusterRule};
-use crate::model::{Direction, Namespaces, Peer, Policy, PortMatch, Ports, Rule};
+use crate::model::{Direction, Namespaces, Peer, Policy, PolicyMode, PortMatch, Ports, Rule};
 use crate::problem::{Cause, Effect, ObjectKind, Problem};
 use crate::selector::Labels;
 
@@ -187,6 +187,10 @@ pub struct ClusterView {
     pub local: BTreeMap<(String, String), LocalPod>,
     /// Local pods the API has no Pod object for yet (policed with no labels).
     pub unknown_local: Vec<(String, String)>,
+    /// The policies marked `staged`: evaluated by [`Self::staged`], never enforced.
+    pub staged_policies: Vec<Arc<Policy>>,
+    /// The ClusterNetworkPolicies marked `staged`.
+    pub staged_cluster_policies: Vec<Arc<ClusterPolicy>>,
 }
 
 static EMPTY: std::sync::LazyLock<Labels> = std::sync::LazyLock::new(Labels::new);
@@ -233,14 +237,22 @@ impl ClusterView {
         v.pods = pods.into_values().collect();
         for np in &objects.policies {
             let read = Policy::read(np);
-            v.policies.extend(read.policy.map(Arc::new));
+            match read.policy.map(Arc::new) {
+                Some(p) if p.mode == PolicyMode::Staged => v.staged_policies.push(p),
+                Some(p) => v.policies.push(p),
+                None => {}
+            }
             v.problems.extend(read.problems);
         }
         v.policies
             .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         for c in &objects.cluster_policies {
             let read = ClusterPolicy::read(c);
-            v.cluster_policies.extend(read.policy.map(Arc::new));
+            match read.policy.map(Arc::new) {
+                Some(c) if c.mode == PolicyMode::Staged => v.staged_cluster_policies.push(c),
+                Some(c) => v.cluster_policies.push(c),
+                None => {}
+            }
             v.problems.extend(read.problems);
         }
         for u in &objects.unreadable {
@@ -264,6 +276,47 @@ impl ClusterView {
             v.by_namespace.entry(p.namespace.clone()).or_default().push(p.clone());
         }
         v
+    }
+
+    /// Whether any policy is staged (for enforcement or for removal).
+    pub fn has_staged(&self) -> bool {
+        !self.staged_policies.is_empty()
+            || !self.staged_cluster_policies.is_empty()
+            || self.policies.iter().any(|p| p.mode == PolicyMode::StagedRemoval)
+            || self
+                .cluster_policies
+                .iter()
+                .any(|c| c.mode == PolicyMode::StagedRemoval)
+    }
+
+    /// The view as it would be were the staged changes made: the `staged` policies
+    /// enforced, the `staged-removal` ones gone; `None` when nothing is staged. Its
+    /// verdicts are the preview flows show beside the enforced ones (a copy: pods and
+    /// policies are shared, only the maps are new).
+    pub fn staged(&self) -> Option<ClusterView> {
+        if !self.has_staged() {
+            return None;
+        }
+        let mut v = self.clone();
+        v.policies = (self.policies.iter().chain(&self.staged_policies))
+            .filter(|p| p.mode != PolicyMode::StagedRemoval)
+            .cloned()
+            .collect();
+        v.policies
+            .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        v.cluster_policies = (self.cluster_policies.iter().chain(&self.staged_cluster_policies))
+            .filter(|c| c.mode != PolicyMode::StagedRemoval)
+            .cloned()
+            .collect();
+        v.cluster_policies
+            .sort_by(|a, b| (a.tier, a.priority, &a.name).cmp(&(b.tier, b.priority, &b.name)));
+        v.by_namespace = HashMap::new();
+        for p in &v.policies {
+            v.by_namespace.entry(p.namespace.clone()).or_default().push(p.clone());
+        }
+        v.staged_policies.clear();
+        v.staged_cluster_policies.clear();
+        Some(v)
     }
 
     /// A pod of this node as the view has it: its addresses from the store (`l`), its

@@ -30,7 +30,7 @@ pub use engine::{
 pub use eval::{ClusterDecision, ClusterView, Endpoint, L4, LocalPod, NodeInfo, RuleRef, SideVerdict, Verdict};
 pub use kernel::{NftKernel, PolicyKernel};
 pub use metrics::PolicyMetrics;
-pub use model::{Direction, Namespaces, Peer, Policy, PolicyId, PortMatch, Ports, Read, Rule};
+pub use model::{Direction, Namespaces, Peer, Policy, PolicyId, PolicyMode, PortMatch, Ports, Read, Rule};
 pub use nft::Observed;
 pub use plan::{Desired, Element, Group, PolicyChain, SetKind, SetSpec, plan};
 pub use problem::{Effect, ObjectKind, Problem, RuleAt};

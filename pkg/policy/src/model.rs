@@ -177,6 +177,58 @@ pub struct Policy {
     pub ingress: Option<Vec<Rule>>,
     /// The same for egress.
     pub egress: Option<Vec<Rule>>,
+    /// Whether it is enforced, staged or staged for removal.
+    pub mode: PolicyMode,
+}
+
+/// What a policy object's `weft.dev/policy-mode` annotation asks: enforcement, or a
+/// preview of a change on live traffic (flows show the staged verdict beside the
+/// enforced one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum PolicyMode {
+    /// Enforced (no annotation).
+    #[default]
+    Enforced,
+    /// `staged`: evaluated as if enforced, not enforced.
+    Staged,
+    /// `staged-removal`: enforced, and evaluated as if it were gone.
+    StagedRemoval,
+}
+
+impl PolicyMode {
+    /// The annotation's values.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyMode::Enforced => "enforced",
+            PolicyMode::Staged => "staged",
+            PolicyMode::StagedRemoval => "staged-removal",
+        }
+    }
+
+    /// The mode `meta`'s annotation asks for; a value weft does not know is an error
+    /// (the policy is then enforced as written: a preview is never read wider than
+    /// asked).
+    pub fn read(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Result<Self, String> {
+        match weft_topology::objects::policy_mode(meta) {
+            None | Some("enforced") => Ok(PolicyMode::Enforced),
+            Some("staged") => Ok(PolicyMode::Staged),
+            Some("staged-removal") => Ok(PolicyMode::StagedRemoval),
+            Some(other) => Err(format!(
+                "{other:?} is not a policy mode (staged, staged-removal, enforced)"
+            )),
+        }
+    }
+}
+
+/// The problem of an unknown mode on a policy object.
+pub(crate) fn mode_problem(reason: String) -> (String, String) {
+    (
+        format!(
+            "metadata.annotations[{}]",
+            weft_topology::objects::POLICY_MODE_ANNOTATION
+        ),
+        reason,
+    )
 }
 
 impl Policy {
@@ -471,7 +523,13 @@ impl Policy {
             .collect();
         let ingress = read_rules(Direction::Ingress, ingress_on, ingress_rules);
         let egress = read_rules(Direction::Egress, egress_on, egress_rules);
+        let mode = PolicyMode::read(&np_obj.metadata).unwrap_or_else(|e| {
+            let (field, reason) = mode_problem(e);
+            problem(field, reason, Effect::EnforcedAsWritten);
+            PolicyMode::Enforced
+        });
         let policy = Policy {
+            mode,
             id: PolicyId::of(&namespace, &name),
             namespace: namespace.clone(),
             name: name.clone(),

@@ -71,6 +71,9 @@ pub enum Effect {
     /// Every rule of a ClusterNetworkPolicy fails closed (Accept: nothing; Deny, Pass:
     /// all).
     AllRulesFailClosed,
+    /// A policy whose mode is not known is enforced as written (never a preview that
+    /// would leave it unenforced).
+    EnforcedAsWritten,
 }
 
 impl Effect {
@@ -82,7 +85,8 @@ impl Effect {
             | Effect::AllowsNothing(_)
             | Effect::MatchesNothing(_)
             | Effect::DeniesAll(_)
-            | Effect::AllRulesFailClosed => "fail_closed",
+            | Effect::AllRulesFailClosed
+            | Effect::EnforcedAsWritten => "fail_closed",
         }
     }
 }
@@ -98,6 +102,7 @@ impl fmt::Display for Effect {
             Effect::AllRulesFailClosed => {
                 f.write_str("every rule fails closed (Accept rules match nothing, Deny and Pass rules deny all)")
             }
+            Effect::EnforcedAsWritten => f.write_str("enforced as written"),
         }
     }
 }

@@ -14,9 +14,28 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use crate::ClusterNetworkPolicy;
 use crate::strict::Strict;
 
-/// The namespace annotation that puts a namespace's policies in audit mode: would-be
-/// denies are counted and logged, and forwarded.
+/// The annotation of policy modes: on a namespace, `audit` puts its policies in audit
+/// mode (would-be denies are counted and logged, and forwarded); on a NetworkPolicy or
+/// ClusterNetworkPolicy, `staged` has it evaluated and not enforced, and
+/// `staged-removal` has it enforced and evaluated as if it were gone (flows show the
+/// verdict of the staged policies beside the enforced one).
 pub const POLICY_MODE_ANNOTATION: &str = "weft.dev/policy-mode";
+
+/// Takes the annotations out of `meta` and gives back only [`POLICY_MODE_ANNOTATION`]
+/// (`None` without it): all that weft reads of an object's annotations.
+pub(crate) fn mode_annotation(meta: &mut kube::api::ObjectMeta) -> Option<BTreeMap<String, String>> {
+    (meta.annotations.take())
+        .map(|a| a.into_iter().filter(|(k, _)| k == POLICY_MODE_ANNOTATION).collect())
+        .filter(|a: &BTreeMap<String, String>| !a.is_empty())
+}
+
+/// The value of [`POLICY_MODE_ANNOTATION`] in `meta`, if any.
+pub fn policy_mode(meta: &kube::api::ObjectMeta) -> Option<&str> {
+    meta.annotations
+        .as_ref()?
+        .get(POLICY_MODE_ANNOTATION)
+        .map(String::as_str)
+}
 
 /// A transport protocol of a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -191,12 +210,7 @@ impl PolicyNamespace {
     /// Reads a Namespace object; `None` without a name.
     pub fn from_namespace(ns: &Namespace) -> Option<Self> {
         let name = ns.metadata.name.clone()?;
-        let audit = ns
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(POLICY_MODE_ANNOTATION))
-            .is_some_and(|m| m == "audit");
+        let audit = policy_mode(&ns.metadata) == Some("audit");
         Some(PolicyNamespace {
             name,
             labels: ns.metadata.labels.clone().unwrap_or_default(),
@@ -292,7 +306,8 @@ pub(crate) fn policy_key(p: &NetworkPolicy) -> Option<(String, String)> {
 }
 
 /// Keeps a NetworkPolicy's name, namespace (`default` if unset, as the API server
-/// would), uid, generation and spec: what policy reads, for the caches of both sources.
+/// would), uid, generation, policy-mode annotation and spec: what policy reads, for the
+/// caches of both sources.
 /// Without its resourceVersion, an update that leaves all of these alone (a label, an
 /// annotation, a file written again) compares equal and changes no snapshot.
 pub(crate) fn slim_policy(p: &mut NetworkPolicy) {
@@ -301,6 +316,7 @@ pub(crate) fn slim_policy(p: &mut NetworkPolicy) {
         namespace: Some(p.metadata.namespace.take().unwrap_or_else(|| "default".into())),
         uid: p.metadata.uid.take(),
         generation: p.metadata.generation.take(),
+        annotations: mode_annotation(&mut p.metadata),
         ..Default::default()
     };
 }
@@ -311,7 +327,8 @@ pub(crate) fn cluster_policy_key(p: &ClusterNetworkPolicy) -> Option<String> {
     p.metadata.name.clone()
 }
 
-/// Keeps a ClusterNetworkPolicy's name, uid, generation and spec, as [`slim_policy`]
+/// Keeps a ClusterNetworkPolicy's name, uid, generation, policy-mode annotation and
+/// spec, as [`slim_policy`]
 /// does for a NetworkPolicy (and for the same reason: an update that changes none of
 /// them compares equal). It is cluster-scoped, so a namespace (a file may write one) is
 /// dropped, as the API server would.
@@ -320,6 +337,7 @@ pub(crate) fn slim_cluster_policy(p: &mut ClusterNetworkPolicy) {
         name: p.metadata.name.take(),
         uid: p.metadata.uid.take(),
         generation: p.metadata.generation.take(),
+        annotations: mode_annotation(&mut p.metadata),
         ..Default::default()
     };
 }

@@ -30,7 +30,18 @@ impl FlowLab {
     fn up(tag: &str) -> Self {
         let dir = TempDir::new(tag);
         let name = format!("wt{}{tag}", std::process::id());
-        let text = include_str!("../../../examples/lab-policy.yaml").replace("name: wp", &format!("name: {name}"));
+        // Besides the example: z, in audit mode, whose pod z/a (n3) is isolated.
+        let text = include_str!("../../../examples/lab-policy.yaml")
+            .replace("name: wp", &format!("name: {name}"))
+            .replace(
+                "  - {name: y, labels: {ns: y}}\n",
+                "  - {name: y, labels: {ns: y}}\n  - {name: z, labels: {ns: z}, annotations: {weft.dev/policy-mode: audit}}\n",
+            )
+            .replace(
+                "  - {name: b, namespace: y, node: n3, labels: {pod: b}}\n",
+                "  - {name: b, namespace: y, node: n3, labels: {pod: b}}\n  - {name: a, namespace: z, node: n3, labels: {pod: a}}\n",
+            )
+            + "  - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: deny, namespace: z},\n     spec: {podSelector: {}, policyTypes: [Ingress]}}\n";
         let (lab, file, lab_dir) = load_lab(dir.path(), &name, &text);
         let lab = LabDown(lab);
         lab.0.up().expect("lab up");
@@ -220,27 +231,64 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
             .all(|p| p["effect"] == "isolate")
     );
 
-    // Intra-node UDP: x/b and y/a share n2.
-    let (xb_port, udp_to) = lab.in_pod("x/b", || {
-        let u = UdpSocket::bind("0.0.0.0:0").unwrap();
-        u.send_to(b"hello", SocketAddr::new(ya, 5353)).unwrap();
-        (u.local_addr().unwrap().port(), ya)
-    });
-    let udp = lab.flows_until(&["--from", "x/b", "--protocol", "udp"], "intra-node UDP", |f| {
-        // Counted once a dump has read the entry (a listing dumps, at most every 250 ms).
-        f.iter().any(|r| {
-            r["src"]["port"].as_u64() == Some(u64::from(xb_port)) && r["forward"]["packets"].as_u64() >= Some(1)
-        })
-    });
-    let u = udp
-        .iter()
-        .find(|r| r["src"]["port"].as_u64() == Some(u64::from(xb_port)))
-        .unwrap();
+    // Intra-node UDP: x/b and y/a share n2. A policy isolating y, staged: the flow is
+    // forwarded, and shows the verdict the staged policy would give.
+    let staged = lab.dir.path().join("staged.yaml");
+    std::fs::write(
+        &staged,
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {name: staged-deny, namespace: y, annotations: {weft.dev/policy-mode: staged}}\n\
+         spec: {podSelector: {}, policyTypes: [Ingress]}\n",
+    )
+    .unwrap();
+    lab.weftctl_ok(&["lab", "apply", &lab.file, staged.to_str().unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let u = loop {
+        // A new flow each time: the verdicts are a flow's when it is first seen.
+        let xb_port = lab.in_pod("x/b", || {
+            let u = UdpSocket::bind("0.0.0.0:0").unwrap();
+            u.send_to(b"hello", SocketAddr::new(ya, 5353)).unwrap();
+            u.local_addr().unwrap().port()
+        });
+        let mine = |r: &Value| r["src"]["port"].as_u64() == Some(u64::from(xb_port));
+        let udp = lab.flows_until(&["--from", "x/b", "--protocol", "udp"], "intra-node UDP", |f| {
+            // Counted once a dump has read the entry (a listing dumps, at most every 250 ms).
+            f.iter().any(|r| mine(r) && r["forward"]["packets"].as_u64() >= Some(1))
+        });
+        let u = udp.into_iter().find(|r| mine(r)).unwrap();
+        if u["staged"]["verdict"] == "denied" {
+            break u;
+        }
+        assert!(Instant::now() < deadline, "the staged policy never showed: {u:#}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
     assert_eq!(
         (u["kind"].as_str(), u["verdict"].as_str(), u["dst"]["ip"].as_str()),
-        (Some("intra-node"), Some("forwarded"), Some(udp_to.to_string().as_str()))
+        (Some("intra-node"), Some("forwarded"), Some(ya.to_string().as_str()))
     );
-    assert_eq!(s(u, &["forward", "packets"]).as_u64(), Some(1));
+    assert_eq!(s(&u, &["forward", "packets"]).as_u64(), Some(1));
+    let sp = &u["staged"]["policies"][0];
+    assert_eq!(
+        (sp["name"].as_str(), sp["effect"].as_str()),
+        (Some("y/staged-deny"), Some("isolate")),
+        "{u:#}"
+    );
+    let (_, previewed) = lab.flows(&["--from", "x/b", "--staged", "denied"]);
+    assert!(!previewed.is_empty() && previewed.iter().all(|r| r["staged"]["verdict"] == "denied"));
+    lab.weftctl_ok(&["lab", "delete", &lab.file, staged.to_str().unwrap()]);
+
+    // Audit: z isolates z/a but is in audit mode; y/b (n3) reaches it, as an audit.
+    assert!(lab.ping("y/b", &lab.ip("z/a").to_string()), "audit mode forwards");
+    let audit = lab.flows_until(
+        &["--from", "y/b", "--to", "z/", "--verdict", "audit"],
+        "the audit",
+        |f| !f.is_empty(),
+    );
+    assert_eq!(
+        (audit[0]["policies"][0]["name"].as_str(), audit[0]["node"].as_str()),
+        (Some("z/deny"), Some("n3")),
+        "{audit:#?}"
+    );
 
     // ICMP: y/a to y/b passes (no policy), y/a to x/a does not (x takes 80/TCP only).
     assert!(lab.ping("y/a", &yb.to_string()));

@@ -42,12 +42,16 @@ pub struct Selection {
     /// forwarded, denied or audit.
     #[arg(long)]
     verdict: Vec<String>,
+    /// The verdict the staged policies would give (`weft.dev/policy-mode: staged` or
+    /// `staged-removal`): forwarded, denied or audit.
+    #[arg(long)]
+    staged: Vec<String>,
     /// A policy that took part: NS/NAME of a NetworkPolicy, NAME of a
     /// ClusterNetworkPolicy.
     #[arg(long)]
     policy: Vec<String>,
     /// Leave out the flows matching KEY=VALUE (KEY: from, to, port, protocol, verdict,
-    /// policy); several --not leave out what matches all of them.
+    /// staged, policy); several --not leave out what matches all of them.
     #[arg(long, value_name = "KEY=VALUE")]
     not: Vec<String>,
     /// Ask every node of a lab (`weftctl lab`) instead of the daemon at --socket (with
@@ -117,9 +121,9 @@ impl Selection {
     fn filter(&self) -> anyhow::Result<FlowFilter> {
         let mut not = FlowFilter::default();
         for c in &self.not {
-            let (k, v) = c.split_once('=').ok_or_else(|| {
-                anyhow::anyhow!("--not {c:?}: KEY=VALUE, KEY one of from, to, port, protocol, verdict, policy")
-            })?;
+            let (k, v) = c
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--not {c:?}: KEY=VALUE, KEY one of {}", weft_flows::filter::KEYS))?;
             match k {
                 "from" => not.from.push(v.into()),
                 "to" => not.to.push(v.into()),
@@ -128,8 +132,9 @@ impl Selection {
                     .push(v.parse().map_err(|_| anyhow::anyhow!("--not port={v}: a port"))?),
                 "protocol" => not.protocols.push(v.into()),
                 "verdict" => not.verdicts.push(v.into()),
+                "staged" => not.staged.push(v.into()),
                 "policy" => not.policies.push(v.into()),
-                other => anyhow::bail!("--not {other}=...: KEY one of from, to, port, protocol, verdict, policy"),
+                other => anyhow::bail!("--not {other}=...: KEY one of {}", weft_flows::filter::KEYS),
             }
         }
         let f = FlowFilter {
@@ -138,6 +143,7 @@ impl Selection {
             ports: self.port.clone(),
             protocols: self.protocol.clone(),
             verdicts: self.verdict.clone(),
+            staged: self.staged.clone(),
             policies: self.policy.clone(),
             since_unix_ms: self
                 .since
@@ -397,12 +403,20 @@ fn print_flow(f: &FlowRecord, json: bool) {
             format!("{p}:{}", p.port)
         }
     };
-    let policy = f
+    let mut policy = f
         .policies
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ");
+    if let Some(s) = &f.staged {
+        let hits: Vec<String> = s.policies.iter().map(ToString::to_string).collect();
+        policy += &format!(" [staged: {}", s.verdict.as_str());
+        if !hits.is_empty() {
+            policy += &format!(", {}", hits.join("; "));
+        }
+        policy += "]";
+    }
     outln!(
         "{:<12} {:<8} {:<30} {:<30} {:<7} {:<12} {:<9} {:>9} {:>9} {:<7}  {policy}",
         super::clock(f.start_ms),
@@ -601,13 +615,18 @@ mod tests {
             port: vec![],
             protocol: vec![],
             verdict: vec![],
+            staged: vec![],
             policy: vec![],
             not: not.iter().map(|s| s.to_string()).collect(),
             lab: None,
         };
-        let f = sel(&["verdict=denied", "port=53"], &["x/"]).filter().unwrap();
+        let f = sel(&["verdict=denied", "port=53", "staged=denied"], &["x/"])
+            .filter()
+            .unwrap();
         let not = f.not.unwrap();
         assert_eq!((not.verdicts, not.ports), (vec!["denied".to_string()], vec![53]));
+        assert_eq!(not.staged, ["denied"]);
+        assert!(sel(&["staged=maybe"], &[]).filter().is_err());
         assert!(sel(&["colour=red"], &[]).filter().is_err());
         assert!(sel(&["port=dns"], &[]).filter().is_err());
         assert!(sel(&[], &["a//b"]).filter().is_err(), "a bad end fails here");

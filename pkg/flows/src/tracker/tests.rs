@@ -66,8 +66,23 @@ impl Resolve for Table {
                     rule_name: "".into(),
                     effect: Effect::Isolate,
                 }],
+                staged: None,
             };
         }
+        // A staged policy that would isolate port 8080.
+        let staged = (port == 8080).then(|| {
+            (
+                Verdict::Denied,
+                vec![PolicyHit {
+                    side: PolicySide::Ingress,
+                    kind: "networkpolicy".into(),
+                    name: "y/staged-deny".into(),
+                    rule: None,
+                    rule_name: "".into(),
+                    effect: Effect::Isolate,
+                }],
+            )
+        });
         Decision {
             verdict: Verdict::Forwarded,
             policies: vec![PolicyHit {
@@ -78,6 +93,7 @@ impl Resolve for Table {
                 rule_name: "".into(),
                 effect: Effect::Allow,
             }],
+            staged,
         }
     }
 }
@@ -420,4 +436,29 @@ fn the_ring_keeps_the_newest_and_listing_filters_and_limits() {
     assert_eq!(ports, vec![102, 103, 104]);
     assert_eq!(t.list(|_| true, 2).len(), 2);
     assert_eq!(t.list(|f| f.src.port == 103, 0).len(), 1);
+}
+
+#[test]
+fn a_flow_carries_the_staged_verdict_beside_the_enforced_one() {
+    let (mut t, r) = (tracker(), Table::new());
+    t.apply(
+        &entry(CtEventKind::New, 1, tuple("10.244.1.2", 40000, "10.244.1.3", 8080, 6)),
+        &r,
+        1_000,
+    );
+    t.apply(
+        &entry(CtEventKind::New, 2, tuple("10.244.1.2", 40001, "10.244.1.3", 80, 6)),
+        &r,
+        1_000,
+    );
+    let all = t.list(|_| true, 0);
+    let on = |port: u16| all.iter().find(|f| f.dst.port == port).unwrap();
+    assert_eq!(on(8080).verdict, Verdict::Forwarded, "a staged policy enforces nothing");
+    let staged = on(8080).staged.as_ref().expect("the preview");
+    assert_eq!(staged.verdict, Verdict::Denied);
+    assert_eq!(&*staged.policies[0].name, "y/staged-deny");
+    assert!(on(80).staged.is_none());
+    let mut f = crate::Filter::default();
+    f.add("staged=denied").unwrap();
+    assert_eq!(t.list(|r| f.matches(r), 0).len(), 1);
 }

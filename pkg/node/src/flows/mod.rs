@@ -179,10 +179,15 @@ pub struct NodeFlows {
     export: Option<Mutex<FileExport>>,
     /// The OTLP export, when one is configured.
     otlp: Option<Mutex<OtlpExport>>,
+    /// The last view the engine published and its staged preview (see `staged_view`).
+    staged: Mutex<StagedCache>,
     /// The label sets of `weft_flows_total` and `weft_flow_bytes_total` in use: those of
     /// a namespace that is gone are removed.
     labels: Mutex<HashSet<FlowLabels>>,
 }
+
+/// A view and its staged preview (none when nothing is staged).
+type StagedCache = Option<(Arc<weft_policy::ClusterView>, Option<Arc<weft_policy::ClusterView>>)>;
 
 /// How soon a closed flow (FIN, RST) is announced at most: its counters come from a
 /// dump (conntrack's update events carry none), taken this often while flows close.
@@ -229,6 +234,7 @@ impl NodeFlows {
             last_refresh_ms: AtomicI64::new(0),
             export,
             otlp,
+            staged: Mutex::new(None),
             labels: Mutex::new(HashSet::new()),
         }))
     }
@@ -256,10 +262,26 @@ impl NodeFlows {
         t != 0 && now_ms() - t < OVERFLOW_NOTE_FOR.as_millis() as i64
     }
 
+    /// The staged preview of `view` ([`weft_policy::ClusterView::staged`]), made once per
+    /// view the engine publishes, and only while a policy is staged.
+    fn staged_view(&self, view: &Arc<weft_policy::ClusterView>) -> Option<Arc<weft_policy::ClusterView>> {
+        let mut cache = self.staged.lock().expect("staged view lock");
+        match &*cache {
+            Some((of, staged)) if Arc::ptr_eq(of, view) => staged.clone(),
+            _ => {
+                let staged = view.staged().map(Arc::new);
+                *cache = Some((view.clone(), staged.clone()));
+                staged
+            }
+        }
+    }
+
     fn with_tracker<R>(&self, f: impl FnOnce(&mut Tracker, &dyn Resolve) -> R) -> R {
         let latest = self.engine.latest();
+        let staged = latest.as_ref().and_then(|l| self.staged_view(&l.view));
         let resolver = ViewResolver {
             view: latest.as_ref().map(|l| &*l.view),
+            staged: staged.as_deref(),
         };
         let mut t = self.tracker.lock().expect("flow tracker lock");
         let out = f(&mut t, &resolver);
@@ -617,6 +639,7 @@ pub(crate) fn aggregate_matches(f: &weft_flows::Filter, a: &weft_flows::Aggregat
                 effect: Effect::Allow,
             }])
         },
+        staged: None,
         forward: a.value.forward,
         reverse: a.value.reverse,
         end: weft_flows::EndReason::Timeout,

@@ -499,3 +499,43 @@ fn a_flow_without_ports_is_taken_only_by_a_rule_without_ports() {
     assert!(v.passes());
     assert_eq!(v.ingress.allowed_by.unwrap().policy, "y/any");
 }
+
+fn with_mode(mut p: Value, mode: &str) -> Value {
+    p["metadata"]["annotations"] = json!({"weft.dev/policy-mode": mode});
+    p
+}
+
+/// A staged policy is evaluated only in the staged view; one staged for removal is
+/// enforced and gone from the staged view; a mode weft does not know enforces the policy
+/// as written and says so.
+#[test]
+fn staged_policies_preview_without_enforcing() {
+    let deny_x = policy("x", "deny", json!({"podSelector": {}}));
+    let (y, x) = (ip_of(1, 0), ip_of(0, 0));
+    let v = cluster(&[with_mode(deny_x.clone(), "staged")]);
+    assert!(v.policies.is_empty(), "a staged policy is not enforced");
+    assert!(v.verdict(y, x, PortProtocol::Tcp, 80).passes());
+    let staged = v.staged().expect("a staged view");
+    let sv = staged.verdict(y, x, PortProtocol::Tcp, 80);
+    assert!(!sv.passes(), "the preview denies");
+    assert_eq!(sv.ingress.isolating, ["x/deny"]);
+
+    let v = cluster(&[with_mode(deny_x.clone(), "staged-removal")]);
+    assert!(!v.verdict(y, x, PortProtocol::Tcp, 80).passes(), "still enforced");
+    assert!(v.staged().unwrap().verdict(y, x, PortProtocol::Tcp, 80).passes());
+
+    assert!(
+        cluster(std::slice::from_ref(&deny_x)).staged().is_none(),
+        "nothing staged, no preview"
+    );
+
+    let mut o = PolicyObjects::default();
+    o.policies.push(Arc::new(
+        serde_json::from_value::<Strict<NetworkPolicy>>(with_mode(deny_x, "stagged")).unwrap(),
+    ));
+    let v = ClusterView::new(&o, "n1", &[], &[]);
+    assert_eq!(v.policies.len(), 1, "an unknown mode is enforced");
+    assert_eq!(v.problems.len(), 1);
+    assert_eq!(v.problems[0].effect, Effect::EnforcedAsWritten);
+    assert!(v.problems[0].to_string().contains("stagged"), "{}", v.problems[0]);
+}

@@ -92,7 +92,7 @@ use tokio::sync::watch;
 
 use super::drive_with;
 use crate::cnp::{CNP_GROUP, CNP_VERSIONS};
-use crate::objects::{POLICY_MODE_ANNOTATION, PolicyMaps, pod_key, slim_cluster_policy, slim_policy};
+use crate::objects::{PolicyMaps, mode_annotation, pod_key, slim_cluster_policy, slim_policy};
 use crate::strict;
 use crate::{ClusterNetworkPolicy, PolicyNamespace, PolicyObjects, PolicyPod, Strict, UnreadablePolicy};
 use recheck::Recheck;
@@ -807,8 +807,8 @@ fn decode<T: DeserializeOwned>(o: &DynamicObject, kind: &str, name: String) -> R
     strict::decode(&value).map_err(unreadable)
 }
 
-/// Keeps of a raw policy object what reading it needs: its name, namespace, uid and
-/// generation (which the read form keeps), its resourceVersion (to warn once per change
+/// Keeps of a raw policy object what reading it needs: its name, namespace, uid,
+/// generation and policy-mode annotation (which the read form keeps), its resourceVersion (to warn once per change
 /// about one that does not read), and everything but the metadata and the status, which
 /// is what the strict reading looks at. The rest of the metadata (managedFields above
 /// all) goes before the object is even decoded.
@@ -819,6 +819,7 @@ fn slim_raw(o: &mut DynamicObject) {
         uid: o.metadata.uid.take(),
         generation: o.metadata.generation.take(),
         resource_version: o.metadata.resource_version.take(),
+        annotations: mode_annotation(&mut o.metadata),
         ..ObjectMeta::default()
     };
     if let Some(fields) = o.data.as_object_mut() {
@@ -876,9 +877,7 @@ pub(super) fn slim_pod(p: &mut Pod) {
 
 /// Keeps a Namespace's name, uid, labels and the policy-mode annotation.
 pub(super) fn slim_namespace(n: &mut Namespace) {
-    let annotations = (n.metadata.annotations.take())
-        .map(|a| a.into_iter().filter(|(k, _)| k == POLICY_MODE_ANNOTATION).collect())
-        .filter(|a: &BTreeMap<String, String>| !a.is_empty());
+    let annotations = mode_annotation(&mut n.metadata);
     n.metadata = ObjectMeta {
         name: n.metadata.name.take(),
         uid: n.metadata.uid.take(),

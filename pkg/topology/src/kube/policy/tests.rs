@@ -521,6 +521,7 @@ fn a_raw_policy_is_read_strictly_and_slimmed() {
         "metadata": {
             "namespace": "web", "name": "allow", "uid": "u3", "generation": 4, "resourceVersion": "11",
             "labels": {"team": "a"}, "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+            "annotations": {"weft.dev/policy-mode": "staged-removal", "other": "dropped"},
         },
         "spec": {"podSelector": {}, "policyTypes": ["Ingress"],
                  "ingress": [{"from": [{"podSelector": {}, "serviceAccount": "b"}]}]},
@@ -539,7 +540,8 @@ fn a_raw_policy_is_read_strictly_and_slimmed() {
     assert_eq!(p.unknown, ["spec.ingress[0].from[0].serviceAccount"]);
     assert_eq!(
         serde_json::to_value(&p.object.metadata).unwrap(),
-        json!({"namespace": "web", "name": "allow", "uid": "u3", "generation": 4})
+        json!({"namespace": "web", "name": "allow", "uid": "u3", "generation": 4,
+               "annotations": {"weft.dev/policy-mode": "staged-removal"}})
     );
     // Without a namespace: `default`, as the API server would.
     let o = raw_policy(json!({"metadata": {"name": "x"}, "spec": {"podSelector": {}}}));
@@ -643,7 +645,7 @@ fn a_slim_cluster_policy_keeps_its_identity_and_spec() {
         "apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
         "metadata": {
             "name": "deny", "uid": "u4", "generation": 2, "resourceVersion": "12",
-            "labels": {"team": "a"}, "annotations": {"note": "x"},
+            "labels": {"team": "a"}, "annotations": {"note": "x", "weft.dev/policy-mode": "staged"},
             "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
         },
         "spec": {"tier": "Admin", "priority": 10, "subject": {"namespaces": {}},
@@ -654,7 +656,8 @@ fn a_slim_cluster_policy_keeps_its_identity_and_spec() {
     slim_cluster_policy(&mut p);
     assert_eq!(
         serde_json::to_value(&p.metadata).unwrap(),
-        json!({"name": "deny", "uid": "u4", "generation": 2})
+        json!({"name": "deny", "uid": "u4", "generation": 2,
+               "annotations": {"weft.dev/policy-mode": "staged"}})
     );
     assert_eq!(p.spec, spec);
 }
@@ -756,7 +759,7 @@ fn a_slim_policy_keeps_its_identity_and_spec() {
     let mut p: NetworkPolicy = serde_json::from_value(json!({
         "metadata": {
             "namespace": "web", "name": "allow", "uid": "u3", "generation": 4, "resourceVersion": "11",
-            "labels": {"team": "a"}, "annotations": {"note": "x"},
+            "labels": {"team": "a"}, "annotations": {"note": "x", "weft.dev/policy-mode": "staged-removal"},
             "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
         },
         "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
@@ -766,7 +769,8 @@ fn a_slim_policy_keeps_its_identity_and_spec() {
     slim_policy(&mut p);
     assert_eq!(
         serde_json::to_value(&p.metadata).unwrap(),
-        json!({"namespace": "web", "name": "allow", "uid": "u3", "generation": 4})
+        json!({"namespace": "web", "name": "allow", "uid": "u3", "generation": 4,
+               "annotations": {"weft.dev/policy-mode": "staged-removal"}})
     );
     assert_eq!(p.spec, spec);
 }
