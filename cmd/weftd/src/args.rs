@@ -149,6 +149,10 @@ pub struct Args {
     #[arg(long, env = "WEFT_FLOWS_FILE_FILTER", value_delimiter = ',', value_name = "KEY=VALUE",
           value_parser = flow_criterion)]
     flows_file_filter: Vec<String>,
+    /// Flow metrics per workload (`weft_workload_flow*`) for every namespace, not only
+    /// those annotated `weft.dev/flow-metrics: workload`.
+    #[arg(long, env = "WEFT_FLOWS_WORKLOAD_METRICS", default_value_t = false, action = clap::ArgAction::Set)]
+    flows_workload_metrics: bool,
     /// Export flows as OTLP logs to the endpoint `OTEL_EXPORTER_OTLP_ENDPOINT` (or
     /// `OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`) names: `flows`, one record per ended flow;
     /// `aggregates`, one per key of each closed 15 s bucket; `off`.
@@ -285,6 +289,7 @@ impl Args {
                     keep: self.flows_file_keep,
                     filter: flow_filter(&self.flows_file_filter),
                 }),
+                workload_metrics: self.flows_workload_metrics,
                 otlp: {
                     use weft_node::flows::otlp::{OtlpExportConfig, OtlpRecords};
                     let records = match self.flows_otlp {

@@ -108,6 +108,7 @@ fn view(pods: usize) -> (ClusterView, usize) {
             name: format!("ns{n}"),
             labels: [("kubernetes.io/metadata.name".to_string(), format!("ns{n}"))].into(),
             audit: false,
+            workload_flow_metrics: false,
         }));
     }
     for i in 0..pods {

@@ -177,8 +177,9 @@ pub struct Tracker {
 }
 
 /// Bytes flows moved since the last [`Tracker::take_growth`], by verdict, kind and the
-/// namespace of the pod the flow is reported for.
-pub type Growth = HashMap<(Verdict, FlowKind, Arc<str>), u64>;
+/// namespace and workload (`Kind/name`, empty for a pod no controller owns) of the pod
+/// the flow is reported for.
+pub type Growth = HashMap<(Verdict, FlowKind, Arc<str>, Arc<str>), u64>;
 
 impl Tracker {
     /// An empty tracker.
@@ -614,7 +615,8 @@ fn refresh(
     if df.bytes + dr.bytes > 0 {
         let r = &open.record;
         let pod = if r.src.kind == PeerKind::Pod { &r.src } else { &r.dst };
-        *growth.entry((r.verdict, r.kind, pod.namespace.clone())).or_default() += df.bytes + dr.bytes;
+        let key = (r.verdict, r.kind, pod.namespace.clone(), pod.workload.clone());
+        *growth.entry(key).or_default() += df.bytes + dr.bytes;
     }
     if df != Counters::default() || dr != Counters::default() {
         aggs.add(

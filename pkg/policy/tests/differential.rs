@@ -409,6 +409,7 @@ fn world(c: &ClusterGen) -> World {
             name: ns.to_string(),
             labels,
             audit: c.audit && i == 2,
+            workload_flow_metrics: false,
         }));
     }
     let mut local = Vec::new();

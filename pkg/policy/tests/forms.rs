@@ -74,6 +74,7 @@ fn objects(l: &Lab, policies: Vec<Value>, cnps: Vec<Value>) -> PolicyObjects {
                     name: n.to_string(),
                     labels: [("ns".to_string(), n.to_string())].into(),
                     audit: false,
+                    workload_flow_metrics: false,
                 })
             })
             .collect(),

@@ -84,6 +84,7 @@ fn objects(
                     name: n.to_string(),
                     labels: [("ns".to_string(), n.to_string())].into(),
                     audit: false,
+                    workload_flow_metrics: false,
                 })
             })
             .collect(),

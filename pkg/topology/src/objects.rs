@@ -21,11 +21,20 @@ use crate::strict::Strict;
 /// verdict of the staged policies beside the enforced one).
 pub const POLICY_MODE_ANNOTATION: &str = "weft.dev/policy-mode";
 
+/// The namespace annotation that asks for flow metrics per workload
+/// (`weft.dev/flow-metrics: workload`) besides the per-namespace ones.
+pub const FLOW_METRICS_ANNOTATION: &str = "weft.dev/flow-metrics";
+
 /// Takes the annotations out of `meta` and gives back only [`POLICY_MODE_ANNOTATION`]
-/// (`None` without it): all that weft reads of an object's annotations.
+/// and [`FLOW_METRICS_ANNOTATION`] (`None` without them): all that weft reads of an
+/// object's annotations.
 pub(crate) fn mode_annotation(meta: &mut kube::api::ObjectMeta) -> Option<BTreeMap<String, String>> {
     (meta.annotations.take())
-        .map(|a| a.into_iter().filter(|(k, _)| k == POLICY_MODE_ANNOTATION).collect())
+        .map(|a| {
+            a.into_iter()
+                .filter(|(k, _)| k == POLICY_MODE_ANNOTATION || k == FLOW_METRICS_ANNOTATION)
+                .collect()
+        })
         .filter(|a: &BTreeMap<String, String>| !a.is_empty())
 }
 
@@ -204,6 +213,8 @@ pub struct PolicyNamespace {
     pub labels: BTreeMap<String, String>,
     /// Whether [`POLICY_MODE_ANNOTATION`] says `audit`.
     pub audit: bool,
+    /// Whether [`FLOW_METRICS_ANNOTATION`] asks for flow metrics per workload.
+    pub workload_flow_metrics: bool,
 }
 
 impl PolicyNamespace {
@@ -215,6 +226,12 @@ impl PolicyNamespace {
             name,
             labels: ns.metadata.labels.clone().unwrap_or_default(),
             audit,
+            workload_flow_metrics: ns
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(FLOW_METRICS_ANNOTATION))
+                .is_some_and(|v| v == "workload"),
         })
     }
 }

@@ -153,8 +153,10 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
         &[("127.0.0.1:9384", d.node_name())],
         None,
     );
-    // x: nothing in but from pod b, on 80.
-    write(dir.path(), "namespaces.yaml", &[namespace("x")]);
+    // x: nothing in but from pod b, on 80; its flow metrics per workload.
+    let mut x = namespace("x");
+    x["metadata"]["annotations"] = json!({"weft.dev/flow-metrics": "workload"});
+    write(dir.path(), "namespaces.yaml", &[x]);
     write(
         dir.path(),
         "policies.yaml",
@@ -274,7 +276,15 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
         assert!(!r.is_empty(), "panel {:?} query returns nothing: {}", q.title, q.expr);
         checked += 1;
     }
-    assert!(checked >= 13, "only {checked} policy and flow queries");
+    assert!(checked >= 15, "only {checked} policy and flow queries");
+    // Per workload, as x asks (its pods have no controller: workload "none").
+    let page = d.http_get("/metrics", "text/plain");
+    assert!(
+        page.lines().any(|l| l.starts_with("weft_workload_flow_bytes_total{")
+            && l.contains("namespace=\"x\"")
+            && l.contains("workload=\"none\"")),
+        "{page}"
+    );
 
     // A policy change reaches the kernel within a second of the file.
     write(
@@ -352,6 +362,11 @@ fn pods_are_policed_from_their_first_packet_and_operators_see_why() {
     let mut audited = namespace("x");
     audited["metadata"]["annotations"] = json!({"weft.dev/policy-mode": "audit"});
     write(dir.path(), "namespaces.yaml", &[audited]);
+    // x no longer asks for flow metrics per workload: its series go (checked every 10 s).
+    eventually("x's per-workload flow series stayed", Duration::from_secs(25), || {
+        !d.http_get("/metrics", "text/plain")
+            .contains("weft_workload_flow_bytes_total{")
+    });
     eventually("audit mode did not take", Duration::from_secs(3), || {
         reaches_within(&nb, &a, Duration::from_millis(100))
     });

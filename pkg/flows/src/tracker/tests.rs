@@ -238,7 +238,12 @@ fn counters_of_open_flows_are_refreshed_and_aggregated_as_they_grow() {
     let growth = t.take_growth();
     assert_eq!(growth.len(), 1);
     assert_eq!(
-        growth.get(&(Verdict::Forwarded, FlowKind::InterNode, "x".into())),
+        growth.get(&(
+            Verdict::Forwarded,
+            FlowKind::InterNode,
+            "x".into(),
+            "Deployment/web".into()
+        )),
         Some(&20_300),
         "both ways, for the source pod's namespace"
     );

@@ -49,6 +49,9 @@ pub struct FlowsConfig {
     pub file: Option<weft_flows::export::FileExportConfig>,
     /// Flows or aggregates exported as OTLP logs, if at all.
     pub otlp: Option<otlp::OtlpExportConfig>,
+    /// Flow metrics per workload for every namespace (else only for those annotated
+    /// `weft.dev/flow-metrics: workload`).
+    pub workload_metrics: bool,
 }
 
 impl Default for FlowsConfig {
@@ -61,6 +64,7 @@ impl Default for FlowsConfig {
             dump_every: Duration::from_secs(10),
             file: None,
             otlp: None,
+            workload_metrics: false,
         }
     }
 }
@@ -82,6 +86,28 @@ pub struct FlowLabels {
     /// The namespace of the pod the flow is reported for (the source pod, or the
     /// destination of a flow from outside or from a node).
     pub namespace: String,
+}
+
+/// A flow's verdict and kind, with the namespace and workload of the pod this node
+/// reports it for: the labels of the per-workload families, for the namespaces that ask
+/// (`weft.dev/flow-metrics: workload`) or all (`--flows-workload-metrics`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkloadFlowLabels {
+    /// As [`FlowLabels::verdict`].
+    pub verdict: &'static str,
+    /// As [`FlowLabels::kind`].
+    pub kind: &'static str,
+    /// As [`FlowLabels::namespace`].
+    pub namespace: String,
+    /// The pod's workload, `Kind/name` (a Deployment's ReplicaSet as the Deployment), or
+    /// `none` for pods no controller owns (never a pod's name: the series stay bounded
+    /// by workloads).
+    pub workload: String,
+}
+
+/// The workload label of a pod's workload (`Kind/name`, or empty).
+fn workload_label(w: &str) -> String {
+    if w.is_empty() { "none".into() } else { w.to_string() }
 }
 
 /// Conntrack entries read, by what they said.
@@ -114,6 +140,14 @@ pub struct FlowMetrics {
     pub overflows: Counter,
     /// `weft_flow_records{state}`.
     pub records: Family<RecordLabels, Gauge>,
+    /// `weft_workload_flows_total{verdict, kind, namespace, workload}`: as `flows`, per
+    /// workload, where asked for.
+    pub workload_flows: Family<WorkloadFlowLabels, Counter>,
+    /// `weft_workload_flow_bytes_total{verdict, kind, namespace, workload}`.
+    pub workload_bytes: Family<WorkloadFlowLabels, Counter>,
+    /// `weft_flow_updated_timestamp_seconds`: when the flows (and their aggregates) were
+    /// last brought up to date from the kernel; `time() - it` is the aggregation lag.
+    pub updated: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Families for FlowMetrics {
@@ -125,7 +159,25 @@ impl Families for FlowMetrics {
             lost: Counter::default(),
             overflows: Counter::default(),
             records: Family::default(),
+            workload_flows: Family::default(),
+            workload_bytes: Family::default(),
+            updated: Gauge::default(),
         };
+        metrics.register(
+            "weft_workload_flows",
+            "Flows begun (or refused) per workload, for the namespaces annotated weft.dev/flow-metrics=workload (or all, with --flows-workload-metrics)",
+            m.workload_flows.clone(),
+        );
+        metrics.register(
+            "weft_workload_flow_bytes",
+            "Bytes flows moved, both ways, per workload, where asked for (as weft_workload_flows)",
+            m.workload_bytes.clone(),
+        );
+        metrics.register(
+            "weft_flow_updated_timestamp_seconds",
+            "When flows were last brought up to date from the kernel (Unix seconds): time() minus it is the aggregation lag",
+            m.updated.clone(),
+        );
         metrics.register(
             "weft_flows",
             "Flows of this node's pods begun (or refused), by verdict, kind and the reported pod's namespace",
@@ -184,6 +236,9 @@ pub struct NodeFlows {
     /// The label sets of `weft_flows_total` and `weft_flow_bytes_total` in use: those of
     /// a namespace that is gone are removed.
     labels: Mutex<HashSet<FlowLabels>>,
+    /// The same for the per-workload families (removed too when the workload is gone or
+    /// its namespace stops asking).
+    workload_labels: Mutex<HashSet<WorkloadFlowLabels>>,
 }
 
 /// A view and its staged preview (none when nothing is staged).
@@ -236,6 +291,7 @@ impl NodeFlows {
             otlp,
             staged: Mutex::new(None),
             labels: Mutex::new(HashSet::new()),
+            workload_labels: Mutex::new(HashSet::new()),
         }))
     }
 
@@ -289,7 +345,8 @@ impl NodeFlows {
         let growth = t.take_growth();
         let stats = t.stats();
         drop(t);
-        for ((verdict, kind, namespace), bytes) in growth {
+        let per_workload = |ns: &str| self.per_workload(latest.as_ref().map(|l| &*l.view), ns);
+        for ((verdict, kind, namespace, workload), bytes) in growth {
             let labels = FlowLabels {
                 verdict: verdict.as_str(),
                 kind: kind.as_str(),
@@ -297,7 +354,18 @@ impl NodeFlows {
             };
             self.metrics.bytes.get_or_create(&labels).inc_by(bytes);
             self.labels.lock().expect("flow labels lock").insert(labels);
+            if per_workload(&namespace) {
+                let labels = WorkloadFlowLabels {
+                    verdict: verdict.as_str(),
+                    kind: kind.as_str(),
+                    namespace: namespace.to_string(),
+                    workload: workload_label(&workload),
+                };
+                self.metrics.workload_bytes.get_or_create(&labels).inc_by(bytes);
+                self.workload_labels.lock().expect("flow labels lock").insert(labels);
+            }
         }
+        self.metrics.updated.set(now_ms() as f64 / 1000.0);
         if let Some(export) = &self.export {
             let mut export = export.lock().expect("flow export lock");
             for r in &changes {
@@ -315,7 +383,7 @@ impl NodeFlows {
             }
         }
         for r in changes {
-            self.count(&r);
+            self.count(&r, per_workload);
             let _ = self.changes.send(r);
         }
         for (state, n) in [
@@ -331,21 +399,36 @@ impl NodeFlows {
         out
     }
 
-    fn count(&self, r: &FlowRecord) {
+    /// Whether namespace `ns` has flow metrics per workload.
+    fn per_workload(&self, view: Option<&weft_policy::ClusterView>, ns: &str) -> bool {
+        self.cfg.workload_metrics
+            || view
+                .and_then(|v| v.namespaces.get(ns))
+                .is_some_and(|n| n.workload_flow_metrics)
+    }
+
+    fn count(&self, r: &FlowRecord, per_workload: impl Fn(&str) -> bool) {
+        // Once per flow: as it opens, or as it is refused.
+        if r.end != weft_flows::EndReason::Open && r.end != weft_flows::EndReason::Denied {
+            return;
+        }
         let pod = if r.src.kind == PeerKind::Pod { &r.src } else { &r.dst };
         let labels = FlowLabels {
             verdict: r.verdict.as_str(),
             kind: r.kind.as_str(),
             namespace: pod.namespace.to_string(),
         };
-        if let Ok(mut seen) = self.labels.lock()
-            && !seen.contains(&labels)
-        {
-            seen.insert(labels.clone());
-        }
-        // Once per flow: as it opens, or as it is refused.
-        if r.end == weft_flows::EndReason::Open || r.end == weft_flows::EndReason::Denied {
-            self.metrics.flows.get_or_create(&labels).inc();
+        self.metrics.flows.get_or_create(&labels).inc();
+        self.labels.lock().expect("flow labels lock").insert(labels);
+        if per_workload(&pod.namespace) {
+            let labels = WorkloadFlowLabels {
+                verdict: r.verdict.as_str(),
+                kind: r.kind.as_str(),
+                namespace: pod.namespace.to_string(),
+                workload: workload_label(&pod.workload),
+            };
+            self.metrics.workload_flows.get_or_create(&labels).inc();
+            self.workload_labels.lock().expect("flow labels lock").insert(labels);
         }
     }
 
@@ -488,10 +571,27 @@ impl NodeFlows {
         if latest.view.namespaces.is_empty() {
             return;
         }
+        let view = &latest.view;
         let mut seen = self.labels.lock().expect("flow labels lock");
-        for l in gone(&mut seen, |ns| latest.view.namespaces.contains_key(ns)) {
+        for l in gone(&mut seen, |l| view.namespaces.contains_key(&l.namespace)) {
             self.metrics.flows.remove(&l);
             self.metrics.bytes.remove(&l);
+        }
+        drop(seen);
+        let workloads: HashSet<(&str, String)> = view
+            .pods
+            .iter()
+            .map(|p| (p.namespace.as_str(), workload_label(&p.workload)))
+            .collect();
+        let mut seen = self.workload_labels.lock().expect("flow labels lock");
+        let kept = |l: &WorkloadFlowLabels| {
+            self.per_workload(Some(view), &l.namespace)
+                && view.namespaces.contains_key(&l.namespace)
+                && workloads.contains(&(l.namespace.as_str(), l.workload.clone()))
+        };
+        for l in gone(&mut seen, kept) {
+            self.metrics.workload_flows.remove(&l);
+            self.metrics.workload_bytes.remove(&l);
         }
     }
 
@@ -600,10 +700,10 @@ impl FlowsAdmin for NodeFlows {
     }
 }
 
-/// Takes out of `seen` the label sets of namespaces `known` does not know, and returns
-/// them.
-fn gone(seen: &mut HashSet<FlowLabels>, known: impl Fn(&str) -> bool) -> Vec<FlowLabels> {
-    let out: Vec<FlowLabels> = seen.iter().filter(|l| !known(&l.namespace)).cloned().collect();
+/// Takes out of `seen` the label sets `kept` does not keep (a namespace or workload
+/// gone), and returns them.
+fn gone<L: Clone + Eq + std::hash::Hash>(seen: &mut HashSet<L>, kept: impl Fn(&L) -> bool) -> Vec<L> {
+    let out: Vec<L> = seen.iter().filter(|l| !kept(l)).cloned().collect();
     for l in &out {
         seen.remove(l);
     }
@@ -693,7 +793,7 @@ mod tests {
         let mut seen: HashSet<FlowLabels> = [labels("x"), labels("gone")].into();
         m.flows.get_or_create(&labels("x")).inc();
         m.flows.get_or_create(&labels("gone")).inc();
-        for l in gone(&mut seen, |ns| ns == "x") {
+        for l in gone(&mut seen, |l| l.namespace == "x") {
             m.flows.remove(&l);
         }
         assert_eq!(seen, [labels("x")].into());

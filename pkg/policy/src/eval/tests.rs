@@ -31,6 +31,7 @@ fn cluster(policies: &[Value]) -> ClusterView {
             name: ns.to_string(),
             labels: [("ns".to_string(), ns.to_string())].into(),
             audit: false,
+            workload_flow_metrics: false,
         }));
         for (j, pod) in PODS.iter().enumerate() {
             let ports = [80u16, 81]
@@ -386,6 +387,7 @@ fn audit_mode_forwards_and_says_so() {
         name: "x".into(),
         labels: Default::default(),
         audit: true,
+        workload_flow_metrics: false,
     }));
     let pod = |name: &str, ip: &str| {
         Arc::new(PolicyPod {

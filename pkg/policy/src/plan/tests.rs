@@ -67,11 +67,13 @@ impl World {
                         name: "x".into(),
                         labels: [("ns".to_string(), "x".to_string())].into(),
                         audit: false,
+                        workload_flow_metrics: false,
                     }),
                     Arc::new(PolicyNamespace {
                         name: "y".into(),
                         labels: [("ns".to_string(), "y".to_string())].into(),
                         audit: false,
+                        workload_flow_metrics: false,
                     }),
                 ],
                 policies: Vec::new(),
@@ -282,6 +284,7 @@ fn unknown_pods_blocks_and_audit() {
     );
     w.objects.namespaces[0] = Arc::new(PolicyNamespace {
         audit: true,
+        workload_flow_metrics: false,
         ..(*w.objects.namespaces[0]).clone()
     });
     let d = w.plan();

@@ -875,7 +875,8 @@ pub(super) fn slim_pod(p: &mut Pod) {
     }
 }
 
-/// Keeps a Namespace's name, uid, labels and the policy-mode annotation.
+/// Keeps a Namespace's name, uid, labels and weft's annotations (policy mode, flow
+/// metrics).
 pub(super) fn slim_namespace(n: &mut Namespace) {
     let annotations = mode_annotation(&mut n.metadata);
     n.metadata = ObjectMeta {
