@@ -452,6 +452,9 @@ pub async fn serve(
         && let Some(announcer) = announcer(config, w, metrics)
     {
         engine.set_announcer(Arc::new(announcer.clone()));
+        if let Some(flows) = &s.flows {
+            flows.set_peers(Arc::new(announcer.clone()));
+        }
         running.task("policy announcer", tokio::spawn(announcer.run(stopped())));
     }
     let grpc = servers::serve_socket(
@@ -540,12 +543,14 @@ pub async fn serve(
     );
     if let Some(w) = &s.wires {
         // The other nodes' announcements, taken on this runtime (see `PolicyService`).
+        // And their cluster-wide flow listings.
         let policy = s.policy.clone().map(|engine| {
-            PolicyService::server(
+            PolicyService::with_flows(
                 engine,
                 w.source.clone(),
                 w.engine.metrics().rejected.clone(),
                 tokio::runtime::Handle::current(),
+                s.flows.clone().map(|f| f as Arc<dyn weft_daemon::service::FlowsAdmin>),
             )
         });
         let task = servers::serve_wires(

@@ -205,6 +205,52 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
         1,
         "one flow, reported once"
     );
+    // Cluster-wide from one node: n3 (which saw none of it) asks the others over the
+    // node-to-node port and answers with n2's record, and every node's stats.
+    let n3 = lab.lab.0.socket("n3");
+    let text = lab.weftctl_ok(&[
+        "--socket",
+        n3.to_str().unwrap(),
+        "flows",
+        "--from",
+        "y/a",
+        "--to",
+        "x/a",
+        "--port",
+        "80",
+        "-o",
+        "json",
+    ]);
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut nodes: Vec<&str> = lines.iter().filter_map(|v| v["stats"]["node"].as_str()).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["n1", "n2", "n3"], "{text}");
+    assert!(
+        lines
+            .iter()
+            .all(|v| v.get("stats").is_none() || v["stats"]["enabled"] == true),
+        "every node answered: {text}"
+    );
+    let via = lines
+        .iter()
+        .filter(|v| v["src"]["port"] == client_port)
+        .collect::<Vec<_>>();
+    assert_eq!(via.len(), 1, "the transfer, once, through n3: {text}");
+    assert_eq!(via[0]["node"], "n2");
+    let local = lab.weftctl_ok(&[
+        "--socket",
+        n3.to_str().unwrap(),
+        "flows",
+        "--local",
+        "--from",
+        "y/a",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        !local.contains(&format!("\"port\":{client_port}")),
+        "--local: n3's own flows only: {local}"
+    );
 
     // Refused: y/a to x/a on 81.
     let refused = lab.in_pod("y/a", || {

@@ -58,6 +58,10 @@ pub struct Selection {
     /// --follow: every node at once).
     #[arg(long)]
     lab: Option<PathBuf>,
+    /// Only the node at --socket: by default it asks every other node of the cluster
+    /// over the node-to-node port and answers for all.
+    #[arg(long, conflicts_with = "lab")]
+    local: bool,
 }
 
 /// `weftctl flows`.
@@ -116,6 +120,12 @@ fn now_ms() -> i64 {
 }
 
 impl Selection {
+    /// Whether the daemon asked answers for the whole cluster (a lab's nodes are each
+    /// asked instead).
+    fn cluster(&self) -> bool {
+        self.lab.is_none() && !self.local
+    }
+
     /// The filter as the daemon reads it; checked here first, so a typo fails before
     /// any daemon is asked.
     fn filter(&self) -> anyhow::Result<FlowFilter> {
@@ -223,6 +233,7 @@ async fn list(
         limit,
         aggregate,
         per_bucket: false,
+        cluster: sel.cluster(),
     };
     let all = super::daemons(socket, sel.lab.as_deref())?;
     let answers = ask(&all, &request).await?;
@@ -464,6 +475,7 @@ async fn aggregates(sel: &Selection, socket: &Path) -> anyhow::Result<Vec<FlowAg
     let request = FlowsRequest {
         filter: Some(sel.filter()?),
         aggregate: true,
+        cluster: sel.cluster(),
         ..FlowsRequest::default()
     };
     Ok(ask(&super::daemons(socket, sel.lab.as_deref())?, &request)
@@ -619,6 +631,7 @@ mod tests {
             policy: vec![],
             not: not.iter().map(|s| s.to_string()).collect(),
             lab: None,
+            local: false,
         };
         let f = sel(&["verdict=denied", "port=53", "staged=denied"], &["x/"])
             .filter()

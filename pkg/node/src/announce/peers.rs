@@ -21,7 +21,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::Instrument;
 use weft_policy::{Announced, Announcer};
 use weft_rpc::wire::policy_client::PolicyClient;
-use weft_rpc::wire::{AnnounceOutcome, AnnounceRequest, AnnouncedPod, Hello};
+use weft_rpc::wire::{AnnounceOutcome, AnnounceRequest, AnnouncedPod, Hello, PeerFlowsRequest};
 use weft_topology::TopologySource;
 use weft_wiretls::{WireConnector, WireSecurity};
 
@@ -195,6 +195,41 @@ impl WireAnnouncer {
     pub fn peer_states(&self) -> BTreeMap<String, bool> {
         let peers = self.inner.peers.lock().expect("peers lock");
         peers.iter().map(|(n, p)| (n.clone(), p.health == Health::Up)).collect()
+    }
+}
+
+impl crate::flows::PeerFlows for WireAnnouncer {
+    fn flows(
+        &self,
+        request: weft_rpc::admin::FlowsRequest,
+    ) -> BoxFuture<'static, Vec<(String, Result<weft_daemon::service::FlowsStream, String>)>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let from = inner.address().map(|a| Hello {
+                node: inner.node_name.clone(),
+                address: a.to_string(),
+            });
+            // Every peer the Node objects name, whether or not it took the last
+            // announcement: a listing says which did not answer.
+            let peers: Vec<(String, PolicyClient<Channel>)> = {
+                let peers = inner.peers.lock().expect("peers lock");
+                peers.iter().map(|(n, p)| (n.clone(), p.client.clone())).collect()
+            };
+            let calls = peers.into_iter().map(|(name, mut client)| {
+                let req = PeerFlowsRequest {
+                    from: from.clone(),
+                    request: Some(request.clone()),
+                };
+                async move {
+                    let answer = match client.flows(req).await {
+                        Ok(r) => Ok(Box::pin(r.into_inner()) as weft_daemon::service::FlowsStream),
+                        Err(s) => Err(format!("{:?}: {}", s.code(), s.message())),
+                    };
+                    (name, answer)
+                }
+            });
+            futures::future::join_all(calls).await
+        })
     }
 }
 

@@ -8,9 +8,10 @@ use futures::future::BoxFuture;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tonic::{Request, Response, Status};
+use weft_daemon::service::{FlowsAdmin, FlowsStream};
 use weft_policy::{Announced, PolicyEngine, PolicyKernel, Taken};
 use weft_rpc::wire::policy_server::{Policy, PolicyServer};
-use weft_rpc::wire::{AnnounceOutcome, AnnounceReply, AnnounceRequest, AnnounceResult, AnnouncedPod};
+use weft_rpc::wire::{AnnounceOutcome, AnnounceReply, AnnounceRequest, AnnounceResult, AnnouncedPod, PeerFlowsRequest};
 use weft_topology::{ClusterNode, TopologySource};
 use weft_wires::metrics::RejectLabels;
 
@@ -99,6 +100,8 @@ pub struct PolicyService<A> {
     source: Arc<dyn TopologySource>,
     rejected: Family<RejectLabels, Counter>,
     runtime: tokio::runtime::Handle,
+    /// This node's flows, for the other nodes' cluster-wide listings.
+    flows: Option<Arc<dyn FlowsAdmin>>,
 }
 
 impl<A: Announcements> PolicyService<A> {
@@ -112,11 +115,24 @@ impl<A: Announcements> PolicyService<A> {
         rejected: Family<RejectLabels, Counter>,
         runtime: tokio::runtime::Handle,
     ) -> PolicyServer<Self> {
+        Self::with_flows(sink, source, rejected, runtime, None)
+    }
+
+    /// [`Self::server`] that also answers the other nodes' `Flows` calls from `flows`
+    /// (without it they get `Unimplemented`).
+    pub fn with_flows(
+        sink: Arc<A>,
+        source: Arc<dyn TopologySource>,
+        rejected: Family<RejectLabels, Counter>,
+        runtime: tokio::runtime::Handle,
+        flows: Option<Arc<dyn FlowsAdmin>>,
+    ) -> PolicyServer<Self> {
         PolicyServer::new(Self {
             sink,
             source,
             rejected,
             runtime,
+            flows,
         })
         .max_decoding_message_size(MAX_REQUEST)
     }
@@ -167,6 +183,25 @@ fn result(r: Result<Taken, String>) -> AnnounceResult {
 
 #[tonic::async_trait]
 impl<A: Announcements> Policy for PolicyService<A> {
+    type FlowsStream = FlowsStream;
+
+    async fn flows(&self, req: Request<PeerFlowsRequest>) -> Result<Response<FlowsStream>, Status> {
+        let remote = req.remote_addr().map(|a| a.ip());
+        let claimed = req.get_ref().from.as_ref().map(|h| h.address.clone());
+        let node = caller(remote, claimed.as_deref(), &self.source.nodes()).map_err(|r| self.refuse(remote, r))?;
+        let Some(flows) = &self.flows else {
+            return Err(Status::unimplemented("this node records no flows"));
+        };
+        let mut request = req.into_inner().request.unwrap_or_default();
+        // A peer answers for itself: never a fan-out of its own.
+        request.cluster = false;
+        tracing::debug!(peer = %node, "flows asked by a peer node");
+        flows
+            .flows(request)
+            .map(Response::new)
+            .map_err(Status::invalid_argument)
+    }
+
     async fn announce(&self, req: Request<AnnounceRequest>) -> Result<Response<AnnounceReply>, Status> {
         let remote = req.remote_addr().map(|a| a.ip());
         let claimed = req.get_ref().from.as_ref().map(|h| h.address.clone());

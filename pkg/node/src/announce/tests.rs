@@ -263,6 +263,19 @@ async fn the_service_hands_the_engine_the_node_at_the_callers_address() {
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("no node of the cluster"), "{e:?}");
     assert_eq!(count(&rejected, "unknown_node"), 1);
+
+    // Nor may it list this node's flows; a node of the cluster may (this service was
+    // given no flows: it says so).
+    let flows = || weft_rpc::wire::PeerFlowsRequest {
+        from: request("127.0.0.1", "n2", &[]).from,
+        request: Some(Default::default()),
+    };
+    let e = c.flows(flows()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert_eq!(count(&rejected, "unknown_node"), 2);
+    source.put_node(node("n2", "127.0.0.1", "10.0.2.0/24"));
+    let e = c.flows(flows()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
 }
 
 /// A peer's side: records what it was told, after a delay that the test sets.

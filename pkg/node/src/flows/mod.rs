@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+use futures::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -233,12 +235,22 @@ pub struct NodeFlows {
     otlp: Option<Mutex<OtlpExport>>,
     /// The last view the engine published and its staged preview (see `staged_view`).
     staged: Mutex<StagedCache>,
+    /// The other nodes, once the announcer runs (cluster-wide listings).
+    peers: std::sync::OnceLock<Arc<dyn PeerFlows>>,
     /// The label sets of `weft_flows_total` and `weft_flow_bytes_total` in use: those of
     /// a namespace that is gone are removed.
     labels: Mutex<HashSet<FlowLabels>>,
     /// The same for the per-workload families (removed too when the workload is gone or
     /// its namespace stops asking).
     workload_labels: Mutex<HashSet<WorkloadFlowLabels>>,
+}
+
+/// The other nodes' flows, for a cluster-wide listing: the wire port's `Policy.Flows`
+/// ([`crate::announce::WireAnnouncer`] asks over its channels to every peer).
+pub trait PeerFlows: Send + Sync + 'static {
+    /// Asks every other node at once (`request` with `cluster` off); each answer, by
+    /// its node's name, as its stream of items, or why there is none.
+    fn flows(&self, request: FlowsRequest) -> BoxFuture<'static, Vec<(String, Result<FlowsStream, String>)>>;
 }
 
 /// A view and its staged preview (none when nothing is staged).
@@ -290,9 +302,15 @@ impl NodeFlows {
             export,
             otlp,
             staged: Mutex::new(None),
+            peers: std::sync::OnceLock::new(),
             labels: Mutex::new(HashSet::new()),
             workload_labels: Mutex::new(HashSet::new()),
         }))
+    }
+
+    /// Lets cluster-wide listings ask the other nodes through `peers`.
+    pub fn set_peers(&self, peers: Arc<dyn PeerFlows>) {
+        let _ = self.peers.set(peers);
     }
 
     /// Sends what the OTLP export has queued and stops it (blocks: call it off the
@@ -654,6 +672,56 @@ impl NodeFlows {
 
 impl FlowsAdmin for NodeFlows {
     fn flows(&self, request: FlowsRequest) -> Result<FlowsStream, String> {
+        let local = self.local_flows(request.clone())?;
+        let Some(peers) = self.peers.get().filter(|_| request.cluster).cloned() else {
+            return Ok(local);
+        };
+        let follow = request.follow;
+        let remote = futures::stream::once(async move {
+            peers
+                .flows(FlowsRequest {
+                    cluster: false,
+                    ..request
+                })
+                .await
+        })
+        .flat_map(move |answers| {
+            let streams: Vec<FlowsStream> = answers
+                .into_iter()
+                .map(|(node, answer)| match answer {
+                    Ok(s) => s,
+                    Err(why) => Box::pin(futures::stream::iter([Ok(unanswered(&node, &why))])) as FlowsStream,
+                })
+                .collect();
+            if follow {
+                Box::pin(futures::stream::select_all(streams)) as FlowsStream
+            } else {
+                Box::pin(futures::stream::iter(streams).flatten())
+            }
+        });
+        Ok(if follow {
+            Box::pin(futures::stream::select(local, remote))
+        } else {
+            Box::pin(local.chain(remote))
+        })
+    }
+}
+
+/// The stats item of a node that did not answer a cluster-wide listing.
+fn unanswered(node: &str, why: &str) -> FlowsItem {
+    FlowsItem {
+        item: Some(flows_item::Item::Stats(weft_rpc::admin::FlowStats {
+            node: node.to_string(),
+            enabled: false,
+            problem: format!("did not answer: {why}"),
+            ..Default::default()
+        })),
+    }
+}
+
+impl NodeFlows {
+    /// This node's own answer to a Flows request.
+    fn local_flows(&self, request: FlowsRequest) -> Result<FlowsStream, String> {
         let filter = wire::filter_of(&request.filter.unwrap_or_default())?;
         // Subscribed before the kept ones are read: none falls between the two.
         let live = request.follow.then(|| self.changes.subscribe());
