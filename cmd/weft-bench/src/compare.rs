@@ -103,10 +103,11 @@ enum Compare {
     /// API server (`WEFT_BENCH_NODE_SIZES=...` for others): start to kernel programmed,
     /// RSS, one node's change to the kernel and the kernel requests it costs.
     Nodes,
-    /// Flow records, the parts that need no lab: conntrack events decoded, attributed
-    /// (policy's view of 1,000 pods and 100 policies) and aggregated per second on one
-    /// core, replaying 100,000 flows framed as the kernel frames them; the RSS of
-    /// 100,000 flows in the ring and an hour of aggregates for 1,000 pairs.
+    /// Flow records: conntrack events decoded, attributed (policy's view of 1,000 pods
+    /// and 100 policies) and aggregated per second on one core, replaying 100,000 flows
+    /// framed as the kernel frames them; the RSS of 100,000 flows in the ring and an
+    /// hour of aggregates for 1,000 pairs; and in two labs side by side, flows on over
+    /// off: pod-to-pod TCP and new TCP connections per second across nodes.
     Flows,
 }
 
@@ -244,7 +245,16 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
             return print(&report, weft_bench::NodeScaleReport::markdown, json);
         }
         Compare::Flows => {
-            let report = weft_bench::run_flows(&weft_bench::FlowsOptions::issue(args.rounds)).map_err(fail)?;
+            let mut opts = weft_bench::FlowsOptions::issue(args.rounds);
+            opts.overhead = Some(weft_bench::OverheadOptions {
+                weft,
+                weftd,
+                work_dir,
+                rounds: args.rounds,
+                tcp_seconds: args.tcp_seconds,
+                conn_seconds: 3.0,
+            });
+            let report = weft_bench::run_flows(&opts).map_err(fail)?;
             return print(&report, weft_bench::FlowsReport::markdown, json);
         }
         Compare::Reference => weft_bench::Comparison::Reference,

@@ -40,6 +40,8 @@ pub struct FlowsOptions {
     pub pairs: usize,
     /// 15 s buckets of the aggregates (240: an hour).
     pub buckets: usize,
+    /// The overhead on a real kernel (two labs), when measured.
+    pub overhead: Option<crate::flow_overhead::OverheadOptions>,
 }
 
 impl FlowsOptions {
@@ -52,6 +54,7 @@ impl FlowsOptions {
             ring: 100_000,
             pairs: 1000,
             buckets: 240,
+            overhead: None,
         }
     }
 
@@ -64,6 +67,7 @@ impl FlowsOptions {
             ring: 100,
             pairs: 10,
             buckets: 4,
+            overhead: None,
         }
     }
 }
@@ -89,6 +93,9 @@ pub struct FlowsReport {
     pub ring: usize,
     /// Aggregate entries held (pairs × buckets).
     pub aggregate_entries: u64,
+    /// Flows on over off in two labs, when measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overhead: Option<crate::flow_overhead::OverheadReport>,
 }
 
 fn pod_ip(i: usize) -> IpAddr {
@@ -309,6 +316,10 @@ pub fn run_flows(o: &FlowsOptions) -> Result<FlowsReport, String> {
         memory_mib: after.saturating_sub(before) as f64 / 1024.0,
         ring: stats.kept as usize,
         aggregate_entries: stats.aggregates,
+        overhead: match &o.overhead {
+            Some(lab) => Some(crate::flow_overhead::run_flow_overhead(lab)?),
+            None => None,
+        },
     })
 }
 
@@ -316,7 +327,9 @@ impl FlowsReport {
     /// Whether the targets hold: the best round at the capacity target, memory under
     /// its target.
     pub fn met(&self) -> bool {
-        crate::median(&self.per_second) >= FLOW_EVENTS_TARGET && self.memory_mib <= FLOW_MEMORY_TARGET_MIB
+        crate::median(&self.per_second) >= FLOW_EVENTS_TARGET
+            && self.memory_mib <= FLOW_MEMORY_TARGET_MIB
+            && self.overhead.as_ref().is_none_or(|o| o.met())
     }
 
     /// The report as markdown.
@@ -338,6 +351,10 @@ impl FlowsReport {
             "| RSS of {} flows in the ring and {} aggregate entries | {:.1} MiB | <= {FLOW_MEMORY_TARGET_MIB:.0} MiB |\n",
             self.ring, self.aggregate_entries, self.memory_mib
         ));
+        if let Some(o) = &self.overhead {
+            s.push('\n');
+            s.push_str(&o.markdown());
+        }
         s.push_str(&format!("\ntargets {}\n", if self.met() { "met" } else { "MISSED" }));
         s
     }

@@ -25,6 +25,7 @@
 //! `smoke` runs everything small, for CI.
 
 mod exec;
+mod flow_overhead;
 mod flows;
 mod hostports;
 mod load;
@@ -46,6 +47,9 @@ use serde::Serialize;
 use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon};
 
 pub use exec::{EXEC_TARGET_P50_MS, ExecOptions, ExecReport, ExecSide, run_exec};
+pub use flow_overhead::{
+    FLOW_CONNS_TARGET, FLOW_TCP_TARGET, OverheadOptions, OverheadReport, OverheadSide, run_flow_overhead,
+};
 pub use flows::{FLOW_EVENTS_TARGET, FLOW_MEMORY_TARGET_MIB, FlowsOptions, FlowsReport, run_flows};
 pub use hostports::{HostportOptions, HostportReport, around, run_hostports};
 pub use load::{

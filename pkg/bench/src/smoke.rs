@@ -124,7 +124,18 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         work_dir: o.work_dir.clone(),
     })
     .map_err(|e| format!("nodes: {e}"))?;
-    let flows = crate::run_flows(&crate::FlowsOptions::smoke()).map_err(|e| format!("flows: {e}"))?;
+    let flows = crate::run_flows(&crate::FlowsOptions {
+        overhead: Some(crate::OverheadOptions {
+            weft: o.weft.clone(),
+            weftd: o.weftd.clone(),
+            work_dir: o.work_dir.clone(),
+            rounds: 1,
+            tcp_seconds: 1,
+            conn_seconds: 0.5,
+        }),
+        ..crate::FlowsOptions::smoke()
+    })
+    .map_err(|e| format!("flows: {e}"))?;
     Ok(SmokeReport {
         flows,
         reference,

@@ -77,6 +77,10 @@ pub struct LabSpec {
     /// since one at a time 500 pods took minutes.
     #[serde(default = "default_parallel_attach")]
     pub parallel_attach: usize,
+    /// Flags given to every node's weftd after the lab's own (`["--flows=false"]`,
+    /// `["--flows-workload-metrics=true"]`): what an operator sets in the DaemonSet.
+    #[serde(default)]
+    pub weftd_args: Vec<String>,
 }
 
 fn default_parallel_attach() -> usize {

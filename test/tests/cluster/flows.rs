@@ -30,9 +30,10 @@ impl FlowLab {
     fn up(tag: &str) -> Self {
         let dir = TempDir::new(tag);
         let name = format!("wt{}{tag}", std::process::id());
-        // Besides the example: z, in audit mode, whose pod z/a (n3) is isolated.
+        // Besides the example: IPv6 too, and z, in audit mode, whose pod z/a (n3) is
+        // isolated.
         let text = include_str!("../../../examples/lab-policy.yaml")
-            .replace("name: wp", &format!("name: {name}"))
+            .replace("name: wp", &format!("name: {name}\nipv6: true"))
             .replace(
                 "  - {name: y, labels: {ns: y}}\n",
                 "  - {name: y, labels: {ns: y}}\n  - {name: z, labels: {ns: z}, annotations: {weft.dev/policy-mode: audit}}\n",
@@ -99,6 +100,21 @@ impl FlowLab {
     /// The pod's IPv4 address.
     fn ip(&self, pod: &str) -> IpAddr {
         let out = in_lab_pod(&self.lab.0, pod, &["ip", "-4", "-o", "addr", "show", "eth0"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let cidr = text
+            .split_whitespace()
+            .nth(3)
+            .unwrap_or_else(|| panic!("{pod}: {text}"));
+        cidr.split('/').next().unwrap().parse().unwrap()
+    }
+
+    /// The pod's IPv6 address (global scope).
+    fn ip6(&self, pod: &str) -> IpAddr {
+        let out = in_lab_pod(
+            &self.lab.0,
+            pod,
+            &["ip", "-6", "-o", "addr", "show", "eth0", "scope", "global"],
+        );
         let text = String::from_utf8_lossy(&out.stdout);
         let cidr = text
             .split_whitespace()
@@ -251,6 +267,52 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
         !local.contains(&format!("\"port\":{client_port}")),
         "--local: n3's own flows only: {local}"
     );
+
+    // IPv6: the same allowed path, y/a (n2) to x/a (n1) on 80, over the pods' IPv6
+    // addresses: one flow with the v6 ends, its bytes and the rule.
+    let xa6 = lab.ip6("x/a");
+    const SENT6: usize = 1_000_000;
+    let listener = lab.in_pod("x/a", || TcpListener::bind("[::]:80").unwrap());
+    let server = std::thread::spawn(move || {
+        let (mut c, _) = listener.accept().unwrap();
+        let mut buf = Vec::new();
+        c.read_to_end(&mut buf).unwrap();
+        buf.len()
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let port6 = loop {
+        let r = lab.in_pod("y/a", || -> std::io::Result<u16> {
+            let mut c = TcpStream::connect_timeout(&SocketAddr::new(xa6, 80), Duration::from_secs(1))?;
+            c.write_all(&vec![7u8; SENT6])?;
+            Ok(c.local_addr()?.port())
+        });
+        match r {
+            Ok(p) => break p,
+            Err(e) => assert!(Instant::now() < deadline, "y/a never reached x/a over IPv6: {e}"),
+        }
+    };
+    assert_eq!(server.join().unwrap(), SENT6);
+    let v6 = lab.flows_until(
+        &["--from", "y/a", "--to", &xa6.to_string(), "--port", "80"],
+        "the IPv6 transfer",
+        |f| f.iter().any(|r| r["src"]["port"] == port6 && r["end"] == "fin"),
+    );
+    let f6 = v6.iter().find(|r| r["src"]["port"] == port6).unwrap();
+    let fwd6 = s(f6, &["forward", "bytes"]).as_u64().unwrap();
+    assert!(
+        fwd6 >= SENT6 as u64 && fwd6 <= SENT6 as u64 * 101 / 100,
+        "IPv6 forward bytes within 1 % of {SENT6}: {fwd6}: {v6:#?}"
+    );
+    assert_eq!(
+        (
+            f6["dst"]["pod"].as_str(),
+            f6["kind"].as_str(),
+            f6["policies"][0]["name"].as_str()
+        ),
+        (Some("a"), Some("inter-node"), Some("x/allow-y-on-http")),
+        "{f6:#}"
+    );
+    assert!(f6["src"]["ip"].as_str().unwrap().contains(':'), "{f6:#}");
 
     // Refused: y/a to x/a on 81.
     let refused = lab.in_pod("y/a", || {

@@ -188,6 +188,7 @@ impl Lab {
             }
             WireSecurityMode::Insecure => config.args.push("--wire-insecure".into()),
         }
+        config.args.extend(self.spec.weftd_args.iter().cloned());
         // The daemon outlives this command: `down` (maybe another process) finds it
         // through the pid file.
         config.own_session = true;

@@ -615,9 +615,13 @@ impl NodeFlows {
 
     /// Refreshes open flows' counters now (a listing shows what the kernel counts, not
     /// what the last periodic dump read), at most every 250 ms however many ask.
+    /// Flows that closed and wait for their counters are read at once: a listing never
+    /// shows an ended flow without what it moved.
     fn refresh(&self) {
         let now = now_ms();
-        if now - self.last_refresh_ms.swap(now, Ordering::Relaxed) >= 250 {
+        let closing = self.tracker.lock().expect("flow tracker lock").closing() > 0;
+        if closing || now - self.last_refresh_ms.load(Ordering::Relaxed) >= 250 {
+            self.last_refresh_ms.store(now, Ordering::Relaxed);
             let _ = self.dump(false);
         }
     }
