@@ -339,6 +339,34 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
             .all(|p| p["effect"] == "isolate")
     );
 
+    // The kernel's account, hop by hop: the refused SYN crosses n2 and is dropped on
+    // n1 by the policy table; the allowed one crosses both and is delivered.
+    let trace = |probe: &str| -> Value {
+        let text = lab.weftctl_ok(&["--json", "trace", "--lab", &lab.file, "y/a", "x/a", probe]);
+        serde_json::from_str(text.trim()).unwrap()
+    };
+    let denied_trace = trace("81/tcp");
+    let hops = denied_trace["trace"]["hops"].as_array().unwrap();
+    let nodes: Vec<&str> = hops.iter().map(|h| h["node"].as_str().unwrap()).collect();
+    assert_eq!(nodes, ["n2", "n1"], "{denied_trace:#}");
+    assert!(hops[0]["dropped_by"].is_null(), "n2 forwards it: {denied_trace:#}");
+    assert!(
+        hops[0]["route"].as_str().unwrap().contains(&xa.to_string()),
+        "n2's route to x/a: {denied_trace:#}"
+    );
+    let drop = &hops[1]["dropped_by"];
+    assert_eq!(drop["table"], "inet weft-policy", "{denied_trace:#}");
+    assert_eq!(drop["verdict"], "drop");
+    assert_eq!(denied_trace["trace"]["answered"], false);
+    assert_eq!(denied_trace["policy_explain"], "denied");
+    let allowed_trace = trace("80/tcp");
+    let hops = allowed_trace["trace"]["hops"].as_array().unwrap();
+    assert_eq!(hops.len(), 2, "{allowed_trace:#}");
+    assert!(hops.iter().all(|h| h["dropped_by"].is_null()), "{allowed_trace:#}");
+    assert_eq!(allowed_trace["policy_explain"], "allowed");
+    let table = lab.weftctl_ok(&["trace", "--lab", &lab.file, "y/a", "x/a", "81/tcp"]);
+    assert!(table.contains("DROPPED by inet weft-policy"), "{table}");
+
     // Intra-node UDP: x/b and y/a share n2. A policy isolating y, staged: the flow is
     // forwarded, and shows the verdict the staged policy would give.
     let staged = lab.dir.path().join("staged.yaml");

@@ -12,6 +12,7 @@ pub mod link;
 pub mod policy;
 pub mod ports;
 pub mod status;
+pub mod trace;
 pub mod wires;
 
 use std::path::Path;
