@@ -123,6 +123,44 @@ impl FlowLab {
         cidr.split('/').next().unwrap().parse().unwrap()
     }
 
+    /// Sends `bytes` over TCP from pod `from` to pod `to` at `addr` port `port` (retrying
+    /// the connect for 10 s while policies land) and returns the client's port once the
+    /// server has read them all.
+    fn send(&self, from: &str, to: &str, addr: IpAddr, port: u16, bytes: usize) -> u16 {
+        let bind = SocketAddr::new(
+            if addr.is_ipv6() {
+                "::".parse().unwrap()
+            } else {
+                "0.0.0.0".parse().unwrap()
+            },
+            port,
+        );
+        let listener = self.in_pod(to, || TcpListener::bind(bind).unwrap());
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().unwrap();
+            let mut buf = Vec::new();
+            c.read_to_end(&mut buf).unwrap();
+            buf.len()
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let client_port = loop {
+            let r = self.in_pod(from, || -> std::io::Result<u16> {
+                let mut c = TcpStream::connect_timeout(&SocketAddr::new(addr, port), Duration::from_secs(1))?;
+                c.write_all(&vec![7u8; bytes])?;
+                Ok(c.local_addr()?.port())
+            });
+            match r {
+                Ok(p) => break p,
+                Err(e) => assert!(
+                    Instant::now() < deadline,
+                    "{from} never reached {to} at {addr} on {port}: {e}"
+                ),
+            }
+        };
+        assert_eq!(server.join().unwrap(), bytes);
+        client_port
+    }
+
     /// Runs `f` inside the pod's network namespace.
     fn in_pod<R: Send>(&self, pod: &str, f: impl FnOnce() -> R + Send) -> R {
         let ns = NetNs::open(&PathBuf::from("/run/netns").join(self.lab.0.pod_ns(pod))).unwrap();
@@ -272,26 +310,7 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
     // addresses: one flow with the v6 ends, its bytes and the rule.
     let xa6 = lab.ip6("x/a");
     const SENT6: usize = 1_000_000;
-    let listener = lab.in_pod("x/a", || TcpListener::bind("[::]:80").unwrap());
-    let server = std::thread::spawn(move || {
-        let (mut c, _) = listener.accept().unwrap();
-        let mut buf = Vec::new();
-        c.read_to_end(&mut buf).unwrap();
-        buf.len()
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let port6 = loop {
-        let r = lab.in_pod("y/a", || -> std::io::Result<u16> {
-            let mut c = TcpStream::connect_timeout(&SocketAddr::new(xa6, 80), Duration::from_secs(1))?;
-            c.write_all(&vec![7u8; SENT6])?;
-            Ok(c.local_addr()?.port())
-        });
-        match r {
-            Ok(p) => break p,
-            Err(e) => assert!(Instant::now() < deadline, "y/a never reached x/a over IPv6: {e}"),
-        }
-    };
-    assert_eq!(server.join().unwrap(), SENT6);
+    let port6 = lab.send("y/a", "x/a", xa6, 80, SENT6);
     let v6 = lab.flows_until(
         &["--from", "y/a", "--to", &xa6.to_string(), "--port", "80"],
         "the IPv6 transfer",
@@ -594,26 +613,7 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
 fn otlp_records_carry_the_conventions_attributes(lab: &FlowLab, collector: &Collector) {
     const SENT: usize = 200_000;
     let (ya, xb) = (lab.ip("y/a"), lab.ip("x/b"));
-    let listener = lab.in_pod("x/b", || TcpListener::bind("0.0.0.0:80").unwrap());
-    let server = std::thread::spawn(move || {
-        let (mut c, _) = listener.accept().unwrap();
-        let mut buf = Vec::new();
-        c.read_to_end(&mut buf).unwrap();
-        buf.len()
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let client_port = loop {
-        let r = lab.in_pod("y/a", || -> std::io::Result<u16> {
-            let mut c = TcpStream::connect_timeout(&SocketAddr::new(xb, 80), Duration::from_secs(1))?;
-            c.write_all(&vec![7u8; SENT])?;
-            Ok(c.local_addr()?.port())
-        });
-        match r {
-            Ok(p) => break p,
-            Err(e) => assert!(Instant::now() < deadline, "y/a never reached x/b on 80: {e}"),
-        }
-    };
-    assert_eq!(server.join().unwrap(), SENT);
+    let client_port = lab.send("y/a", "x/b", xb, 80, SENT);
     lab.in_pod("x/b", || {
         UdpSocket::bind("0.0.0.0:0")
             .unwrap()
