@@ -67,16 +67,26 @@ pub(crate) fn listening(pid: u32, port: u16) -> bool {
     })
 }
 
-/// The metrics page of the weftd serving on 127.0.0.1:9384 inside namespace `ns`.
+/// The metrics page of the weftd serving on 127.0.0.1:9384 inside namespace `ns`,
+/// asked again for up to 10 s: a weftd whose socket already accepts may not serve HTTP
+/// yet (its socket is bound before start-up recovery, its HTTP server after).
 pub(crate) fn metrics_in(ns: &str) -> Result<String, String> {
-    let out = NamedNetns::existing(ns)
-        .command(["curl", "-sf", "--max-time", "5", "http://127.0.0.1:9384/metrics"])
-        .output()
-        .map_err(|e| format!("running curl in {ns}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!("fetching the metrics in {ns} failed"))
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = NamedNetns::existing(ns)
+            .command(["curl", "-sSf", "--max-time", "5", "http://127.0.0.1:9384/metrics"])
+            .output()
+            .map_err(|e| format!("running curl in {ns}: {e}"))?;
+        if out.status.success() {
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "fetching the metrics in {ns} failed for 10 s: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
