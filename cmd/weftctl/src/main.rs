@@ -68,9 +68,10 @@ enum Command {
     /// verdict and the policy that decided; filtered, followed (-f), aggregated, ranked
     /// (`top`) and drawn (`graph`).
     Flows(Box<commands::flows::FlowsArgs>),
-    /// A real probe from a lab pod, traced through every node it crosses (`meta
-    /// nftrace`): each node's chains and rules with their verdicts, the rule that
-    /// dropped it, the route it took; beside what `policy explain` says.
+    /// A real probe from a pod, traced through every node it crosses (`meta nftrace`):
+    /// each node's chains and rules with their verdicts and the policy each stands for,
+    /// the rule that dropped it, the route it took; beside what `policy explain` says.
+    /// Ask the source pod's node (or give --lab).
     Trace(commands::trace::TraceArgs),
     /// A multi-node lab on this machine out of network namespaces: nodes in different
     /// subnets behind a router, a weftd per node, pods wired from Topology objects.
@@ -119,7 +120,7 @@ fn async_command(command: Command, socket: &std::path::Path, json: bool) -> anyh
             Command::Capture(args) => commands::capture::run(args, socket).await,
             Command::Policy(action) => commands::policy::run(action, socket, json).await,
             Command::Flows(args) => commands::flows::run(*args, socket, json).await,
-            Command::Trace(args) => commands::trace::run(args, json).await,
+            Command::Trace(args) => commands::trace::run(args, socket, json).await,
             Command::Lab(_) | Command::Crds | Command::Certs(_) | Command::InstallCni(_) => {
                 unreachable!("run outside the runtime")
             }

@@ -31,6 +31,7 @@ pub mod process;
 pub mod ptp;
 mod routing;
 pub mod sysctl;
+pub mod trace;
 pub mod udp;
 pub mod wire;
 

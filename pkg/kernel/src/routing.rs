@@ -118,11 +118,29 @@ fn mac_of(attrs: &[NeighbourAttribute]) -> Option<[u8; 6]> {
 impl Netlink {
     /// Asks the kernel how `addr` is reached (`ip route get`).
     pub fn route_get(&mut self, addr: IpAddr) -> io::Result<Option<RouteLookup>> {
+        self.route_get_from(addr, None, None)
+    }
+
+    /// [`Self::route_get`] for a packet from `src` that came in on link `iif` (as
+    /// `ip route get ADDR from SRC iif IIF` asks): the route a forwarded packet takes.
+    pub fn route_get_from(
+        &mut self,
+        addr: IpAddr,
+        src: Option<IpAddr>,
+        iif: Option<u32>,
+    ) -> io::Result<Option<RouteLookup>> {
         let mut msg = RouteMessage::default();
         msg.header.address_family = family(addr.is_ipv6());
         msg.header.destination_prefix_length = if addr.is_ipv4() { 32 } else { 128 };
         msg.attributes
             .push(RouteAttribute::Destination(RouteAddress::from(addr)));
+        if let Some(s) = src {
+            msg.header.source_prefix_length = if s.is_ipv4() { 32 } else { 128 };
+            msg.attributes.push(RouteAttribute::Source(RouteAddress::from(s)));
+        }
+        if let Some(i) = iif {
+            msg.attributes.push(RouteAttribute::Iif(i));
+        }
         match self.request(RouteNetlinkMessage::GetRoute(msg)) {
             Ok(msgs) => Ok(msgs.into_iter().find_map(|m| match m {
                 RouteNetlinkMessage::NewRoute(r) => {

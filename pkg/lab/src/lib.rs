@@ -14,7 +14,6 @@ pub mod objects;
 pub mod ping;
 mod process;
 pub mod spec;
-pub mod trace;
 
 pub use cluster::{EXPORT_TABLE, Lab, LinkCheck, OUTSIDE_ADDRESS, ROUTER_AS, node_config, router_config};
 pub use spec::{LabSpec, NamespaceSpec, NodeSpec, PodPort, PodSpec, Underlay, WireSecurityMode};

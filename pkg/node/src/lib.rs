@@ -22,6 +22,7 @@ pub mod source;
 pub mod spool_watch;
 pub mod steps;
 pub mod sysctls;
+pub mod trace;
 pub mod uninstall;
 
 use std::sync::Arc;

@@ -140,6 +140,28 @@ fn side(s: &weft_policy::SideVerdict) -> PolicySide {
     }
 }
 
+/// `policy explain` by `engine`, in the admin API's words.
+pub fn explain(engine: &Engine, r: PolicyExplainRequest) -> Result<PolicyExplainReply, String> {
+    let protocol =
+        PortProtocol::parse(Some(&r.protocol)).ok_or_else(|| format!("protocol {:?}: tcp, udp or sctp", r.protocol))?;
+    let port = u16::try_from(r.port)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| format!("port {}: 1-65535", r.port))?;
+    let e = engine.explain(&r.src, &r.dst, protocol, port)?;
+    Ok(PolicyExplainReply {
+        src: e.src,
+        dst: e.dst,
+        src_ip: e.src_ip.to_string(),
+        dst_ip: e.dst_ip.to_string(),
+        allowed: e.verdict.allowed(),
+        passes: e.verdict.passes(),
+        egress: Some(side(&e.verdict.egress)),
+        ingress: Some(side(&e.verdict.ingress)),
+        problems: e.problems.iter().map(ToString::to_string).collect(),
+    })
+}
+
 impl PolicyAdmin for EnginePolicyAdmin {
     fn state(&self) -> PolicyState {
         let s = self.engine.status();
@@ -155,24 +177,7 @@ impl PolicyAdmin for EnginePolicyAdmin {
     }
 
     fn explain(&self, r: PolicyExplainRequest) -> Result<PolicyExplainReply, String> {
-        let protocol = PortProtocol::parse(Some(&r.protocol))
-            .ok_or_else(|| format!("protocol {:?}: tcp, udp or sctp", r.protocol))?;
-        let port = u16::try_from(r.port)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("port {}: 1-65535", r.port))?;
-        let e = self.engine.explain(&r.src, &r.dst, protocol, port)?;
-        Ok(PolicyExplainReply {
-            src: e.src,
-            dst: e.dst,
-            src_ip: e.src_ip.to_string(),
-            dst_ip: e.dst_ip.to_string(),
-            allowed: e.verdict.allowed(),
-            passes: e.verdict.passes(),
-            egress: Some(side(&e.verdict.egress)),
-            ingress: Some(side(&e.verdict.ingress)),
-            problems: e.problems.iter().map(ToString::to_string).collect(),
-        })
+        explain(&self.engine, r)
     }
 
     fn denies(&self, limit: usize) -> Vec<PolicyDeny> {

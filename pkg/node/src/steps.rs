@@ -21,12 +21,13 @@ use weft_wires::dataplane::DataPlaneRuntime;
 use weft_wiretls::WireSecurity;
 
 use crate::adapters;
-use crate::announce::{AnnounceMetrics, PolicyService, WireAnnouncer};
+use crate::announce::{AnnounceMetrics, PeerAnswers, PolicyService, WireAnnouncer};
 use crate::config::{NodeConfig, WireTls};
 use crate::lock::{self, StateLock};
 use crate::metrics::NodeMetrics;
 use crate::running::Running;
 use crate::source::{self, SourceKind};
+use crate::trace::NodeTrace;
 use crate::{NodeError, RecoveryStep, loops, netpol, ready, servers, sysctls};
 
 /// How often a store that cannot write is probed for room again.
@@ -392,7 +393,13 @@ pub struct Serving {
 }
 
 /// The admin service of `weftctl`, over what the steps built.
-fn admin(config: &NodeConfig, s: &Serving, ready: &Readiness, metrics: &Metrics) -> AdminService {
+fn admin(
+    config: &NodeConfig,
+    s: &Serving,
+    trace: Option<&NodeTrace>,
+    ready: &Readiness,
+    metrics: &Metrics,
+) -> AdminService {
     let pending = {
         let h = s.handler.clone();
         Arc::new(move || h.pending_teardowns()) as Arc<dyn Fn() -> usize + Send + Sync>
@@ -414,6 +421,9 @@ fn admin(config: &NodeConfig, s: &Serving, ready: &Readiness, metrics: &Metrics)
     if let Some(flows) = &s.flows {
         admin = admin.with_flows(flows.clone());
     }
+    if let Some(t) = trace {
+        admin = admin.with_trace(Arc::new(t.clone()));
+    }
     admin
         .with_node_network(adapters::node_network_report(&s.nodenet, config.masquerade))
         .with_del_spool(s.spool.clone())
@@ -432,7 +442,16 @@ pub async fn serve(
     running: &mut Running,
 ) -> Result<(), NodeError> {
     let stopped = || crate::stopped(stop.clone());
-    let admin = admin(config, &s, ready, metrics);
+    // Probes traced from this node's pods, and other nodes' probes watched here.
+    let trace = s.policy.as_ref().map(|engine| {
+        NodeTrace::new(
+            &config.node_name,
+            Arc::new(crate::trace::EngineTracePolicy(engine.clone())),
+            crate::trace::local_pods(s.store.clone()),
+            Arc::new(crate::trace::KernelTrace),
+        )
+    });
+    let admin = admin(config, &s, trace.as_ref(), ready, metrics);
     let http = servers::serve_http(
         config.metrics_addr,
         ready.clone(),
@@ -454,6 +473,9 @@ pub async fn serve(
         engine.set_announcer(Arc::new(announcer.clone()));
         if let Some(flows) = &s.flows {
             flows.set_peers(Arc::new(announcer.clone()));
+        }
+        if let Some(t) = &trace {
+            t.set_peers(Arc::new(announcer.clone()));
         }
         running.task("policy announcer", tokio::spawn(announcer.run(stopped())));
     }
@@ -545,12 +567,15 @@ pub async fn serve(
         // The other nodes' announcements, taken on this runtime (see `PolicyService`).
         // And their cluster-wide flow listings.
         let policy = s.policy.clone().map(|engine| {
-            PolicyService::with_flows(
+            PolicyService::with_answers(
                 engine,
                 w.source.clone(),
                 w.engine.metrics().rejected.clone(),
                 tokio::runtime::Handle::current(),
-                s.flows.clone().map(|f| f as Arc<dyn weft_daemon::service::FlowsAdmin>),
+                PeerAnswers {
+                    flows: s.flows.clone().map(|f| f as Arc<dyn weft_daemon::service::FlowsAdmin>),
+                    trace: trace.clone(),
+                },
             )
         });
         let task = servers::serve_wires(

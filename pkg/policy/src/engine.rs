@@ -154,6 +154,22 @@ pub struct PolicyEngine<K> {
     announcer: Mutex<Option<Arc<dyn Announcer>>>,
 }
 
+/// An end of a connection in `view`: a pod by name, or an address (see
+/// [`PolicyEngine::resolve`]).
+fn resolve(view: &ClusterView, what: &str) -> Result<(String, Vec<IpAddr>), String> {
+    if let Ok(ip) = what.parse::<IpAddr>() {
+        return Ok((view.endpoint(ip).to_string(), vec![ip]));
+    }
+    let (ns, name) = what.split_once('/').unwrap_or(("default", what));
+    let pod = view
+        .pod(ns, name)
+        .ok_or_else(|| format!("no pod {ns}/{name} is known"))?;
+    if pod.ips.is_empty() {
+        return Err(format!("pod {ns}/{name} has no address yet"));
+    }
+    Ok((format!("{ns}/{name}"), pod.ips.clone()))
+}
+
 impl<K: PolicyKernel> PolicyEngine<K> {
     /// An engine over `kernel`, reading the cluster from `source` and this node's pods
     /// from `local`.
@@ -215,19 +231,8 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             .latest()
             .ok_or("the policy objects of the cluster are not listed yet")?;
         let v = &latest.view;
-        let resolve = |what: &str| -> Result<(String, Vec<IpAddr>), String> {
-            if let Ok(ip) = what.parse::<IpAddr>() {
-                return Ok((v.endpoint(ip).to_string(), vec![ip]));
-            }
-            let (ns, name) = what.split_once('/').unwrap_or(("default", what));
-            let pod = v.pod(ns, name).ok_or_else(|| format!("no pod {ns}/{name} is known"))?;
-            if pod.ips.is_empty() {
-                return Err(format!("pod {ns}/{name} has no address yet"));
-            }
-            Ok((format!("{ns}/{name}"), pod.ips.clone()))
-        };
-        let (s, s_ips) = resolve(src)?;
-        let (d, d_ips) = resolve(dst)?;
+        let (s, s_ips) = resolve(v, src)?;
+        let (d, d_ips) = resolve(v, dst)?;
         let (src_ip, dst_ip) = s_ips
             .iter()
             .find_map(|a| d_ips.iter().find(|b| a.is_ipv6() == b.is_ipv6()).map(|b| (*a, *b)))
@@ -250,6 +255,26 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             verdict: v.verdict(src_ip, dst_ip, protocol, port),
             problems,
         })
+    }
+
+    /// An end of a connection as `explain` takes it (a pod as `namespace/name`, or
+    /// `name` in namespace default, or an address): its name as reports write it and
+    /// its addresses.
+    pub fn resolve(&self, what: &str) -> Result<(String, Vec<IpAddr>), String> {
+        let latest = self
+            .latest()
+            .ok_or("the policy objects of the cluster are not listed yet")?;
+        resolve(&latest.view, what)
+    }
+
+    /// What a step of a trace through weft's policy table stands for (see
+    /// [`crate::plan::Desired::meaning`]), by the last pass; `None` for another table's
+    /// or a name weft does not know.
+    pub fn trace_meaning(&self, table: &str, chain: &str, rule: &str) -> Option<String> {
+        if table != format!("inet {}", crate::plan::TABLE) {
+            return None;
+        }
+        self.latest()?.desired.meaning(chain, rule)
     }
 
     /// Turns a packet a group chain logged into a deny event (kept unless its flow was

@@ -137,6 +137,72 @@ pub struct Desired {
 }
 
 impl Desired {
+    /// What a rule of chain `chain` (as nft prints both) stands for, for a trace
+    /// through the table: the ClusterNetworkPolicy rule or NetworkPolicy whose counter
+    /// the rule names, else what the chain is. `None` for a name weft does not write.
+    pub fn meaning(&self, chain: &str, rule: &str) -> Option<String> {
+        let counted = rule
+            .split("counter name ")
+            .nth(1)
+            .and_then(|t| t.trim_start_matches('"').split(['"', ' ']).next())
+            .and_then(Counter::parse);
+        let policy_chain = |c: &Chain| {
+            self.policy_chains
+                .get(c)
+                .map(|p| format!("NetworkPolicy {}/{} ({})", p.namespace, p.name, p.direction))
+        };
+        let group = |c: &Chain| {
+            self.groups.get(c).map(|g| {
+                format!(
+                    "pods of {} isolated ({}) by {}{}",
+                    g.namespace,
+                    g.direction,
+                    g.policies.join(", "),
+                    if g.audit { ", audit mode" } else { "" }
+                )
+            })
+        };
+        match counted {
+            Some(Counter::ClusterRule { .. }) => {
+                let r = self.cluster_rules.get(counted.as_ref()?)?;
+                let name = if r.rule_name.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", r.rule_name)
+                };
+                return Some(format!(
+                    "ClusterNetworkPolicy {} {:?} tier, {} rule {}{name}: {:?}",
+                    r.policy, r.tier, r.direction, r.rule, r.action
+                ));
+            }
+            Some(Counter::Policy { id, direction }) => {
+                return policy_chain(self.chain_of.get(&(id, direction))?).map(|m| format!("{m}: allows"));
+            }
+            Some(Counter::Group { .. }) => {
+                return group(&counted?.group_chain()?).map(|m| format!("{m}: no rule allows"));
+            }
+            None => {}
+        }
+        // A group's jump to one of its policies names the policy.
+        if let Some(to) = rule
+            .split("jump ")
+            .nth(1)
+            .and_then(|t| Chain::parse(t.split(' ').next().unwrap_or("")))
+            .filter(|t| matches!(t, Chain::Policy { .. }))
+        {
+            return policy_chain(&to).map(|m| format!("to {m}"));
+        }
+        let c = Chain::parse(chain)?;
+        match &c {
+            Chain::Base(d) => Some(format!("weft's {d} base chain")),
+            Chain::Dispatch(d) => Some(format!("weft's {d} dispatch (by the pod's host interface)")),
+            Chain::Policy { .. } => policy_chain(&c),
+            Chain::Group { .. } => group(&c),
+            Chain::Admin { direction, .. } => Some(format!("ClusterNetworkPolicy Admin tier ({direction})")),
+            Chain::Baseline { direction, .. } => Some(format!("ClusterNetworkPolicy Baseline tier ({direction})")),
+        }
+    }
+
     /// The dispatch of `dir`: host interface to entry chain.
     pub fn dispatch(&self, dir: Direction) -> &BTreeMap<String, Chain> {
         match dir {

@@ -359,9 +359,12 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
     );
 
     // The kernel's account, hop by hop: the refused SYN crosses n2 and is dropped on
-    // n1 by the policy table; the allowed one crosses both and is delivered.
+    // n1 by the policy table; the allowed one crosses both and is delivered. As in a
+    // cluster: y/a's node (n2) is asked over its socket, and asks n1 and n3 to watch
+    // over the node-to-node port.
+    let n2 = lab.lab.0.socket("n2");
     let trace = |probe: &str| -> Value {
-        let text = lab.weftctl_ok(&["--json", "trace", "--lab", &lab.file, "y/a", "x/a", probe]);
+        let text = lab.weftctl_ok(&["--socket", n2.to_str().unwrap(), "--json", "trace", "y/a", "x/a", probe]);
         serde_json::from_str(text.trim()).unwrap()
     };
     let denied_trace = trace("81/tcp");
@@ -376,6 +379,17 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
     let drop = &hops[1]["dropped_by"];
     assert_eq!(drop["table"], "inet weft-policy", "{denied_trace:#}");
     assert_eq!(drop["verdict"], "drop");
+    assert!(
+        drop["meaning"]
+            .as_str()
+            .is_some_and(|m| m.contains("pods of x isolated (ingress) by") && m.contains("x/default-deny-ingress")),
+        "n1 names the policies whose chain dropped it: {denied_trace:#}"
+    );
+    assert_eq!(
+        denied_trace["trace"]["unwatched"].as_array().map(Vec::len),
+        Some(0),
+        "n1 and n3 both watched: {denied_trace:#}"
+    );
     assert_eq!(denied_trace["trace"]["answered"], false);
     assert_eq!(denied_trace["policy_explain"], "denied");
     let allowed_trace = trace("80/tcp");
@@ -383,8 +397,30 @@ fn flows_name_pods_bytes_verdicts_and_policies_and_losses_are_counted_and_recove
     assert_eq!(hops.len(), 2, "{allowed_trace:#}");
     assert!(hops.iter().all(|h| h["dropped_by"].is_null()), "{allowed_trace:#}");
     assert_eq!(allowed_trace["policy_explain"], "allowed");
+    let allowed_by = hops[1]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["meaning"].as_str())
+        .collect::<Vec<_>>();
+    assert!(
+        allowed_by
+            .iter()
+            .any(|m| m.contains("x/allow-y-on-http") && m.ends_with("allows")),
+        "n1 names the policy whose rule accepted it: {allowed_trace:#}"
+    );
+    // `--lab` finds the source's node; the table names the dropping rule.
     let table = lab.weftctl_ok(&["trace", "--lab", &lab.file, "y/a", "x/a", "81/tcp"]);
     assert!(table.contains("DROPPED by inet weft-policy"), "{table}");
+    // Another node refuses: the probe leaves from inside the pod.
+    let n1 = lab.lab.0.socket("n1");
+    let out = lab.weftctl(
+        &["--socket", n1.to_str().unwrap(), "trace", "y/a", "x/a", "80/tcp"],
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not run on node n1"), "{err}");
 
     // Intra-node UDP: x/b and y/a share n2. A policy isolating y, staged: the flow is
     // forwarded, and shows the verdict the staged policy would give.

@@ -154,6 +154,7 @@ pub struct AdminService<S = Store> {
     captures: Captures,
     policy: Option<Arc<dyn PolicyAdmin>>,
     flows: Option<Arc<dyn FlowsAdmin>>,
+    trace: Option<Arc<dyn TraceAdmin>>,
 }
 
 /// The frames of one capture as the admin service streams them.
@@ -180,6 +181,17 @@ pub trait FlowsAdmin: Send + Sync + 'static {
     /// then (with follow) what opens and ends; the error says what in the request does
     /// not parse.
     fn flows(&self, request: weft_rpc::admin::FlowsRequest) -> Result<FlowsStream, String>;
+}
+
+/// Probe traces as the admin service reports them (`weftctl trace`): the daemon sends
+/// the probe and gathers the nodes' accounts, the service only relays.
+pub trait TraceAdmin: Send + Sync + 'static {
+    /// Sends the probe of `request` from its source pod (of this node) and answers what
+    /// every node did with it; the error's code says whose fault it is.
+    fn trace(
+        &self,
+        request: weft_rpc::admin::TraceRequest,
+    ) -> futures::future::BoxFuture<'static, Result<weft_rpc::admin::TraceReply, Status>>;
 }
 
 /// A Flows answer as the admin service streams it.
@@ -216,7 +228,14 @@ impl<S: AdminState> AdminService<S> {
             captures: Captures::default(),
             policy: None,
             flows: None,
+            trace: None,
         }
+    }
+
+    /// Traces probes through `trace`.
+    pub fn with_trace(mut self, trace: Arc<dyn TraceAdmin>) -> Self {
+        self.trace = Some(trace);
+        self
     }
 
     /// Reports flow records from `flows`.
@@ -430,6 +449,17 @@ impl<S: AdminState> Admin for AdminService<S> {
             .flows(request.into_inner())
             .map(Response::new)
             .map_err(Status::invalid_argument)
+    }
+
+    async fn trace(
+        &self,
+        request: Request<weft_rpc::admin::TraceRequest>,
+    ) -> Result<Response<weft_rpc::admin::TraceReply>, Status> {
+        let trace = self
+            .trace
+            .as_ref()
+            .ok_or_else(|| Status::failed_precondition("this daemon traces no probes (it reads no cluster objects)"))?;
+        trace.trace(request.into_inner()).await.map(Response::new)
     }
 
     type PolicyDeniesStream = DenyStream;

@@ -29,7 +29,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use weft_telemetry::{Families, Metrics};
 
 pub use peers::{CALL_TIMEOUT, FIRST_RETRY, SKIP_FOR, WireAnnouncer};
-pub use serve::{Announcements, MAX_PODS, MAX_REQUEST, PolicyService, Refusal, caller};
+pub use serve::{Announcements, MAX_PODS, MAX_REQUEST, PeerAnswers, PolicyService, Refusal, caller};
 
 /// What became of one peer in one announcement (the `result` of
 /// `weft_policy_announce_total`).

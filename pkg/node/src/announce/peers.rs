@@ -21,7 +21,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::Instrument;
 use weft_policy::{Announced, Announcer};
 use weft_rpc::wire::policy_client::PolicyClient;
-use weft_rpc::wire::{AnnounceOutcome, AnnounceRequest, AnnouncedPod, Hello, PeerFlowsRequest};
+use weft_rpc::wire::{AnnounceOutcome, AnnounceRequest, AnnouncedPod, Hello, PeerFlowsRequest, PeerTraceRequest};
 use weft_topology::TopologySource;
 use weft_wiretls::{WireConnector, WireSecurity};
 
@@ -223,6 +223,45 @@ impl crate::flows::PeerFlows for WireAnnouncer {
                 async move {
                     let answer = match client.flows(req).await {
                         Ok(r) => Ok(Box::pin(r.into_inner()) as weft_daemon::service::FlowsStream),
+                        Err(s) => Err(format!("{:?}: {}", s.code(), s.message())),
+                    };
+                    (name, answer)
+                }
+            });
+            futures::future::join_all(calls).await
+        })
+    }
+}
+
+impl crate::trace::PeerTrace for WireAnnouncer {
+    fn watch(
+        &self,
+        src: IpAddr,
+        dst: IpAddr,
+        probe: weft_kernel::trace::Probe,
+        watch: std::time::Duration,
+    ) -> BoxFuture<'static, Vec<(String, Result<crate::trace::PeerItems, String>)>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let from = inner.address().map(|a| Hello {
+                node: inner.node_name.clone(),
+                address: a.to_string(),
+            });
+            let peers: Vec<(String, PolicyClient<Channel>)> = {
+                let peers = inner.peers.lock().expect("peers lock");
+                peers.iter().map(|(n, p)| (n.clone(), p.client.clone())).collect()
+            };
+            let calls = peers.into_iter().map(|(name, mut client)| {
+                let req = PeerTraceRequest {
+                    from: from.clone(),
+                    src_ip: src.to_string(),
+                    dst_ip: dst.to_string(),
+                    probe: probe.to_string(),
+                    watch_ms: watch.as_millis() as u32,
+                };
+                async move {
+                    let answer = match client.trace(req).await {
+                        Ok(r) => Ok(Box::pin(r.into_inner()) as crate::trace::PeerItems),
                         Err(s) => Err(format!("{:?}: {}", s.code(), s.message())),
                     };
                     (name, answer)

@@ -11,7 +11,9 @@ use tonic::{Request, Response, Status};
 use weft_daemon::service::{FlowsAdmin, FlowsStream};
 use weft_policy::{Announced, PolicyEngine, PolicyKernel, Taken};
 use weft_rpc::wire::policy_server::{Policy, PolicyServer};
-use weft_rpc::wire::{AnnounceOutcome, AnnounceReply, AnnounceRequest, AnnounceResult, AnnouncedPod, PeerFlowsRequest};
+use weft_rpc::wire::{
+    AnnounceOutcome, AnnounceReply, AnnounceRequest, AnnounceResult, AnnouncedPod, PeerFlowsRequest, PeerTraceRequest,
+};
 use weft_topology::{ClusterNode, TopologySource};
 use weft_wires::metrics::RejectLabels;
 
@@ -100,8 +102,16 @@ pub struct PolicyService<A> {
     source: Arc<dyn TopologySource>,
     rejected: Family<RejectLabels, Counter>,
     runtime: tokio::runtime::Handle,
+    answers: PeerAnswers,
+}
+
+/// What this node answers the other nodes besides their announcements.
+#[derive(Default)]
+pub struct PeerAnswers {
     /// This node's flows, for the other nodes' cluster-wide listings.
-    flows: Option<Arc<dyn FlowsAdmin>>,
+    pub flows: Option<Arc<dyn FlowsAdmin>>,
+    /// This node's traces, for the other nodes' probes.
+    pub trace: Option<crate::trace::NodeTrace>,
 }
 
 impl<A: Announcements> PolicyService<A> {
@@ -115,24 +125,24 @@ impl<A: Announcements> PolicyService<A> {
         rejected: Family<RejectLabels, Counter>,
         runtime: tokio::runtime::Handle,
     ) -> PolicyServer<Self> {
-        Self::with_flows(sink, source, rejected, runtime, None)
+        Self::with_answers(sink, source, rejected, runtime, PeerAnswers::default())
     }
 
     /// [`Self::server`] that also answers the other nodes' `Flows` calls from `flows`
-    /// (without it they get `Unimplemented`).
-    pub fn with_flows(
+    /// and their `Trace` calls through `trace` (without them, `Unimplemented`).
+    pub fn with_answers(
         sink: Arc<A>,
         source: Arc<dyn TopologySource>,
         rejected: Family<RejectLabels, Counter>,
         runtime: tokio::runtime::Handle,
-        flows: Option<Arc<dyn FlowsAdmin>>,
+        answers: PeerAnswers,
     ) -> PolicyServer<Self> {
         PolicyServer::new(Self {
             sink,
             source,
             rejected,
             runtime,
-            flows,
+            answers,
         })
         .max_decoding_message_size(MAX_REQUEST)
     }
@@ -189,7 +199,7 @@ impl<A: Announcements> Policy for PolicyService<A> {
         let remote = req.remote_addr().map(|a| a.ip());
         let claimed = req.get_ref().from.as_ref().map(|h| h.address.clone());
         let node = caller(remote, claimed.as_deref(), &self.source.nodes()).map_err(|r| self.refuse(remote, r))?;
-        let Some(flows) = &self.flows else {
+        let Some(flows) = &self.answers.flows else {
             return Err(Status::unimplemented("this node records no flows"));
         };
         let mut request = req.into_inner().request.unwrap_or_default();
@@ -200,6 +210,31 @@ impl<A: Announcements> Policy for PolicyService<A> {
             .flows(request)
             .map(Response::new)
             .map_err(Status::invalid_argument)
+    }
+
+    type TraceStream = crate::trace::PeerItems;
+
+    async fn trace(&self, req: Request<PeerTraceRequest>) -> Result<Response<Self::TraceStream>, Status> {
+        let remote = req.remote_addr().map(|a| a.ip());
+        let claimed = req.get_ref().from.as_ref().map(|h| h.address.clone());
+        let node = caller(remote, claimed.as_deref(), &self.source.nodes()).map_err(|r| self.refuse(remote, r))?;
+        let Some(trace) = &self.answers.trace else {
+            return Err(Status::unimplemented("this node traces no probes"));
+        };
+        let r = req.into_inner();
+        let ip = |s: &str| {
+            s.parse::<IpAddr>()
+                .map_err(|_| Status::invalid_argument(format!("{s:?} is not an address")))
+        };
+        let (src, dst) = (ip(&r.src_ip)?, ip(&r.dst_ip)?);
+        let probe = weft_kernel::trace::Probe::parse(&r.probe).map_err(Status::invalid_argument)?;
+        tracing::info!(peer = %node, %src, %dst, %probe, "tracing a probe of a peer node");
+        // The caller's own runtime would do as well; the node's keeps the wire port's
+        // data plane free of the blocking kernel work's hand-offs.
+        let _rt = self.runtime.enter();
+        trace
+            .watch(src, dst, probe, std::time::Duration::from_millis(u64::from(r.watch_ms)))
+            .map(Response::new)
     }
 
     async fn announce(&self, req: Request<AnnounceRequest>) -> Result<Response<AnnounceReply>, Status> {

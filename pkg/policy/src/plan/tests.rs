@@ -542,3 +542,48 @@ mod additions {
         }
     }
 }
+
+/// A trace through the table names what each chain and counted rule stands for: the
+/// NetworkPolicy that accepts, the group whose end drops.
+#[test]
+fn a_trace_step_is_read_back_as_the_policy_it_stands_for() {
+    let mut w = World::new();
+    w.objects.policies.push(np(
+        "x",
+        "from-y",
+        json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}],
+                                               "ports": [{"port": 80}]}]}),
+    ));
+    let d = w.plan();
+    let group = d.ingress["weft-a"].to_string();
+    let rules = lines(&d, &d.ingress["weft-a"]);
+    let drop = rules.last().unwrap();
+    assert_eq!(
+        d.meaning(&group, drop).as_deref(),
+        Some("pods of x isolated (ingress) by x/from-y: no rule allows"),
+        "{drop}"
+    );
+    assert_eq!(
+        d.meaning(&group, "").as_deref(),
+        Some("pods of x isolated (ingress) by x/from-y"),
+        "a chain's end"
+    );
+    let (chain, _) = d.policy_chains.iter().next().unwrap();
+    let accept = lines(&d, chain)
+        .into_iter()
+        .find(|r| r.contains("accept"))
+        .expect("an accepting rule");
+    assert_eq!(
+        d.meaning(&chain.to_string(), &accept).as_deref(),
+        Some("NetworkPolicy x/from-y (ingress): allows"),
+        "{accept}"
+    );
+    let jump = rules.iter().find(|r| r.starts_with("jump p")).expect("a jump");
+    assert_eq!(
+        d.meaning(&group, jump).as_deref(),
+        Some("to NetworkPolicy x/from-y (ingress)"),
+        "{jump}"
+    );
+    assert_eq!(d.meaning("ingress", "").as_deref(), Some("weft's ingress base chain"));
+    assert_eq!(d.meaning("forward", ""), None, "not a chain weft writes");
+}
