@@ -10,6 +10,8 @@
 use std::io;
 use std::time::Duration;
 
+use crate::nfattr::{attrs, be32};
+use crate::nftset::attr;
 use crate::{NetfilterMessage, NetlinkSocket, Nfnetlink};
 
 const NFNL_SUBSYS_ULOG: u16 = 4;
@@ -44,16 +46,6 @@ pub struct LoggedPacket {
 /// A socket bound to one NFLOG group.
 pub struct NflogSocket {
     sock: NetlinkSocket<Nfnetlink>,
-}
-
-fn attr(ty: u16, payload: &[u8]) -> Vec<u8> {
-    let len = 4 + payload.len();
-    let mut v = Vec::with_capacity(len.next_multiple_of(4));
-    v.extend_from_slice(&(len as u16).to_ne_bytes());
-    v.extend_from_slice(&ty.to_ne_bytes());
-    v.extend_from_slice(payload);
-    v.resize(len.next_multiple_of(4), 0);
-    v
 }
 
 fn config(group: u16, attrs: &[u8]) -> NetfilterMessage {
@@ -100,23 +92,14 @@ fn parse(body: &[u8]) -> Option<LoggedPacket> {
         indev: None,
         outdev: None,
     };
-    let mut off = 4;
-    while off + 4 <= body.len() {
-        let len = u16::from_ne_bytes([body[off], body[off + 1]]) as usize;
-        let ty = u16::from_ne_bytes([body[off + 2], body[off + 3]]) & 0x3fff;
-        if len < 4 || off + len > body.len() {
-            break;
-        }
-        let data = &body[off + 4..off + len];
-        let be32 = || data.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    for (ty, data) in attrs(body) {
         match ty {
             NFULA_PREFIX => p.prefix = String::from_utf8_lossy(data).trim_end_matches('\0').to_string(),
             NFULA_PAYLOAD => p.payload = data.to_vec(),
-            NFULA_IFINDEX_INDEV => p.indev = be32(),
-            NFULA_IFINDEX_OUTDEV => p.outdev = be32(),
+            NFULA_IFINDEX_INDEV => p.indev = be32(data),
+            NFULA_IFINDEX_OUTDEV => p.outdev = be32(data),
             _ => {}
         }
-        off += len.next_multiple_of(4);
     }
     Some(p)
 }

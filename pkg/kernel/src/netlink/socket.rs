@@ -180,6 +180,13 @@ impl<P: Protocol> NetlinkSocket<P> {
         self.receive(seq).map(|_| ())
     }
 
+    /// Sends a message the kernel answers nothing to (no ACK asked, none read): a
+    /// queue's verdict, whose ACK would have to be told from the packets that arrive
+    /// on the same socket meanwhile.
+    pub fn notify(&mut self, msg: P::Message) -> io::Result<()> {
+        self.send(msg, NLM_F_REQUEST).map(|_| ())
+    }
+
     /// Sends a request that is answered with messages (a `GET` of one object) and
     /// collects them until its ACK.
     pub fn request(&mut self, msg: P::Message) -> io::Result<Vec<P::Message>> {

@@ -54,6 +54,11 @@ const NFTA_BYTEORDER_LEN: u16 = 4;
 const NFTA_BYTEORDER_SIZE: u16 = 5;
 const NFTA_IMMEDIATE_DREG: u16 = 1;
 const NFTA_IMMEDIATE_DATA: u16 = 2;
+const NFTA_TARGET_NAME: u16 = 1;
+const NFTA_TARGET_REV: u16 = 2;
+const NFTA_TARGET_INFO: u16 = 3;
+/// `NFQ_FLAG_BYPASS` of `struct xt_NFQ_info_v3`.
+const NFQ_FLAG_BYPASS: u16 = 1;
 
 const NFT_META_IIFNAME: u32 = 6;
 const NFT_META_OIFNAME: u32 = 7;
@@ -235,6 +240,17 @@ pub enum Expr {
         group: u16,
         /// The prefix.
         prefix: String,
+    },
+    /// `queue num NUM bypass`: hands the packet to NFQUEUE queue `num` and waits for
+    /// its verdict; with `bypass`, passes when nobody is bound. This kernel has no
+    /// native `queue` expression, so it is the xtables target `NFQUEUE` (revision 3)
+    /// through nftables' compat layer, as `iptables-nft -j NFQUEUE` writes it (nft
+    /// lists it the same way).
+    Queue {
+        /// The queue.
+        num: u16,
+        /// Whether packets pass while no program is bound to the queue.
+        bypass: bool,
     },
     /// A verdict.
     Verdict(Verdict),
@@ -467,6 +483,23 @@ impl Expr {
                     attr(NFTA_LOG_GROUP, &group.to_be_bytes()),
                 ],
             )),
+            Expr::Queue { num, bypass } => {
+                // struct xt_NFQ_info_v3 { u16 queuenum, queues_total, flags }, host
+                // order, padded to 8 bytes as xtables aligns it.
+                let mut info = Vec::with_capacity(8);
+                info.extend_from_slice(&num.to_ne_bytes());
+                info.extend_from_slice(&1u16.to_ne_bytes());
+                info.extend_from_slice(&(if *bypass { NFQ_FLAG_BYPASS } else { 0 }).to_ne_bytes());
+                info.resize(8, 0);
+                out.push(expression(
+                    "target",
+                    &[
+                        attr(NFTA_TARGET_NAME, &strz("NFQUEUE")),
+                        attr(NFTA_TARGET_REV, &3u32.to_be_bytes()),
+                        attr(NFTA_TARGET_INFO, &info),
+                    ],
+                ))
+            }
             Expr::Verdict(v) => out.push(verdict(v)),
         }
         Ok(())
@@ -529,6 +562,7 @@ impl fmt::Display for Expr {
                 write!(f, "limit rate {rate}/{unit} burst {burst} packets")
             }
             Expr::Log { group, prefix } => write!(f, "log group {group} prefix \"{prefix}\""),
+            Expr::Queue { num, bypass } => write!(f, "queue num {num}{}", if *bypass { " bypass" } else { "" }),
             Expr::Verdict(v) => v.fmt(f),
         }
     }

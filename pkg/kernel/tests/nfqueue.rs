@@ -1,0 +1,90 @@
+//! NFQUEUE against the real kernel, in a namespace per test: a rule written by the
+//! nfnetlink batch (`queue num N bypass`, the xtables compat target) holds a datagram
+//! until weft's verdict (accept delivers it, drop loses it), and lets it through while
+//! nobody is bound.
+
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use weft_kernel::nfqueue::{NfQueue, Verdict, udp_payload};
+use weft_kernel::nftbatch::{Batch, Expr, L4Proto};
+use weft_kernel::nftset::Session;
+use weft_kernel::testutil::{TempNetns, privileged};
+use weft_kernel::{Netlink, nft};
+
+const QUEUE: u16 = 4242;
+
+/// Loopback up, and `table inet weft-q` whose input chain queues UDP to `port`.
+fn queued_netns(port: u16) -> TempNetns {
+    let ns = TempNetns::new();
+    ns.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        let lo = nl.link_by_name("lo").unwrap().unwrap();
+        nl.set_up(lo.index, true).unwrap();
+        nft::run(
+            &["-f", "-"],
+            Some("table inet weft-q {\n chain input {\n  type filter hook input priority 0;\n }\n}\n"),
+        )
+        .unwrap();
+        let mut b = Batch::new("weft-q");
+        b.add_rule(
+            "input",
+            [
+                Expr::Dport {
+                    proto: L4Proto::Udp,
+                    ports: port..=port,
+                },
+                Expr::Queue {
+                    num: QUEUE,
+                    bypass: true,
+                },
+            ],
+        );
+        b.commit(&mut Session::default()).expect("the compat queue rule is taken in an inet table");
+    });
+    ns
+}
+
+fn got(r: &UdpSocket) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 64];
+    r.recv(&mut buf).ok().map(|n| buf[..n].to_vec())
+}
+
+#[test]
+fn a_datagram_waits_for_its_verdict_and_passes_when_nobody_listens() {
+    if !privileged() {
+        return;
+    }
+    // The namespace is the test's own: any port is free in it.
+    let port = 40053;
+    let ns = queued_netns(port);
+    let listing = ns.run(|| nft::run(&["list", "table", "inet", "weft-q"], None).unwrap());
+    assert!(listing.contains(&format!("udp dport {port} queue num {QUEUE} bypass")), "{listing}");
+    let (receiver, sender, mut queue) = ns.run(|| {
+        let r = UdpSocket::bind(("127.0.0.1", port)).unwrap();
+        r.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        (r, s, NfQueue::bind(QUEUE, 512, 64).unwrap())
+    });
+    let to = ("127.0.0.1", port);
+
+    sender.send_to(b"one", to).unwrap();
+    let held = queue.next(Duration::from_secs(2)).unwrap();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(!held[0].ipv6);
+    let (dst, payload) = udp_payload(&held[0].payload).expect("a UDP packet");
+    assert_eq!((dst.to_string().as_str(), payload), ("127.0.0.1", &b"one"[..]));
+    assert_eq!(got(&receiver), None, "held until the verdict");
+    queue.verdict(held[0].id, Verdict::Accept).unwrap();
+    assert_eq!(got(&receiver).as_deref(), Some(&b"one"[..]), "delivered once accepted");
+
+    sender.send_to(b"two", to).unwrap();
+    let held = queue.next(Duration::from_secs(2)).unwrap();
+    queue.verdict(held[0].id, Verdict::Drop).unwrap();
+    assert_eq!(got(&receiver), None, "a dropped one never arrives");
+
+    // Nobody bound: the rule's bypass lets it through.
+    drop(queue);
+    sender.send_to(b"three", to).unwrap();
+    assert_eq!(got(&receiver).as_deref(), Some(&b"three"[..]));
+}
