@@ -2,13 +2,14 @@
 //! rule's peers and ports in one form (from any of the three ways ports are written:
 //! `protocols`, `match`, `ports`), and upstream's "fail closed" rule for what weft
 //! cannot read or evaluate (a field it does not know, a peer or port with no field
-//! set, `domainNames`): such a rule, if it accepts, matches nothing; if it denies or
+//! set, a `domainNames` entry that is no name or in a rule that does not accept): such a rule, if it accepts, matches nothing; if it denies or
 //! passes, it denies all ([`crate::problem`]). The rule is rewritten so at reading,
 //! so the evaluator and the planner see one meaning and never special-case it.
 
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
+use weft_fqdn::DomainPattern;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use weft_topology::cnp::{
     CnpMatch, CnpMatchProtocol, CnpPeer, CnpPort, CnpProtocol, CnpProtocolPorts, CnpRule, NamespacedPod,
@@ -37,6 +38,9 @@ pub enum ClusterPeer {
     /// The addresses of the nodes whose labels match (`{}`: every node): every IP in
     /// their `status.addresses`.
     Nodes(Selector),
+    /// The addresses DNS answers gave this node's pods for names matching these
+    /// (`domainNames`, egress Accept rules only), each until its TTL ends.
+    Domains(Vec<DomainPattern>),
     /// Every address: the peer of a rule that fails closed as "deny all".
     All,
 }
@@ -365,10 +369,15 @@ fn peer(p: &CnpPeer, dir: Direction, at: &str) -> Result<ClusterPeer, Unread> {
             Selector::from_k8s(nodes).map_err(|e| format!("{at}.nodes: {e}"))?,
         ));
     }
-    Err(Unread(
-        format!("{at}.domainNames: not enforced by weft yet"),
-        Cause::Unsupported,
-    ))
+    let names = p.domain_names.as_deref().unwrap_or_default();
+    if names.is_empty() {
+        return Err(format!("{at}.domainNames: at least one name").into());
+    }
+    let mut out = Vec::with_capacity(names.len());
+    for (i, n) in names.iter().enumerate() {
+        out.push(DomainPattern::parse(n).map_err(|e| format!("{at}.domainNames[{i}]: {e}"))?);
+    }
+    Ok(ClusterPeer::Domains(out))
 }
 
 /// A named port, for whichever protocol the destination pod's port has.
@@ -549,6 +558,12 @@ fn rule(r: &CnpRule, dir: Direction, at: &str) -> Result<ClusterRule, Unread> {
         }),
         _ => return Err(format!("{at}: ports in more than one of protocols, match and ports").into()),
     };
+    // Upstream's validation: domainNames only in an Accept rule (a name's addresses
+    // are learnt from answers; denying by them would be only as good as the answers
+    // seen, and the API refuses it).
+    if action != CnpAction::Accept && peers.iter().any(|p| matches!(p, ClusterPeer::Domains(_))) {
+        return Err(format!("{at}: domainNames only in Accept rules (the API refuses a {action:?} rule with them)").into());
+    }
     // Upstream's validation: a named port cannot be asked of a peer that is no pod.
     let named_port = ports.iter().flatten().any(|p| matches!(p.ports, Ports::Named(_)));
     if named_port && peers.iter().any(|p| !matches!(p, ClusterPeer::Pods { .. })) {

@@ -152,6 +152,8 @@ pub struct PolicyEngine<K> {
     detached: Mutex<Vec<String>>,
     /// How this node tells the others about its new pods, if it does.
     announcer: Mutex<Option<Arc<dyn Announcer>>>,
+    /// The addresses learnt from DNS answers for `domainNames` rules.
+    learnt: crate::eval::LearntNames,
 }
 
 /// An end of a connection in `view`: a pod by name, or an address (see
@@ -193,6 +195,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             sampled: Mutex::default(),
             detached: Mutex::default(),
             announcer: Mutex::default(),
+            learnt: Arc::default(),
         }
     }
 
@@ -388,7 +391,9 @@ impl<K: PolicyKernel> PolicyEngine<K> {
                 name: n.name,
             })
             .collect();
-        ClusterView::new(objects, &self.cfg.node_name, local, &nodes)
+        let mut v = ClusterView::new(objects, &self.cfg.node_name, local, &nodes);
+        v.learnt = self.learnt.clone();
+        v
     }
 
     /// Runs one pass; `resync` reads the kernel back instead of trusting the last plan.

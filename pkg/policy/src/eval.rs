@@ -191,7 +191,13 @@ pub struct ClusterView {
     pub staged_policies: Vec<Arc<Policy>>,
     /// The ClusterNetworkPolicies marked `staged`.
     pub staged_cluster_policies: Vec<Arc<ClusterPolicy>>,
+    /// The addresses this node learnt from DNS answers, by name (shared with the
+    /// engine's learner: a `domainNames` peer matches what is learnt now).
+    pub learnt: LearntNames,
 }
+
+/// The node's learnt names, as views and the learner share them.
+pub type LearntNames = Arc<std::sync::RwLock<weft_fqdn::Learnt>>;
 
 static EMPTY: std::sync::LazyLock<Labels> = std::sync::LazyLock::new(Labels::new);
 
@@ -479,6 +485,13 @@ impl ClusterView {
             }),
             ClusterPeer::Networks(nets) => nets.iter().any(|n| n.contains(&ip)),
             ClusterPeer::Nodes(sel) => self.nodes.get(&ip).is_some_and(|n| sel.matches(self.node_labels(n))),
+            ClusterPeer::Domains(names) => self
+                .learnt
+                .read()
+                .expect("learnt names lock")
+                .names_of(ip)
+                .iter()
+                .any(|n| names.iter().any(|d| d.matches(n))),
             ClusterPeer::All => true,
         }
     }

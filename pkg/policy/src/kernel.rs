@@ -100,13 +100,14 @@ fn elements_only(add: &Addition) -> Option<Vec<SetElement>> {
 /// A set of the plan as the kernel batch declares it.
 fn batch_set(name: &SetName, kind: SetKind) -> nb::Set {
     let key = match kind {
-        SetKind::Addr4 | SetKind::Net4 => nb::KeyType::Ipv4Addr,
-        SetKind::Addr6 | SetKind::Net6 => nb::KeyType::Ipv6Addr,
+        SetKind::Addr4 | SetKind::Net4 | SetKind::Learnt4 => nb::KeyType::Ipv4Addr,
+        SetKind::Addr6 | SetKind::Net6 | SetKind::Learnt6 => nb::KeyType::Ipv6Addr,
         SetKind::AddrPort4 => nb::KeyType::Ipv4AddrProtoPort,
         SetKind::AddrPort6 => nb::KeyType::Ipv6AddrProtoPort,
     };
     match kind {
         SetKind::Net4 | SetKind::Net6 => nb::Set::interval(name.to_string(), key),
+        SetKind::Learnt4 | SetKind::Learnt6 => nb::Set::timeout(name.to_string(), key),
         SetKind::Addr4 | SetKind::Addr6 | SetKind::AddrPort4 | SetKind::AddrPort6 => {
             nb::Set::new(name.to_string(), key)
         }

@@ -18,6 +18,7 @@
 //! | a set of pods' addresses | `s<hash10><family>` |
 //! | a set of pods' named ports | `n<hash10><family>` |
 //! | a set of ranges (ipBlocks, networks, nodes) | `r<hash10><family>` |
+//! | a set of addresses learnt for names (domainNames) | `f<hash10><family>` |
 //! | the host interfaces entering an entry chain | `m<entry chain>` |
 //! | the host interface pairs of hairpin traffic | `hairpin` |
 //! | the base chains | `egress`, `ingress` |
@@ -262,6 +263,9 @@ pub enum SetRole {
     Named,
     /// Address ranges.
     Ranges,
+    /// Addresses learnt from DNS answers for names (`domainNames`), each with its
+    /// timeout.
+    Learnt,
 }
 
 impl SetRole {
@@ -270,6 +274,7 @@ impl SetRole {
             SetRole::Pods => 's',
             SetRole::Named => 'n',
             SetRole::Ranges => 'r',
+            SetRole::Learnt => 'f',
         }
     }
 }
@@ -304,6 +309,7 @@ impl SetName {
             "s" => SetRole::Pods,
             "n" => SetRole::Named,
             "r" => SetRole::Ranges,
+            "f" => SetRole::Learnt,
             _ => return None,
         };
         let (hash, fam) = rest.split_at_checked(HASH)?;
@@ -431,7 +437,7 @@ mod tests {
         ] {
             assert_eq!(Counter::parse(&c.to_string()), Some(c.clone()), "{c}");
         }
-        for role in [SetRole::Pods, SetRole::Named, SetRole::Ranges] {
+        for role in [SetRole::Pods, SetRole::Named, SetRole::Ranges, SetRole::Learnt] {
             for v6 in [false, true] {
                 let s = SetName::Data {
                     role,

@@ -346,7 +346,8 @@ pub fn diff(d: &Desired, o: &Observed) -> Option<String> {
         );
     }
     for (name, have) in &o.sets {
-        if let Some(set) = d.sets.get(name) {
+        // A learnt set's elements are the learner's, and expire in the kernel.
+        if let Some(set) = d.sets.get(name).filter(|s| !s.kind.learnt()) {
             let gone: BTreeSet<Element> = have.difference(&set.elements).copied().collect();
             if !gone.is_empty() {
                 element_lines(&mut s, "delete", name, &gone);
@@ -461,7 +462,7 @@ fn element(kind: SetKind, v: &Value) -> Option<Element> {
     // An element with its own attributes (counter, timeout) wraps its value.
     let v = v.get("elem").and_then(|e| e.get("val")).unwrap_or(v);
     match kind {
-        SetKind::Addr4 | SetKind::Addr6 => ip(v).map(Element::Addr),
+        SetKind::Addr4 | SetKind::Addr6 | SetKind::Learnt4 | SetKind::Learnt6 => ip(v).map(Element::Addr),
         SetKind::Net4 | SetKind::Net6 => {
             if let Some(a) = ip(v) {
                 return Some(Element::Range(a, a));
@@ -493,10 +494,11 @@ fn element(kind: SetKind, v: &Value) -> Option<Element> {
 }
 
 fn kind_of(set: &Value) -> Option<SetKind> {
-    let interval = set["flags"]
-        .as_array()
-        .is_some_and(|f| f.iter().any(|x| x == "interval"));
+    let flag = |name: &str| set["flags"].as_array().is_some_and(|f| f.iter().any(|x| x == name));
+    let interval = flag("interval");
     match &set["type"] {
+        Value::String(t) if t == "ipv4_addr" && flag("timeout") => Some(SetKind::Learnt4),
+        Value::String(t) if t == "ipv6_addr" && flag("timeout") => Some(SetKind::Learnt6),
         Value::String(t) if t == "ipv4_addr" => Some(if interval { SetKind::Net4 } else { SetKind::Addr4 }),
         Value::String(t) if t == "ipv6_addr" => Some(if interval { SetKind::Net6 } else { SetKind::Addr6 }),
         Value::Array(parts) if parts.first().is_some_and(|p| p == "ipv4_addr") => Some(SetKind::AddrPort4),

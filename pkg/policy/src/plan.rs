@@ -22,6 +22,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
+use weft_fqdn::DomainPattern;
 use weft_topology::{CnpAction, CnpTier, PolicyPod};
 
 use crate::cnp::{ClusterPeer, ClusterPolicy};
@@ -134,6 +135,9 @@ pub struct Desired {
     pub cluster_rules: BTreeMap<Counter, ClusterRuleRef>,
     /// What decides the elements of each set that depends on pods.
     pub sources: BTreeMap<SetName, SetSource>,
+    /// The learnt sets (`domainNames`), each with the names whose addresses it holds:
+    /// the learner's to fill.
+    pub learnt: BTreeMap<SetName, Vec<DomainPattern>>,
 }
 
 impl Desired {
@@ -453,10 +457,60 @@ impl<'v> Planner<'v> {
                         }
                     }
                 }
-                ClusterPeer::Pods { .. } | ClusterPeer::All => {}
+                ClusterPeer::Pods { .. } | ClusterPeer::Domains(_) | ClusterPeer::All => {}
             }
         }
         out.extend(self.range_sets(dir, nets));
+        let mut names: Vec<DomainPattern> = peers
+            .iter()
+            .filter_map(|p| match p {
+                ClusterPeer::Domains(d) => Some(d),
+                _ => None,
+            })
+            .flatten()
+            .cloned()
+            .collect();
+        if !names.is_empty() {
+            names.sort();
+            names.dedup();
+            out.extend(self.learnt_sets(dir, names));
+        }
+        out
+    }
+
+    /// The sets of addresses learnt for `names` (one per family, shared by every rule
+    /// with the same names), empty as planned: the learner fills them, the kernel
+    /// expires what it put.
+    fn learnt_sets(&mut self, dir: Direction, names: Vec<DomainPattern>) -> Vec<Alt> {
+        let text: Vec<String> = names.iter().map(ToString::to_string).collect();
+        let hash = short_hash(&["domains", &text.join(",")]);
+        let mut out = Vec::new();
+        for v6 in [false, true] {
+            let set = SetName::Data {
+                role: SetRole::Learnt,
+                hash: hash.clone(),
+                v6,
+            };
+            if !self.has_set(&set) {
+                let kind = if v6 { SetKind::Learnt6 } else { SetKind::Learnt4 };
+                self.d.sets.insert(
+                    set.clone(),
+                    SetSpec {
+                        kind,
+                        elements: BTreeSet::new(),
+                    },
+                );
+            }
+            self.d.learnt.insert(set.clone(), names.clone());
+            out.push((
+                vec![Match::Addr {
+                    side: Side::of_peer(dir),
+                    v6,
+                    set,
+                }],
+                Some(v6),
+            ));
+        }
         out
     }
 

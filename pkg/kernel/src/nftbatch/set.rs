@@ -30,6 +30,7 @@ const NFTA_SET_ELEM_KEY_END: u16 = 10;
 const NFTA_DATA_VALUE: u16 = 1;
 const NFT_SET_INTERVAL: u32 = 0x4;
 const NFT_SET_CONCAT: u32 = 0x80;
+const NFT_SET_TIMEOUT: u32 = 0x10;
 const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
 
 /// One part of a key: nft's datatype id and length in bytes.
@@ -157,6 +158,9 @@ pub struct Set {
     pub key: KeyType,
     /// `flags interval`: elements may be ranges.
     pub interval: bool,
+    /// `flags timeout`: elements may carry a timeout, after which the kernel removes
+    /// them.
+    pub timeout: bool,
 }
 
 impl Set {
@@ -166,6 +170,15 @@ impl Set {
             name: name.into(),
             key,
             interval: false,
+            timeout: false,
+        }
+    }
+
+    /// A set whose elements expire (`flags timeout`).
+    pub fn timeout(name: impl Into<String>, key: KeyType) -> Self {
+        Set {
+            timeout: true,
+            ..Set::new(name, key)
         }
     }
 
@@ -179,16 +192,22 @@ impl Set {
 
     /// The declaration in nft's syntax (`{ type ipv4_addr; flags interval; }`).
     pub fn declaration(&self) -> String {
-        let flags = if self.interval { " flags interval;" } else { "" };
+        let flags = match (self.interval, self.timeout) {
+            (true, true) => " flags interval,timeout;",
+            (true, false) => " flags interval;",
+            (false, true) => " flags timeout;",
+            (false, false) => "",
+        };
         format!("{{ type {};{flags} }}", self.key.nft_type())
     }
 
     fn flags(&self) -> u32 {
-        match (self.interval, self.key.is_concat()) {
+        let ranges = match (self.interval, self.key.is_concat()) {
             (false, _) => 0,
             (true, false) => NFT_SET_INTERVAL,
             (true, true) => NFT_SET_INTERVAL | NFT_SET_CONCAT,
-        }
+        };
+        ranges | if self.timeout { NFT_SET_TIMEOUT } else { 0 }
     }
 
     /// The attributes of the `NEWSET` message creating this set in `table` with batch

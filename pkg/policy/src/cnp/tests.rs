@@ -112,9 +112,10 @@ fn a_rule_that_cannot_be_read_fails_closed_by_its_action() {
         ),
         (json!({"to": ns, "sourcePorts": [1]}), "spec.egress[0].sourcePorts"),
         (
-            json!({"to": [{"domainNames": ["example.com"]}]}),
-            "spec.egress[0].to[0].domainNames",
+            json!({"to": [{"domainNames": ["example..com"]}]}),
+            "spec.egress[0].to[0].domainNames[0]",
         ),
+        (json!({"to": [{"domainNames": []}]}), "spec.egress[0].to[0].domainNames"),
         (
             json!({"to": [{"networks": ["10.0.0.0/8"]}], "protocols": [{"destinationNamedPort": "web"}]}),
             "spec.egress[0]",
@@ -246,4 +247,33 @@ fn peers_of_every_kind_read() {
         r.problems[0].field, "spec.ingress[0].from[0]",
         "networks are egress peers"
     );
+}
+
+/// `domainNames` reads in an Accept rule, exact names and wildcards as written; a Deny
+/// or Pass rule with them is refused as the API refuses it (and denies all, as any
+/// rule weft cannot read).
+#[test]
+fn domain_names_are_accept_peers_only() {
+    let r = one_rule(json!({"action": "Accept", "name": "api", "to": [
+        {"domainNames": ["api.example.test", "*.mirror.example.test."]}
+    ], "protocols": [{"tcp": {"destinationPort": {"number": 443}}}]}));
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    let p = r.policy.unwrap();
+    assert_eq!(
+        p.egress[0].peers,
+        vec![ClusterPeer::Domains(vec![
+            DomainPattern::Exact("api.example.test".into()),
+            DomainPattern::Wildcard("mirror.example.test".into()),
+        ])]
+    );
+    for action in ["Deny", "Pass"] {
+        let r = one_rule(json!({"action": action, "to": [{"domainNames": ["api.example.test"]}]}));
+        assert_eq!(r.problems.len(), 1, "{action}: {:?}", r.problems);
+        assert_eq!(r.problems[0].field, "spec.egress[0]");
+        assert!(r.problems[0].reason.contains("only in Accept rules"), "{}", r.problems[0]);
+        assert_eq!(r.policy.unwrap().egress[0].peers, vec![ClusterPeer::All], "{action}: denies all");
+    }
+    let r = read(json!({"tier": "Admin", "priority": 1, "subject": {"namespaces": {}},
+                        "ingress": [{"action": "Accept", "from": [{"domainNames": ["a.example.test"]}]}]}));
+    assert_eq!(r.problems[0].field, "spec.ingress[0].from[0]", "an egress peer");
 }

@@ -29,6 +29,11 @@ pub enum SetKind {
     AddrPort4,
     /// IPv6 address . protocol . port.
     AddrPort6,
+    /// IPv4 addresses learnt from DNS answers, each with a timeout: the planner
+    /// declares the set, the learner fills it, the kernel expires its elements.
+    Learnt4,
+    /// IPv6 addresses learnt so.
+    Learnt6,
 }
 
 impl SetKind {
@@ -41,12 +46,19 @@ impl SetKind {
             SetKind::Net6 => "type ipv6_addr; flags interval;",
             SetKind::AddrPort4 => "type ipv4_addr . inet_proto . inet_service;",
             SetKind::AddrPort6 => "type ipv6_addr . inet_proto . inet_service;",
+            SetKind::Learnt4 => "type ipv4_addr; flags timeout;",
+            SetKind::Learnt6 => "type ipv6_addr; flags timeout;",
         }
+    }
+
+    /// Whether its elements are the learner's (never planned, never repaired).
+    pub fn learnt(self) -> bool {
+        matches!(self, SetKind::Learnt4 | SetKind::Learnt6)
     }
 
     /// Whether it holds IPv6 addresses.
     pub fn v6(self) -> bool {
-        matches!(self, SetKind::Addr6 | SetKind::Net6 | SetKind::AddrPort6)
+        matches!(self, SetKind::Addr6 | SetKind::Net6 | SetKind::AddrPort6 | SetKind::Learnt6)
     }
 }
 
@@ -192,7 +204,7 @@ impl PodScope {
                 namespaces: NamespaceScope::Matching(namespaces.clone()),
                 pods: pods.clone(),
             }),
-            ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) | ClusterPeer::All => None,
+            ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) | ClusterPeer::Domains(_) | ClusterPeer::All => None,
         }
     }
 

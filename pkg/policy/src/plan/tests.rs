@@ -587,3 +587,35 @@ fn a_trace_step_is_read_back_as_the_policy_it_stands_for() {
     assert_eq!(d.meaning("ingress", "").as_deref(), Some("weft's ingress base chain"));
     assert_eq!(d.meaning("forward", ""), None, "not a chain weft writes");
 }
+
+/// A `domainNames` rule plans a learnt set per family (`flags timeout`, no elements:
+/// the learner's), matched by the rule, and says which names fill it.
+#[test]
+fn a_domain_rule_plans_learnt_sets_the_learner_fills() {
+    let mut w = World::new();
+    w.objects.cluster_policies.push(Arc::new(
+        serde_json::from_value(json!({"apiVersion": "policy.networking.k8s.io/v1alpha2",
+            "kind": "ClusterNetworkPolicy", "metadata": {"name": "by-name"},
+            "spec": {"tier": "Admin", "priority": 1, "subject": {"namespaces": {"matchLabels": {"ns": "x"}}},
+                     "egress": [{"action": "Accept", "to": [{"domainNames": ["*.example.test", "api.example.test"]}]}]}}))
+        .unwrap(),
+    ));
+    let d = w.plan();
+    assert_eq!(d.learnt.len(), 2, "one set per family: {:?}", d.learnt);
+    for (name, names) in &d.learnt {
+        let spec = &d.sets[name];
+        assert!(spec.kind.learnt() && spec.elements.is_empty(), "{spec:?}");
+        assert!(spec.kind.declaration().contains("flags timeout"));
+        assert_eq!(
+            names.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["api.example.test", "*.example.test"],
+            "sorted"
+        );
+        let used = d
+            .chains
+            .values()
+            .flatten()
+            .any(|r| r.to_string().contains(&format!("@{name}")));
+        assert!(used, "a rule matches {name}: {:?}", d.chains);
+    }
+}

@@ -167,3 +167,39 @@ fn admin_egress_to_networks_and_ports() {
         "other ports are left alone"
     );
 }
+
+/// A `domainNames` Accept allows what the node learnt for a matching name, and only
+/// that, until the learnt address is forgotten; the rest of x's egress is denied.
+#[test]
+fn a_domain_rule_allows_what_was_learnt_for_its_names() {
+    let v = tiered(
+        &[],
+        vec![cnp(
+            "egress-by-name",
+            "Admin",
+            5,
+            json!({"subject": {"namespaces": ns_is("x")}, "egress": [
+                {"name": "api", "action": "Accept", "to": [{"domainNames": ["api.example.test", "*.mirror.test"]}]},
+                {"name": "rest", "action": "Deny", "to": [{"networks": ["0.0.0.0/0", "::/0"]}]}]}),
+        )],
+    );
+    let api: std::net::IpAddr = "192.0.2.10".parse().unwrap();
+    let mirror: std::net::IpAddr = "192.0.2.20".parse().unwrap();
+    let other: std::net::IpAddr = "192.0.2.30".parse().unwrap();
+    let x = ip_of(0, 0);
+    let allowed = |dst| v.verdict(x, dst, PortProtocol::Tcp, 443).allowed();
+    assert!(!allowed(api), "nothing learnt yet");
+    {
+        let mut l = v.learnt.write().unwrap();
+        l.learn("api.example.test", api, 60, 0);
+        l.learn("deb.mirror.test", mirror, 60, 0);
+        l.learn("mirror.test", other, 60, 0);
+    }
+    assert!(allowed(api));
+    assert!(allowed(mirror), "*.mirror.test takes deb.mirror.test");
+    assert!(!allowed(other), "not mirror.test itself");
+    let d = v.verdict(x, api, PortProtocol::Tcp, 443).egress.cluster.unwrap();
+    assert_eq!((d.policy.as_str(), d.rule_name.as_str()), ("egress-by-name", "api"));
+    v.learnt.write().unwrap().expire(60_000);
+    assert!(!allowed(api), "forgotten at its TTL's end");
+}
