@@ -23,6 +23,7 @@ packages=(
   tcpdump                        # reads the pcapng weftctl capture writes (test/tests/lab/capture.rs)
   bird2                          # BGP in the lab: pod ranges between nodes (test/tests/lab/bgp.rs, examples/lab-bgp.yaml)
   frr                            # vtysh --dryrun checks docs/routed-cluster.md's FRR configuration
+  dnsmasq-base                   # the lab's DNS: names for domainNames policies (test/tests/cluster/fqdn.rs)
 )
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

@@ -115,6 +115,13 @@ pub struct Args {
     #[arg(long, env = "WEFT_POLICY_ANNOUNCE_TIMEOUT_MS", default_value_t = 250,
           value_parser = clap::value_parser!(u64).range(0..=10_000))]
     policy_announce_timeout_ms: u64,
+    /// The shortest time, in seconds, an address learnt from a DNS answer stays allowed
+    /// by the ClusterNetworkPolicy `domainNames` rules that take its name, whatever the
+    /// answer's TTL: an app connects a moment after its answer, and caches it a little
+    /// past its TTL. Connections open when it ends are left alone.
+    #[arg(long, env = "WEFT_POLICY_DNS_MIN_TTL", default_value_t = 30,
+          value_parser = clap::value_parser!(u32).range(1..=86_400))]
+    policy_dns_min_ttl: u32,
     /// Record every connection of this node's pods as a flow (`weftctl flows`), from
     /// the node's conntrack table (turning its byte counters and timestamps on) and the
     /// policy deny log.
@@ -278,6 +285,7 @@ impl Args {
             export,
             lock_wait: Duration::from_secs(self.lock_wait),
             policy_announce_timeout: Duration::from_millis(self.policy_announce_timeout_ms),
+            dns_min_ttl: self.policy_dns_min_ttl,
             flows: weft_node::flows::FlowsConfig {
                 enabled: self.flows,
                 ring: self.flows_ring as usize,

@@ -92,7 +92,8 @@ pub fn read_response(payload: &[u8]) -> Result<Option<Answer>, String> {
 pub mod build {
     use std::net::IpAddr;
 
-    use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+    pub use hickory_proto::op::ResponseCode;
+    use hickory_proto::op::{Message, MessageType, OpCode, Query};
     use hickory_proto::rr::rdata::{A, AAAA, CNAME};
     use hickory_proto::rr::{Name, RData, Record, RecordType};
 
@@ -102,6 +103,20 @@ pub mod build {
         Addr(&'a str, u32, IpAddr),
         /// `NAME TTL IN CNAME TARGET`.
         Cname(&'a str, u32, &'a str),
+    }
+
+    /// The wire form of a query for `name`'s A (or, `aaaa`, AAAA) records, recursion
+    /// desired, with id `id`, taking answers of up to 4096 bytes over UDP (EDNS): what
+    /// a pod's resolver sends.
+    pub fn query(name: &str, id: u16, aaaa: bool) -> Vec<u8> {
+        let mut m = Message::new(id, MessageType::Query, OpCode::Query);
+        m.metadata.recursion_desired = true;
+        let mut edns = hickory_proto::op::Edns::new();
+        edns.set_max_payload(4096);
+        m.set_edns(edns);
+        let t = if aaaa { RecordType::AAAA } else { RecordType::A };
+        m.add_query(Query::query(Name::from_ascii(name).expect("a name"), t));
+        m.to_vec().expect("a query encodes")
     }
 
     /// The wire form of a response to `query` (type A) with `records`, and `code`.
@@ -170,7 +185,10 @@ mod tests {
         let looped = response(
             "a.test.",
             ResponseCode::NoError,
-            &[Rec::Cname("a.test.", 60, "b.test."), Rec::Cname("b.test.", 60, "a.test.")],
+            &[
+                Rec::Cname("a.test.", 60, "b.test."),
+                Rec::Cname("b.test.", 60, "a.test."),
+            ],
         );
         let a = read_response(&looped).unwrap().unwrap();
         assert_eq!(a.chain, ["b.test"], "the loop ends where it closes");

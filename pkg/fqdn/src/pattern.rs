@@ -128,7 +128,10 @@ mod tests {
             assert!(DomainPattern::parse(bad).is_err(), "{bad:?} is not a domain name");
         }
         assert!(DomainPattern::parse(&format!("{}.com", "a".repeat(64))).is_err());
-        assert!(DomainPattern::parse("_srv.example.com").is_err(), "a label starts with a letter or digit");
+        assert!(
+            DomainPattern::parse("_srv.example.com").is_err(),
+            "a label starts with a letter or digit"
+        );
         assert!(DomainPattern::parse("a_b.example.com").is_ok());
         assert!(DomainPattern::parse("1.example.com").is_ok());
     }

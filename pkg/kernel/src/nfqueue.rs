@@ -81,7 +81,14 @@ impl NfQueue {
     pub fn bind(queue: u16, copy: u32, max_len: u32) -> io::Result<Self> {
         let mut sock = NetlinkSocket::<Nfnetlink>::new()?;
         // command, pad, pf (big-endian u16; unused by the kernel since 3.8)
-        sock.execute(message(queue, NFQNL_MSG_CONFIG, &attr(NFQA_CFG_CMD, &[NFQNL_CFG_CMD_BIND, 0, 0, 0])), 0)?;
+        sock.execute(
+            message(
+                queue,
+                NFQNL_MSG_CONFIG,
+                &attr(NFQA_CFG_CMD, &[NFQNL_CFG_CMD_BIND, 0, 0, 0]),
+            ),
+            0,
+        )?;
         let mut params = copy.to_be_bytes().to_vec();
         params.push(NFQNL_COPY_PACKET);
         let mut cfg = attr(NFQA_CFG_PARAMS, &params);

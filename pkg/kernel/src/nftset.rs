@@ -40,6 +40,8 @@ const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
+const NFTA_SET_ELEM_USERDATA: u16 = 6;
 const NFTA_DATA_VALUE: u16 = 1;
 const NLA_F_NESTED: u16 = 0x8000;
 
@@ -59,6 +61,20 @@ pub struct SetElement {
     pub key: Vec<u8>,
     /// What a map maps it to; `None` for a set (and for a removal).
     pub data: Option<ElementData>,
+    /// For a set with `flags timeout`: when the kernel removes it, and the comment it
+    /// carries (`timeout 1m comment "api.example.test"`).
+    pub expiry: Option<Expiry>,
+}
+
+/// An element's timeout and comment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expiry {
+    /// After how long the kernel removes the element, in milliseconds (re-adding it
+    /// with another timeout sets the new one).
+    pub timeout_ms: u64,
+    /// A comment kept with the element (at most 127 bytes; longer is cut), listed by
+    /// nft and read back by whoever wrote it.
+    pub comment: String,
 }
 
 pub(crate) fn attr(ty: u16, payload: &[u8]) -> Vec<u8> {
@@ -122,6 +138,19 @@ fn element(e: &SetElement) -> Vec<u8> {
     let mut parts = vec![nested(NFTA_SET_ELEM_KEY, &[attr(NFTA_DATA_VALUE, &e.key)])];
     if let Some(ElementData::Value(d)) = &e.data {
         parts.push(nested(NFTA_SET_ELEM_DATA, &[attr(NFTA_DATA_VALUE, d)]));
+    }
+    if let Some(x) = &e.expiry {
+        parts.push(attr(NFTA_SET_ELEM_TIMEOUT, &x.timeout_ms.to_be_bytes()));
+        if !x.comment.is_empty() {
+            // nftables' user data: one TLV, type NFTNL_UDATA_SET_ELEM_COMMENT (0), the
+            // comment with its NUL.
+            let mut c = x.comment.as_bytes().to_vec();
+            c.truncate(126);
+            c.push(0);
+            let mut udata = vec![0u8, c.len() as u8];
+            udata.extend(c);
+            parts.push(attr(NFTA_SET_ELEM_USERDATA, &udata));
+        }
     }
     nested(NFTA_LIST_ELEM, &parts)
 }
@@ -276,6 +305,7 @@ mod tests {
             set: "m".into(),
             key: key_ifname("weft1"),
             data: Some(ElementData::Value(vec![10, 0, 0, 9])),
+            expiry: None,
         });
         assert!(mapped.windows(6).any(|w| w == b"weft1\0"), "the key travels");
         assert!(mapped.windows(4).any(|w| w == [10, 0, 0, 9]), "and the data");
@@ -286,6 +316,7 @@ mod tests {
                 set: "s".into(),
                 key: vec![1, 2, 3, 4],
                 data: None,
+                expiry: None,
             }],
             true,
         );

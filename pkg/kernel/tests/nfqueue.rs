@@ -40,7 +40,8 @@ fn queued_netns(port: u16) -> TempNetns {
                 },
             ],
         );
-        b.commit(&mut Session::default()).expect("the compat queue rule is taken in an inet table");
+        b.commit(&mut Session::default())
+            .expect("the compat queue rule is taken in an inet table");
     });
     ns
 }
@@ -59,7 +60,10 @@ fn a_datagram_waits_for_its_verdict_and_passes_when_nobody_listens() {
     let port = 40053;
     let ns = queued_netns(port);
     let listing = ns.run(|| nft::run(&["list", "table", "inet", "weft-q"], None).unwrap());
-    assert!(listing.contains(&format!("udp dport {port} queue num {QUEUE} bypass")), "{listing}");
+    assert!(
+        listing.contains(&format!("udp dport {port} queue num {QUEUE} bypass")),
+        "{listing}"
+    );
     let (receiver, sender, mut queue) = ns.run(|| {
         let r = UdpSocket::bind(("127.0.0.1", port)).unwrap();
         r.set_read_timeout(Some(Duration::from_millis(300))).unwrap();

@@ -15,8 +15,8 @@ pub mod ping;
 mod process;
 pub mod spec;
 
-pub use cluster::{EXPORT_TABLE, Lab, LinkCheck, OUTSIDE_ADDRESS, ROUTER_AS, node_config, router_config};
-pub use spec::{LabSpec, NamespaceSpec, NodeSpec, PodPort, PodSpec, Underlay, WireSecurityMode};
+pub use cluster::{EXPORT_TABLE, Lab, LinkCheck, NAMES_BLOCK, OUTSIDE_ADDRESS, ROUTER_AS, node_config, router_config};
+pub use spec::{DnsRecord, LabSpec, NamespaceSpec, NodeSpec, PodPort, PodSpec, Underlay, WireSecurityMode};
 
 /// A lab that is taken down when this is dropped (a benchmark or test that fails
 /// half-way leaves no daemon or namespace behind). `weftctl lab up` does not use it: its

@@ -81,6 +81,32 @@ pub struct LabSpec {
     /// `["--flows-workload-metrics=true"]`): what an operator sets in the DaemonSet.
     #[serde(default)]
     pub weftd_args: Vec<String>,
+    /// The lab's DNS: names the outside answers for (a dnsmasq in the outside
+    /// namespace, at its address, which every pod's resolv.conf names). None: no DNS.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns: Vec<DnsRecord>,
+}
+
+/// A name of the lab's DNS: its addresses (the outside holds them, so they answer),
+/// or the name it is an alias of, and its TTL.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsRecord {
+    /// The name.
+    pub name: String,
+    /// Its A and AAAA records.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<std::net::IpAddr>,
+    /// The name it is a CNAME of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cname: Option<String>,
+    /// The TTL of its records, in seconds.
+    #[serde(default = "default_dns_ttl")]
+    pub ttl: u32,
+}
+
+fn default_dns_ttl() -> u32 {
+    300
 }
 
 fn default_parallel_attach() -> usize {

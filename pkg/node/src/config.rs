@@ -63,6 +63,9 @@ pub struct NodeConfig {
     pub policy_announce_timeout: Duration,
     /// How flows are recorded (see [`crate::flows`]).
     pub flows: crate::flows::FlowsConfig,
+    /// The shortest time an address learnt from a DNS answer is allowed for
+    /// `domainNames` rules, in seconds, whatever its TTL.
+    pub dns_min_ttl: u32,
 }
 
 /// How the node-to-node wire port is protected (`--wire-tls-dir` or `--wire-insecure`).
@@ -130,6 +133,10 @@ impl NodeConfig {
             node_name: self.node_name.clone(),
             resync: self.resync(),
             sync_wait,
+            learnt: weft_fqdn::Limits {
+                min_ttl: self.dns_min_ttl,
+                ..weft_fqdn::Limits::default()
+            },
         }
     }
 }

@@ -66,6 +66,10 @@ pub enum NodeError {
     /// The thread reading denied flows from the kernel (NFLOG) could not start.
     #[error("starting the deny log reader")]
     DenyLogReader(#[source] std::io::Error),
+    /// The thread reading DNS answers for `domainNames` rules (NFQUEUE) could not
+    /// start.
+    #[error("starting the DNS answer reader")]
+    DnsAnswerReader(#[source] std::io::Error),
     /// A flow export asked for could not start (no OTLP endpoint, an exporter that
     /// cannot be built).
     #[error("starting the flow export: {0}")]

@@ -50,6 +50,47 @@ pub fn read_denies(engine: Arc<Engine>, stop: Arc<AtomicBool>) -> std::io::Resul
     })
 }
 
+/// How many DNS answers wait in the kernel for the learner at most; past it they go
+/// on unread (the queue is fail-open), and their names' addresses are not learnt.
+const DNS_QUEUE_LEN: u32 = 4096;
+
+/// Reads the DNS answers the DNS table holds for the learner (NFQUEUE) until `stop`,
+/// on a thread in the calling thread's network namespace (weftd's, the node's): each
+/// is learnt from (its addresses written into the learnt sets of the names it
+/// answers), then let through. A queue another process holds is said once; the
+/// answers then pass unread (the rule bypasses an unbound queue), and connections to
+/// their names are refused: `domainNames` rules fail closed.
+pub fn read_dns_answers(engine: Arc<Engine>, stop: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("policy-dns".into()).spawn(move || {
+        let queue = weft_policy::plan::DNS_QUEUE;
+        let mut q = match weft_kernel::nfqueue::NfQueue::bind(queue, 65535, DNS_QUEUE_LEN) {
+            Ok(q) => q,
+            Err(e) => {
+                tracing::error!(error = %e, queue, "cannot read DNS answers (NFQUEUE): domainNames rules learn nothing, their names stay refused");
+                return;
+            }
+        };
+        while !stop.load(Ordering::Relaxed) {
+            match q.next(Duration::from_millis(250)) {
+                Ok(packets) => {
+                    for p in packets {
+                        if let Some((_, payload)) = weft_kernel::nfqueue::udp_payload(&p.payload) {
+                            engine.dns_answer(payload);
+                        }
+                        if let Err(e) = q.verdict(p.id, weft_kernel::nfqueue::Verdict::Accept) {
+                            tracing::warn!(error = %e, "cannot let a DNS answer through");
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading DNS answers (NFQUEUE) failed");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    })
+}
+
 /// One JSON log line (and an OTLP span) per denied flow.
 fn log_deny(ev: &DenyEvent) {
     let action = if ev.audit { "audit" } else { "deny" };

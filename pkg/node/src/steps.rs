@@ -526,6 +526,12 @@ pub async fn serve(
             deny_stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = tokio::task::spawn_blocking(move || reader.join()).await;
         });
+        let dns_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = netpol::read_dns_answers(engine.clone(), dns_stop.clone()).map_err(NodeError::DnsAnswerReader)?;
+        running.then("DNS answer reader", async move {
+            dns_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+        });
     }
     if let Some(flows) = &s.flows {
         running.task("flow denies", tokio::spawn(flows.clone().relay_denies(stopped())));

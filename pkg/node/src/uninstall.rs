@@ -85,7 +85,12 @@ pub enum UninstallError {
 }
 
 /// The nftables tables (family `inet`) weft owns.
-pub const TABLES: [&str; 3] = [weft_portmap::TABLE, weft_nodenet::masq::TABLE, weft_policy::plan::TABLE];
+pub const TABLES: [&str; 4] = [
+    weft_portmap::TABLE,
+    weft_nodenet::masq::TABLE,
+    weft_policy::plan::TABLE,
+    weft_policy::plan::DNS_TABLE,
+];
 
 /// Uninstalls weft from this node's namespace (the caller's). Blocking.
 pub async fn uninstall(cfg: &UninstallConfig) -> Result<Uninstalled, UninstallError> {

@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
-use weft_fqdn::DomainPattern;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use weft_fqdn::DomainPattern;
 use weft_topology::cnp::{
     CnpMatch, CnpMatchProtocol, CnpPeer, CnpPort, CnpProtocol, CnpProtocolPorts, CnpRule, NamespacedPod,
 };
@@ -562,7 +562,9 @@ fn rule(r: &CnpRule, dir: Direction, at: &str) -> Result<ClusterRule, Unread> {
     // are learnt from answers; denying by them would be only as good as the answers
     // seen, and the API refuses it).
     if action != CnpAction::Accept && peers.iter().any(|p| matches!(p, ClusterPeer::Domains(_))) {
-        return Err(format!("{at}: domainNames only in Accept rules (the API refuses a {action:?} rule with them)").into());
+        return Err(
+            format!("{at}: domainNames only in Accept rules (the API refuses a {action:?} rule with them)").into(),
+        );
     }
     // Upstream's validation: a named port cannot be asked of a peer that is no pod.
     let named_port = ports.iter().flatten().any(|p| matches!(p.ports, Ports::Named(_)));

@@ -27,7 +27,7 @@ use crate::eval::{ClusterView, LocalPod, NodeInfo, Verdict};
 use crate::kernel::PolicyKernel;
 use crate::metrics::InvalidLabels;
 use crate::metrics::PolicyMetrics;
-use crate::names::{Counter, LogPrefix};
+use crate::names::{Counter, LogPrefix, SetName};
 use crate::nft::{self, Observed};
 use crate::plan::{Desired, plan};
 
@@ -44,6 +44,9 @@ pub struct Config {
     /// How long an ADD waits for the cache to list everything once before it is
     /// answered "try again later".
     pub sync_wait: Duration,
+    /// The bounds of the addresses learnt for `domainNames` rules (minimum TTL, per
+    /// name, in all).
+    pub learnt: weft_fqdn::Limits,
 }
 
 /// What one pass did.
@@ -154,6 +157,8 @@ pub struct PolicyEngine<K> {
     announcer: Mutex<Option<Arc<dyn Announcer>>>,
     /// The addresses learnt from DNS answers for `domainNames` rules.
     learnt: crate::eval::LearntNames,
+    /// When the learnt table last forgot what expired (Unix ms).
+    learnt_expired_ms: std::sync::atomic::AtomicI64,
 }
 
 /// An end of a connection in `view`: a pod by name, or an address (see
@@ -182,6 +187,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         kernel: K,
         metrics: Arc<PolicyMetrics>,
     ) -> Self {
+        let learnt = Arc::new(std::sync::RwLock::new(weft_fqdn::Learnt::new(cfg.learnt)));
         Self {
             cfg,
             source,
@@ -195,8 +201,14 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             sampled: Mutex::default(),
             detached: Mutex::default(),
             announcer: Mutex::default(),
-            learnt: Arc::default(),
+            learnt,
+            learnt_expired_ms: std::sync::atomic::AtomicI64::new(0),
         }
+    }
+
+    /// The addresses this node learnt for `domainNames` rules (`weftctl policy names`).
+    pub fn learnt(&self) -> Vec<weft_fqdn::LearntAddress> {
+        self.learnt.read().expect("learnt names lock").list()
     }
 
     /// What the last pass planned from and decided, once one ran.
@@ -278,6 +290,127 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             return None;
         }
         self.latest()?.desired.meaning(chain, rule)
+    }
+
+    /// Learns from a DNS answer to one of this node's pods (`payload`: its UDP
+    /// payload) before the pod gets it: the addresses of a name some `domainNames`
+    /// rule takes go into its learnt sets, with their TTL (at least the table's
+    /// minimum) and the name as comment, in one transaction. Blocks until written
+    /// (call it from the queue's reader, never a runtime worker); what it did.
+    pub fn dns_answer(&self, payload: &[u8]) -> &'static str {
+        let result = self.learn_answer(payload);
+        self.metrics
+            .dns_answers
+            .get_or_create(&crate::metrics::ResultLabels { result })
+            .inc();
+        result
+    }
+
+    fn learn_answer(&self, payload: &[u8]) -> &'static str {
+        let answer = match weft_fqdn::read_response(payload) {
+            Ok(Some(a)) => a,
+            Ok(None) => return "ignored",
+            Err(_) => return "unreadable",
+        };
+        let Some(latest) = self.latest() else {
+            return "unmatched";
+        };
+        let sets: Vec<&SetName> = latest
+            .desired
+            .learnt
+            .iter()
+            .filter(|(_, names)| names.iter().any(|n| n.matches(&answer.query)))
+            .map(|(set, _)| set)
+            .collect();
+        if sets.is_empty() {
+            return "unmatched";
+        }
+        let now = now_ms();
+        let mut elements = Vec::new();
+        {
+            let mut learnt = self.learnt.write().expect("learnt names lock");
+            self.expire_learnt(&mut learnt, now);
+            for a in &answer.addresses {
+                let (outcome, _) = learnt.learn(&answer.query, a.ip, a.ttl, now);
+                if !matches!(outcome, weft_fqdn::Outcome::New | weft_fqdn::Outcome::Extended) {
+                    continue;
+                }
+                let timeout_ms = u64::try_from(learnt.expiry(a.ttl, now) - now).unwrap_or(0);
+                for set in &sets {
+                    if matches!(set, SetName::Data { v6, .. } if *v6 == a.ip.is_ipv6()) {
+                        elements.push(crate::kernel::LearntElement {
+                            set: (*set).clone(),
+                            ip: a.ip,
+                            timeout_ms,
+                            name: answer.query.clone(),
+                        });
+                    }
+                }
+            }
+            self.learnt_gauges(&learnt);
+        }
+        if elements.is_empty() {
+            return "learnt";
+        }
+        match self.kernel.lock().expect("policy kernel lock").learn(&elements) {
+            Ok(()) => "learnt",
+            Err(e) => {
+                warn!(error = %e, name = %answer.query, "cannot write learnt addresses: connections to them are refused until a new answer");
+                "failed"
+            }
+        }
+    }
+
+    /// Forgets what expired, at most once a second (the kernel expires its elements
+    /// itself; this keeps the table, `explain` and the gauges in step).
+    fn expire_learnt(&self, learnt: &mut weft_fqdn::Learnt, now: i64) {
+        let last = self.learnt_expired_ms.load(std::sync::atomic::Ordering::Relaxed);
+        if now - last < 1000 {
+            return;
+        }
+        self.learnt_expired_ms.store(now, std::sync::atomic::Ordering::Relaxed);
+        learnt.expire(now);
+    }
+
+    fn learnt_gauges(&self, learnt: &weft_fqdn::Learnt) {
+        let m = &self.metrics;
+        m.learnt_names.set(i64::try_from(learnt.names()).unwrap_or(i64::MAX));
+        m.learnt_addresses
+            .set(i64::try_from(learnt.addresses()).unwrap_or(i64::MAX));
+        let (ev, re) = (learnt.evictions, learnt.refused);
+        m.learnt_evictions.inc_by(ev.saturating_sub(m.learnt_evictions.get()));
+        m.learnt_refused.inc_by(re.saturating_sub(m.learnt_refused.get()));
+    }
+
+    /// The learnt addresses a plan's new learnt sets start with: what the node holds
+    /// for names they take, with what is left of each timeout. `last`: the plan the
+    /// kernel held before (`None`: not known, every learnt set is filled).
+    fn refill(&self, d: &Desired, last: Option<&Desired>) -> Vec<crate::kernel::LearntElement> {
+        let new: Vec<(&SetName, &Vec<weft_fqdn::DomainPattern>)> = d
+            .learnt
+            .iter()
+            .filter(|(set, _)| last.is_none_or(|l| !l.learnt.contains_key(*set)))
+            .collect();
+        if new.is_empty() {
+            return Vec::new();
+        }
+        let now = now_ms();
+        let learnt = self.learnt.read().expect("learnt names lock");
+        let mut out = Vec::new();
+        for a in learnt.list().into_iter().filter(|a| a.expires_ms > now) {
+            for (set, names) in &new {
+                let family = matches!(set, SetName::Data { v6, .. } if *v6 == a.ip.is_ipv6());
+                if family && names.iter().any(|n| n.matches(&a.name)) {
+                    out.push(crate::kernel::LearntElement {
+                        set: (*set).clone(),
+                        ip: a.ip,
+                        timeout_ms: u64::try_from(a.expires_ms - now).unwrap_or(0),
+                        name: a.name.clone(),
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// Turns a packet a group chain logged into a deny event (kept unless its flow was
@@ -457,6 +590,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         };
         let kernel = self.kernel.clone();
         let d = desired.clone();
+        let refill = self.refill(&desired, base.as_ref().and(last.as_deref()));
         let work = tokio::task::spawn_blocking(move || {
             let mut k = kernel.lock().expect("policy kernel lock");
             let observed = match base {
@@ -467,6 +601,14 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             let repaired = script.is_some() && last.as_ref().is_some_and(|l| **l == *d);
             if let Some(s) = &script {
                 k.apply(s).map_err(|e| e.to_string())?;
+            }
+            // What is learnt already goes into learnt sets new in this plan; answers
+            // are held for the learner only while a rule has names.
+            if let Err(e) = k.learn(&refill) {
+                warn!(error = %e, "cannot write learnt addresses into new learnt sets");
+            }
+            if let Err(e) = k.dns_queue(!d.learnt.is_empty()) {
+                warn!(error = %e, "cannot hold DNS answers for domainNames rules: their names' addresses are not learnt (refused)");
             }
             Ok::<_, String>((script, repaired))
         })
@@ -639,6 +781,19 @@ impl<K: PolicyKernel> PolicyEngine<K> {
                 .changes
                 .get_or_create(&crate::metrics::ChangeLabels { kind: "change" })
                 .inc();
+        }
+        if !add.new.learnt.is_empty() {
+            // The pod's rules brought learnt sets (the first pod a domainNames rule
+            // takes on this node): they start with what is learnt, and answers are
+            // held from now on, before its ADD answers.
+            let fill = self.refill(&add.new, None);
+            let mut k = self.kernel.lock().expect("policy kernel lock");
+            if let Err(e) = k.learn(&fill) {
+                warn!(error = %e, "cannot write learnt addresses into new learnt sets");
+            }
+            if let Err(e) = k.dns_queue(true) {
+                warn!(error = %e, "cannot hold DNS answers for domainNames rules: their names' addresses are not learnt (refused)");
+            }
         }
         self.metrics.pass_seconds.observe(started.elapsed().as_secs_f64());
         Ok(Some(PassOutcome {

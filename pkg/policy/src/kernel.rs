@@ -11,7 +11,20 @@ use weft_kernel::nftset::{self, NFPROTO_INET, SetElement, key_addr, key_port};
 
 use crate::names::{Chain, SetName};
 use crate::nft::{self, Observed};
-use crate::plan::{Addition, Delta, Element, SetKind, TABLE, dispatch_rule};
+use crate::plan::{Addition, DNS_QUEUE, DNS_TABLE, Delta, Element, SetKind, TABLE, dispatch_rule};
+
+/// An address the learner puts in a learnt set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LearntElement {
+    /// The learnt set (of the address's family).
+    pub set: SetName,
+    /// The address.
+    pub ip: std::net::IpAddr,
+    /// How long it stays, in milliseconds.
+    pub timeout_ms: u64,
+    /// The name it was learnt for (the element's comment).
+    pub name: String,
+}
 
 /// What network policy asks of and does to the kernel of the node's namespace.
 pub trait PolicyKernel: Send + 'static {
@@ -38,6 +51,21 @@ pub trait PolicyKernel: Send + 'static {
             None => Ok(()),
         }
     }
+    /// Puts addresses learnt from DNS answers in their learnt sets, each with its
+    /// timeout and its name as comment, in one transaction: the same as applying
+    /// [`nft::learn_script`], which is what this does unless the kernel has a quicker
+    /// way.
+    fn learn(&mut self, elements: &[LearntElement]) -> Result<(), KernelError> {
+        match nft::learn_script(elements) {
+            Some(s) => self.apply(&s),
+            None => Ok(()),
+        }
+    }
+    /// Holds DNS answers to this node's pods for the learner (`on`: the
+    /// [`DNS_TABLE`](crate::plan::DNS_TABLE) table, queueing them to
+    /// [`DNS_QUEUE`](crate::plan::DNS_QUEUE), passing them while nobody reads), or
+    /// no longer (the table goes). Doing it twice is doing it once.
+    fn dns_queue(&mut self, on: bool) -> Result<(), KernelError>;
     /// Adds one pod (an ADD's path), atomically: the same as applying
     /// [`nft::addition_script`], which is what this does unless the kernel has a
     /// quicker way.
@@ -73,6 +101,7 @@ fn elements_only(add: &Addition) -> Option<Vec<SetElement>> {
                 set: set.to_string(),
                 key,
                 data: None,
+                expiry: None,
             });
         }
     }
@@ -82,6 +111,7 @@ fn elements_only(add: &Addition) -> Option<Vec<SetElement>> {
                 set: SetName::Members(chain.clone()).to_string(),
                 key: nftset::key_ifname(ifname),
                 data: None,
+                expiry: None,
             });
         }
     }
@@ -92,6 +122,7 @@ fn elements_only(add: &Addition) -> Option<Vec<SetElement>> {
             set: SetName::Hairpin.to_string(),
             key,
             data: None,
+            expiry: None,
         });
     }
     Some(out)
@@ -209,10 +240,14 @@ fn batch_of(add: &Addition) -> Result<nb::Batch, KernelError> {
 #[derive(Debug, Default)]
 pub struct NftKernel {
     session: nftset::Session,
+    /// Whether the DNS table is in place, as last made so (`None`: not known yet).
+    dns_queue: Option<bool>,
 }
 
 impl PolicyKernel for NftKernel {
     fn observe(&mut self) -> Result<Observed, KernelError> {
+        // Read back means not trusted: the DNS table is made so again too.
+        self.dns_queue = None;
         match weft_kernel::nft::run(&["-j", "list", "table", "inet", TABLE], None) {
             Ok(json) => {
                 nft::parse(&json).map_err(|e| KernelError::os("reading the policy table", std::io::Error::other(e)))
@@ -242,6 +277,65 @@ impl PolicyKernel for NftKernel {
                 .commit(&mut self.session)
                 .map_err(|e| KernelError::os("adding a pod to the policy table", std::io::Error::other(e.to_string()))),
         }
+    }
+
+    fn learn(&mut self, elements: &[LearntElement]) -> Result<(), KernelError> {
+        let elements: Vec<SetElement> = elements
+            .iter()
+            .map(|e| SetElement {
+                set: e.set.to_string(),
+                key: key_addr(e.ip),
+                data: None,
+                expiry: Some(nftset::Expiry {
+                    timeout_ms: e.timeout_ms,
+                    comment: e.name.clone(),
+                }),
+            })
+            .collect();
+        self.session
+            .transact(TABLE, NFPROTO_INET, &elements, true)
+            .map_err(|e| KernelError::os("adding learnt addresses to the policy table", e))
+    }
+
+    fn dns_queue(&mut self, on: bool) -> Result<(), KernelError> {
+        if self.dns_queue == Some(on) {
+            return Ok(());
+        }
+        let fail = |e: String| KernelError::os("writing the DNS answers table", std::io::Error::other(e));
+        if on {
+            // Before weft's own tables on the forward hook; a packet the learner
+            // accepts goes on through them (a queue's accept ends only this table).
+            weft_kernel::nft::run(
+                &["-f", "-"],
+                Some(&format!(
+                    "table inet {DNS_TABLE} {{\n  chain answers {{\n    type filter hook forward priority -10; policy accept;\n  }}\n}}\nflush chain inet {DNS_TABLE} answers\n"
+                )),
+            )
+            .map_err(fail)?;
+            let mut b = nb::Batch::new(DNS_TABLE);
+            b.add_rule(
+                "answers",
+                [
+                    nb::Expr::Sport {
+                        proto: nb::L4Proto::Udp,
+                        port: 53,
+                    },
+                    nb::Expr::Queue {
+                        num: DNS_QUEUE,
+                        bypass: true,
+                    },
+                ],
+            );
+            b.commit(&mut self.session).map_err(|e| fail(e.to_string()))?;
+        } else {
+            match weft_kernel::nft::run(&["delete", "table", "inet", DNS_TABLE], None) {
+                Ok(_) => {}
+                Err(e) if e.contains("No such file or directory") => {}
+                Err(e) => return Err(fail(e)),
+            }
+        }
+        self.dns_queue = Some(on);
+        Ok(())
     }
 
     fn update(&mut self, delta: &Delta) -> Result<(), KernelError> {

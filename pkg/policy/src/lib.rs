@@ -28,7 +28,7 @@ pub use engine::{
     Announced, Announcer, Config, Explanation, Latest, LocalPods, PassOutcome, PolicyEngine, Status, Taken,
 };
 pub use eval::{ClusterDecision, ClusterView, Endpoint, L4, LocalPod, NodeInfo, RuleRef, SideVerdict, Verdict};
-pub use kernel::{NftKernel, PolicyKernel};
+pub use kernel::{LearntElement, NftKernel, PolicyKernel};
 pub use metrics::PolicyMetrics;
 pub use model::{Direction, Namespaces, Peer, Policy, PolicyId, PolicyMode, PortMatch, Ports, Read, Rule};
 pub use nft::Observed;

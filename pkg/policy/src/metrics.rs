@@ -81,6 +81,22 @@ pub struct PolicyMetrics {
     /// them at their ADD (`applied`, `kept` until the cache has the pod, `known` by the
     /// API already, `refused`).
     pub announcements: Family<ResultLabels, Counter>,
+    /// `weft_policy_dns_answers_total{result}`: DNS answers to this node's pods the
+    /// learner read (`learnt`: addresses went into a learnt set; `unmatched`: no
+    /// `domainNames` rule takes the name; `ignored`: no answer to learn from, an error
+    /// code or no question; `unreadable`: not DNS; `failed`: the sets could not be
+    /// written).
+    pub dns_answers: Family<ResultLabels, Counter>,
+    /// `weft_policy_learnt_names` and `weft_policy_learnt_addresses`: what the node
+    /// holds for `domainNames` rules.
+    pub learnt_names: Gauge,
+    /// See [`Self::learnt_names`].
+    pub learnt_addresses: Gauge,
+    /// `weft_policy_learnt_evictions_total`: addresses pushed out by a newer one of the
+    /// same name (its per-name bound).
+    pub learnt_evictions: Counter,
+    /// `weft_policy_learnt_refused_total`: addresses refused over the node's bound.
+    pub learnt_refused: Counter,
     /// Label sets last reported with invalid policies, to zero them once fixed.
     invalid_seen: Mutex<Vec<InvalidLabels>>,
 }
@@ -151,8 +167,38 @@ impl Families for PolicyMetrics {
             invalid: Family::default(),
             verdicts: Family::default(),
             announcements: Family::default(),
+            dns_answers: Family::default(),
+            learnt_names: Gauge::default(),
+            learnt_addresses: Gauge::default(),
+            learnt_evictions: Counter::default(),
+            learnt_refused: Counter::default(),
             invalid_seen: Mutex::default(),
         };
+        metrics.register(
+            "weft_policy_dns_answers",
+            "DNS answers to this node's pods read for domainNames rules, by result (learnt, unmatched, ignored, unreadable, failed)",
+            m.dns_answers.clone(),
+        );
+        metrics.register(
+            "weft_policy_learnt_names",
+            "Names this node holds learnt addresses of, for domainNames rules",
+            m.learnt_names.clone(),
+        );
+        metrics.register(
+            "weft_policy_learnt_addresses",
+            "Addresses this node learnt from DNS answers and still allows, for domainNames rules",
+            m.learnt_addresses.clone(),
+        );
+        metrics.register(
+            "weft_policy_learnt_evictions",
+            "Learnt addresses pushed out by a newer one of the same name (the per-name bound)",
+            m.learnt_evictions.clone(),
+        );
+        metrics.register(
+            "weft_policy_learnt_refused",
+            "Learnt addresses refused because the node holds its bound of them",
+            m.learnt_refused.clone(),
+        );
         metrics.register(
             "weft_policy_synced",
             "Whether the pods, namespaces and NetworkPolicies of the cluster have been listed (1) or not yet (0: nothing is changed)",

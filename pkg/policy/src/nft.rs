@@ -377,6 +377,23 @@ pub fn diff(d: &Desired, o: &Observed) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
+/// The transaction that puts learnt addresses in their sets with their timeouts and
+/// names: `None` when there are none.
+pub fn learn_script(elements: &[crate::kernel::LearntElement]) -> Option<String> {
+    let mut s = String::new();
+    for e in elements {
+        let _ = writeln!(
+            s,
+            "add element inet {TABLE} {} {{ {} timeout {}ms comment \"{}\" }}",
+            e.set,
+            e.ip,
+            e.timeout_ms,
+            e.name.replace('"', "")
+        );
+    }
+    (!s.is_empty()).then_some(s)
+}
+
 /// The transaction that adds one pod's [`Addition`], in nft's language (the kernel
 /// seam may write the same with nfnetlink instead).
 pub fn addition_script(add: &Addition) -> Option<String> {

@@ -46,6 +46,14 @@ pub const TABLE: &str = "weft-policy";
 /// The NFLOG group denied (and audited) flows are logged to.
 pub const LOG_GROUP: u16 = 21845;
 
+/// The table that holds DNS answers to this node's pods for the learner (its own: the
+/// queue is an xtables target nft cannot write, and a table apart is added and removed
+/// whole as `domainNames` rules come and go).
+pub const DNS_TABLE: &str = "weft-dns";
+
+/// The NFQUEUE queue DNS answers wait in for the learner.
+pub const DNS_QUEUE: u16 = 21846;
+
 /// How many denied packets per second a group chain logs at most (a flood of one flow
 /// must not drown the log; the rest are still counted).
 pub const LOG_RATE: u32 = 20;

@@ -24,6 +24,9 @@ impl PolicyKernel for Recorder {
     fn counters(&mut self) -> Result<BTreeMap<String, u64>, KernelError> {
         Ok(BTreeMap::new())
     }
+    fn dns_queue(&mut self, _: bool) -> Result<(), KernelError> {
+        Ok(())
+    }
 }
 
 fn pod(name: &str, ip: Option<&str>) -> String {
@@ -59,6 +62,7 @@ async fn a_reported_address_in_a_directory_costs_no_full_pass() {
             node_name: "n1".into(),
             resync: Duration::from_secs(3600),
             sync_wait: Duration::from_secs(5),
+            learnt: weft_fqdn::Limits::default(),
         },
         source.clone(),
         pods,

@@ -36,11 +36,13 @@ fn elems(entries: &Entries, add: bool) -> Vec<SetElement> {
         set: m.map().to_string(),
         key: key(m),
         data: add.then(|| ElementData::Value(data(m))),
+        expiry: None,
     });
     let hairpins = entries.hairpins.iter().map(|h| SetElement {
         set: h.set().to_string(),
         key: hairpin_key(h),
         data: None,
+        expiry: None,
     });
     ports.chain(hairpins).collect()
 }

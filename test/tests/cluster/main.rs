@@ -7,6 +7,7 @@
 mod cluster;
 mod crds;
 mod flows;
+mod fqdn;
 mod link_wait;
 mod netpol;
 mod node_ranges;

@@ -208,6 +208,13 @@ pub enum Expr {
         /// The ports, both ends included (`80..=80` for one).
         ports: RangeInclusive<u16>,
     },
+    /// `udp sport 53`: the source port (one).
+    Sport {
+        /// The protocol.
+        proto: L4Proto,
+        /// The port.
+        port: u16,
+    },
     /// `iifname @SET` or `oifname @SET`.
     IfnameInSet {
         /// Which interface.
@@ -424,6 +431,12 @@ impl Expr {
                     out.push(cmp(NFT_CMP_LTE, &ports.end().to_be_bytes()));
                 }
             }
+            Expr::Sport { proto, port } => {
+                out.push(meta(NFT_META_L4PROTO, 0));
+                out.push(cmp(NFT_CMP_EQ, &[proto.number()]));
+                out.push(payload(NFT_PAYLOAD_TRANSPORT_HEADER, 0, 2, 0));
+                out.push(cmp(NFT_CMP_EQ, &port.to_be_bytes()));
+            }
             Expr::IfnameInSet { iface, set } => {
                 let key = match iface {
                     Iface::Input => NFT_META_IIFNAME,
@@ -541,6 +554,7 @@ impl fmt::Display for Expr {
                 write!(f, "{} dport {}", proto.name(), ports.start())
             }
             Expr::Dport { proto, ports } => write!(f, "{} dport {}-{}", proto.name(), ports.start(), ports.end()),
+            Expr::Sport { proto, port } => write!(f, "{} sport {port}", proto.name()),
             Expr::IfnameInSet {
                 iface: Iface::Input,
                 set,

@@ -12,6 +12,8 @@
 mod bgp;
 mod certs;
 mod checks;
+mod dns;
+pub use dns::NAMES_BLOCK;
 mod up;
 
 pub use bgp::{EXPORT_TABLE, ROUTER_AS, node_config, router_config};

@@ -128,6 +128,7 @@ impl Lab {
                 started.push(n.name.clone());
             }
         }
+        self.start_dns()?;
         if self.spec.bgp {
             self.start_birds()?;
         }
@@ -419,6 +420,7 @@ impl Lab {
             }
         }
         self.stop_birds();
+        self.stop_dns();
         let mut names: Vec<String> = self.spec.pods.iter().map(|p| self.netns_of(p)).collect();
         names.extend(self.spec.nodes.iter().map(|n| self.node_ns(&n.name)));
         names.push(self.outside_ns());

@@ -48,6 +48,9 @@ impl PolicyKernel for NullKernel {
     fn apply(&mut self, _: &str) -> Result<(), weft_kernel::KernelError> {
         Ok(())
     }
+    fn dns_queue(&mut self, _: bool) -> Result<(), weft_kernel::KernelError> {
+        Ok(())
+    }
 }
 
 /// Serves `Policy` over `sink` on `addr` (its port 0: any), the wire port's way
@@ -169,6 +172,7 @@ async fn the_service_hands_the_engine_the_node_at_the_callers_address() {
             node_name: "n1".into(),
             resync: Duration::from_secs(60),
             sync_wait: Duration::from_secs(1),
+            learnt: weft_fqdn::Limits::default(),
         },
         source.clone(),
         Arc::new(|| Box::pin(async { Ok(Vec::new()) })),

@@ -270,8 +270,16 @@ fn domain_names_are_accept_peers_only() {
         let r = one_rule(json!({"action": action, "to": [{"domainNames": ["api.example.test"]}]}));
         assert_eq!(r.problems.len(), 1, "{action}: {:?}", r.problems);
         assert_eq!(r.problems[0].field, "spec.egress[0]");
-        assert!(r.problems[0].reason.contains("only in Accept rules"), "{}", r.problems[0]);
-        assert_eq!(r.policy.unwrap().egress[0].peers, vec![ClusterPeer::All], "{action}: denies all");
+        assert!(
+            r.problems[0].reason.contains("only in Accept rules"),
+            "{}",
+            r.problems[0]
+        );
+        assert_eq!(
+            r.policy.unwrap().egress[0].peers,
+            vec![ClusterPeer::All],
+            "{action}: denies all"
+        );
     }
     let r = read(json!({"tier": "Admin", "priority": 1, "subject": {"namespaces": {}},
                         "ingress": [{"action": "Accept", "from": [{"domainNames": ["a.example.test"]}]}]}));

@@ -21,6 +21,8 @@ use crate::engine::{Announced, Taken};
 struct FakeKernel {
     applied: Arc<Mutex<Vec<String>>>,
     holds: Arc<Mutex<Observed>>,
+    /// Whether DNS answers are held, as last asked.
+    dns_queue: Arc<Mutex<Option<bool>>>,
 }
 
 impl PolicyKernel for FakeKernel {
@@ -29,6 +31,10 @@ impl PolicyKernel for FakeKernel {
     }
     fn apply(&mut self, script: &str) -> Result<(), KernelError> {
         self.applied.lock().unwrap().push(script.to_string());
+        Ok(())
+    }
+    fn dns_queue(&mut self, on: bool) -> Result<(), KernelError> {
+        *self.dns_queue.lock().unwrap() = Some(on);
         Ok(())
     }
 }
@@ -124,6 +130,7 @@ fn engine_with(
             node_name: "n1".into(),
             resync: Duration::from_secs(60),
             sync_wait: Duration::from_millis(300),
+            learnt: weft_fqdn::Limits::default(),
         },
         cluster,
         pods,
@@ -549,4 +556,103 @@ async fn a_local_pods_reported_address_changes_nothing() {
     cluster.change(|o| o.pods[0] = object(&["10.0.0.2"]));
     let out = e.pass(false).await.unwrap();
     assert!(out.incremental && out.script.is_none(), "{out:?}");
+}
+
+/// A DNS answer for a name a `domainNames` rule takes: its addresses go into the rule's
+/// learnt set of their family (TTL at least the minimum, the name as comment) before
+/// the answer goes on; `explain` then allows them. Other names, errors and garbage
+/// are counted and learn nothing. A new rule's learnt set starts with what is learnt.
+#[tokio::test]
+async fn dns_answers_fill_learnt_sets_before_they_go_on() {
+    use weft_fqdn::answer::build::{Rec, ResponseCode, response};
+    let cluster = Cluster::new(true);
+    let cnp =
+        |name: &str, names: serde_json::Value| -> Arc<weft_topology::Strict<weft_topology::ClusterNetworkPolicy>> {
+            Arc::new(
+                serde_json::from_value(json!({"apiVersion": "policy.networking.k8s.io/v1alpha2",
+                "kind": "ClusterNetworkPolicy", "metadata": {"name": name},
+                "spec": {"tier": "Admin", "priority": 1, "subject": {"namespaces": {}},
+                         "egress": [{"action": "Accept", "to": [{"domainNames": names}]},
+                                    {"action": "Deny", "to": [{"networks": ["0.0.0.0/0", "::/0"]}]}]}}))
+                .unwrap(),
+            )
+        };
+    cluster.change(|o| {
+        o.cluster_policies.push(cnp("api", json!(["api.example.test"])));
+        o.pods.push(Arc::new(PolicyPod {
+            namespace: "x".into(),
+            name: "a".into(),
+            ips: vec!["10.0.0.1".parse().unwrap()],
+            ..PolicyPod::default()
+        }));
+    });
+    let (e, k, metrics, _) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
+    assert_eq!(*k.dns_queue.lock().unwrap(), None);
+    e.pass(true).await.unwrap();
+    assert_eq!(
+        *k.dns_queue.lock().unwrap(),
+        Some(true),
+        "answers are held while a rule has names"
+    );
+    let before = k.applied.lock().unwrap().len();
+    let ip: std::net::IpAddr = "192.0.2.10".parse().unwrap();
+    let ip6: std::net::IpAddr = "2001:db8::10".parse().unwrap();
+    let answer = response(
+        "API.example.test.",
+        ResponseCode::NoError,
+        &[
+            Rec::Addr("api.example.test.", 5, ip),
+            Rec::Addr("api.example.test.", 600, ip6),
+        ],
+    );
+    assert_eq!(e.dns_answer(&answer), "learnt");
+    let written = k.applied.lock().unwrap()[before..].join("");
+    let lines: Vec<&str> = written.lines().collect();
+    assert_eq!(lines.len(), 2, "{written}");
+    assert!(
+        lines[0].starts_with("add element inet weft-policy f")
+            && lines[0].ends_with("4 { 192.0.2.10 timeout 30000ms comment \"api.example.test\" }"),
+        "a TTL of 5 s is held 30 s: {written}"
+    );
+    assert!(lines[1].contains("6 { 2001:db8::10 timeout 600000ms"), "{written}");
+    let x = e.explain("x/a", "192.0.2.10", PortProtocol::Tcp, 443).unwrap();
+    assert!(x.verdict.allowed(), "{x:?}");
+    assert!(
+        !e.explain("x/a", "192.0.2.11", PortProtocol::Tcp, 443)
+            .unwrap()
+            .verdict
+            .allowed()
+    );
+    // The same answer again: nothing new to write.
+    let n = k.applied.lock().unwrap().len();
+    assert_eq!(e.dns_answer(&answer), "learnt");
+    assert_eq!(k.applied.lock().unwrap().len(), n);
+    let other = response(
+        "www.other.test.",
+        ResponseCode::NoError,
+        &[Rec::Addr("www.other.test.", 60, ip)],
+    );
+    assert_eq!(e.dns_answer(&other), "unmatched");
+    assert_eq!(e.dns_answer(&[0, 1, 2]), "unreadable");
+    let nx = response("api.example.test.", ResponseCode::NXDomain, &[]);
+    assert_eq!(e.dns_answer(&nx), "ignored");
+    let text = metrics.render("text/plain").1;
+    assert!(
+        text.contains("weft_policy_dns_answers_total{result=\"learnt\"} 2"),
+        "{text}"
+    );
+    assert!(text.contains("weft_policy_learnt_addresses 2"), "{text}");
+    // A second rule taking the same name: its new set starts with the learnt address.
+    cluster.change(|o| o.cluster_policies.push(cnp("wild", json!(["*.example.test"]))));
+    let n = k.applied.lock().unwrap().len();
+    e.pass(false).await.unwrap();
+    let written = k.applied.lock().unwrap()[n..].join("");
+    assert!(
+        written.lines().filter(|l| l.contains("192.0.2.10 timeout")).count() == 1,
+        "the new set is filled: {written}"
+    );
+    // No rule with names left: answers go straight on.
+    cluster.change(|o| o.cluster_policies.clear());
+    e.pass(false).await.unwrap();
+    assert_eq!(*k.dns_queue.lock().unwrap(), Some(false));
 }

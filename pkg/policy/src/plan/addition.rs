@@ -110,6 +110,7 @@ impl Addition {
         d.chain_of.extend(n.chain_of);
         d.cluster_rules.extend(n.cluster_rules);
         d.sources.extend(n.sources);
+        d.learnt.extend(n.learnt);
         d.egress.extend(self.egress.clone());
         d.ingress.extend(self.ingress.clone());
     }

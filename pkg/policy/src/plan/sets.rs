@@ -58,7 +58,10 @@ impl SetKind {
 
     /// Whether it holds IPv6 addresses.
     pub fn v6(self) -> bool {
-        matches!(self, SetKind::Addr6 | SetKind::Net6 | SetKind::AddrPort6 | SetKind::Learnt6)
+        matches!(
+            self,
+            SetKind::Addr6 | SetKind::Net6 | SetKind::AddrPort6 | SetKind::Learnt6
+        )
     }
 }
 

@@ -1,0 +1,314 @@
+//! Egress by domain name on a lab with its own DNS (dnsmasq in the outside), real
+//! kernel: a ClusterNetworkPolicy lets namespace x reach some names on 80/TCP and
+//! nothing else of the outside. Exact and wildcard names allow exactly what they
+//! match; a CNAME chain is followed; a name with 120 addresses; an answer that changes
+//! moves what is allowed; a pod that resolves and connects at once is never refused
+//! (1,000 times, each a name never seen); TTL expiry stops new connections and leaves
+//! an open one; weftd SIGKILLed while a pod resolves in a loop: DNS keeps answering
+//! (the longest gap is printed), learnt addresses stay allowed, nothing else opens; a
+//! Deny rule with domainNames is refused.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use weft_fqdn::answer::build::query;
+use weft_kernel::{NetNs, in_netns};
+use weft_tests::{LabDown, TempDir, load_lab, privileged};
+
+/// How many names the race loop resolves, one address each in the lab's names block.
+const RACE: usize = 1000;
+
+fn lab_text(name: &str) -> String {
+    let mut dns = String::from(
+        "dns:\n\
+         \x20 - {name: api.example.test, addresses: [198.51.100.10, 198.51.100.11], ttl: 300}\n\
+         \x20 - {name: short.example.test, addresses: [198.51.100.12], ttl: 1}\n\
+         \x20 - {name: deb.mirror.test, addresses: [198.51.100.20]}\n\
+         \x20 - {name: mirror.test, addresses: [198.51.100.21]}\n\
+         \x20 - {name: other.test, addresses: [198.51.100.30]}\n\
+         \x20 - {name: www.example.test, cname: edge.cdn.test}\n\
+         \x20 - {name: edge.cdn.test, addresses: [198.51.100.40], ttl: 60}\n\
+         \x20 - {name: changing.example.test, addresses: [198.51.100.50]}\n\
+         \x20 - {name: after.race.test, addresses: [198.51.100.60]}\n",
+    );
+    let many: Vec<String> = (0..120).map(|i| format!("198.51.100.{}", 100 + i)).collect();
+    dns.push_str(&format!(
+        "  - {{name: many.example.test, addresses: [{}]}}\n",
+        many.join(", ")
+    ));
+    for i in 0..RACE {
+        dns.push_str(&format!(
+            "  - {{name: r{i}.race.test, addresses: [198.51.{}.{}], ttl: 60}}\n",
+            104 + i / 250,
+            i % 250 + 1
+        ));
+    }
+    format!(
+        "name: {name}\nnodes: [n1, n2]\n\
+         weftd_args: [\"--policy-dns-min-ttl=2\"]\n\
+         namespaces:\n  - {{name: x, labels: {{ns: x}}}}\n  - {{name: y, labels: {{ns: y}}}}\n\
+         pods:\n  - {{name: a, namespace: x, node: n1}}\n  - {{name: a, namespace: y, node: n2}}\n\
+         policies:\n\
+         \x20 - apiVersion: policy.networking.k8s.io/v1alpha2\n\
+         \x20   kind: ClusterNetworkPolicy\n\
+         \x20   metadata: {{name: egress-by-name}}\n\
+         \x20   spec:\n\
+         \x20     tier: Admin\n\
+         \x20     priority: 10\n\
+         \x20     subject: {{namespaces: {{matchLabels: {{ns: x}}}}}}\n\
+         \x20     egress:\n\
+         \x20       - {{name: dns, action: Accept, to: [{{networks: [198.51.100.2/32]}}], protocols: [{{udp: {{destinationPort: {{number: 53}}}}}}]}}\n\
+         \x20       - name: names\n\
+         \x20         action: Accept\n\
+         \x20         to: [{{domainNames: [api.example.test, short.example.test, \"*.mirror.test\", www.example.test, many.example.test, changing.example.test, \"*.race.test\"]}}]\n\
+         \x20         protocols: [{{tcp: {{destinationPort: {{number: 80}}}}}}]\n\
+         \x20       - {{name: rest, action: Deny, to: [{{networks: [198.51.100.0/24, 198.51.104.0/22]}}]}}\n\
+         {dns}"
+    )
+}
+
+struct FqdnLab {
+    lab: LabDown,
+    file: PathBuf,
+    lab_dir: PathBuf,
+    _dir: TempDir,
+}
+
+impl FqdnLab {
+    fn in_ns<R: Send>(&self, ns: &str, f: impl FnOnce() -> R + Send) -> R {
+        let ns = NetNs::open(&PathBuf::from("/run/netns").join(ns)).unwrap();
+        in_netns(&ns, || Ok(f())).unwrap()
+    }
+
+    fn in_pod<R: Send>(&self, pod: &str, f: impl FnOnce() -> R + Send) -> R {
+        self.in_ns(&self.lab.0.pod_ns(pod), f)
+    }
+}
+
+/// The addresses of `name` (A, or AAAA), asked of the lab's DNS over UDP from the
+/// calling thread's namespace; an error when no answer comes within `wait`.
+fn resolve(name: &str, aaaa: bool, wait: Duration) -> std::io::Result<Vec<IpAddr>> {
+    let s = UdpSocket::bind("0.0.0.0:0")?;
+    s.set_read_timeout(Some(wait))?;
+    s.send_to(&query(name, 0x5eed, aaaa), (weft_lab::OUTSIDE_ADDRESS, 53))?;
+    let mut buf = [0u8; 4096];
+    let n = s.recv(&mut buf)?;
+    let a = weft_fqdn::read_response(&buf[..n])
+        .map_err(std::io::Error::other)?
+        .ok_or_else(|| std::io::Error::other(format!("{name}: no answer")))?;
+    Ok(a.addresses.iter().map(|l| l.ip).collect())
+}
+
+fn connect(ip: IpAddr) -> std::io::Result<TcpStream> {
+    TcpStream::connect_timeout(&SocketAddr::new(ip, 80), Duration::from_millis(700))
+}
+
+/// Serves 80/TCP on every address of the outside: each connection is echoed.
+fn serve_outside(lab: &FqdnLab, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    let listener = lab.in_ns(&lab.lab.0.outside_ns(), || TcpListener::bind("0.0.0.0:80").unwrap());
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((mut c, _)) => {
+                    std::thread::spawn(move || {
+                        c.set_nonblocking(false).unwrap();
+                        let mut buf = [0u8; 1024];
+                        while let Ok(n) = c.read(&mut buf) {
+                            if n == 0 || c.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    })
+}
+
+#[test]
+fn names_allow_what_their_answers_gave_and_nothing_else() {
+    if !privileged() {
+        return;
+    }
+    let _area = weft_tests::area("cluster::fqdn");
+    let dir = TempDir::new("fqdn");
+    let name = format!("wt{}fq", std::process::id());
+    let (lab, file, lab_dir) = load_lab(dir.path(), &name, &lab_text(&name));
+    let lab = FqdnLab {
+        lab: LabDown(lab),
+        file,
+        lab_dir,
+        _dir: dir,
+    };
+    lab.lab.0.up().expect("lab up");
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = serve_outside(&lab, stop.clone());
+
+    // The policy in place: the outside's addresses are refused until a name allows.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lab.in_pod("x/a", || connect("198.51.100.10".parse().unwrap())).is_ok() {
+        assert!(Instant::now() < deadline, "the policy never landed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // y is no subject: it reaches the outside without asking.
+    assert!(lab.in_pod("y/a", || connect("198.51.100.30".parse().unwrap())).is_ok());
+
+    // Exact, wildcard, CNAME: what the answer gave is allowed at once; the rest not.
+    let allowed = |name: &str| -> Vec<(IpAddr, bool)> {
+        lab.in_pod("x/a", || {
+            let ips = resolve(name, false, Duration::from_secs(2)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!ips.is_empty(), "{name} has addresses");
+            ips.into_iter().map(|ip| (ip, connect(ip).is_ok())).collect()
+        })
+    };
+    for name in ["api.example.test", "deb.mirror.test", "www.example.test"] {
+        let got = allowed(name);
+        assert!(got.iter().all(|(_, ok)| *ok), "{name} is allowed: {got:?}");
+    }
+    assert_eq!(allowed("api.example.test").len(), 2, "both of api's addresses");
+    for name in ["other.test", "mirror.test"] {
+        let got = allowed(name);
+        assert!(
+            got.iter().all(|(_, ok)| !ok),
+            "{name} is not taken by any rule: {got:?}"
+        );
+    }
+    // 120 addresses for one name, every one allowed.
+    let many = allowed("many.example.test");
+    assert_eq!(many.len(), 120);
+    assert!(
+        many.iter().all(|(_, ok)| *ok),
+        "{:?}",
+        many.iter().filter(|(_, ok)| !ok).collect::<Vec<_>>()
+    );
+
+    // The race: a name never seen, resolved and connected to with no delay, 1,000
+    // times: the address is in the set before the answer reaches the pod.
+    let refused: Vec<String> = lab.in_pod("x/a", || {
+        (0..RACE)
+            .filter_map(|i| {
+                let name = format!("r{i}.race.test");
+                let ip = resolve(&name, false, Duration::from_secs(2)).ok()?.first().copied()?;
+                connect(ip).err().map(|e| format!("{name} {ip}: {e}"))
+            })
+            .collect()
+    });
+    assert!(
+        refused.is_empty(),
+        "{} of {RACE} refused: {:?}",
+        refused.len(),
+        &refused[..refused.len().min(5)]
+    );
+    println!("race: {RACE} names resolved and connected at once, none refused");
+
+    // TTL expiry (1 s, held 2 s by --policy-dns-min-ttl): a connection opened in time
+    // stays open; a new one after is refused.
+    let short: IpAddr = "198.51.100.12".parse().unwrap();
+    let mut open = lab.in_pod("x/a", || {
+        resolve("short.example.test", false, Duration::from_secs(2)).unwrap();
+        connect(short).expect("allowed within its TTL")
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        lab.in_pod("x/a", || connect(short)).is_err(),
+        "expired: new connections refused"
+    );
+    open.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    open.write_all(b"still here").unwrap();
+    let mut buf = [0u8; 10];
+    open.read_exact(&mut buf).expect("the open connection is left alone");
+    assert_eq!(&buf, b"still here");
+
+    // An answer that changes: the new address is allowed once answered.
+    let mut changed = lab.lab.0.clone();
+    changed
+        .spec
+        .dns
+        .iter_mut()
+        .find(|r| r.name == "changing.example.test")
+        .unwrap()
+        .addresses = vec!["198.51.100.51".parse().unwrap()];
+    assert!(
+        allowed("changing.example.test")
+            .iter()
+            .all(|(ip, ok)| *ok && ip.to_string() == "198.51.100.50")
+    );
+    changed.dns_restart().unwrap();
+    let now = allowed("changing.example.test");
+    assert_eq!(now.len(), 1);
+    assert_eq!((now[0].0.to_string().as_str(), now[0].1), ("198.51.100.51", true));
+
+    // weftd SIGKILLed on x/a's node while x/a resolves in a loop: DNS answers on (only
+    // the learning waits), the longest gap is measured; what was learnt stays allowed;
+    // nothing else opens.
+    let looping = Arc::new(AtomicBool::new(true));
+    let ns = lab.lab.0.pod_ns("x/a");
+    let go = looping.clone();
+    let resolver = std::thread::spawn(move || {
+        let ns = NetNs::open(&PathBuf::from("/run/netns").join(ns)).unwrap();
+        in_netns(&ns, || {
+            let (mut longest, mut since_ok) = (Duration::ZERO, Instant::now());
+            let mut answered = 0u32;
+            while go.load(Ordering::Relaxed) {
+                if resolve("deb.mirror.test", false, Duration::from_millis(200)).is_ok() {
+                    longest = longest.max(since_ok.elapsed());
+                    since_ok = Instant::now();
+                    answered += 1;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok((longest.max(since_ok.elapsed()), answered))
+        })
+        .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    lab.lab.0.crash("n1").unwrap();
+    assert!(
+        lab.in_pod("x/a", || connect("198.51.100.10".parse().unwrap())).is_ok(),
+        "learnt before: allowed with weftd down"
+    );
+    assert!(lab.in_pod("x/a", || connect("198.51.100.30".parse().unwrap())).is_err());
+    lab.lab.0.up().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    looping.store(false, Ordering::Relaxed);
+    let (gap, answered) = resolver.join().unwrap();
+    println!("DNS through a weftd SIGKILL and restart: longest gap between answers {gap:?} ({answered} answered)");
+    assert!(
+        gap < Duration::from_secs(1),
+        "DNS stopped for {gap:?} while weftd was down"
+    );
+    assert!(
+        lab.in_pod("x/a", || connect("198.51.100.10".parse().unwrap())).is_ok(),
+        "learnt before the restart: allowed after it"
+    );
+    assert!(lab.in_pod("x/a", || connect("198.51.100.30".parse().unwrap())).is_err());
+    // The restarted weftd learns again: a name first asked now.
+    assert!(lab.in_pod("x/a", || connect("198.51.100.60".parse().unwrap())).is_err());
+    let got = allowed("after.race.test");
+    assert!(got.iter().all(|(_, ok)| *ok), "{got:?}");
+
+    // A Deny rule with domainNames is refused, as the API refuses it.
+    let bad = lab.file.with_file_name("deny-by-name.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {name: deny-by-name}\n\
+         spec: {tier: Admin, priority: 5, subject: {namespaces: {}}, egress: [{action: Deny, to: [{domainNames: [other.test]}]}]}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(weft_tests::bin("weftctl"))
+        .env("WEFT_LAB_DIR", &lab.lab_dir)
+        .args(["lab", "apply", lab.file.to_str().unwrap(), bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("only in Accept rules"), "{err}");
+
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
+}
