@@ -247,8 +247,8 @@ pub(crate) fn parse_policies(text: &str, what: &str) -> Result<Vec<Value>, Strin
 /// will read it: its namespace exists, it decodes, and weft reads all of it. A field
 /// weft does not know or a value the API refuses is an error naming every such field
 /// (the object is refused, as `kubectl apply` with strict validation refuses it); what
-/// the API takes but weft does not enforce yet (`domainNames`) is returned as a
-/// warning, with what weft enforces instead.
+/// the API takes but weft does not enforce yet is returned as a warning, with what
+/// weft enforces instead.
 pub(crate) fn check_policy(v: &Value, namespaces: &BTreeSet<String>) -> Result<Vec<String>, String> {
     let key = object_key(v);
     let read = if is_cluster_policy(v) {
