@@ -187,6 +187,7 @@ mod tests {
                     rule: 0,
                     rule_name: "no-db".into(),
                     action: CnpAction::Deny,
+                    domains: Vec::new(),
                 }),
                 ..SideVerdict::default()
             },

@@ -178,6 +178,7 @@ fn side(s: &weft_policy::SideVerdict) -> PolicySide {
         cluster_rule: c.map_or(0, |d| d.rule as u32),
         cluster_rule_name: c.map(|d| d.rule_name.clone()).unwrap_or_default(),
         cluster_action: c.map(|d| format!("{:?}", d.action)).unwrap_or_default(),
+        cluster_domains: c.map(|d| d.domains.clone()).unwrap_or_default(),
     }
 }
 
@@ -228,5 +229,17 @@ impl PolicyAdmin for EnginePolicyAdmin {
 
     fn follow(&self) -> broadcast::Receiver<PolicyDeny> {
         self.follow.subscribe()
+    }
+
+    fn learnt(&self) -> Vec<weft_rpc::admin::LearntAddress> {
+        self.engine
+            .learnt()
+            .into_iter()
+            .map(|a| weft_rpc::admin::LearntAddress {
+                name: a.name,
+                address: a.ip.to_string(),
+                expires_unix_ms: a.expires_ms,
+            })
+            .collect()
     }
 }

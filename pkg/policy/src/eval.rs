@@ -97,6 +97,9 @@ pub struct ClusterDecision {
     pub rule_name: String,
     /// Accept or Deny.
     pub action: CnpAction,
+    /// When the rule took the far side by a `domainNames` peer: the names learnt for its
+    /// address that the rule takes (the answers that allowed it).
+    pub domains: Vec<String>,
 }
 
 /// What one direction's policies say of a flow: egress of its source pod, ingress of its
@@ -496,6 +499,29 @@ impl ClusterView {
         }
     }
 
+    /// The learnt names of `far` that a `domainNames` peer of `rule` takes.
+    fn domains_of(&self, rule: &ClusterRule, far: IpAddr) -> Vec<String> {
+        let patterns: Vec<&weft_fqdn::DomainPattern> = rule
+            .peers
+            .iter()
+            .filter_map(|p| match p {
+                ClusterPeer::Domains(d) => Some(d),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        if patterns.is_empty() {
+            return Vec::new();
+        }
+        let learnt = self.learnt.read().expect("learnt names lock");
+        learnt
+            .names_of(far)
+            .iter()
+            .filter(|n| patterns.iter().any(|p| p.matches(n)))
+            .cloned()
+            .collect()
+    }
+
     fn cluster_rule_matches(&self, rule: &ClusterRule, far: IpAddr, l4: L4, dst: Option<&PolicyPod>) -> bool {
         rule.peers.iter().any(|p| self.cluster_peer_matches(p, far))
             && rule
@@ -530,6 +556,7 @@ impl ClusterView {
                     rule: i,
                     rule_name: r.name.clone(),
                     action: r.action,
+                    domains: self.domains_of(r, far),
                 });
             }
         }

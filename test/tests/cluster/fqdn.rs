@@ -172,6 +172,39 @@ fn names_allow_what_their_answers_gave_and_nothing_else() {
         assert!(got.iter().all(|(_, ok)| *ok), "{name} is allowed: {got:?}");
     }
     assert_eq!(allowed("api.example.test").len(), 2, "both of api's addresses");
+    // Seen: the node lists what it learnt, and explain names the answer.
+    let weftctl = |args: &[&str]| -> String {
+        let out = std::process::Command::new(weft_tests::bin("weftctl"))
+            .env("WEFT_LAB_DIR", &lab.lab_dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "weftctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let file = lab.file.to_str().unwrap();
+    let names = weftctl(&["--json", "policy", "names", "--lab", file]);
+    let learnt: Vec<serde_json::Value> = names.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(
+        learnt.iter().any(|v| v["node"] == "n1"
+            && v["name"] == "api.example.test"
+            && v["address"] == "198.51.100.10"
+            && v["ttl_left_s"].as_i64().is_some_and(|t| t > 200)),
+        "{names}"
+    );
+    assert!(
+        learnt.iter().all(|v| v["node"] == "n1"),
+        "only x/a's node learnt: {names}"
+    );
+    let why = weftctl(&["policy", "explain", "x/a", "198.51.100.10", "80/tcp", "--lab", file]);
+    assert!(
+        why.contains("ALLOWED") && why.contains("rule 1 (names), as the answer for api.example.test gave the address"),
+        "{why}"
+    );
     for name in ["other.test", "mirror.test"] {
         let got = allowed(name);
         assert!(

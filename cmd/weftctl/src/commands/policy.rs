@@ -1,7 +1,8 @@
-//! `weftctl policy`: why a connection is allowed or denied (`explain`), and the flows
-//! network policy denied (`denies`), asked of the daemon at `--socket` or, with `--lab
-//! FILE`, of a lab's daemons (any node explains the whole cluster; each node reports
-//! the flows it denied).
+//! `weftctl policy`: why a connection is allowed or denied (`explain`), the flows
+//! network policy denied (`denies`) and the addresses learnt for domain names
+//! (`names`), asked of the daemon at `--socket` or, with `--lab FILE`, of a lab's
+//! daemons (any node explains the whole cluster; each node reports the flows it denied
+//! and what it learnt).
 
 use std::path::{Path, PathBuf};
 
@@ -42,6 +43,14 @@ pub enum PolicyAction {
         #[arg(long)]
         lab: Option<PathBuf>,
     },
+    /// The addresses each node learnt from DNS answers for ClusterNetworkPolicy
+    /// `domainNames` rules: name, address, and how long it stays allowed for new
+    /// connections.
+    Names {
+        /// Ask every node of a lab (`weftctl lab`) instead of the daemon at `--socket`.
+        #[arg(long)]
+        lab: Option<PathBuf>,
+    },
 }
 
 #[derive(Serialize)]
@@ -65,6 +74,7 @@ fn side(s: Option<PolicySide>) -> Side {
         serde_json::json!({
             "policy": s.cluster_policy, "tier": s.cluster_tier, "rule": s.cluster_rule,
             "rule_name": s.cluster_rule_name, "action": s.cluster_action,
+            "domains": s.cluster_domains,
         })
     });
     Side {
@@ -94,8 +104,19 @@ fn describe(what: &str, s: &Side) -> String {
             .filter(|n| !n.is_empty())
             .map(|n| format!(" ({n})"))
             .unwrap_or_default();
+        let domains: Vec<&str> = c["domains"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.as_str())
+            .collect();
+        let by_name = if domains.is_empty() {
+            String::new()
+        } else {
+            format!(", as the answer for {} gave the address", domains.join(", "))
+        };
         return format!(
-            "{what}: {} by ClusterNetworkPolicy {} ({} tier) rule {}{name}",
+            "{what}: {} by ClusterNetworkPolicy {} ({} tier) rule {}{name}{by_name}",
             if c["action"] == "Accept" { "accepted" } else { "DENIED" },
             c["policy"].as_str().unwrap_or_default(),
             c["tier"].as_str().unwrap_or_default(),
@@ -176,6 +197,33 @@ pub async fn run(action: PolicyAction, socket: &Path, json: bool) -> anyhow::Res
                 outln!("  not read in full (weft fails closed where it cannot read):");
                 for p in &r.problems {
                     outln!("    {p}");
+                }
+            }
+            Ok(())
+        }
+        PolicyAction::Names { lab } => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            for socket in super::daemons(socket, lab.as_deref())? {
+                let mut client = AdminClient::new(super::connect(&socket).await?);
+                let r = client
+                    .policy_names(weft_rpc::admin::PolicyNamesRequest {})
+                    .await
+                    .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+                    .into_inner();
+                for a in &r.addresses {
+                    let left = (a.expires_unix_ms - now).max(0) / 1000;
+                    if json {
+                        let v = serde_json::json!({"node": r.node, "name": a.name, "address": a.address,
+                            "expires_unix_ms": a.expires_unix_ms, "ttl_left_s": left});
+                        outln!("{}", serde_json::to_string(&v)?);
+                    } else {
+                        outln!("{:<10} {:<40} {:<39} {left}s", r.node, a.name, a.address);
+                    }
+                }
+                if !json && r.addresses.is_empty() {
+                    outln!("{:<10} (nothing learnt)", r.node);
                 }
             }
             Ok(())

@@ -172,6 +172,8 @@ pub trait PolicyAdmin: Send + Sync + 'static {
     fn denies(&self, limit: usize) -> Vec<PolicyDeny>;
     /// The denied flows from now on (a follower that falls behind loses the oldest).
     fn follow(&self) -> tokio::sync::broadcast::Receiver<PolicyDeny>;
+    /// The addresses learnt from DNS answers for `domainNames` rules, by name.
+    fn learnt(&self) -> Vec<weft_rpc::admin::LearntAddress>;
 }
 
 /// Flow records as the admin service reports them: the daemon's flow reader answers
@@ -440,6 +442,17 @@ impl<S: AdminState> Admin for AdminService<S> {
             .explain(request.into_inner())
             .map(Response::new)
             .map_err(Status::failed_precondition)
+    }
+
+    async fn policy_names(
+        &self,
+        _: Request<weft_rpc::admin::PolicyNamesRequest>,
+    ) -> Result<Response<weft_rpc::admin::PolicyNamesReply>, Status> {
+        let policy = policy_of(&self.policy)?;
+        Ok(Response::new(weft_rpc::admin::PolicyNamesReply {
+            node: self.node_name.clone(),
+            addresses: policy.learnt(),
+        }))
     }
 
     type FlowsStream = FlowsStream;
