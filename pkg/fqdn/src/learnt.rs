@@ -125,6 +125,22 @@ impl Learnt {
         (Outcome::New, evicted)
     }
 
+    /// Takes back an address the kernel holds for `name` until `expires_ms` (read back
+    /// after a restart): kept as it is, whatever the minimum TTL, unless the table
+    /// holds it already or is full.
+    pub fn restore(&mut self, name: &str, ip: IpAddr, expires_ms: i64) {
+        if self.names.get(name).is_some_and(|m| m.contains_key(&ip)) || self.total >= self.limits.total {
+            return;
+        }
+        let addrs = self.names.entry(name.to_string()).or_default();
+        if addrs.len() >= self.limits.per_name {
+            return;
+        }
+        addrs.insert(ip, expires_ms);
+        self.total += 1;
+        self.by_ip.entry(ip).or_default().push(name.to_string());
+    }
+
     fn unlink(&mut self, ip: IpAddr, name: &str) {
         if let Some(names) = self.by_ip.get_mut(&ip) {
             names.retain(|n| n != name);
@@ -218,6 +234,18 @@ mod tests {
         assert_eq!(t.list()[0].expires_ms, 602_000);
         t.expire(602_000);
         assert_eq!((t.names(), t.addresses()), (0, 0));
+    }
+
+    #[test]
+    fn what_the_kernel_holds_is_taken_back_as_it_is() {
+        let mut t = Learnt::new(Limits::default());
+        t.restore("api.example.test", ip(1), 5_000);
+        t.restore("api.example.test", ip(1), 9_000);
+        assert_eq!(t.list()[0].expires_ms, 5_000, "once, as held");
+        assert_eq!(t.names_of(ip(1)), ["api.example.test"]);
+        assert_eq!(t.learn("api.example.test", ip(1), 60, 0).0, Outcome::Extended);
+        assert_eq!(t.expire(61_000).len(), 1);
+        assert_eq!(t.addresses(), 0);
     }
 
     #[test]

@@ -593,10 +593,11 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         let refill = self.refill(&desired, base.as_ref().and(last.as_deref()));
         let work = tokio::task::spawn_blocking(move || {
             let mut k = kernel.lock().expect("policy kernel lock");
-            let observed = match base {
+            let mut observed = match base {
                 Some(b) => b,
                 None => k.observe().map_err(|e| e.to_string())?,
             };
+            let restored = std::mem::take(&mut observed.learnt);
             let script = nft::diff(&d, &observed);
             let repaired = script.is_some() && last.as_ref().is_some_and(|l| **l == *d);
             if let Some(s) = &script {
@@ -610,11 +611,11 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             if let Err(e) = k.dns_queue(!d.learnt.is_empty()) {
                 warn!(error = %e, "cannot hold DNS answers for domainNames rules: their names' addresses are not learnt (refused)");
             }
-            Ok::<_, String>((script, repaired))
+            Ok::<_, String>((script, repaired, restored))
         })
         .await
         .map_err(|e| format!("policy pass panicked: {e}"))?;
-        let (script, repaired) = match work {
+        let (script, repaired, restored) = match work {
             Ok(r) => r,
             Err(e) => {
                 self.metrics.failures.inc();
@@ -625,6 +626,18 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             }
         };
         state.must_observe = false;
+        if !restored.is_empty() {
+            // The kernel's learnt elements carry their names: what a weftd before this
+            // one learnt is known again (explain, `policy names`), with the time left.
+            let now = now_ms();
+            let mut learnt = self.learnt.write().expect("learnt names lock");
+            let n = restored.len();
+            for (ip, name, left) in restored {
+                learnt.restore(&name, ip, now + i64::from(left) * 1000);
+            }
+            self.learnt_gauges(&learnt);
+            info!(addresses = n, "learnt addresses read back from the policy table");
+        }
         if script.is_some() {
             let kind = if repaired { "repair" } else { "change" };
             self.metrics

@@ -61,6 +61,9 @@ pub struct Observed {
     pub dispatch: BTreeMap<Direction, Option<BTreeSet<Chain>>>,
     /// The host interfaces in the hairpin set.
     pub hairpin: BTreeSet<String>,
+    /// The learnt sets' elements with their comment (the name they were learnt for)
+    /// and the seconds left before they expire: what a restarted weftd learns back.
+    pub learnt: Vec<(IpAddr, String, u32)>,
 }
 
 impl Observed {
@@ -84,6 +87,7 @@ impl Observed {
                 .map(|dir| (*dir, Some(d.members(*dir).into_keys().cloned().collect())))
                 .collect(),
             hairpin: d.hairpin().into_iter().map(str::to_string).collect(),
+            learnt: Vec::new(),
         }
     }
 
@@ -584,6 +588,15 @@ pub fn parse(json: &str) -> Result<Observed, String> {
                     for e in set["elem"].as_array().into_iter().flatten() {
                         match element(kind, e) {
                             Some(x) => {
+                                if let (true, Element::Addr(ip)) = (kind.learnt(), x) {
+                                    let el = &e["elem"];
+                                    let name = el["comment"].as_str().unwrap_or_default();
+                                    let left = el["expires"].as_u64().unwrap_or(0);
+                                    if !name.is_empty() && left > 0 {
+                                        o.learnt
+                                            .push((ip, name.to_string(), u32::try_from(left).unwrap_or(u32::MAX)));
+                                    }
+                                }
                                 elems.insert(x);
                             }
                             None => unreadable = true,

@@ -321,6 +321,14 @@ fn names_allow_what_their_answers_gave_and_nothing_else() {
         "learnt before the restart: allowed after it"
     );
     assert!(lab.in_pod("x/a", || connect("198.51.100.30".parse().unwrap())).is_err());
+    // It knows what its predecessor learnt (the kernel's elements name it).
+    let names = weftctl(&["--json", "policy", "names", "--lab", file]);
+    assert!(
+        names
+            .lines()
+            .any(|l| l.contains("\"name\":\"api.example.test\"") && l.contains("198.51.100.10")),
+        "read back after the restart: {names}"
+    );
     // The restarted weftd learns again: a name first asked now.
     assert!(lab.in_pod("x/a", || connect("198.51.100.60".parse().unwrap())).is_err());
     let got = allowed("after.race.test");
