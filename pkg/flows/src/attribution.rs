@@ -99,6 +99,7 @@ pub fn decision(v: &weft_policy::Verdict) -> Decision {
 fn hits(side: PolicySide, s: &SideVerdict, out: &mut Vec<PolicyHit>) {
     if let Some(c) = &s.cluster {
         out.push(PolicyHit {
+            domain: c.domains.first().map_or("", String::as_str).into(),
             side,
             kind: "clusternetworkpolicy".into(),
             name: c.policy.as_str().into(),
@@ -113,6 +114,7 @@ fn hits(side: PolicySide, s: &SideVerdict, out: &mut Vec<PolicyHit>) {
     }
     if let Some(r) = &s.allowed_by {
         out.push(PolicyHit {
+            domain: "".into(),
             side,
             kind: "networkpolicy".into(),
             name: r.policy.as_str().into(),
@@ -124,6 +126,7 @@ fn hits(side: PolicySide, s: &SideVerdict, out: &mut Vec<PolicyHit>) {
     }
     for p in &s.isolating {
         out.push(PolicyHit {
+            domain: "".into(),
             side,
             kind: "networkpolicy".into(),
             name: p.as_str().into(),

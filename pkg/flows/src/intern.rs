@@ -77,6 +77,7 @@ mod tests {
         let b = i.str("x/web");
         assert!(Arc::ptr_eq(&a, &b));
         let hit = |name: &str| PolicyHit {
+            domain: "".into(),
             side: PolicySide::Ingress,
             kind: "networkpolicy".into(),
             name: name.into(),

@@ -287,6 +287,7 @@ mod tests {
             kind: FlowKind::InterNode,
             verdict: Verdict::Forwarded,
             policies: Arc::from(vec![PolicyHit {
+                domain: "".into(),
                 side: PolicySide::Ingress,
                 kind: "networkpolicy".into(),
                 name: "x/allow".into(),

@@ -196,6 +196,10 @@ pub struct PolicyHit {
     pub rule_name: Arc<str>,
     /// What it did.
     pub effect: Effect,
+    /// The name whose DNS answer gave the destination's address, when a
+    /// ClusterNetworkPolicy rule took it by `domainNames`.
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub domain: Arc<str>,
 }
 
 impl fmt::Display for PolicyHit {
@@ -215,6 +219,9 @@ impl fmt::Display for PolicyHit {
         }
         if !self.rule_name.is_empty() {
             write!(f, " ({})", self.rule_name)?;
+        }
+        if !self.domain.is_empty() {
+            write!(f, " for {}", self.domain)?;
         }
         Ok(())
     }

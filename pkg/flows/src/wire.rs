@@ -92,6 +92,7 @@ fn hits(h: &[PolicyHit]) -> Vec<pb::FlowPolicy> {
             rule: h.rule.map_or(-1, |r| r as i32),
             rule_name: h.rule_name.to_string(),
             effect: effect(h.effect).into(),
+            domain: h.domain.to_string(),
         })
         .collect()
 }
@@ -100,6 +101,7 @@ fn hits_of(list: Vec<pb::FlowPolicy>) -> Result<Vec<PolicyHit>, String> {
     let mut policies = Vec::new();
     for p in list {
         policies.push(PolicyHit {
+            domain: p.domain.into(),
             side: match p.side.as_str() {
                 "egress" => PolicySide::Egress,
                 "ingress" => PolicySide::Ingress,
@@ -316,6 +318,7 @@ mod tests {
             kind: FlowKind::ToOutside,
             verdict: Verdict::Audit,
             policies: Arc::from(vec![PolicyHit {
+                domain: "".into(),
                 side: PolicySide::Egress,
                 kind: "networkpolicy".into(),
                 name: "x/p".into(),

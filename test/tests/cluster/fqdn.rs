@@ -205,6 +205,29 @@ fn names_allow_what_their_answers_gave_and_nothing_else() {
         why.contains("ALLOWED") && why.contains("rule 1 (names), as the answer for api.example.test gave the address"),
         "{why}"
     );
+    // Its flows name the domain too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = weftctl(&["flows", "--lab", file, "--from", "x/a", "--port", "80", "-o", "json"]);
+        let named = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|f| {
+                f["dst"]["ip"] == "198.51.100.10"
+                    && f["policies"].as_array().is_some_and(|p| {
+                        p.iter()
+                            .any(|h| h["domain"] == "api.example.test" && h["name"] == "egress-by-name")
+                    })
+            });
+        if named {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no flow to api.example.test names its domain: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
     for name in ["other.test", "mirror.test"] {
         let got = allowed(name);
         assert!(

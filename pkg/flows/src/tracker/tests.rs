@@ -59,6 +59,7 @@ impl Resolve for Table {
             return Decision {
                 verdict: Verdict::Denied,
                 policies: vec![PolicyHit {
+                    domain: "".into(),
                     side: PolicySide::Ingress,
                     kind: "networkpolicy".into(),
                     name: "y/deny-81".into(),
@@ -74,6 +75,7 @@ impl Resolve for Table {
             (
                 Verdict::Denied,
                 vec![PolicyHit {
+                    domain: "".into(),
                     side: PolicySide::Ingress,
                     kind: "networkpolicy".into(),
                     name: "y/staged-deny".into(),
@@ -86,6 +88,7 @@ impl Resolve for Table {
         Decision {
             verdict: Verdict::Forwarded,
             policies: vec![PolicyHit {
+                domain: "".into(),
                 side: PolicySide::Ingress,
                 kind: "networkpolicy".into(),
                 name: "y/allow-web".into(),

@@ -803,6 +803,7 @@ pub(crate) fn aggregate_matches(f: &weft_flows::Filter, a: &weft_flows::Aggregat
             Vec::new().into()
         } else {
             Arc::from(vec![PolicyHit {
+                domain: "".into(),
                 side: PolicySide::Egress,
                 kind: "".into(),
                 name: a.key.policy.clone(),
