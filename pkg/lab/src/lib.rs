@@ -15,7 +15,10 @@ pub mod ping;
 mod process;
 pub mod spec;
 
-pub use cluster::{EXPORT_TABLE, Lab, LinkCheck, NAMES_BLOCK, OUTSIDE_ADDRESS, ROUTER_AS, node_config, router_config};
+pub use cluster::{
+    EXPORT_TABLE, Lab, LinkCheck, NAMES_BLOCK, NameCell, NameTable, OUTSIDE_ADDRESS, ROUTER_AS, node_config,
+    router_config,
+};
 pub use spec::{DnsRecord, LabSpec, NamespaceSpec, NodeSpec, PodPort, PodSpec, Underlay, WireSecurityMode};
 
 /// A lab that is taken down when this is dropped (a benchmark or test that fails

@@ -376,3 +376,35 @@ fn names_allow_what_their_answers_gave_and_nothing_else() {
     stop.store(true, Ordering::Relaxed);
     server.join().unwrap();
 }
+
+/// The example lab (`examples/lab-dns.yaml`) reaches by name what its file says
+/// (`examples/lab-dns.expect`, as `weftctl lab names` prints it).
+#[test]
+fn the_dns_example_reaches_the_names_it_says() {
+    if !privileged() {
+        return;
+    }
+    let _area = weft_tests::area("cluster::fqdn");
+    let dir = TempDir::new("fqdnex");
+    let name = format!("wt{}fe", std::process::id());
+    let text = include_str!("../../../examples/lab-dns.yaml").replace("name: wd", &format!("name: {name}"));
+    let (lab, file, lab_dir) = load_lab(dir.path(), &name, &text);
+    let lab = LabDown(lab);
+    lab.0.up().expect("lab up");
+    // Until the policy is in place on both nodes: other.test blocked from x.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let table = loop {
+        let out = std::process::Command::new(weft_tests::bin("weftctl"))
+            .env("WEFT_LAB_DIR", &lab_dir)
+            .args(["lab", "names", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let table = String::from_utf8(out.stdout).unwrap();
+        if table == include_str!("../../../examples/lab-dns.expect") || Instant::now() > deadline {
+            break table;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(table, include_str!("../../../examples/lab-dns.expect"));
+}

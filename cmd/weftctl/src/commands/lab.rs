@@ -136,6 +136,20 @@ pub enum LabAction {
         #[arg(long)]
         expect: Option<PathBuf>,
     },
+    /// Which pods reach which names of the lab's DNS: from inside every pod, resolves
+    /// each name through the lab's DNS and connects at once to every address it gave
+    /// on the port (the outside listens there meanwhile); a row per name, a column per
+    /// pod (`.` every address reached, `X` none, `~` some, `?` no answer).
+    Names {
+        /// The lab file.
+        file: PathBuf,
+        /// The TCP port.
+        #[arg(long, default_value_t = 80)]
+        port: u16,
+        /// How long a connection waits before it counts as blocked.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+    },
 }
 
 /// What `lab label` labels.
@@ -267,6 +281,14 @@ pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
             timeout,
             expect,
         } => matrix(&load(&file)?, ports, family, timeout, expect.as_deref(), json)?,
+        LabAction::Names { file, port, timeout } => {
+            let t = load(&file)?.name_probes(port, timeout)?;
+            if json {
+                outln!("{}", serde_json::to_string(&t)?);
+            } else {
+                out!("{t}");
+            }
+        }
     }
     Ok(())
 }

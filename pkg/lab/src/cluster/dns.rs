@@ -185,3 +185,157 @@ mod tests {
         assert!(c.contains("cname=www.example.test,api.example.test,300\n"), "{c}");
     }
 }
+
+/// What `lab names` measured: for each name of the lab's DNS and each pod, what the
+/// pod got resolving it through the lab's DNS and connecting at once to every address.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NameTable {
+    /// The TCP port probed.
+    pub port: u16,
+    /// The pods, as columns (`namespace/name`).
+    pub pods: Vec<String>,
+    /// Each name with a cell per pod.
+    pub rows: Vec<(String, Vec<NameCell>)>,
+}
+
+/// One pod's probe of one name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NameCell {
+    /// Every address reached.
+    Reached,
+    /// No address reached.
+    Blocked,
+    /// Some reached, some not.
+    Partly,
+    /// The name did not resolve (no answer, or no address).
+    Unresolved,
+}
+
+impl NameCell {
+    /// The table's character: `.`, `X`, `~`, `?`.
+    pub fn symbol(self) -> char {
+        match self {
+            NameCell::Reached => '.',
+            NameCell::Blocked => 'X',
+            NameCell::Partly => '~',
+            NameCell::Unresolved => '?',
+        }
+    }
+}
+
+impl std::fmt::Display for NameTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let width = self.rows.iter().map(|(n, _)| n.len()).max().unwrap_or(4).max(4);
+        write!(f, "{:<width$}", format!("{}/tcp", self.port))?;
+        for p in &self.pods {
+            write!(f, " {p}")?;
+        }
+        writeln!(f)?;
+        for (name, cells) in &self.rows {
+            write!(f, "{name:<width$}")?;
+            for (p, c) in self.pods.iter().zip(cells) {
+                write!(f, " {:<w$}", c.symbol(), w = p.len())?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}
+
+/// The addresses of `name` from the lab's DNS (UDP, EDNS), from the calling thread's
+/// namespace.
+fn resolve(name: &str, wait: std::time::Duration) -> Option<Vec<IpAddr>> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.set_read_timeout(Some(wait)).ok()?;
+    s.send_to(
+        &weft_fqdn::answer::build::query(name, 0x1ab, false),
+        (OUTSIDE_ADDRESS, 53),
+    )
+    .ok()?;
+    let mut buf = [0u8; 4096];
+    let n = s.recv(&mut buf).ok()?;
+    let a = weft_fqdn::read_response(&buf[..n]).ok()??;
+    Some(a.addresses.iter().map(|l| l.ip).collect())
+}
+
+impl Lab {
+    /// Probes every name of the lab's DNS from every pod, as a pod's app would: resolve
+    /// it through the lab's DNS and connect at once, on TCP `port`, to each address it
+    /// gave (the outside listens there meanwhile), each connection waiting `timeout`.
+    pub fn name_probes(&self, port: u16, timeout: std::time::Duration) -> Result<NameTable, LabError> {
+        if self.spec.dns.is_empty() {
+            return Err(LabError::Command {
+                what: "lab names".into(),
+                detail: "the lab has no dns: records".into(),
+            });
+        }
+        let outside = weft_harness::NamedNetns::existing(&self.outside_ns());
+        let listener = outside
+            .bind_tcp(&format!("0.0.0.0:{port}"))
+            .map_err(|e| LabError::Command {
+                what: format!("listening on {port}/tcp in the outside"),
+                detail: e.to_string(),
+            })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| LabError::io("listening in the outside", e))?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let accepting = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if listener.accept().is_err() {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                }
+            })
+        };
+        let names: Vec<String> = self.spec.dns.iter().map(|r| r.name.clone()).collect();
+        let mut pods = Vec::new();
+        let mut columns: Vec<Vec<NameCell>> = Vec::new();
+        for p in &self.spec.pods {
+            let ns = weft_harness::NamedNetns::existing(&self.netns_of(p));
+            let cells = ns
+                .within(|| {
+                    names
+                        .iter()
+                        .map(|name| match resolve(name, std::time::Duration::from_secs(2)) {
+                            Some(ips) if !ips.is_empty() => {
+                                let reached = ips
+                                    .iter()
+                                    .filter(|ip| {
+                                        std::net::TcpStream::connect_timeout(
+                                            &std::net::SocketAddr::new(**ip, port),
+                                            timeout,
+                                        )
+                                        .is_ok()
+                                    })
+                                    .count();
+                                match reached {
+                                    0 => NameCell::Blocked,
+                                    n if n == ips.len() => NameCell::Reached,
+                                    _ => NameCell::Partly,
+                                }
+                            }
+                            _ => NameCell::Unresolved,
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .map_err(|e| LabError::Command {
+                    what: format!("probing from {}", p.name),
+                    detail: e.to_string(),
+                })?;
+            pods.push(format!("{}/{}", p.namespace.as_deref().unwrap_or("default"), p.name));
+            columns.push(cells);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = accepting.join();
+        let rows = names
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| (n, columns.iter().map(|c| c[i]).collect()))
+            .collect();
+        Ok(NameTable { port, pods, rows })
+    }
+}

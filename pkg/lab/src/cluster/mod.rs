@@ -13,7 +13,7 @@ mod bgp;
 mod certs;
 mod checks;
 mod dns;
-pub use dns::NAMES_BLOCK;
+pub use dns::{NAMES_BLOCK, NameCell, NameTable};
 mod up;
 
 pub use bgp::{EXPORT_TABLE, ROUTER_AS, node_config, router_config};
