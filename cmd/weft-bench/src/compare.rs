@@ -109,6 +109,11 @@ enum Compare {
     /// hour of aggregates for 1,000 pairs; and in two labs side by side, flows on over
     /// off: pod-to-pod TCP and new TCP connections per second across nodes.
     Flows,
+    /// Egress by domain name: DNS lookups from a pod (p50, p99) and TCP to the name's
+    /// address with a domainNames policy beside none (two labs with the lab's DNS), and
+    /// one answer's set write into 1,000 and 100,000 learnt addresses, the learner's
+    /// table of 10,000 names in memory.
+    Fqdn,
 }
 
 /// The options of a traffic comparison (`wires`, `pod-network`) from the flags.
@@ -256,6 +261,11 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
             });
             let report = weft_bench::run_flows(&opts).map_err(fail)?;
             return print(&report, weft_bench::FlowsReport::markdown, json);
+        }
+        Compare::Fqdn => {
+            let opts = weft_bench::FqdnOptions::issue(weft, weftd, work_dir, args.rounds, args.tcp_seconds);
+            let report = weft_bench::run_fqdn(&opts).map_err(fail)?;
+            return print(&report, weft_bench::FqdnReport::markdown, json);
         }
         Compare::Reference => weft_bench::Comparison::Reference,
         Compare::Otlp => weft_bench::Comparison::Otlp,

@@ -27,6 +27,7 @@
 mod exec;
 mod flow_overhead;
 mod flows;
+mod fqdn;
 mod hostports;
 mod load;
 mod memory;
@@ -51,6 +52,7 @@ pub use flow_overhead::{
     FLOW_CONNS_TARGET, FLOW_TCP_TARGET, OverheadOptions, OverheadReport, OverheadSide, run_flow_overhead,
 };
 pub use flows::{FLOW_EVENTS_TARGET, FLOW_MEMORY_TARGET_MIB, FlowsOptions, FlowsReport, run_flows};
+pub use fqdn::{FQDN_LOOKUP_TARGET, FQDN_TCP_TARGET, FqdnOptions, FqdnReport, FqdnScale, FqdnSide, run_fqdn};
 pub use hostports::{HostportOptions, HostportReport, around, run_hostports};
 pub use load::{
     CallFailure, LOAD_TARGET_RATIO, LOAD_WINDOW, LoadCommand, LoadOptions, LoadReport, LoadWindow, run_load,

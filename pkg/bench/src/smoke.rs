@@ -50,6 +50,8 @@ pub struct SmokeReport {
     pub nodes: NodeScaleReport,
     /// Flow records replayed through the tracker, tiny.
     pub flows: crate::FlowsReport,
+    /// Egress by domain name, tiny.
+    pub fqdn: crate::FqdnReport,
 }
 
 /// Runs every comparison once, small.
@@ -136,8 +138,20 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         ..crate::FlowsOptions::smoke()
     })
     .map_err(|e| format!("flows: {e}"))?;
+    let fqdn = crate::run_fqdn(&crate::FqdnOptions {
+        weft: o.weft.clone(),
+        weftd: o.weftd.clone(),
+        work_dir: o.work_dir.clone(),
+        rounds: 1,
+        lookups: 50,
+        tcp_seconds: 1,
+        scale_addresses: 2000,
+        scale_names: 200,
+    })
+    .map_err(|e| format!("fqdn: {e}"))?;
     Ok(SmokeReport {
         flows,
+        fqdn,
         reference,
         otlp,
         hostports,
@@ -166,6 +180,7 @@ impl SmokeReport {
             self.policy.markdown(),
             self.nodes.markdown(),
             self.flows.markdown(),
+            self.fqdn.markdown(),
         ]
         .join("\n")
     }

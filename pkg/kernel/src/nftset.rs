@@ -41,6 +41,8 @@ const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_DATA: u16 = 2;
 const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
+/// The most bytes of elements one message carries (see [`batch`]).
+const ELEMENTS_MAX: usize = 60_000;
 const NFTA_SET_ELEM_USERDATA: u16 = 6;
 const NFTA_DATA_VALUE: u16 = 1;
 const NLA_F_NESTED: u16 = 0x8000;
@@ -166,20 +168,38 @@ pub fn batch(table: &str, family: u8, elements: &[SetElement], add: bool) -> Vec
         message(NFNL_MSG_BATCH_BEGIN, NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES, &[]),
         NLM_F_REQUEST,
     )];
+    let (ty, flags) = if add {
+        (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE)
+    } else {
+        (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK)
+    };
     for (set, es) in by_set {
-        let elems: Vec<Vec<u8>> = es.iter().map(|e| element(e)).collect();
-        let attrs = [
-            attr(NFTA_SET_ELEM_LIST_TABLE, &strz(table)),
-            attr(NFTA_SET_ELEM_LIST_SET, &strz(set)),
-            nested(NFTA_SET_ELEM_LIST_ELEMENTS, &elems),
-        ]
-        .concat();
-        let (ty, flags) = if add {
-            (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE)
-        } else {
-            (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK)
+        // The element list is one attribute, whose length is 16 bits: more elements
+        // than fit go in further messages of the same batch, as nft does.
+        let mut elems: Vec<Vec<u8>> = Vec::new();
+        let mut size = 0;
+        let flush = |elems: &mut Vec<Vec<u8>>, msgs: &mut Vec<(NetfilterMessage, u16)>| {
+            let attrs = [
+                attr(NFTA_SET_ELEM_LIST_TABLE, &strz(table)),
+                attr(NFTA_SET_ELEM_LIST_SET, &strz(set)),
+                nested(NFTA_SET_ELEM_LIST_ELEMENTS, elems),
+            ]
+            .concat();
+            msgs.push((message((NFNL_SUBSYS_NFTABLES << 8) | ty, family, 0, &attrs), flags));
+            elems.clear();
         };
-        msgs.push((message((NFNL_SUBSYS_NFTABLES << 8) | ty, family, 0, &attrs), flags));
+        for e in es {
+            let encoded = element(e);
+            if size + encoded.len() > ELEMENTS_MAX && !elems.is_empty() {
+                flush(&mut elems, &mut msgs);
+                size = 0;
+            }
+            size += encoded.len();
+            elems.push(encoded);
+        }
+        if !elems.is_empty() {
+            flush(&mut elems, &mut msgs);
+        }
     }
     msgs.push((
         message(NFNL_MSG_BATCH_END, NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES, &[]),
@@ -322,6 +342,21 @@ mod tests {
         );
         let types: Vec<u16> = msgs.iter().map(|(m, _)| m.message_type).collect();
         assert_eq!(types, vec![0x10, (10 << 8) | 12, 0x11]);
+        // Many elements of one set: several messages, none past a 16-bit attribute.
+        let many: Vec<SetElement> = (0..10_000u32)
+            .map(|i| SetElement {
+                set: "s".into(),
+                key: i.to_be_bytes().to_vec(),
+                data: None,
+                expiry: Some(Expiry {
+                    timeout_ms: 1000,
+                    comment: "a-name-of-some-length.example.test".into(),
+                }),
+            })
+            .collect();
+        let msgs = batch("t", NFPROTO_INET, &many, true);
+        assert!(msgs.len() > 3, "split: {}", msgs.len());
+        assert!(msgs.iter().all(|(m, _)| m.body.len() < 65_536));
         assert!(msgs.iter().all(|(m, _)| m.body.len() % 4 == 0), "attributes are padded");
     }
 

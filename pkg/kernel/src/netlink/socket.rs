@@ -96,6 +96,8 @@ pub struct NetlinkSocket<P: Protocol> {
     seq: u32,
     buf: Vec<u8>,
     protocol: PhantomData<P>,
+    /// The receive timeout [`Self::receive_unsolicited`] last set.
+    unsolicited_timeout: Option<std::time::Duration>,
 }
 
 /// A blocking rtnetlink socket in the caller's network namespace.
@@ -120,6 +122,7 @@ impl<P: Protocol> NetlinkSocket<P> {
             seq: 0,
             buf: vec![0; 64 * 1024],
             protocol: PhantomData,
+            unsolicited_timeout: None,
         })
     }
 
@@ -288,12 +291,17 @@ impl<P: Protocol> NetlinkSocket<P> {
     /// over logged packets) and returns those of the next datagram; none when the wait
     /// ends. Acknowledgements and errors are skipped.
     pub fn receive_unsolicited(&mut self, timeout: std::time::Duration) -> io::Result<Vec<P::Message>> {
-        let tv = nix::sys::time::TimeVal::new(
-            i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
-            i64::from(timeout.subsec_micros()),
-        );
-        nix::sys::socket::setsockopt(&self.sock, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
-            .map_err(io::Error::from)?;
+        // Set only when it changes: a reader that waits the same each time (NFQUEUE's,
+        // whose every packet waits for it) saves a system call per packet.
+        if self.unsolicited_timeout != Some(timeout) {
+            let tv = nix::sys::time::TimeVal::new(
+                i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+                i64::from(timeout.subsec_micros()),
+            );
+            nix::sys::socket::setsockopt(&self.sock, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
+                .map_err(io::Error::from)?;
+            self.unsolicited_timeout = Some(timeout);
+        }
         let n = match self.sock.recv(&mut &mut self.buf[..], 0) {
             Ok(n) => n,
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Ok(Vec::new()),
