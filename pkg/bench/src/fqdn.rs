@@ -1,6 +1,7 @@
 //! `--compare fqdn`: what egress by domain name costs. Two one-node labs with the
 //! lab's DNS side by side, one whose ClusterNetworkPolicy allows pod `a` a name (its
-//! DNS answers wait in the queue until the learnt set holds their addresses) and one
+//! DNS answers are copied to weftd's learner as they pass; a new connection the name
+//! alone could allow waits only if it overtakes the learner) and one
 //! with no policy, measured in alternating order: DNS lookups from the pod (UDP, one
 //! at a time, the name's answer each time), and TCP throughput to the name's address
 //! (iperf3 in the outside). Then the scale part on a real kernel, in a namespace of its
@@ -349,8 +350,8 @@ impl FqdnReport {
         let mut s = String::from("## Egress by domain name (a domainNames policy over none, same lab)\n\n");
         s.push_str(&format!(
             "Two one-node labs with the lab's DNS (dnsmasq in the outside) side by side, one whose \
-             ClusterNetworkPolicy allows pod x/a `{NAME}` (its answers wait in weftd's queue until the learnt set \
-             holds the address), one with no policy; {} passes alternating the order; {} lookups per pass (UDP, \
+             ClusterNetworkPolicy allows pod x/a `{NAME}` (its answers are copied to weftd's learner as they pass; \
+             a new connection only the name allows waits if it overtakes the learner), one with no policy; {} passes alternating the order; {} lookups per pass (UDP, \
              one at a time, each answered with the address); TCP {} s per run (iperf3, one stream, to the name's \
              address in the outside).\n\n",
             self.rounds, self.lookups, self.tcp_seconds

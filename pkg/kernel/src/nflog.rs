@@ -19,6 +19,7 @@ const NFULNL_MSG_PACKET: u16 = 0;
 const NFULNL_MSG_CONFIG: u16 = 1;
 const NFULA_CFG_CMD: u16 = 1;
 const NFULA_CFG_MODE: u16 = 2;
+const NFULA_CFG_QTHRESH: u16 = 5;
 const NFULNL_CFG_CMD_BIND: u8 = 1;
 const NFULNL_COPY_PACKET: u8 = 2;
 const NFULA_IFINDEX_INDEV: u16 = 4;
@@ -63,10 +64,7 @@ impl NflogSocket {
     /// bytes of every packet. Fails when another socket holds the group.
     pub fn bind(group: u16, copy: u32) -> io::Result<Self> {
         let mut sock = NetlinkSocket::<Nfnetlink>::new()?;
-        sock.execute(config(group, &attr(NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND])), 0)?;
-        let mut mode = copy.to_be_bytes().to_vec();
-        mode.extend_from_slice(&[NFULNL_COPY_PACKET, 0]);
-        sock.execute(config(group, &attr(NFULA_CFG_MODE, &mode)), 0)?;
+        bind_group(&mut sock, group, copy, false)?;
         Ok(Self { sock })
     }
 
@@ -75,11 +73,34 @@ impl NflogSocket {
         Ok(self
             .sock
             .receive_unsolicited(timeout)?
-            .into_iter()
-            .filter(|m| m.message_type == (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET)
-            .filter_map(|m| parse(&m.body))
+            .iter()
+            .filter_map(logged)
             .collect())
     }
+}
+
+/// Binds group `group` to `sock` (which may be bound to other things, an NFQUEUE
+/// queue say). With `at_once`, each packet's message is sent as the packet passes
+/// (the kernel otherwise gathers up to 100 of them or a second's worth), so messages
+/// of the group and of the queue arrive in the order the packets passed.
+pub(crate) fn bind_group(sock: &mut NetlinkSocket<Nfnetlink>, group: u16, copy: u32, at_once: bool) -> io::Result<()> {
+    sock.execute(config(group, &attr(NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND])), 0)?;
+    let mut mode = copy.to_be_bytes().to_vec();
+    mode.extend_from_slice(&[NFULNL_COPY_PACKET, 0]);
+    let mut cfg = attr(NFULA_CFG_MODE, &mode);
+    if at_once {
+        cfg.extend(attr(NFULA_CFG_QTHRESH, &1u32.to_be_bytes()));
+    }
+    sock.execute(config(group, &cfg), 0)?;
+    Ok(())
+}
+
+/// The packet an NFLOG message carries; `None` for any other message.
+pub(crate) fn logged(m: &NetfilterMessage) -> Option<LoggedPacket> {
+    if m.message_type != (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET {
+        return None;
+    }
+    parse(&m.body)
 }
 
 /// Reads one NFULNL_MSG_PACKET body: the nfgenmsg header, then attributes.

@@ -1,12 +1,14 @@
 //! NFQUEUE against the real kernel, in a namespace per test: a rule written by the
 //! nfnetlink batch (`queue num N bypass`, the xtables compat target) holds a datagram
 //! until weft's verdict (accept delivers it, drop loses it), and lets it through while
-//! nobody is bound.
+//! nobody is bound; a hold without bypass, read on one socket with an NFLOG group,
+//! gives the log's copies and the held packets in the order the packets passed, and a
+//! repeat with a mark sends the packet through the chain again, past the hold.
 
 use std::net::UdpSocket;
 use std::time::Duration;
 
-use weft_kernel::nfqueue::{NfQueue, Verdict, udp_payload};
+use weft_kernel::nfqueue::{Event, NfQueue, Overflow, Queued, Verdict, udp_payload};
 use weft_kernel::nftbatch::{Batch, Expr, L4Proto};
 use weft_kernel::nftset::Session;
 use weft_kernel::testutil::{TempNetns, privileged};
@@ -46,6 +48,16 @@ fn queued_netns(port: u16) -> TempNetns {
     ns
 }
 
+fn only_held(events: Vec<Event>) -> Vec<Queued> {
+    events
+        .into_iter()
+        .map(|e| match e {
+            Event::Held(q) => q,
+            Event::Logged(p) => panic!("nothing is logged here: {p:?}"),
+        })
+        .collect()
+}
+
 fn got(r: &UdpSocket) -> Option<Vec<u8>> {
     let mut buf = [0u8; 64];
     r.recv(&mut buf).ok().map(|n| buf[..n].to_vec())
@@ -68,12 +80,12 @@ fn a_datagram_waits_for_its_verdict_and_passes_when_nobody_listens() {
         let r = UdpSocket::bind(("127.0.0.1", port)).unwrap();
         r.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
         let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-        (r, s, NfQueue::bind(QUEUE, 512, 64).unwrap())
+        (r, s, NfQueue::bind(QUEUE, 512, 64, Overflow::Pass).unwrap())
     });
     let to = ("127.0.0.1", port);
 
     sender.send_to(b"one", to).unwrap();
-    let held = queue.next(Duration::from_secs(2)).unwrap();
+    let held = only_held(queue.next(Duration::from_secs(2)).unwrap());
     assert_eq!(held.len(), 1, "{held:?}");
     assert!(!held[0].ipv6);
     let (dst, payload) = udp_payload(&held[0].payload).expect("a UDP packet");
@@ -83,7 +95,7 @@ fn a_datagram_waits_for_its_verdict_and_passes_when_nobody_listens() {
     assert_eq!(got(&receiver).as_deref(), Some(&b"one"[..]), "delivered once accepted");
 
     sender.send_to(b"two", to).unwrap();
-    let held = queue.next(Duration::from_secs(2)).unwrap();
+    let held = only_held(queue.next(Duration::from_secs(2)).unwrap());
     queue.verdict(held[0].id, Verdict::Drop).unwrap();
     assert_eq!(got(&receiver), None, "a dropped one never arrives");
 
@@ -91,4 +103,107 @@ fn a_datagram_waits_for_its_verdict_and_passes_when_nobody_listens() {
     drop(queue);
     sender.send_to(b"three", to).unwrap();
     assert_eq!(got(&receiver).as_deref(), Some(&b"three"[..]));
+}
+
+#[test]
+fn copies_and_held_packets_come_in_order_and_a_repeat_passes_the_hold() {
+    if !privileged() {
+        return;
+    }
+    let (logged_port, held_port, group, mark) = (40054u16, 40055u16, 4243u16, 0x0040_0000u32);
+    let ns = TempNetns::new();
+    ns.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        let lo = nl.link_by_name("lo").unwrap().unwrap();
+        nl.set_up(lo.index, true).unwrap();
+        nft::run(
+            &["-f", "-"],
+            Some("table inet weft-q {\n chain input {\n  type filter hook input priority 0;\n }\n}\n"),
+        )
+        .unwrap();
+        let mut b = Batch::new("weft-q");
+        b.add_rule(
+            "input",
+            [
+                Expr::Dport {
+                    proto: L4Proto::Udp,
+                    ports: logged_port..=logged_port,
+                },
+                Expr::Log {
+                    group,
+                    prefix: "copy".into(),
+                },
+            ],
+        );
+        b.add_rule(
+            "input",
+            [
+                Expr::MarkClear(mark),
+                Expr::Dport {
+                    proto: L4Proto::Udp,
+                    ports: held_port..=held_port,
+                },
+                Expr::Queue {
+                    num: QUEUE,
+                    bypass: false,
+                },
+            ],
+        );
+        b.commit(&mut Session::default()).unwrap();
+    });
+    let (copied, receiver, sender) = ns.run(|| {
+        let c = UdpSocket::bind(("127.0.0.1", logged_port)).unwrap();
+        let r = UdpSocket::bind(("127.0.0.1", held_port)).unwrap();
+        for s in [&c, &r] {
+            s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        }
+        (c, r, UdpSocket::bind("127.0.0.1:0").unwrap())
+    });
+
+    // Nobody bound and no bypass: the held one is dropped, the copied one passes.
+    sender.send_to(b"lost", ("127.0.0.1", held_port)).unwrap();
+    assert_eq!(got(&receiver), None, "a hold without a reader fails closed");
+
+    let mut queue = ns.run(|| {
+        let mut q = NfQueue::bind(QUEUE, 512, 64, Overflow::Drop).unwrap();
+        q.log_too(group, 512).unwrap();
+        q
+    });
+    sender.send_to(b"answer", ("127.0.0.1", logged_port)).unwrap();
+    sender.send_to(b"connect", ("127.0.0.1", held_port)).unwrap();
+    assert_eq!(got(&copied).as_deref(), Some(&b"answer"[..]), "a copy never waits");
+    let mut events = Vec::new();
+    while events.len() < 2 {
+        let more = queue.next(Duration::from_secs(2)).unwrap();
+        assert!(!more.is_empty(), "both messages arrive: {events:?}");
+        events.extend(more);
+    }
+    let id = match (&events[0], &events[1]) {
+        (Event::Logged(p), Event::Held(q)) => {
+            assert_eq!(p.prefix, "copy");
+            assert_eq!(udp_payload(&p.payload).unwrap().1, b"answer");
+            assert_eq!(udp_payload(&q.payload).unwrap().1, b"connect");
+            q.id
+        }
+        other => panic!("the copy first, then the held packet: {other:?}"),
+    };
+    assert_eq!(got(&receiver), None, "held until the verdict");
+    queue.verdict(id, Verdict::Repeat { mark }).unwrap();
+    assert_eq!(
+        got(&receiver).as_deref(),
+        Some(&b"connect"[..]),
+        "repeated with the mark, the chain lets it past the hold"
+    );
+    assert!(
+        queue.next(Duration::from_millis(200)).unwrap().is_empty(),
+        "not held a second time"
+    );
+
+    // Held packets whose verdicts are given all at once.
+    sender.send_to(b"one", ("127.0.0.1", held_port)).unwrap();
+    sender.send_to(b"two", ("127.0.0.1", held_port)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    queue.verdict_all(Verdict::Repeat { mark }).unwrap();
+    assert_eq!(got(&receiver).as_deref(), Some(&b"one"[..]));
+    assert_eq!(got(&receiver).as_deref(), Some(&b"two"[..]));
 }

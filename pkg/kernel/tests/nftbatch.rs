@@ -410,6 +410,12 @@ fn cases() -> Vec<Case> {
             exprs: |_| vec![Expr::CtMarkOr(0x0010_0000)],
         },
         Case {
+            text: "meta mark & 0x00400000 == 0x00000000",
+            canonical: true,
+            set: None,
+            exprs: |_| vec![Expr::MarkClear(0x0040_0000)],
+        },
+        Case {
             text: "limit rate 20/second burst 20 packets",
             canonical: true,
             set: None,

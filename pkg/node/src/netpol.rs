@@ -50,41 +50,70 @@ pub fn read_denies(engine: Arc<Engine>, stop: Arc<AtomicBool>) -> std::io::Resul
     })
 }
 
-/// How many DNS answers wait in the kernel for the learner at most; past it they go
-/// on unread (the queue is fail-open), and their names' addresses are not learnt.
-const DNS_QUEUE_LEN: u32 = 4096;
+/// How many new connections the hold keeps waiting at most; past it they are dropped
+/// (fail closed: the client's retransmission comes back to a learner that caught up).
+const HOLD_QUEUE_LEN: u32 = 1024;
 
-/// Reads the DNS answers the DNS table holds for the learner (NFQUEUE) until `stop`,
-/// on a thread in the calling thread's network namespace (weftd's, the node's): each
-/// is learnt from (its addresses written into the learnt sets of the names it
-/// answers), then let through. A queue another process holds is said once; the
-/// answers then pass unread (the rule bypasses an unbound queue), and connections to
-/// their names are refused: `domainNames` rules fail closed.
+/// The learner's socket buffer: room for a burst of answers' copies (each up to a
+/// 4 KiB EDNS answer) so that none is lost while it writes a set.
+const LEARNER_BUFFER: usize = 8 << 20;
+
+/// Learns the DNS answers the DNS table copies (NFLOG) and releases the connections
+/// the hold keeps (NFQUEUE) until `stop`, on a thread in the calling thread's network
+/// namespace (weftd's, the node's). Both arrive on one socket in the order the packets
+/// passed, so a held connection is released only after every answer that reached its
+/// pod before it was learnt (its addresses in the learnt sets of the names it answers);
+/// it then goes through its chain again, marked, and the rules decide. Answers never
+/// wait: DNS works the same with weftd down, only what is learnt meanwhile is missed.
+/// A queue another process holds is said once; held connections are then dropped, and
+/// connections to names not learnt are refused: `domainNames` rules fail closed.
 pub fn read_dns_answers(engine: Arc<Engine>, stop: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    use weft_kernel::nfqueue::{Event, NfQueue, Overflow, Verdict};
     std::thread::Builder::new().name("policy-dns".into()).spawn(move || {
-        let queue = weft_policy::plan::DNS_QUEUE;
-        let mut q = match weft_kernel::nfqueue::NfQueue::bind(queue, 65535, DNS_QUEUE_LEN) {
+        let (queue, group) = (weft_policy::plan::HOLD_QUEUE, weft_policy::plan::DNS_LOG_GROUP);
+        let bound = NfQueue::bind(queue, 128, HOLD_QUEUE_LEN, Overflow::Drop).and_then(|mut q| {
+            q.log_too(group, 65535)?;
+            q.receive_buffer(LEARNER_BUFFER)?;
+            Ok(q)
+        });
+        let mut q = match bound {
             Ok(q) => q,
             Err(e) => {
-                tracing::error!(error = %e, queue, "cannot read DNS answers (NFQUEUE): domainNames rules learn nothing, their names stay refused");
+                tracing::error!(error = %e, queue, group, "cannot read DNS answers (NFLOG) and held connections (NFQUEUE): domainNames rules learn nothing, their names stay refused");
                 return;
             }
         };
+        let released = Verdict::Repeat {
+            mark: weft_policy::plan::HELD_MARK,
+        };
         while !stop.load(Ordering::Relaxed) {
             match q.next(Duration::from_millis(250)) {
-                Ok(packets) => {
-                    for p in packets {
-                        if let Some((_, payload)) = weft_kernel::nfqueue::udp_payload(&p.payload) {
-                            engine.dns_answer(payload);
-                        }
-                        if let Err(e) = q.verdict(p.id, weft_kernel::nfqueue::Verdict::Accept) {
-                            tracing::warn!(error = %e, "cannot let a DNS answer through");
+                Ok(events) => {
+                    for e in events {
+                        match e {
+                            Event::Logged(p) => {
+                                if let Some(message) = weft_kernel::nfqueue::dns_message(&p.payload) {
+                                    engine.dns_answer(message);
+                                }
+                            }
+                            Event::Held(p) => {
+                                engine.dns_held();
+                                if let Err(e) = q.verdict(p.id, released) {
+                                    tracing::warn!(error = %e, "cannot release a held connection");
+                                }
+                            }
                         }
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "reading DNS answers (NFQUEUE) failed");
-                    std::thread::sleep(Duration::from_millis(100));
+                    // ENOBUFS: copies were lost (their names' addresses are not
+                    // learnt); held connections whose messages went with them are
+                    // released all at once rather than left waiting.
+                    tracing::warn!(error = %e, "reading DNS answers and held connections failed");
+                    if let Err(e) = q.verdict_all(released) {
+                        tracing::warn!(error = %e, "cannot release the held connections");
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
                 }
             }
         }

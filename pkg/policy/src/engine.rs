@@ -292,11 +292,12 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         self.latest()?.desired.meaning(chain, rule)
     }
 
-    /// Learns from a DNS answer to one of this node's pods (`payload`: its UDP
-    /// payload) before the pod gets it: the addresses of a name some `domainNames`
+    /// Learns from a DNS answer to one of this node's pods (`payload`: the DNS
+    /// message, a copy of it as it passed): the addresses of a name some `domainNames`
     /// rule takes go into its learnt sets, with their TTL (at least the table's
     /// minimum) and the name as comment, in one transaction. Blocks until written
-    /// (call it from the queue's reader, never a runtime worker); what it did.
+    /// (call it from the learner's reader, never a runtime worker: a held connection
+    /// waits for it); what it did.
     pub fn dns_answer(&self, payload: &[u8]) -> &'static str {
         let result = self.learn_answer(payload);
         self.metrics
@@ -304,6 +305,11 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             .get_or_create(&crate::metrics::ResultLabels { result })
             .inc();
         result
+    }
+
+    /// Counts a new connection the hold kept until the answers before it were learnt.
+    pub fn dns_held(&self) {
+        self.metrics.dns_held.inc();
     }
 
     fn learn_answer(&self, payload: &[u8]) -> &'static str {
@@ -608,7 +614,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             if let Err(e) = k.learn(&refill) {
                 warn!(error = %e, "cannot write learnt addresses into new learnt sets");
             }
-            if let Err(e) = k.dns_queue(!d.learnt.is_empty()) {
+            if let Err(e) = k.copy_dns_answers(!d.learnt.is_empty()) {
                 warn!(error = %e, "cannot hold DNS answers for domainNames rules: their names' addresses are not learnt (refused)");
             }
             Ok::<_, String>((script, repaired, restored))
@@ -804,7 +810,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             if let Err(e) = k.learn(&fill) {
                 warn!(error = %e, "cannot write learnt addresses into new learnt sets");
             }
-            if let Err(e) = k.dns_queue(true) {
+            if let Err(e) = k.copy_dns_answers(true) {
                 warn!(error = %e, "cannot hold DNS answers for domainNames rules: their names' addresses are not learnt (refused)");
             }
         }

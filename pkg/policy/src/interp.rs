@@ -110,6 +110,10 @@ impl<'d> Table<'d> {
             Match::IfacePair(set) => *set == SetName::Hairpin && p.iif == p.oif && self.hairpin.contains(&p.iif),
             Match::Established => p.established,
             Match::Marked(dir) => p.mark & allowed_mark(*dir) != 0,
+            // The hold's repeat sees the same sets as the rules before it do here (the
+            // plan's sets are what the learner had written): the first pass is the one
+            // that decides, so every packet is taken as not held yet.
+            Match::Unheld => true,
         }
     }
 
@@ -145,7 +149,9 @@ impl<'d> Table<'d> {
             match &rule.verdict {
                 Verdict::Accept => return Ok(true),
                 Verdict::Drop => return Ok(false),
-                Verdict::Continue => {}
+                // Held, then through the chain again past the hold: what the rules
+                // after it say (the sets unchanged here, see `Match::Unheld`).
+                Verdict::Continue | Verdict::Hold => {}
                 Verdict::Return => {
                     stack.pop();
                 }

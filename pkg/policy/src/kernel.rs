@@ -11,7 +11,7 @@ use weft_kernel::nftset::{self, NFPROTO_INET, SetElement, key_addr, key_port};
 
 use crate::names::{Chain, SetName};
 use crate::nft::{self, Observed};
-use crate::plan::{Addition, DNS_QUEUE, DNS_TABLE, Delta, Element, SetKind, TABLE, dispatch_rule};
+use crate::plan::{Addition, DNS_LOG_GROUP, DNS_TABLE, Delta, Element, SetKind, TABLE, dispatch_rule};
 
 /// An address the learner puts in a learnt set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,11 +61,13 @@ pub trait PolicyKernel: Send + 'static {
             None => Ok(()),
         }
     }
-    /// Holds DNS answers to this node's pods for the learner (`on`: the
-    /// [`DNS_TABLE`](crate::plan::DNS_TABLE) table, queueing them to
-    /// [`DNS_QUEUE`](crate::plan::DNS_QUEUE), passing them while nobody reads), or
-    /// no longer (the table goes). Doing it twice is doing it once.
-    fn dns_queue(&mut self, on: bool) -> Result<(), KernelError>;
+    /// Copies DNS answers to this node's pods, and from a DNS server on the node, to
+    /// the learner (`on`: the [`DNS_TABLE`](crate::plan::DNS_TABLE) table, logging
+    /// them to [`DNS_LOG_GROUP`](crate::plan::DNS_LOG_GROUP); the answers themselves
+    /// go on at once, and the policy table's hold chain gets its queue rule, which
+    /// scripts cannot write), or no longer (the table goes). Doing it twice is doing
+    /// it once; after a script, it is done again.
+    fn copy_dns_answers(&mut self, on: bool) -> Result<(), KernelError>;
     /// Adds one pod (an ADD's path), atomically: the same as applying
     /// [`nft::addition_script`], which is what this does unless the kernel has a
     /// quicker way.
@@ -241,13 +243,13 @@ fn batch_of(add: &Addition) -> Result<nb::Batch, KernelError> {
 pub struct NftKernel {
     session: nftset::Session,
     /// Whether the DNS table is in place, as last made so (`None`: not known yet).
-    dns_queue: Option<bool>,
+    copy_dns_answers: Option<bool>,
 }
 
 impl PolicyKernel for NftKernel {
     fn observe(&mut self) -> Result<Observed, KernelError> {
         // Read back means not trusted: the DNS table is made so again too.
-        self.dns_queue = None;
+        self.copy_dns_answers = None;
         match weft_kernel::nft::run(&["-j", "list", "table", "inet", TABLE], None) {
             Ok(json) => {
                 nft::parse(&json).map_err(|e| KernelError::os("reading the policy table", std::io::Error::other(e)))
@@ -258,6 +260,8 @@ impl PolicyKernel for NftKernel {
     }
 
     fn apply(&mut self, script: &str) -> Result<(), KernelError> {
+        // A script may have made or flushed the hold chain, whose rule it cannot write.
+        self.copy_dns_answers = None;
         weft_kernel::nft::run(&["-f", "-"], Some(script))
             .map(|_| ())
             .map_err(|e| KernelError::os("writing the policy table", std::io::Error::other(e)))
@@ -297,36 +301,51 @@ impl PolicyKernel for NftKernel {
             .map_err(|e| KernelError::os("adding learnt addresses to the policy table", e))
     }
 
-    fn dns_queue(&mut self, on: bool) -> Result<(), KernelError> {
-        if self.dns_queue == Some(on) {
+    fn copy_dns_answers(&mut self, on: bool) -> Result<(), KernelError> {
+        if self.copy_dns_answers == Some(on) {
             return Ok(());
         }
         let fail = |e: String| KernelError::os("writing the DNS answers table", std::io::Error::other(e));
         if on {
-            // Before weft's own tables on the forward hook; a packet the learner
-            // accepts goes on through them (a queue's accept ends only this table).
+            // Answers forwarded to a pod, and answers a DNS server on the node sends
+            // (the output hook); over UDP and TCP. Only a copy: nothing waits here.
             weft_kernel::nft::run(
                 &["-f", "-"],
                 Some(&format!(
-                    "table inet {DNS_TABLE} {{\n  chain answers {{\n    type filter hook forward priority -10; policy accept;\n  }}\n}}\nflush chain inet {DNS_TABLE} answers\n"
+                    "table inet {DNS_TABLE} {{\n  chain answers {{\n    type filter hook forward priority -10; policy accept;\n  }}\n  chain local_answers {{\n    type filter hook output priority -10; policy accept;\n  }}\n}}\nflush chain inet {DNS_TABLE} answers\nflush chain inet {DNS_TABLE} local_answers\n"
                 )),
             )
             .map_err(fail)?;
             let mut b = nb::Batch::new(DNS_TABLE);
-            b.add_rule(
-                "answers",
-                [
-                    nb::Expr::Sport {
-                        proto: nb::L4Proto::Udp,
-                        port: 53,
-                    },
-                    nb::Expr::Queue {
-                        num: DNS_QUEUE,
-                        bypass: true,
-                    },
-                ],
-            );
+            for chain in ["answers", "local_answers"] {
+                for proto in [nb::L4Proto::Udp, nb::L4Proto::Tcp] {
+                    b.add_rule(
+                        chain,
+                        [
+                            nb::Expr::Sport { proto, port: 53 },
+                            nb::Expr::Log {
+                                group: DNS_LOG_GROUP,
+                                prefix: "weft dns".into(),
+                            },
+                        ],
+                    );
+                }
+            }
             b.commit(&mut self.session).map_err(|e| fail(e.to_string()))?;
+            // The hold chain's one rule, replaced whole in one transaction (never
+            // empty meanwhile): the planner declares the chain wherever a rule has
+            // names, and only this writes its rule.
+            let mut hold = nb::Batch::new(TABLE);
+            let chain = Chain::Hold.to_string();
+            hold.add_chain(chain.clone());
+            hold.flush_chain(chain.clone());
+            hold.add_rule(
+                chain,
+                crate::rule::Rule::new(Vec::new(), crate::rule::Verdict::Hold)
+                    .exprs()
+                    .expect("the hold is written over nfnetlink"),
+            );
+            hold.commit(&mut self.session).map_err(|e| fail(e.to_string()))?;
         } else {
             match weft_kernel::nft::run(&["delete", "table", "inet", DNS_TABLE], None) {
                 Ok(_) => {}
@@ -334,7 +353,7 @@ impl PolicyKernel for NftKernel {
                 Err(e) => return Err(fail(e)),
             }
         }
-        self.dns_queue = Some(on);
+        self.copy_dns_answers = Some(on);
         Ok(())
     }
 

@@ -87,6 +87,9 @@ pub struct PolicyMetrics {
     /// code or no question; `unreadable`: not DNS; `failed`: the sets could not be
     /// written).
     pub dns_answers: Family<ResultLabels, Counter>,
+    /// `weft_policy_dns_held_total`: new connections a `domainNames` rule's hold kept
+    /// until the answers before them were learnt (then released to the rules again).
+    pub dns_held: Counter,
     /// `weft_policy_learnt_names` and `weft_policy_learnt_addresses`: what the node
     /// holds for `domainNames` rules.
     pub learnt_names: Gauge,
@@ -168,6 +171,7 @@ impl Families for PolicyMetrics {
             verdicts: Family::default(),
             announcements: Family::default(),
             dns_answers: Family::default(),
+            dns_held: Counter::default(),
             learnt_names: Gauge::default(),
             learnt_addresses: Gauge::default(),
             learnt_evictions: Counter::default(),
@@ -176,8 +180,13 @@ impl Families for PolicyMetrics {
         };
         metrics.register(
             "weft_policy_dns_answers",
-            "DNS answers to this node's pods read for domainNames rules, by result (learnt, unmatched, ignored, unreadable, failed)",
+            "DNS answers to this node's pods (and from a DNS server on it) read for domainNames rules, by result (learnt, unmatched, ignored, unreadable, failed)",
             m.dns_answers.clone(),
+        );
+        metrics.register(
+            "weft_policy_dns_held",
+            "New connections a domainNames rule held until the DNS answers before them were learnt",
+            m.dns_held.clone(),
         );
         metrics.register(
             "weft_policy_learnt_names",

@@ -98,6 +98,11 @@ pub enum Chain {
         /// The direction.
         direction: Direction,
     },
+    /// Egress only: the one rule that holds a new connection a `domainNames` rule
+    /// could allow (see [`HOLD_QUEUE`](crate::plan::HOLD_QUEUE)). A chain of its own
+    /// because its rule is an xtables target `nft -f` cannot write: the nfnetlink
+    /// batches write it, the scripts only declare the chain.
+    Hold,
 }
 
 impl Chain {
@@ -105,6 +110,7 @@ impl Chain {
     pub fn direction(&self) -> Direction {
         match self {
             Chain::Base(d) | Chain::Dispatch(d) => *d,
+            Chain::Hold => Direction::Egress,
             Chain::Policy { direction, .. }
             | Chain::Group { direction, .. }
             | Chain::Admin { direction, .. }
@@ -114,10 +120,11 @@ impl Chain {
 
     /// Its place in the order chains are added (and, reversed, removed) within one
     /// transaction: a chain comes before those that jump to it. Policy chains jump
-    /// nowhere; group chains jump to policy chains; tier chains go to group chains.
+    /// nowhere; group chains jump to policy chains; tier chains go to group chains and
+    /// jump to the hold, which jumps nowhere.
     pub fn rank(&self) -> u8 {
         match self {
-            Chain::Policy { .. } => 0,
+            Chain::Policy { .. } | Chain::Hold => 0,
             Chain::Group { .. } => 1,
             Chain::Baseline { .. } => 2,
             Chain::Admin { .. } => 3,
@@ -133,6 +140,7 @@ impl Chain {
             "ingress" => return Some(Chain::Base(Direction::Ingress)),
             "egress_pods" => return Some(Chain::Dispatch(Direction::Egress)),
             "ingress_pods" => return Some(Chain::Dispatch(Direction::Ingress)),
+            "egress_hold" => return Some(Chain::Hold),
             _ => {}
         }
         let (letter, rest) = s.split_at_checked(1)?;
@@ -165,6 +173,7 @@ impl fmt::Display for Chain {
         match self {
             Chain::Base(d) => f.write_str(d.as_str()),
             Chain::Dispatch(d) => write!(f, "{d}_pods"),
+            Chain::Hold => f.write_str("egress_hold"),
             Chain::Policy { id, direction, hash } => write!(f, "p{id}{}{hash}", direction.letter()),
             Chain::Group { hash, direction } => write!(f, "g{hash}{}", direction.letter()),
             Chain::Admin { hash, direction } => write!(f, "a{hash}{}", direction.letter()),

@@ -14,7 +14,7 @@ use weft_topology::PortProtocol;
 use crate::model::Direction;
 use crate::names::{Chain, Counter, SetName};
 use crate::plan::{Addition, Delta, Desired, Element, SetKind, TABLE, base_rules, dispatch_rule};
-use crate::rule::Rule;
+use crate::rule::{Rule, Verdict};
 
 /// The base chains' hook declarations: filter type on the forward hook, egress just
 /// before ingress, both ahead of kube-proxy's filter chains.
@@ -157,7 +157,9 @@ fn pairs<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
 }
 
 fn rules_of(out: &mut String, chain: &Chain, rules: &[Rule]) {
-    for r in rules {
+    // The hold's queue is an xtables target nft cannot write: the kernel writes it
+    // over nfnetlink after the script (`PolicyKernel::copy_dns_answers`).
+    for r in rules.iter().filter(|r| r.verdict != Verdict::Hold) {
         let _ = writeln!(out, "add rule inet {TABLE} {chain} {r}");
     }
 }

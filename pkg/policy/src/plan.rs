@@ -46,13 +46,25 @@ pub const TABLE: &str = "weft-policy";
 /// The NFLOG group denied (and audited) flows are logged to.
 pub const LOG_GROUP: u16 = 21845;
 
-/// The table that holds DNS answers to this node's pods for the learner (its own: the
-/// queue is an xtables target nft cannot write, and a table apart is added and removed
-/// whole as `domainNames` rules come and go).
+/// The table that copies DNS answers to this node's pods (and from a DNS server on
+/// the node) to the learner: a table apart, added and removed whole as `domainNames`
+/// rules come and go, and never on the answers' path (a copy, not a hold).
 pub const DNS_TABLE: &str = "weft-dns";
 
-/// The NFQUEUE queue DNS answers wait in for the learner.
-pub const DNS_QUEUE: u16 = 21846;
+/// The NFLOG group the DNS answers' copies go to, sent as each answer passes.
+pub const DNS_LOG_GROUP: u16 = 21847;
+
+/// The NFQUEUE queue where a new connection that a `domainNames` rule could allow, to
+/// an address not learnt yet, waits until the learner has read every answer copied
+/// before it (read on the same socket as the copies, in order), then goes through its
+/// chain again with [`HELD_MARK`]: the connection opened the instant an answer arrives
+/// finds the answer's addresses learnt. No bypass: with nobody reading, it is dropped
+/// (what no answer allowed stays refused).
+pub const HOLD_QUEUE: u16 = 21846;
+
+/// The packet mark (not the conntrack mark) a held connection's first packet comes
+/// back with: the hold rule lets it past, the rules after it decide.
+pub const HELD_MARK: u32 = 0x0040_0000;
 
 /// How many denied packets per second a group chain logs at most (a flood of one flow
 /// must not drown the log; the rest are still counted).
@@ -212,6 +224,10 @@ impl Desired {
             Chain::Group { .. } => group(&c),
             Chain::Admin { direction, .. } => Some(format!("ClusterNetworkPolicy Admin tier ({direction})")),
             Chain::Baseline { direction, .. } => Some(format!("ClusterNetworkPolicy Baseline tier ({direction})")),
+            Chain::Hold => Some(
+                "weft's hold of a new connection a domainNames rule could allow, until the DNS answers before it are learnt"
+                    .into(),
+            ),
         }
     }
 
@@ -253,7 +269,7 @@ impl Desired {
                 .into_keys()
                 .map(|entry| dispatch_rule(*dir, entry))
                 .collect(),
-            Chain::Policy { .. } | Chain::Group { .. } | Chain::Admin { .. } | Chain::Baseline { .. } => {
+            Chain::Policy { .. } | Chain::Group { .. } | Chain::Admin { .. } | Chain::Baseline { .. } | Chain::Hold => {
                 self.chains.get(chain).cloned().unwrap_or_default()
             }
         }
@@ -689,6 +705,23 @@ impl<'v> Planner<'v> {
                 );
                 let peers = self.cluster_peers(&rule.peers, dir);
                 let ports = self.ports(rule.ports.as_deref(), &subject, dir);
+                // A domainNames rule (Accept only) holds what it could allow once an
+                // answer is learnt, after its own rules: see `HOLD_QUEUE`.
+                let holds = rule.peers.iter().any(|p| matches!(p, ClusterPeer::Domains(_)));
+                let hold_rules: Vec<Rule> = if holds {
+                    self.d
+                        .chains
+                        .insert(Chain::Hold, vec![Rule::new(Vec::new(), Verdict::Hold)]);
+                    ports
+                        .iter()
+                        .map(|(m, _)| {
+                            let matches = std::iter::once(Match::Unheld).chain(m.iter().cloned()).collect();
+                            Rule::new(matches, Verdict::Jump(Chain::Hold))
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 for m in combine(&peers, &ports) {
                     match rule.action {
                         CnpAction::Accept => out.push(Rule::allow(m, counter.clone(), dir)),
@@ -699,6 +732,7 @@ impl<'v> Planner<'v> {
                         CnpAction::Pass => out.push(Rule::new(m, on_pass.clone()).counted(counter.clone())),
                     }
                 }
+                out.extend(hold_rules);
             }
         }
         out

@@ -13,7 +13,7 @@ use weft_topology::PortProtocol;
 
 use crate::model::Direction;
 use crate::names::{Chain, Counter, LogPrefix, SetName};
-use crate::plan::{LOG_GROUP, LOG_RATE, allowed_mark};
+use crate::plan::{HELD_MARK, HOLD_QUEUE, LOG_GROUP, LOG_RATE, allowed_mark};
 
 /// Which address of a packet an address match reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -78,6 +78,8 @@ pub enum Match {
     Established,
     /// Its connection's conntrack mark has `dir`'s bit (that way allowed it before).
     Marked(Direction),
+    /// It has not been held yet: its packet mark lacks [`HELD_MARK`].
+    Unheld,
 }
 
 /// Where a rule sends a packet it applies to.
@@ -95,6 +97,10 @@ pub enum Verdict {
     Return,
     /// To the next rule (a rule that only logs).
     Continue,
+    /// Held in [`HOLD_QUEUE`] until the DNS answers before it are learnt, then through
+    /// the base chain again (marked, so not held twice). Only in [`Chain::Hold`]: nft
+    /// cannot write it (see there).
+    Hold,
 }
 
 /// One rule: its matches (all must hold), then what it does in order: log
@@ -154,7 +160,7 @@ impl Rule {
     pub fn target(&self) -> Option<&Chain> {
         match &self.verdict {
             Verdict::Jump(c) | Verdict::Goto(c) => Some(c),
-            Verdict::Accept | Verdict::Drop | Verdict::Return | Verdict::Continue => None,
+            Verdict::Accept | Verdict::Drop | Verdict::Return | Verdict::Continue | Verdict::Hold => None,
         }
     }
 
@@ -165,7 +171,7 @@ impl Rule {
             | Match::DestPort { set, .. }
             | Match::Iface { set, .. }
             | Match::IfacePair(set) => Some(set),
-            Match::Proto(_) | Match::Port { .. } | Match::Established | Match::Marked(_) => None,
+            Match::Proto(_) | Match::Port { .. } | Match::Established | Match::Marked(_) | Match::Unheld => None,
         })
     }
 }
@@ -195,6 +201,7 @@ impl fmt::Display for Match {
                 allowed_mark(*d),
                 allowed_mark(*d)
             ),
+            Match::Unheld => write!(f, "meta mark & {HELD_MARK:#010x} == 0x00000000"),
         }
     }
 }
@@ -219,6 +226,7 @@ impl fmt::Display for Rule {
             Verdict::Jump(c) => parts.push(format!("jump {c}")),
             Verdict::Goto(c) => parts.push(format!("goto {c}")),
             Verdict::Return => parts.push("return".into()),
+            Verdict::Hold => parts.push(format!("queue num {HOLD_QUEUE}")),
             Verdict::Continue => {}
         }
         f.write_str(&parts.join(" "))
@@ -267,6 +275,7 @@ impl Rule {
                     set: set.to_string(),
                 },
                 Match::IfacePair(set) => nb::Expr::IfnamesInSet { set: set.to_string() },
+                Match::Unheld => nb::Expr::MarkClear(HELD_MARK),
                 Match::Established | Match::Marked(_) => return None,
             });
         }
@@ -293,6 +302,10 @@ impl Rule {
             Verdict::Jump(c) => out.push(nb::Verdict::Jump(c.to_string()).into()),
             Verdict::Goto(c) => out.push(nb::Verdict::Goto(c.to_string()).into()),
             Verdict::Return => out.push(nb::Verdict::Return.into()),
+            Verdict::Hold => out.push(nb::Expr::Queue {
+                num: HOLD_QUEUE,
+                bypass: false,
+            }),
             Verdict::Continue => {}
         }
         Some(out)
@@ -394,6 +407,9 @@ fn read_match(m: &Value) -> Option<Match> {
     }
     if let Some(and) = left.get("&").and_then(Value::as_array) {
         let bit = right.as_u64()?;
+        if meta_key(and.first()?) == Some("mark") {
+            return (bit == 0 && and.get(1)?.as_u64()? == u64::from(HELD_MARK)).then_some(Match::Unheld);
+        }
         let dir = Direction::BOTH
             .into_iter()
             .find(|d| u64::from(allowed_mark(*d)) == bit)?;
@@ -459,6 +475,13 @@ impl Rule {
                     Verdict::Jump(Chain::parse(j.get("target")?.as_str()?)?)
                 } else if let Some(g) = e.get("goto") {
                     Verdict::Goto(Chain::parse(g.get("target")?.as_str()?)?)
+                } else if let Some(xt) = e.get("xt") {
+                    // nft's JSON names an xtables target only: NFQUEUE is weft's hold
+                    // (the one queue its policy rules use).
+                    if xt.get("type")? != "target" || xt.get("name")? != "NFQUEUE" {
+                        return None;
+                    }
+                    Verdict::Hold
                 } else {
                     return None;
                 };
@@ -560,8 +583,20 @@ mod tests {
                 }],
                 Verdict::Accept,
             ),
+            Rule::new(
+                vec![
+                    Match::Unheld,
+                    Match::Port {
+                        protocol: PortProtocol::Tcp,
+                        from: 443,
+                        to: 443,
+                    },
+                ],
+                Verdict::Hold,
+            ),
         ];
-        // What nft 1.0.6 printed for these rules (`nft -j list chain`, expr lists).
+        // What nft 1.0.6 printed for these rules (`nft -j list chain`, expr lists; the
+        // queue is an xtables target, which its JSON names only).
         let listed = [
             r#"[{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": "@s01234567894"}}, {"counter": "a%ID%e"}, {"mangle": {"key": {"ct": {"key": "mark"}}, "value": {"|": [{"ct": {"key": "mark"}}, 1048576]}}}, {"accept": null}]"#,
             r#"[{"match": {"op": "==", "left": {"payload": {"protocol": "ip6", "field": "daddr"}}, "right": "@r01234567896"}}, {"match": {"op": "==", "left": {"payload": {"protocol": "udp", "field": "dport"}}, "right": {"range": [1000, 2000]}}}, {"counter": "a%ID%e"}, {"drop": null}]"#,
@@ -573,7 +608,9 @@ mod tests {
             r#"[{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]}}, {"accept": null}]"#,
             r#"[{"match": {"op": "==", "left": {"&": [{"ct": {"key": "mark"}}, 2097152]}, "right": 2097152}}, {"accept": null}]"#,
             r#"[{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 80}}, {"accept": null}]"#,
+            r#"[{"match": {"op": "==", "left": {"&": [{"meta": {"key": "mark"}}, 4194304]}, "right": 0}}, {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 443}}, {"xt": {"type": "target", "name": "NFQUEUE"}}]"#,
         ];
+        assert_eq!(rules.len(), listed.len());
         for (rule, json) in rules.iter().zip(listed) {
             let exprs: Vec<Value> = serde_json::from_str(&json.replace("%ID%", &id.to_string())).unwrap();
             assert_eq!(Rule::from_json(&exprs).as_ref(), Some(rule), "{rule}");
@@ -584,6 +621,8 @@ mod tests {
             r#"[{"counter": "a000000000000e"}, {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}}, {"accept": null}]"#,
             r#"[{"accept": null}, {"counter": "a000000000000e"}]"#,
             r#"[{"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": 1}}, {"accept": null}]"#,
+            r#"[{"match": {"op": "==", "left": {"&": [{"meta": {"key": "mark"}}, 1]}, "right": 0}}, {"accept": null}]"#,
+            r#"[{"xt": {"type": "target", "name": "TPROXY"}}]"#,
             r#"[{"limit": {"rate": 5, "burst": 20, "per": "second"}}, {"log": {"prefix": "weft deny g0123456789e", "group": 21845}}]"#,
         ] {
             let exprs: Vec<Value> = serde_json::from_str(junk).unwrap();

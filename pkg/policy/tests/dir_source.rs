@@ -24,7 +24,7 @@ impl PolicyKernel for Recorder {
     fn counters(&mut self) -> Result<BTreeMap<String, u64>, KernelError> {
         Ok(BTreeMap::new())
     }
-    fn dns_queue(&mut self, _: bool) -> Result<(), KernelError> {
+    fn copy_dns_answers(&mut self, _: bool) -> Result<(), KernelError> {
         Ok(())
     }
 }

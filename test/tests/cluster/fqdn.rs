@@ -3,7 +3,8 @@
 //! nothing else of the outside. Exact and wildcard names allow exactly what they
 //! match; a CNAME chain is followed; a name with 120 addresses; an answer that changes
 //! moves what is allowed; a pod that resolves and connects at once is never refused
-//! (1,000 times, each a name never seen); TTL expiry stops new connections and leaves
+//! (1,000 times, each a name never seen), and with the learner stopped the answer
+//! still arrives at once while the connection waits for the learner; TTL expiry stops new connections and leaves
 //! an open one; weftd SIGKILLed while a pod resolves in a loop: DNS keeps answering
 //! (the longest gap is printed), learnt addresses stay allowed, nothing else opens; a
 //! Deny rule with domainNames is refused.
@@ -33,7 +34,8 @@ fn lab_text(name: &str) -> String {
          \x20 - {name: www.example.test, cname: edge.cdn.test}\n\
          \x20 - {name: edge.cdn.test, addresses: [198.51.100.40], ttl: 60}\n\
          \x20 - {name: changing.example.test, addresses: [198.51.100.50]}\n\
-         \x20 - {name: after.race.test, addresses: [198.51.100.60]}\n",
+         \x20 - {name: after.race.test, addresses: [198.51.100.60]}\n\
+         \x20 - {name: held.race.test, addresses: [198.51.100.61]}\n",
     );
     let many: Vec<String> = (0..120).map(|i| format!("198.51.100.{}", 100 + i)).collect();
     dns.push_str(&format!(
@@ -261,7 +263,48 @@ fn names_allow_what_their_answers_gave_and_nothing_else() {
         refused.len(),
         &refused[..refused.len().min(5)]
     );
-    println!("race: {RACE} names resolved and connected at once, none refused");
+    let held = weft_tests::series_value(
+        &weft_tests::node_metrics(&lab.lab.0, "n1"),
+        "weft_policy_dns_held_total",
+    );
+    println!(
+        "race: {RACE} names resolved and connected at once, none refused ({held} connections held for the learner)"
+    );
+
+    // The hold, shown: with the learner stopped (SIGSTOP), a new name's answer still
+    // arrives at once, and the connection opened on it waits until the learner goes on
+    // (SIGCONT 300 ms later), then passes: released only after the answer is learnt.
+    let pid = nix::unistd::Pid::from_raw(lab.lab.0.daemon_pid("n1").expect("n1's weftd") as i32);
+    struct Resume(nix::unistd::Pid);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let resume = Resume(pid);
+    let (answered, connected) = lab.in_pod("x/a", || {
+        let t = Instant::now();
+        let ip = resolve("held.race.test", false, Duration::from_secs(2)).expect("answered with weftd stopped")[0];
+        let answered = t.elapsed();
+        let resumer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(resume);
+        });
+        let t = Instant::now();
+        let c = TcpStream::connect_timeout(&SocketAddr::new(ip, 80), Duration::from_secs(3));
+        resumer.join().unwrap();
+        (answered, c.map(|_| t.elapsed()))
+    });
+    let connected = connected.expect("released once the learner read the answer");
+    println!(
+        "held: answer in {answered:?} with the learner stopped, connection in {connected:?} (learner resumed at 300 ms)"
+    );
+    assert!(answered < Duration::from_millis(250), "the answer waited: {answered:?}");
+    assert!(
+        connected >= Duration::from_millis(200),
+        "the connection was not held: {connected:?}"
+    );
 
     // TTL expiry (1 s, held 2 s by --policy-dns-min-ttl): a connection opened in time
     // stays open; a new one after is refused.

@@ -60,6 +60,7 @@ const NFTA_TARGET_INFO: u16 = 3;
 /// `NFQ_FLAG_BYPASS` of `struct xt_NFQ_info_v3`.
 const NFQ_FLAG_BYPASS: u16 = 1;
 
+const NFT_META_MARK: u32 = 3;
 const NFT_META_IIFNAME: u32 = 6;
 const NFT_META_OIFNAME: u32 = 7;
 const NFT_META_NFPROTO: u32 = 15;
@@ -229,6 +230,9 @@ pub enum Expr {
     },
     /// `counter name "NAME"`: counts into a named counter of the table.
     Counter(String),
+    /// `meta mark & BITS == 0x00000000`: none of `BITS` is set in the packet's mark
+    /// (a mark weft's verdict put on a packet it already held once).
+    MarkClear(u32),
     /// `ct mark set ct mark or BITS`: sets bits of the connection's mark, keeping the
     /// others.
     CtMarkOr(u32),
@@ -457,6 +461,22 @@ impl Expr {
                     attr(NFTA_OBJREF_IMM_NAME, &strz(name)),
                 ],
             )),
+            Expr::MarkClear(bits) => {
+                // The mark is a host-order word: (mark & bits) ^ 0 == 0.
+                out.push(meta(NFT_META_MARK, 0));
+                out.push(expression(
+                    "bitwise",
+                    &[
+                        u32_attr(NFTA_BITWISE_SREG, reg(0)),
+                        u32_attr(NFTA_BITWISE_DREG, reg(0)),
+                        u32_attr(NFTA_BITWISE_OP, 0),
+                        u32_attr(NFTA_BITWISE_LEN, 4),
+                        data(NFTA_BITWISE_MASK, &bits.to_ne_bytes()),
+                        data(NFTA_BITWISE_XOR, &0u32.to_ne_bytes()),
+                    ],
+                ));
+                out.push(cmp(NFT_CMP_EQ, &0u32.to_ne_bytes()));
+            }
             Expr::CtMarkOr(bits) => {
                 // The mark is a host-order word: (mark & !bits) ^ bits.
                 out.push(expression(
@@ -565,6 +585,7 @@ impl fmt::Display for Expr {
             } => write!(f, "oifname @{set}"),
             Expr::IfnamesInSet { set } => write!(f, "iifname . oifname @{set}"),
             Expr::Counter(name) => write!(f, "counter name \"{name}\""),
+            Expr::MarkClear(bits) => write!(f, "meta mark & {bits:#010x} == 0x00000000"),
             Expr::CtMarkOr(bits) => write!(f, "ct mark set ct mark or {bits:#010x}"),
             Expr::Limit { rate, per, burst } => {
                 let unit = match per {
@@ -646,6 +667,7 @@ mod tests {
                 &["meta", "cmp", "payload", "cmp", "cmp"],
             ),
             (Expr::CtMarkOr(0x0010_0000), &["ct", "bitwise", "ct"]),
+            (Expr::MarkClear(0x0040_0000), &["meta", "bitwise", "cmp"]),
             (Expr::Verdict(Verdict::Jump("x".into())), &["immediate"]),
         ];
         for (e, want) in cases {

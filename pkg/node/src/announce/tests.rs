@@ -48,7 +48,7 @@ impl PolicyKernel for NullKernel {
     fn apply(&mut self, _: &str) -> Result<(), weft_kernel::KernelError> {
         Ok(())
     }
-    fn dns_queue(&mut self, _: bool) -> Result<(), weft_kernel::KernelError> {
+    fn copy_dns_answers(&mut self, _: bool) -> Result<(), weft_kernel::KernelError> {
         Ok(())
     }
 }

@@ -22,7 +22,7 @@ struct FakeKernel {
     applied: Arc<Mutex<Vec<String>>>,
     holds: Arc<Mutex<Observed>>,
     /// Whether DNS answers are held, as last asked.
-    dns_queue: Arc<Mutex<Option<bool>>>,
+    copy_dns_answers: Arc<Mutex<Option<bool>>>,
 }
 
 impl PolicyKernel for FakeKernel {
@@ -33,8 +33,8 @@ impl PolicyKernel for FakeKernel {
         self.applied.lock().unwrap().push(script.to_string());
         Ok(())
     }
-    fn dns_queue(&mut self, on: bool) -> Result<(), KernelError> {
-        *self.dns_queue.lock().unwrap() = Some(on);
+    fn copy_dns_answers(&mut self, on: bool) -> Result<(), KernelError> {
+        *self.copy_dns_answers.lock().unwrap() = Some(on);
         Ok(())
     }
 }
@@ -587,10 +587,10 @@ async fn dns_answers_fill_learnt_sets_before_they_go_on() {
         }));
     });
     let (e, k, metrics, _) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
-    assert_eq!(*k.dns_queue.lock().unwrap(), None);
+    assert_eq!(*k.copy_dns_answers.lock().unwrap(), None);
     e.pass(true).await.unwrap();
     assert_eq!(
-        *k.dns_queue.lock().unwrap(),
+        *k.copy_dns_answers.lock().unwrap(),
         Some(true),
         "answers are held while a rule has names"
     );
@@ -654,5 +654,5 @@ async fn dns_answers_fill_learnt_sets_before_they_go_on() {
     // No rule with names left: answers go straight on.
     cluster.change(|o| o.cluster_policies.clear());
     e.pass(false).await.unwrap();
-    assert_eq!(*k.dns_queue.lock().unwrap(), Some(false));
+    assert_eq!(*k.copy_dns_answers.lock().unwrap(), Some(false));
 }

@@ -619,3 +619,61 @@ fn a_domain_rule_plans_learnt_sets_the_learner_fills() {
         assert!(used, "a rule matches {name}: {:?}", d.chains);
     }
 }
+
+/// A `domainNames` rule holds, after its own rules, the new connections it could
+/// allow once an answer is learnt (its ports, no address): the hold then lets them
+/// through the chain again. A rule without names holds nothing.
+#[test]
+fn a_domain_rule_holds_what_it_could_allow_after_its_rules() {
+    let mut w = World::new();
+    w.objects.cluster_policies.push(Arc::new(
+        serde_json::from_value(json!({"apiVersion": "policy.networking.k8s.io/v1alpha2",
+            "kind": "ClusterNetworkPolicy", "metadata": {"name": "by-name"},
+            "spec": {"tier": "Admin", "priority": 1, "subject": {"namespaces": {"matchLabels": {"ns": "x"}}},
+                     "egress": [
+                        {"action": "Accept", "to": [{"networks": ["192.0.2.0/24"]}]},
+                        {"action": "Accept", "to": [{"domainNames": ["api.example.test"]}],
+                         "protocols": [{"tcp": {"destinationPort": {"number": 443}}}]},
+                        {"action": "Deny", "to": [{"networks": ["0.0.0.0/0"]}]}]}}))
+        .unwrap(),
+    ));
+    let d = w.plan();
+    let chain: Vec<String> = d
+        .chains
+        .values()
+        .find(|rules| {
+            rules
+                .iter()
+                .any(|r| r.verdict == crate::rule::Verdict::Jump(Chain::Hold))
+        })
+        .expect("a chain holds")
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let hold = chain.iter().position(|r| r.contains("jump egress_hold")).unwrap();
+    assert_eq!(
+        chain[hold],
+        format!("meta mark & {HELD_MARK:#010x} == 0x00000000 tcp dport 443 jump egress_hold")
+    );
+    assert_eq!(
+        d.chains[&Chain::Hold]
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        [format!("queue num {HOLD_QUEUE}")],
+        "the hold chain's one rule"
+    );
+    let learnt: Vec<usize> = (0..chain.len())
+        .filter(|i| d.learnt.keys().any(|s| chain[*i].contains(&format!("@{s}"))))
+        .collect();
+    assert_eq!(learnt.len(), 2, "{chain:#?}");
+    assert!(learnt.iter().all(|i| *i < hold), "the learnt sets first: {chain:#?}");
+    assert!(
+        chain[hold + 1..].iter().any(|r| r.contains("drop")),
+        "the deny after it: {chain:#?}"
+    );
+    assert!(
+        chain.iter().filter(|r| r.contains("egress_hold")).count() == 1,
+        "only the domain rule holds: {chain:#?}"
+    );
+}
