@@ -110,6 +110,18 @@ fn copies_and_held_packets_come_in_order_and_a_repeat_passes_the_hold() {
     if !privileged() {
         return;
     }
+    hold_and_repeat("127.0.0.1");
+}
+
+#[test]
+fn a_held_ipv6_packet_repeats_past_the_hold_too() {
+    if !privileged() {
+        return;
+    }
+    hold_and_repeat("::1");
+}
+
+fn hold_and_repeat(local: &str) {
     let (logged_port, held_port, group, mark) = (40054u16, 40055u16, 4243u16, 0x0040_0000u32);
     let ns = TempNetns::new();
     ns.run(|| {
@@ -152,16 +164,16 @@ fn copies_and_held_packets_come_in_order_and_a_repeat_passes_the_hold() {
         b.commit(&mut Session::default()).unwrap();
     });
     let (copied, receiver, sender) = ns.run(|| {
-        let c = UdpSocket::bind(("127.0.0.1", logged_port)).unwrap();
-        let r = UdpSocket::bind(("127.0.0.1", held_port)).unwrap();
+        let c = UdpSocket::bind((local, logged_port)).unwrap();
+        let r = UdpSocket::bind((local, held_port)).unwrap();
         for s in [&c, &r] {
             s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
         }
-        (c, r, UdpSocket::bind("127.0.0.1:0").unwrap())
+        (c, r, UdpSocket::bind((local, 0)).unwrap())
     });
 
     // Nobody bound and no bypass: the held one is dropped, the copied one passes.
-    sender.send_to(b"lost", ("127.0.0.1", held_port)).unwrap();
+    sender.send_to(b"lost", (local, held_port)).unwrap();
     assert_eq!(got(&receiver), None, "a hold without a reader fails closed");
 
     let mut queue = ns.run(|| {
@@ -169,8 +181,8 @@ fn copies_and_held_packets_come_in_order_and_a_repeat_passes_the_hold() {
         q.log_too(group, 512).unwrap();
         q
     });
-    sender.send_to(b"answer", ("127.0.0.1", logged_port)).unwrap();
-    sender.send_to(b"connect", ("127.0.0.1", held_port)).unwrap();
+    sender.send_to(b"answer", (local, logged_port)).unwrap();
+    sender.send_to(b"connect", (local, held_port)).unwrap();
     assert_eq!(got(&copied).as_deref(), Some(&b"answer"[..]), "a copy never waits");
     let mut events = Vec::new();
     while events.len() < 2 {
@@ -200,8 +212,8 @@ fn copies_and_held_packets_come_in_order_and_a_repeat_passes_the_hold() {
     );
 
     // Held packets whose verdicts are given all at once.
-    sender.send_to(b"one", ("127.0.0.1", held_port)).unwrap();
-    sender.send_to(b"two", ("127.0.0.1", held_port)).unwrap();
+    sender.send_to(b"one", (local, held_port)).unwrap();
+    sender.send_to(b"two", (local, held_port)).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     queue.verdict_all(Verdict::Repeat { mark }).unwrap();
     assert_eq!(got(&receiver).as_deref(), Some(&b"one"[..]));

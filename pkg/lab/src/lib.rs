@@ -16,8 +16,8 @@ mod process;
 pub mod spec;
 
 pub use cluster::{
-    EXPORT_TABLE, Lab, LinkCheck, NAMES_BLOCK, NameCell, NameTable, OUTSIDE_ADDRESS, ROUTER_AS, node_config,
-    router_config,
+    EXPORT_TABLE, Lab, LinkCheck, NAMES_BLOCK, NAMES_BLOCK6, NameCell, NameTable, OUTSIDE_ADDRESS, OUTSIDE_ADDRESS6,
+    ROUTER_AS, node_config, router_config,
 };
 pub use spec::{DnsRecord, LabSpec, NamespaceSpec, NodeSpec, PodPort, PodSpec, Underlay, WireSecurityMode};
 

@@ -1,7 +1,7 @@
 //! Egress by domain name on a lab with its own DNS (dnsmasq in the outside), real
 //! kernel: a ClusterNetworkPolicy lets namespace x reach some names on 80/TCP and
 //! nothing else of the outside. Exact and wildcard names allow exactly what they
-//! match; a CNAME chain is followed; a name with 120 addresses; an answer that changes
+//! match, over IPv4 and IPv6 (AAAA answers, the outside reached over IPv6); a CNAME chain is followed; a name with 120 addresses; an answer that changes
 //! moves what is allowed; a pod that resolves and connects at once is never refused
 //! (1,000 times, each a name never seen), and with the learner stopped the answer
 //! still arrives at once while the connection waits for the learner; TTL expiry stops new connections and leaves
@@ -35,7 +35,9 @@ fn lab_text(name: &str) -> String {
          \x20 - {name: edge.cdn.test, addresses: [198.51.100.40], ttl: 60}\n\
          \x20 - {name: changing.example.test, addresses: [198.51.100.50]}\n\
          \x20 - {name: after.race.test, addresses: [198.51.100.60]}\n\
-         \x20 - {name: held.race.test, addresses: [198.51.100.61]}\n",
+         \x20 - {name: held.race.test, addresses: [198.51.100.61]}\n\
+         \x20 - {name: v6.example.test, addresses: [198.51.100.70, \"2001:db8:104::10\", \"2001:db8:104::11\"]}\n\
+         \x20 - {name: other6.test, addresses: [\"2001:db8:104::30\"]}\n",
     );
     let many: Vec<String> = (0..120).map(|i| format!("198.51.100.{}", 100 + i)).collect();
     dns.push_str(&format!(
@@ -50,7 +52,7 @@ fn lab_text(name: &str) -> String {
         ));
     }
     format!(
-        "name: {name}\nnodes: [n1, n2]\n\
+        "name: {name}\nnodes: [n1, n2]\nunderlay: shared\nipv6: true\n\
          weftd_args: [\"--policy-dns-min-ttl=2\"]\n\
          namespaces:\n  - {{name: x, labels: {{ns: x}}}}\n  - {{name: y, labels: {{ns: y}}}}\n\
          pods:\n  - {{name: a, namespace: x, node: n1}}\n  - {{name: a, namespace: y, node: n2}}\n\
@@ -66,9 +68,9 @@ fn lab_text(name: &str) -> String {
          \x20       - {{name: dns, action: Accept, to: [{{networks: [198.51.100.2/32]}}], protocols: [{{udp: {{destinationPort: {{number: 53}}}}}}]}}\n\
          \x20       - name: names\n\
          \x20         action: Accept\n\
-         \x20         to: [{{domainNames: [api.example.test, short.example.test, \"*.mirror.test\", www.example.test, many.example.test, changing.example.test, \"*.race.test\"]}}]\n\
+         \x20         to: [{{domainNames: [api.example.test, short.example.test, \"*.mirror.test\", www.example.test, many.example.test, changing.example.test, v6.example.test, \"*.race.test\"]}}]\n\
          \x20         protocols: [{{tcp: {{destinationPort: {{number: 80}}}}}}]\n\
-         \x20       - {{name: rest, action: Deny, to: [{{networks: [198.51.100.0/24, 198.51.104.0/22]}}]}}\n\
+         \x20       - {{name: rest, action: Deny, to: [{{networks: [198.51.100.0/24, 198.51.104.0/22, \"2001:db8:100::/64\", \"2001:db8:104::/48\"]}}]}}\n\
          {dns}"
     )
 }
@@ -111,7 +113,8 @@ fn connect(ip: IpAddr) -> std::io::Result<TcpStream> {
 
 /// Serves 80/TCP on every address of the outside: each connection is echoed.
 fn serve_outside(lab: &FqdnLab, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    let listener = lab.in_ns(&lab.lab.0.outside_ns(), || TcpListener::bind("0.0.0.0:80").unwrap());
+    // Both families: a v6 socket takes IPv4 too (mapped), as Linux binds by default.
+    let listener = lab.in_ns(&lab.lab.0.outside_ns(), || TcpListener::bind("[::]:80").unwrap());
     listener.set_nonblocking(true).unwrap();
     std::thread::spawn(move || {
         while !stop.load(Ordering::Relaxed) {
@@ -174,6 +177,24 @@ fn names_allow_what_their_answers_gave_and_nothing_else() {
         assert!(got.iter().all(|(_, ok)| *ok), "{name} is allowed: {got:?}");
     }
     assert_eq!(allowed("api.example.test").len(), 2, "both of api's addresses");
+    // IPv6: an AAAA answer's addresses go into the rule's IPv6 set; another name's
+    // IPv6 address stays refused.
+    let v6 = lab.in_pod("x/a", || {
+        let ips = resolve("v6.example.test", true, Duration::from_secs(2)).expect("an AAAA answer");
+        ips.into_iter().map(|ip| (ip, connect(ip).is_ok())).collect::<Vec<_>>()
+    });
+    assert_eq!(v6.len(), 2, "{v6:?}");
+    assert!(v6.iter().all(|(ip, ok)| ip.is_ipv6() && *ok), "AAAA allowed: {v6:?}");
+    let other6 = lab.in_pod("x/a", || {
+        let ips = resolve("other6.test", true, Duration::from_secs(2)).expect("an AAAA answer");
+        ips.into_iter().map(|ip| (ip, connect(ip).is_ok())).collect::<Vec<_>>()
+    });
+    assert!(
+        other6.len() == 1 && !other6[0].1,
+        "a name no rule takes stays refused over IPv6: {other6:?}"
+    );
+    let reached_v4 = allowed("v6.example.test");
+    assert!(reached_v4.iter().all(|(_, ok)| *ok), "and its A answer: {reached_v4:?}");
     // Seen: the node lists what it learnt, and explain names the answer.
     let weftctl = |args: &[&str]| -> String {
         let out = std::process::Command::new(weft_tests::bin("weftctl"))

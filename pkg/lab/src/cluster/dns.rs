@@ -13,13 +13,17 @@ use std::process::Command;
 
 use weft_harness::ip;
 
-use super::{Lab, OUTSIDE_ADDRESS};
+use super::{Lab, OUTSIDE_ADDRESS, OUTSIDE_ADDRESS6};
 use crate::LabError;
 use crate::spec::DnsRecord;
 
 /// A block the outside answers every address of, for names with many addresses
 /// (`198.51.104.0/22`, TEST-NET-2's neighbour, routed to the outside by the router).
 pub const NAMES_BLOCK: &str = "198.51.104.0/22";
+
+/// The same for IPv6 (`2001:db8:104::/48`), in a lab whose outside has IPv6 (`ipv6:
+/// true` on a shared underlay).
+pub const NAMES_BLOCK6: &str = "2001:db8:104::/48";
 
 /// The dnsmasq configuration of `records`: authoritative for them alone.
 pub(crate) fn dnsmasq_config(records: &[DnsRecord], log: &str) -> String {
@@ -79,10 +83,36 @@ impl Lab {
             "via",
             OUTSIDE_ADDRESS,
         ])?;
+        let block6: ipnet::Ipv6Net = NAMES_BLOCK6.parse().expect("a block");
+        let v6 = self.node_address6(&self.spec.nodes[0]).is_some();
+        if v6 {
+            ip(&[
+                "-n",
+                &outside,
+                "-6",
+                "route",
+                "replace",
+                "local",
+                NAMES_BLOCK6,
+                "dev",
+                "lo",
+            ])?;
+            ip(&[
+                "-n",
+                &self.router(),
+                "-6",
+                "route",
+                "replace",
+                NAMES_BLOCK6,
+                "via",
+                OUTSIDE_ADDRESS6,
+            ])?;
+        }
         let mut batch = String::new();
         for a in self.dns_addresses() {
             match a {
                 IpAddr::V4(v4) if block.contains(&v4) => {}
+                IpAddr::V6(a) if v6 && block6.contains(&a) => {}
                 IpAddr::V4(v4) => batch.push_str(&format!("addr replace {v4}/32 dev lo\n")),
                 IpAddr::V6(v6) => batch.push_str(&format!("addr replace {v6}/128 dev lo nodad\n")),
             }

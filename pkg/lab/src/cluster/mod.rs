@@ -13,7 +13,7 @@ mod bgp;
 mod certs;
 mod checks;
 mod dns;
-pub use dns::{NAMES_BLOCK, NameCell, NameTable};
+pub use dns::{NAMES_BLOCK, NAMES_BLOCK6, NameCell, NameTable};
 mod up;
 
 pub use bgp::{EXPORT_TABLE, ROUTER_AS, node_config, router_config};
@@ -37,6 +37,10 @@ use crate::spec::{LabSpec, NodeSpec, PodSpec, Underlay};
 pub const OUTSIDE_ADDRESS: &str = "198.51.100.2";
 
 const OUTSIDE_GATEWAY: &str = "198.51.100.1/24";
+/// The outside's IPv6 address in a lab with IPv6 on a shared segment (documentation
+/// space, as the internet's addresses would be), reached the same way.
+pub const OUTSIDE_ADDRESS6: &str = "2001:db8:100::2";
+const OUTSIDE_GATEWAY6: &str = "2001:db8:100::1/64";
 /// The IPv6 prefix of a shared segment (`fd00:172:30::/64`), without its host part.
 const SEGMENT6: &str = "fd00:172:30::";
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon, ip, wait_for_socket};
 
-use super::{Lab, OUTSIDE_ADDRESS, OUTSIDE_GATEWAY};
+use super::{Lab, OUTSIDE_ADDRESS, OUTSIDE_ADDRESS6, OUTSIDE_GATEWAY, OUTSIDE_GATEWAY6, SEGMENT6};
 use crate::LabError;
 use crate::process::proc_stat;
 use crate::spec::{NodeSpec, PodSpec, Underlay, WireSecurityMode};
@@ -63,6 +63,27 @@ impl Lab {
                 "-n", &router, "link", "add", "out", "type", "veth", "peer", "name", "eth0", "netns", &outside,
             ])?;
             ip(&["-n", &router, "addr", "add", OUTSIDE_GATEWAY, "dev", "out"])?;
+            if self.node_address6(&self.spec.nodes[0]).is_some() {
+                // No duplicate address detection on the lab's own link: a tentative
+                // link-local address would not do neighbour discovery for a second or
+                // two, and the first IPv6 packets to the outside would be lost.
+                ip(&[
+                    "netns",
+                    "exec",
+                    &router,
+                    "sysctl",
+                    "-qw",
+                    "net.ipv6.conf.out.accept_dad=0",
+                ])?;
+                ip(&[
+                    "netns",
+                    "exec",
+                    &outside,
+                    "sysctl",
+                    "-qw",
+                    "net.ipv6.conf.eth0.accept_dad=0",
+                ])?;
+            }
             ip(&["-n", &router, "link", "set", "out", "up"])?;
             ip(&[
                 "-n",
@@ -86,6 +107,42 @@ impl Lab {
                     &net,
                     "via",
                     OUTSIDE_GATEWAY.split('/').next().unwrap_or_default(),
+                ])?;
+            }
+            if self.node_address6(&self.spec.nodes[0]).is_some() {
+                // IPv6 to the internet too, where the nodes have an IPv6 underlay: the
+                // router forwards, the outside routes back to the shared segment.
+                ip(&[
+                    "netns",
+                    "exec",
+                    &router,
+                    "sysctl",
+                    "-qw",
+                    "net.ipv6.conf.all.forwarding=1",
+                ])?;
+                ip(&[
+                    "-n",
+                    &router,
+                    "-6",
+                    "addr",
+                    "add",
+                    OUTSIDE_GATEWAY6,
+                    "dev",
+                    "out",
+                    "nodad",
+                ])?;
+                let addr6 = format!("{OUTSIDE_ADDRESS6}/64");
+                ip(&["-n", &outside, "-6", "addr", "add", &addr6, "dev", "eth0", "nodad"])?;
+                let gw6 = OUTSIDE_GATEWAY6.split('/').next().unwrap_or_default();
+                ip(&[
+                    "-n",
+                    &outside,
+                    "-6",
+                    "route",
+                    "add",
+                    &format!("{SEGMENT6}/64"),
+                    "via",
+                    gw6,
                 ])?;
             }
         }
@@ -122,6 +179,18 @@ impl Lab {
                     "via",
                     gw.split('/').next().unwrap_or_default(),
                 ])?;
+                if let Some((gw6, _)) = self.node_address6(n) {
+                    ip(&[
+                        "-n",
+                        &ns,
+                        "-6",
+                        "route",
+                        "add",
+                        "default",
+                        "via",
+                        gw6.split('/').next().unwrap_or_default(),
+                    ])?;
+                }
             }
             if self.daemon_pid(&n.name).is_none() {
                 self.start_daemon(n)?;
