@@ -86,8 +86,18 @@ pub fn read_dns_answers(engine: Arc<Engine>, stop: Arc<AtomicBool>) -> std::io::
         let released = Verdict::Repeat {
             mark: weft_policy::plan::HELD_MARK,
         };
+        // Set when the kernel dropped messages (ENOBUFS): once what is left has been
+        // read, in order, the packets still held (their messages lost) are released.
+        let mut lost = false;
         while !stop.load(Ordering::Relaxed) {
             match q.next(Duration::from_millis(250)) {
+                Ok(events) if events.is_empty() => {
+                    if std::mem::take(&mut lost)
+                        && let Err(e) = q.verdict_all(released)
+                    {
+                        tracing::warn!(error = %e, "cannot release the held connections");
+                    }
+                }
                 Ok(events) => {
                     for e in events {
                         match e {
@@ -105,15 +115,18 @@ pub fn read_dns_answers(engine: Arc<Engine>, stop: Arc<AtomicBool>) -> std::io::
                         }
                     }
                 }
+                // A read with a timeout ends so when the process is stopped and goes
+                // on (SIGSTOP, SIGCONT): nothing was lost, read on.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     // ENOBUFS: copies were lost (their names' addresses are not
-                    // learnt); held connections whose messages went with them are
-                    // released all at once rather than left waiting.
-                    tracing::warn!(error = %e, "reading DNS answers and held connections failed");
-                    if let Err(e) = q.verdict_all(released) {
-                        tracing::warn!(error = %e, "cannot release the held connections");
+                    // learnt), and held connections' messages maybe with them.
+                    tracing::warn!(error = %e, "reading DNS answers and held connections failed: some were lost");
+                    lost = true;
+                    if e.raw_os_error() != Some(nix::errno::Errno::ENOBUFS as i32) {
+                        // Not a burst: do not spin on a socket that keeps failing.
+                        std::thread::sleep(Duration::from_millis(100));
                     }
-                    std::thread::sleep(Duration::from_millis(10));
                 }
             }
         }

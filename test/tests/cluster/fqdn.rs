@@ -326,6 +326,10 @@ fn names_allow_what_their_answers_gave_and_nothing_else() {
         connected >= Duration::from_millis(200),
         "the connection was not held: {connected:?}"
     );
+    assert!(
+        connected < Duration::from_millis(900),
+        "the held SYN was lost (the client's retransmission, a second later, passed): {connected:?}"
+    );
 
     // TTL expiry (1 s, held 2 s by --policy-dns-min-ttl): a connection opened in time
     // stays open; a new one after is refused.
