@@ -12,6 +12,7 @@ use std::str::FromStr;
 
 pub mod capture;
 pub mod impair;
+pub mod model;
 pub mod status;
 
 pub use capture::CapturedFrame;
