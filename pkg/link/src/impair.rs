@@ -1,12 +1,14 @@
 //! Link emulation: the impairments a link's ends apply to what they send (delay,
-//! jitter, loss, rate, corruption, duplication, reordering) and the state a link is
+//! jitter and its distribution, loss and its models, rate, corruption, duplication,
+//! reordering, each with a correlation; slots; ECN marking) and the state a link is
 //! put in by intent (down or up), with the settings of one end as an operator sees
 //! them.
 //!
-//! Values are written as `tc netem` users write them ("20ms", "1.5%", "100mbit") in
-//! Topology files, on the command line, in the store and in both protocols; they are
-//! parsed once here into exact integers (microseconds, parts per million, bits per
-//! second), so two ends compare settings without rounding.
+//! Values are written as `tc netem` users write them ("20ms", "1.5%", "100mbit",
+//! "gemodel 1% 10% 70% 0.1%", "800us 1ms packets 32") in Topology files, on the command
+//! line, in the store and in both protocols; they are parsed once here into exact
+//! integers (microseconds, parts per million, bits per second), so two ends compare
+//! settings without rounding. [`crate::model`] runs them.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -40,22 +42,124 @@ fn refuse(param: &str, value: &str, why: impl Into<String>) -> ImpairmentError {
 pub struct Impairment {
     /// Added latency, microseconds.
     pub delay_us: Option<u64>,
-    /// Random variation of the latency (uniform, ±), microseconds; needs a delay.
+    /// Variation of the latency, microseconds (± for the uniform distribution, the
+    /// standard deviation for the others); needs a delay.
     pub jitter_us: Option<u64>,
-    /// Frames dropped, ppm.
+    /// How successive delays are correlated, ppm (`jitter 2ms 25%`).
+    pub jitter_corr_ppm: Option<u32>,
+    /// The delay's distribution (`uniform` when off); needs a jitter.
+    pub distribution: Option<crate::model::Distribution>,
+    /// Frames dropped at random, ppm.
     pub loss_ppm: Option<u32>,
+    /// How successive random losses are correlated, ppm (`loss 1% 25%`).
+    pub loss_corr_ppm: Option<u32>,
+    /// A loss model instead of random loss (`loss gemodel ...`, `loss state ...`).
+    pub loss_model: Option<LossSpec>,
     /// Sending rate, bits per second.
     pub rate_bps: Option<u64>,
     /// Frames with a bit flipped, ppm.
     pub corrupt_ppm: Option<u32>,
+    /// Correlation of corruption, ppm.
+    pub corrupt_corr_ppm: Option<u32>,
     /// Frames sent twice, ppm.
     pub duplicate_ppm: Option<u32>,
+    /// Correlation of duplication, ppm.
+    pub duplicate_corr_ppm: Option<u32>,
     /// Frames sent at once, ahead of delayed ones, ppm; needs a delay.
     pub reorder_ppm: Option<u32>,
+    /// Correlation of reordering, ppm.
+    pub reorder_corr_ppm: Option<u32>,
+    /// Frames released in bursts (`slot MIN [MAX] [packets N] [bytes B]`).
+    pub slot: Option<crate::model::SlotConfig>,
+    /// A lost frame that is ECN-capable is marked Congestion Experienced and sent
+    /// instead of dropped; needs a loss.
+    pub ecn: bool,
+}
+
+/// A loss model as written (ppm, the values not given left off so it prints back as
+/// written); [`LossSpec::model`] fills netem's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LossSpec {
+    /// `gemodel p [r [1-h [1-k]]]`.
+    GilbertElliott {
+        /// Good to bad.
+        p: u32,
+        /// Bad to good.
+        r: Option<u32>,
+        /// Lost in the bad state.
+        one_minus_h: Option<u32>,
+        /// Lost in the good state.
+        one_minus_k: Option<u32>,
+    },
+    /// `state p13 [p31 [p32 [p23 [p14]]]]`.
+    State {
+        /// Gap to burst loss.
+        p13: u32,
+        /// The rest, in netem's order (`p31`, `p32`, `p23`, `p14`).
+        rest: [Option<u32>; 4],
+    },
+}
+
+impl LossSpec {
+    /// The model with netem's defaults for what is left off.
+    pub fn model(&self) -> crate::model::LossModel {
+        use crate::model::{LossModel, Prob};
+        let p = Prob::from_ppm;
+        match *self {
+            LossSpec::GilbertElliott {
+                p: gp,
+                r,
+                one_minus_h,
+                one_minus_k,
+            } => LossModel::gilbert_elliott(p(gp), r.map(p), one_minus_h.map(p), one_minus_k.map(p)),
+            LossSpec::State { p13, rest } => {
+                let [p31, p32, p23, p14] = rest.map(|v| v.map(p));
+                LossModel::state(p(p13), p31, p32, p23, p14)
+            }
+        }
+    }
+
+    fn text(&self) -> String {
+        let (name, values): (&str, Vec<u32>) = match *self {
+            LossSpec::GilbertElliott {
+                p,
+                r,
+                one_minus_h,
+                one_minus_k,
+            } => (
+                "gemodel",
+                std::iter::once(Some(p))
+                    .chain([r, one_minus_h, one_minus_k])
+                    .map_while(|v| v)
+                    .collect(),
+            ),
+            LossSpec::State { p13, rest } => (
+                "state",
+                std::iter::once(Some(p13)).chain(rest).map_while(|v| v).collect(),
+            ),
+        };
+        let mut out = name.to_string();
+        for v in values {
+            out.push(' ');
+            out.push_str(&format_percent(v));
+        }
+        out
+    }
 }
 
 /// The parameters, in the order they are shown.
-pub const PARAMS: [&str; 7] = ["delay", "jitter", "loss", "rate", "corrupt", "duplicate", "reorder"];
+pub const PARAMS: [&str; 10] = [
+    "delay",
+    "jitter",
+    "distribution",
+    "loss",
+    "rate",
+    "corrupt",
+    "duplicate",
+    "reorder",
+    "slot",
+    "ecn",
+];
 
 impl Impairment {
     /// Whether no parameter is set (the end sends untouched).
@@ -83,12 +187,60 @@ impl Impairment {
         let empty = v.is_empty();
         match param {
             "delay" => self.delay_us = (!empty).then(|| parse_duration(param, v)).transpose()?,
-            "jitter" => self.jitter_us = (!empty).then(|| parse_duration(param, v)).transpose()?,
-            "loss" => self.loss_ppm = (!empty).then(|| parse_percent(param, v)).transpose()?,
+            "jitter" => (self.jitter_us, self.jitter_corr_ppm) = unzip(parse_with_corr(param, v, parse_duration)?),
+            "distribution" => {
+                self.distribution = (!empty)
+                    .then(|| {
+                        crate::model::Distribution::parse(v)
+                            .ok_or_else(|| refuse(param, v, "one of uniform, normal, pareto, paretonormal"))
+                    })
+                    .transpose()?;
+            }
+            "loss" => {
+                (self.loss_ppm, self.loss_corr_ppm, self.loss_model) = (None, None, None);
+                let words: Vec<&str> = v.split_whitespace().collect();
+                match words.first().copied() {
+                    None => {}
+                    Some("gemodel") => {
+                        let v4 = percents(param, v, &words[1..], 4)?;
+                        self.loss_model = Some(LossSpec::GilbertElliott {
+                            p: v4[0].ok_or_else(|| refuse(param, v, "gemodel needs at least p"))?,
+                            r: v4[1],
+                            one_minus_h: v4[2],
+                            one_minus_k: v4[3],
+                        });
+                    }
+                    Some("state") => {
+                        let v5 = percents(param, v, &words[1..], 5)?;
+                        self.loss_model = Some(LossSpec::State {
+                            p13: v5[0].ok_or_else(|| refuse(param, v, "state needs at least p13"))?,
+                            rest: [v5[1], v5[2], v5[3], v5[4]],
+                        });
+                    }
+                    Some("random") => {
+                        (self.loss_ppm, self.loss_corr_ppm) =
+                            unzip(parse_with_corr(param, &words[1..].join(" "), parse_percent)?);
+                        if self.loss_ppm.is_none() {
+                            return Err(refuse(param, v, "random needs a percentage"));
+                        }
+                    }
+                    Some(_) => (self.loss_ppm, self.loss_corr_ppm) = unzip(parse_with_corr(param, v, parse_percent)?),
+                }
+            }
             "rate" => self.rate_bps = (!empty).then(|| parse_rate(param, v)).transpose()?,
-            "corrupt" => self.corrupt_ppm = (!empty).then(|| parse_percent(param, v)).transpose()?,
-            "duplicate" => self.duplicate_ppm = (!empty).then(|| parse_percent(param, v)).transpose()?,
-            "reorder" => self.reorder_ppm = (!empty).then(|| parse_percent(param, v)).transpose()?,
+            "corrupt" => (self.corrupt_ppm, self.corrupt_corr_ppm) = unzip(parse_with_corr(param, v, parse_percent)?),
+            "duplicate" => {
+                (self.duplicate_ppm, self.duplicate_corr_ppm) = unzip(parse_with_corr(param, v, parse_percent)?);
+            }
+            "reorder" => (self.reorder_ppm, self.reorder_corr_ppm) = unzip(parse_with_corr(param, v, parse_percent)?),
+            "slot" => self.slot = (!empty).then(|| parse_slot(param, v)).transpose()?,
+            "ecn" => {
+                self.ecn = match v {
+                    "" | "off" | "false" | "no" => false,
+                    "on" | "true" | "yes" => true,
+                    _ => return Err(refuse(param, v, "on or off")),
+                }
+            }
             other => {
                 return Err(refuse(
                     other,
@@ -100,6 +252,20 @@ impl Impairment {
         Ok(())
     }
 
+    /// Whether netem, as weft writes it, applies every set parameter (the first seven
+    /// parameters without correlations); the others run in weft's detour on any kernel.
+    pub fn netem_expressible(&self) -> bool {
+        self.jitter_corr_ppm.is_none()
+            && self.distribution.is_none()
+            && self.loss_corr_ppm.is_none()
+            && self.loss_model.is_none()
+            && self.corrupt_corr_ppm.is_none()
+            && self.duplicate_corr_ppm.is_none()
+            && self.reorder_corr_ppm.is_none()
+            && self.slot.is_none()
+            && !self.ecn
+    }
+
     /// Checks what single values cannot: netem varies and reorders only delayed frames.
     pub fn check(&self) -> Result<(), ImpairmentError> {
         let no_delay = self.delay_us.unwrap_or(0) == 0;
@@ -108,6 +274,16 @@ impl Impairment {
         }
         if no_delay && self.reorder_ppm.is_some_and(|r| r > 0) {
             return Err(refuse("reorder", &self.text("reorder"), "needs a delay"));
+        }
+        if self.distribution.is_some() && self.jitter_us.unwrap_or(0) == 0 {
+            return Err(refuse(
+                "distribution",
+                &self.text("distribution"),
+                "needs a jitter (the distribution's spread)",
+            ));
+        }
+        if self.ecn && self.loss_ppm.unwrap_or(0) == 0 && self.loss_model.is_none() {
+            return Err(refuse("ecn", "on", "needs a loss (ECN marks what would be lost)"));
         }
         Ok(())
     }
@@ -135,15 +311,35 @@ impl Impairment {
 
     /// One parameter's canonical text ("" when off).
     pub fn text(&self, param: &str) -> String {
-        let pct = |v: Option<u32>| v.map(format_percent).unwrap_or_default();
+        let pct = |v: Option<u32>, corr: Option<u32>| match (v, corr) {
+            (Some(v), Some(c)) => format!("{} {}", format_percent(v), format_percent(c)),
+            (Some(v), None) => format_percent(v),
+            (None, _) => String::new(),
+        };
         match param {
             "delay" => self.delay_us.map(format_duration).unwrap_or_default(),
-            "jitter" => self.jitter_us.map(format_duration).unwrap_or_default(),
-            "loss" => pct(self.loss_ppm),
+            "jitter" => match (self.jitter_us, self.jitter_corr_ppm) {
+                (Some(j), Some(c)) => format!("{} {}", format_duration(j), format_percent(c)),
+                (Some(j), None) => format_duration(j),
+                (None, _) => String::new(),
+            },
+            "distribution" => self.distribution.map(|d| d.as_str().to_string()).unwrap_or_default(),
+            "loss" => match &self.loss_model {
+                Some(m) => m.text(),
+                None => pct(self.loss_ppm, self.loss_corr_ppm),
+            },
             "rate" => self.rate_bps.map(format_rate).unwrap_or_default(),
-            "corrupt" => pct(self.corrupt_ppm),
-            "duplicate" => pct(self.duplicate_ppm),
-            "reorder" => pct(self.reorder_ppm),
+            "corrupt" => pct(self.corrupt_ppm, self.corrupt_corr_ppm),
+            "duplicate" => pct(self.duplicate_ppm, self.duplicate_corr_ppm),
+            "reorder" => pct(self.reorder_ppm, self.reorder_corr_ppm),
+            "slot" => self.slot.map(format_slot).unwrap_or_default(),
+            "ecn" => {
+                if self.ecn {
+                    "on".into()
+                } else {
+                    String::new()
+                }
+            }
             _ => String::new(),
         }
     }
@@ -167,14 +363,47 @@ impl Impairment {
     /// Each parameter from `self`, or from `other` where `self` leaves it off (a link's
     /// values may be written on either end's entry).
     pub fn or(&self, other: &Impairment) -> Impairment {
+        // A parameter and its correlation (or model) come from the same entry.
+        let (jitter_us, jitter_corr_ppm) = if self.jitter_us.is_some() {
+            (self.jitter_us, self.jitter_corr_ppm)
+        } else {
+            (other.jitter_us, other.jitter_corr_ppm)
+        };
+        let (loss_ppm, loss_corr_ppm, loss_model) = if self.loss_ppm.is_some() || self.loss_model.is_some() {
+            (self.loss_ppm, self.loss_corr_ppm, self.loss_model)
+        } else {
+            (other.loss_ppm, other.loss_corr_ppm, other.loss_model)
+        };
+        let pair = |a: (Option<u32>, Option<u32>), b: (Option<u32>, Option<u32>)| if a.0.is_some() { a } else { b };
+        let (corrupt_ppm, corrupt_corr_ppm) = pair(
+            (self.corrupt_ppm, self.corrupt_corr_ppm),
+            (other.corrupt_ppm, other.corrupt_corr_ppm),
+        );
+        let (duplicate_ppm, duplicate_corr_ppm) = pair(
+            (self.duplicate_ppm, self.duplicate_corr_ppm),
+            (other.duplicate_ppm, other.duplicate_corr_ppm),
+        );
+        let (reorder_ppm, reorder_corr_ppm) = pair(
+            (self.reorder_ppm, self.reorder_corr_ppm),
+            (other.reorder_ppm, other.reorder_corr_ppm),
+        );
         Impairment {
             delay_us: self.delay_us.or(other.delay_us),
-            jitter_us: self.jitter_us.or(other.jitter_us),
-            loss_ppm: self.loss_ppm.or(other.loss_ppm),
+            jitter_us,
+            jitter_corr_ppm,
+            distribution: self.distribution.or(other.distribution),
+            loss_ppm,
+            loss_corr_ppm,
+            loss_model,
             rate_bps: self.rate_bps.or(other.rate_bps),
-            corrupt_ppm: self.corrupt_ppm.or(other.corrupt_ppm),
-            duplicate_ppm: self.duplicate_ppm.or(other.duplicate_ppm),
-            reorder_ppm: self.reorder_ppm.or(other.reorder_ppm),
+            corrupt_ppm,
+            corrupt_corr_ppm,
+            duplicate_ppm,
+            duplicate_corr_ppm,
+            reorder_ppm,
+            reorder_corr_ppm,
+            slot: self.slot.or(other.slot),
+            ecn: self.ecn || other.ecn,
         }
     }
 }
@@ -260,6 +489,99 @@ fn parse_rate(param: &str, v: &str) -> Result<u64, ImpairmentError> {
         return Err(refuse(param, v, "above 10000gbit"));
     }
     Ok(bps as u64)
+}
+
+/// `VALUE [CORRELATION]`: a value and, optionally, its correlation (a percentage).
+fn parse_with_corr<T>(
+    param: &str,
+    v: &str,
+    value: fn(&str, &str) -> Result<T, ImpairmentError>,
+) -> Result<Option<(T, Option<u32>)>, ImpairmentError> {
+    let words: Vec<&str> = v.split_whitespace().collect();
+    match words.as_slice() {
+        [] => Ok(None),
+        [x] => Ok(Some((value(param, x)?, None))),
+        [x, c] => Ok(Some((value(param, x)?, Some(parse_percent(param, c)?)))),
+        _ => Err(refuse(param, v, "a value and at most its correlation (a percentage)")),
+    }
+}
+
+fn unzip<T>(v: Option<(T, Option<u32>)>) -> (Option<T>, Option<u32>) {
+    match v {
+        Some((a, b)) => (Some(a), b),
+        None => (None, None),
+    }
+}
+
+/// Up to `max` percentages, the rest left off.
+fn percents(param: &str, v: &str, words: &[&str], max: usize) -> Result<Vec<Option<u32>>, ImpairmentError> {
+    if words.len() > max {
+        return Err(refuse(param, v, format!("at most {max} percentages")));
+    }
+    let mut out: Vec<Option<u32>> = words
+        .iter()
+        .map(|w| parse_percent(param, w).map(Some))
+        .collect::<Result<_, _>>()?;
+    out.resize(max, None);
+    Ok(out)
+}
+
+/// `MIN [MAX] [packets N] [bytes B]`.
+fn parse_slot(param: &str, v: &str) -> Result<crate::model::SlotConfig, ImpairmentError> {
+    let words: Vec<&str> = v.split_whitespace().collect();
+    let mut times = Vec::new();
+    let (mut packets, mut bytes) = (None, None);
+    let mut i = 0;
+    while i < words.len() {
+        match words[i] {
+            "packets" | "bytes" => {
+                let n: u64 = words
+                    .get(i + 1)
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| refuse(param, v, format!("{} needs a positive count", words[i])))?;
+                if words[i] == "packets" {
+                    packets = Some(u32::try_from(n).map_err(|_| refuse(param, v, "too many packets"))?);
+                } else {
+                    bytes = Some(n);
+                }
+                i += 2;
+            }
+            w if times.len() < 2 && packets.is_none() && bytes.is_none() => {
+                times.push(parse_duration(param, w)?);
+                i += 1;
+            }
+            _ => return Err(refuse(param, v, "MIN [MAX] [packets N] [bytes B]")),
+        }
+    }
+    let min_us = *times
+        .first()
+        .ok_or_else(|| refuse(param, v, "needs the time between slots"))?;
+    let max_us = times.get(1).copied().unwrap_or(min_us);
+    if max_us < min_us {
+        return Err(refuse(param, v, "MAX is shorter than MIN"));
+    }
+    Ok(crate::model::SlotConfig {
+        min_us,
+        max_us,
+        packets,
+        bytes,
+    })
+}
+
+fn format_slot(s: crate::model::SlotConfig) -> String {
+    let mut out = format_duration(s.min_us);
+    if s.max_us != s.min_us {
+        out.push(' ');
+        out.push_str(&format_duration(s.max_us));
+    }
+    if let Some(p) = s.packets {
+        out.push_str(&format!(" packets {p}"));
+    }
+    if let Some(b) = s.bytes {
+        out.push_str(&format!(" bytes {b}"));
+    }
+    out
 }
 
 fn format_duration(us: u64) -> String {
@@ -430,7 +752,7 @@ mod tests {
             (("rate", "100"), "rate \"100\": needs a unit such as kbit, mbit or gbit"),
             (
                 ("latency", "1ms"),
-                "latency \"1ms\": unknown parameter (known: delay, jitter, loss, rate, corrupt, duplicate, reorder)",
+                "latency \"1ms\": unknown parameter (known: delay, jitter, distribution, loss, rate, corrupt, duplicate, reorder, slot, ecn)",
             ),
         ];
         for (p, want) in cases {
@@ -443,6 +765,104 @@ mod tests {
         assert_eq!(
             Impairment::from_params([("reorder", "5%")]).unwrap_err().to_string(),
             "reorder \"5%\": needs a delay"
+        );
+    }
+
+    #[test]
+    fn netem_forms_parse_and_print_back() {
+        let imp = Impairment::from_params([
+            ("delay", "50ms"),
+            ("jitter", "10ms 25%"),
+            ("distribution", "paretonormal"),
+            ("loss", "gemodel 1% 10% 70% 0.1%"),
+            ("corrupt", "0.1% 50%"),
+            ("duplicate", "1%"),
+            ("reorder", "5% 50%"),
+            ("slot", "800us 1ms packets 32 bytes 65536"),
+            ("ecn", "on"),
+        ])
+        .unwrap();
+        assert_eq!(imp.jitter_corr_ppm, Some(250_000));
+        assert_eq!(
+            imp.loss_model,
+            Some(LossSpec::GilbertElliott {
+                p: 10_000,
+                r: Some(100_000),
+                one_minus_h: Some(700_000),
+                one_minus_k: Some(1_000)
+            })
+        );
+        assert_eq!(
+            imp.to_string(),
+            "delay 50ms jitter 10ms 25% distribution paretonormal loss gemodel 1% 10% 70% 0.1% \
+             corrupt 0.1% 50% duplicate 1% reorder 5% 50% slot 800us 1ms packets 32 bytes 65536 ecn on"
+        );
+        assert_eq!(Impairment::from_map(&imp.to_map()).unwrap(), imp);
+        assert!(!imp.netem_expressible());
+        for (v, text) in [
+            ("1% 25%", "1% 25%"),
+            ("random 2%", "2%"),
+            ("random 2% 10%", "2% 10%"),
+            ("state 1% 20%", "state 1% 20%"),
+            ("gemodel 0.5%", "gemodel 0.5%"),
+        ] {
+            let i = Impairment::from_params([("loss", v)]).unwrap();
+            assert_eq!(i.text("loss"), text, "{v}");
+        }
+        let state = Impairment::from_params([("loss", "state 1% 20%")]).unwrap();
+        assert_eq!(
+            state.loss_model.unwrap().model(),
+            crate::model::LossModel::state(
+                crate::model::Prob::from_ppm(10_000),
+                Some(crate::model::Prob::from_ppm(200_000)),
+                None,
+                None,
+                None
+            )
+        );
+        assert!(
+            Impairment::from_params([("delay", "5ms"), ("loss", "1%")])
+                .unwrap()
+                .netem_expressible()
+        );
+        let slot = Impairment::from_params([("slot", "2ms")]).unwrap().slot.unwrap();
+        assert_eq!(
+            (slot.min_us, slot.max_us, slot.packets, slot.bytes),
+            (2_000, 2_000, None, None)
+        );
+        for (p, v, want) in [
+            ("loss", "gemodel", "gemodel needs at least p"),
+            ("loss", "gemodel 1% 2% 3% 4% 5%", "at most 4 percentages"),
+            ("loss", "random", "random needs a percentage"),
+            (
+                "jitter",
+                "1ms 2% 3%",
+                "a value and at most its correlation (a percentage)",
+            ),
+            (
+                "distribution",
+                "gaussian",
+                "one of uniform, normal, pareto, paretonormal",
+            ),
+            ("slot", "packets 3", "needs the time between slots"),
+            ("slot", "2ms 1ms", "MAX is shorter than MIN"),
+            ("slot", "1ms packets", "packets needs a positive count"),
+            ("ecn", "maybe", "on or off"),
+        ] {
+            let e = Impairment::from_params([("delay", "1ms"), (p, v)]).unwrap_err();
+            assert!(e.to_string().ends_with(want), "{p} {v}: {e}");
+        }
+        assert!(
+            Impairment::from_params([("delay", "1ms"), ("jitter", "0ms"), ("distribution", "normal")])
+                .unwrap_err()
+                .to_string()
+                .contains("needs a jitter")
+        );
+        assert!(
+            Impairment::from_params([("ecn", "on")])
+                .unwrap_err()
+                .to_string()
+                .contains("needs a loss")
         );
     }
 

@@ -134,8 +134,8 @@ impl CorrelatedUniform {
 fn normal_cdf(z: f64) -> f64 {
     let x = z.abs() / std::f64::consts::SQRT_2;
     let t = 1.0 / (1.0 + 0.327_591_1 * x);
-    let poly = t
-        * (0.254_829_592 + t * (-0.284_496_736 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    let poly =
+        t * (0.254_829_592 + t * (-0.284_496_736 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
     let erfc = poly * (-x * x).exp();
     if z >= 0.0 { 1.0 - erfc / 2.0 } else { erfc / 2.0 }
 }
@@ -512,7 +512,7 @@ pub struct Slots {
 }
 
 impl Slots {
-    /// Slots as `cfg` says, the first opening with the first frame.
+    /// Slots as `cfg` says, the first drawn when the first frame comes.
     pub fn new(cfg: SlotConfig) -> Self {
         Slots {
             cfg,
@@ -533,23 +533,16 @@ impl Slots {
             .map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX));
     }
 
-    /// When a frame of `len` bytes ready at `ready_us` leaves: at the first slot open
-    /// at or after it with room (a slot that closed before it was ready is replaced by
-    /// a new one drawn from then, as netem does).
+    /// When a frame of `len` bytes ready at `ready_us` leaves: at the open slot if it
+    /// opens at or after the frame is ready; a slot that opened before is stale, and a
+    /// new one is drawn from the frame's time (netem's dequeue), so frames that come
+    /// while a slot is pending leave together at its opening. A slot whose frames or
+    /// bytes run out draws the next from its own opening.
     pub fn release(&mut self, ready_us: u64, len: u64, rng: &mut Prng) -> u64 {
-        match self.next_us {
-            None => {
-                self.next_us = Some(ready_us);
-                self.packets_left = self.cfg.packets.map_or(i64::MAX, i64::from);
-                self.bytes_left = self
-                    .cfg
-                    .bytes
-                    .map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX));
-            }
-            Some(next) if next < ready_us && self.packets_left <= 0 => self.open_next(ready_us, rng),
-            Some(_) => {}
+        if self.next_us.is_none_or(|next| next < ready_us) {
+            self.open_next(ready_us, rng);
         }
-        let at = self.next_us.unwrap_or(ready_us).max(ready_us);
+        let at = self.next_us.unwrap_or(ready_us);
         self.packets_left -= 1;
         self.bytes_left -= i64::try_from(len).unwrap_or(i64::MAX);
         if self.packets_left <= 0 || self.bytes_left <= 0 {
@@ -604,7 +597,10 @@ mod tests {
             1,
         );
         assert!((rate - 0.05).abs() < 0.004, "{rate}");
-        assert!((burst - 1.0 / 0.95).abs() < 0.05, "independent: geometric bursts, {burst}");
+        assert!(
+            (burst - 1.0 / 0.95).abs() < 0.05,
+            "independent: geometric bursts, {burst}"
+        );
         // Correlated: the same rate, runs of mean 1 / ((1 - rho)(1 - p)).
         let (rate, correlated) = losses(
             LossModel::Random {
@@ -701,7 +697,12 @@ mod tests {
             let xs: Vec<i64> = (0..N).map(|_| d.next(&mut rng) as i64).collect();
             xs.windows(2).map(|w| (w[1] - w[0]).abs()).sum::<i64>() / N as i64
         };
-        assert!(step(pct(90.0)) * 3 < step(Prob(0)), "{} vs {}", step(pct(90.0)), step(Prob(0)));
+        assert!(
+            step(pct(90.0)) * 3 < step(Prob(0)),
+            "{} vs {}",
+            step(pct(90.0)),
+            step(Prob(0))
+        );
     }
 
     #[test]
@@ -714,9 +715,19 @@ mod tests {
         };
         let mut slots = Slots::new(cfg);
         let mut rng = Prng::new(13);
-        // Ten frames ready at once leave four, four and two at slot boundaries.
+        // Ten frames ready at once leave four, four and two at slot openings.
         let at: Vec<u64> = (0..10).map(|_| slots.release(0, 1500, &mut rng)).collect();
-        assert_eq!(at, [0, 0, 0, 0, 1_000, 1_000, 1_000, 1_000, 2_000, 2_000]);
+        assert_eq!(
+            at,
+            [1_000, 1_000, 1_000, 1_000, 2_000, 2_000, 2_000, 2_000, 3_000, 3_000]
+        );
+        // A frame after the pending slot opened finds it stale: a new one from its time.
+        assert_eq!(slots.release(10_000, 100, &mut rng), 11_000);
+        assert_eq!(
+            slots.release(10_500, 100, &mut rng),
+            11_000,
+            "waits for the pending slot"
+        );
         // A byte budget closes a slot too.
         let mut slots = Slots::new(SlotConfig {
             bytes: Some(3000),
@@ -724,7 +735,7 @@ mod tests {
             ..cfg
         });
         let at: Vec<u64> = (0..4).map(|_| slots.release(0, 1500, &mut rng)).collect();
-        assert_eq!(at, [0, 0, 1_000, 1_000]);
+        assert_eq!(at, [1_000, 1_000, 2_000, 2_000]);
         // Gaps between min and max.
         let mut slots = Slots::new(SlotConfig {
             min_us: 500,

@@ -55,10 +55,16 @@ pub struct LinkImpairments {
     /// weft: added latency, e.g. "20ms" (us, ms, s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay: Option<String>,
-    /// weft: random variation of the delay, e.g. "2ms" (needs a delay).
+    /// weft: variation of the delay, e.g. "2ms", and optionally how successive delays
+    /// are correlated, "2ms 25%" (needs a delay).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter: Option<String>,
-    /// weft: frames lost, e.g. "1%".
+    /// weft: the delay's distribution: "uniform" (the default), "normal", "pareto",
+    /// "paretonormal" (needs a jitter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<String>,
+    /// weft: frames lost, e.g. "1%", "1% 25%" (correlated), "gemodel 1% 10% 70% 0.1%"
+    /// (Gilbert-Elliott), "state 1% 20%" (netem's 4-state model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<String>,
     /// weft: sending rate, e.g. "100mbit" (bit, kbit, mbit, gbit; bps… for bytes).
@@ -73,6 +79,14 @@ pub struct LinkImpairments {
     /// weft: frames sent ahead of delayed ones, e.g. "5%" (needs a delay).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reorder: Option<String>,
+    /// weft: frames released in bursts, e.g. "800us 1ms packets 32" (MIN [MAX]
+    /// [packets N] [bytes B]), as Wi-Fi and cellular links send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
+    /// weft: "on" marks an ECN-capable frame Congestion Experienced instead of losing
+    /// it (needs a loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecn: Option<String>,
 }
 
 impl LinkImpairments {
@@ -81,11 +95,14 @@ impl LinkImpairments {
         let given = [
             ("delay", &self.delay),
             ("jitter", &self.jitter),
+            ("distribution", &self.distribution),
             ("loss", &self.loss),
             ("rate", &self.rate),
             ("corrupt", &self.corrupt),
             ("duplicate", &self.duplicate),
             ("reorder", &self.reorder),
+            ("slot", &self.slot),
+            ("ecn", &self.ecn),
         ];
         weft_link::Impairment::from_params(given.into_iter().filter_map(|(k, v)| v.as_deref().map(|v| (k, v))))
     }

@@ -217,6 +217,14 @@ impl WireKernel for HostWireKernel {
         let Ok((_, mut nl)) = pod(netns) else {
             return Ok(Emulated::NoSuchEnd);
         };
+        if !imp.netem_expressible() {
+            // Models, correlations, distributions, slots and ECN run in weft's detour on
+            // any kernel (weft's netem writer does not encode them yet): no netem.
+            return match kwire::set_netem(&mut nl, intf, None)? {
+                Emulated::NoSuchEnd => Ok(Emulated::NoSuchEnd),
+                Emulated::Applied | Emulated::Unsupported => Ok(Emulated::Unsupported),
+            };
+        }
         let netem = (!imp.is_empty()).then(|| netem_of(imp));
         kwire::set_netem(&mut nl, intf, netem.as_ref())
     }

@@ -41,24 +41,38 @@ pub struct ImpairArgs {
     /// Added latency (e.g. 20ms; us, ms, s).
     #[arg(long)]
     delay: Option<String>,
-    /// Random variation of the delay (e.g. 2ms; needs --delay).
+    /// Variation of the delay, optionally with the correlation of successive delays
+    /// (e.g. 2ms, "2ms 25%"; needs --delay).
     #[arg(long)]
     jitter: Option<String>,
-    /// Frames lost (e.g. 1%).
+    /// The delay's distribution: uniform (default), normal, pareto, paretonormal
+    /// (needs --jitter).
+    #[arg(long)]
+    distribution: Option<String>,
+    /// Frames lost: "1%", "1% 25%" (correlated), "gemodel P [R [1-H [1-K]]]"
+    /// (Gilbert-Elliott), "state P13 [P31 [P32 [P23 [P14]]]]" (4-state Markov).
     #[arg(long)]
     loss: Option<String>,
     /// Sending rate (e.g. 100mbit; bit, kbit, mbit, gbit, or bps, kbps… for bytes).
     #[arg(long)]
     rate: Option<String>,
-    /// Frames corrupted (e.g. 0.1%).
+    /// Frames corrupted (e.g. 0.1%, "0.1% 25%" correlated).
     #[arg(long)]
     corrupt: Option<String>,
-    /// Frames duplicated (e.g. 0.1%).
+    /// Frames duplicated (e.g. 0.1%, "0.1% 25%" correlated).
     #[arg(long)]
     duplicate: Option<String>,
-    /// Frames sent ahead of delayed ones (e.g. 5%; needs --delay).
+    /// Frames sent ahead of delayed ones (e.g. 5%, "5% 50%"; needs --delay).
     #[arg(long)]
     reorder: Option<String>,
+    /// Frames released in bursts: "MIN [MAX] [packets N] [bytes B]" (e.g. "800us 1ms
+    /// packets 32").
+    #[arg(long)]
+    slot: Option<String>,
+    /// "on": an ECN-capable frame is marked Congestion Experienced instead of lost
+    /// (needs --loss).
+    #[arg(long)]
+    ecn: Option<String>,
 }
 
 impl ImpairArgs {
@@ -68,11 +82,14 @@ impl ImpairArgs {
         let given = weft_topology::LinkImpairments {
             delay: self.delay.clone(),
             jitter: self.jitter.clone(),
+            distribution: self.distribution.clone(),
             loss: self.loss.clone(),
             rate: self.rate.clone(),
             corrupt: self.corrupt.clone(),
             duplicate: self.duplicate.clone(),
             reorder: self.reorder.clone(),
+            slot: self.slot.clone(),
+            ecn: self.ecn.clone(),
         };
         Ok(given.parse()?)
     }
@@ -87,7 +104,7 @@ pub enum LinkAction {
         #[command(flatten)]
         link: LinkArgs,
         #[command(flatten)]
-        impair: ImpairArgs,
+        impair: Box<ImpairArgs>,
     },
     /// Back to the topology's impairment in both directions.
     Reset {
@@ -408,10 +425,13 @@ mod tests {
             corrupt: None,
             duplicate: None,
             reorder: None,
+            distribution: Some("normal".into()),
+            slot: None,
+            ecn: None,
         };
         assert_eq!(
             args.impairment().unwrap().to_string(),
-            "delay 20ms jitter 2ms rate 100mbit"
+            "delay 20ms jitter 2ms distribution normal rate 100mbit"
         );
         let bad = ImpairArgs {
             loss: Some("lots".into()),

@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use weft_kernel::packet;
 use weft_link::Impairment;
+use weft_link::model::{Correlated, DelayDraw, Distribution, Loss, LossModel, Prng, Prob, Slots};
 use weft_rpc::wire::Frame;
 
 use super::outbox::Outbox;
@@ -69,27 +70,59 @@ impl Ord for Held {
     }
 }
 
-/// The decisions' state: the random generator and when the rate lets the next frame go.
+/// The decisions' state: the seeded generator, each model's state between frames, and
+/// when the rate lets the next frame go.
 struct Pacing {
-    rng: u64,
+    rng: Prng,
+    loss: Option<Loss>,
+    corrupt: Correlated,
+    duplicate: Correlated,
+    reorder: Correlated,
+    delay: Option<DelayDraw>,
+    slots: Option<Slots>,
+    /// The slots' clock starts here (they count microseconds).
+    epoch: Instant,
     next_free: Instant,
     seq: u64,
 }
 
 impl Pacing {
-    /// xorshift64*: emulation needs cheap, uniform draws, not cryptographic ones.
-    fn next(&mut self) -> u64 {
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    fn new(imp: &Impairment, seed: u64) -> Self {
+        let ppm = |v: Option<u32>| Prob::from_ppm(v.unwrap_or(0));
+        let loss = match (imp.loss_model, imp.loss_ppm) {
+            (Some(m), _) => Some(Loss::new(m.model())),
+            (None, Some(p)) if p > 0 => Some(Loss::new(LossModel::Random {
+                p: Prob::from_ppm(p),
+                corr: ppm(imp.loss_corr_ppm),
+            })),
+            (None, _) => None,
+        };
+        let delay = imp.delay_us.filter(|d| *d > 0).map(|d| {
+            DelayDraw::new(
+                d,
+                imp.jitter_us.unwrap_or(0),
+                imp.distribution.unwrap_or(Distribution::Uniform),
+                ppm(imp.jitter_corr_ppm),
+            )
+        });
+        let now = Instant::now();
+        Pacing {
+            rng: Prng::new(seed),
+            loss,
+            corrupt: Correlated::new(ppm(imp.corrupt_corr_ppm)),
+            duplicate: Correlated::new(ppm(imp.duplicate_corr_ppm)),
+            reorder: Correlated::new(ppm(imp.reorder_corr_ppm)),
+            delay,
+            slots: imp.slot.map(Slots::new),
+            epoch: now,
+            next_free: now,
+            seq: 0,
+        }
     }
 
-    /// True with probability `ppm` parts per million.
-    fn hit(&mut self, ppm: Option<u32>) -> bool {
-        ppm.is_some_and(|p| p > 0 && (self.next() % 1_000_000) < u64::from(p))
+    /// A 64-bit draw (corruption picks a byte and a bit with it).
+    fn draw(&mut self) -> u64 {
+        (u64::from(self.rng.next_u32()) << 32) | u64::from(self.rng.next_u32())
     }
 }
 
@@ -118,12 +151,8 @@ impl Impairer {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
         Arc::new(Impairer {
+            pacing: Mutex::new(Pacing::new(&imp, seed)),
             imp,
-            pacing: Mutex::new(Pacing {
-                rng: seed | 1,
-                next_free: Instant::now(),
-                seq: 0,
-            }),
             held: tx,
             releaser,
         })
@@ -136,32 +165,42 @@ impl Impairer {
         let now = Instant::now();
         let mut now_frames = Vec::with_capacity(burst.len());
         let mut p = self.pacing.lock().expect("pacing lock");
+        let p = &mut *p;
         for mut f in burst.drain(..) {
-            if p.hit(imp.loss_ppm) {
-                continue;
+            if p.loss.as_mut().is_some_and(|l| l.lost(&mut p.rng)) {
+                // With `ecn`, an ECN-capable frame is marked instead of lost.
+                match imp.ecn.then(|| mark_ce(&f.data)).flatten() {
+                    Some(marked) => f.data = marked,
+                    None => continue,
+                }
             }
-            if p.hit(imp.corrupt_ppm) {
-                f.data = corrupt(&f.data, p.next());
+            if p.corrupt.hit(Prob::from_ppm(imp.corrupt_ppm.unwrap_or(0)), &mut p.rng) {
+                f.data = corrupt(&f.data, p.draw());
             }
-            let copies = if p.hit(imp.duplicate_ppm) { 2 } else { 1 };
+            let copies = if p
+                .duplicate
+                .hit(Prob::from_ppm(imp.duplicate_ppm.unwrap_or(0)), &mut p.rng)
+            {
+                2
+            } else {
+                1
+            };
             // Pacing: the frame leaves once the ones before it have, at the rate.
             let mut at = now;
+            let bytes = f.data.len().saturating_sub(packet::VNET_HDR_LEN) as u64;
             if let Some(bps) = imp.rate_bps {
-                let bytes = f.data.len().saturating_sub(packet::VNET_HDR_LEN) as u64;
                 let tx = Duration::from_nanos(bytes * 8 * 1_000_000_000 / bps.max(1));
                 let start = p.next_free.max(now);
                 p.next_free = start + tx;
                 at = p.next_free;
             }
-            let reordered = p.hit(imp.reorder_ppm);
-            if !reordered && let Some(d) = imp.delay_us.filter(|d| *d > 0) {
-                let jitter = imp.jitter_us.unwrap_or(0) as i64;
-                let j = if jitter > 0 {
-                    (p.next() % (2 * jitter as u64 + 1)) as i64 - jitter
-                } else {
-                    0
-                };
-                at += Duration::from_micros((d as i64 + j).max(0) as u64);
+            let reordered = p.reorder.hit(Prob::from_ppm(imp.reorder_ppm.unwrap_or(0)), &mut p.rng);
+            if !reordered && let Some(d) = p.delay.as_mut() {
+                at += Duration::from_micros(d.next(&mut p.rng));
+            }
+            if let Some(slots) = p.slots.as_mut() {
+                let ready = at.saturating_duration_since(p.epoch).as_micros() as u64;
+                at = p.epoch + Duration::from_micros(slots.release(ready, bytes, &mut p.rng));
             }
             for _ in 0..copies {
                 let frame = f.clone();
@@ -176,6 +215,45 @@ impl Impairer {
         }
         *burst = now_frames;
     }
+}
+
+/// A copy of `data` with its IP header's ECN field set to Congestion Experienced, if
+/// the frame is IPv4 or IPv6 and ECN-capable (ECT(0) or ECT(1)); `None` otherwise
+/// (the frame is then lost, as netem's `ecn` does).
+fn mark_ce(data: &Bytes) -> Option<Bytes> {
+    let eth = packet::VNET_HDR_LEN;
+    let ip = eth + ETH_HEADER;
+    let ethertype = u16::from_be_bytes([*data.get(eth + 12)?, *data.get(eth + 13)?]);
+    let mut b = BytesMut::from(&data[..]);
+    match ethertype {
+        0x0800 => {
+            let tos = *b.get(ip + 1)?;
+            if tos & 3 == 0 || b.len() < ip + 20 {
+                return None;
+            }
+            if tos & 3 != 3 {
+                // RFC 1624's incremental checksum: HC' = ~(~HC + ~m + m').
+                let old = u16::from_be_bytes([b[ip], tos]);
+                let new = u16::from_be_bytes([b[ip], tos | 3]);
+                let hc = u16::from_be_bytes([b[ip + 10], b[ip + 11]]);
+                let mut sum = u32::from(!hc) + u32::from(!old) + u32::from(new);
+                while sum > 0xffff {
+                    sum = (sum & 0xffff) + (sum >> 16);
+                }
+                b[ip + 1] = tos | 3;
+                b[ip + 10..ip + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+            }
+        }
+        0x86dd => {
+            let byte = *b.get(ip + 1)?;
+            if (byte >> 4) & 3 == 0 {
+                return None;
+            }
+            b[ip + 1] = byte | 0x30;
+        }
+        _ => return None,
+    }
+    Some(b.freeze())
 }
 
 /// A copy of `data` with one bit flipped past the virtio-net and Ethernet headers.
@@ -218,21 +296,81 @@ mod tests {
     use super::*;
 
     #[test]
-    fn draws_hit_at_their_rate_and_corruption_spares_the_headers() {
-        let mut p = Pacing {
-            rng: 42,
-            next_free: Instant::now(),
-            seq: 0,
-        };
-        let hits = (0..100_000).filter(|_| p.hit(Some(100_000))).count();
-        assert!((9_000..11_000).contains(&hits), "{hits}");
-        assert!(!(0..1000).any(|_| p.hit(None) || p.hit(Some(0))));
+    fn corruption_spares_the_headers() {
+        let mut rng = Prng::new(42);
         let data = Bytes::from(vec![0u8; 100]);
-        for draw in 0..64 {
-            let c = corrupt(&data, p.next() ^ draw);
+        for _ in 0..64 {
+            let draw = (u64::from(rng.next_u32()) << 32) | u64::from(rng.next_u32());
+            let c = corrupt(&data, draw);
             let diff: Vec<usize> = (0..100).filter(|i| c[*i] != 0).collect();
             assert_eq!(diff.len(), 1);
             assert!(diff[0] >= packet::VNET_HDR_LEN + ETH_HEADER);
         }
+    }
+
+    /// A frame: virtio-net header, Ethernet with `ethertype`, then `ip`.
+    fn frame(ethertype: u16, ip: &[u8]) -> Bytes {
+        let mut f = vec![0u8; packet::VNET_HDR_LEN + 12];
+        f.extend_from_slice(&ethertype.to_be_bytes());
+        f.extend_from_slice(ip);
+        Bytes::from(f)
+    }
+
+    fn checksum(h: &[u8]) -> u16 {
+        let mut sum: u32 = h.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    #[test]
+    fn ecn_capable_frames_are_marked_and_their_checksum_stays_right() {
+        let mut v4 = [
+            0x45u8, 0x02, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
+        let c = checksum(&v4);
+        v4[10..12].copy_from_slice(&c.to_be_bytes());
+        let marked = mark_ce(&frame(0x0800, &v4)).expect("ECT(0) is marked");
+        let ip = &marked[packet::VNET_HDR_LEN + ETH_HEADER..];
+        assert_eq!(ip[1] & 3, 3, "CE");
+        assert_eq!(checksum(&ip[..20]), 0, "the header still sums right");
+        let mut not_ect = v4;
+        not_ect[1] = 0;
+        assert_eq!(mark_ce(&frame(0x0800, &not_ect)), None, "not ECN-capable: lost");
+        let v6 = [0x60u8, 0x10, 0, 0, 0, 0, 17, 64];
+        let marked = mark_ce(&frame(0x86dd, &v6)).expect("ECT(1) is marked");
+        assert_eq!((marked[packet::VNET_HDR_LEN + ETH_HEADER + 1] >> 4) & 3, 3);
+        assert_eq!(mark_ce(&frame(0x0806, &[0; 28])), None, "ARP is not IP");
+    }
+
+    /// The frames that get through an impairment, over 100,000 of them: the loss rate
+    /// and the mean length of loss bursts the model gives (the detour's decisions,
+    /// without its clock).
+    #[test]
+    fn the_pacing_applies_the_loss_models() {
+        let through = |params: &[(&str, &str)]| {
+            let imp = Impairment::from_params(params.iter().copied()).unwrap();
+            let mut p = Pacing::new(&imp, 7);
+            let (mut lost, mut bursts, mut in_burst) = (0usize, 0usize, false);
+            for _ in 0..100_000 {
+                let l = p.loss.as_mut().is_some_and(|l| l.lost(&mut p.rng));
+                lost += usize::from(l);
+                bursts += usize::from(l && !in_burst);
+                in_burst = l;
+            }
+            (lost as f64 / 1e5, lost as f64 / bursts.max(1) as f64)
+        };
+        let (rate, burst) = through(&[("loss", "gemodel 1% 10%")]);
+        assert!(
+            (rate - 1.0 / 11.0).abs() < 0.01 && (burst - 10.0).abs() < 1.0,
+            "{rate} {burst}"
+        );
+        let (rate, burst) = through(&[("loss", "2% 50%")]);
+        assert!(
+            (rate - 0.02).abs() < 0.004 && (burst - 1.0 / (0.5 * 0.98)).abs() < 0.2,
+            "{rate} {burst}"
+        );
+        assert_eq!(through(&[("delay", "1ms")]), (0.0, 0.0));
     }
 }
