@@ -13,6 +13,7 @@ use std::str::FromStr;
 pub mod capture;
 pub mod impair;
 pub mod model;
+pub mod scenario;
 pub mod status;
 
 pub use capture::CapturedFrame;

@@ -548,3 +548,69 @@ fn loss_models_delay_distributions_and_slots_through_the_detour() {
     emu.weftctl(&["link", "reset", "a1", "e1"]);
     emu.weftctl(&["link", "reset", "b1", "e3"]);
 }
+
+/// A scenario (`weftctl link scenario run`): a set, a down and an up, a ramp of the
+/// delay in five changes, then a step on a link that does not exist. Every change is
+/// made at its time (how late each was is printed), the failing step stops the run
+/// with its number and link named, and the link stays as the last change set it.
+#[test]
+fn a_scenario_runs_its_steps_on_time_and_stops_at_a_failing_one() {
+    let _lab = crate::one_lab();
+    if !privileged() {
+        return;
+    }
+    let dir = TempDir::new("scenario");
+    let emu = up("scn", &dir);
+    let file = dir.path().join("scenario.yaml");
+    std::fs::write(
+        &file,
+        "name: t\nsteps:\n\
+         - {at: 0s, links: [a1:e1], set: {delay: 5ms}}\n\
+         - {at: 300ms, links: [a1:e1], down: true}\n\
+         - {at: 600ms, links: [a1:e1], up: true}\n\
+         - {at: 700ms, links: [a1:e1], ramp: {param: delay, from: 10ms, to: 30ms, over: 400ms, every: 100ms}}\n\
+         - {at: 1300ms, links: [a1:nope], down: true}\n",
+    )
+    .unwrap();
+    let out = Command::new(bin("weftctl"))
+        .env("WEFT_LAB_DIR", &emu.lab_dir)
+        .args(["--json", "link", "scenario", "run"])
+        .arg(&file)
+        .arg("--lab")
+        .arg(&emu.file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the failing step fails the run: {stdout}");
+    assert!(
+        stderr.contains("step 5 (due at 1.300s, down) failed on a1:nope"),
+        "{stderr}"
+    );
+    let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let actions: Vec<&str> = lines.iter().map(|l| l["action"].as_str().unwrap()).collect();
+    assert_eq!(
+        actions,
+        [
+            "set delay 5ms",
+            "down",
+            "up",
+            "set delay 10ms",
+            "set delay 15ms",
+            "set delay 20ms",
+            "set delay 25ms",
+            "set delay 30ms"
+        ]
+    );
+    let late: Vec<f64> = lines.iter().map(|l| l["late_ms"].as_f64().unwrap()).collect();
+    let worst = late.iter().fold(0.0f64, |a, b| a.max(*b));
+    eprintln!("scenario: each change made {late:?} ms after it was due (worst {worst:.1} ms)");
+    assert!(worst < 250.0, "a change {worst} ms late");
+    let show = emu.weftctl(&["--json", "link", "show", "a1"]);
+    let e1 = show
+        .split("\n}\n")
+        .find(|o| o.contains("\"intf\": \"e1\""))
+        .unwrap_or_else(|| panic!("{show}"));
+    assert!(e1.contains("\"delay\": \"30ms\""), "the last change stays: {e1}");
+    assert!(e1.contains("\"down_by_intent\": false"), "{e1}");
+}

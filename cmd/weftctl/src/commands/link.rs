@@ -1,7 +1,8 @@
 //! `weftctl link`: link emulation at run time. Impairments (`set`, `reset`), state by
-//! intent (`down`, `up`, `flap`) and what is in force (`show`), asked of the daemon of
-//! the pod's node: the one at `--socket`, or, given `--lab FILE`, the lab's node the
-//! pod runs on. Each change applies to both ends of the link and survives restarts.
+//! intent (`down`, `up`, `flap`), timed scenarios of both (`scenario run`) and what is
+//! in force (`show`), asked of the daemon of the pod's node: the one at `--socket`, or,
+//! given `--lab FILE`, the lab's node the pod runs on. Each change applies to both ends
+//! of the link and survives restarts.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -133,6 +134,12 @@ pub enum LinkAction {
         #[arg(long, default_value_t = 5)]
         count: u32,
     },
+    /// Timed scenarios: a file's timeline of link changes (set, ramp, down, up, reset,
+    /// repeated), each at its time.
+    Scenario {
+        #[command(subcommand)]
+        action: ScenarioAction,
+    },
     /// The links of a pod (or of every pod of the node, or of the lab) with their
     /// impairment and state.
     Show {
@@ -140,6 +147,25 @@ pub enum LinkAction {
         pod: Option<String>,
         #[command(flatten)]
         target: Target,
+    },
+}
+
+/// `weftctl link scenario` actions.
+#[derive(Debug, Subcommand)]
+pub enum ScenarioAction {
+    /// Runs FILE: every change at its time from now, each logged with when it was due
+    /// and when it was made. Ctrl-C stops it; a change that fails stops it with the
+    /// step named. Either way the links stay as the changes made so far set them.
+    Run {
+        /// The scenario file (YAML; see docs/emulation.md).
+        file: PathBuf,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Checks FILE and prints its timeline without changing anything.
+    Check {
+        /// The scenario file.
+        file: PathBuf,
     },
 }
 
@@ -226,6 +252,7 @@ pub async fn run(action: LinkAction, socket: &Path, json: bool) -> anyhow::Resul
             }
             Ok(())
         }
+        LinkAction::Scenario { action } => scenario(action, socket, json).await,
         LinkAction::Show { pod, target } => {
             let mut links = Vec::new();
             for s in sockets(socket, &target, pod.as_deref())? {
@@ -243,6 +270,142 @@ pub async fn run(action: LinkAction, socket: &Path, json: bool) -> anyhow::Resul
             print_all(&links, json)
         }
     }
+}
+
+/// Reads a scenario file into its timeline (checked whole).
+fn timeline(file: &Path) -> anyhow::Result<(String, Vec<weft_link::scenario::Change>)> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let sc = weft_link::scenario::Scenario::from_yaml(&text).with_context(|| file.display().to_string())?;
+    let t = sc.timeline().with_context(|| file.display().to_string())?;
+    Ok((sc.name, t))
+}
+
+/// One end named `[namespace/]pod:intf`, with where its daemon is.
+fn named_link(name: &str, target: &Target) -> LinkArgs {
+    let (ns, rest) = match name.split_once('/') {
+        Some((ns, rest)) => (Some(ns.to_string()), rest),
+        None => (target.namespace.clone(), name),
+    };
+    let (pod, intf) = rest.split_once(':').unwrap_or((rest, ""));
+    LinkArgs {
+        pod: pod.into(),
+        intf: intf.into(),
+        target: Target {
+            namespace: ns,
+            ..target.clone()
+        },
+    }
+}
+
+/// Makes one change of a scenario on one link.
+async fn change(socket: &Path, link: &LinkArgs, action: &weft_link::scenario::Action) -> anyhow::Result<()> {
+    use weft_link::scenario::Action;
+    match action {
+        Action::Set(imp) => {
+            let req = LinkSetRequest {
+                link: link_ref(link),
+                impairment: imp.to_map().into_iter().collect(),
+            };
+            let info = one(socket, link)
+                .await?
+                .link_set(req)
+                .await
+                .map_err(|s| failed("cannot set", link, s))?
+                .into_inner();
+            anyhow::ensure!(info.problem.is_empty(), "not in force: {}", info.problem);
+        }
+        Action::Reset => {
+            let req = LinkResetRequest { link: link_ref(link) };
+            one(socket, link)
+                .await?
+                .link_reset(req)
+                .await
+                .map_err(|s| failed("cannot reset", link, s))?;
+        }
+        Action::Down => {
+            state(socket, link, false).await?;
+        }
+        Action::Up => {
+            state(socket, link, true).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `link scenario run|check`.
+async fn scenario(action: ScenarioAction, socket: &Path, json: bool) -> anyhow::Result<()> {
+    let (file, target) = match action {
+        ScenarioAction::Check { file } => {
+            let (name, t) = timeline(&file)?;
+            outln!("scenario {name:?}: {} changes", t.len());
+            for c in &t {
+                outln!(
+                    "{:>10.3}s  step {:<3} {:<40} {}",
+                    c.at.as_secs_f64(),
+                    c.step,
+                    c.action.to_string(),
+                    c.links.join(" ")
+                );
+            }
+            return Ok(());
+        }
+        ScenarioAction::Run { file, target } => (file, target),
+    };
+    let (name, t) = timeline(&file)?;
+    let start = tokio::time::Instant::now();
+    let mut latest = Duration::ZERO;
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    for (k, c) in t.iter().enumerate() {
+        tokio::select! {
+            _ = tokio::time::sleep_until(start + c.at) => {}
+            _ = &mut stop => {
+                bail!(
+                    "scenario {name:?} stopped before step {} (due at {:.3}s), {k} of {} changes made: the links stay as they set them",
+                    c.step, c.at.as_secs_f64(), t.len()
+                );
+            }
+        }
+        let made = start.elapsed();
+        for l in &c.links {
+            if let Err(e) = change(socket, &named_link(l, &target), &c.action).await {
+                bail!(
+                    "scenario {name:?}: step {} (due at {:.3}s, {}) failed on {l}: {e:#}; the links stay as the changes before it set them",
+                    c.step,
+                    c.at.as_secs_f64(),
+                    c.action
+                );
+            }
+        }
+        let late = made.saturating_sub(c.at);
+        latest = latest.max(late);
+        if json {
+            outln!(
+                "{}",
+                serde_json::json!({
+                    "scenario": name, "step": c.step, "action": c.action.to_string(), "links": c.links,
+                    "due_s": c.at.as_secs_f64(), "made_s": made.as_secs_f64(), "late_ms": late.as_secs_f64() * 1e3,
+                })
+            );
+        } else {
+            outln!(
+                "{:>10.3}s  (+{:.1} ms)  step {:<3} {:<40} {}",
+                made.as_secs_f64(),
+                late.as_secs_f64() * 1e3,
+                c.step,
+                c.action.to_string(),
+                c.links.join(" ")
+            );
+        }
+    }
+    if !json {
+        outln!(
+            "scenario {name:?} done: {} changes, the latest {:.1} ms after it was due",
+            t.len(),
+            latest.as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
 }
 
 /// The client of the daemon of `link`'s pod.
