@@ -315,7 +315,20 @@ impl Lab {
             ifname: "eth0",
             args: &args,
         };
-        let out = CniExec::new(&self.plugin).call(&node, &vars, &self.config(n))?;
+        // A runtime retries what the plugin calls transient (CNI code 11, "try again
+        // later": a daemon restarting, say), as kubelet retries a sandbox; so does the
+        // lab, a few times.
+        let mut out = CniExec::new(&self.plugin).call(&node, &vars, &self.config(n))?;
+        for attempt in 1..=4u64 {
+            let transient = !out.ok()
+                && serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                    .is_ok_and(|v| v.get("code").and_then(serde_json::Value::as_u64) == Some(11));
+            if !transient {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(250 * attempt));
+            out = CniExec::new(&self.plugin).call(&node, &vars, &self.config(n))?;
+        }
         if out.ok() {
             Ok(out.stdout)
         } else {
