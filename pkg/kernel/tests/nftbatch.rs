@@ -410,6 +410,12 @@ fn cases() -> Vec<Case> {
             exprs: |_| vec![Expr::CtMarkOr(0x0010_0000)],
         },
         Case {
+            text: "ct direction reply",
+            canonical: true,
+            set: None,
+            exprs: |_| vec![Expr::CtReply],
+        },
+        Case {
             text: "meta mark & 0x00400000 == 0x00000000",
             canonical: true,
             set: None,

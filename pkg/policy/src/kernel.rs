@@ -309,20 +309,27 @@ impl PolicyKernel for NftKernel {
         if on {
             // Answers forwarded to a pod, and answers a DNS server on the node sends
             // (the output hook); over UDP and TCP. Only a copy: nothing waits here.
+            // The chains are declared (a no-op when they exist), then their rules are
+            // replaced in one transaction: answers are never let past uncopied while
+            // the table is made so again (as it is after every read-back).
             weft_kernel::nft::run(
                 &["-f", "-"],
                 Some(&format!(
-                    "table inet {DNS_TABLE} {{\n  chain answers {{\n    type filter hook forward priority -10; policy accept;\n  }}\n  chain local_answers {{\n    type filter hook output priority -10; policy accept;\n  }}\n}}\nflush chain inet {DNS_TABLE} answers\nflush chain inet {DNS_TABLE} local_answers\n"
+                    "table inet {DNS_TABLE} {{\n  chain answers {{\n    type filter hook forward priority -10; policy accept;\n  }}\n  chain local_answers {{\n    type filter hook output priority -10; policy accept;\n  }}\n}}\n"
                 )),
             )
             .map_err(fail)?;
             let mut b = nb::Batch::new(DNS_TABLE);
             for chain in ["answers", "local_answers"] {
+                b.flush_chain(chain);
                 for proto in [nb::L4Proto::Udp, nb::L4Proto::Tcp] {
                     b.add_rule(
                         chain,
                         [
                             nb::Expr::Sport { proto, port: 53 },
+                            // Only a reply to a query the pod sent to that server: a
+                            // peer cannot teach the learner with answers nobody asked.
+                            nb::Expr::CtReply,
                             nb::Expr::Log {
                                 group: DNS_LOG_GROUP,
                                 prefix: "weft dns".into(),

@@ -164,6 +164,36 @@ fn names_allow_what_their_answers_gave_and_nothing_else() {
     // y is no subject: it reaches the outside without asking.
     assert!(lab.in_pod("y/a", || connect("198.51.100.30".parse().unwrap())).is_ok());
 
+    // A peer cannot teach the learner: an answer nobody asked for (y/a, from port 53,
+    // to x/a, giving api.example.test other.test's address) is not read.
+    let xa = lab
+        .lab
+        .0
+        .pod_addresses("x/a")
+        .into_iter()
+        .find(IpAddr::is_ipv4)
+        .expect("x/a's address");
+    let forged = weft_fqdn::answer::build::response(
+        "api.example.test",
+        weft_fqdn::answer::build::ResponseCode::NoError,
+        &[weft_fqdn::answer::build::Rec::Addr(
+            "api.example.test",
+            300,
+            "198.51.100.30".parse().unwrap(),
+        )],
+    );
+    lab.in_pod("y/a", || {
+        let s = UdpSocket::bind("0.0.0.0:53").unwrap();
+        for _ in 0..3 {
+            s.send_to(&forged, (xa, 40053)).unwrap();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        lab.in_pod("x/a", || connect("198.51.100.30".parse().unwrap())).is_err(),
+        "a forged answer opened other.test's address"
+    );
+
     // Exact, wildcard, CNAME: what the answer gave is allowed at once; the rest not.
     let allowed = |name: &str| -> Vec<(IpAddr, bool)> {
         lab.in_pod("x/a", || {

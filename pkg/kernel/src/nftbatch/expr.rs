@@ -70,6 +70,7 @@ const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 const NFT_CMP_EQ: u32 = 0;
 const NFT_CMP_LTE: u32 = 3;
 const NFT_CMP_GTE: u32 = 5;
+const NFT_CT_DIRECTION: u32 = 1;
 const NFT_CT_MARK: u32 = 3;
 const NFT_BYTEORDER_HTON: u32 = 1;
 const NFT_OBJECT_COUNTER: u32 = 1;
@@ -230,6 +231,9 @@ pub enum Expr {
     },
     /// `counter name "NAME"`: counts into a named counter of the table.
     Counter(String),
+    /// `ct direction reply`: the packet goes the way its connection's replies go (the
+    /// other end opened it).
+    CtReply,
     /// `meta mark & BITS == 0x00000000`: none of `BITS` is set in the packet's mark
     /// (a mark weft's verdict put on a packet it already held once).
     MarkClear(u32),
@@ -461,6 +465,14 @@ impl Expr {
                     attr(NFTA_OBJREF_IMM_NAME, &strz(name)),
                 ],
             )),
+            Expr::CtReply => {
+                out.push(expression(
+                    "ct",
+                    &[u32_attr(NFTA_CT_KEY, NFT_CT_DIRECTION), u32_attr(NFTA_CT_DREG, reg(0))],
+                ));
+                // IP_CT_DIR_REPLY, one byte.
+                out.push(cmp(NFT_CMP_EQ, &[1]));
+            }
             Expr::MarkClear(bits) => {
                 // The mark is a host-order word: (mark & bits) ^ 0 == 0.
                 out.push(meta(NFT_META_MARK, 0));
@@ -585,6 +597,7 @@ impl fmt::Display for Expr {
             } => write!(f, "oifname @{set}"),
             Expr::IfnamesInSet { set } => write!(f, "iifname . oifname @{set}"),
             Expr::Counter(name) => write!(f, "counter name \"{name}\""),
+            Expr::CtReply => f.write_str("ct direction reply"),
             Expr::MarkClear(bits) => write!(f, "meta mark & {bits:#010x} == 0x00000000"),
             Expr::CtMarkOr(bits) => write!(f, "ct mark set ct mark or {bits:#010x}"),
             Expr::Limit { rate, per, burst } => {
