@@ -323,6 +323,21 @@ fn payload(base: u32, offset: u32, len: u32, reg32: u32) -> Vec<u8> {
 }
 
 /// Compares register 1 with `value`.
+/// `reg 1 = (reg 1 & mask) ^ xor` on a host-order 32-bit word (a mark).
+fn bitwise(mask: u32, xor: u32) -> Vec<u8> {
+    expression(
+        "bitwise",
+        &[
+            u32_attr(NFTA_BITWISE_SREG, reg(0)),
+            u32_attr(NFTA_BITWISE_DREG, reg(0)),
+            u32_attr(NFTA_BITWISE_OP, 0),
+            u32_attr(NFTA_BITWISE_LEN, 4),
+            data(NFTA_BITWISE_MASK, &mask.to_ne_bytes()),
+            data(NFTA_BITWISE_XOR, &xor.to_ne_bytes()),
+        ],
+    )
+}
+
 fn cmp(op: u32, value: &[u8]) -> Vec<u8> {
     expression(
         "cmp",
@@ -476,17 +491,7 @@ impl Expr {
             Expr::MarkClear(bits) => {
                 // The mark is a host-order word: (mark & bits) ^ 0 == 0.
                 out.push(meta(NFT_META_MARK, 0));
-                out.push(expression(
-                    "bitwise",
-                    &[
-                        u32_attr(NFTA_BITWISE_SREG, reg(0)),
-                        u32_attr(NFTA_BITWISE_DREG, reg(0)),
-                        u32_attr(NFTA_BITWISE_OP, 0),
-                        u32_attr(NFTA_BITWISE_LEN, 4),
-                        data(NFTA_BITWISE_MASK, &bits.to_ne_bytes()),
-                        data(NFTA_BITWISE_XOR, &0u32.to_ne_bytes()),
-                    ],
-                ));
+                out.push(bitwise(*bits, 0));
                 out.push(cmp(NFT_CMP_EQ, &0u32.to_ne_bytes()));
             }
             Expr::CtMarkOr(bits) => {
@@ -495,17 +500,7 @@ impl Expr {
                     "ct",
                     &[u32_attr(NFTA_CT_KEY, NFT_CT_MARK), u32_attr(NFTA_CT_DREG, reg(0))],
                 ));
-                out.push(expression(
-                    "bitwise",
-                    &[
-                        u32_attr(NFTA_BITWISE_SREG, reg(0)),
-                        u32_attr(NFTA_BITWISE_DREG, reg(0)),
-                        u32_attr(NFTA_BITWISE_OP, 0),
-                        u32_attr(NFTA_BITWISE_LEN, 4),
-                        data(NFTA_BITWISE_MASK, &(!bits).to_ne_bytes()),
-                        data(NFTA_BITWISE_XOR, &bits.to_ne_bytes()),
-                    ],
-                ));
+                out.push(bitwise(!bits, *bits));
                 out.push(expression(
                     "ct",
                     &[u32_attr(NFTA_CT_KEY, NFT_CT_MARK), u32_attr(NFTA_CT_SREG, reg(0))],

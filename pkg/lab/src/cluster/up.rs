@@ -7,6 +7,12 @@ use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon, ip, w
 
 use super::{Lab, OUTSIDE_ADDRESS, OUTSIDE_ADDRESS6, OUTSIDE_GATEWAY, OUTSIDE_GATEWAY6, SEGMENT6};
 use crate::LabError;
+
+/// Sets one sysctl (`key=value`) inside namespace `ns`.
+fn sysctl(ns: &str, setting: &str) -> Result<(), LabError> {
+    ip(&["netns", "exec", ns, "sysctl", "-qw", setting])?;
+    Ok(())
+}
 use crate::process::proc_stat;
 use crate::spec::{NodeSpec, PodSpec, Underlay, WireSecurityMode};
 
@@ -43,7 +49,7 @@ impl Lab {
         let mtu = self.spec.underlay_mtu.to_string();
         if !NamedNetns::exists(&router) {
             NamedNetns::create(&router)?.keep();
-            ip(&["netns", "exec", &router, "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+            sysctl(&router, "net.ipv4.ip_forward=1")?;
             if self.spec.underlay == Underlay::Shared {
                 let gw = self.node_address(&self.spec.nodes[0]).0;
                 ip(&["-n", &router, "link", "add", "seg", "mtu", &mtu, "type", "bridge"])?;
@@ -67,22 +73,8 @@ impl Lab {
                 // No duplicate address detection on the lab's own link: a tentative
                 // link-local address would not do neighbour discovery for a second or
                 // two, and the first IPv6 packets to the outside would be lost.
-                ip(&[
-                    "netns",
-                    "exec",
-                    &router,
-                    "sysctl",
-                    "-qw",
-                    "net.ipv6.conf.out.accept_dad=0",
-                ])?;
-                ip(&[
-                    "netns",
-                    "exec",
-                    &outside,
-                    "sysctl",
-                    "-qw",
-                    "net.ipv6.conf.eth0.accept_dad=0",
-                ])?;
+                sysctl(&router, "net.ipv6.conf.out.accept_dad=0")?;
+                sysctl(&outside, "net.ipv6.conf.eth0.accept_dad=0")?;
             }
             ip(&["-n", &router, "link", "set", "out", "up"])?;
             ip(&[
@@ -112,14 +104,7 @@ impl Lab {
             if self.node_address6(&self.spec.nodes[0]).is_some() {
                 // IPv6 to the internet too, where the nodes have an IPv6 underlay: the
                 // router forwards, the outside routes back to the shared segment.
-                ip(&[
-                    "netns",
-                    "exec",
-                    &router,
-                    "sysctl",
-                    "-qw",
-                    "net.ipv6.conf.all.forwarding=1",
-                ])?;
+                sysctl(&router, "net.ipv6.conf.all.forwarding=1")?;
                 ip(&[
                     "-n",
                     &router,
