@@ -16,8 +16,9 @@ use weft_kernel::{Netlink, nft};
 
 const QUEUE: u16 = 4242;
 
-/// Loopback up, and `table inet weft-q` whose input chain queues UDP to `port`.
-fn queued_netns(port: u16) -> TempNetns {
+/// A namespace of the test's own with loopback up and `table inet weft-q`, whose input
+/// chain holds `rules` (written by the nfnetlink batch).
+fn netns_with(rules: Vec<Vec<Expr>>) -> TempNetns {
     let ns = TempNetns::new();
     ns.run(|| {
         let mut nl = Netlink::new().unwrap();
@@ -29,23 +30,27 @@ fn queued_netns(port: u16) -> TempNetns {
         )
         .unwrap();
         let mut b = Batch::new("weft-q");
-        b.add_rule(
-            "input",
-            [
-                Expr::Dport {
-                    proto: L4Proto::Udp,
-                    ports: port..=port,
-                },
-                Expr::Queue {
-                    num: QUEUE,
-                    bypass: true,
-                },
-            ],
-        );
+        for r in rules {
+            b.add_rule("input", r);
+        }
         b.commit(&mut Session::default())
             .expect("the compat queue rule is taken in an inet table");
     });
     ns
+}
+
+/// Loopback up, and `table inet weft-q` whose input chain queues UDP to `port`.
+fn queued_netns(port: u16) -> TempNetns {
+    netns_with(vec![vec![
+        Expr::Dport {
+            proto: L4Proto::Udp,
+            ports: port..=port,
+        },
+        Expr::Queue {
+            num: QUEUE,
+            bypass: true,
+        },
+    ]])
 }
 
 fn only_held(events: Vec<Event>) -> Vec<Queued> {
@@ -123,46 +128,29 @@ fn a_held_ipv6_packet_repeats_past_the_hold_too() {
 
 fn hold_and_repeat(local: &str) {
     let (logged_port, held_port, group, mark) = (40054u16, 40055u16, 4243u16, 0x0040_0000u32);
-    let ns = TempNetns::new();
-    ns.run(|| {
-        let mut nl = Netlink::new().unwrap();
-        let lo = nl.link_by_name("lo").unwrap().unwrap();
-        nl.set_up(lo.index, true).unwrap();
-        nft::run(
-            &["-f", "-"],
-            Some("table inet weft-q {\n chain input {\n  type filter hook input priority 0;\n }\n}\n"),
-        )
-        .unwrap();
-        let mut b = Batch::new("weft-q");
-        b.add_rule(
-            "input",
-            [
-                Expr::Dport {
-                    proto: L4Proto::Udp,
-                    ports: logged_port..=logged_port,
-                },
-                Expr::Log {
-                    group,
-                    prefix: "copy".into(),
-                },
-            ],
-        );
-        b.add_rule(
-            "input",
-            [
-                Expr::MarkClear(mark),
-                Expr::Dport {
-                    proto: L4Proto::Udp,
-                    ports: held_port..=held_port,
-                },
-                Expr::Queue {
-                    num: QUEUE,
-                    bypass: false,
-                },
-            ],
-        );
-        b.commit(&mut Session::default()).unwrap();
-    });
+    let ns = netns_with(vec![
+        vec![
+            Expr::Dport {
+                proto: L4Proto::Udp,
+                ports: logged_port..=logged_port,
+            },
+            Expr::Log {
+                group,
+                prefix: "copy".into(),
+            },
+        ],
+        vec![
+            Expr::MarkClear(mark),
+            Expr::Dport {
+                proto: L4Proto::Udp,
+                ports: held_port..=held_port,
+            },
+            Expr::Queue {
+                num: QUEUE,
+                bypass: false,
+            },
+        ],
+    ]);
     let (copied, receiver, sender) = ns.run(|| {
         let c = UdpSocket::bind((local, logged_port)).unwrap();
         let r = UdpSocket::bind((local, held_port)).unwrap();
