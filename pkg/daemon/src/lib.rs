@@ -11,6 +11,7 @@
 
 pub mod call;
 pub mod capture;
+pub mod changes;
 pub mod defaults;
 pub mod handler;
 pub mod locks;

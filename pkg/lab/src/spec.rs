@@ -85,6 +85,11 @@ pub struct LabSpec {
     /// namespace, at its address, which every pod's resolv.conf names). None: no DNS.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dns: Vec<DnsRecord>,
+    /// A scenario file (`weftctl link scenario`), relative to the lab file, that the
+    /// lab's bring-up starts once its pods are attached (in the background, logged to
+    /// the lab's `scenario.log`; `lab down` stops it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<PathBuf>,
 }
 
 /// A name of the lab's DNS: its addresses (the outside holds them, so they answer),

@@ -218,6 +218,53 @@ pub struct WireCounters {
     pub dropped: u64,
 }
 
+/// What a link's emulation did to the frames its end sent, counted by weft's own
+/// emulation (a link detour's or a gRPC end's worker): its drops are kept apart from
+/// the kernel's, which [`WireCounters::dropped`] counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct EmulationCounts {
+    /// Frames the loss model took (`loss`).
+    pub lost: u64,
+    /// Frames lost because the emulation's queue held its limit already.
+    pub overflow: u64,
+    /// ECN-capable frames marked Congestion Experienced instead of lost (`ecn`).
+    pub ecn_marked: u64,
+    /// Frames with a bit flipped (`corrupt`).
+    pub corrupted: u64,
+    /// Frames sent twice (`duplicate`).
+    pub duplicated: u64,
+    /// Frames sent at once, ahead of delayed ones (`reorder`).
+    pub reordered: u64,
+}
+
+impl EmulationCounts {
+    /// Each count with its name (the `outcome` label of `weft_wire_emulation_total`).
+    /// Destructured, so that a new count cannot be left out.
+    pub fn by_outcome(&self) -> [(&'static str, u64); 6] {
+        let Self {
+            lost,
+            overflow,
+            ecn_marked,
+            corrupted,
+            duplicated,
+            reordered,
+        } = *self;
+        [
+            ("lost", lost),
+            ("overflow", overflow),
+            ("ecn_marked", ecn_marked),
+            ("corrupted", corrupted),
+            ("duplicated", duplicated),
+            ("reordered", reordered),
+        ]
+    }
+
+    /// The emulation's own drops: lost and overflowed frames.
+    pub fn drops(&self) -> u64 {
+        self.lost + self.overflow
+    }
+}
+
 /// A wire end with its counters, as an operator sees it (`weftctl wires`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WireReport {
@@ -225,6 +272,9 @@ pub struct WireReport {
     pub end: WireEnd,
     /// Its interface's counters, when the interface could be read.
     pub counters: Option<WireCounters>,
+    /// What weft's own emulation did to what the end sent, when weft emulates it
+    /// (netem's work is the kernel's and shows in no such count).
+    pub emulation: Option<EmulationCounts>,
     /// Why the link is not up (pending, down by intent or failed); empty when it is.
     pub reason: String,
 }

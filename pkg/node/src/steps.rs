@@ -428,6 +428,7 @@ fn admin(
         .with_node_network(adapters::node_network_report(&s.nodenet, config.masquerade))
         .with_del_spool(s.spool.clone())
         .with_captures(weft_daemon::capture::Captures::default().with_metrics(metrics))
+        .with_link_changes(weft_daemon::changes::LinkChanges::default().with_metrics(metrics))
 }
 
 /// Serves: the HTTP endpoints, the socket (its end removes the socket and waits for

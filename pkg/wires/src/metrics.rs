@@ -96,6 +96,17 @@ pub struct ReloadLabels {
     pub result: &'static str,
 }
 
+/// [`WireLabels`] plus what the emulation did to a frame (one of
+/// [`weft_link::EmulationCounts::by_outcome`]'s names).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WireOutcomeLabels {
+    /// The wire.
+    #[prometheus(flatten)]
+    pub wire: WireLabels,
+    /// The outcome.
+    pub outcome: &'static str,
+}
+
 /// A state of a pod's link (`pending`, `up`, `down`, `failed`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LinkStateLabels {
@@ -111,6 +122,9 @@ pub struct WireMetrics {
     pub bytes: Family<WireDirLabels, Counter>,
     /// `weft_wire_drops_total`.
     pub drops: Family<WireDropLabels, Counter>,
+    /// `weft_wire_emulation_total`: what weft's own emulation did to an end's frames
+    /// (its drops apart from the kernel's).
+    pub emulation: Family<WireOutcomeLabels, Counter>,
     /// `weft_wire_up`.
     pub up: Family<WireLabels, Gauge>,
     /// `weft_wire_impairment`: the active setting of each parameter an end applies
@@ -160,6 +174,12 @@ impl WireMetrics {
                 reason,
             });
         }
+        for (outcome, _) in weft_link::EmulationCounts::default().by_outcome() {
+            self.emulation.remove(&WireOutcomeLabels {
+                wire: wire.clone(),
+                outcome,
+            });
+        }
     }
 }
 
@@ -190,6 +210,7 @@ impl Families for WireMetrics {
             frames: Family::default(),
             bytes: Family::default(),
             drops: Family::default(),
+            emulation: Family::default(),
             up: Family::default(),
             impairment: Family::default(),
             down_by_intent: Family::default(),
@@ -218,6 +239,11 @@ impl Families for WireMetrics {
             "weft_wire_drops",
             "Frames a wire end dropped, by reason",
             m.drops.clone(),
+        );
+        metrics.register(
+            "weft_wire_emulation",
+            "Frames weft's own link emulation acted on, by outcome: lost and overflow are the emulation's drops, apart from weft_wire_drops_total",
+            m.emulation.clone(),
         );
         metrics.register(
             "weft_wire_up",

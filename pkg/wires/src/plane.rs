@@ -43,6 +43,8 @@ pub trait GrpcPlane: Send + Sync + 'static {
     fn detour(&self, id: u64, imp: weft_link::Impairment, labels: WireLabels) -> Result<(), WireError>;
     /// Stops end `id`'s detour worker; returns whether it had one.
     fn undetour(&self, id: u64) -> bool;
+    /// What weft's emulation did to what end `id` sent, if weft emulates it.
+    fn emulation(&self, id: u64) -> Option<weft_link::EmulationCounts>;
 }
 
 impl GrpcPlane for DataPlane {
@@ -76,5 +78,9 @@ impl GrpcPlane for DataPlane {
 
     fn undetour(&self, id: u64) -> bool {
         DataPlane::undetour(self, id)
+    }
+
+    fn emulation(&self, id: u64) -> Option<weft_link::EmulationCounts> {
+        DataPlane::emulation(self, id)
     }
 }

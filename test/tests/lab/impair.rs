@@ -179,8 +179,14 @@ impl Emu {
 }
 
 fn up(tag: &str, dir: &TempDir) -> Emu {
+    up_with(tag, dir, "")
+}
+
+/// [`up`], with `more` (top-level keys) added to the lab file.
+fn up_with(tag: &str, dir: &TempDir, more: &str) -> Emu {
     let name = format!("wt{}{tag}", std::process::id());
-    let (lab, file, lab_dir) = weft_tests::load_lab(dir.path(), &name, &lab_file(&name));
+    let text = format!("{}{more}", lab_file(&name));
+    let (lab, file, lab_dir) = weft_tests::load_lab(dir.path(), &name, &text);
     let emu = Emu {
         lab: LabDown(lab),
         file,
@@ -560,7 +566,44 @@ fn a_scenario_runs_its_steps_on_time_and_stops_at_a_failing_one() {
         return;
     }
     let dir = TempDir::new("scenario");
-    let emu = up("scn", &dir);
+    // The lab file names a scenario of its own on b1:e3, which `lab up` starts: its
+    // last step is far off, so it still runs when the test stops it.
+    std::fs::write(
+        dir.path().join("bg.yaml"),
+        "name: bg\nsteps:\n\
+         - {at: 0s, links: [b1:e3], set: {delay: 7ms}}\n\
+         - {at: 200ms, links: [b1:e3], down: true}\n\
+         - {at: 400ms, links: [b1:e3], up: true}\n\
+         - {at: 600s, links: [b1:e3], reset: true}\n",
+    )
+    .unwrap();
+    let emu = up_with("scn", &dir, "scenario: bg.yaml\n");
+    let log = emu.lab.0.scenario_log();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&log).unwrap_or_default().lines().count() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the lab's scenario made no 3 steps: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(emu.lab.0.scenario_pid().is_some(), "the lab's scenario runs on");
+    let bg = emu.weftctl(&["--json", "link", "show", "b1"]);
+    let e3 = bg
+        .split("\n}\n")
+        .find(|o| o.contains("\"intf\": \"e3\""))
+        .unwrap_or_else(|| panic!("{bg}"));
+    assert!(e3.contains("\"delay\": \"7ms\""), "{e3}");
+    assert!(e3.contains(r#""what": "scenario \"bg\" step 3: up""#), "{e3}");
+    emu.lab.0.stop_scenario();
+    assert!(emu.lab.0.scenario_pid().is_none(), "stopped");
+    let ended = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        ended.contains("scenario \"bg\" stopped before step 4"),
+        "the log says where it stopped: {ended}"
+    );
+
     let file = dir.path().join("scenario.yaml");
     std::fs::write(
         &file,
@@ -613,4 +656,22 @@ fn a_scenario_runs_its_steps_on_time_and_stops_at_a_failing_one() {
         .unwrap_or_else(|| panic!("{show}"));
     assert!(e1.contains("\"delay\": \"30ms\""), "the last change stays: {e1}");
     assert!(e1.contains("\"down_by_intent\": false"), "{e1}");
+    // The steps are visible: which step made the link's last change, and the node's
+    // count of the scenario's changes (8 made; the failing one is not counted).
+    assert!(
+        e1.contains(r#""what": "scenario \"t\" step 4: set delay 30ms""#),
+        "link show names the step: {e1}"
+    );
+    let node = emu.lab.0.node_of("a1").unwrap().to_string();
+    let page = weft_tests::node_metrics(&emu.lab.0, &node);
+    assert!(
+        page.lines()
+            .any(|l| l == r#"weft_scenario_steps_total{scenario="t"} 8"#),
+        "{}",
+        page.lines()
+            .filter(|l| l.contains("scenario"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(page.lines().any(|l| l == r#"weft_scenario_step{scenario="t"} 4"#));
 }

@@ -12,7 +12,9 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use weft_link::Impairment;
 use weft_rpc::admin::admin_client::AdminClient;
-use weft_rpc::admin::{LinkInfo, LinkRef, LinkResetRequest, LinkSetRequest, LinkShowRequest, LinkStateRequest};
+use weft_rpc::admin::{
+    ChangeSource, LinkInfo, LinkRef, LinkResetRequest, LinkSetRequest, LinkShowRequest, LinkStateRequest,
+};
 
 /// Where the pod's daemon is, and which namespace the pod is in.
 #[derive(Debug, Clone, Args)]
@@ -211,6 +213,7 @@ pub async fn run(action: LinkAction, socket: &Path, json: bool) -> anyhow::Resul
             let req = LinkSetRequest {
                 link: link_ref(&link),
                 impairment: imp.to_map().into_iter().collect(),
+                source: None,
             };
             let info = one(socket, &link).await?.link_set(req).await;
             print_one(
@@ -220,7 +223,10 @@ pub async fn run(action: LinkAction, socket: &Path, json: bool) -> anyhow::Resul
             )
         }
         LinkAction::Reset { link } => {
-            let req = LinkResetRequest { link: link_ref(&link) };
+            let req = LinkResetRequest {
+                link: link_ref(&link),
+                source: None,
+            };
             let info = one(socket, &link).await?.link_reset(req).await;
             print_one(
                 info.map_err(|s| failed("cannot reset", &link, s))?.into_inner(),
@@ -228,8 +234,8 @@ pub async fn run(action: LinkAction, socket: &Path, json: bool) -> anyhow::Resul
                 true,
             )
         }
-        LinkAction::Down { link } => print_one(state(socket, &link, false).await?, json, false),
-        LinkAction::Up { link } => print_one(state(socket, &link, true).await?, json, false),
+        LinkAction::Down { link } => print_one(state(socket, &link, false, None).await?, json, false),
+        LinkAction::Up { link } => print_one(state(socket, &link, true, None).await?, json, false),
         LinkAction::Flap { link, every, count } => {
             if count == 0 {
                 bail!("--count must be at least 1");
@@ -237,7 +243,7 @@ pub async fn run(action: LinkAction, socket: &Path, json: bool) -> anyhow::Resul
             let start = Instant::now();
             for i in 1..=count {
                 for up in [false, true] {
-                    state(socket, &link, up).await?;
+                    state(socket, &link, up, None).await?;
                     outln!(
                         "{:>8.3}s  {}:{} {} ({i}/{count})",
                         start.elapsed().as_secs_f64(),
@@ -297,14 +303,21 @@ fn named_link(name: &str, target: &Target) -> LinkArgs {
     }
 }
 
-/// Makes one change of a scenario on one link.
-async fn change(socket: &Path, link: &LinkArgs, action: &weft_link::scenario::Action) -> anyhow::Result<()> {
+/// Makes one change of a scenario on one link, as step `source`.
+async fn change(
+    socket: &Path,
+    link: &LinkArgs,
+    action: &weft_link::scenario::Action,
+    source: ChangeSource,
+) -> anyhow::Result<()> {
     use weft_link::scenario::Action;
+    let source = Some(source);
     match action {
         Action::Set(imp) => {
             let req = LinkSetRequest {
                 link: link_ref(link),
                 impairment: imp.to_map().into_iter().collect(),
+                source,
             };
             let info = one(socket, link)
                 .await?
@@ -315,7 +328,10 @@ async fn change(socket: &Path, link: &LinkArgs, action: &weft_link::scenario::Ac
             anyhow::ensure!(info.problem.is_empty(), "not in force: {}", info.problem);
         }
         Action::Reset => {
-            let req = LinkResetRequest { link: link_ref(link) };
+            let req = LinkResetRequest {
+                link: link_ref(link),
+                source,
+            };
             one(socket, link)
                 .await?
                 .link_reset(req)
@@ -323,13 +339,37 @@ async fn change(socket: &Path, link: &LinkArgs, action: &weft_link::scenario::Ac
                 .map_err(|s| failed("cannot reset", link, s))?;
         }
         Action::Down => {
-            state(socket, link, false).await?;
+            state(socket, link, false, source).await?;
         }
         Action::Up => {
-            state(socket, link, true).await?;
+            state(socket, link, true, source).await?;
         }
     }
     Ok(())
+}
+
+/// How long a scenario waits for the links it names to be built before its clock
+/// starts.
+const LINKS_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether `link`'s pod has its links built on its node: the node knows the pod's
+/// links and none is pending. (An interface the pod does not have is then not waited
+/// for: its step fails when it is due, naming it.)
+async fn built(socket: &Path, link: &LinkArgs) -> bool {
+    let Ok(mut c) = one(socket, link).await else {
+        return false;
+    };
+    let Ok(reply) = c.wires(weft_rpc::admin::WiresRequest {}).await else {
+        return false;
+    };
+    let ns = link.target.namespace.as_deref();
+    let ends: Vec<_> = reply
+        .into_inner()
+        .wires
+        .into_iter()
+        .filter(|w| w.pod == link.pod && ns.is_none_or(|n| n == w.namespace))
+        .collect();
+    !ends.is_empty() && ends.iter().all(|w| w.state != "pending")
 }
 
 /// `link scenario run|check`.
@@ -352,6 +392,24 @@ async fn scenario(action: ScenarioAction, socket: &Path, json: bool) -> anyhow::
         ScenarioAction::Run { file, target } => (file, target),
     };
     let (name, t) = timeline(&file)?;
+    // Its clock starts once every link it names is built (a lab's scenario starts as
+    // soon as the pods are attached, before their wires are up).
+    let mut named: Vec<&String> = t.iter().flat_map(|c| c.links.iter()).collect();
+    named.sort();
+    named.dedup();
+    let deadline = tokio::time::Instant::now() + LINKS_WAIT;
+    for l in named {
+        let link = named_link(l, &target);
+        while !built(socket, &link).await {
+            if tokio::time::Instant::now() >= deadline {
+                bail!(
+                    "scenario {name:?}: the links of {l}'s pod were not built within {} s: nothing changed",
+                    LINKS_WAIT.as_secs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let start = tokio::time::Instant::now();
     let mut latest = Duration::ZERO;
     let stop = tokio::signal::ctrl_c();
@@ -368,7 +426,11 @@ async fn scenario(action: ScenarioAction, socket: &Path, json: bool) -> anyhow::
         }
         let made = start.elapsed();
         for l in &c.links {
-            if let Err(e) = change(socket, &named_link(l, &target), &c.action).await {
+            let source = ChangeSource {
+                scenario: name.clone(),
+                step: c.step as u32,
+            };
+            if let Err(e) = change(socket, &named_link(l, &target), &c.action, source).await {
                 bail!(
                     "scenario {name:?}: step {} (due at {:.3}s, {}) failed on {l}: {e:#}; the links stay as the changes before it set them",
                     c.step,
@@ -414,10 +476,12 @@ async fn one(socket: &Path, link: &LinkArgs) -> anyhow::Result<AdminClient<tonic
     client(&s[0]).await
 }
 
-async fn state(socket: &Path, link: &LinkArgs, up: bool) -> anyhow::Result<LinkInfo> {
+/// Takes `link` down or brings it up, as `source` asks (`None`: by hand).
+async fn state(socket: &Path, link: &LinkArgs, up: bool, source: Option<ChangeSource>) -> anyhow::Result<LinkInfo> {
     let req = LinkStateRequest {
         link: link_ref(link),
         up,
+        source,
     };
     let what = if up { "cannot bring up" } else { "cannot take down" };
     Ok(one(socket, link)
@@ -462,6 +526,9 @@ fn row_json(l: &LinkInfo) -> serde_json::Value {
         "topology": l.topology.iter().collect::<BTreeMap<_, _>>(),
         "overridden": l.overridden,
         "problem": l.problem,
+        "last_change": (!l.last_change.is_empty()).then(|| serde_json::json!({
+            "what": l.last_change, "at_ms": l.last_change_ms,
+        })),
     })
 }
 
@@ -531,6 +598,13 @@ fn print_all(links: &[LinkInfo], json: bool) -> anyhow::Result<()> {
         if !l.problem.is_empty() {
             source = format!("{source}; NOT IN FORCE: {}", l.problem);
         }
+        if !l.last_change.is_empty() {
+            source = format!(
+                "{source}; last change: {} at {}",
+                l.last_change,
+                clock(l.last_change_ms)
+            );
+        }
         outln!(
             "{:<24} {:<20} {:<6} {:<8} {:<10} {:<40} {source}",
             format!("{}/{}:{}", l.namespace, l.pod, l.intf),
@@ -542,6 +616,18 @@ fn print_all(links: &[LinkInfo], json: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `ms` since the Unix epoch as a UTC time of day with milliseconds (`12:00:01.234Z`).
+fn clock(ms: i64) -> String {
+    let day_ms = ms.rem_euclid(86_400_000);
+    format!(
+        "{:02}:{:02}:{:02}.{:03}Z",
+        day_ms / 3_600_000,
+        day_ms / 60_000 % 60,
+        day_ms / 1000 % 60,
+        day_ms % 1000
+    )
 }
 
 /// Marks the checks of link ends an operator took down (asked of every node of `lab`;
@@ -619,5 +705,7 @@ mod tests {
         assert_eq!(impairment_text(&l.topology), "-");
         assert_eq!(link_state(&l), "down(peer)");
         assert_eq!(row_json(&l)["active"]["delay"], "20ms");
+        assert_eq!(row_json(&l)["last_change"], serde_json::Value::Null);
+        assert_eq!(clock(86_400_000 * 3 + 3_723_004), "01:02:03.004Z");
     }
 }

@@ -12,11 +12,11 @@ use weft_cni::{CniError, Code};
 use weft_link::{DownBy, Impairment, LinkChange, LinkView, WireReport};
 use weft_rpc::admin::admin_server::Admin;
 use weft_rpc::admin::{
-    Call, CallsReply, CallsRequest, CaptureRequest, CapturedFrame as CapturedFrameMsg, HostPort as HostPortMsg,
-    LinkInfo, LinkRef as LinkRefMsg, LinkResetRequest, LinkSetRequest, LinkShowReply, LinkShowRequest,
-    LinkStateRequest, PolicyDeniesRequest, PolicyDeny, PolicyExplainReply, PolicyExplainRequest, PolicyState,
-    PortsReply, PortsRequest, RangeUsage as RangeUsageMsg, StatusReply, StatusRequest, WireEnd as WireEndMsg,
-    WiresReply, WiresRequest,
+    Call, CallsReply, CallsRequest, CaptureRequest, CapturedFrame as CapturedFrameMsg, ChangeSource as ChangeSourceMsg,
+    HostPort as HostPortMsg, LinkInfo, LinkRef as LinkRefMsg, LinkResetRequest, LinkSetRequest, LinkShowReply,
+    LinkShowRequest, LinkStateRequest, PolicyDeniesRequest, PolicyDeny, PolicyExplainReply, PolicyExplainRequest,
+    PolicyState, PortsReply, PortsRequest, RangeUsage as RangeUsageMsg, StatusReply, StatusRequest,
+    WireEnd as WireEndMsg, WiresReply, WiresRequest,
 };
 use weft_rpc::cnirpc::cni_server::Cni;
 use weft_rpc::cnirpc::{AddResponse, CheckResponse, CniArgs, DelResponse, GcResponse, StatusResponse};
@@ -25,6 +25,7 @@ use weft_telemetry::{CallInfo, CallLog, CniCallFields, Readiness};
 
 use crate::call::CniCall;
 use crate::capture::{Bounds, Captures};
+use crate::changes::{ChangeSource, LinkChanges};
 use crate::handler::Handler;
 use crate::seams::{AdminState, Ipam, LinkError, LinkRef, PodNetworking, Wiring};
 use crate::spool::DelSpool;
@@ -155,6 +156,7 @@ pub struct AdminService<S = Store> {
     policy: Option<Arc<dyn PolicyAdmin>>,
     flows: Option<Arc<dyn FlowsAdmin>>,
     trace: Option<Arc<dyn TraceAdmin>>,
+    changes: LinkChanges,
 }
 
 /// The frames of one capture as the admin service streams them.
@@ -231,7 +233,14 @@ impl<S: AdminState> AdminService<S> {
             policy: None,
             flows: None,
             trace: None,
+            changes: LinkChanges::default(),
         }
+    }
+
+    /// Keeps each link's last change in `changes` (and counts scenario steps there).
+    pub fn with_link_changes(mut self, changes: LinkChanges) -> Self {
+        self.changes = changes;
+        self
     }
 
     /// Traces probes through `trace`.
@@ -360,17 +369,18 @@ impl<S: AdminState> Admin for AdminService<S> {
     async fn link_set(&self, request: Request<LinkSetRequest>) -> Result<Response<LinkInfo>, Status> {
         let r = request.into_inner();
         let imp = Impairment::from_map(&r.impairment).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        self.link_change(r.link, LinkChange::Set(imp)).await
+        self.link_change(r.link, LinkChange::Set(imp), r.source).await
     }
 
     async fn link_reset(&self, request: Request<LinkResetRequest>) -> Result<Response<LinkInfo>, Status> {
-        self.link_change(request.into_inner().link, LinkChange::Reset).await
+        let r = request.into_inner();
+        self.link_change(r.link, LinkChange::Reset, r.source).await
     }
 
     async fn link_state(&self, request: Request<LinkStateRequest>) -> Result<Response<LinkInfo>, Status> {
         let r = request.into_inner();
         let change = if r.up { LinkChange::Up } else { LinkChange::Down };
-        self.link_change(r.link, change).await
+        self.link_change(r.link, change, r.source).await
     }
 
     async fn link_show(&self, request: Request<LinkShowRequest>) -> Result<Response<LinkShowReply>, Status> {
@@ -384,7 +394,7 @@ impl<S: AdminState> Admin for AdminService<S> {
             .await
             .map_err(|e| link_status(&e))?
             .into_iter()
-            .map(link_message)
+            .map(|v| self.link_message(v))
             .collect();
         Ok(Response::new(LinkShowReply { links }))
     }
@@ -527,7 +537,12 @@ fn frame_message(f: weft_link::CapturedFrame) -> CapturedFrameMsg {
 
 impl<S: AdminState> AdminService<S> {
     /// Runs one operator change of a link through the wiring.
-    async fn link_change(&self, link: Option<LinkRefMsg>, change: LinkChange) -> Result<Response<LinkInfo>, Status> {
+    async fn link_change(
+        &self,
+        link: Option<LinkRefMsg>,
+        change: LinkChange,
+        source: Option<ChangeSourceMsg>,
+    ) -> Result<Response<LinkInfo>, Status> {
         let Some(wiring) = &self.wiring else {
             return Err(Status::failed_precondition("this daemon wires no pods"));
         };
@@ -540,8 +555,32 @@ impl<S: AdminState> AdminService<S> {
             pod: link.pod,
             intf: link.intf,
         };
+        let what = match &change {
+            LinkChange::Set(imp) if imp.is_empty() => "set no impairment".to_string(),
+            LinkChange::Set(imp) => format!("set {imp}"),
+            LinkChange::Reset => "reset".into(),
+            LinkChange::Down => "down".into(),
+            LinkChange::Up => "up".into(),
+        };
         let view = wiring.link_change(target, change).await.map_err(|e| link_status(&e))?;
-        Ok(Response::new(link_message(view)))
+        let source = source.map_or_else(ChangeSource::default, |s| ChangeSource {
+            scenario: s.scenario,
+            step: s.step,
+        });
+        self.changes
+            .record(&view.end.namespace, view.end.link_uid, &source, &what);
+        Ok(Response::new(self.link_message(view)))
+    }
+
+    /// A wire end with its emulation settings as the admin API lists it (`weftctl
+    /// link show`), with its last change made through this node.
+    fn link_message(&self, v: LinkView) -> LinkInfo {
+        let last = self.changes.last(&v.end.namespace, v.end.link_uid);
+        let mut m = link_message(v);
+        if let Some(c) = last {
+            (m.last_change, m.last_change_ms) = (c.what, c.at_ms);
+        }
+        m
     }
 }
 
@@ -574,12 +613,22 @@ fn link_message(v: LinkView) -> LinkInfo {
         down: v.down.is_some(),
         down_by_peer: v.down == Some(DownBy::Peer),
         problem: v.problem.unwrap_or_default(),
+        last_change: String::new(),
+        last_change_ms: 0,
     }
 }
 
 /// A wire end with its counters as the admin API lists it (`weftctl wires`).
 fn wire_message(w: WireReport) -> WireEndMsg {
     let (e, c) = (w.end, w.counters.unwrap_or_default());
+    let emulation = w.emulation.map(|m| weft_rpc::admin::EmulationCounts {
+        lost: m.lost,
+        overflow: m.overflow,
+        ecn_marked: m.ecn_marked,
+        corrupted: m.corrupted,
+        duplicated: m.duplicated,
+        reordered: m.reordered,
+    });
     WireEndMsg {
         id: e.id,
         peer_id: e.peer_id,
@@ -600,6 +649,7 @@ fn wire_message(w: WireReport) -> WireEndMsg {
         rx_bytes: c.rx_bytes,
         dropped: c.dropped,
         reason: w.reason,
+        emulation,
     }
 }
 

@@ -239,6 +239,11 @@ fn a_wire_end_is_listed_with_its_names_and_counters() {
     let m = wire_message(WireReport {
         end: end.clone(),
         counters: Some(counters),
+        emulation: Some(weft_link::EmulationCounts {
+            lost: 5,
+            overflow: 1,
+            ..Default::default()
+        }),
         reason: String::new(),
     });
     assert_eq!(
@@ -252,6 +257,8 @@ fn a_wire_end_is_listed_with_its_names_and_counters() {
         (m.tx_frames, m.tx_bytes, m.rx_frames, m.rx_bytes, m.dropped),
         (1, 2, 3, 4, 5)
     );
+    let e = m.emulation.expect("emulation counts");
+    assert_eq!((e.lost, e.overflow, e.ecn_marked), (5, 1, 0));
 
     let m = wire_message(WireReport {
         end: WireEnd {
@@ -260,8 +267,10 @@ fn a_wire_end_is_listed_with_its_names_and_counters() {
             ..end
         },
         counters: None,
+        emulation: None,
         reason: "peer pod r2 is not running on any node yet".into(),
     });
     assert_eq!((m.kind.as_str(), m.vni, m.counted, m.tx_frames), ("grpc", 0, false, 0));
     assert_eq!(m.reason, "peer pod r2 is not running on any node yet");
+    assert!(m.emulation.is_none());
 }

@@ -60,6 +60,31 @@ pub struct Lab {
     state: PathBuf,
     weftd: PathBuf,
     plugin: PathBuf,
+    /// The lab file, absolute (a background scenario finds the lab through it).
+    file: PathBuf,
+    /// The scenario the bring-up starts, checked, absolute.
+    scenario: Option<PathBuf>,
+}
+
+/// Reads and checks a lab's scenario file: it parses, and every link it names is an end
+/// in a pod of the lab. Its absolute path.
+fn check_scenario(file: &Path, spec: &LabSpec) -> Result<PathBuf, String> {
+    let what = |e: &dyn std::fmt::Display| format!("scenario {}: {e}", file.display());
+    let text = fs::read_to_string(file).map_err(|e| what(&e))?;
+    let sc = weft_link::scenario::Scenario::from_yaml(&text).map_err(|e| what(&e))?;
+    for c in sc.timeline().map_err(|e| what(&e))? {
+        for l in &c.links {
+            let end = l.split_once('/').map_or(l.as_str(), |(_, rest)| rest);
+            let pod = end.split_once(':').map_or(end, |(pod, _)| pod);
+            if !spec.pods.iter().any(|p| p.name == pod) {
+                return Err(what(&format!(
+                    "step {}: link {l}: pod {pod:?} is not in the lab",
+                    c.step
+                )));
+            }
+        }
+    }
+    std::path::absolute(file).map_err(|e| what(&e))
 }
 
 /// The addresses of `eth0` in network namespace `netns` (global scope, IPv4 first).
@@ -279,6 +304,11 @@ impl Lab {
                 return Err(bad(format!("NetworkPolicy {key}: given twice")));
             }
         }
+        let scenario = match &spec.scenario {
+            Some(f) => Some(check_scenario(&path.parent().unwrap_or(Path::new(".")).join(f), &spec).map_err(bad)?),
+            None => None,
+        };
+        let file = std::path::absolute(path).map_err(|e| LabError::io("finding the lab file", e))?;
         let exe = std::env::current_exe().map_err(|e| LabError::io("finding weftctl", e))?;
         let bin = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
         let state = std::env::var_os("WEFT_LAB_DIR")
@@ -293,6 +323,8 @@ impl Lab {
             state,
             weftd: bin.join("weftd"),
             plugin: bin.join("weft"),
+            file,
+            scenario,
         })
     }
 
@@ -566,6 +598,21 @@ impl Lab {
     /// The directory the daemons read topologies from.
     pub fn topology_dir(&self) -> PathBuf {
         self.state.join("topology")
+    }
+
+    /// Where the lab's background scenario logs its steps (JSON lines) and how it
+    /// ended.
+    pub fn scenario_log(&self) -> PathBuf {
+        self.state.join("scenario.log")
+    }
+
+    /// The pid of the lab's background scenario, if it runs.
+    pub fn scenario_pid(&self) -> Option<u32> {
+        let text = fs::read_to_string(self.state.join("scenario.pid")).ok()?;
+        let mut parts = text.split_whitespace();
+        let pid: u32 = parts.next()?.parse().ok()?;
+        let started: u64 = parts.next()?.parse().ok()?;
+        alive(pid, started).then_some(pid)
     }
 
     /// The pid of a node's weftd, if it runs.

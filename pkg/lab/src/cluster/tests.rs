@@ -150,3 +150,29 @@ fn a_bgp_lab_is_routed_leaves_routing_to_bgp_and_is_ipv4() {
         "{node}"
     );
 }
+
+#[test]
+fn a_scenario_is_checked_at_load_and_its_links_must_be_the_labs() {
+    let dir = std::env::temp_dir().join(format!("weft-lab-scenario-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let lab = "name: s\nnodes: [n1]\npods: [{name: r1, node: n1}]\nscenario: sc.yaml\n";
+    fs::write(dir.join("lab.yaml"), lab).unwrap();
+    let load = |scenario: &str| {
+        fs::write(dir.join("sc.yaml"), scenario).unwrap();
+        Lab::load(&dir.join("lab.yaml")).map(|l| l.scenario.clone())
+    };
+    let ok = load("name: x\nsteps: [{at: 1s, links: [r1:e1], down: true}]\n").unwrap();
+    assert_eq!(ok, Some(dir.join("sc.yaml")));
+    let e = load("name: x\nsteps: [{at: 1s, links: [r9:e1], down: true}]\n").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("step 1: link r9:e1: pod \"r9\" is not in the lab"),
+        "{e}"
+    );
+    let e = load("name: x\nsteps: [{at: 1s, links: [r1:e1], sideways: true}]\n").unwrap_err();
+    assert!(e.to_string().contains("sc.yaml"), "{e}");
+    fs::remove_file(dir.join("sc.yaml")).unwrap();
+    let e = Lab::load(&dir.join("lab.yaml")).unwrap_err();
+    assert!(e.to_string().contains("sc.yaml"), "a missing file is named: {e}");
+    let _ = fs::remove_dir_all(&dir);
+}

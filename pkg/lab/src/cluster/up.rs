@@ -206,7 +206,57 @@ impl Lab {
             std::thread::sleep(crate::objects::SETTLE);
         }
         self.attach_all()?;
+        if !running_before {
+            self.start_scenario()?;
+        }
         Ok(started)
+    }
+
+    /// Starts the lab's scenario in the background (a fresh bring-up only: `up` on a
+    /// running lab leaves a scenario alone, finished or not), as `weftctl link scenario
+    /// run` beside the lab's daemons, logging its steps as JSON lines to
+    /// [`scenario_log`](Self::scenario_log).
+    fn start_scenario(&self) -> Result<(), LabError> {
+        let Some(file) = &self.scenario else {
+            return Ok(());
+        };
+        if self.scenario_pid().is_some() {
+            return Ok(());
+        }
+        let log = fs::File::create(self.scenario_log()).map_err(|e| LabError::io("creating the scenario log", e))?;
+        let err = log
+            .try_clone()
+            .map_err(|e| LabError::io("creating the scenario log", e))?;
+        let mut cmd = std::process::Command::new(self.weftd.with_file_name("weftctl"));
+        cmd.env("WEFT_LAB_DIR", self.state.parent().unwrap_or(std::path::Path::new("/")))
+            .args(["--json", "link", "scenario", "run"])
+            .arg(file)
+            .arg("--lab")
+            .arg(&self.file)
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(err);
+        // It outlives this command, as the daemons do.
+        weft_kernel::process::own_session(&mut cmd);
+        let child = cmd
+            .spawn()
+            .map_err(|e| LabError::io("starting the lab's scenario", e))?;
+        let pid = child.id();
+        let started = proc_stat(pid).map(|(_, t)| t).unwrap_or_default();
+        fs::write(self.state.join("scenario.pid"), format!("{pid} {started}"))
+            .map_err(|e| LabError::io("writing the scenario's pid", e))
+    }
+
+    /// Stops the lab's background scenario, if it runs (as Ctrl-C would: it logs where
+    /// it stopped, and the links stay as its steps set them).
+    pub fn stop_scenario(&self) {
+        if let Some(pid) = self.scenario_pid() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGINT);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while self.scenario_pid().is_some() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 
     fn start_daemon(&self, n: &NodeSpec) -> Result<(), LabError> {
@@ -447,6 +497,7 @@ impl Lab {
 
     /// Removes the lab: pods (through CNI DEL), daemons, namespaces, state.
     pub fn down(&self) -> Result<(), LabError> {
+        self.stop_scenario();
         // `parallel_attach` DELs at a time, as in `up`.
         let dels: Vec<(&NodeSpec, &PodSpec)> = self
             .spec

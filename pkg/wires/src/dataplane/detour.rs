@@ -20,7 +20,7 @@ const BURST_FRAMES: usize = 32;
 /// Writes frames back into the detour's socket: out of the pod's end.
 pub(super) struct WriteBack {
     sock: Arc<AsyncFd<PacketSocket>>,
-    counters: Arc<Counters>,
+    pub(super) counters: Arc<Counters>,
 }
 
 impl Sink for WriteBack {

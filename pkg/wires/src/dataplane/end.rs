@@ -54,6 +54,11 @@ pub struct PacketEnd {
 }
 
 impl PacketEnd {
+    /// This end's series.
+    pub(super) fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
     /// An end over `sock` (see [`register`]), whose frames go to `outbox`; down until
     /// [`set_up`](Self::set_up).
     pub(super) fn new(

@@ -15,14 +15,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use weft_kernel::packet;
-use weft_link::Impairment;
 use weft_link::model::{Correlated, DelayDraw, Distribution, Loss, LossModel, Prng, Prob, Slots};
 use weft_rpc::wire::Frame;
 
+use super::counters::Counters;
 use super::outbox::Outbox;
+use crate::metrics::WireOutcomeLabels;
+use weft_link::{EmulationCounts, Impairment};
 
 /// Where an impaired end's frames go once their time comes: the peer node's queue for
 /// a gRPC end, back out of the pod's interface for a link detour.
@@ -126,9 +129,57 @@ impl Pacing {
     }
 }
 
+/// What an end's emulation did, as its `weft_wire_emulation_total` series (looked up
+/// once; the same series whenever the end's emulation is replaced, so the counts go
+/// on across changes and detours).
+pub(super) struct Emulation {
+    lost: Counter,
+    overflow: Counter,
+    ecn_marked: Counter,
+    corrupted: Counter,
+    duplicated: Counter,
+    reordered: Counter,
+}
+
+impl Emulation {
+    /// The series of the end whose other series `c` holds.
+    pub(super) fn new(c: &Counters) -> Arc<Self> {
+        let get = |outcome| {
+            c.metrics
+                .emulation
+                .get_or_create(&WireOutcomeLabels {
+                    wire: c.labels.clone(),
+                    outcome,
+                })
+                .clone()
+        };
+        Arc::new(Emulation {
+            lost: get("lost"),
+            overflow: get("overflow"),
+            ecn_marked: get("ecn_marked"),
+            corrupted: get("corrupted"),
+            duplicated: get("duplicated"),
+            reordered: get("reordered"),
+        })
+    }
+
+    /// The counts so far.
+    pub(super) fn counts(&self) -> EmulationCounts {
+        EmulationCounts {
+            lost: self.lost.get(),
+            overflow: self.overflow.get(),
+            ecn_marked: self.ecn_marked.get(),
+            corrupted: self.corrupted.get(),
+            duplicated: self.duplicated.get(),
+            reordered: self.reordered.get(),
+        }
+    }
+}
+
 /// One end's emulation: decides each frame's fate and holds delayed frames.
 pub(super) struct Impairer {
     imp: Impairment,
+    counts: Arc<Emulation>,
     pacing: Mutex<Pacing>,
     held: mpsc::Sender<Held>,
     releaser: tokio::task::JoinHandle<()>,
@@ -141,9 +192,15 @@ impl Drop for Impairer {
 }
 
 impl Impairer {
-    /// Emulation `imp` for end `id`, whose frames go to `sink`; the task holding
-    /// delayed frames runs on `rt`.
-    pub(super) fn new(imp: Impairment, id: u64, sink: Arc<dyn Sink>, rt: &tokio::runtime::Handle) -> Arc<Self> {
+    /// Emulation `imp` for end `id`, whose frames go to `sink`, counting into
+    /// `counts`; the task holding delayed frames runs on `rt`.
+    pub(super) fn new(
+        imp: Impairment,
+        id: u64,
+        sink: Arc<dyn Sink>,
+        counts: Arc<Emulation>,
+        rt: &tokio::runtime::Handle,
+    ) -> Arc<Self> {
         let (tx, rx) = mpsc::channel(LIMIT);
         let releaser = rt.spawn(release(rx, id, sink));
         let seed = id
@@ -153,6 +210,7 @@ impl Impairer {
         Arc::new(Impairer {
             pacing: Mutex::new(Pacing::new(&imp, seed)),
             imp,
+            counts,
             held: tx,
             releaser,
         })
@@ -161,7 +219,7 @@ impl Impairer {
     /// Applies the emulation to `burst`: what may go now stays in it (in order), what
     /// is delayed is handed to the holding task, what is lost is gone.
     pub(super) fn apply(&self, burst: &mut Vec<Frame>) {
-        let imp = &self.imp;
+        let (imp, n) = (&self.imp, &*self.counts);
         let now = Instant::now();
         let mut now_frames = Vec::with_capacity(burst.len());
         let mut p = self.pacing.lock().expect("pacing lock");
@@ -170,17 +228,25 @@ impl Impairer {
             if p.loss.as_mut().is_some_and(|l| l.lost(&mut p.rng)) {
                 // With `ecn`, an ECN-capable frame is marked instead of lost.
                 match imp.ecn.then(|| mark_ce(&f.data)).flatten() {
-                    Some(marked) => f.data = marked,
-                    None => continue,
+                    Some(marked) => {
+                        f.data = marked;
+                        n.ecn_marked.inc();
+                    }
+                    None => {
+                        n.lost.inc();
+                        continue;
+                    }
                 }
             }
             if p.corrupt.hit(Prob::from_ppm(imp.corrupt_ppm.unwrap_or(0)), &mut p.rng) {
                 f.data = corrupt(&f.data, p.draw());
+                n.corrupted.inc();
             }
             let copies = if p
                 .duplicate
                 .hit(Prob::from_ppm(imp.duplicate_ppm.unwrap_or(0)), &mut p.rng)
             {
+                n.duplicated.inc();
                 2
             } else {
                 1
@@ -195,6 +261,9 @@ impl Impairer {
                 at = p.next_free;
             }
             let reordered = p.reorder.hit(Prob::from_ppm(imp.reorder_ppm.unwrap_or(0)), &mut p.rng);
+            if reordered {
+                n.reordered.inc();
+            }
             if !reordered && let Some(d) = p.delay.as_mut() {
                 at += Duration::from_micros(d.next(&mut p.rng));
             }
@@ -209,7 +278,9 @@ impl Impairer {
                 } else {
                     p.seq += 1;
                     // A full hold is a full queue: the frame is lost.
-                    let _ = self.held.try_send(Held { at, seq: p.seq, frame });
+                    if self.held.try_send(Held { at, seq: p.seq, frame }).is_err() {
+                        n.overflow.inc();
+                    }
                 }
             }
         }

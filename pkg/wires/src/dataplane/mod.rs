@@ -130,6 +130,8 @@ pub struct DataPlane {
     impairments: Mutex<HashMap<u64, weft_link::Impairment>>,
     /// The link detours of veth and VXLAN ends emulated here, with their readers.
     detours: Mutex<HashMap<u64, detour::Running>>,
+    /// What each emulated end's emulation did, kept across its emulation's changes.
+    emulation: Mutex<HashMap<u64, Arc<impair::Emulation>>>,
     /// Where every task of this data plane runs (a [`DataPlaneRuntime`]'s, in weftd).
     rt: Handle,
 }
@@ -150,6 +152,7 @@ impl DataPlane {
             readers: Mutex::default(),
             impairments: Mutex::default(),
             detours: Mutex::default(),
+            emulation: Mutex::default(),
             rt,
         })
     }
@@ -191,7 +194,8 @@ impl DataPlane {
         ));
         end.set_up(up);
         if let Some(imp) = self.impairments.lock().expect("impairments lock").get(&id) {
-            end.set_impairer(Some(impair::Impairer::new(*imp, id, outbox.clone(), &self.rt)));
+            let counts = self.emulation_of(id, &counters);
+            end.set_impairer(Some(impair::Impairer::new(*imp, id, outbox.clone(), counts, &self.rt)));
         }
         if let Some(old) = self.ends.write().expect("ends lock").insert(id, end.clone()) {
             old.outbox.remove(id);
@@ -213,6 +217,7 @@ impl DataPlane {
 
     /// Stops a wire end's worker (its socket is closed; the caller removes the pair).
     pub fn detach(&self, id: u64) {
+        self.emulation.lock().expect("emulation lock").remove(&id);
         if let Some(r) = self.readers.lock().expect("readers lock").remove(&id) {
             r.abort();
         }
@@ -231,7 +236,10 @@ impl DataPlane {
             all.insert(id, imp);
         }
         if let Some(end) = self.ends.read().expect("ends lock").get(&id) {
-            let i = (!imp.is_empty()).then(|| impair::Impairer::new(imp, id, end.outbox.clone(), &self.rt));
+            let i = (!imp.is_empty()).then(|| {
+                let counts = self.emulation_of(id, end.counters());
+                impair::Impairer::new(imp, id, end.outbox.clone(), counts, &self.rt)
+            });
             end.set_impairer(i);
         }
     }
@@ -250,7 +258,8 @@ impl DataPlane {
         if let Some((d, reader)) = all.get(&id)
             && !reader.is_finished()
         {
-            *d.impair.write().expect("impair lock") = impair::Impairer::new(imp, id, d.sink.clone(), &self.rt);
+            let counts = self.emulation_of(id, &d.sink.counters);
+            *d.impair.write().expect("impair lock") = impair::Impairer::new(imp, id, d.sink.clone(), counts, &self.rt);
             return Ok(());
         }
         let sock = open().map_err(|e| format!("opening the link detour's socket: {e}"))?;
@@ -260,8 +269,9 @@ impl DataPlane {
                 .map_err(|e| format!("registering the link detour's socket: {e}"))?
         };
         let sink = detour::Detour::sink(sock, Arc::new(Counters::new(labels, self.metrics.clone())));
+        let counts = self.emulation_of(id, &sink.counters);
         let d = Arc::new(detour::Detour {
-            impair: std::sync::RwLock::new(impair::Impairer::new(imp, id, sink.clone(), &self.rt)),
+            impair: std::sync::RwLock::new(impair::Impairer::new(imp, id, sink.clone(), counts, &self.rt)),
             sink,
         });
         let reader = self.rt.spawn(detour::read_loop(id, d.clone()));
@@ -271,8 +281,29 @@ impl DataPlane {
         Ok(())
     }
 
+    /// What weft's emulation did to what end `id` sent, if weft emulates it (a gRPC
+    /// end's worker or a link detour; the counts outlive a change of settings).
+    pub fn emulation(&self, id: u64) -> Option<weft_link::EmulationCounts> {
+        self.emulation
+            .lock()
+            .expect("emulation lock")
+            .get(&id)
+            .map(|e| e.counts())
+    }
+
+    /// End `id`'s emulation series (made on first use).
+    fn emulation_of(&self, id: u64, c: &Counters) -> Arc<impair::Emulation> {
+        self.emulation
+            .lock()
+            .expect("emulation lock")
+            .entry(id)
+            .or_insert_with(|| impair::Emulation::new(c))
+            .clone()
+    }
+
     /// Stops end `id`'s detour reader; returns whether it had one.
     pub fn undetour(&self, id: u64) -> bool {
+        self.emulation.lock().expect("emulation lock").remove(&id);
         let gone = self.detours.lock().expect("detours lock").remove(&id);
         if let Some((_, reader)) = &gone {
             reader.abort();

@@ -97,15 +97,18 @@ impl<P: GrpcPlane> Engine<P> {
                     WireReport {
                         end,
                         counters: None,
+                        emulation: None,
                         reason: l.reason,
                     },
                 );
             }
         }
+        let plane = self.plane.get();
         let mut out: Vec<WireReport> = ends
             .into_iter()
             .map(|end| WireReport {
                 counters: stats.get(&end.id).map(convert::counters),
+                emulation: plane.and_then(|p| p.emulation(end.id)),
                 reason: unbuilt.remove(&end.id).map(|r| r.reason).unwrap_or_default(),
                 end,
             })

@@ -399,6 +399,8 @@ pub struct FakePlane {
     impairments: Mutex<BTreeMap<u64, Impairment>>,
     /// The emulation each veth or VXLAN end's detour worker applies.
     detours: Mutex<BTreeMap<u64, Impairment>>,
+    /// What each emulated end's emulation counted (set by a test).
+    pub emulation: Mutex<BTreeMap<u64, weft_link::EmulationCounts>>,
 }
 
 impl FakePlane {
@@ -450,6 +452,9 @@ impl GrpcPlane for FakePlane {
     }
     fn undetour(&self, id: u64) -> bool {
         self.detours.lock().unwrap().remove(&id).is_some()
+    }
+    fn emulation(&self, id: u64) -> Option<weft_link::EmulationCounts> {
+        self.emulation.lock().unwrap().get(&id).copied()
     }
 }
 
