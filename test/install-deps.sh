@@ -24,6 +24,7 @@ packages=(
   bird2                          # BGP in the lab: pod ranges between nodes (test/tests/lab/bgp.rs, examples/lab-bgp.yaml)
   frr                            # vtysh --dryrun checks docs/routed-cluster.md's FRR configuration
   dnsmasq-base                   # the lab's DNS: names for domainNames policies (test/tests/cluster/fqdn.rs)
+  chromium chromium-driver       # weftctl lab serve's page in a real headless browser (test/tests/lab/graph.rs)
 )
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

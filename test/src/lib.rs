@@ -21,6 +21,7 @@ pub use weft_kernel::testutil::privileged;
 
 pub mod cri;
 pub mod otlp;
+pub mod webdriver;
 
 /// Path of a workspace binary (`weft`, `weftd`, `weftctl`) built beside the tests.
 pub fn bin(name: &str) -> PathBuf {

@@ -55,6 +55,18 @@ impl ChildGuard {
         self.0.as_ref().map_or(0, Child::id)
     }
 
+    /// Waits for the child until `limit`: how it ended, or `None` (it is killed then).
+    pub fn wait_within(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let child = self.0.as_mut()?;
+        let status = wait_exit(child, limit);
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.0 = None;
+        status
+    }
+
     /// Waits for the child until `limit`, then kills it; its stdout (when piped).
     pub fn output_within(mut self, limit: Duration) -> Result<Vec<u8>, HarnessError> {
         let Some(mut child) = self.0.take() else {

@@ -12,6 +12,7 @@ use std::str::FromStr;
 
 pub mod capture;
 pub mod impair;
+pub mod live;
 pub mod model;
 pub mod scenario;
 pub mod status;
@@ -204,7 +205,7 @@ pub struct WireEnd {
 }
 
 /// Kernel counters of a wire end's interface, seen from the pod.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct WireCounters {
     /// Frames the pod sent into the wire.
     pub tx_frames: u64,

@@ -8,9 +8,10 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use weft_lab::Lab;
+use weft_tests::webdriver::Browser;
 use weft_tests::{ChildGuard, LabDown, TempDir, bin, failed_checks, privileged, wait_exit};
 
 /// `weftctl ARGS` with the lab's state under `lab_dir`, killed after 60 s; it must
@@ -197,6 +198,8 @@ fn lab_graph_draws_every_link_of_the_example_lab() {
     assert!(!dot.contains("bit/s"), "no rate without sampling: {dot}");
     weftctl(dir.path(), &lab_dir, &["link", "up", "r2", "e2", "--lab", file_arg]);
 
+    live_view_in_a_browser(dir.path(), &lab_dir, &file, &lab.0);
+
     // Down, the lab is drawn from its file: every link down, no rates.
     lab.0.down().unwrap();
     let dot = weftctl(dir.path(), &lab_dir, &["lab", "graph", file_arg]);
@@ -207,4 +210,121 @@ fn lab_graph_draws_every_link_of_the_example_lab() {
         "{dot}"
     );
     assert!(!dot.contains("bit/s"), "no rate with the lab down: {dot}");
+}
+
+/// `weftctl lab serve` in a real headless browser (Chromium through chromedriver): the
+/// page shows every pod and link of the running lab, all up; a click on a link shows
+/// its settings, counters and rate history; a link taken down turns red within two
+/// seconds, and green again once brought up.
+fn live_view_in_a_browser(dir: &Path, lab_dir: &Path, file: &Path, lab: &Lab) {
+    let out = dir.join("serve.out");
+    let mut serve = ChildGuard::new(
+        Command::new(bin("weftctl"))
+            .env("WEFT_LAB_DIR", lab_dir)
+            .args(["lab", "serve"])
+            .arg(file)
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let url = loop {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        if let Some(u) = text.split_whitespace().find(|w| w.starts_with("http://127.0.0.1:")) {
+            break u.to_string();
+        }
+        assert!(Instant::now() < deadline, "lab serve printed no address: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let browser = Browser::start(&dir.join("chromium-profile"));
+    browser.goto(&url);
+    let seen = "return {pods: [...document.querySelectorAll('[data-pod]')].map(e => e.dataset.pod), \
+                links: [...document.querySelectorAll('path[data-link]')].map(e => [e.dataset.link, e.dataset.state || '', e.getAttribute('stroke') || ''])};";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let v = loop {
+        let v = browser.script(seen);
+        let links = v["links"].as_array().map_or(0, Vec::len);
+        if links == 8 && v["links"].as_array().unwrap().iter().all(|l| l[1] == "up") {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the page never showed 8 links up: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut pods: Vec<&str> = v["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    pods.sort_unstable();
+    let mut want: Vec<&str> = lab.spec.pods.iter().map(|p| p.name.as_str()).collect();
+    want.sort_unstable();
+    assert_eq!(pods, want, "every pod of the lab on the page");
+    assert!(
+        v["links"].as_array().unwrap().iter().all(|l| l[2] == "#2ca02c"),
+        "every link green: {v}"
+    );
+
+    // A click on r1:e1's link: its settings, both ends' counters, its rate history.
+    let id = browser.script(
+        "const p = [...document.querySelectorAll('path[data-link]')].find(p => p.firstChild.textContent.includes('r1:e1')); \
+         p.dispatchEvent(new MouseEvent('click', {bubbles: true})); return p.dataset.link;",
+    );
+    let id = id.as_str().expect("r1:e1's link on the page").to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let panel = browser.script(
+            "const h = document.querySelector('[data-panel]'); \
+             return h ? [h.textContent, document.getElementById('panel').textContent, !!document.getElementById('history')] : null;",
+        );
+        if panel[2] == true {
+            assert!(panel[0].as_str().unwrap().contains("r1:e1"), "{panel}");
+            let text = panel[1].as_str().unwrap();
+            assert!(
+                text.contains("sent") && text.contains("frames"),
+                "counters shown: {text}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "no panel with a history: {panel}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Down: red within two seconds of asking.
+    let stroke = format!("return document.querySelector('path[data-link=\"{id}\"]').getAttribute('stroke');");
+    let file_arg = file.to_str().unwrap();
+    let asked = Instant::now();
+    weftctl(dir, lab_dir, &["link", "down", "r1", "e1", "--lab", file_arg]);
+    while browser.script(&stroke) != "#d62728" {
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "the link was not red 2 s after it went down"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "lab serve: r1:e1 red {} ms after `link down` was asked",
+        asked.elapsed().as_millis()
+    );
+    let state = browser.script("return document.getElementById('panel-state').textContent;");
+    assert_eq!(state, "down by intent");
+    weftctl(dir, lab_dir, &["link", "up", "r1", "e1", "--lab", file_arg]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while browser.script(&stroke) != "#2ca02c" {
+        assert!(Instant::now() < deadline, "the link did not turn green again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(browser);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serve.pid() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = serve.wait_within(Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "lab serve ends on Ctrl-C: {status:?}"
+    );
 }

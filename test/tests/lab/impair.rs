@@ -493,6 +493,26 @@ fn loss_models_delay_distributions_and_slots_through_the_detour() {
     let (rate, burst) = loss_stats(&got, n);
     assert_band("gemodel 1% 10%: loss, %", rate * 100.0, 7.6, 10.6);
     assert_band("gemodel 1% 10%: mean loss burst", burst, 8.5, 11.5);
+    // `link stats` counts the emulation's drops apart from the kernel's: every datagram
+    // that did not arrive is one the loss model took (give or take the odd ARP frame).
+    let stats = emu.weftctl(&["link", "stats", "a1", "-o", "json", "--interval", "300ms"]);
+    let e1: serde_json::Value = stats
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["end"] == "emu/a1:e1")
+        .unwrap_or_else(|| panic!("{stats}"));
+    let lost = e1["emulation"]["lost"].as_u64().unwrap();
+    let missing = u64::from(n) - got.len() as u64;
+    eprintln!("link stats: a1:e1 lost {lost} by the emulation, {missing} datagrams missing: {e1}");
+    assert!(
+        lost.abs_diff(missing) <= 20,
+        "lost {lost} against {missing} missing: {e1}"
+    );
+    // The interface counts what left the emulation; with what it took, all that was sent.
+    let left = e1["counters"]["tx_frames"].as_u64().unwrap();
+    assert!(left + lost >= u64::from(n) && left < u64::from(n), "{e1}");
+    assert_eq!(e1["counters"]["dropped"], 0, "the kernel dropped nothing: {e1}");
+    assert!(e1["rates"]["tx_bps"].is_number(), "rates over the interval: {e1}");
 
     // Correlated random loss on the gRPC link, b1 (n1) to d2 (n2).
     set("b1", "e3", &["--loss", "2% 50%"]);
@@ -604,6 +624,27 @@ fn a_scenario_runs_its_steps_on_time_and_stops_at_a_failing_one() {
         "the log says where it stopped: {ended}"
     );
 
+    // `lab events --follow` watches while the scenario below runs.
+    let events_log = dir.path().join("events.jsonl");
+    let events = Command::new(bin("weftctl"))
+        .env("WEFT_LAB_DIR", &emu.lab_dir)
+        .args(["lab", "events"])
+        .arg(&emu.file)
+        .args(["--follow", "--interval", "100ms"])
+        .stdout(std::fs::File::create(&events_log).unwrap())
+        .spawn()
+        .unwrap();
+    let events = weft_harness::ChildGuard::new(events);
+    // Its first sample (every end, `added`) before the scenario starts.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&events_log)
+        .unwrap_or_default()
+        .contains("\"added\"")
+    {
+        assert!(Instant::now() < deadline, "lab events printed nothing");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     let file = dir.path().join("scenario.yaml");
     std::fs::write(
         &file,
@@ -674,4 +715,33 @@ fn a_scenario_runs_its_steps_on_time_and_stops_at_a_failing_one() {
             .join("\n")
     );
     assert!(page.lines().any(|l| l == r#"weft_scenario_step{scenario="t"} 4"#));
+
+    // The events: every end first, then the scenario's changes as they were seen.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(events.pid() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    events.output_within(Duration::from_secs(5)).unwrap();
+    let out = std::fs::read_to_string(&events_log).unwrap();
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let of = |kind: &'static str| {
+        lines
+            .iter()
+            .filter(move |l| l["event"] == kind && l["end"] == "emu/a1:e1")
+    };
+    assert_eq!(of("added").count(), 1, "{out}");
+    assert!(
+        of("state").any(|l| l["to"] == "down(intent)") && of("state").any(|l| l["from"] == "down(intent)"),
+        "down and up seen: {out}"
+    );
+    assert!(of("impairment").any(|l| l["to"] == "delay 30ms"), "{out}");
+    assert!(
+        of("change").any(|l| l["what"].as_str().unwrap().starts_with("scenario \"t\" step")),
+        "{out}"
+    );
+    assert!(
+        of("counters").any(|l| l["rates"]["tx_pps"].is_number() && l["counters"]["tx_frames"].is_number()),
+        "counter samples with rates: {out}"
+    );
 }

@@ -80,6 +80,35 @@ pub enum LabAction {
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         sample: Duration,
     },
+    /// Streams what happens in the running lab as JSON lines: link state changes,
+    /// impairment and run-time changes, the lab scenario's steps, and (every interval)
+    /// each end's counters and rates. Without `--follow`: the links as they stand.
+    Events {
+        /// The lab file.
+        file: PathBuf,
+        /// Go on until Ctrl-C.
+        #[arg(long, short)]
+        follow: bool,
+        /// The time between samples.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: Duration,
+        /// Leave the counter samples out (changes only).
+        #[arg(long)]
+        no_counters: bool,
+    },
+    /// Serves a live view of the lab to a browser: its graph, every link coloured by
+    /// state and labelled with its rate, updated twice a second; a click on a link
+    /// shows its settings, both ends' counters and its recent rate. Until Ctrl-C.
+    Serve {
+        /// The lab file.
+        file: PathBuf,
+        /// Where to listen (port 0: any free port; the address is printed).
+        #[arg(long, default_value = "127.0.0.1:8087")]
+        listen: std::net::SocketAddr,
+        /// The time between samples.
+        #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+        interval: Duration,
+    },
     /// Removes everything the lab made.
     Down {
         /// The lab file.
@@ -244,6 +273,13 @@ pub fn run(action: LabAction, json: bool) -> anyhow::Result<()> {
             }
         }
         LabAction::Graph { file, output, sample } => super::lab_graph::run(&load(&file)?, output.as_deref(), sample)?,
+        LabAction::Events {
+            file,
+            follow,
+            interval,
+            no_counters,
+        } => super::lab_live::events(&load(&file)?, follow, interval, !no_counters)?,
+        LabAction::Serve { file, listen, interval } => super::lab_live::serve(load(&file)?, listen, interval)?,
         LabAction::Down { file } => load(&file)?.down()?,
         LabAction::Apply { file, objects } => {
             let done = load(&file)?.apply_policies(&objects)?;

@@ -142,6 +142,24 @@ pub enum LinkAction {
         #[command(subcommand)]
         action: ScenarioAction,
     },
+    /// Counters of every link end (of a pod, of the node, or of the lab): bytes and
+    /// frames each way, the kernel's drops and the emulation's apart, and their rates
+    /// over `--interval`; with `--follow`, a sample every interval until Ctrl-C.
+    Stats {
+        /// The pod (all pods when left out).
+        pod: Option<String>,
+        #[command(flatten)]
+        target: Target,
+        /// Sample again every interval until stopped.
+        #[arg(long, short)]
+        follow: bool,
+        /// The time between samples (rates are over it).
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: Duration,
+        /// table or json (one object per end per sample).
+        #[arg(short, long, value_enum, default_value_t = super::flows::Output::Table)]
+        output: super::flows::Output,
+    },
     /// The links of a pod (or of every pod of the node, or of the lab) with their
     /// impairment and state.
     Show {
@@ -259,6 +277,13 @@ pub async fn run(action: LinkAction, socket: &Path, json: bool) -> anyhow::Resul
             Ok(())
         }
         LinkAction::Scenario { action } => scenario(action, socket, json).await,
+        LinkAction::Stats {
+            pod,
+            target,
+            follow,
+            interval,
+            output,
+        } => stats(socket, pod.as_deref(), &target, follow, interval, output).await,
         LinkAction::Show { pod, target } => {
             let mut links = Vec::new();
             for s in sockets(socket, &target, pod.as_deref())? {
@@ -344,6 +369,113 @@ async fn change(
         Action::Up => {
             state(socket, link, true, source).await?;
         }
+    }
+    Ok(())
+}
+
+/// `link stats`: samples `interval` apart, each printed with the rates since the one
+/// before.
+async fn stats(
+    socket: &Path,
+    pod: Option<&str>,
+    target: &Target,
+    follow: bool,
+    interval: Duration,
+    output: super::flows::Output,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(interval >= Duration::from_millis(100), "--interval: at least 100ms");
+    let daemons: Vec<super::live::Daemon> = match &target.lab {
+        Some(file) => {
+            let lab = weft_lab::Lab::load(file).with_context(|| format!("loading lab {}", file.display()))?;
+            super::live::lab_daemons(&lab)
+        }
+        None => vec![(String::new(), socket.to_path_buf())],
+    };
+    let keep = |s: &mut weft_link::live::Sample| {
+        s.ends.retain(|_, e| {
+            pod.is_none_or(|p| p == e.pod) && target.namespace.as_deref().is_none_or(|n| n == e.namespace)
+        })
+    };
+    let mut prev = super::live::sample(&daemons).await;
+    keep(&mut prev);
+    if prev.ends.is_empty() {
+        bail!(
+            "no link ends to count{}",
+            pod.map(|p| format!(" of pod {p}")).unwrap_or_default()
+        );
+    }
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    let mut tick = tokio::time::interval(interval);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = &mut stop => return Ok(()),
+        }
+        let mut cur = super::live::sample(&daemons).await;
+        keep(&mut cur);
+        let rates = weft_link::live::rates(&prev, &cur);
+        print_stats(&cur, &rates, output)?;
+        if !follow {
+            return Ok(());
+        }
+        prev = cur;
+    }
+}
+
+/// One sample of `link stats`.
+fn print_stats(
+    s: &weft_link::live::Sample,
+    rates: &BTreeMap<String, weft_link::live::Rates>,
+    output: super::flows::Output,
+) -> anyhow::Result<()> {
+    if output == super::flows::Output::Json {
+        for (name, e) in &s.ends {
+            outln!(
+                "{}",
+                serde_json::json!({
+                    "at_ms": s.at_ms, "end": name, "node": e.node, "peer": format!("{}:{}", e.peer_pod, e.peer_intf),
+                    "kind": e.kind, "state": e.state, "down_by_intent": e.down, "impairment": e.impairment,
+                    "counters": e.counters, "emulation": e.emulation, "rates": rates.get(name),
+                })
+            );
+        }
+        return Ok(());
+    }
+    outln!(
+        "{:<24} {:<8} {:>10} {:>12} {:>10} {:>12} {:>8} {:>9} {:>12} {:>12}   at {}",
+        "END",
+        "STATE",
+        "TX FRAMES",
+        "TX BYTES",
+        "RX FRAMES",
+        "RX BYTES",
+        "DROPS",
+        "EMU DROPS",
+        "TX RATE",
+        "RX RATE",
+        super::clock(s.at_ms)
+    );
+    let n = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    for (name, e) in &s.ends {
+        let c = e.counters;
+        let r = rates.get(name);
+        let rate =
+            |f: fn(&weft_link::live::Rates) -> f64| r.map_or_else(|| "-".into(), |r| weft_lab::graph::rate_text(f(r)));
+        outln!(
+            "{:<24} {:<8} {:>10} {:>12} {:>10} {:>12} {:>8} {:>9} {:>12} {:>12}",
+            name,
+            if e.down { "down*" } else { e.state.as_str() },
+            n(c.map(|c| c.tx_frames)),
+            n(c.map(|c| c.tx_bytes)),
+            n(c.map(|c| c.rx_frames)),
+            n(c.map(|c| c.rx_bytes)),
+            n(c.map(|c| c.dropped)),
+            n(e.emulation.map(|m| m.drops())),
+            rate(|r| r.tx_bps),
+            rate(|r| r.rx_bps),
+        );
     }
     Ok(())
 }
@@ -602,7 +734,7 @@ fn print_all(links: &[LinkInfo], json: bool) -> anyhow::Result<()> {
             source = format!(
                 "{source}; last change: {} at {}",
                 l.last_change,
-                clock(l.last_change_ms)
+                super::clock(l.last_change_ms)
             );
         }
         outln!(
@@ -616,18 +748,6 @@ fn print_all(links: &[LinkInfo], json: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// `ms` since the Unix epoch as a UTC time of day with milliseconds (`12:00:01.234Z`).
-fn clock(ms: i64) -> String {
-    let day_ms = ms.rem_euclid(86_400_000);
-    format!(
-        "{:02}:{:02}:{:02}.{:03}Z",
-        day_ms / 3_600_000,
-        day_ms / 60_000 % 60,
-        day_ms / 1000 % 60,
-        day_ms % 1000
-    )
 }
 
 /// Marks the checks of link ends an operator took down (asked of every node of `lab`;
@@ -706,6 +826,5 @@ mod tests {
         assert_eq!(link_state(&l), "down(peer)");
         assert_eq!(row_json(&l)["active"]["delay"], "20ms");
         assert_eq!(row_json(&l)["last_change"], serde_json::Value::Null);
-        assert_eq!(clock(86_400_000 * 3 + 3_723_004), "01:02:03.004Z");
     }
 }
