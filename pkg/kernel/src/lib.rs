@@ -38,7 +38,7 @@ pub mod udp;
 pub mod wire;
 
 pub use error::{Drift, KernelError};
-pub use netem::{Netem, Tbf, probability};
+pub use netem::{Netem, NetemLoss, NetemSlot, Tbf, probability};
 pub use netlink::{
     AliasedLink, BatchFailure, Link, LinkStats, NetfilterMessage, Netlink, NetlinkSocket, NewLink, Nfnetlink, Protocol,
     RouteEntry, Rtnetlink, VethPair, VxlanDevice,

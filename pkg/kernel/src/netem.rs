@@ -37,6 +37,59 @@ pub struct Netem {
     pub rate_bytes: u64,
     /// Frames netem may hold (tc's default is 1000).
     pub limit: u32,
+    /// A loss model instead of random loss (`loss gemodel`, `loss state`).
+    pub loss_model: Option<NetemLoss>,
+    /// The delay's distribution table (`TCA_NETEM_DELAY_DIST`: entries of 8192 per
+    /// standard deviation; none: uniform).
+    pub delay_dist: Option<&'static [i16]>,
+    /// Frames leave in slots (`slot`).
+    pub slot: Option<NetemSlot>,
+    /// Mark ECN-capable frames instead of losing them (`ecn`).
+    pub ecn: bool,
+}
+
+/// netem's loss models, probabilities in the kernel's `u32` form, fields as
+/// `<linux/pkt_sched.h>` names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetemLoss {
+    /// `struct tc_netem_gemodel`: good to bad, bad to good, received in the bad state,
+    /// lost in the good state.
+    GilbertElliott {
+        /// Good to bad.
+        p: u32,
+        /// Bad to good.
+        r: u32,
+        /// Received in the bad state.
+        h: u32,
+        /// Lost in the good state.
+        k1: u32,
+    },
+    /// `struct tc_netem_gimodel`: the 4-state model's transitions.
+    FourState {
+        /// Gap to burst loss.
+        p13: u32,
+        /// Burst loss back to the gap.
+        p31: u32,
+        /// Burst loss to a received frame in the burst.
+        p32: u32,
+        /// Gap to an isolated loss.
+        p14: u32,
+        /// A received frame in the burst to a lost one.
+        p23: u32,
+    },
+}
+
+/// `struct tc_netem_slot`'s settings (uniform between the two delays, as weft has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetemSlot {
+    /// The shortest gap before a slot, nanoseconds.
+    pub min_delay_ns: i64,
+    /// The longest, nanoseconds.
+    pub max_delay_ns: i64,
+    /// Frames per slot at most (0: no bound).
+    pub max_packets: i32,
+    /// Bytes per slot at most (0: no bound).
+    pub max_bytes: i32,
 }
 
 /// A probability given in parts per million, scaled as the kernel takes it.
@@ -46,12 +99,18 @@ pub fn probability(ppm: u32) -> u32 {
 
 // From <linux/pkt_sched.h>.
 const TCA_OPTIONS: u16 = 2;
+const TCA_NETEM_DELAY_DIST: u16 = 2;
 const TCA_NETEM_REORDER: u16 = 3;
 const TCA_NETEM_CORRUPT: u16 = 4;
+const TCA_NETEM_LOSS: u16 = 5;
 const TCA_NETEM_RATE: u16 = 6;
+const TCA_NETEM_ECN: u16 = 7;
 const TCA_NETEM_RATE64: u16 = 8;
 const TCA_NETEM_LATENCY64: u16 = 10;
 const TCA_NETEM_JITTER64: u16 = 11;
+const TCA_NETEM_SLOT: u16 = 12;
+const NETEM_LOSS_GI: u16 = 1;
+const NETEM_LOSS_GE: u16 = 2;
 /// A psched tick is 64 ns (`PSCHED_SHIFT`).
 const PSCHED_SHIFT: u32 = 6;
 
@@ -94,6 +153,40 @@ impl Netem {
         if self.corrupt > 0 {
             // struct tc_netem_corrupt { probability, correlation }
             nla(&mut out, TCA_NETEM_CORRUPT, &words(&[self.corrupt, 0]));
+        }
+        if let Some(table) = self.delay_dist {
+            let bytes: Vec<u8> = table.iter().flat_map(|v| v.to_ne_bytes()).collect();
+            nla(&mut out, TCA_NETEM_DELAY_DIST, &bytes);
+        }
+        if let Some(model) = self.loss_model {
+            // A nest holding one model; the qopt's random loss stays 0 beside it.
+            let mut nest = Vec::new();
+            match model {
+                NetemLoss::GilbertElliott { p, r, h, k1 } => nla(&mut nest, NETEM_LOSS_GE, &words(&[p, r, h, k1])),
+                NetemLoss::FourState {
+                    p13,
+                    p31,
+                    p32,
+                    p14,
+                    p23,
+                } => nla(&mut nest, NETEM_LOSS_GI, &words(&[p13, p31, p32, p14, p23])),
+            }
+            nla(&mut out, TCA_NETEM_LOSS, &nest);
+        }
+        if self.ecn {
+            nla(&mut out, TCA_NETEM_ECN, &1u32.to_ne_bytes());
+        }
+        if let Some(slot) = self.slot {
+            // struct tc_netem_slot { s64 min_delay, max_delay; s32 max_packets, max_bytes;
+            // s64 dist_delay, dist_jitter } (no slot distribution: uniform).
+            let mut v = Vec::with_capacity(40);
+            v.extend_from_slice(&slot.min_delay_ns.to_ne_bytes());
+            v.extend_from_slice(&slot.max_delay_ns.to_ne_bytes());
+            v.extend_from_slice(&slot.max_packets.to_ne_bytes());
+            v.extend_from_slice(&slot.max_bytes.to_ne_bytes());
+            v.extend_from_slice(&0i64.to_ne_bytes());
+            v.extend_from_slice(&0i64.to_ne_bytes());
+            nla(&mut out, TCA_NETEM_SLOT, &v);
         }
         if self.rate_bytes > 0 {
             // struct tc_netem_rate { rate, packet_overhead, cell_size, cell_overhead }
@@ -278,5 +371,79 @@ mod tests {
         assert_eq!(u16::from_ne_bytes([t[42], t[43]]), TCA_TBF_BURST);
         assert_eq!(u32_at(&t, 44), 64 * 1024);
         assert_eq!(probability(0), 0);
+    }
+
+    /// The attributes after the qopt, as (kind, length, value).
+    fn attributes(b: &[u8]) -> Vec<(u16, usize, Vec<u8>)> {
+        let mut at = 24;
+        let mut out = Vec::new();
+        while at < b.len() {
+            let len = u16::from_ne_bytes([b[at], b[at + 1]]) as usize;
+            out.push((
+                u16::from_ne_bytes([b[at + 2], b[at + 3]]),
+                len,
+                b[at + 4..at + len].to_vec(),
+            ));
+            at += len.next_multiple_of(4);
+        }
+        out
+    }
+
+    #[test]
+    fn models_tables_slots_and_ecn_are_netems_attributes() {
+        static TABLE: [i16; 3] = [-8192, 0, 8192];
+        let ge = Netem {
+            latency_ns: 50_000_000,
+            jitter_ns: 10_000_000,
+            loss_model: Some(NetemLoss::GilbertElliott {
+                p: 1,
+                r: 2,
+                h: 3,
+                k1: 4,
+            }),
+            delay_dist: Some(&TABLE),
+            slot: Some(NetemSlot {
+                min_delay_ns: 800_000,
+                max_delay_ns: 1_000_000,
+                max_packets: 32,
+                max_bytes: 0,
+            }),
+            ecn: true,
+            ..Netem::default()
+        };
+        let attrs = attributes(&ge.options());
+        let kinds: Vec<(u16, usize)> = attrs.iter().map(|(k, l, _)| (*k, *l)).collect();
+        // LATENCY64, JITTER64, DELAY_DIST (3 s16), LOSS (a nest of GE: 4 + 4 + 16),
+        // ECN, SLOT (40 bytes).
+        assert_eq!(kinds, vec![(10, 12), (11, 12), (2, 10), (5, 24), (7, 8), (12, 44)]);
+        let table: Vec<u8> = TABLE.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        assert_eq!(attrs[2].2, table);
+        let nest = &attrs[3].2;
+        assert_eq!(u16::from_ne_bytes([nest[2], nest[3]]), NETEM_LOSS_GE);
+        assert_eq!((1..=4).map(|i| u32_at(nest, i * 4)).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert_eq!(u32_at(&attrs[4].2, 0), 1);
+        let slot = &attrs[5].2;
+        assert_eq!(i64::from_ne_bytes(slot[0..8].try_into().unwrap()), 800_000);
+        assert_eq!(i64::from_ne_bytes(slot[8..16].try_into().unwrap()), 1_000_000);
+        assert_eq!(u32_at(slot, 16), 32);
+        // The 4-state model: gimodel in the kernel's field order (p14 before p23).
+        let gi = Netem {
+            loss_model: Some(NetemLoss::FourState {
+                p13: 1,
+                p31: 2,
+                p32: 3,
+                p14: 4,
+                p23: 5,
+            }),
+            ..Netem::default()
+        };
+        let attrs = attributes(&gi.options());
+        let nest = &attrs[2].2;
+        assert_eq!((attrs[2].0, u16::from_ne_bytes([nest[2], nest[3]])), (5, NETEM_LOSS_GI));
+        assert_eq!(
+            (1..=5).map(|i| u32_at(nest, i * 4)).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5]
+        );
+        assert_eq!(u32_at(&gi.options(), 8), 0, "no random loss beside a model");
     }
 }

@@ -252,18 +252,16 @@ impl Impairment {
         Ok(())
     }
 
-    /// Whether netem, as weft writes it, applies every set parameter (the first seven
-    /// parameters without correlations); the others run in weft's detour on any kernel.
+    /// Whether netem, as weft writes it, applies every set parameter with weft's
+    /// meaning: everything but correlations, whose meaning in netem is not weft's (see
+    /// docs/emulation.md); an impairment with a correlation runs in weft's detour on
+    /// any kernel.
     pub fn netem_expressible(&self) -> bool {
         self.jitter_corr_ppm.is_none()
-            && self.distribution.is_none()
             && self.loss_corr_ppm.is_none()
-            && self.loss_model.is_none()
             && self.corrupt_corr_ppm.is_none()
             && self.duplicate_corr_ppm.is_none()
             && self.reorder_corr_ppm.is_none()
-            && self.slot.is_none()
-            && !self.ecn
     }
 
     /// Checks what single values cannot: netem varies and reorders only delayed frames.
@@ -822,6 +820,24 @@ mod tests {
         );
         assert!(
             Impairment::from_params([("delay", "5ms"), ("loss", "1%")])
+                .unwrap()
+                .netem_expressible()
+        );
+        // Models, distributions, slots and ECN go through netem; a correlation does not.
+        assert!(
+            Impairment::from_params([
+                ("delay", "5ms"),
+                ("jitter", "1ms"),
+                ("distribution", "pareto"),
+                ("loss", "gemodel 1% 10%"),
+                ("slot", "1ms"),
+                ("ecn", "on"),
+            ])
+            .unwrap()
+            .netem_expressible()
+        );
+        assert!(
+            !Impairment::from_params([("loss", "1% 25%")])
                 .unwrap()
                 .netem_expressible()
         );

@@ -338,6 +338,27 @@ impl Distribution {
         .find(|d| d.as_str() == s)
     }
 
+    /// Its table as netem takes it (`TCA_NETEM_DELAY_DIST`, 16-bit entries): the
+    /// same quantiles with each entry clamped to ±32,767 (four standard deviations),
+    /// which trims Pareto's far tail, as iproute2's own tables do. None for uniform.
+    pub fn netem_table(self) -> Option<&'static [i16]> {
+        static NORMAL: OnceLock<Vec<i16>> = OnceLock::new();
+        static PARETO: OnceLock<Vec<i16>> = OnceLock::new();
+        static PARETONORMAL: OnceLock<Vec<i16>> = OnceLock::new();
+        let cell = match self {
+            Distribution::Uniform => return None,
+            Distribution::Normal => &NORMAL,
+            Distribution::Pareto => &PARETO,
+            Distribution::ParetoNormal => &PARETONORMAL,
+        };
+        let wide = self.table()?;
+        Some(cell.get_or_init(|| {
+            wide.iter()
+                .map(|v| (*v).clamp(i32::from(i16::MIN) + 1, i32::from(i16::MAX)) as i16)
+                .collect()
+        }))
+    }
+
     /// Its table (none for uniform, which netem computes directly).
     fn table(self) -> Option<&'static [i32]> {
         static NORMAL: OnceLock<Vec<i32>> = OnceLock::new();

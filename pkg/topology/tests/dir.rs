@@ -382,3 +382,41 @@ fn cluster_policies_come_from_files_and_another_api_version_is_refused() {
     assert_eq!(cluster_policies(&o), ["baseline"]);
     assert_eq!(o.cluster_policies[0].object.spec.priority, Some(2));
 }
+
+/// A reload serves the very same Topology objects while neither their file nor their
+/// status changed (holders compare them by pointer; a big lab reloads at every status
+/// write), and a new object, with the new status, for the one whose status changed.
+#[test]
+fn unchanged_topologies_are_served_again_without_a_copy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let topo = |name: &str| {
+        format!(
+            "apiVersion: networkop.co.uk/v1beta1\nkind: Topology\nmetadata: {{name: {name}, namespace: lab}}\nspec: {{links: []}}\n"
+        )
+    };
+    write(&dir, "topology.yaml", &[topo("r1"), topo("r2")].join("---\n"));
+    let src = start(&dir);
+    let status = |ip: &str| weft_topology::TopologyStatus {
+        src_ip: ip.into(),
+        net_ns: "/run/netns/x".into(),
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(src.set_status("lab", "r1", status("192.0.2.1"))).unwrap();
+    rt.block_on(src.set_status("lab", "r2", status("192.0.2.2"))).unwrap();
+    src.reload().unwrap();
+    let (r1, r2) = (src.topology("lab", "r1").unwrap(), src.topology("lab", "r2").unwrap());
+    assert_eq!(r1.status.as_ref().unwrap().src_ip, "192.0.2.1");
+    src.reload().unwrap();
+    assert!(
+        Arc::ptr_eq(&r1, &src.topology("lab", "r1").unwrap()),
+        "r1 unchanged: the same object"
+    );
+    rt.block_on(src.set_status("lab", "r2", status("192.0.2.3"))).unwrap();
+    src.reload().unwrap();
+    assert!(Arc::ptr_eq(&r1, &src.topology("lab", "r1").unwrap()));
+    let now = src.topology("lab", "r2").unwrap();
+    assert!(!Arc::ptr_eq(&r2, &now));
+    assert_eq!(now.status.as_ref().unwrap().src_ip, "192.0.2.3");
+}

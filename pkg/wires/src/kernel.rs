@@ -12,7 +12,7 @@ use std::path::Path;
 
 use weft_kernel::detour;
 use weft_kernel::wire::{self as kwire, Emulated, FdbEntry};
-use weft_kernel::{KernelError, LinkStats, NetNs, Netem, Netlink, packet};
+use weft_kernel::{KernelError, LinkStats, NetNs, Netem, NetemLoss, NetemSlot, Netlink, packet};
 use weft_link::Impairment;
 
 /// One end of a wire as the kernel should hold it.
@@ -91,16 +91,52 @@ pub trait WireKernel: Send + Sync + 'static {
 /// An impairment in netem's units: microseconds to nanoseconds, parts per million to
 /// the kernel's `u32` probabilities, bits to bytes per second.
 pub fn netem_of(imp: &Impairment) -> Netem {
+    use weft_link::model::LossModel;
     let p = |v: Option<u32>| weft_kernel::probability(v.unwrap_or(0));
+    // The model with netem's defaults filled in (one definition: weft_link's).
+    let loss_model = imp.loss_model.and_then(|m| match m.model() {
+        LossModel::GilbertElliott { p, r, h, k1 } => Some(NetemLoss::GilbertElliott {
+            p: p.0,
+            r: r.0,
+            h: h.0,
+            k1: k1.0,
+        }),
+        LossModel::State {
+            p13,
+            p31,
+            p32,
+            p23,
+            p14,
+        } => Some(NetemLoss::FourState {
+            p13: p13.0,
+            p31: p31.0,
+            p32: p32.0,
+            p14: p14.0,
+            p23: p23.0,
+        }),
+        // Random loss is the qopt's `loss` (a loss spec's model is never random).
+        LossModel::Random { .. } => None,
+    });
+    let ns = |us: u64| i64::try_from(us.saturating_mul(1000)).unwrap_or(i64::MAX);
+    let slot = imp.slot.map(|s| NetemSlot {
+        min_delay_ns: ns(s.min_us),
+        max_delay_ns: ns(s.max_us),
+        max_packets: s.packets.map_or(0, |n| i32::try_from(n).unwrap_or(i32::MAX)),
+        max_bytes: s.bytes.map_or(0, |n| i32::try_from(n).unwrap_or(i32::MAX)),
+    });
     Netem {
         latency_ns: imp.delay_us.unwrap_or(0) * 1000,
         jitter_ns: imp.jitter_us.unwrap_or(0) * 1000,
-        loss: p(imp.loss_ppm),
+        loss: if loss_model.is_some() { 0 } else { p(imp.loss_ppm) },
         duplicate: p(imp.duplicate_ppm),
         corrupt: p(imp.corrupt_ppm),
         reorder: p(imp.reorder_ppm),
         rate_bytes: imp.rate_bps.map_or(0, |b| (b / 8).max(1)),
         limit: 0,
+        loss_model,
+        delay_dist: imp.distribution.and_then(|d| d.netem_table()),
+        slot,
+        ecn: imp.ecn,
     }
 }
 
@@ -218,8 +254,8 @@ impl WireKernel for HostWireKernel {
             return Ok(Emulated::NoSuchEnd);
         };
         if !imp.netem_expressible() {
-            // Models, correlations, distributions, slots and ECN run in weft's detour on
-            // any kernel (weft's netem writer does not encode them yet): no netem.
+            // Correlations run in weft's detour on any kernel (netem's correlation is
+            // not weft's): no netem.
             return match kwire::set_netem(&mut nl, intf, None)? {
                 Emulated::NoSuchEnd => Ok(Emulated::NoSuchEnd),
                 Emulated::Applied | Emulated::Unsupported => Ok(Emulated::Unsupported),
@@ -253,5 +289,57 @@ impl WireKernel for HostWireKernel {
 
     fn set_node_end_up(&self, id: u64, up: bool) -> Result<bool, KernelError> {
         packet::set_node_end_up(id, up)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netem_gets_models_with_their_defaults_tables_slots_and_ecn() {
+        let imp = Impairment::from_params([
+            ("delay", "20ms"),
+            ("jitter", "5ms"),
+            ("distribution", "pareto"),
+            ("loss", "gemodel 1% 10%"),
+            ("slot", "800us 1ms packets 32"),
+            ("ecn", "on"),
+        ])
+        .unwrap();
+        let n = netem_of(&imp);
+        let p = weft_link::model::Prob::from_ppm;
+        // gemodel's defaults: 1-h 100% (h 0), 1-k 0%.
+        assert_eq!(
+            n.loss_model,
+            Some(NetemLoss::GilbertElliott {
+                p: p(10_000).0,
+                r: p(100_000).0,
+                h: 0,
+                k1: 0
+            })
+        );
+        assert_eq!(n.loss, 0, "the model, not random loss");
+        let table = n.delay_dist.unwrap();
+        assert_eq!(table.len(), weft_link::model::TABLE_SIZE);
+        assert!(table.windows(2).all(|w| w[0] <= w[1]), "quantiles, in order");
+        assert_eq!(*table.last().unwrap(), i16::MAX, "Pareto's tail clamped to 16 bits");
+        assert_eq!(
+            n.slot,
+            Some(NetemSlot {
+                min_delay_ns: 800_000,
+                max_delay_ns: 1_000_000,
+                max_packets: 32,
+                max_bytes: 0
+            })
+        );
+        assert!(n.ecn);
+        let state = netem_of(&Impairment::from_params([("loss", "state 1% 20%")]).unwrap());
+        assert!(matches!(state.loss_model, Some(NetemLoss::FourState { p23, p32: 0, p14: 0, .. }) if p23 == u32::MAX));
+        let plain = netem_of(&Impairment::from_params([("loss", "1%")]).unwrap());
+        assert_eq!(
+            (plain.loss, plain.loss_model, plain.delay_dist),
+            (weft_kernel::probability(10_000), None, None)
+        );
     }
 }

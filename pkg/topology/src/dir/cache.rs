@@ -17,8 +17,20 @@ const RACY: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 pub(super) struct Cache {
-    pub(super) objects: HashMap<PathBuf, Cached<FileObjects>>,
+    /// Each file's objects, shared (a reload of unchanged files copies nothing).
+    pub(super) objects: HashMap<PathBuf, Cached<std::sync::Arc<FileObjects>>>,
     pub(super) statuses: HashMap<PathBuf, Cached<Result<TopologyStatus, String>>>,
+    /// Each Topology served with its status: the file's object, the status, and what
+    /// was served, reused while both are the same (so a reload costs a comparison of
+    /// statuses, not a copy and a deep comparison of every Topology).
+    pub(super) served: HashMap<(String, String), ServedTopology>,
+}
+
+/// A Topology as served: the file's object and the status it was given.
+pub(super) struct ServedTopology {
+    pub(super) base: std::sync::Arc<crate::Topology>,
+    pub(super) status: TopologyStatus,
+    pub(super) with_status: std::sync::Arc<crate::Topology>,
 }
 
 pub(super) struct Cached<T> {

@@ -48,7 +48,8 @@ impl fmt::Display for LoadProblem {
 /// What one topology file holds.
 #[derive(Clone, Default, PartialEq)]
 pub(super) struct FileObjects {
-    pub(super) topologies: Vec<Topology>,
+    /// Topology objects (shared with what is served while the file does not change).
+    pub(super) topologies: Vec<Arc<Topology>>,
     /// `Node` objects.
     pub(super) nodes: Vec<ClusterNode>,
     /// `Pod` objects, as policy reads them (shared with the snapshots while the file
@@ -92,7 +93,7 @@ pub fn read_topologies(dir: &Path) -> Result<(Vec<Topology>, Vec<LoadProblem>), 
     for path in files {
         let bytes = std::fs::read(&path).map_err(|e| file_err(&path, e))?;
         let objects = parse_file(&path, &bytes);
-        topologies.extend(objects.topologies);
+        topologies.extend(objects.topologies.into_iter().map(Arc::unwrap_or_clone));
         problems.extend(objects.problems);
     }
     Ok((topologies, problems))
@@ -102,7 +103,10 @@ pub fn read_topologies(dir: &Path) -> Result<(Vec<Topology>, Vec<LoadProblem>), 
 /// problems and tells JSON from YAML by its extension).
 pub fn parse_topologies(path: &Path, bytes: &[u8]) -> (Vec<Topology>, Vec<LoadProblem>) {
     let objects = parse_file(path, bytes);
-    (objects.topologies, objects.problems)
+    (
+        objects.topologies.into_iter().map(Arc::unwrap_or_clone).collect(),
+        objects.problems,
+    )
 }
 
 /// Parses one file into the objects weft cares about; what cannot be used is reported
@@ -250,7 +254,7 @@ fn add_object(v: Value, what: &str, out: &mut FileObjects, path: &Path) {
                 Ok(mut t) => {
                     let ns = t.metadata.namespace.get_or_insert_with(|| "default".into()).clone();
                     match validate(&t) {
-                        Ok(()) => out.topologies.push(t),
+                        Ok(()) => out.topologies.push(Arc::new(t)),
                         Err(errors) => out.problems.push(problem(label(&ns), errors.join("; "))),
                     }
                 }

@@ -46,7 +46,7 @@ use tokio::sync::watch;
 
 use crate::objects::{PolicyMaps, cluster_policy_key, pod_key, policy_key};
 use crate::{ClusterNode, PolicyObjects, SourceError, Topology, TopologySource, TopologyStatus, WireEnd};
-use cache::{Cache, cached};
+use cache::{Cache, ServedTopology, cached};
 pub use manifest::{LoadProblem, parse_topologies, read_topologies};
 use manifest::{is_topology_file, parse_file};
 use watcher::{reload_loop, watch_dir};
@@ -201,7 +201,7 @@ impl Inner {
         for (key, t) in topologies.iter_mut() {
             match served.topologies.get(key) {
                 // Keep the old Arc when nothing changed, so holders can compare cheaply.
-                Some(old) if **old == **t => *t = old.clone(),
+                Some(old) if Arc::ptr_eq(old, t) || **old == **t => *t = old.clone(),
                 _ => changed = true,
             }
         }
@@ -256,7 +256,7 @@ impl Inner {
         }
         files.sort();
 
-        let mut topologies: BTreeMap<(String, String), (Topology, PathBuf)> = BTreeMap::new();
+        let mut topologies: BTreeMap<(String, String), (Arc<Topology>, PathBuf)> = BTreeMap::new();
         let mut nodes: BTreeMap<String, ClusterNode> = BTreeMap::new();
         let mut policy = PolicyMaps::default();
         // Where each policy object was read first, for the duplicates' problems.
@@ -265,7 +265,9 @@ impl Inner {
         for path in files {
             // Follows symlinks: a ConfigMap mounted as the directory is all symlinks.
             let objects = match std::fs::metadata(&path) {
-                Ok(m) if m.is_file() => cached(&mut cache.objects, &path, &m, now, |bytes| parse_file(&path, bytes)),
+                Ok(m) if m.is_file() => cached(&mut cache.objects, &path, &m, now, |bytes| {
+                    Arc::new(parse_file(&path, bytes))
+                }),
                 Ok(_) => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => Err(e.to_string()),
@@ -357,14 +359,33 @@ impl Inner {
         }
         cache.objects.retain(|p, _| seen.contains(p));
 
-        let statuses = self.load_statuses(cache, now, &mut problems);
+        let mut statuses = self.load_statuses(cache, now, &mut problems);
+        let mut served = std::mem::take(&mut cache.served);
         let topologies = topologies
             .into_iter()
-            .map(|(key, (mut t, _))| {
-                if let Some(s) = statuses.get(&key) {
-                    t.status = Some(s.clone());
-                }
-                (key, Arc::new(t))
+            .map(|(key, (t, _))| {
+                let Some(status) = statuses.remove(&key) else {
+                    return (key, t);
+                };
+                let old = served
+                    .remove(&key)
+                    .filter(|o| Arc::ptr_eq(&o.base, &t) && o.status == status);
+                let with_status = match old {
+                    Some(o) => o.with_status,
+                    None => Arc::new(Topology {
+                        status: Some(status.clone()),
+                        ..(*t).clone()
+                    }),
+                };
+                cache.served.insert(
+                    key.clone(),
+                    ServedTopology {
+                        base: t,
+                        status,
+                        with_status: with_status.clone(),
+                    },
+                );
+                (key, with_status)
             })
             .collect();
         Ok(Loaded {

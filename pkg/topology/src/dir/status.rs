@@ -95,8 +95,30 @@ impl Inner {
             let body = serde_json::to_vec_pretty(status).map_err(|e| SourceError::Other(e.to_string()))?;
             write_atomically(&path, &body)?;
         }
-        // Read our own write back now: the daemon expects to see the status it just set.
-        self.reload()
+        // Serve our own write at once (the daemon expects to see the status it just
+        // set) without reading the whole directory again: in a big lab every pod's
+        // status write would cost a full reload on every node. The watcher's reload
+        // reads the file back soon after and finds the same.
+        self.serve_status(namespace, pod, status);
+        Ok(())
+    }
+
+    /// Serves `status` as the status of `namespace/pod`'s Topology, if it has one.
+    fn serve_status(&self, namespace: &str, pod: &str, status: &TopologyStatus) {
+        let status = (*status != TopologyStatus::default()).then(|| status.clone());
+        let mut served = self.served.lock().expect("lock");
+        let Some(t) = served.topologies.get_mut(&(namespace.to_string(), pod.to_string())) else {
+            return;
+        };
+        if t.status == status {
+            return;
+        }
+        *t = std::sync::Arc::new(crate::Topology {
+            status,
+            ..(**t).clone()
+        });
+        drop(served);
+        self.tx.send_modify(|g| *g += 1);
     }
 
     pub(super) fn write_wires(&self, wires: Vec<WireEnd>) -> Result<(), SourceError> {

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Lab scale benchmark (docs/BENCHMARKS.md, "Lab scale"): for each LINKS:PODS size, a
+# generated lab on 3 nodes (`weftctl lab gen`, gRPC between nodes, veth on a node) is
+# brought up, checked twice and taken down, each timed; after the checks it reads each
+# node's weftd RSS and open descriptors and counts the kernel objects the lab made
+# (interfaces in the lab's namespaces, tc filters, packet sockets) per link.
+# Needs root and release binaries (cargo build --release -p weftd -p weft -p weftctl).
+# Not in CI: the 5,000-link size takes minutes and most of the machine.
+#
+#   test/bench/lab-scale.sh 1500:500 5000:1700
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+B=${WEFT_BIN:-target/release}
+for b in weftd weft weftctl; do
+  [ -x "$B/$b" ] || { echo "no $B/$b: cargo build --release -p weftd -p weft -p weftctl" >&2; exit 1; }
+done
+[ "$(id -u)" = 0 ] || { echo "needs root (network namespaces)" >&2; exit 1; }
+sizes=("$@")
+[ ${#sizes[@]} -gt 0 ] || sizes=(1500:500 5000:1700)
+work=$(mktemp -d /tmp/weft-lab-scale.XXXXXX)
+export WEFT_LAB_DIR="$work/labs"
+trap 'for f in "$work"/*.yaml; do [ -e "$f" ] && "$B/weftctl" lab down "$f" >/dev/null 2>&1 || true; done; rm -rf "$work"' EXIT
+
+secs() { # seconds since $1 (from date +%s.%N)
+  echo "$(date +%s.%N) - $1" | bc
+}
+
+printf '| links | pods | nodes | lab up (s) | lab check (s, 2 runs) | lab down (s) | weftd RSS n1/n2/n3 (MiB) | weftd fds n1/n2/n3 | link interfaces per link: in pods / on nodes | tc filters per link | load at start |\n'
+printf '|---:|---:|---:|---:|---:|---:|---|---|---|---:|---|\n'
+for size in "${sizes[@]}"; do
+  links=${size%%:*}
+  pods=${size##*:}
+  name="sc$links"
+  file="$work/$name.yaml"
+  "$B/weftctl" lab gen --pods "$pods" --links "$links" --nodes 3 --kind grpc --name "$name" -o "$file"
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  t=$(date +%s.%N); "$B/weftctl" lab up "$file" > "$work/up.log"; up=$(secs "$t")
+  checks=()
+  for _ in 1 2; do
+    t=$(date +%s.%N); "$B/weftctl" lab check "$file" --within 30 > "$work/check.log"; checks+=("$(secs "$t")")
+  done
+  rss=() fds=()
+  for n in n1 n2 n3; do
+    pid=$(cut -d' ' -f1 "$WEFT_LAB_DIR/$name/nodes/$n/weftd.pid")
+    rss+=("$(awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$pid/status")")
+    fds+=("$(ls "/proc/$pid/fd" | wc -l)")
+  done
+  # Link ends in the pods (every interface but lo and eth0) and on the nodes (every
+  # interface but lo, the uplink and the host end of each pod's eth0).
+  in_pods=0 on_nodes=0 filters=0
+  for ns in $(ip netns list | awk -v p="$name-" 'index($1, p) == 1 {print $1}'); do
+    devs=$(ip -n "$ns" -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -vx lo || true)
+    case "$ns" in
+      "$name-p-"*) in_pods=$((in_pods + $(echo "$devs" | grep -cvx eth0 || true))) ;;
+      "$name-n"[0-9]*) on_nodes=$((on_nodes + $(echo "$devs" | grep -c . || true))) ;;
+    esac
+    for dev in $devs; do
+      filters=$((filters + $(tc -n "$ns" filter show dev "$dev" ingress 2>/dev/null | grep -c '^filter' || true)))
+    done
+  done
+  on_nodes=$((on_nodes - pods - 3))
+  t=$(date +%s.%N); "$B/weftctl" lab down "$file" > /dev/null; down=$(secs "$t")
+  printf '| %s | %s | 3 | %.1f | %.1f, %.1f | %.1f | %s | %s | %.2f / %.2f | %.2f | %s |\n' \
+    "$links" "$pods" "$up" "${checks[0]}" "${checks[1]}" "$down" \
+    "$(IFS=/; echo "${rss[*]}")" "$(IFS=/; echo "${fds[*]}")" \
+    "$(echo "$in_pods / $links" | bc -l)" "$(echo "$on_nodes / $links" | bc -l)" \
+    "$(echo "$filters / $links" | bc -l)" "$load"
+done
