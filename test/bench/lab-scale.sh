@@ -2,8 +2,9 @@
 # Lab scale benchmark (docs/BENCHMARKS.md, "Lab scale"): for each LINKS:PODS size, a
 # generated lab on 3 nodes (`weftctl lab gen`, gRPC between nodes, veth on a node) is
 # brought up, checked twice and taken down, each timed; after the checks it reads each
-# node's weftd RSS and open descriptors and counts the kernel objects the lab made
-# (interfaces in the lab's namespaces, tc filters, packet sockets) per link.
+# node's weftd RSS and open descriptors and counts the kernel objects the lab made per
+# link: the link ends in the pods, the interfaces on the nodes beyond one per pod, and
+# (in the weftd fds) the packet sockets of gRPC ends.
 # Needs root and release binaries (cargo build --release -p weftd -p weft -p weftctl).
 # Not in CI: the 5,000-link size takes minutes and most of the machine.
 #
@@ -25,8 +26,8 @@ secs() { # seconds since $1 (from date +%s.%N)
   echo "$(date +%s.%N) - $1" | bc
 }
 
-printf '| links | pods | nodes | lab up (s) | lab check (s, 2 runs) | lab down (s) | weftd RSS n1/n2/n3 (MiB) | weftd fds n1/n2/n3 | link interfaces per link: in pods / on nodes | tc filters per link | load at start |\n'
-printf '|---:|---:|---:|---:|---:|---:|---|---|---|---:|---|\n'
+printf '| links | pods | nodes | lab up (s) | lab check (s, 2 runs) | lab down (s) | weftd RSS n1/n2/n3 (MiB) | weftd fds n1/n2/n3 | link interfaces per link: in pods / on nodes | load at start |\n'
+printf '|---:|---:|---:|---:|---:|---:|---|---|---|---|\n'
 for size in "${sizes[@]}"; do
   links=${size%%:*}
   pods=${size##*:}
@@ -47,22 +48,18 @@ for size in "${sizes[@]}"; do
   done
   # Link ends in the pods (every interface but lo and eth0) and on the nodes (every
   # interface but lo, the uplink and the host end of each pod's eth0).
-  in_pods=0 on_nodes=0 filters=0
+  in_pods=0 on_nodes=0
   for ns in $(ip netns list | awk -v p="$name-" 'index($1, p) == 1 {print $1}'); do
     devs=$(ip -n "$ns" -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -vx lo || true)
     case "$ns" in
       "$name-p-"*) in_pods=$((in_pods + $(echo "$devs" | grep -cvx eth0 || true))) ;;
       "$name-n"[0-9]*) on_nodes=$((on_nodes + $(echo "$devs" | grep -c . || true))) ;;
     esac
-    for dev in $devs; do
-      filters=$((filters + $(tc -n "$ns" filter show dev "$dev" ingress 2>/dev/null | grep -c '^filter' || true)))
-    done
   done
   on_nodes=$((on_nodes - pods - 3))
   t=$(date +%s.%N); "$B/weftctl" lab down "$file" > /dev/null; down=$(secs "$t")
-  printf '| %s | %s | 3 | %.1f | %.1f, %.1f | %.1f | %s | %s | %.2f / %.2f | %.2f | %s |\n' \
+  printf '| %s | %s | 3 | %.1f | %.1f, %.1f | %.1f | %s | %s | %.2f / %.2f | %s |\n' \
     "$links" "$pods" "$up" "${checks[0]}" "${checks[1]}" "$down" \
     "$(IFS=/; echo "${rss[*]}")" "$(IFS=/; echo "${fds[*]}")" \
-    "$(echo "$in_pods / $links" | bc -l)" "$(echo "$on_nodes / $links" | bc -l)" \
-    "$(echo "$filters / $links" | bc -l)" "$load"
+    "$(echo "$in_pods / $links" | bc -l)" "$(echo "$on_nodes / $links" | bc -l)" "$load"
 done
