@@ -90,6 +90,27 @@ fn burst_refusals(lab: &Lab) -> f64 {
         .sum()
 }
 
+/// Connections the kernel of network namespace `ns` dropped before any socket was
+/// accepted for them (`TcpExt: ListenDrops`): the client saw its handshake complete,
+/// the listener never saw the connection, so weftd cannot count it.
+fn listen_drops(ns: &str) -> f64 {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "cat", "/proc/net/netstat"])
+        .output()
+        .expect("reading /proc/net/netstat");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+        return 0.0;
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "ListenDrops")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Polls `read` until it reaches `target` or `limit` passes; the last value.
 fn wait_value(limit: Duration, target: f64, mut read: impl FnMut() -> f64) -> f64 {
     let deadline = Instant::now() + limit;
@@ -803,6 +824,7 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
     // 2,000 connections in a burst from outside, each sending a few bytes that are not
     // TLS and closing: every one that connected is counted under a connection refusal.
     let before = burst_refusals(&lab);
+    let drops_before = listen_drops(&lab.node_ns("n1"));
     let burst_start = Instant::now();
     let (connected, failures) = attack(&outside, move || async move {
         let slots = Arc::new(tokio::sync::Semaphore::new(BURST_PARALLEL));
@@ -832,8 +854,9 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
     });
     let burst_time = burst_start.elapsed();
     let after = wait_value(Duration::from_secs(20), before + connected as f64, || {
-        burst_refusals(&lab)
+        burst_refusals(&lab) + listen_drops(&lab.node_ns("n1")) - drops_before
     });
+    let dropped = listen_drops(&lab.node_ns("n1")) - drops_before;
     let page = node_metrics(&lab, "n1");
     let split: Vec<String> = ["tls_handshake", "handshake_overload", "handshake_timeout"]
         .iter()
@@ -845,9 +868,11 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
         "connections of the burst failed: {:?}",
         &failures[..failures.len().min(5)]
     );
+    // Every connection is counted by weftd, or was dropped by the kernel's full
+    // accept queue before weftd could see it (on a busy machine).
     assert!(
         after - before >= connected as f64,
-        "burst: {connected} connections, {} counted ({})",
+        "burst: {connected} connections, {} counted or dropped by the kernel ({}, ListenDrops={dropped})",
         after - before,
         split.join(", ")
     );
