@@ -709,6 +709,12 @@ pub fn is_wire_row(row: &str) -> bool {
     row.starts_with("Wires") || row.starts_with("Peer node streams")
 }
 
+/// Whether a dashboard row charts weft's link emulation (empty without impairments:
+/// its queries are run by the lab test, their results not required).
+pub fn is_emulation_row(row: &str) -> bool {
+    row.starts_with("Link emulation")
+}
+
 /// Whether a dashboard row charts pod traffic between nodes (evaluated by the cluster
 /// lab test, where there are several nodes).
 pub fn is_node_network_row(row: &str) -> bool {

@@ -141,6 +141,14 @@ fn lab_wires_survive_crashes_deletes_and_moves() {
         let r = prom.query(&q.expr);
         assert!(!r.is_empty(), "wire panel {:?} returns nothing: {}", q.title, q.expr);
     }
+    // The emulation's panels have nothing to show without impairments: their queries
+    // must still be ones Prometheus runs.
+    for q in dashboard_queries("weft.json")
+        .into_iter()
+        .filter(|q| weft_tests::is_emulation_row(&q.row))
+    {
+        prom.query(&q.expr);
+    }
     for kind in ["veth", "vxlan", "grpc"] {
         let frames = prom.query(&format!("sum(weft_wire_frames_total{{kind=\"{kind}\"}}) > 0"));
         assert!(!frames.is_empty(), "no frames counted on n1's {kind} wires");

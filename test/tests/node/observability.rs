@@ -522,10 +522,12 @@ fn dashboard_queries_and_alerts_work_in_prometheus() {
     // Every panel query of the dashboard returns at least one series (the wire rows
     // need wires: the lab test evaluates those).
     let mut n = 0;
-    for q in dashboard_queries("weft.json")
-        .iter()
-        .filter(|q| !is_wire_row(&q.row) && !is_node_network_row(&q.row) && !weft_tests::is_policy_row(&q.row))
-    {
+    for q in dashboard_queries("weft.json").iter().filter(|q| {
+        !is_wire_row(&q.row)
+            && !is_node_network_row(&q.row)
+            && !weft_tests::is_policy_row(&q.row)
+            && !weft_tests::is_emulation_row(&q.row)
+    }) {
         let r = prom.query(&q.expr);
         assert!(!r.is_empty(), "panel {:?} query returns nothing: {}", q.title, q.expr);
         n += 1;
