@@ -420,3 +420,62 @@ fn unchanged_topologies_are_served_again_without_a_copy() {
     assert!(!Arc::ptr_eq(&r2, &now));
     assert_eq!(now.status.as_ref().unwrap().src_ip, "192.0.2.3");
 }
+
+/// Another daemon's status writes reach this one through the watch file by file: the
+/// written pod's Topology gets its status, the others stay the very same objects; a
+/// removed status file clears it, and one that is no status reloads the whole directory
+/// (which serves the Topology without it).
+#[test]
+fn another_daemons_status_writes_are_served_file_by_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let topo = |name: &str| {
+        format!(
+            "apiVersion: networkop.co.uk/v1beta1\nkind: Topology\nmetadata: {{name: {name}, namespace: lab}}\nspec: {{links: []}}\n"
+        )
+    };
+    write(&dir, "topology.yaml", &[topo("r1"), topo("r2")].join("---\n"));
+    let writer = DirSource::start(dir.clone(), "n1".into()).unwrap();
+    let reader = DirSource::start(dir.clone(), "n2".into()).unwrap();
+    let r2 = reader.topology("lab", "r2").unwrap();
+    let status = weft_topology::TopologyStatus {
+        src_ip: "192.0.2.1".into(),
+        net_ns: "/run/netns/x".into(),
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let src_ip = |s: &DirSource| {
+        s.topology("lab", "r1")
+            .unwrap()
+            .status
+            .as_ref()
+            .map(|s| s.src_ip.clone())
+    };
+    let until = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !ok() {
+            assert!(std::time::Instant::now() < deadline, "{what} not seen within 5 s");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+
+    rt.block_on(writer.set_status("lab", "r1", status.clone())).unwrap();
+    until("r1's status", &|| src_ip(&reader).as_deref() == Some("192.0.2.1"));
+    assert!(Arc::ptr_eq(&r2, &reader.topology("lab", "r2").unwrap()), "r2 untouched");
+
+    rt.block_on(writer.set_status("lab", "r1", Default::default())).unwrap();
+    until("r1's status removed", &|| src_ip(&reader).is_none());
+
+    rt.block_on(writer.set_status("lab", "r1", status)).unwrap();
+    until("r1's status again", &|| src_ip(&reader).is_some());
+    std::fs::write(dir.join(".status/lab/r1.json"), "not json").unwrap();
+    until("the unreadable status dropped", &|| src_ip(&reader).is_none());
+    assert!(
+        reader
+            .problems()
+            .iter()
+            .any(|p| p.file.ends_with(".status/lab/r1.json")),
+        "{:?}",
+        reader.problems()
+    );
+}

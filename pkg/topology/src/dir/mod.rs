@@ -49,7 +49,7 @@ use crate::{ClusterNode, PolicyObjects, SourceError, Topology, TopologySource, T
 use cache::{Cache, ServedTopology, cached};
 pub use manifest::{LoadProblem, parse_topologies, read_topologies};
 use manifest::{is_topology_file, parse_file};
-use watcher::{reload_loop, watch_dir};
+use watcher::{Change, reload_loop, watch_dir};
 
 const STATUS_DIR: &str = ".status";
 const WIRES_DIR: &str = ".wires";
@@ -60,7 +60,7 @@ pub struct DirSource {
     inner: Arc<Inner>,
     // Dropping the watcher ends the event channel, which stops the reload thread.
     _watcher: Option<notify::RecommendedWatcher>,
-    _events: std_mpsc::Sender<()>,
+    _events: std_mpsc::Sender<Change>,
 }
 
 struct Inner {

@@ -103,6 +103,33 @@ impl Inner {
         Ok(())
     }
 
+    /// Reads the status files at `paths` (written or removed by any daemon) and serves
+    /// each as its pod's, without reading the rest of the directory. False when one
+    /// cannot be read as a status: a reload of everything records the problem.
+    pub(super) fn reload_statuses(&self, paths: &[&Path]) -> bool {
+        // Held as a reload holds it, so a reload that read the directory before these
+        // writes does not swap in what it read after they were served.
+        let _cache = self.cache.lock().expect("lock");
+        for path in paths {
+            let (Some(pod), Some(namespace)) = (
+                path.file_stem().and_then(|n| n.to_str()),
+                path.parent().and_then(|d| d.file_name()).and_then(|n| n.to_str()),
+            ) else {
+                return false;
+            };
+            let status = match std::fs::read(path) {
+                Ok(bytes) => match serde_json::from_slice::<TopologyStatus>(&bytes) {
+                    Ok(s) => s,
+                    Err(_) => return false,
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => TopologyStatus::default(),
+                Err(_) => return false,
+            };
+            self.serve_status(namespace, pod, &status);
+        }
+        true
+    }
+
     /// Serves `status` as the status of `namespace/pod`'s Topology, if it has one.
     fn serve_status(&self, namespace: &str, pod: &str, status: &TopologyStatus) {
         let status = (*status != TopologyStatus::default()).then(|| status.clone());

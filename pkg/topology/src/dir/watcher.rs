@@ -1,7 +1,10 @@
 //! The thread that notices changes: inotify events (debounced) and, should one be lost
-//! or inotify be unavailable, a full rescan every 2 s.
+//! or inotify be unavailable, a full rescan every 2 s. A burst of events that touched
+//! pods' status files only is served file by file; anything else (a topology file, a
+//! new namespace directory, an overflowed queue) reloads the whole directory.
 
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::sync::Weak;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
@@ -9,7 +12,7 @@ use std::time::{Duration, Instant};
 use notify::event::{AccessKind, AccessMode, MetadataKind, ModifyKind};
 use notify::{EventKind, RecursiveMode, Watcher};
 
-use super::{Inner, WIRES_DIR};
+use super::{Inner, STATUS_DIR, WIRES_DIR};
 
 /// How often the directory is rescanned whatever inotify says.
 const RESCAN: Duration = Duration::from_secs(2);
@@ -17,57 +20,158 @@ const RESCAN: Duration = Duration::from_secs(2);
 /// several events; one reload is enough).
 const DEBOUNCE: Duration = Duration::from_millis(50);
 
+/// What a file event asks of the reload thread.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Change {
+    /// Pod `<namespace>/<pod>`'s status file at this path was written or removed.
+    Status(PathBuf),
+    /// Anything else: only a reload of the whole directory can tell what changed.
+    Everything,
+}
+
 /// Watches the directory and everything under it (`.status/<namespace>/` appear later).
-pub(super) fn watch_dir(dir: &Path, events: std_mpsc::Sender<()>) -> notify::Result<notify::RecommendedWatcher> {
-    let wires = dir.join(WIRES_DIR);
+pub(super) fn watch_dir(dir: &Path, events: std_mpsc::Sender<Change>) -> notify::Result<notify::RecommendedWatcher> {
+    let root = dir.to_path_buf();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        let relevant = match res {
-            Ok(ev) => relevant_event(&ev, &wires),
+        let changes = match res {
+            Ok(ev) => classify(&ev, &root),
             // An overflowed queue or a failing watch: only a reload can tell what changed.
-            Err(_) => true,
+            Err(_) => vec![Change::Everything],
         };
-        if relevant {
-            let _ = events.send(());
+        for c in changes {
+            let _ = events.send(c);
         }
     })?;
     watcher.watch(dir, RecursiveMode::Recursive)?;
     Ok(watcher)
 }
 
-/// Whether an event may change what is served. Our own reads (opens, closes without
-/// writing, access times) are not, or every reload would trigger the next.
-fn relevant_event(ev: &notify::Event, wires: &Path) -> bool {
+/// What an event may change of what is served (nothing for our own reads: opens,
+/// closes without writing, access times, or every reload would trigger the next; nor
+/// for the nodes' wire-state files, which nothing serves; nor for the temporary files
+/// of a status write, whose rename to the status file is the event that counts).
+fn classify(ev: &notify::Event, root: &Path) -> Vec<Change> {
     match ev.kind {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => {}
-        EventKind::Access(_) => return false,
-        EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)) => return false,
+        EventKind::Access(_) => return vec![],
+        EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)) => return vec![],
         _ => {}
     }
-    ev.paths.is_empty() || ev.paths.iter().any(|p| !p.starts_with(wires))
+    if ev.paths.is_empty() {
+        return vec![Change::Everything];
+    }
+    let (wires, statuses) = (root.join(WIRES_DIR), root.join(STATUS_DIR));
+    ev.paths
+        .iter()
+        .filter(|p| !p.starts_with(&wires))
+        .filter_map(|p| match p.strip_prefix(&statuses) {
+            Ok(rel) => {
+                let parts: Vec<_> = rel.components().collect();
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                match parts.len() {
+                    2 if name.starts_with('.') => None,
+                    2 if name.ends_with(".json") => Some(Change::Status(p.clone())),
+                    _ => Some(Change::Everything),
+                }
+            }
+            Err(_) => Some(Change::Everything),
+        })
+        .collect()
 }
 
-pub(super) fn reload_loop(inner: Weak<Inner>, rx: std_mpsc::Receiver<()>) {
+pub(super) fn reload_loop(inner: Weak<Inner>, rx: std_mpsc::Receiver<Change>) {
     let mut next_rescan = Instant::now() + RESCAN;
     loop {
         let wait = next_rescan.saturating_duration_since(Instant::now());
+        let mut burst = BTreeSet::new();
         match rx.recv_timeout(wait) {
-            Ok(()) => {
+            Ok(c) => {
+                burst.insert(c);
                 std::thread::sleep(DEBOUNCE);
                 loop {
                     match rx.try_recv() {
-                        Ok(()) => continue,
+                        Ok(c) => {
+                            burst.insert(c);
+                        }
                         Err(std_mpsc::TryRecvError::Empty) => break,
                         Err(std_mpsc::TryRecvError::Disconnected) => return,
                     }
                 }
             }
-            Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                burst.insert(Change::Everything);
+            }
             Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
         }
         let Some(inner) = inner.upgrade() else { return };
+        let statuses: Vec<&Path> = burst
+            .iter()
+            .filter_map(|c| match c {
+                Change::Status(p) => Some(p.as_path()),
+                Change::Everything => None,
+            })
+            .collect();
+        // A burst of status writes (every pod's arrival in a big lab is one) costs the
+        // files written, not a read of every file of the directory.
+        if !burst.contains(&Change::Everything) && inner.reload_statuses(&statuses) {
+            continue;
+        }
         if let Err(e) = inner.reload() {
             tracing::warn!(dir = %inner.dir.display(), error = %e, "cannot read the topology directory; serving what was loaded before");
         }
         next_rescan = Instant::now() + RESCAN;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{CreateKind, RemoveKind, RenameMode};
+
+    fn ev(kind: EventKind, paths: &[&str]) -> notify::Event {
+        let mut e = notify::Event::new(kind);
+        e.paths = paths.iter().map(PathBuf::from).collect();
+        e
+    }
+
+    #[test]
+    fn status_writes_are_served_file_by_file_and_the_rest_reloads_all() {
+        let root = Path::new("/lab");
+        let rename = EventKind::Modify(ModifyKind::Name(RenameMode::Both));
+        assert_eq!(
+            classify(
+                &ev(rename, &["/lab/.status/x/.weft-1.tmp", "/lab/.status/x/a.json"]),
+                root
+            ),
+            vec![Change::Status("/lab/.status/x/a.json".into())]
+        );
+        assert_eq!(
+            classify(
+                &ev(EventKind::Remove(RemoveKind::File), &["/lab/.status/x/a.json"]),
+                root
+            ),
+            vec![Change::Status("/lab/.status/x/a.json".into())]
+        );
+        // A status write's temporary file, a node's wire state, our own reads: nothing.
+        assert!(
+            classify(
+                &ev(EventKind::Create(CreateKind::File), &["/lab/.status/x/.weft-2.tmp"]),
+                root
+            )
+            .is_empty()
+        );
+        assert!(classify(&ev(EventKind::Create(CreateKind::File), &["/lab/.wires/n1.json"]), root).is_empty());
+        assert!(classify(&ev(EventKind::Access(AccessKind::Read), &["/lab/topo.yaml"]), root).is_empty());
+        // A topology file, a new namespace directory, an event without paths: all.
+        for e in [
+            ev(
+                EventKind::Access(AccessKind::Close(AccessMode::Write)),
+                &["/lab/topo.yaml"],
+            ),
+            ev(EventKind::Create(CreateKind::Folder), &["/lab/.status/y"]),
+            ev(EventKind::Other, &[]),
+        ] {
+            assert_eq!(classify(&e, root), vec![Change::Everything], "{e:?}");
+        }
     }
 }

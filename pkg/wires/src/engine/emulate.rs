@@ -48,6 +48,11 @@ impl<P: GrpcPlane> Engine<P> {
         self.problems.lock().expect("problems lock").get(&id).cloned()
     }
 
+    /// Whether end `id`'s settings are not in force.
+    fn has_problem(&self, id: u64) -> bool {
+        self.problems.lock().expect("problems lock").contains_key(&id)
+    }
+
     /// Records (or clears) why end `r`'s settings are not in force, logging a new reason
     /// once rather than at every pass.
     fn set_problem(&self, r: &WireEnd, problem: Option<String>) {
@@ -65,16 +70,23 @@ impl<P: GrpcPlane> Engine<P> {
         }
     }
 
-    /// Brings every built end of the pass to its impairment and carrier by intent,
-    /// through each end's carrier, and returns the run-time settings it went by (the
-    /// pass reports links down by intent from them).
-    pub(super) async fn emulate(&self, cx: &mut Cx<'_, P>) -> Result<HashMap<u64, EndSettings>, WireError> {
-        let settings = self.store.run(|db| db.link_settings()).await?;
+    /// Brings the built ends of the pass to their impairment and carrier by intent,
+    /// through each end's carrier, going by the run-time `settings`: the ends the pass
+    /// `looked_at`, and any other end never applied or whose emulation is not in force
+    /// (an end the pass did not look at, applied as it should be, stays: neither its
+    /// pod, its peer nor its settings moved).
+    pub(super) async fn emulate(
+        &self,
+        cx: &mut Cx<'_, P>,
+        settings: &HashMap<u64, EndSettings>,
+        looked_at: impl Fn(&WireEnd) -> bool,
+    ) -> Result<(), WireError> {
         self.list_leftover_detours(cx).await?;
         let ids: Vec<u64> = cx
             .records
             .values()
             .filter(|r| r.state != WireState::Pending)
+            .filter(|r| looked_at(r) || !cx.pass.applied.contains_key(&r.id) || self.has_problem(r.id))
             .map(|r| r.id)
             .collect();
         for id in ids {
@@ -139,7 +151,7 @@ impl<P: GrpcPlane> Engine<P> {
             self.set_problem(&r, problem);
             cx.pass.applied.insert(r.id, a);
         }
-        Ok(settings)
+        Ok(())
     }
 
     /// Notes the link detours an earlier run left on this node, once: an end that no
@@ -215,7 +227,8 @@ impl<P: GrpcPlane> Engine<P> {
             self.store.run(move |db| db.put_link_settings(peer_id, &theirs)).await?;
         }
         info!(pod = %pod, intf = %intf, change = ?change, "link changed by an operator");
-        self.pass_and_wait().await;
+        // The pass sees the settings move (the far end's too, on this node).
+        self.pass_of_and_wait([plan::owner(&r)]).await;
         let topology = self.topology_impairment(&r);
         let problem = self.problem(r.id);
         let mut v = plan::view(r, topology, mine);

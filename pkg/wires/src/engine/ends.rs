@@ -19,11 +19,17 @@ impl<P: GrpcPlane> Engine<P> {
     /// follows does the kernel work.
     pub async fn ends(&self, req: EndsRequest) -> EndsReply {
         let from = req.from.unwrap_or_default();
+        // The pods whose ends the caller spoke of: the pass that follows looks at them.
+        let pods: Vec<_> = req
+            .ends
+            .iter()
+            .map(|e| (e.namespace.clone(), e.peer_pod.clone()))
+            .collect();
         let mut results = Vec::with_capacity(req.ends.len());
         for end in req.ends {
             results.push(self.one_end(&from, end).await);
         }
-        self.passes.kick();
+        self.passes.kick_pods(pods);
         EndsReply { results }
     }
 

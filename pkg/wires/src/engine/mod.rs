@@ -3,9 +3,10 @@
 //!
 //! One task (`pass`) does the wiring, level-triggered: whenever anything changes (a pod
 //! comes or goes, the topology source moves, a peer node calls, a timer fires) it runs
-//! a pass that compares, for every link of every local pod, the end that should exist
-//! with the end the store records, and has the link's [`Carrier`] build, re-point, set
-//! down or remove ends until they agree. Because only that task builds wires, two pods
+//! a pass that compares, for every link of the pods that moved and the local pods
+//! linked to them (of every local pod once per resync interval), the end that should
+//! exist with the end the store records, and has the link's [`Carrier`] build,
+//! re-point, set down or remove ends until they agree. Because only that task builds wires, two pods
 //! arriving at once cannot race; who builds a shared piece is decided by name, never by
 //! timing:
 //! - same node: the pod with the lower name builds the veth pair for both;
@@ -34,7 +35,7 @@ mod ends;
 mod pass;
 pub(crate) mod plan;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -202,12 +203,24 @@ pub struct Engine<P = DataPlane> {
     links: watch::Sender<BTreeMap<PodKey, Vec<LinkStatus>>>,
 }
 
-/// Pass requests: any path asks for a pass and may wait for one that started after
-/// its request; the run task says which requests its passes covered.
+/// Pass requests: any path asks for a pass (of every pod, or of the pods it names) and
+/// may wait for one that started after its request; the run task takes what was asked
+/// and says which requests its passes covered.
 struct Passes {
     kick: Notify,
     requested: AtomicU64,
     done: watch::Sender<u64>,
+    /// What the requests not taken yet asked the next pass to look at.
+    asked: Mutex<Asked>,
+}
+
+/// What pass requests asked to be looked at, beyond what the pass finds moved itself.
+#[derive(Debug, Default)]
+pub(crate) struct Asked {
+    /// Every local pod, its kernel objects read back.
+    pub(crate) all: bool,
+    /// These pods (and the local pods linked to them).
+    pub(crate) pods: BTreeSet<PodKey>,
 }
 
 impl Passes {
@@ -216,14 +229,32 @@ impl Passes {
             kick: Notify::new(),
             requested: AtomicU64::new(0),
             done: watch::channel(0).0,
+            asked: Mutex::default(),
         }
     }
 
-    /// Asks for a pass; returns the request's number.
+    /// Asks for a pass of every pod; returns the request's number.
     fn kick(&self) -> u64 {
+        self.ask(|a| a.all = true)
+    }
+
+    /// Asks for a pass of `pods`; returns the request's number.
+    fn kick_pods(&self, pods: impl IntoIterator<Item = PodKey>) -> u64 {
+        self.ask(|a| a.pods.extend(pods))
+    }
+
+    /// Notes what is asked before the request is counted: a pass that counts the
+    /// request has what it asked for.
+    fn ask(&self, f: impl FnOnce(&mut Asked)) -> u64 {
+        f(&mut self.asked.lock().expect("asked lock"));
         let n = self.requested.fetch_add(1, Ordering::AcqRel) + 1;
         self.kick.notify_one();
         n
+    }
+
+    /// What was asked since the last pass took it.
+    fn take_asked(&self) -> Asked {
+        std::mem::take(&mut *self.asked.lock().expect("asked lock"))
     }
 
     /// Resolves when a pass is asked for.
@@ -241,10 +272,8 @@ impl Passes {
         self.done.send_modify(|d| *d = (*d).max(n));
     }
 
-    /// Asks for a pass and waits (15 s at most) until one that started after the
-    /// request is done.
-    async fn run_and_wait(&self) {
-        let want = self.kick();
+    /// Waits (15 s at most) until a pass covering request `want` is done.
+    async fn wait(&self, want: u64) {
         let mut done = self.done.subscribe();
         let _ = tokio::time::timeout(Duration::from_secs(15), done.wait_for(|d| *d >= want)).await;
     }
@@ -332,7 +361,7 @@ impl<P: GrpcPlane> Engine<P> {
             .lock()
             .expect("pods lock")
             .insert((namespace.into(), name.into()), pod);
-        self.pass_and_wait().await;
+        self.pass_of_and_wait([(namespace.into(), name.into())]).await;
     }
 
     /// A pod of this node is being detached: removes its ends (telling their peers) and
@@ -358,7 +387,7 @@ impl<P: GrpcPlane> Engine<P> {
                 warn!(pod = %format!("{namespace}/{name}"), error = %e, "could not clear the topology status");
             }
         }
-        self.pass_and_wait().await;
+        self.pass_of_and_wait([(namespace.into(), name.into())]).await;
     }
 
     /// Waits until every link of pod `name` (in `namespace`) is up or down by intent,
@@ -407,7 +436,7 @@ impl<P: GrpcPlane> Engine<P> {
                 .await
                 .is_err()
             {
-                self.passes.kick();
+                self.passes.kick_pods([key.clone()]);
             }
         }
     }
@@ -417,9 +446,16 @@ impl<P: GrpcPlane> Engine<P> {
         self.links.borrow().clone()
     }
 
-    /// Asks for a pass and waits until one that started after the request is done.
+    /// Asks for a pass of every pod (their kernel objects read back) and waits until
+    /// one that started after the request is done.
     pub async fn pass_and_wait(&self) {
-        self.passes.run_and_wait().await
+        self.passes.wait(self.passes.kick()).await
+    }
+
+    /// Asks for a pass of `pods` (and the local pods linked to them) and waits until
+    /// one that started after the request is done.
+    async fn pass_of_and_wait(&self, pods: impl IntoIterator<Item = PodKey>) {
+        self.passes.wait(self.passes.kick_pods(pods)).await
     }
 
     /// The wire ends this node holds.

@@ -1,6 +1,15 @@
 //! The run task and its pass: publish where this node's pods run, bring every link of
-//! every local pod where the plan says (through the link's carrier), remove ends
-//! nothing asks for, apply emulation, report and mirror the result.
+//! the pods the pass looks at where the plan says (through the link's carrier), remove
+//! ends nothing asks for, apply emulation, report and mirror the result.
+//!
+//! A pass looks at the pods that moved since the last one and the local pods linked to
+//! them ([`plan::affected`]): pods attached or detached, pods whose Topology changed
+//! (the source keeps an unchanged one's `Arc`, so a pointer tells), pods a peer node
+//! spoke of, pods whose run-time settings changed, pods whose last attempt failed. Once
+//! every resync interval (and when asked, or when this node's address changes) a pass
+//! looks at every pod and reads their kernel objects back, which repairs drift. So a
+//! node of thousands of links wires each arriving pod in time of its own links, not of
+//! the node's.
 //!
 //! What the task remembers from one pass to the next ([`PassState`]) is owned by it
 //! and lent to each pass; no other path reads or writes it.
@@ -8,10 +17,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 use weft_link::{EndSettings, LinkKind, LinkPhase, LinkStatus, WireEnd};
+use weft_topology::Topology;
 
 use super::carrier::{Cx, Far};
 use super::emulate::Applied;
@@ -22,16 +32,26 @@ use crate::ids::wire_id;
 use crate::metrics::LinkStateLabels;
 use crate::plane::GrpcPlane;
 
+/// The least time between two writes of the wire-state resource by passes that look
+/// at some pods only (a pass of every pod writes at once): at thousands of ends each
+/// write is the whole list, and pods arrive many a second.
+const MIRROR_EVERY: Duration = Duration::from_secs(1);
+
 /// What the run task carries from one pass to the next.
 #[derive(Debug, Default)]
 pub(crate) struct PassState {
     /// Set by a pass that left work waiting (on a peer, a write), so the next comes
     /// sooner.
     pub(crate) retry: bool,
+    /// Pods whose last attempt failed or whose status could not be written: the next
+    /// pass looks at them again.
+    pub(crate) retry_pods: BTreeSet<PodKey>,
     /// Whether the wire-state resource holds what the store says: false at start (the
     /// resource may predate a crash) and after a failed write, so the next pass writes
     /// it even when no end changed.
     pub(crate) mirrored: bool,
+    /// When the wire-state resource was last written.
+    pub(crate) mirrored_at: Option<Instant>,
     /// What each end's emulation (impairment, carrier by intent) was last set to.
     pub(crate) applied: HashMap<u64, Applied>,
     /// Link detours found on the node at start (wire ids' low bits) that no pass has
@@ -39,20 +59,63 @@ pub(crate) struct PassState {
     pub(crate) leftover_detours: Option<HashSet<u64>>,
     /// Pods whose link states could not be written to their Topology status yet.
     pub(crate) links_unwritten: BTreeSet<PodKey>,
+    /// The Topologies as the last pass saw them (to tell which moved).
+    pub(crate) seen: HashMap<PodKey, Arc<Topology>>,
+    /// The run-time settings as the last pass saw them.
+    pub(crate) settings: HashMap<u64, EndSettings>,
+    /// This node's address as the last pass knew it.
+    pub(crate) me: Option<IpAddr>,
+    /// When a pass last looked at every pod.
+    pub(crate) last_full: Option<Instant>,
+    /// Whether the last pass failed (the next looks at every pod).
+    pub(crate) failed: bool,
+}
+
+impl PassState {
+    /// The pods whose Topology is new, changed or gone since the last pass, noting
+    /// `now` as seen.
+    fn moved(&mut self, now: Vec<Arc<Topology>>) -> BTreeSet<PodKey> {
+        let now: HashMap<PodKey, Arc<Topology>> = now.into_iter().map(|t| (plan::key_of(&t), t)).collect();
+        let mut moved: BTreeSet<PodKey> = self.seen.keys().filter(|k| !now.contains_key(*k)).cloned().collect();
+        for (k, t) in &now {
+            if !self.seen.get(k).is_some_and(|old| Arc::ptr_eq(old, t)) {
+                moved.insert(k.clone());
+            }
+        }
+        self.seen = now;
+        moved
+    }
+
+    /// The pods of the ends whose run-time settings are new, changed or gone since the
+    /// last pass, noting `now` as seen.
+    fn resettled(&mut self, now: &HashMap<u64, EndSettings>, records: &HashMap<u64, WireEnd>) -> BTreeSet<PodKey> {
+        let ids = now
+            .iter()
+            .filter(|(id, s)| self.settings.get(id) != Some(s))
+            .map(|(id, _)| id)
+            .chain(self.settings.keys().filter(|id| !now.contains_key(id)));
+        let pods = ids.filter_map(|id| records.get(id)).map(plan::owner).collect();
+        self.settings = now.clone();
+        pods
+    }
 }
 
 impl<P: GrpcPlane> Engine<P> {
     /// The run task: a pass whenever asked, the source changes or the timer fires
-    /// (sooner while work waits on a peer). It owns the passes' memory.
+    /// (sooner while work waits on a peer), of every pod once per resync interval. It
+    /// owns the passes' memory.
     pub(super) async fn run(self: Arc<Self>) {
         let mut changes = self.source.changes();
         let mut st = PassState::default();
         loop {
             let want = self.passes.requested();
             st.retry = false;
-            if let Err(e) = self.pass(&mut st).await {
+            let every = st.failed || st.last_full.is_none_or(|t| t.elapsed() >= self.cfg.resync);
+            st.failed = false;
+            if let Err(e) = self.pass(&mut st, every).await {
                 warn!(error = %e, "wire pass failed; retrying");
                 st.retry = true;
+                st.failed = true;
             }
             self.passes.done(want);
             let wait = if st.retry {
@@ -68,8 +131,9 @@ impl<P: GrpcPlane> Engine<P> {
         }
     }
 
-    /// One pass over every link of every local pod.
-    async fn pass(&self, st: &mut PassState) -> Result<(), WireError> {
+    /// One pass over the links of the pods that moved (of every local pod when `every`
+    /// or asked), see the module documentation.
+    async fn pass(&self, st: &mut PassState, every: bool) -> Result<(), WireError> {
         let Some(me) = self.node_address() else {
             debug!("node address not known yet; wires wait");
             st.retry = true;
@@ -82,6 +146,8 @@ impl<P: GrpcPlane> Engine<P> {
             .into_iter()
             .filter(|(_, p)| self.kernel.pod_exists(&p.netns))
             .collect();
+        let asked = self.passes.take_asked();
+        let settings = self.store.run(|db| db.link_settings()).await?;
         let mut records: HashMap<u64, WireEnd> = self
             .store
             .run(|db| db.wires())
@@ -91,16 +157,28 @@ impl<P: GrpcPlane> Engine<P> {
             .collect();
         let before: BTreeSet<_> = records.values().map(|r| (r.id, r.state, r.peer_node.clone())).collect();
 
+        let mut seeds = st.moved(self.source.topologies());
+        seeds.extend(st.resettled(&settings, &records));
+        seeds.extend(asked.pods);
+        seeds.append(&mut st.retry_pods);
+        let every = every || asked.all || st.me.replace(me) != Some(me);
+        let scope: BTreeSet<PodKey> = if every {
+            st.last_full = Some(Instant::now());
+            pods.keys().cloned().collect()
+        } else {
+            plan::affected(&pods, &seeds, |n, p| self.source.topology(n, p))
+        };
+
         // Where this node's pods run: written for the other nodes to read.
-        for ((ns, name), pod) in &pods {
-            let Some(t) = self.source.topology(ns, name) else {
+        for key @ (ns, name) in &scope {
+            let (Some(pod), Some(t)) = (pods.get(key), self.source.topology(ns, name)) else {
                 continue;
             };
             // The links as the last pass left them; this pass's come at its end.
             let links = self
                 .links
                 .borrow()
-                .get(&(ns.clone(), name.clone()))
+                .get(key)
                 .cloned()
                 .unwrap_or_else(|| t.status.as_ref().map(|s| s.links.clone()).unwrap_or_default());
             let want = plan::status_for(me, pod, t.status.as_ref(), links);
@@ -109,6 +187,7 @@ impl<P: GrpcPlane> Engine<P> {
             {
                 warn!(pod = %format!("{ns}/{name}"), error = %e, "could not publish the pod's status");
                 st.retry = true;
+                st.retry_pods.insert(key.clone());
             }
         }
 
@@ -118,10 +197,9 @@ impl<P: GrpcPlane> Engine<P> {
             records: &mut records,
             me,
         };
-        let mut wanted: BTreeSet<u64> = BTreeSet::new();
         let mut attempts: HashMap<u64, Attempt> = HashMap::new();
-        for ((ns, name), pod) in &pods {
-            let Some(t) = self.source.topology(ns, name) else {
+        for key @ (ns, name) in &scope {
+            let (Some(pod), Some(t)) = (pods.get(key), self.source.topology(ns, name)) else {
                 continue;
             };
             for link in &t.spec.links {
@@ -129,7 +207,6 @@ impl<P: GrpcPlane> Engine<P> {
                     self.source.topology(n, p)
                 });
                 let id = wire_id(ns, link.uid, name);
-                wanted.insert(id);
                 let mut builds_peer = None;
                 match want {
                     // The other pod's pass builds the pair and writes both records.
@@ -138,9 +215,7 @@ impl<P: GrpcPlane> Engine<P> {
                         continue;
                     }
                     Want::Veth { builder: true, .. } => {
-                        let peer_id = wire_id(ns, link.uid, &link.peer_pod);
-                        wanted.insert(peer_id);
-                        builds_peer = Some(peer_id);
+                        builds_peer = Some(wire_id(ns, link.uid, &link.peer_pod));
                     }
                     Want::Remote { .. } | Want::Absent => {}
                 }
@@ -154,6 +229,7 @@ impl<P: GrpcPlane> Engine<P> {
                     Err(e) => {
                         warn!(pod = %format!("{ns}/{name}"), intf = %link.local_intf, link = link.uid, error = %e, "wire not ready; retrying");
                         cx.pass.retry = true;
+                        cx.pass.retry_pods.insert(key.clone());
                         Attempt::Failed {
                             transient: e.waits_on_peer(),
                             error: e.to_string(),
@@ -172,7 +248,11 @@ impl<P: GrpcPlane> Engine<P> {
         let stale: Vec<WireEnd> = cx
             .records
             .values()
-            .filter(|r| !wanted.contains(&r.id))
+            .filter(|r| {
+                let owner = plan::owner(r);
+                (every || scope.contains(&owner) || !pods.contains_key(&owner))
+                    && !plan::end_wanted(r, &pods, |n, p| self.source.topology(n, p))
+            })
             .cloned()
             .collect();
         for r in stale {
@@ -188,20 +268,34 @@ impl<P: GrpcPlane> Engine<P> {
             }
         }
 
-        // Impairments and carrier by intent, on every end built so far.
-        let settings = self.emulate(&mut cx).await.unwrap_or_else(|_| {
+        // Impairments and carrier by intent, on the ends built so far.
+        if self
+            .emulate(&mut cx, &settings, |r| every || scope.contains(&plan::owner(r)))
+            .await
+            .is_err()
+        {
             cx.pass.retry = true;
-            HashMap::new()
-        });
-        self.report_links(me, &pods, cx.records, &attempts, &settings, cx.pass)
+            cx.pass.failed = true;
+        }
+        self.report_links(me, &pods, &scope, cx.records, &attempts, &settings, cx.pass)
             .await;
 
         let after: BTreeSet<_> = records.values().map(|r| (r.id, r.state, r.peer_node.clone())).collect();
-        if before != after || !std::mem::replace(&mut st.mirrored, true) {
-            let ends = records.values().cloned().collect();
-            if let Err(e) = self.source.set_wire_state(ends).await {
-                debug!(error = %e, "could not mirror the wire state");
-                st.mirrored = false;
+        if before != after {
+            st.mirrored = false;
+        }
+        if !st.mirrored {
+            if every || st.mirrored_at.is_none_or(|t| t.elapsed() >= MIRROR_EVERY) {
+                let ends = records.values().cloned().collect();
+                st.mirrored_at = Some(Instant::now());
+                st.mirrored = true;
+                if let Err(e) = self.source.set_wire_state(ends).await {
+                    debug!(error = %e, "could not mirror the wire state");
+                    st.mirrored = false;
+                }
+            } else {
+                // Written by a pass soon.
+                st.retry = true;
             }
         }
         Ok(())
@@ -229,21 +323,26 @@ impl<P: GrpcPlane> Engine<P> {
         }
     }
 
-    /// Works out where each link of each local pod stands, writes a pod's Topology
-    /// status when its links moved, and publishes the lot to waiting ADDs.
+    /// Works out where each link of the pods in `scope` (and of those whose status
+    /// could not be written) stands, writes a pod's Topology status when its links
+    /// moved, and publishes the lot to waiting ADDs.
+    #[allow(clippy::too_many_arguments)]
     async fn report_links(
         &self,
         me: IpAddr,
         pods: &BTreeMap<PodKey, LocalPod>,
+        scope: &BTreeSet<PodKey>,
         records: &HashMap<u64, WireEnd>,
         attempts: &HashMap<u64, Attempt>,
         settings: &HashMap<u64, EndSettings>,
         st: &mut PassState,
     ) {
-        let before = self.links.borrow().clone();
+        let unwritten = std::mem::take(&mut st.links_unwritten);
         let mut now: BTreeMap<PodKey, Vec<LinkStatus>> = BTreeMap::new();
-        for (key @ (ns, name), pod) in pods {
-            let Some(t) = self.source.topology(ns, name) else {
+        let mut gone: Vec<PodKey> = Vec::new();
+        for key @ (ns, name) in scope.iter().chain(unwritten.difference(scope)) {
+            let (Some(pod), Some(t)) = (pods.get(key), self.source.topology(ns, name)) else {
+                gone.push(key.clone());
                 continue;
             };
             let links: Vec<LinkStatus> = t
@@ -261,10 +360,10 @@ impl<P: GrpcPlane> Engine<P> {
                     plan::link_status(name, link, rec, attempt, down, &waiting)
                 })
                 .collect();
-            let stale = st.links_unwritten.remove(key);
-            if stale || before.get(key) != Some(&links) {
+            let before = self.links.borrow().get(key).cloned();
+            if unwritten.contains(key) || before.as_ref() != Some(&links) {
                 for l in &links {
-                    let was = before.get(key).and_then(|b| b.iter().find(|o| o.uid == l.uid));
+                    let was = before.as_ref().and_then(|b| b.iter().find(|o| o.uid == l.uid));
                     if was.map(|w| (w.state, &w.reason)) != Some((l.state, &l.reason)) {
                         info!(pod = %format!("{ns}/{name}"), intf = %l.local_intf, state = %l.state, reason = %l.reason, "link state");
                     }
@@ -278,13 +377,19 @@ impl<P: GrpcPlane> Engine<P> {
             }
             now.insert(key.clone(), links);
         }
-        for state in [LinkPhase::Pending, LinkPhase::Up, LinkPhase::Down, LinkPhase::Failed] {
-            let n = now.values().flatten().filter(|l| l.state == state).count();
-            self.metrics
-                .links
-                .get_or_create(&LinkStateLabels { state: state.as_str() })
-                .set(n as i64);
-        }
-        self.links.send_replace(now);
+        self.links.send_modify(|all| {
+            all.retain(|k, _| pods.contains_key(k));
+            for k in &gone {
+                all.remove(k);
+            }
+            all.extend(now);
+            for state in [LinkPhase::Pending, LinkPhase::Up, LinkPhase::Down, LinkPhase::Failed] {
+                let n = all.values().flatten().filter(|l| l.state == state).count();
+                self.metrics
+                    .links
+                    .get_or_create(&LinkStateLabels { state: state.as_str() })
+                    .set(n as i64);
+            }
+        });
     }
 }

@@ -3,7 +3,7 @@
 //! by. Every decision here is by name and place, never by timing, so two nodes (or two
 //! pods of one node) reach the same answer on their own.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -69,6 +69,68 @@ pub(crate) fn want(
     // A link that names a same-node kind is carried the default way across nodes.
     let kind = link.kind.filter(|k| k.crosses_nodes()).unwrap_or(default_kind);
     Want::Remote { kind, node }
+}
+
+/// The local pods a pass must look at when the pods `seeds` moved (their topology,
+/// their attachment, a peer node's word, their run-time settings): the seeds that run
+/// here, the local pods listing a link to a seed (what they want depends on where it
+/// is), and the local pods a seed lists a link to (one of the two builds their veth
+/// pair). Every other local pod's links stand as the last pass left them, so a pass
+/// costs what moved, not what the node holds.
+pub(crate) fn affected(
+    pods: &BTreeMap<PodKey, LocalPod>,
+    seeds: &BTreeSet<PodKey>,
+    topology: impl Fn(&str, &str) -> Option<Arc<Topology>>,
+) -> BTreeSet<PodKey> {
+    let seed: HashSet<(&str, &str)> = seeds.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
+    let mut out = BTreeSet::new();
+    for key @ (ns, name) in pods.keys() {
+        let lists_seed = || {
+            topology(ns, name).is_some_and(|t| {
+                t.spec
+                    .links
+                    .iter()
+                    .any(|l| seed.contains(&(ns.as_str(), l.peer_pod.as_str())))
+            })
+        };
+        if seed.contains(&(ns.as_str(), name.as_str())) || lists_seed() {
+            out.insert(key.clone());
+        }
+    }
+    for (ns, name) in seeds {
+        for l in topology(ns, name).iter().flat_map(|t| t.spec.links.iter()) {
+            let peer = (ns.clone(), l.peer_pod.clone());
+            if pods.contains_key(&peer) {
+                out.insert(peer);
+            }
+        }
+    }
+    out
+}
+
+/// Whether end `r` of this node is still asked for: its pod runs here and lists the
+/// link, or (the far end of a veth pair) the pod at its other end runs here and lists
+/// the link to it, so builds the pair for both.
+pub(crate) fn end_wanted(
+    r: &WireEnd,
+    pods: &BTreeMap<PodKey, LocalPod>,
+    topology: impl Fn(&str, &str) -> Option<Arc<Topology>>,
+) -> bool {
+    let here = |pod: &str| pods.contains_key(&(r.namespace.clone(), pod.to_string()));
+    let lists = |pod: &str, peer: Option<&str>| {
+        topology(&r.namespace, pod).is_some_and(|t| {
+            t.spec
+                .links
+                .iter()
+                .any(|l| l.uid == r.link_uid && peer.is_none_or(|p| l.peer_pod == p))
+        })
+    };
+    here(&r.local_pod) && (lists(&r.local_pod, None) || (here(&r.peer_pod) && lists(&r.peer_pod, Some(&r.local_pod))))
+}
+
+/// The pod end `r` belongs to.
+pub(crate) fn owner(r: &WireEnd) -> PodKey {
+    (r.namespace.clone(), r.local_pod.clone())
 }
 
 /// Whether `pod`'s node proposes the VNI of its VXLAN link to `peer_pod` (the other

@@ -57,6 +57,8 @@ struct State {
     no_netem: bool,
     /// Link detours by wire id: the end's namespace and interface.
     detours: BTreeMap<u64, (String, String)>,
+    /// Every presence check, as "<netns>/<intf>".
+    checked: Vec<String>,
 }
 
 /// A node's kernel in memory.
@@ -206,6 +208,11 @@ impl FakeKernel {
         self.state().created.clone()
     }
 
+    /// The interfaces whose presence was checked so far (then forgets them).
+    pub fn take_checked(&self) -> Vec<String> {
+        std::mem::take(&mut self.state().checked)
+    }
+
     /// The emulation procedures run so far (then forgets them).
     pub fn take_emulation(&self) -> Vec<String> {
         std::mem::take(&mut self.state().emulation)
@@ -223,6 +230,7 @@ impl WireKernel for FakeKernel {
     }
 
     fn has_interface(&self, netns: &str, intf: &str) -> bool {
+        self.state().checked.push(format!("{netns}/{intf}"));
         self.iface(netns, intf).is_some()
     }
 

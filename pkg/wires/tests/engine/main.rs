@@ -339,6 +339,46 @@ async fn a_missing_veth_end_is_rebuilt_and_a_pod_leaving_takes_the_pair() {
     assert!(lab.kernel("a").ifaces_of("/fake/a/r1").is_empty());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arriving_pod_is_wired_without_reading_back_the_rest_of_the_node() {
+    let mut lab = Lab::new(&["a"]);
+    let pairs: Vec<(String, String)> = (0..10).map(|i| (format!("p{i:02}a"), format!("p{i:02}b"))).collect();
+    for (i, (x, y)) in pairs.iter().enumerate() {
+        lab.connect(i as i64 + 1, (x, "eth1"), (y, "eth1"), None);
+    }
+    lab.connect(100, ("s1", "eth1"), ("s2", "eth1"), None);
+    lab.start().await;
+    for (x, y) in &pairs {
+        lab.add("a", x).await;
+        lab.add("a", y).await;
+    }
+    lab.settle().await;
+    lab.kernel("a").take_checked();
+
+    // The passes that wire s1 and s2 (theirs and the ones their status writes cause)
+    // look at their pair only.
+    lab.add("a", "s1").await;
+    lab.add("a", "s2").await;
+    let k = lab.kernel("a");
+    let checked = k.take_checked();
+    assert!(
+        checked.iter().all(|c| c.starts_with("/fake/a/s")),
+        "only the arriving pair is read back: {checked:?}"
+    );
+    assert!(k.iface("/fake/a/s1", "eth1").is_some() && k.iface("/fake/a/s2", "eth1").is_some());
+
+    // A pass of every pod (asked, or the resync) reads every pair back, so drift
+    // elsewhere is still repaired.
+    k.yank("/fake/a/p03b", "eth1");
+    lab.engine("a").pass_and_wait().await;
+    let checked: BTreeSet<String> = k.take_checked().into_iter().collect();
+    assert!(
+        checked.contains("/fake/a/p00a/eth1") && checked.contains("/fake/a/s2/eth1"),
+        "{checked:?}"
+    );
+    assert!(k.iface("/fake/a/p03b", "eth1").is_some(), "the yanked end is rebuilt");
+}
+
 /// r1 (the lower name, so the proposer) runs on node b, r2 on node a: who proposes is
 /// decided by pod name, not by node.
 async fn vxlan_pair(first: (&str, &str), second: (&str, &str)) -> Lab {

@@ -145,6 +145,75 @@ fn same_node_a_link_only_one_side_lists_is_built_by_that_side() {
     );
 }
 
+fn local(pods: &[&str]) -> BTreeMap<PodKey, LocalPod> {
+    pods.iter()
+        .map(|p| (("lab".to_string(), p.to_string()), pod(p)))
+        .collect()
+}
+
+fn finder(topos: &[Arc<Topology>]) -> impl Fn(&str, &str) -> Option<Arc<Topology>> + '_ {
+    move |ns, n| {
+        topos
+            .iter()
+            .find(|t| key_of(t) == (ns.to_string(), n.to_string()))
+            .cloned()
+    }
+}
+
+fn keys(names: &[&str]) -> BTreeSet<PodKey> {
+    names.iter().map(|n| ("lab".to_string(), n.to_string())).collect()
+}
+
+#[test]
+fn a_pass_looks_at_what_moved_and_the_local_pods_linked_to_it() {
+    // r1 - r2 (local), r2 - x (x elsewhere), r3 - r4 (local), r3 lists r5 which lists
+    // nothing back; r6 is linked to no one.
+    let topos = [
+        topo("r1", vec![link(1, "r2", None)], None),
+        topo("r2", vec![link(1, "r1", None), link(2, "x", None)], None),
+        topo("r3", vec![link(3, "r4", None), link(4, "r5", None)], None),
+        topo("r4", vec![link(3, "r3", None)], None),
+        topo("r5", vec![], None),
+        topo("r6", vec![], None),
+        topo("x", vec![link(2, "r2", None)], Some("192.0.2.9")),
+    ];
+    let pods = local(&["r1", "r2", "r3", "r4", "r5", "r6"]);
+    let find = finder(&topos);
+    // A remote pod moved: the local pods listing it.
+    assert_eq!(affected(&pods, &keys(&["x"]), &find), keys(&["r2"]));
+    // A local pod moved: itself and its local peers both ways.
+    assert_eq!(affected(&pods, &keys(&["r1"]), &find), keys(&["r1", "r2"]));
+    assert_eq!(affected(&pods, &keys(&["r5"]), &find), keys(&["r3", "r5"]));
+    assert_eq!(affected(&pods, &keys(&["r6"]), &find), keys(&["r6"]));
+    // A pod that is gone (no longer local, topology still there): its former peers.
+    assert_eq!(affected(&local(&["r2", "r3"]), &keys(&["r4"]), &find), keys(&["r3"]));
+    assert_eq!(affected(&pods, &BTreeSet::new(), &find), BTreeSet::new());
+}
+
+#[test]
+fn an_end_is_wanted_while_its_pod_or_its_builder_lists_the_link() {
+    let r1 = topo("r1", vec![link(1, "r2", None)], None);
+    let r2_silent = topo("r2", vec![], None);
+    let l = link(1, "r2", None);
+    let ours = record("lab", "r1", "/run/netns/r1", &l, LinkKind::Veth, String::new());
+    let theirs = mirror(&ours, "/run/netns/r2");
+    let topos = [r1.clone(), r2_silent];
+    let find = finder(&topos);
+    let both = local(&["r1", "r2"]);
+    assert!(end_wanted(&ours, &both, &find));
+    // r2 does not list the link, but r1 builds the pair for both.
+    assert!(end_wanted(&theirs, &both, &find));
+    // Without r1 here, nothing asks for r2's end; without r2, neither runs here.
+    assert!(!end_wanted(&theirs, &local(&["r2"]), &find));
+    assert!(!end_wanted(&theirs, &local(&["r1"]), &find));
+    // The link gone from r1's topology: neither end is wanted.
+    let topos = [topo("r1", vec![], None), topo("r2", vec![], None)];
+    let find = finder(&topos);
+    assert!(!end_wanted(&ours, &both, &find));
+    assert!(!end_wanted(&theirs, &both, &find));
+    assert_eq!(owner(&theirs), ("lab".to_string(), "r2".to_string()));
+}
+
 #[test]
 fn across_nodes_the_peer_status_decides() {
     let l = link(1, "r2", None);
