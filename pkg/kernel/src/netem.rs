@@ -2,7 +2,7 @@
 //! corruption, duplication, reordering of what the interface sends) and carrier loss
 //! by intent (`IFLA_PROTO_DOWN`), both through the netlink socket.
 //!
-//! netlink-packet-route 0.34 (and rtnetlink 0.24 above it) knows the qdisc messages
+//! netlink-packet-route 0.34 knows the qdisc messages
 //! but not netem's options, so `TCA_OPTIONS` is encoded here by hand from
 //! `<linux/pkt_sched.h>`: unlike most qdiscs, netem's options are a fixed
 //! `struct tc_netem_qopt` followed by nested `TCA_NETEM_*` attributes, which the

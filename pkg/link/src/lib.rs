@@ -64,34 +64,49 @@ pub enum EndNotFound {
     },
 }
 
-/// How a link between two pods is carried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum LinkKind {
+/// Declares [`LinkKind`] from one list, each kind with its name: the enum, [`LinkKind::ALL`]
+/// and [`LinkKind::as_str`] all come from it, so a kind cannot be added to one and
+/// forgotten in another (parsing goes through `ALL`).
+macro_rules! link_kinds {
+    ($($(#[$doc:meta])* $kind:ident => $name:literal,)+) => {
+        /// How a link between two pods is carried.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+        #[serde(rename_all = "lowercase")]
+        pub enum LinkKind {
+            $($(#[$doc])* $kind,)+
+        }
+
+        impl LinkKind {
+            /// Every kind, in a stable order (for tables and metric families).
+            pub const ALL: &'static [LinkKind] = &[$(LinkKind::$kind),+];
+
+            /// The lowercase name used in files, the store, the protocols and metric
+            /// labels (serde's name too: a test keeps them equal).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(LinkKind::$kind => $name,)+
+                }
+            }
+        }
+    };
+}
+
+link_kinds! {
     /// A veth pair straight between two pods (same node only).
-    Veth,
+    Veth => "veth",
     /// A kernel VXLAN tunnel with unicast FDB and neighbour entries.
-    Vxlan,
+    Vxlan => "vxlan",
     /// Frames carried by weftd over a gRPC stream between the nodes.
-    Grpc,
+    Grpc => "grpc",
 }
 
 impl LinkKind {
-    /// Every kind, in a stable order (for tables and metric families).
-    pub const ALL: [LinkKind; 3] = [LinkKind::Veth, LinkKind::Vxlan, LinkKind::Grpc];
-
-    /// The lowercase name used in files, the store, the protocols and metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LinkKind::Veth => "veth",
-            LinkKind::Vxlan => "vxlan",
-            LinkKind::Grpc => "grpc",
-        }
-    }
-
     /// Whether the link crosses nodes (its far end is another node's).
     pub fn crosses_nodes(self) -> bool {
-        !matches!(self, LinkKind::Veth)
+        match self {
+            LinkKind::Veth => false,
+            LinkKind::Vxlan | LinkKind::Grpc => true,
+        }
     }
 }
 
@@ -105,7 +120,8 @@ impl FromStr for LinkKind {
     type Err = UnknownName;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         LinkKind::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .find(|k| k.as_str() == s)
             .ok_or_else(|| UnknownName {
                 what: "link kind",
@@ -286,8 +302,9 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_unknown_names_are_refused() {
-        for k in LinkKind::ALL {
+        for &k in LinkKind::ALL {
             assert_eq!(k.as_str().parse::<LinkKind>(), Ok(k));
+            assert_eq!(serde_json::to_value(k).unwrap(), k.as_str(), "serde's name is the name");
         }
         for s in WireState::ALL {
             assert_eq!(s.as_str().parse::<WireState>(), Ok(s));

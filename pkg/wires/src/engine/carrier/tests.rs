@@ -22,7 +22,7 @@ fn carrier_by_intent_depends_on_the_kind() {
 #[test]
 fn every_kind_has_its_carrier() {
     let all = Carriers::<DataPlane>::standard();
-    for kind in LinkKind::ALL {
+    for &kind in LinkKind::ALL {
         assert_eq!(all.get(kind).kind(), kind);
     }
     assert!(!all.get(LinkKind::Grpc).kernel_counters());
