@@ -20,6 +20,7 @@ pub use weft_harness::{ChildGuard, wait_exit};
 pub use weft_kernel::testutil::privileged;
 
 pub mod cri;
+pub mod modgraph;
 pub mod otlp;
 pub mod webdriver;
 

@@ -23,10 +23,9 @@ use crate::LabError;
 use crate::cluster::Lab;
 use crate::spec::PodSpec;
 
-mod checks;
-use checks::shown;
-pub use checks::{check_label_key, check_label_value, parse_label_change};
-pub(crate) use checks::{check_namespaces, check_pod, check_policy, object_key, parse_policies, read_policies};
+use crate::spec::checks::shown;
+pub use crate::spec::checks::{check_label_key, check_label_value, parse_label_change};
+pub(crate) use crate::spec::checks::{check_policy, object_key, parse_policies};
 
 /// The label the API server gives every Namespace: policies select namespaces by name
 /// through it.

@@ -1,6 +1,8 @@
 //! The lab file's schema (`examples/lab.yaml`): nodes, pods, namespaces, policies and
 //! how the nodes are joined, typed where the file's values are a closed set.
 
+pub(crate) mod checks;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

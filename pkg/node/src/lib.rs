@@ -90,16 +90,20 @@ impl Node {
         let wiring = wires
             .as_ref()
             .map(|w| Arc::new(EngineWiring(w.engine.clone())) as Arc<dyn Wiring>);
-        let policy = steps::policy(&config, source.as_ref(), &store, &metrics);
-        let flows = policy
-            .as_ref()
-            .filter(|_| config.flows.enabled)
-            .map(|engine| flows::NodeFlows::new(&config.node_name, config.flows.clone(), engine.clone(), &metrics))
-            .transpose()
+        let policy = step("policy").in_scope(|| steps::policy(&config, source.as_ref(), &store, &metrics));
+        let flows = step("flows")
+            .in_scope(|| {
+                policy
+                    .as_ref()
+                    .filter(|_| config.flows.enabled)
+                    .map(|engine| {
+                        flows::NodeFlows::new(&config.node_name, config.flows.clone(), engine.clone(), &metrics)
+                    })
+                    .transpose()
+            })
             .map_err(NodeError::FlowExport)?;
-        let spool = spool_watch::del_spool(&config, &state.metrics);
         // Before the handler's start-up replay reads the spool: see `spool_watch`.
-        let spool_watch = spool_watch::watch(&spool);
+        let (spool, spool_watch) = step("spool").in_scope(|| steps::spool(&config, &state.metrics));
         let parts = HandlerParts {
             nodenet: &nodenet,
             wiring: wiring.clone(),
@@ -130,7 +134,7 @@ impl Node {
         steps::serve(&config, serving, &ready, &metrics, &stop_rx, &mut running)
             .instrument(step("serve"))
             .await?;
-        steps::readiness(&config, &ready, &store, source, &nodenet);
+        step("readiness").in_scope(|| steps::readiness(&config, &ready, &store, source, &nodenet));
         info!(socket = %config.socket.display(), http = %config.metrics_addr, parts = ?running.names(), "weftd ready");
         Ok(Node {
             store,

@@ -16,7 +16,6 @@ use tracing::info;
 use weft_daemon::spool::DelSpool;
 
 use crate::metrics::NodeMetrics;
-use crate::steps::NodeHandler;
 
 /// The DEL spool of the node's socket, counting its replays.
 pub fn del_spool(config: &crate::config::NodeConfig, metrics: &NodeMetrics) -> Arc<DelSpool> {
@@ -42,14 +41,19 @@ pub fn watch(spool: &DelSpool) -> Option<SpoolWatch> {
     }
 }
 
-/// Replays the spool with `handler` each time an entry lands, until `stop`.
-pub async fn replay_as_they_land(watch: SpoolWatch, handler: Arc<NodeHandler>, stop: impl Future<Output = ()>) {
+/// Runs `replay` (the handler's replay of the spool) each time an entry lands, until
+/// `stop`.
+pub async fn replay_as_they_land<F, Fut>(watch: SpoolWatch, replay: F, stop: impl Future<Output = ()>)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = weft_daemon::spool::Replayed>,
+{
     tokio::pin!(stop);
     loop {
         tokio::select! {
             _ = &mut stop => return,
             _ = watch.landed() => {
-                let spooled = handler.replay_del_spool().await;
+                let spooled = replay().await;
                 if spooled.replayed + spooled.failed + spooled.set_aside > 0 {
                     info!(?spooled, "a DEL landed in the spool: replayed");
                 }

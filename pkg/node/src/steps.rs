@@ -512,11 +512,17 @@ pub async fn serve(
     if let Some(watch) = s.spool_watch {
         running.task(
             "spool watch",
-            tokio::spawn(crate::spool_watch::replay_as_they_land(
-                watch,
-                s.handler.clone(),
-                stopped(),
-            )),
+            tokio::spawn({
+                let handler = s.handler.clone();
+                crate::spool_watch::replay_as_they_land(
+                    watch,
+                    move || {
+                        let handler = handler.clone();
+                        async move { handler.replay_del_spool().await }
+                    },
+                    stopped(),
+                )
+            }),
         );
     }
     if let Some(engine) = &s.policy {
@@ -617,6 +623,14 @@ fn announcer(config: &NodeConfig, w: &Wires, metrics: &Metrics) -> Option<WireAn
         config.policy_announce_timeout,
         metrics.families::<AnnounceMetrics>(),
     ))
+}
+
+/// The DEL spool and the watch on its directory, taken before the handler's start-up
+/// replay reads it (see `spool_watch`).
+pub fn spool(config: &NodeConfig, metrics: &NodeMetrics) -> (Arc<DelSpool>, Option<crate::spool_watch::SpoolWatch>) {
+    let spool = crate::spool_watch::del_spool(config, metrics);
+    let watch = crate::spool_watch::watch(&spool);
+    (spool, watch)
 }
 
 /// What readiness waits for: a writable store always; with a source, its caches

@@ -13,18 +13,7 @@ use crate::names::{Chain, SetName};
 use crate::nft::{self, Observed};
 use crate::plan::{Addition, DNS_LOG_GROUP, DNS_TABLE, Delta, Element, SetKind, TABLE, dispatch_rule};
 
-/// An address the learner puts in a learnt set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LearntElement {
-    /// The learnt set (of the address's family).
-    pub set: SetName,
-    /// The address.
-    pub ip: std::net::IpAddr,
-    /// How long it stays, in milliseconds.
-    pub timeout_ms: u64,
-    /// The name it was learnt for (the element's comment).
-    pub name: String,
-}
+pub use crate::nft::LearntElement;
 
 /// What network policy asks of and does to the kernel of the node's namespace.
 pub trait PolicyKernel: Send + 'static {

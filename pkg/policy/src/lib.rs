@@ -9,6 +9,7 @@
 
 pub mod cnp;
 pub mod denies;
+pub mod direction;
 pub mod engine;
 pub mod eval;
 pub mod interp;

@@ -16,6 +16,19 @@ use crate::names::{Chain, Counter, SetName};
 use crate::plan::{Addition, Delta, Desired, Element, SetKind, TABLE, base_rules, dispatch_rule};
 use crate::rule::{Rule, Verdict};
 
+/// An address the learner puts in a learnt set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LearntElement {
+    /// The learnt set (of the address's family).
+    pub set: SetName,
+    /// The address.
+    pub ip: std::net::IpAddr,
+    /// How long it stays, in milliseconds.
+    pub timeout_ms: u64,
+    /// The name it was learnt for (the element's comment).
+    pub name: String,
+}
+
 /// The base chains' hook declarations: filter type on the forward hook, egress just
 /// before ingress, both ahead of kube-proxy's filter chains.
 fn hook(dir: Direction) -> &'static str {
@@ -385,7 +398,7 @@ pub fn diff(d: &Desired, o: &Observed) -> Option<String> {
 
 /// The transaction that puts learnt addresses in their sets with their timeouts and
 /// names: `None` when there are none.
-pub fn learn_script(elements: &[crate::kernel::LearntElement]) -> Option<String> {
+pub fn learn_script(elements: &[LearntElement]) -> Option<String> {
     let mut s = String::new();
     for e in elements {
         let _ = writeln!(

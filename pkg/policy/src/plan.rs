@@ -43,9 +43,6 @@ pub use sets::{Element, NamespaceScope, PodScope, SetKind, SetSource, SetSpec, b
 /// The name of weft's policy table (family `inet`).
 pub const TABLE: &str = "weft-policy";
 
-/// The NFLOG group denied (and audited) flows are logged to.
-pub const LOG_GROUP: u16 = 21845;
-
 /// The table that copies DNS answers to this node's pods (and from a DNS server on
 /// the node) to the learner: a table apart, added and removed whole as `domainNames`
 /// rules come and go, and never on the answers' path (a copy, not a hold).
@@ -54,37 +51,9 @@ pub const DNS_TABLE: &str = "weft-dns";
 /// The NFLOG group the DNS answers' copies go to, sent as each answer passes.
 pub const DNS_LOG_GROUP: u16 = 21847;
 
-/// The NFQUEUE queue where a new connection that a `domainNames` rule could allow, to
-/// an address not learnt yet, waits until the learner has read every answer copied
-/// before it (read on the same socket as the copies, in order), then goes through its
-/// chain again with [`HELD_MARK`]: the connection opened the instant an answer arrives
-/// finds the answer's addresses learnt. No bypass: with nobody reading, it is dropped
-/// (what no answer allowed stays refused).
-pub const HOLD_QUEUE: u16 = 21846;
-
-/// The packet mark (not the conntrack mark) a held connection's first packet comes
-/// back with: the hold rule lets it past, the rules after it decide.
-pub const HELD_MARK: u32 = 0x0040_0000;
-
-/// How many denied packets per second a group chain logs at most (a flood of one flow
-/// must not drown the log; the rest are still counted).
-pub const LOG_RATE: u32 = 20;
-
-/// The conntrack mark bit a connection carries once this node's egress policy allowed
-/// its first packet. A flow that sees no reply (a one-way UDP stream) stays `new` in
-/// conntrack, so without it every one of its packets would walk the policy chains.
-pub const ALLOWED_EGRESS_MARK: u32 = 0x0010_0000;
-
-/// The same for ingress (both decide on the same conntrack entry on one node).
-pub const ALLOWED_INGRESS_MARK: u32 = 0x0020_0000;
-
-/// The conntrack mark bit of `dir`.
-pub fn allowed_mark(dir: Direction) -> u32 {
-    match dir {
-        Direction::Egress => ALLOWED_EGRESS_MARK,
-        Direction::Ingress => ALLOWED_INGRESS_MARK,
-    }
-}
+pub use crate::rule::{
+    ALLOWED_EGRESS_MARK, ALLOWED_INGRESS_MARK, HELD_MARK, HOLD_QUEUE, LOG_GROUP, LOG_RATE, allowed_mark,
+};
 
 /// The local pods one group chain serves: same namespace, same policies isolating them
 /// the same way.

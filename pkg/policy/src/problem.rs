@@ -18,7 +18,7 @@
 
 use std::fmt;
 
-use crate::model::Direction;
+use crate::direction::Direction;
 
 /// Which kind of policy object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -50,6 +50,9 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     parts.next().is_none().then_some(out)
 }
 
+/// The bits of a wire id a link detour's interface names keep.
+pub(crate) const DETOUR_ID_BITS: u64 = (1 << 52) - 1;
+
 #[cfg(test)]
 mod tests {
     use super::*;

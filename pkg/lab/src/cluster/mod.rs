@@ -231,9 +231,9 @@ impl Lab {
             if !spec.nodes.iter().any(|n| n.name == p.node) {
                 return Err(bad(format!("pod {}: node {:?} is not in `nodes`", p.name, p.node)));
             }
-            crate::objects::check_pod(p).map_err(|e| bad(format!("pod {}: {e}", p.name)))?;
+            crate::spec::checks::check_pod(p).map_err(|e| bad(format!("pod {}: {e}", p.name)))?;
         }
-        crate::objects::check_namespaces(&spec.namespaces).map_err(bad)?;
+        crate::spec::checks::check_namespaces(&spec.namespaces).map_err(bad)?;
         let (mut topologies, mut problems) = (Vec::new(), Vec::new());
         if !spec.topologies.is_empty() {
             let inline = serde_json::to_vec(&spec.topologies).map_err(|e| bad(e.to_string()))?;
@@ -287,17 +287,17 @@ impl Lab {
         let mut policies = Vec::new();
         for (i, v) in spec.policies.iter().enumerate() {
             let what = format!("policies[{i}]");
-            policies.extend(crate::objects::read_policies(v.clone(), &what).map_err(bad)?);
+            policies.extend(crate::spec::checks::read_policies(v.clone(), &what).map_err(bad)?);
         }
         for f in &spec.policy_files {
             let f = path.parent().unwrap_or(Path::new(".")).join(f);
             let text = fs::read_to_string(&f).map_err(|e| bad(format!("reading {}: {e}", f.display())))?;
-            policies.extend(crate::objects::parse_policies(&text, &f.display().to_string()).map_err(bad)?);
+            policies.extend(crate::spec::checks::parse_policies(&text, &f.display().to_string()).map_err(bad)?);
         }
         let mut policy_keys = std::collections::BTreeSet::new();
         for p in &policies {
-            let key = crate::objects::object_key(p);
-            for warning in crate::objects::check_policy(p, &namespaces).map_err(bad)? {
+            let key = crate::spec::checks::object_key(p);
+            for warning in crate::spec::checks::check_policy(p, &namespaces).map_err(bad)? {
                 eprintln!("{}: {warning}", path.display());
             }
             if !policy_keys.insert(key.clone()) {

@@ -51,8 +51,8 @@ fn the_policy_example_names_pods_by_namespace() {
     assert_eq!(tables.len(), 2);
     assert_eq!(tables[1].title, "81/tcp IPv4");
     let policies = fs::read_to_string(examples().join("policies/allow-clients.yaml")).unwrap();
-    let p = crate::objects::parse_policies(&policies, "allow-clients.yaml").unwrap();
-    crate::objects::check_policy(&p[0], &lab.namespace_names()).unwrap();
+    let p = crate::spec::checks::parse_policies(&policies, "allow-clients.yaml").unwrap();
+    crate::spec::checks::check_policy(&p[0], &lab.namespace_names()).unwrap();
 }
 
 #[test]

@@ -16,21 +16,11 @@ use weft_link::{DownBy, EndNotFound, EndSettings, Impairment, LinkChange, LinkVi
 use weft_rpc::wire::{Carrier as CarrierMsg, End, EndResult, LinkControl};
 
 use super::Engine;
-use super::carrier::Cx;
+use super::cx::{Applied, Cx};
 use super::plan;
 use crate::convert;
 use crate::error::WireError;
 use crate::plane::GrpcPlane;
-
-/// The bits of a wire id a link detour's interface names keep.
-pub(crate) const DETOUR_ID_BITS: u64 = (1 << 52) - 1;
-
-/// What a pass last applied to an end (`None`: not yet, or it failed).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Applied {
-    impairment: Option<Impairment>,
-    down: Option<Option<DownBy>>,
-}
 
 impl<P: GrpcPlane> Engine<P> {
     /// The topology's impairment for what end `r` sends.
@@ -107,7 +97,7 @@ impl<P: GrpcPlane> Engine<P> {
                 .pass
                 .leftover_detours
                 .as_ref()
-                .is_some_and(|l| l.contains(&(r.id & DETOUR_ID_BITS)));
+                .is_some_and(|l| l.contains(&(r.id & crate::ids::DETOUR_ID_BITS)));
             if known.is_none() && want_imp.is_empty() && s.down.is_none() && !left_detour {
                 cx.pass.applied.insert(r.id, want);
                 continue;

@@ -30,6 +30,7 @@
 
 pub mod carrier;
 mod counters;
+mod cx;
 mod emulate;
 mod ends;
 mod pass;
@@ -50,7 +51,8 @@ use weft_store::{Store, StoreError};
 use weft_telemetry::Metrics;
 use weft_topology::{Link, LinkKind, TopologySource, TopologyStatus};
 
-pub use carrier::{Carrier, Carriers, Cx, Far};
+pub use carrier::{Carrier, Carriers, Far};
+pub use cx::Cx;
 
 use crate::dataplane::DataPlane;
 use crate::error::WireError;

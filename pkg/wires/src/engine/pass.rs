@@ -14,17 +14,16 @@
 //! What the task remembers from one pass to the next ([`PassState`]) is owned by it
 //! and lent to each pass; no other path reads or writes it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 use weft_link::{EndSettings, LinkKind, LinkPhase, LinkStatus, WireEnd};
-use weft_topology::Topology;
 
-use super::carrier::{Cx, Far};
-use super::emulate::Applied;
+use super::carrier::Far;
+use super::cx::{Cx, PassState};
 use super::plan::{self, Attempt, PodKey, Want};
 use super::{Engine, LocalLink, LocalPod};
 use crate::error::WireError;
@@ -36,69 +35,6 @@ use crate::plane::GrpcPlane;
 /// at some pods only (a pass of every pod writes at once): at thousands of ends each
 /// write is the whole list, and pods arrive many a second.
 const MIRROR_EVERY: Duration = Duration::from_secs(1);
-
-/// What the run task carries from one pass to the next.
-#[derive(Debug, Default)]
-pub(crate) struct PassState {
-    /// Set by a pass that left work waiting (on a peer, a write), so the next comes
-    /// sooner.
-    pub(crate) retry: bool,
-    /// Pods whose last attempt failed or whose status could not be written: the next
-    /// pass looks at them again.
-    pub(crate) retry_pods: BTreeSet<PodKey>,
-    /// Whether the wire-state resource holds what the store says: false at start (the
-    /// resource may predate a crash) and after a failed write, so the next pass writes
-    /// it even when no end changed.
-    pub(crate) mirrored: bool,
-    /// When the wire-state resource was last written.
-    pub(crate) mirrored_at: Option<Instant>,
-    /// What each end's emulation (impairment, carrier by intent) was last set to.
-    pub(crate) applied: HashMap<u64, Applied>,
-    /// Link detours found on the node at start (wire ids' low bits) that no pass has
-    /// taken over or removed yet; `None` until the first pass lists them.
-    pub(crate) leftover_detours: Option<HashSet<u64>>,
-    /// Pods whose link states could not be written to their Topology status yet.
-    pub(crate) links_unwritten: BTreeSet<PodKey>,
-    /// The Topologies as the last pass saw them (to tell which moved).
-    pub(crate) seen: HashMap<PodKey, Arc<Topology>>,
-    /// The run-time settings as the last pass saw them.
-    pub(crate) settings: HashMap<u64, EndSettings>,
-    /// This node's address as the last pass knew it.
-    pub(crate) me: Option<IpAddr>,
-    /// When a pass last looked at every pod.
-    pub(crate) last_full: Option<Instant>,
-    /// Whether the last pass failed (the next looks at every pod).
-    pub(crate) failed: bool,
-}
-
-impl PassState {
-    /// The pods whose Topology is new, changed or gone since the last pass, noting
-    /// `now` as seen.
-    fn moved(&mut self, now: Vec<Arc<Topology>>) -> BTreeSet<PodKey> {
-        let now: HashMap<PodKey, Arc<Topology>> = now.into_iter().map(|t| (plan::key_of(&t), t)).collect();
-        let mut moved: BTreeSet<PodKey> = self.seen.keys().filter(|k| !now.contains_key(*k)).cloned().collect();
-        for (k, t) in &now {
-            if !self.seen.get(k).is_some_and(|old| Arc::ptr_eq(old, t)) {
-                moved.insert(k.clone());
-            }
-        }
-        self.seen = now;
-        moved
-    }
-
-    /// The pods of the ends whose run-time settings are new, changed or gone since the
-    /// last pass, noting `now` as seen.
-    fn resettled(&mut self, now: &HashMap<u64, EndSettings>, records: &HashMap<u64, WireEnd>) -> BTreeSet<PodKey> {
-        let ids = now
-            .iter()
-            .filter(|(id, s)| self.settings.get(id) != Some(s))
-            .map(|(id, _)| id)
-            .chain(self.settings.keys().filter(|id| !now.contains_key(id)));
-        let pods = ids.filter_map(|id| records.get(id)).map(plan::owner).collect();
-        self.settings = now.clone();
-        pods
-    }
-}
 
 impl<P: GrpcPlane> Engine<P> {
     /// The run task: a pass whenever asked, the source changes or the timer fires

@@ -136,7 +136,7 @@ pub(crate) fn check_namespaces(namespaces: &[NamespaceSpec]) -> Result<(), Strin
 
 /// A policy's key as `lab apply` says it: `networkpolicy x/deny`,
 /// `clusternetworkpolicy admin`.
-pub(super) fn shown(key: &str) -> String {
+pub(crate) fn shown(key: &str) -> String {
     match key.strip_prefix("clusternetworkpolicy/") {
         Some(name) => format!("clusternetworkpolicy {name}"),
         None => format!("networkpolicy {key}"),

@@ -1,0 +1,250 @@
+//! The pass's context and memory: what a carrier works with during a pass ([`Cx`]:
+//! the engine's seams, the records the pass has so far, what the run task remembers)
+//! and what the run task carries from one pass to the next ([`PassState`], with what
+//! each end's emulation was last set to, [`Applied`]). A module of its own so the
+//! carriers, the pass and the emulation all lean on it rather than on each other.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{info, warn};
+use weft_kernel::KernelError;
+use weft_kernel::wire::Emulated;
+use weft_link::{DownBy, EndSettings, Impairment, WireEnd, WireState};
+use weft_topology::Topology;
+
+use super::Engine;
+use super::plan::{self, PodKey};
+use crate::convert;
+use crate::error::WireError;
+use crate::kernel::WireKernel;
+use crate::plane::GrpcPlane;
+
+/// What a pass last applied to an end (`None`: not yet, or it failed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Applied {
+    pub(crate) impairment: Option<Impairment>,
+    pub(crate) down: Option<Option<DownBy>>,
+}
+
+/// What the run task carries from one pass to the next.
+#[derive(Debug, Default)]
+pub(crate) struct PassState {
+    /// Set by a pass that left work waiting (on a peer, a write), so the next comes
+    /// sooner.
+    pub(crate) retry: bool,
+    /// Pods whose last attempt failed or whose status could not be written: the next
+    /// pass looks at them again.
+    pub(crate) retry_pods: BTreeSet<PodKey>,
+    /// Whether the wire-state resource holds what the store says: false at start (the
+    /// resource may predate a crash) and after a failed write, so the next pass writes
+    /// it even when no end changed.
+    pub(crate) mirrored: bool,
+    /// When the wire-state resource was last written.
+    pub(crate) mirrored_at: Option<Instant>,
+    /// What each end's emulation (impairment, carrier by intent) was last set to.
+    pub(crate) applied: HashMap<u64, Applied>,
+    /// Link detours found on the node at start (wire ids' low bits) that no pass has
+    /// taken over or removed yet; `None` until the first pass lists them.
+    pub(crate) leftover_detours: Option<HashSet<u64>>,
+    /// Pods whose link states could not be written to their Topology status yet.
+    pub(crate) links_unwritten: BTreeSet<PodKey>,
+    /// The Topologies as the last pass saw them (to tell which moved).
+    pub(crate) seen: HashMap<PodKey, Arc<Topology>>,
+    /// The run-time settings as the last pass saw them.
+    pub(crate) settings: HashMap<u64, EndSettings>,
+    /// This node's address as the last pass knew it.
+    pub(crate) me: Option<IpAddr>,
+    /// When a pass last looked at every pod.
+    pub(crate) last_full: Option<Instant>,
+    /// Whether the last pass failed (the next looks at every pod).
+    pub(crate) failed: bool,
+}
+
+impl PassState {
+    /// The pods whose Topology is new, changed or gone since the last pass, noting
+    /// `now` as seen.
+    pub(crate) fn moved(&mut self, now: Vec<Arc<Topology>>) -> BTreeSet<PodKey> {
+        let now: HashMap<PodKey, Arc<Topology>> = now.into_iter().map(|t| (plan::key_of(&t), t)).collect();
+        let mut moved: BTreeSet<PodKey> = self.seen.keys().filter(|k| !now.contains_key(*k)).cloned().collect();
+        for (k, t) in &now {
+            if !self.seen.get(k).is_some_and(|old| Arc::ptr_eq(old, t)) {
+                moved.insert(k.clone());
+            }
+        }
+        self.seen = now;
+        moved
+    }
+
+    /// The pods of the ends whose run-time settings are new, changed or gone since the
+    /// last pass, noting `now` as seen.
+    pub(crate) fn resettled(
+        &mut self,
+        now: &HashMap<u64, EndSettings>,
+        records: &HashMap<u64, WireEnd>,
+    ) -> BTreeSet<PodKey> {
+        let ids = now
+            .iter()
+            .filter(|(id, s)| self.settings.get(id) != Some(s))
+            .map(|(id, _)| id)
+            .chain(self.settings.keys().filter(|id| !now.contains_key(id)));
+        let pods = ids.filter_map(|id| records.get(id)).map(plan::owner).collect();
+        self.settings = now.clone();
+        pods
+    }
+}
+
+/// What a carrier works with during a pass: the engine's seams, what the pass has
+/// recorded so far and what the run task remembers between passes. Only the run task
+/// makes one, so a carrier never races another pass.
+pub struct Cx<'a, P> {
+    pub(super) engine: &'a Engine<P>,
+    pub(super) pass: &'a mut PassState,
+    pub(super) records: &'a mut HashMap<u64, WireEnd>,
+    pub(super) me: IpAddr,
+}
+
+impl<P: GrpcPlane> Cx<'_, P> {
+    /// This node's underlay address.
+    pub fn me(&self) -> IpAddr {
+        self.me
+    }
+
+    /// The MTU wire ends get (a carrier that encapsulates takes its overhead off).
+    pub fn mtu(&self) -> u32 {
+        self.engine.cfg.mtu
+    }
+
+    /// End `id` as the store records it, if it does.
+    pub fn recorded(&self, id: u64) -> Option<&WireEnd> {
+        self.records.get(&id)
+    }
+
+    /// Records an end (and its `up` gauge) in the store and in this pass's view.
+    pub async fn put(&mut self, r: WireEnd) -> Result<(), WireError> {
+        let stored = r.clone();
+        self.engine.store.run(move |db| db.put_wire(&stored)).await?;
+        let labels = convert::labels(&r);
+        // Re-pointed (another peer node, kind or interface): the old series end here.
+        if let Some(old) = self.records.get(&r.id).map(convert::labels)
+            && old != labels
+        {
+            self.engine.metrics.remove_wire(&old);
+        }
+        self.engine
+            .metrics
+            .up
+            .get_or_create(&labels)
+            .set(i64::from(r.state.is_up()));
+        self.records.insert(r.id, r);
+        Ok(())
+    }
+
+    /// Removes an end before it is rebuilt (its peer is not told: the end comes back).
+    pub async fn remove(&mut self, r: &WireEnd) {
+        self.teardown(r, false).await;
+    }
+
+    /// Notes that end `id` is being (re)built: the next pass applies its settings afresh.
+    pub fn rebuilt(&mut self, id: u64) {
+        self.pass.applied.remove(&id);
+    }
+
+    /// Runs a kernel procedure off the async workers (it may enter pod namespaces).
+    pub async fn kernel<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn WireKernel) -> Result<R, KernelError> + Send + 'static,
+    ) -> Result<R, WireError> {
+        self.engine.kernel(f).await
+    }
+
+    /// Removes an end: what its carrier keeps, its detour, its interface, its record;
+    /// tells a remote peer when `tell_peer`.
+    pub(super) async fn teardown(&mut self, r: &WireEnd, tell_peer: bool) {
+        self.rebuilt(r.id);
+        let carrier = self.engine.carriers.get(r.kind);
+        carrier.release(self, r).await;
+        if let Err(e) = self.end_detour(r).await {
+            warn!(wire = r.id, error = %e, "could not remove a wire end's link detour");
+        }
+        let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
+        if let Err(e) = self.kernel(move |k| k.remove_interface(&netns, &intf)).await {
+            warn!(wire = r.id, error = %e, "could not remove a wire end's interface");
+        }
+        let id = r.id;
+        if let Err(e) = self.engine.store.run(move |db| db.remove_wire(id)).await {
+            warn!(wire = r.id, error = %e, "could not forget a wire end");
+        }
+        self.engine.metrics.remove_wire(&convert::labels(r));
+        self.records.remove(&r.id);
+        info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, kind = %r.kind, "wire end removed");
+        if tell_peer
+            && let Ok(node) = r.peer_node.parse::<IpAddr>()
+            && let Err(e) = self.engine.call_ends(node, vec![convert::to_message(r, false)]).await
+        {
+            tracing::debug!(wire = r.id, error = %e, "could not tell the peer node; it sees the pod's status instead");
+        }
+    }
+
+    /// Takes end `r`'s link detour away, if it has one (a worker here, or a pair an
+    /// earlier run left): what the pod sends goes straight out again.
+    pub(super) async fn end_detour(&mut self, r: &WireEnd) -> Result<(), WireError> {
+        let worker = self.engine.plane.get().is_some_and(|dp| dp.undetour(r.id));
+        let left = self
+            .pass
+            .leftover_detours
+            .as_mut()
+            .is_some_and(|l| l.remove(&(r.id & crate::ids::DETOUR_ID_BITS)));
+        if worker || left {
+            let (netns, intf, id) = (r.netns.clone(), r.local_intf.clone(), r.id);
+            self.kernel(move |k| k.remove_detour(&netns, &intf, id)).await?;
+            info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, "link detour removed");
+        }
+        Ok(())
+    }
+
+    /// Applies `imp` to what a kernel-carried end sends: netem on its pod's interface,
+    /// or, on a kernel without netem, a worker of weftd's through the end's link
+    /// detour. Returns whether the end exists.
+    pub async fn netem_or_detour(&mut self, r: &WireEnd, imp: Impairment) -> Result<bool, WireError> {
+        let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
+        match self.kernel(move |k| k.set_impairment(&netns, &intf, &imp)).await? {
+            Emulated::NoSuchEnd => Ok(false),
+            Emulated::Applied => {
+                self.end_detour(r).await?;
+                Ok(true)
+            }
+            Emulated::Unsupported => {
+                let dp = self.engine.dataplane().ok_or_else(|| {
+                    WireError::DataPlane(
+                        "this kernel has no netem, and weftd can carry the link's emulation only once this node's address is known".into(),
+                    )
+                })?;
+                let (netns, intf, id) = (r.netns.clone(), r.local_intf.clone(), r.id);
+                if !self.kernel(move |k| k.detour(&netns, &intf, id)).await? {
+                    return Ok(false);
+                }
+                dp.detour(r.id, imp, convert::labels(r))?;
+                info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, "this kernel has no netem: weftd carries the end's frames through a link detour");
+                Ok(true)
+            }
+        }
+    }
+
+    /// Sets a cross-node end down while its peer pod runs nowhere (kept for its return).
+    pub async fn set_down(&mut self, mut r: WireEnd) -> Result<(), WireError> {
+        if r.state == WireState::Down {
+            return Ok(());
+        }
+        let (netns, intf) = (r.netns.clone(), r.local_intf.clone());
+        self.kernel(move |k| k.set_interface_up(&netns, &intf, false)).await?;
+        if let Some(dp) = self.engine.dataplane() {
+            dp.set_up(r.id, false);
+        }
+        r.state = WireState::Down;
+        info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, "peer gone: wire end down");
+        self.put(r).await
+    }
+}
