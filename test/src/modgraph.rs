@@ -79,14 +79,7 @@ fn code_only(text: &str) -> String {
                 out.push(' ');
             }
             b'"' => {
-                i += 1;
-                while i < b.len() && b[i] != b'"' {
-                    if b[i] == b'\\' {
-                        i += 1;
-                    }
-                    i += 1;
-                }
-                i += 1;
+                i = past_quoted(b, i);
                 out.push_str("\"\"");
             }
             // A raw string (r"..", r#".."#): skipped to its closing quote and hashes.
@@ -114,14 +107,7 @@ fn code_only(text: &str) -> String {
             }
             // A character literal ('x', '\n', '\''); a lifetime ('a) is kept.
             b'\'' if b.get(i + 2) == Some(&b'\'') || b.get(i + 1) == Some(&b'\\') => {
-                i += 1;
-                while i < b.len() && b[i] != b'\'' {
-                    if b[i] == b'\\' {
-                        i += 1;
-                    }
-                    i += 1;
-                }
-                i += 1;
+                i = past_quoted(b, i);
                 out.push_str("' '");
             }
             c => {
@@ -131,6 +117,19 @@ fn code_only(text: &str) -> String {
         }
     }
     out
+}
+
+/// The index just past the literal whose opening quote is at `i` (escapes skipped).
+fn past_quoted(b: &[u8], mut i: usize) -> usize {
+    let quote = b[i];
+    i += 1;
+    while i < b.len() && b[i] != quote {
+        if b[i] == b'\\' {
+            i += 1;
+        }
+        i += 1;
+    }
+    i + 1
 }
 
 fn ident_char(c: u8) -> bool {

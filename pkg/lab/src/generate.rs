@@ -7,6 +7,7 @@ use std::fmt;
 use std::net::Ipv4Addr;
 
 use serde_json::json;
+use weft_topology::LinkKind;
 
 /// How the generated links are carried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,12 +25,14 @@ pub enum GenKind {
 impl std::str::FromStr for GenKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "grpc" => Ok(GenKind::Grpc),
-            "vxlan" => Ok(GenKind::Vxlan),
-            "veth" => Ok(GenKind::Veth),
-            "mixed" => Ok(GenKind::Mixed),
-            _ => Err(format!("{s:?}: grpc, vxlan, veth or mixed")),
+        if s == "mixed" {
+            return Ok(GenKind::Mixed);
+        }
+        match s.parse::<LinkKind>() {
+            Ok(LinkKind::Grpc) => Ok(GenKind::Grpc),
+            Ok(LinkKind::Vxlan) => Ok(GenKind::Vxlan),
+            Ok(LinkKind::Veth) => Ok(GenKind::Veth),
+            Err(_) => Err(format!("{s:?}: grpc, vxlan, veth or mixed")),
         }
     }
 }
@@ -37,9 +40,9 @@ impl std::str::FromStr for GenKind {
 impl fmt::Display for GenKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            GenKind::Grpc => "grpc",
-            GenKind::Vxlan => "vxlan",
-            GenKind::Veth => "veth",
+            GenKind::Grpc => LinkKind::Grpc.as_str(),
+            GenKind::Vxlan => LinkKind::Vxlan.as_str(),
+            GenKind::Veth => LinkKind::Veth.as_str(),
             GenKind::Mixed => "mixed",
         })
     }
@@ -140,7 +143,14 @@ pub fn generate(spec: &GenSpec) -> Result<String, String> {
         } else {
             inter += 1;
             // Otherwise the lab's `inter_node_link` says.
-            (spec.kind == GenKind::Mixed).then_some(if inter.is_multiple_of(2) { "vxlan" } else { "grpc" })
+            (spec.kind == GenKind::Mixed).then_some(
+                if inter.is_multiple_of(2) {
+                    LinkKind::Vxlan
+                } else {
+                    LinkKind::Grpc
+                }
+                .as_str(),
+            )
         };
         let uid = k + 1;
         for (me, peer, li, pi, lip, pip) in [(a, b, &ia, &ib, ip_a, ip_b), (b, a, &ib, &ia, ip_b, ip_a)] {
@@ -189,7 +199,7 @@ pub fn generate(spec: &GenSpec) -> Result<String, String> {
         .collect();
     let lab = json!({
         "name": spec.name,
-        "inter_node_link": if spec.kind == GenKind::Vxlan { "vxlan" } else { "grpc" },
+        "inter_node_link": if spec.kind == GenKind::Vxlan { LinkKind::Vxlan } else { LinkKind::Grpc }.as_str(),
         // Generated labs do not depend on which pod arrives first.
         "parallel_attach": 8,
         "nodes": nodes,

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use weft_topology::Topology;
+use weft_topology::{LinkKind, Topology};
 
 use crate::spec::LabSpec;
 
@@ -185,7 +185,7 @@ impl Graph {
                 .find(|k| !k.is_empty())
                 .unwrap_or_else(|| {
                     if node_of(&a.0).is_some() && node_of(&a.0) == node_of(&b.0) {
-                        "veth".to_string()
+                        LinkKind::Veth.as_str().to_string()
                     } else {
                         l.kind
                             .or_else(|| other.and_then(|o| o.kind))
@@ -271,11 +271,11 @@ impl Graph {
             if let Some(r) = l.rate_bps {
                 label.push(rate_text(r));
             }
-            let style = match (l.state, l.kind.as_str()) {
+            let style = match (l.state, l.kind.parse::<LinkKind>()) {
                 (LinkState::DownByIntent, _) => "dotted",
-                (_, "grpc") => "dashed",
-                (_, "vxlan") => "bold",
-                _ => "solid",
+                (_, Ok(LinkKind::Grpc)) => "dashed",
+                (_, Ok(LinkKind::Vxlan)) => "bold",
+                (_, Ok(LinkKind::Veth) | Err(_)) => "solid",
             };
             let _ = writeln!(
                 out,

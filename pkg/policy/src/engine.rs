@@ -92,9 +92,9 @@ pub struct Latest {
     pub view: Arc<ClusterView>,
     /// The plan it applied.
     pub desired: Arc<Desired>,
-    /// The generations of the source's policy objects and nodes it was planned from: a
-    /// pod's ADD may add to this plan only while neither moved.
-    generation: (u64, u64),
+    /// The generation of the source's policy objects and the nodes it was planned
+    /// from: a pod's ADD may add to this plan only while neither moved.
+    generation: Generation,
     /// The objects it was planned from: a change of pods only is found against them.
     objects: Arc<PolicyObjects>,
 }
@@ -540,9 +540,12 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         self.pass_with(None, resync).await
     }
 
-    /// The source's generations of policy objects and nodes now.
-    fn generation(&self) -> (u64, u64) {
-        (*self.source.policy_changes().borrow(), *self.source.changes().borrow())
+    /// The source's generation of policy objects and its nodes now.
+    fn generation(&self) -> Generation {
+        Generation {
+            policy: *self.source.policy_changes().borrow(),
+            nodes: self.source.nodes(),
+        }
     }
 
     async fn pass_with(&self, extra: Option<&LocalPod>, resync: bool) -> Result<PassOutcome, String> {
@@ -688,7 +691,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
                 && local
                     .iter()
                     .all(|l| latest.view.local.get(&(l.namespace.clone(), l.name.clone())) == Some(l));
-            if latest.generation.1 != generation.1
+            if latest.generation.nodes != generation.nodes
                 || !objects.synced
                 || (objects.synced, objects.stale) != (old.synced, old.stale)
                 || !same(&objects.namespaces, &old.namespaces)
@@ -905,7 +908,11 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     /// milliseconds for the rest), and every resync interval with the kernel read back.
     pub async fn run(self: Arc<Self>, stop: impl Future<Output = ()>) {
         let mut changes = self.source.policy_changes();
-        let mut nodes = self.source.changes();
+        // Moves with the source's topologies as well as its nodes: only a change of the
+        // nodes (node peers, node addresses) wakes a pass; a lab's topology statuses,
+        // written at every pod's arrival, would otherwise cost a pass each.
+        let mut source = self.source.changes();
+        let mut nodes = self.source.nodes();
         let mut tick = tokio::time::interval(self.cfg.resync);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
@@ -917,10 +924,21 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             }
             resync = false;
             let changed = async {
-                tokio::select! {
-                    r = changes.changed() => if r.is_err() { std::future::pending::<()>().await },
-                    r = nodes.changed() => if r.is_err() { std::future::pending::<()>().await },
-                    _ = self.wake.notified() => {},
+                loop {
+                    tokio::select! {
+                        r = changes.changed() => if r.is_err() { std::future::pending::<()>().await } else { return },
+                        r = source.changed() => {
+                            if r.is_err() {
+                                std::future::pending::<()>().await
+                            }
+                            let now = self.source.nodes();
+                            if now != nodes {
+                                nodes = now;
+                                return;
+                            }
+                        }
+                        _ = self.wake.notified() => return,
+                    }
                 }
             };
             tokio::select! {
@@ -932,6 +950,14 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             }
         }
     }
+}
+
+/// What a plan was made from besides the pods: the source's generation of policy
+/// objects, and the nodes (their addresses and labels, for node peers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Generation {
+    policy: u64,
+    nodes: Vec<weft_topology::ClusterNode>,
 }
 
 /// A pod (`namespace`, `name`) as a newer snapshot has it (`None`: gone).

@@ -383,6 +383,16 @@ fn cluster_policies_come_from_files_and_another_api_version_is_refused() {
     assert_eq!(o.cluster_policies[0].object.spec.priority, Some(2));
 }
 
+/// Topologies `lab/r1` and `lab/r2`, without links, in one file of `dir`.
+fn two_topologies(dir: &Path) {
+    let topo = |name: &str| {
+        format!(
+            "apiVersion: networkop.co.uk/v1beta1\nkind: Topology\nmetadata: {{name: {name}, namespace: lab}}\nspec: {{links: []}}\n"
+        )
+    };
+    write(dir, "topology.yaml", &[topo("r1"), topo("r2")].join("---\n"));
+}
+
 /// A reload serves the very same Topology objects while neither their file nor their
 /// status changed (holders compare them by pointer; a big lab reloads at every status
 /// write), and a new object, with the new status, for the one whose status changed.
@@ -390,12 +400,7 @@ fn cluster_policies_come_from_files_and_another_api_version_is_refused() {
 fn unchanged_topologies_are_served_again_without_a_copy() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    let topo = |name: &str| {
-        format!(
-            "apiVersion: networkop.co.uk/v1beta1\nkind: Topology\nmetadata: {{name: {name}, namespace: lab}}\nspec: {{links: []}}\n"
-        )
-    };
-    write(&dir, "topology.yaml", &[topo("r1"), topo("r2")].join("---\n"));
+    two_topologies(&dir);
     let src = start(&dir);
     let status = |ip: &str| weft_topology::TopologyStatus {
         src_ip: ip.into(),
@@ -429,12 +434,7 @@ fn unchanged_topologies_are_served_again_without_a_copy() {
 fn another_daemons_status_writes_are_served_file_by_file() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    let topo = |name: &str| {
-        format!(
-            "apiVersion: networkop.co.uk/v1beta1\nkind: Topology\nmetadata: {{name: {name}, namespace: lab}}\nspec: {{links: []}}\n"
-        )
-    };
-    write(&dir, "topology.yaml", &[topo("r1"), topo("r2")].join("---\n"));
+    two_topologies(&dir);
     let writer = DirSource::start(dir.clone(), "n1".into()).unwrap();
     let reader = DirSource::start(dir.clone(), "n2".into()).unwrap();
     let r2 = reader.topology("lab", "r2").unwrap();
