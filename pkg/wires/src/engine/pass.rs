@@ -70,6 +70,11 @@ impl<P: GrpcPlane> Engine<P> {
     /// One pass over the links of the pods that moved (of every local pod when `every`
     /// or asked), see the module documentation.
     async fn pass(&self, st: &mut PassState, every: bool) -> Result<(), WireError> {
+        // Taken before the pods are read: a request's pod is attached before it asks,
+        // so what is taken here is in the pods read below (one asked after is left
+        // for the next pass, which its request number waits for). Without an address
+        // nothing is lost: the first pass that knows it looks at every pod.
+        let asked = self.passes.take_asked();
         let Some(me) = self.node_address() else {
             debug!("node address not known yet; wires wait");
             st.retry = true;
@@ -82,7 +87,6 @@ impl<P: GrpcPlane> Engine<P> {
             .into_iter()
             .filter(|(_, p)| self.kernel.pod_exists(&p.netns))
             .collect();
-        let asked = self.passes.take_asked();
         let settings = self.store.run(|db| db.link_settings()).await?;
         let mut records: HashMap<u64, WireEnd> = self
             .store
