@@ -44,6 +44,8 @@ struct Cluster {
     objects: Mutex<Arc<PolicyObjects>>,
     tx: watch::Sender<u64>,
     nodes: Mutex<Vec<ClusterNode>>,
+    /// Moves with the topologies and the nodes, as a source's `changes` does.
+    topo: watch::Sender<u64>,
 }
 
 impl Cluster {
@@ -59,6 +61,7 @@ impl Cluster {
             })),
             tx: watch::channel(0).0,
             nodes: Mutex::default(),
+            topo: watch::channel(0).0,
         })
     }
 
@@ -91,7 +94,7 @@ impl TopologySource for Cluster {
         Box::pin(async { Ok(()) })
     }
     fn changes(&self) -> watch::Receiver<u64> {
-        watch::channel(0).1
+        self.topo.subscribe()
     }
     fn ready(&self) -> bool {
         true
@@ -395,6 +398,58 @@ async fn pods_elsewhere_change_elements_only() {
 /// A pod whose ADD placed its policies is planned by every pass until the store lists
 /// it: a pass between the two never takes out what the ADD answered for. Detached (its
 /// ADD failed afterwards), it goes.
+/// The source's topologies moving (a lab writes a pod's status at each arrival) is no
+/// change of the nodes: an ADD keeps its fast path (which never lists the node's pods)
+/// and no full pass runs. A node that changes (node peers, node addresses) makes the
+/// next ADD's pass a full one.
+#[tokio::test]
+async fn a_topology_change_is_no_change_of_the_nodes() {
+    let cluster = Cluster::new(true);
+    cluster.change(|o| {
+        o.policies.push(policy("deny", json!({"podSelector": {}})));
+        for (name, ip) in [("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3")] {
+            o.pods.push(Arc::new(PolicyPod {
+                namespace: "x".into(),
+                name: name.into(),
+                ips: vec![ip.parse().unwrap()],
+                ..PolicyPod::default()
+            }));
+        }
+    });
+    // Only a full pass (or a pass of pods only) lists the node's pods.
+    let listed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = listed.clone();
+    let pods: LocalPods = Arc::new(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { Ok(vec![local("a", "10.0.0.1")]) })
+    });
+    let e = PolicyEngine::new(
+        Config {
+            node_name: "n1".into(),
+            resync: Duration::from_secs(60),
+            sync_wait: Duration::from_millis(300),
+            learnt: weft_fqdn::Limits::default(),
+        },
+        cluster.clone(),
+        pods,
+        FakeKernel::default(),
+        Metrics::new("test", "test").families::<PolicyMetrics>(),
+    );
+    e.pass(true).await.unwrap();
+    let listings = || listed.load(std::sync::atomic::Ordering::SeqCst);
+    let before = listings();
+    cluster.topo.send_modify(|g| *g += 1);
+    e.pod_attached(local("b", "10.0.0.2")).await.unwrap();
+    assert_eq!(listings(), before, "b's ADD took the fast path");
+    cluster.nodes.lock().unwrap().push(ClusterNode {
+        name: "n2".into(),
+        ..ClusterNode::default()
+    });
+    cluster.topo.send_modify(|g| *g += 1);
+    e.pod_attached(local("c", "10.0.0.3")).await.unwrap();
+    assert!(listings() > before, "a node changed: the ADD's pass planned it all");
+}
+
 #[tokio::test]
 async fn a_pod_between_its_policies_and_its_commit_stays_planned() {
     let cluster = Cluster::new(true);
