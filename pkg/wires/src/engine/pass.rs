@@ -31,9 +31,11 @@ use crate::ids::wire_id;
 use crate::metrics::LinkStateLabels;
 use crate::plane::GrpcPlane;
 
-/// The least time between two writes of the wire-state resource by passes that look
-/// at some pods only (a pass of every pod writes at once): at thousands of ends each
-/// write is the whole list, and pods arrive many a second.
+/// The least time between two writes of the wire-state resource while passes are
+/// asked for faster than they finish (a bring-up: at thousands of ends each write is
+/// the whole list, and pods arrive many a second). A pass of every pod, or one after
+/// which nothing more was asked, writes at once, so the resource is current as soon as
+/// the node is quiet.
 const MIRROR_EVERY: Duration = Duration::from_secs(1);
 
 impl<P: GrpcPlane> Engine<P> {
@@ -48,7 +50,7 @@ impl<P: GrpcPlane> Engine<P> {
             st.retry = false;
             let every = st.failed || st.last_full.is_none_or(|t| t.elapsed() >= self.cfg.resync);
             st.failed = false;
-            if let Err(e) = self.pass(&mut st, every).await {
+            if let Err(e) = self.pass(&mut st, every, want).await {
                 warn!(error = %e, "wire pass failed; retrying");
                 st.retry = true;
                 st.failed = true;
@@ -68,8 +70,8 @@ impl<P: GrpcPlane> Engine<P> {
     }
 
     /// One pass over the links of the pods that moved (of every local pod when `every`
-    /// or asked), see the module documentation.
-    async fn pass(&self, st: &mut PassState, every: bool) -> Result<(), WireError> {
+    /// or asked), see the module documentation; `want` is the last request it covers.
+    async fn pass(&self, st: &mut PassState, every: bool, want: u64) -> Result<(), WireError> {
         // Taken before the pods are read: a request's pod is attached before it asks,
         // so what is taken here is in the pods read below (one asked after is left
         // for the next pass, which its request number waits for). Without an address
@@ -225,7 +227,9 @@ impl<P: GrpcPlane> Engine<P> {
             st.mirrored = false;
         }
         if !st.mirrored {
-            if every || st.mirrored_at.is_none_or(|t| t.elapsed() >= MIRROR_EVERY) {
+            // More asked since this pass began (`want`): another pass follows at once.
+            let busy = self.passes.requested() > want;
+            if every || !busy || st.mirrored_at.is_none_or(|t| t.elapsed() >= MIRROR_EVERY) {
                 let ends = records.values().cloned().collect();
                 st.mirrored_at = Some(Instant::now());
                 st.mirrored = true;
