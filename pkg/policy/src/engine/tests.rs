@@ -116,6 +116,27 @@ fn policy(
 
 type Local = Arc<Mutex<Vec<LocalPod>>>;
 
+/// An engine of node n1 over `cluster`, its pods listed by `pods`.
+fn engine_over(
+    cluster: Arc<Cluster>,
+    pods: LocalPods,
+    kernel: FakeKernel,
+    metrics: &Metrics,
+) -> PolicyEngine<FakeKernel> {
+    PolicyEngine::new(
+        Config {
+            node_name: "n1".into(),
+            resync: Duration::from_secs(60),
+            sync_wait: Duration::from_millis(300),
+            learnt: weft_fqdn::Limits::default(),
+        },
+        cluster,
+        pods,
+        kernel,
+        metrics.families::<PolicyMetrics>(),
+    )
+}
+
 fn engine_with(
     cluster: Arc<Cluster>,
     local: Vec<LocalPod>,
@@ -128,18 +149,7 @@ fn engine_with(
         let l = local.lock().unwrap().clone();
         Box::pin(async move { Ok(l) })
     });
-    let e = PolicyEngine::new(
-        Config {
-            node_name: "n1".into(),
-            resync: Duration::from_secs(60),
-            sync_wait: Duration::from_millis(300),
-            learnt: weft_fqdn::Limits::default(),
-        },
-        cluster,
-        pods,
-        kernel.clone(),
-        metrics.families::<PolicyMetrics>(),
-    );
+    let e = engine_over(cluster, pods, kernel.clone(), &metrics);
     (Arc::new(e), kernel, metrics, handle)
 }
 
@@ -423,17 +433,11 @@ async fn a_topology_change_is_no_change_of_the_nodes() {
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Box::pin(async { Ok(vec![local("a", "10.0.0.1")]) })
     });
-    let e = PolicyEngine::new(
-        Config {
-            node_name: "n1".into(),
-            resync: Duration::from_secs(60),
-            sync_wait: Duration::from_millis(300),
-            learnt: weft_fqdn::Limits::default(),
-        },
+    let e = engine_over(
         cluster.clone(),
         pods,
         FakeKernel::default(),
-        Metrics::new("test", "test").families::<PolicyMetrics>(),
+        &Metrics::new("test", "test"),
     );
     e.pass(true).await.unwrap();
     let listings = || listed.load(std::sync::atomic::Ordering::SeqCst);
