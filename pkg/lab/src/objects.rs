@@ -312,13 +312,25 @@ impl Lab {
     /// Records pod `p`'s addresses (its `status.podIPs`) after its ADD and writes its
     /// Pod object with them, as kubelet reports them once the sandbox is up.
     pub fn report_pod_ips(&self, p: &PodSpec, ips: Vec<IpAddr>) -> Result<(), LabError> {
+        self.report_pods_ips(vec![(p, ips)])
+    }
+
+    /// [`Lab::report_pod_ips`] for several pods at once: one update of the lab's state
+    /// for all (which holds every pod's addresses, so a bring-up that reported pod by
+    /// pod would rewrite it once per pod).
+    pub(crate) fn report_pods_ips(&self, reports: Vec<(&PodSpec, Vec<IpAddr>)>) -> Result<(), LabError> {
+        if reports.is_empty() {
+            return Ok(());
+        }
         self.with_live(|live| {
-            live.pod_ips.insert(format!("{}/{}", self.namespace_of(p), p.name), ips);
-            write_file(
-                &self.topology_dir(),
-                &self.pod_file(p),
-                &yaml(&self.pod_object(p, live))?,
-            )?;
+            for (p, ips) in reports {
+                live.pod_ips.insert(format!("{}/{}", self.namespace_of(p), p.name), ips);
+                write_file(
+                    &self.topology_dir(),
+                    &self.pod_file(p),
+                    &yaml(&self.pod_object(p, live))?,
+                )?;
+            }
             Ok(())
         })
     }

@@ -379,6 +379,7 @@ impl Lab {
     fn attach_all(&self) -> Result<(), LabError> {
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed: std::sync::Mutex<Option<LabError>> = std::sync::Mutex::new(None);
+        let reports = Reports::default();
         std::thread::scope(|scope| {
             for _ in 0..self.spec.parallel_attach.clamp(1, 64).min(self.spec.pods.len()) {
                 scope.spawn(|| {
@@ -388,7 +389,11 @@ impl Lab {
                         if failed.lock().expect("not poisoned").is_some() {
                             break;
                         }
-                        if let Err(e) = self.node(&p.node).and_then(|n| self.attach(n, p)) {
+                        let attached = self
+                            .node(&p.node)
+                            .and_then(|n| self.add_pod(n, p))
+                            .and_then(|ips| reports.report(self, p, ips));
+                        if let Err(e) = attached {
                             failed.lock().expect("not poisoned").get_or_insert(e);
                         }
                     }
@@ -399,13 +404,6 @@ impl Lab {
             Some(e) => Err(e),
             None => Ok(()),
         }
-    }
-
-    fn attach(&self, n: &NodeSpec, p: &PodSpec) -> Result<(), LabError> {
-        // Its Pod object is written already; its addresses go into it after, as kubelet
-        // reports them.
-        let ips = self.add_pod(n, p)?;
-        self.report_pod_ips(p, ips)
     }
 
     /// Attaches pod `pod` (`NS/NAME`, or a unique `NAME`) on its node as `up` does (its
@@ -550,5 +548,26 @@ impl Lab {
         }
         let _ = fs::remove_dir_all(&self.state);
         crate::neigh::release(&self.state.display().to_string())
+    }
+}
+
+/// Pods' addresses waiting to be reported by [`Lab::attach_all`]'s workers, as a group
+/// commit: each worker queues its pod's and then, in turn, reports everything queued,
+/// so its pod's is reported before it goes on, and the lab's state is written once per
+/// turn rather than once per pod.
+#[derive(Default)]
+struct Reports<'a> {
+    queued: std::sync::Mutex<Vec<(&'a PodSpec, Vec<std::net::IpAddr>)>>,
+    turn: std::sync::Mutex<()>,
+}
+
+impl<'a> Reports<'a> {
+    /// Its Pod object is written already; its addresses go into it after the ADD, as
+    /// kubelet reports them.
+    fn report(&self, lab: &Lab, p: &'a PodSpec, ips: Vec<std::net::IpAddr>) -> Result<(), LabError> {
+        self.queued.lock().expect("not poisoned").push((p, ips));
+        let _turn = self.turn.lock().expect("not poisoned");
+        let batch = std::mem::take(&mut *self.queued.lock().expect("not poisoned"));
+        lab.report_pods_ips(batch)
     }
 }

@@ -24,6 +24,38 @@ pub(super) struct Cache {
     /// was served, reused while both are the same (so a reload costs a comparison of
     /// statuses, not a copy and a deep comparison of every Topology).
     pub(super) served: HashMap<(String, String), ServedTopology>,
+    /// What the files held at the last load, merged (`None` before the first).
+    pub(super) merged: Option<super::merge::Merged>,
+}
+
+impl Cache {
+    /// Topology `base` as served with `status` (`None`: as its file has it): the `Arc`
+    /// served before when both are unchanged, so holders can compare pointers.
+    pub(super) fn with_status(
+        &mut self,
+        key: &(String, String),
+        base: std::sync::Arc<crate::Topology>,
+        status: Option<TopologyStatus>,
+    ) -> std::sync::Arc<crate::Topology> {
+        let old = self.served.remove(key);
+        let Some(status) = status else { return base };
+        let with_status = match old.filter(|o| std::sync::Arc::ptr_eq(&o.base, &base) && o.status == status) {
+            Some(o) => o.with_status,
+            None => std::sync::Arc::new(crate::Topology {
+                status: Some(status.clone()),
+                ..(*base).clone()
+            }),
+        };
+        self.served.insert(
+            key.clone(),
+            ServedTopology {
+                base,
+                status,
+                with_status: with_status.clone(),
+            },
+        );
+        with_status
+    }
 }
 
 /// A Topology as served: the file's object and the status it was given.

@@ -29,10 +29,11 @@
 
 mod cache;
 mod manifest;
+mod merge;
 mod status;
 mod watcher;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -44,11 +45,11 @@ use std::time::SystemTime;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
-use crate::objects::{PolicyMaps, cluster_policy_key, pod_key, policy_key};
 use crate::{ClusterNode, PolicyObjects, SourceError, Topology, TopologySource, TopologyStatus, WireEnd};
-use cache::{Cache, ServedTopology, cached};
+use cache::Cache;
+use manifest::is_topology_file;
 pub use manifest::{LoadProblem, parse_topologies, read_topologies};
-use manifest::{is_topology_file, parse_file};
+use merge::{Merged, read_objects};
 use watcher::{Change, reload_loop, watch_dir};
 
 const STATUS_DIR: &str = ".status";
@@ -89,7 +90,7 @@ struct Served {
 struct Loaded {
     topologies: BTreeMap<(String, String), Arc<Topology>>,
     nodes: BTreeMap<String, ClusterNode>,
-    policy: PolicyMaps,
+    policy: PolicyObjects,
     problems: BTreeSet<LoadProblem>,
 }
 
@@ -186,14 +187,7 @@ impl Inner {
         };
         let address = nodes.get(&self.node_name).and_then(|n| n.addresses.first().copied());
         let mut served = self.served.lock().expect("lock");
-        for p in problems.difference(&served.problems) {
-            match &p.object {
-                Some(object) => {
-                    tracing::warn!(file = %p.file.display(), object = %object, reason = %p.reason, "topology left out")
-                }
-                None => tracing::warn!(file = %p.file.display(), reason = %p.reason, "topology file left out"),
-            }
-        }
+        log_new_problems(&problems, &served.problems);
         served.problems = problems;
         let same_keys = topologies.len() == served.topologies.len()
             && topologies.keys().zip(served.topologies.keys()).all(|(a, b)| a == b);
@@ -210,7 +204,6 @@ impl Inner {
             served.address = address;
             served.nodes = nodes;
         }
-        let policy = policy.snapshot(true, false);
         let policy_changed = *served.policy != policy;
         if policy_changed {
             served.policy = Arc::new(policy);
@@ -244,7 +237,7 @@ impl Inner {
     fn load(&self, cache: &mut Cache) -> Result<Loaded, SourceError> {
         let now = SystemTime::now();
         let mut problems = BTreeSet::new();
-        let mut files = Vec::new();
+        let mut paths = Vec::new();
         for entry in std::fs::read_dir(&self.dir).map_err(|e| file_err(&self.dir, e))? {
             let entry = entry.map_err(|e| file_err(&self.dir, e))?;
             let name = entry.file_name();
@@ -252,148 +245,52 @@ impl Inner {
             if name.starts_with('.') || !is_topology_file(name) {
                 continue;
             }
-            files.push(entry.path());
+            paths.push(entry.path());
         }
-        files.sort();
-
-        let mut topologies: BTreeMap<(String, String), (Arc<Topology>, PathBuf)> = BTreeMap::new();
-        let mut nodes: BTreeMap<String, ClusterNode> = BTreeMap::new();
-        let mut policy = PolicyMaps::default();
-        // Where each policy object was read first, for the duplicates' problems.
-        let mut first: BTreeMap<String, PathBuf> = BTreeMap::new();
-        let mut seen = HashSet::new();
-        for path in files {
-            // Follows symlinks: a ConfigMap mounted as the directory is all symlinks.
-            let objects = match std::fs::metadata(&path) {
-                Ok(m) if m.is_file() => cached(&mut cache.objects, &path, &m, now, |bytes| {
-                    Arc::new(parse_file(&path, bytes))
-                }),
-                Ok(_) => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => Err(e.to_string()),
-            };
-            let objects = match objects {
-                Ok(o) => o,
+        let mut files = BTreeMap::new();
+        for path in paths {
+            match read_objects(&mut cache.objects, &path, now) {
+                Ok(Some(objects)) => {
+                    files.insert(path, objects);
+                }
+                Ok(None) => {}
                 Err(reason) => {
                     problems.insert(LoadProblem {
-                        file: path.clone(),
+                        file: path,
                         object: None,
                         reason,
                     });
-                    continue;
-                }
-            };
-            seen.insert(path.clone());
-            problems.extend(objects.problems.iter().cloned());
-            for n in &objects.nodes {
-                if nodes.contains_key(&n.name) {
-                    problems.insert(LoadProblem {
-                        file: path.clone(),
-                        object: Some(format!("Node {}", n.name)),
-                        reason: "a Node of that name was read before; this one is ignored".into(),
-                    });
-                    continue;
-                }
-                nodes.insert(n.name.clone(), n.clone());
-            }
-            for t in &objects.topologies {
-                let key = (
-                    t.metadata.namespace.clone().unwrap_or_default(),
-                    t.metadata.name.clone().unwrap_or_default(),
-                );
-                if let Some((_, first)) = topologies.get(&key) {
-                    problems.insert(LoadProblem {
-                        file: path.clone(),
-                        object: Some(format!("Topology {}/{}", key.0, key.1)),
-                        reason: format!("duplicate of the one in {}; this one is ignored", first.display()),
-                    });
-                    continue;
-                }
-                topologies.insert(key, (t.clone(), path.clone()));
-            }
-            let mut duplicate = |what: String, path: &Path| match first.get(&what) {
-                Some(before) => {
-                    problems.insert(LoadProblem {
-                        file: path.to_path_buf(),
-                        object: Some(what),
-                        reason: format!("duplicate of the one in {}; this one is ignored", before.display()),
-                    });
-                    true
-                }
-                None => {
-                    first.insert(what, path.to_path_buf());
-                    false
-                }
-            };
-            for p in &objects.pods {
-                if !duplicate(format!("Pod {}/{}", p.namespace, p.name), &path) {
-                    policy.pods.insert(pod_key(p), p.clone());
-                }
-            }
-            for n in &objects.namespaces {
-                if !duplicate(format!("Namespace {}", n.name), &path) {
-                    policy.namespaces.insert(n.name.clone(), n.clone());
-                }
-            }
-            for p in &objects.policies {
-                let Some(key) = policy_key(&p.object) else { continue };
-                if !duplicate(format!("NetworkPolicy {}/{}", key.0, key.1), &path) {
-                    policy.policies.insert(key, p.clone());
-                }
-            }
-            if !objects.unreadable.is_empty() {
-                policy
-                    .unreadable
-                    .entry(path.display().to_string())
-                    .or_default()
-                    .extend(objects.unreadable.iter().cloned());
-            }
-            for p in &objects.cluster_policies {
-                let Some(key) = cluster_policy_key(&p.object) else {
-                    continue;
-                };
-                if !duplicate(format!("ClusterNetworkPolicy {key}"), &path) {
-                    policy.cluster_policies.insert(key, p.clone());
                 }
             }
         }
-        cache.objects.retain(|p, _| seen.contains(p));
+        cache.objects.retain(|p, _| files.contains_key(p));
+        let merged = Merged::of(files, &mut problems);
 
         let mut statuses = self.load_statuses(cache, now, &mut problems);
-        let mut served = std::mem::take(&mut cache.served);
-        let topologies = topologies
-            .into_iter()
-            .map(|(key, (t, _))| {
-                let Some(status) = statuses.remove(&key) else {
-                    return (key, t);
-                };
-                let old = served
-                    .remove(&key)
-                    .filter(|o| Arc::ptr_eq(&o.base, &t) && o.status == status);
-                let with_status = match old {
-                    Some(o) => o.with_status,
-                    None => Arc::new(Topology {
-                        status: Some(status.clone()),
-                        ..(*t).clone()
-                    }),
-                };
-                cache.served.insert(
-                    key.clone(),
-                    ServedTopology {
-                        base: t,
-                        status,
-                        with_status: with_status.clone(),
-                    },
-                );
-                (key, with_status)
-            })
+        cache.served.retain(|key, _| merged.topologies.contains_key(key));
+        let topologies = (merged.topologies.iter())
+            .map(|(key, t)| (key.clone(), cache.with_status(key, t.clone(), statuses.remove(key))))
             .collect();
-        Ok(Loaded {
+        let loaded = Loaded {
             topologies,
-            nodes,
-            policy,
+            nodes: merged.nodes.clone(),
+            policy: merged.policy.snapshot(true, false),
             problems,
-        })
+        };
+        cache.merged = Some(merged);
+        Ok(loaded)
+    }
+}
+
+/// Logs each problem of `now` that was not in `before`.
+fn log_new_problems(now: &BTreeSet<LoadProblem>, before: &BTreeSet<LoadProblem>) {
+    for p in now.difference(before) {
+        match &p.object {
+            Some(object) => {
+                tracing::warn!(file = %p.file.display(), object = %object, reason = %p.reason, "topology left out")
+            }
+            None => tracing::warn!(file = %p.file.display(), reason = %p.reason, "topology file left out"),
+        }
     }
 }
 

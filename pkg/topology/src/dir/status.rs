@@ -68,7 +68,19 @@ impl Inner {
         out
     }
 
-    fn status_path(&self, namespace: &str, pod: &str) -> PathBuf {
+    /// The status file at `path`: `None` when there is none, `Err` when it cannot be
+    /// read or is not a status.
+    pub(super) fn read_status(&self, path: &Path) -> Result<Option<TopologyStatus>, String> {
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| format!("not a TopologyStatus: {e}")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    pub(super) fn status_path(&self, namespace: &str, pod: &str) -> PathBuf {
         self.dir.join(STATUS_DIR).join(namespace).join(format!("{pod}.json"))
     }
 
@@ -117,15 +129,10 @@ impl Inner {
             ) else {
                 return false;
             };
-            let status = match std::fs::read(path) {
-                Ok(bytes) => match serde_json::from_slice::<TopologyStatus>(&bytes) {
-                    Ok(s) => s,
-                    Err(_) => return false,
-                },
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => TopologyStatus::default(),
-                Err(_) => return false,
+            let Ok(status) = self.read_status(path) else {
+                return false;
             };
-            self.serve_status(namespace, pod, &status);
+            self.serve_status(namespace, pod, &status.unwrap_or_default());
         }
         true
     }

@@ -1,7 +1,8 @@
 //! The thread that notices changes: inotify events (debounced) and, should one be lost
 //! or inotify be unavailable, a full rescan every 2 s. A burst of events that touched
-//! pods' status files only is served file by file; anything else (a topology file, a
-//! new namespace directory, an overflowed queue) reloads the whole directory.
+//! object files and pods' status files only is served file by file; anything else (a
+//! new namespace directory, a mounted ConfigMap's swap, an overflowed queue) reloads
+//! the whole directory.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use notify::event::{AccessKind, AccessMode, MetadataKind, ModifyKind};
 use notify::{EventKind, RecursiveMode, Watcher};
 
-use super::{Inner, STATUS_DIR, WIRES_DIR};
+use super::{Inner, STATUS_DIR, WIRES_DIR, is_topology_file};
 
 /// How often the directory is rescanned whatever inotify says.
 const RESCAN: Duration = Duration::from_secs(2);
@@ -23,6 +24,8 @@ const DEBOUNCE: Duration = Duration::from_millis(50);
 /// What a file event asks of the reload thread.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Change {
+    /// The object file (top level) at this path was written or removed.
+    Object(PathBuf),
     /// Pod `<namespace>/<pod>`'s status file at this path was written or removed.
     Status(PathBuf),
     /// Anything else: only a reload of the whole directory can tell what changed.
@@ -74,7 +77,23 @@ fn classify(ev: &notify::Event, root: &Path) -> Vec<Change> {
                     _ => Some(Change::Everything),
                 }
             }
-            Err(_) => Some(Change::Everything),
+            Err(_) => match p.strip_prefix(root).map(|rel| rel.components().count()) {
+                Ok(1) => {
+                    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                    if name.starts_with('.') {
+                        // A writer's temporary file (its rename is the event that
+                        // counts); any other hidden name may be a mounted ConfigMap's
+                        // `..data` swapped under the symlinks the loader follows.
+                        (!name.ends_with(".tmp")).then_some(Change::Everything)
+                    } else if is_topology_file(name) {
+                        Some(Change::Object(p.clone()))
+                    } else {
+                        // Never read.
+                        None
+                    }
+                }
+                _ => Some(Change::Everything),
+            },
         })
         .collect()
 }
@@ -104,16 +123,18 @@ pub(super) fn reload_loop(inner: Weak<Inner>, rx: std_mpsc::Receiver<Change>) {
             Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
         }
         let Some(inner) = inner.upgrade() else { return };
-        let statuses: Vec<&Path> = burst
-            .iter()
-            .filter_map(|c| match c {
-                Change::Status(p) => Some(p.as_path()),
-                Change::Everything => None,
-            })
-            .collect();
-        // A burst of status writes (every pod's arrival in a big lab is one) costs the
-        // files written, not a read of every file of the directory.
-        if !burst.contains(&Change::Everything) && inner.reload_statuses(&statuses) {
+        let (mut objects, mut statuses): (Vec<&Path>, Vec<&Path>) = (vec![], vec![]);
+        for c in &burst {
+            match c {
+                Change::Object(p) => objects.push(p),
+                Change::Status(p) => statuses.push(p),
+                Change::Everything => {}
+            }
+        }
+        // A burst of object and status writes (every pod's arrival in a big lab is some)
+        // costs the files written, not a read of every file of the directory. Objects
+        // first: a Topology new to this burst takes its status along.
+        if !burst.contains(&Change::Everything) && inner.reload_objects(&objects) && inner.reload_statuses(&statuses) {
             continue;
         }
         if let Err(e) = inner.reload() {
@@ -162,12 +183,29 @@ mod tests {
         );
         assert!(classify(&ev(EventKind::Create(CreateKind::File), &["/lab/.wires/n1.json"]), root).is_empty());
         assert!(classify(&ev(EventKind::Access(AccessKind::Read), &["/lab/topo.yaml"]), root).is_empty());
-        // A topology file, a new namespace directory, an event without paths: all.
-        for e in [
-            ev(
-                EventKind::Access(AccessKind::Close(AccessMode::Write)),
-                &["/lab/topo.yaml"],
+        // An object file, file by file; a writer's temporary file and a file never read:
+        // nothing.
+        assert_eq!(
+            classify(&ev(rename, &["/lab/.topo.yaml.tmp", "/lab/topo.yaml"]), root),
+            vec![Change::Object("/lab/topo.yaml".into())]
+        );
+        assert_eq!(
+            classify(
+                &ev(
+                    EventKind::Access(AccessKind::Close(AccessMode::Write)),
+                    &["/lab/pods.JSON"]
+                ),
+                root
             ),
+            vec![Change::Object("/lab/pods.JSON".into())]
+        );
+        assert!(classify(&ev(EventKind::Create(CreateKind::File), &["/lab/README.md"]), root).is_empty());
+        // A new namespace directory, a ConfigMap's swap, a file in a subdirectory, the
+        // directory itself, an event without paths: all.
+        for e in [
+            ev(rename, &["/lab/..data"]),
+            ev(EventKind::Create(CreateKind::File), &["/lab/..2026_11_29/topo.yaml"]),
+            ev(EventKind::Remove(RemoveKind::Folder), &["/lab"]),
             ev(EventKind::Create(CreateKind::Folder), &["/lab/.status/y"]),
             ev(EventKind::Other, &[]),
         ] {
