@@ -468,9 +468,9 @@ mod tests {
         write(dir, "pod-a.yaml", &pod("a", "web"));
         let live = inner(dir);
         live.reload().unwrap();
-        let check = |what: &str, paths: &[PathBuf], alone: bool| {
+        let check = |what: &str, paths: &[&PathBuf], alone: bool| {
             let (topologies, policy) = (*live.tx.borrow(), *live.policy_tx.borrow());
-            let paths: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+            let paths: Vec<&Path> = paths.iter().map(|p| p.as_path()).collect();
             assert_eq!(live.reload_objects(&paths), alone, "{what}: served alone");
             if !alone {
                 live.reload().unwrap();
@@ -482,10 +482,10 @@ mod tests {
         };
 
         let b = write(dir, "pod-b.yaml", &pod("b", "db"));
-        assert_eq!(check("a new pod", &[b.clone()], true), (false, true));
+        assert_eq!(check("a new pod", &[&b], true), (false, true));
         let a = write(dir, "pod-a.yaml", &pod("a", "api"));
-        assert_eq!(check("a pod's labels", &[a.clone()], true), (false, true));
-        assert_eq!(check("unchanged", &[a.clone()], true), (false, false));
+        assert_eq!(check("a pod's labels", &[&a], true), (false, true));
+        assert_eq!(check("unchanged", &[&a], true), (false, false));
 
         std::fs::create_dir_all(dir.join(".status/lab")).unwrap();
         let status = TopologyStatus {
@@ -494,30 +494,30 @@ mod tests {
         };
         std::fs::write(dir.join(".status/lab/r3.json"), serde_json::to_vec(&status).unwrap()).unwrap();
         let r3 = write(dir, "r3.yaml", &topology("r3"));
-        assert_eq!(check("a topology with its status", &[r3.clone()], true), (true, false));
+        assert_eq!(check("a topology with its status", &[&r3], true), (true, false));
         let t = live.served.lock().unwrap().topologies[&("lab".into(), "r3".into())].clone();
         assert_eq!(t.status.as_ref().map(|s| s.src_ip.as_str()), Some("192.0.2.9"));
 
         let n = write(dir, "node.yaml", &node("192.0.2.2"));
-        assert_eq!(check("the node's address", &[n], true), (true, false));
+        assert_eq!(check("the node's address", &[&n], true), (true, false));
         assert_eq!(live.served.lock().unwrap().address, Some("192.0.2.2".parse().unwrap()));
 
         let bad = write(dir, "bad.yaml", "kind: [");
-        check("a broken file", &[bad.clone()], true);
+        check("a broken file", &[&bad], true);
         assert!(seen(&live).problems.iter().any(|p| p.contains("bad.yaml")));
         std::fs::remove_file(&bad).unwrap();
-        check("the broken file removed", &[bad], true);
+        check("the broken file removed", &[&bad], true);
         assert!(seen(&live).problems.is_empty());
 
         let dup = write(dir, "dup.yaml", &[pod("a", "other"), topology("r4")].join("---\n"));
-        check("a duplicate", &[dup.clone()], false);
+        check("a duplicate", &[&dup], false);
         assert!(seen(&live).problems.iter().any(|p| p.contains("duplicate")));
         std::fs::remove_file(&dup).unwrap();
-        check("the duplicate removed", &[dup], false);
+        check("the duplicate removed", &[&dup], false);
 
         std::fs::remove_file(&b).unwrap();
         std::fs::remove_file(&r3).unwrap();
-        assert_eq!(check("two files removed", &[b, r3], true), (true, true));
+        assert_eq!(check("two files removed", &[&b, &r3], true), (true, true));
         assert_eq!(seen(&live).topologies.len(), 2);
     }
 }
