@@ -236,21 +236,20 @@ pub fn policed_pods(store: Store) -> weft_policy::LocalPods {
         let store = store.clone();
         Box::pin(async move {
             let ready = store
-                .run(|db| db.list(None, Some(weft_store::State::Ready)))
+                .run(|db| db.ready_pods(weft_daemon::POLICED_IFNAME))
                 .await
                 .map_err(|e| format!("listing this node's pods: {e}"))?;
             Ok(ready
                 .into_iter()
-                .filter(|a| a.key.ifname == weft_daemon::POLICED_IFNAME && !a.pod.name.is_empty())
                 .map(|a| weft_policy::LocalPod {
                     namespace: if a.pod.namespace.is_empty() {
                         "default".into()
                     } else {
-                        a.pod.namespace.clone()
+                        a.pod.namespace
                     },
-                    name: a.pod.name.clone(),
-                    ips: a.addresses.iter().map(|x| x.address).collect(),
-                    host_ifname: a.host_ifname.clone(),
+                    name: a.pod.name,
+                    ips: a.addresses,
+                    host_ifname: a.host_ifname,
                 })
                 .collect())
         })

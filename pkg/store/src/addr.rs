@@ -45,42 +45,6 @@ pub fn capacity(range: &IpNet) -> u64 {
     u64::try_from(last - first + 1).unwrap_or(u64::MAX)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn v4_pool_skips_network_gateway_and_broadcast() {
-        let r: IpNet = "10.0.0.0/30".parse().unwrap();
-        assert_eq!(gateway(&r), "10.0.0.1".parse::<IpAddr>().unwrap());
-        let (a, b) = pool(&r);
-        assert_eq!(from_key(&r, a), "10.0.0.2".parse::<IpAddr>().unwrap());
-        assert_eq!(a, b);
-        assert_eq!(capacity(&r), 1);
-        assert_eq!(capacity(&"10.0.0.0/24".parse().unwrap()), 253);
-    }
-
-    #[test]
-    fn v6_pool_and_huge_capacity() {
-        let r: IpNet = "fd00::/126".parse().unwrap();
-        assert_eq!(gateway(&r), "fd00::1".parse::<IpAddr>().unwrap());
-        assert_eq!(capacity(&r), 2);
-        assert_eq!(capacity(&"fd00::/64".parse().unwrap()), u64::MAX - 1);
-        assert_eq!(capacity(&"fd00::/48".parse().unwrap()), u64::MAX);
-    }
-
-    #[test]
-    fn keys_round_trip_and_v4_sorts_below_ula_v6() {
-        let r4: IpNet = "10.1.2.0/24".parse().unwrap();
-        let a: IpAddr = "10.1.2.3".parse().unwrap();
-        assert_eq!(from_key(&r4, to_key(a)), a);
-        let r6: IpNet = "fd00::/64".parse().unwrap();
-        let b: IpAddr = "fd00::3".parse().unwrap();
-        assert_eq!(from_key(&r6, to_key(b)), b);
-        assert!(to_key(a) < to_key(b));
-    }
-}
-
 /// The narrowest range whose gateway is `gateway` and whose pool holds every one of
 /// `addresses`; `None` when no range of that gateway holds them all.
 ///
@@ -116,8 +80,39 @@ fn from_key_family(like: IpAddr, k: u128) -> IpAddr {
 }
 
 #[cfg(test)]
-mod narrowest_tests {
+mod tests {
     use super::*;
+
+    #[test]
+    fn v4_pool_skips_network_gateway_and_broadcast() {
+        let r: IpNet = "10.0.0.0/30".parse().unwrap();
+        assert_eq!(gateway(&r), "10.0.0.1".parse::<IpAddr>().unwrap());
+        let (a, b) = pool(&r);
+        assert_eq!(from_key(&r, a), "10.0.0.2".parse::<IpAddr>().unwrap());
+        assert_eq!(a, b);
+        assert_eq!(capacity(&r), 1);
+        assert_eq!(capacity(&"10.0.0.0/24".parse().unwrap()), 253);
+    }
+
+    #[test]
+    fn v6_pool_and_huge_capacity() {
+        let r: IpNet = "fd00::/126".parse().unwrap();
+        assert_eq!(gateway(&r), "fd00::1".parse::<IpAddr>().unwrap());
+        assert_eq!(capacity(&r), 2);
+        assert_eq!(capacity(&"fd00::/64".parse().unwrap()), u64::MAX - 1);
+        assert_eq!(capacity(&"fd00::/48".parse().unwrap()), u64::MAX);
+    }
+
+    #[test]
+    fn keys_round_trip_and_v4_sorts_below_ula_v6() {
+        let r4: IpNet = "10.1.2.0/24".parse().unwrap();
+        let a: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(from_key(&r4, to_key(a)), a);
+        let r6: IpNet = "fd00::/64".parse().unwrap();
+        let b: IpAddr = "fd00::3".parse().unwrap();
+        assert_eq!(from_key(&r6, to_key(b)), b);
+        assert!(to_key(a) < to_key(b));
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

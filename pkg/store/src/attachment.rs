@@ -22,6 +22,17 @@ impl fmt::Display for AttachmentKey {
     }
 }
 
+/// A ready pod of the node as [`crate::Db::ready_pods`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyPod {
+    /// Its pod (namespace and name; the uid is not read).
+    pub pod: PodRef,
+    /// The host end of its interface.
+    pub host_ifname: String,
+    /// Its addresses, lowest first.
+    pub addresses: Vec<IpAddr>,
+}
+
 /// The Kubernetes pod an attachment belongs to, from `CNI_ARGS` (empty when unknown).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodRef {

@@ -13,7 +13,7 @@ use crate::{StoreError, attachment::*};
 impl Db {
     /// Usage of every range the store knows.
     pub fn range_usage(&mut self) -> Result<Vec<RangeUsage>, StoreError> {
-        let mut stmt = self.conn.prepare(
+        let mut stmt = self.conn.prepare_cached(
             "SELECT r.cidr, (SELECT COUNT(*) FROM allocations a WHERE a.range_id = r.id) FROM ranges r ORDER BY r.id",
         )?;
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
@@ -39,11 +39,10 @@ impl Db {
         for range in ranges {
             let allocated: i64 = self
                 .conn
-                .query_row(
+                .prepare_cached(
                     "SELECT COUNT(*) FROM allocations a JOIN ranges r ON a.range_id = r.id WHERE r.cidr = ?1",
-                    params![range.to_string()],
-                    |r| r.get(0),
-                )
+                )?
+                .query_row(params![range.to_string()], |r| r.get(0))
                 .optional()?
                 .unwrap_or(0);
             out.push(RangeUsage {
@@ -58,7 +57,7 @@ impl Db {
 
     /// Every allocated address (for consistency checks).
     pub fn allocated_addresses(&mut self) -> Result<Vec<IpAddr>, StoreError> {
-        let mut stmt = self.conn.prepare(
+        let mut stmt = self.conn.prepare_cached(
             "SELECT a.address, r.cidr FROM allocations a JOIN ranges r ON a.range_id = r.id ORDER BY a.address",
         )?;
         let rows = stmt.query_map([], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?)))?;
@@ -107,23 +106,22 @@ pub(super) fn allocate_exact(
     }
     let range_id = ensure_range(tx, range)?;
     let holder = tx
-        .query_row(
+        .prepare_cached(
             "SELECT a.network, a.container_id, a.ifname, a.pod_namespace, a.pod_name, a.state
              FROM allocations al JOIN attachments a ON al.attachment_id = a.id WHERE al.address = ?1",
-            params![key_blob(k)],
-            |r| {
-                Ok((
-                    AttachmentKey {
-                        network: r.get(0)?,
-                        container_id: r.get(1)?,
-                        ifname: r.get(2)?,
-                    },
-                    r.get::<_, String>(3)?,
-                    r.get::<_, String>(4)?,
-                    r.get::<_, String>(5)?,
-                ))
-            },
-        )
+        )?
+        .query_row(params![key_blob(k)], |r| {
+            Ok((
+                AttachmentKey {
+                    network: r.get(0)?,
+                    container_id: r.get(1)?,
+                    ifname: r.get(2)?,
+                },
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, String>(5)?,
+            ))
+        })
         .optional()?;
     if let Some((key, ns, name, state)) = holder {
         let deleting = State::parse(&state) == State::Deleting;
@@ -157,7 +155,8 @@ pub(super) fn allocate_exact(
 pub(super) fn ensure_range(tx: &Transaction<'_>, range: &IpNet) -> Result<i64, StoreError> {
     let cidr = range.to_string();
     if let Some(id) = tx
-        .query_row("SELECT id FROM ranges WHERE cidr = ?1", params![cidr], |r| r.get(0))
+        .prepare_cached("SELECT id FROM ranges WHERE cidr = ?1")?
+        .query_row(params![cidr], |r| r.get(0))
         .optional()?
     {
         return Ok(id);

@@ -8,7 +8,7 @@ use crate::{StoreError, attachment::*};
 impl Db {
     /// Every host port held on the node, with the pod holding it.
     pub fn ports(&mut self) -> Result<Vec<HeldPort>, StoreError> {
-        let mut stmt = self.conn.prepare(
+        let mut stmt = self.conn.prepare_cached(
             "SELECT p.host_ip, p.host_port, p.protocol, p.container_ip, p.container_port,
                     a.network, a.container_id, a.ifname, a.pod_namespace, a.pod_name, a.pod_uid, a.host_ifname
              FROM port_mappings p JOIN attachments a ON p.attachment_id = a.id

@@ -29,7 +29,9 @@ impl Db {
 
     /// Every sysctl weftd changed, with the value it found: `(name, original)`.
     pub fn remembered_sysctls(&mut self) -> Result<Vec<(String, String)>, StoreError> {
-        let mut stmt = self.conn.prepare("SELECT name, original FROM sysctls ORDER BY name")?;
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT name, original FROM sysctls ORDER BY name")?;
         let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<Result<_, _>>()?)
     }

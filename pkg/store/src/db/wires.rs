@@ -14,11 +14,8 @@ impl Db {
         let tx = self.immediate()?;
         if let Some(vni) = w.vni {
             let holder: Option<i64> = tx
-                .query_row(
-                    "SELECT id FROM wires WHERE vni = ?1 AND id != ?2",
-                    params![vni, w.id as i64],
-                    |r| r.get(0),
-                )
+                .prepare_cached("SELECT id FROM wires WHERE vni = ?1 AND id != ?2")?
+                .query_row(params![vni, w.id as i64], |r| r.get(0))
                 .optional()?;
             if let Some(h) = holder {
                 return Err(StoreError::VniTaken { vni, holder: h as u64 });
@@ -49,7 +46,7 @@ impl Db {
 
     /// Every wire end of the node.
     pub fn wires(&mut self) -> Result<Vec<WireEnd>, StoreError> {
-        let mut stmt = self.conn.prepare(&format!(
+        let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT {WIRE_COLUMNS} FROM wires ORDER BY namespace, link_uid, local_pod"
         ))?;
         let mut rows = stmt.query([])?;
@@ -64,9 +61,8 @@ impl Db {
     pub fn vni_holder(&mut self, vni: u32) -> Result<Option<u64>, StoreError> {
         Ok(self
             .conn
-            .query_row("SELECT id FROM wires WHERE vni = ?1", params![vni], |r| {
-                r.get::<_, i64>(0)
-            })
+            .prepare_cached("SELECT id FROM wires WHERE vni = ?1")?
+            .query_row(params![vni], |r| r.get::<_, i64>(0))
             .optional()?
             .map(|v| v as u64))
     }

@@ -317,3 +317,45 @@ fn rebuilt_attachments_hold_their_addresses_against_the_real_range() {
     db.remove(b.id).unwrap();
     assert!(!db.allocated_addresses().unwrap().contains(&ip("10.0.0.3")));
 }
+
+/// The node's ready pods read in one statement are what loading every ready
+/// attachment gives: the same pods, host interfaces and addresses, in order; an
+/// attachment still being created, another interface and a nameless pod are left out.
+#[test]
+fn ready_pods_are_the_ready_attachments_of_the_interface_in_brief() {
+    let (_dir, mut db) = open();
+    let ranges = ["10.244.0.0/24", "fd00:1::/64"];
+    for cid in ["c1", "c2", "c3"] {
+        let a = created(db.begin_add(&spec(cid, &ranges)).unwrap());
+        db.finish_add(a.id, "{}", &[]).unwrap();
+    }
+    let _creating = created(db.begin_add(&spec("c4", &ranges)).unwrap());
+    let mut other = spec("c5", &ranges[..1]);
+    other.key.ifname = "net1".into();
+    let a = created(db.begin_add(&other).unwrap());
+    db.finish_add(a.id, "{}", &[]).unwrap();
+    let mut nameless = spec("c6", &ranges[..1]);
+    nameless.pod.name = String::new();
+    let a = created(db.begin_add(&nameless).unwrap());
+    db.finish_add(a.id, "{}", &[]).unwrap();
+
+    let brief = db.ready_pods("eth0").unwrap();
+    let full: Vec<ReadyPod> = db
+        .list(None, Some(State::Ready))
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.key.ifname == "eth0" && !a.pod.name.is_empty())
+        .map(|a| ReadyPod {
+            pod: PodRef {
+                uid: String::new(),
+                ..a.pod
+            },
+            host_ifname: a.host_ifname,
+            addresses: a.addresses.iter().map(|x| x.address).collect(),
+        })
+        .collect();
+    assert_eq!(brief, full);
+    let names: Vec<&str> = brief.iter().map(|p| p.pod.name.as_str()).collect();
+    assert_eq!(names, ["c1", "c2", "c3"]);
+    assert_eq!(brief[0].addresses.len(), 2, "{brief:?}");
+}
