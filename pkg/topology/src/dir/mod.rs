@@ -28,6 +28,7 @@
 //! merges them into what the [`DirSource`] serves.
 
 mod cache;
+mod files;
 mod manifest;
 mod merge;
 mod status;
@@ -47,9 +48,10 @@ use tokio::sync::watch;
 
 use crate::{ClusterNode, PolicyObjects, SourceError, Topology, TopologySource, TopologyStatus, WireEnd};
 use cache::Cache;
+use files::read_objects;
 use manifest::is_topology_file;
 pub use manifest::{LoadProblem, parse_topologies, read_topologies};
-use merge::{Merged, read_objects};
+use merge::Merged;
 use watcher::{Change, reload_loop, watch_dir};
 
 const STATUS_DIR: &str = ".status";
