@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use weft_harness::{CallOptions, CniExec, RUNTIME_PATH};
 
+use crate::table::Table;
 use crate::{Percentiles, ms};
 
 /// Execs per binary and block: small enough that drift between blocks is shared.
@@ -205,25 +206,35 @@ impl ExecReport {
     /// The report as markdown tables.
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "Plugin exec cost: CNI_COMMAND=VERSION, {} execs per binary in alternating blocks of {}, spawn to exit with stdin written and stdout captured\n\n\
-             | binary | size (MB) | linking | p50 (ms) | p90 (ms) | p99 (ms) | mean (ms) | weft / this (p50) | failed |\n|---|---:|---|---:|---:|---:|---:|---:|---:|\n",
+            "Plugin exec cost: CNI_COMMAND=VERSION, {} execs per binary in alternating blocks of {}, spawn to exit with stdin written and stdout captured\n\n",
             self.execs, self.block
         );
+        let mut t = Table::new()
+            .text("binary")
+            .num("size (MB)")
+            .text("linking")
+            .num("p50 (ms)")
+            .num("p90 (ms)")
+            .num("p99 (ms)")
+            .num("mean (ms)")
+            .num("weft / this (p50)")
+            .num("failed");
         let w = self.sides[0].latency.p50;
         for s in &self.sides {
             let r = if s.latency.p50 > 0.0 { w / s.latency.p50 } else { 0.0 };
-            out.push_str(&format!(
-                "| {} | {:.1} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {r:.2} | {} |\n",
-                s.binary,
-                s.bytes as f64 / 1e6,
-                s.linking,
-                s.latency.p50,
-                s.latency.p90,
-                s.latency.p99,
-                s.mean_ms,
-                s.errors
-            ));
+            t.row([
+                s.binary.to_string(),
+                format!("{:.1}", s.bytes as f64 / 1e6),
+                s.linking.to_string(),
+                format!("{:.2}", s.latency.p50),
+                format!("{:.2}", s.latency.p90),
+                format!("{:.2}", s.latency.p99),
+                format!("{:.2}", s.mean_ms),
+                format!("{r:.2}"),
+                s.errors.to_string(),
+            ]);
         }
+        out.push_str(&t.to_string());
         out.push_str(&format!(
             "\nweft above the floor (p50): {:.2} ms\ntarget: weft p50 <= {:.1} ms: {:.2} ms = {:.2}x the target, {}\n",
             self.weft_above_floor_p50_ms,

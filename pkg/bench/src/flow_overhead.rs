@@ -19,6 +19,7 @@ use serde_json::json;
 use weft_harness::NamedNetns;
 
 use crate::median;
+use crate::table::Table;
 use crate::util::{LabGuard, iperf_tcp, metric_sum, metrics_in, wait_reachable};
 
 /// The targets of issue 37: flows on over off.
@@ -260,23 +261,35 @@ impl OverheadReport {
              stream), short TCP connections {:.1} s per run (connect, server closes, client closes; one client).\n\n",
             self.rounds, self.tcp_seconds, self.conn_seconds
         ));
-        s.push_str("| measure | flows on | flows off | on / off | target |\n|---|---|---|---|---|\n");
-        s.push_str(&format!(
-            "| pod-to-pod TCP across nodes (Gbit/s, median; passes: {} / {}) | {:.2} | {:.2} | {:.3}x | >= {FLOW_TCP_TARGET:.2}x |\n",
-            list(&self.on.tcp_gbps, 2),
-            list(&self.off.tcp_gbps, 2),
-            self.on.tcp_gbps_median,
-            self.off.tcp_gbps_median,
-            self.tcp_ratio
-        ));
-        s.push_str(&format!(
-            "| new TCP connections per second across nodes (median; passes: {} / {}) | {:.0} | {:.0} | {:.3}x | >= {FLOW_CONNS_TARGET:.2}x |\n",
-            list(&self.on.conns_per_s, 0),
-            list(&self.off.conns_per_s, 0),
-            self.on.conns_per_s_median,
-            self.off.conns_per_s_median,
-            self.conns_ratio
-        ));
+        let mut t = Table::new()
+            .text("measure")
+            .text("flows on")
+            .text("flows off")
+            .text("on / off")
+            .text("target");
+        t.row([
+            format!(
+                "pod-to-pod TCP across nodes (Gbit/s, median; passes: {} / {})",
+                list(&self.on.tcp_gbps, 2),
+                list(&self.off.tcp_gbps, 2)
+            ),
+            format!("{:.2}", self.on.tcp_gbps_median),
+            format!("{:.2}", self.off.tcp_gbps_median),
+            format!("{:.3}x", self.tcp_ratio),
+            format!(">= {FLOW_TCP_TARGET:.2}x"),
+        ]);
+        t.row([
+            format!(
+                "new TCP connections per second across nodes (median; passes: {} / {})",
+                list(&self.on.conns_per_s, 0),
+                list(&self.off.conns_per_s, 0)
+            ),
+            format!("{:.0}", self.on.conns_per_s_median),
+            format!("{:.0}", self.off.conns_per_s_median),
+            format!("{:.3}x", self.conns_ratio),
+            format!(">= {FLOW_CONNS_TARGET:.2}x"),
+        ]);
+        s.push_str(&t.to_string());
         s.push_str(&format!(
             "\nFlow lab readers (n1 + n2) over {} connections: {:.0} conntrack entries read, {:.0} events lost and \
              recovered, {:.0} overflows.\n",

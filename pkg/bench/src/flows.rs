@@ -17,6 +17,8 @@ use weft_kernel::conntrack::{self, CtCounters, CtEntry, CtEventKind, CtTuple, Tc
 use weft_policy::ClusterView;
 use weft_topology::{PolicyNamespace, PolicyObjects, PolicyPod, Strict};
 
+use crate::table::Table;
+
 /// The capacity target of issue 37: events decoded, attributed and aggregated per
 /// second on one core.
 pub const FLOW_EVENTS_TARGET: f64 = 200_000.0;
@@ -340,17 +342,26 @@ impl FlowsReport {
              each new flow evaluated; one core.\n\n",
             self.flows, self.events, self.pods, self.policies
         ));
-        s.push_str("| measure | value | target |\n|---|---|---|\n");
+        let mut t = Table::new().text("measure").text("value").text("target");
         let rounds: Vec<String> = self.per_second.iter().map(|v| format!("{v:.0}")).collect();
-        s.push_str(&format!(
-            "| events decoded, attributed and aggregated per second | median {:.0} (rounds: {}) | >= {FLOW_EVENTS_TARGET:.0} |\n",
-            crate::median(&self.per_second),
-            rounds.join(", ")
-        ));
-        s.push_str(&format!(
-            "| RSS of {} flows in the ring and {} aggregate entries | {:.1} MiB | <= {FLOW_MEMORY_TARGET_MIB:.0} MiB |\n",
-            self.ring, self.aggregate_entries, self.memory_mib
-        ));
+        t.row([
+            "events decoded, attributed and aggregated per second".to_string(),
+            format!(
+                "median {:.0} (rounds: {})",
+                crate::median(&self.per_second),
+                rounds.join(", ")
+            ),
+            format!(">= {FLOW_EVENTS_TARGET:.0}"),
+        ]);
+        t.row([
+            format!(
+                "RSS of {} flows in the ring and {} aggregate entries",
+                self.ring, self.aggregate_entries
+            ),
+            format!("{:.1} MiB", self.memory_mib),
+            format!("<= {FLOW_MEMORY_TARGET_MIB:.0} MiB"),
+        ]);
+        s.push_str(&t.to_string());
         if let Some(o) = &self.overhead {
             s.push('\n');
             s.push_str(&o.markdown());

@@ -17,6 +17,7 @@ use serde::Serialize;
 use serde_json::json;
 use weft_harness::NamedNetns;
 
+use crate::table::Table;
 use crate::util::{LabGuard, iperf_tcp};
 use crate::{Percentiles, median};
 
@@ -356,19 +357,34 @@ impl FqdnReport {
              address in the outside).\n\n",
             self.rounds, self.lookups, self.tcp_seconds
         ));
-        s.push_str("| measure | policy | none | policy / none | target |\n|---|---|---|---|---|\n");
-        s.push_str(&format!(
-            "| DNS lookup p50 (µs) | {:.0} | {:.0} | {:.2}x | <= {FQDN_LOOKUP_TARGET:.1}x |\n",
-            on.p50, off.p50, self.lookup_p50_ratio
-        ));
-        s.push_str(&format!(
-            "| DNS lookup p99 (µs) | {:.0} | {:.0} | {:.2}x | stated |\n",
-            on.p99, off.p99, self.lookup_p99_ratio
-        ));
-        s.push_str(&format!(
-            "| TCP to the name's address (Gbit/s, median) | {:.2} | {:.2} | {:.3}x | >= {FQDN_TCP_TARGET:.2}x |\n",
-            self.on.tcp_gbps_median, self.off.tcp_gbps_median, self.tcp_ratio
-        ));
+        let mut t = Table::new()
+            .text("measure")
+            .text("policy")
+            .text("none")
+            .text("policy / none")
+            .text("target");
+        t.row([
+            "DNS lookup p50 (µs)".to_string(),
+            format!("{:.0}", on.p50),
+            format!("{:.0}", off.p50),
+            format!("{:.2}x", self.lookup_p50_ratio),
+            format!("<= {FQDN_LOOKUP_TARGET:.1}x"),
+        ]);
+        t.row([
+            "DNS lookup p99 (µs)".to_string(),
+            format!("{:.0}", on.p99),
+            format!("{:.0}", off.p99),
+            format!("{:.2}x", self.lookup_p99_ratio),
+            "stated".to_string(),
+        ]);
+        t.row([
+            "TCP to the name's address (Gbit/s, median)".to_string(),
+            format!("{:.2}", self.on.tcp_gbps_median),
+            format!("{:.2}", self.off.tcp_gbps_median),
+            format!("{:.3}x", self.tcp_ratio),
+            format!(">= {FQDN_TCP_TARGET:.2}x"),
+        ]);
+        s.push_str(&t.to_string());
         let sc = &self.scale;
         s.push_str(&format!(
             "\nScale, real kernel: one answer's set write (two addresses, one nfnetlink transaction, with their \

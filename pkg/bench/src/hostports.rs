@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon};
 
+use crate::table::Table;
 use crate::{Percentiles, lab, ms};
 
 /// What to run.
@@ -188,11 +189,18 @@ impl HostportReport {
     /// the node (percentiles over the 21 pods around each count).
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "CNI ADD of a pod with one host port, by host ports already on the node; weft {} pods, reference (ptp + portmap) {} pods\n\n\
-             | existing mappings | weft p50 (ms) | weft p90 (ms) | weft without ports p50 (ms) | reference p50 (ms) | reference p90 (ms) | weft / reference (p50) |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+            "CNI ADD of a pod with one host port, by host ports already on the node; weft {} pods, reference (ptp + portmap) {} pods\n\n",
             self.weft_add_ms.len(),
             self.reference_add_ms.len()
         );
+        let mut t = Table::new()
+            .num("existing mappings")
+            .num("weft p50 (ms)")
+            .num("weft p90 (ms)")
+            .num("weft without ports p50 (ms)")
+            .num("reference p50 (ms)")
+            .num("reference p90 (ms)")
+            .num("weft / reference (p50)");
         for n in [1usize, 100, 400, 1000] {
             let w = around(&self.weft_add_ms, n);
             let np = around(&self.weft_no_ports_add_ms, n);
@@ -206,15 +214,17 @@ impl HostportReport {
                 (Some(w), Some(r)) if r.p50 > 0.0 => format!("{:.3}", w.p50 / r.p50),
                 _ => "-".into(),
             };
-            out.push_str(&format!(
-                "| {n} | {} | {} | {} | {} | {} | {ratio} |\n",
+            t.row([
+                n.to_string(),
                 f(w, |p| p.p50),
                 f(w, |p| p.p90),
                 f(np, |p| p.p50),
                 f(r, |p| p.p50),
-                f(r, |p| p.p90)
-            ));
+                f(r, |p| p.p90),
+                ratio,
+            ]);
         }
+        out.push_str(&t.to_string());
         out.push_str(&format!(
             "\nfailed calls: weft {}, reference {}\n",
             self.errors.0, self.errors.1

@@ -23,6 +23,7 @@ use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon};
 
 use crate::exec::met;
 use crate::memory::sample;
+use crate::table::Table;
 use crate::util::{metric_sum, metrics_in};
 use crate::{Percentiles, lab, ms};
 
@@ -503,26 +504,35 @@ impl LoadReport {
     pub fn markdown(&self) -> String {
         let w = self.window;
         let mut out = format!(
-            "CNI ADD/DEL under load: {} pods attached on one node through the plugin, then removed, {} worker(s); windows of {w} calls (ADDs: the first {w} found 0..{} pods on the node, the last {w} found {}..{}; DELs in the same order)\n\n\
-             | command | first {w} p50 (ms) | p90 | p99 | last {w} p50 (ms) | p90 | p99 | last / first (p50) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+            "CNI ADD/DEL under load: {} pods attached on one node through the plugin, then removed, {} worker(s); windows of {w} calls (ADDs: the first {w} found 0..{} pods on the node, the last {w} found {}..{}; DELs in the same order)\n\n",
             self.pods,
             self.workers,
             w - 1,
             self.pods - w,
             self.pods - 1,
         );
+        let mut t = Table::new()
+            .text("command")
+            .num(format!("first {w} p50 (ms)"))
+            .num("p90")
+            .num("p99")
+            .num(format!("last {w} p50 (ms)"))
+            .num("p90")
+            .num("p99")
+            .num("last / first (p50)");
         for (name, c) in [("ADD", &self.add), ("DEL", &self.del)] {
-            out.push_str(&format!(
-                "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
-                c.first.latency.p50,
-                c.first.latency.p90,
-                c.first.latency.p99,
-                c.last.latency.p50,
-                c.last.latency.p90,
-                c.last.latency.p99,
-                c.p50_ratio
-            ));
+            t.row([
+                name.to_string(),
+                format!("{:.2}", c.first.latency.p50),
+                format!("{:.2}", c.first.latency.p90),
+                format!("{:.2}", c.first.latency.p99),
+                format!("{:.2}", c.last.latency.p50),
+                format!("{:.2}", c.last.latency.p90),
+                format!("{:.2}", c.last.latency.p99),
+                format!("{:.2}", c.p50_ratio),
+            ]);
         }
+        out.push_str(&t.to_string());
         out.push_str(&format!(
             "\ntarget: ADD p50 of the last {w} within {:.1}x the first {w}'s: {:.2}x, {}\n",
             self.target_ratio,
@@ -561,17 +571,19 @@ impl LoadReport {
             out.push_str(&format!("- ... and {} more (see --json)\n", self.failures.len() - 20));
         }
 
-        out.push_str(&format!(
-            "\nWhere the time goes, mean per call (ms): weftd's own histograms over each window\n\n\
-             | | ADD first {w} | ADD last {w} | DEL first {w} | DEL last {w} |\n|---|---:|---:|---:|---:|\n"
-        ));
+        out.push_str("\nWhere the time goes, mean per call (ms): weftd's own histograms over each window\n\n");
+        let mut time = Table::new()
+            .text("")
+            .num(format!("ADD first {w}"))
+            .num(format!("ADD last {w}"))
+            .num(format!("DEL first {w}"))
+            .num(format!("DEL last {w}"));
         let windows = [&self.add.first, &self.add.last, &self.del.first, &self.del.last];
         let mut row = |name: &str, f: &dyn Fn(&LoadWindow) -> Option<f64>| {
-            let cells: Vec<String> = windows
+            let cells = windows
                 .iter()
-                .map(|x| f(x).map_or("-".to_string(), |v| format!("{v:.3}")))
-                .collect();
-            out.push_str(&format!("| {name} | {} |\n", cells.join(" | ")));
+                .map(|x| f(x).map_or("-".to_string(), |v| format!("{v:.3}")));
+            time.row(std::iter::once(name.to_string()).chain(cells));
         };
         row("call, spawn to exit", &|x| Some(x.mean_ms));
         row("weftd handling (gRPC)", &|x| Some(x.daemon_ms));
@@ -585,6 +597,7 @@ impl LoadReport {
         for p in phases {
             row(&format!("phase {p}"), &|x| x.phases_ms.get(p).copied());
         }
+        out.push_str(&time.to_string());
         out
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::table::Table;
 use crate::util::{End, LabGuard, metric_sum, metrics_in, status_kib, topology, wait_reachable};
 use crate::{exec::met, median};
 
@@ -252,16 +253,23 @@ impl MemoryReport {
     /// The report as a markdown table.
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "weftd resident memory on node 1 of a two-node lab, median of {} round(s) (pods attached through the plugin, gRPC wires to node 2, each pinged across once); no reference daemon, so against the target of {:.0} MiB\n\n\
-             | node 1 holds | VmRSS (MiB) | VmHWM (MiB) | VmRSS / target |\n|---|---:|---:|---:|\n",
+            "weftd resident memory on node 1 of a two-node lab, median of {} round(s) (pods attached through the plugin, gRPC wires to node 2, each pinged across once); no reference daemon, so against the target of {:.0} MiB\n\n",
             self.rounds, self.target_mib
         );
+        let mut t = Table::new()
+            .text("node 1 holds")
+            .num("VmRSS (MiB)")
+            .num("VmHWM (MiB)")
+            .num("VmRSS / target");
         for s in &self.states {
-            out.push_str(&format!(
-                "| {} | {:.1} | {:.1} | {:.2} |\n",
-                s.state, s.rss_mib, s.hwm_mib, s.rss_over_target
-            ));
+            t.row([
+                s.state.clone(),
+                format!("{:.1}", s.rss_mib),
+                format!("{:.1}", s.hwm_mib),
+                format!("{:.2}", s.rss_over_target),
+            ]);
         }
+        out.push_str(&t.to_string());
         if let Some(last) = self.states.last() {
             out.push_str(&format!(
                 "\ntarget: VmRSS <= {:.0} MiB with {}: {:.1} MiB, {}\n",

@@ -23,6 +23,7 @@ use weft_harness::{DaemonConfig, NamedNetns, NodeDaemon};
 
 use crate::Percentiles;
 use crate::policy::{Cluster, ClusterSource};
+use crate::table::Table;
 use crate::util::{metric_sum, metrics_in, status_kib};
 
 /// The sizes measured unless `WEFT_BENCH_NODE_SIZES` says otherwise.
@@ -75,29 +76,31 @@ pub struct NodeScaleReport {
 impl NodeScaleReport {
     /// The Markdown table.
     pub fn markdown(&self) -> String {
-        let mut out = String::from(
-            "Cluster scale by simulation: one weftd, N Node objects in the fake API server (VXLAN to every peer)\n\n\
-             | nodes | start to programmed (s) | routes / FDB / neighbours | RSS (MiB) | one change p50 / max (ms) | kernel writes per change | lookups per change | lookups at start |\n\
-             |---:|---:|---|---:|---:|---|---|---:|\n",
-        );
+        let mut t = Table::new()
+            .num("nodes")
+            .num("start to programmed (s)")
+            .text("routes / FDB / neighbours")
+            .num("RSS (MiB)")
+            .num("one change p50 / max (ms)")
+            .text("kernel writes per change")
+            .text("lookups per change")
+            .num("lookups at start");
         for p in &self.points {
             let list = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(", ");
-            out.push_str(&format!(
-                "| {} | {:.2} | {} / {} / {} | {:.1} | {:.0} / {:.0} | {} | {} | {:.0} |\n",
-                p.nodes,
-                p.start_to_programmed_s,
-                p.programmed.0,
-                p.programmed.1,
-                p.programmed.2,
-                p.rss_mib,
-                p.change_ms.p50,
-                p.change_ms.max,
+            t.row([
+                p.nodes.to_string(),
+                format!("{:.2}", p.start_to_programmed_s),
+                format!("{} / {} / {}", p.programmed.0, p.programmed.1, p.programmed.2),
+                format!("{:.1}", p.rss_mib),
+                format!("{:.0} / {:.0}", p.change_ms.p50, p.change_ms.max),
                 list(&p.writes_per_change),
                 list(&p.lookups_per_change),
-                p.lookups_at_start,
-            ));
+                format!("{:.0}", p.lookups_at_start),
+            ]);
         }
-        out
+        format!(
+            "Cluster scale by simulation: one weftd, N Node objects in the fake API server (VXLAN to every peer)\n\n{t}"
+        )
     }
 }
 

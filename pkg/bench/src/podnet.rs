@@ -33,6 +33,7 @@ use serde::Serialize;
 use crate::TrafficOptions;
 use crate::exec::met;
 use crate::median;
+use crate::table::Table;
 use crate::udp::{Flood, PAYLOAD, flood};
 use crate::util::{iperf_tcp, wait_reachable};
 
@@ -375,48 +376,58 @@ impl PodNetReport {
     /// The report as markdown tables.
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "Pod to pod across two nodes over eth0 (pod on n1 -> pod on n2), weft's pod routing beside hand-made kernel routing in the same kind of lab (weft's routing off), medians of {} pass(es) in alternating order: iperf3 TCP one stream {} s; UDP flood of {}-byte datagrams {} s (sendmmsg/recvmmsg, frames/s received at the far end); underlay MTU {}\n\n\
-             | path | underlay | pod MTU | TCP (Gbit/s) | TCP retransmits (median) | iperf3 CPU % sender / receiver | 64-byte frames/s received | frames/s sent |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
+            "Pod to pod across two nodes over eth0 (pod on n1 -> pod on n2), weft's pod routing beside hand-made kernel routing in the same kind of lab (weft's routing off), medians of {} pass(es) in alternating order: iperf3 TCP one stream {} s; UDP flood of {}-byte datagrams {} s (sendmmsg/recvmmsg, frames/s received at the far end); underlay MTU {}\n\n",
             self.rounds, self.tcp_seconds, self.udp_payload, self.udp_seconds, self.underlay_mtu
         );
+        let mut t = Table::new()
+            .text("path")
+            .text("underlay")
+            .num("pod MTU")
+            .num("TCP (Gbit/s)")
+            .num("TCP retransmits (median)")
+            .num("iperf3 CPU % sender / receiver")
+            .num("64-byte frames/s received")
+            .num("frames/s sent");
         for r in &self.paths {
             let retr = median(&r.tcp_retransmits.iter().map(|&x| x as f64).collect::<Vec<_>>());
-            out.push_str(&format!(
-                "| {} | {} | {} | {:.2} | {retr:.0} | {:.0} / {:.0} | {:.0} | {:.0} |\n",
-                r.path.label(),
+            t.row([
+                r.path.label().to_string(),
                 match r.mode {
                     PodMode::Direct => "shared segment",
                     PodMode::Vxlan | PodMode::Bgp => "routed",
-                },
-                r.pod_mtu,
-                r.tcp_gbps_median,
-                median(&r.tcp_sender_cpu),
-                median(&r.tcp_receiver_cpu),
-                r.udp_fps_median,
-                r.udp_sent_fps_median
-            ));
+                }
+                .to_string(),
+                r.pod_mtu.to_string(),
+                format!("{:.2}", r.tcp_gbps_median),
+                format!("{retr:.0}"),
+                format!("{:.0} / {:.0}", median(&r.tcp_sender_cpu), median(&r.tcp_receiver_cpu)),
+                format!("{:.0}", r.udp_fps_median),
+                format!("{:.0}", r.udp_sent_fps_median),
+            ]);
         }
-        out.push_str(&format!(
-            "\n| ratio | TCP | 64-byte frames/s | TCP per pass | frames/s per pass | target >= {:.2} |\n|---|---:|---:|---|---|---|\n",
-            self.target_ratio
-        ));
+        let mut ratios = Table::new()
+            .text("ratio")
+            .num("TCP")
+            .num("64-byte frames/s")
+            .text("TCP per pass")
+            .text("frames/s per pass")
+            .text(format!("target >= {:.2}", self.target_ratio));
         let list = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", ");
         for q in &self.ratios {
             let (_, w, k) = PAIRS
                 .into_iter()
                 .find(|(m, ..)| *m == q.mode)
                 .expect("every mode has a pair");
-            out.push_str(&format!(
-                "| {} / {} | {:.2} | {:.2} | {} | {} | {} |\n",
-                w.label(),
-                k.label(),
-                q.tcp,
-                q.fps,
+            ratios.row([
+                format!("{} / {}", w.label(), k.label()),
+                format!("{:.2}", q.tcp),
+                format!("{:.2}", q.fps),
                 list(&q.tcp_per_pass),
                 list(&q.fps_per_pass),
-                met(q.met)
-            ));
+                met(q.met).to_string(),
+            ]);
         }
+        out.push_str(&format!("{t}\n{ratios}"));
         out.push_str(&format!(
             "\nreference set up like weft's path ({}): {}\n",
             if self.offloads_compared {

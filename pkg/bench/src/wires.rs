@@ -24,6 +24,7 @@ use weft_harness::NamedNetns;
 use crate::TrafficOptions;
 use crate::exec::met;
 use crate::median;
+use crate::table::Table;
 use crate::udp::{Flood, PAYLOAD, flood};
 use crate::util::{End, LabGuard, ip, iperf_tcp, metric_sum, metrics_in, topology, wait_reachable};
 
@@ -519,10 +520,16 @@ impl WiresReport {
     /// The report as markdown tables.
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "Wire throughput, medians of {} round(s) in alternating order: iperf3 TCP one stream {} s, UDP flood of {}-byte datagrams {} s (sendmmsg/recvmmsg, frames/s received at the far end)\n\n\
-             | wire | TCP (Gbit/s) | TCP retransmits (median) | 64-byte frames/s received | frames/s sent | received / sent |\n|---|---:|---:|---:|---:|---:|\n",
+            "Wire throughput, medians of {} round(s) in alternating order: iperf3 TCP one stream {} s, UDP flood of {}-byte datagrams {} s (sendmmsg/recvmmsg, frames/s received at the far end)\n\n",
             self.rounds, self.tcp_seconds, self.udp_payload, self.udp_seconds
         );
+        let mut t = Table::new()
+            .text("wire")
+            .num("TCP (Gbit/s)")
+            .num("TCP retransmits (median)")
+            .num("64-byte frames/s received")
+            .num("frames/s sent")
+            .num("received / sent");
         for r in &self.wires {
             let retr = median(&r.tcp_retransmits.iter().map(|&x| x as f64).collect::<Vec<_>>());
             let share = if r.udp_sent_fps_median > 0.0 {
@@ -530,27 +537,27 @@ impl WiresReport {
             } else {
                 0.0
             };
-            out.push_str(&format!(
-                "| {} | {:.2} | {retr:.0} | {:.0} | {:.0} | {share:.2} |\n",
-                r.wire.label(),
-                r.tcp_gbps_median,
-                r.udp_fps_median,
-                r.udp_sent_fps_median
-            ));
+            t.row([
+                r.wire.label().to_string(),
+                format!("{:.2}", r.tcp_gbps_median),
+                format!("{retr:.0}"),
+                format!("{:.0}", r.udp_fps_median),
+                format!("{:.0}", r.udp_sent_fps_median),
+                format!("{share:.2}"),
+            ]);
         }
-        out.push_str(&format!(
-            "\n| ratio | TCP, 1 stream {} s | {}-byte frames/s |\n|---|---:|---:|\n",
-            self.tcp_seconds, self.udp_payload
-        ));
+        let mut ratios = Table::new()
+            .text("ratio")
+            .num(format!("TCP, 1 stream {} s", self.tcp_seconds))
+            .num(format!("{}-byte frames/s", self.udp_payload));
         for q in &self.ratios {
-            out.push_str(&format!(
-                "| {} / {} | {:.2} | {:.2} |\n",
-                q.a.label(),
-                q.b.label(),
-                q.tcp,
-                q.fps
-            ));
+            ratios.row([
+                format!("{} / {}", q.a.label(), q.b.label()),
+                format!("{:.2}", q.tcp),
+                format!("{:.2}", q.fps),
+            ]);
         }
+        out.push_str(&format!("{t}\n{ratios}"));
         if let (Some(g), Some(q)) = (
             self.wire(Wire::WeftGrpc),
             self.ratios.iter().find(|q| q.a == Wire::WeftGrpc),

@@ -36,6 +36,7 @@ use super::objects::{ClusterSize, Synthetic};
 use super::{LoadAvg, PolicyOptions, div, wait_metric};
 use crate::load::{CallFailure, create_pods, failure, remove_pods};
 use crate::memory::sample;
+use crate::table::Table;
 use crate::util::{metric_sum, metrics_in};
 use crate::{Percentiles, lab, ms};
 
@@ -462,8 +463,7 @@ impl AddReport {
     pub fn markdown(&self) -> String {
         let c = &self.cluster;
         let mut out = format!(
-            "ADD latency: {} ADDs per round x {} rounds per side (alternating) with nothing watching, each round a fresh node and weftd, the cluster read from {}; \"with\": {} NetworkPolicies, {} Pods of other nodes, {} namespaces in the cache, plus the Pods of the attached pods (some policies select them, others have them as peers); \"without\": the namespaces and the attached pods' Pods only; the columns from \"policy phase\" on, and where the time goes, from one more round per side watched by `nft monitor` and metric scrapes around each ADD; load {} at the start, {} at the end\n\n\
-             | side | ADD p50 (ms) | p90 | p99 | policy phase p50, fast path / nothing to add (ms) | policy phase p50, full pass (ms) | ADDs: nothing to add / fast path / full pass | failed | policy table after the ADDs | weftd VmRSS (MiB) | full pass after kubelet's addresses (ms) |\n|---|---:|---:|---:|---:|---:|---|---:|---|---|---|\n",
+            "ADD latency: {} ADDs per round x {} rounds per side (alternating) with nothing watching, each round a fresh node and weftd, the cluster read from {}; \"with\": {} NetworkPolicies, {} Pods of other nodes, {} namespaces in the cache, plus the Pods of the attached pods (some policies select them, others have them as peers); \"without\": the namespaces and the attached pods' Pods only; the columns from \"policy phase\" on, and where the time goes, from one more round per side watched by `nft monitor` and metric scrapes around each ADD; load {} at the start, {} at the end\n\n",
             self.pods,
             self.rounds,
             self.source.describe(),
@@ -474,13 +474,25 @@ impl AddReport {
             self.load.1
         );
         let list = |v: &[f64]| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ");
+        let mut sides = Table::new()
+            .text("side")
+            .num("ADD p50 (ms)")
+            .num("p90")
+            .num("p99")
+            .num("policy phase p50, fast path / nothing to add (ms)")
+            .num("policy phase p50, full pass (ms)")
+            .text("ADDs: nothing to add / fast path / full pass")
+            .num("failed")
+            .text("policy table after the ADDs")
+            .text("weftd VmRSS (MiB)")
+            .text("full pass after kubelet's addresses (ms)");
         for (name, s) in [("with policy", &self.with_policy), ("without", &self.without_policy)] {
             let t = s.tables.last().copied().unwrap_or_default();
-            out.push_str(&format!(
-                "| {name} | {:.2} | {:.2} | {:.2} | {} | {} | {} / {} / {} | {} | {} elements, {} chains | {} | {} |\n",
-                s.latency.p50,
-                s.latency.p90,
-                s.latency.p99,
+            sides.row([
+                name.to_string(),
+                format!("{:.2}", s.latency.p50),
+                format!("{:.2}", s.latency.p90),
+                format!("{:.2}", s.latency.p99),
                 if s.policy_fast.n > 0 {
                     format!("{:.3}", s.policy_fast.p50)
                 } else {
@@ -491,34 +503,47 @@ impl AddReport {
                 } else {
                     "-".into()
                 },
-                s.paths.0,
-                s.paths.1,
-                s.paths.2,
-                s.failures.len(),
-                t.elements,
-                t.chains,
+                format!("{} / {} / {}", s.paths.0, s.paths.1, s.paths.2),
+                s.failures.len().to_string(),
+                format!("{} elements, {} chains", t.elements, t.chains),
                 list(&s.rss_mib),
                 list(&s.status_pass_ms),
-            ));
+            ]);
         }
+        out.push_str(&sides.to_string());
         out.push_str(
-            "\nWhere the time goes: means over the watched round's ADDs that ran no full pass (ms; watching adds to \"call\")\n\n| | with policy | without | difference |\n|---|---:|---:|---:|\n",
+            "\nWhere the time goes: means over the watched round's ADDs that ran no full pass (ms; watching adds to \"call\")\n\n",
         );
+        let mut steps = Table::new()
+            .text("")
+            .num("with policy")
+            .num("without")
+            .num("difference");
         let (w, n) = (&self.with_policy.steady_means_ms, &self.without_policy.steady_means_ms);
         let mut keys: Vec<&String> = w.keys().chain(n.keys()).collect();
         keys.sort_by_key(|k| (!k.starts_with("call"), !k.starts_with("weftd"), (*k).clone()));
         keys.dedup();
         for k in keys {
             let (a, b) = (w.get(k).copied().unwrap_or(0.0), n.get(k).copied().unwrap_or(0.0));
-            out.push_str(&format!("| {k} | {a:.3} | {b:.3} | {:+.3} |\n", a - b));
+            steps.row([
+                k.clone(),
+                format!("{a:.3}"),
+                format!("{b:.3}"),
+                format!("{:+.3}", a - b),
+            ]);
         }
-        out.push_str(&format!(
-            "\n| with / without | ADD p50 | ADD p99 | target p50 <= {:.1} |\n|---|---:|---:|---|\n| ratio | {:.2} | {:.2} | {} |\n",
-            self.target_ratio,
-            self.p50_ratio,
-            self.p99_ratio,
-            crate::exec::met(self.met())
-        ));
+        let mut ratio = Table::new()
+            .text("with / without")
+            .num("ADD p50")
+            .num("ADD p99")
+            .text(format!("target p50 <= {:.1}", self.target_ratio));
+        ratio.row([
+            "ratio".to_string(),
+            format!("{:.2}", self.p50_ratio),
+            format!("{:.2}", self.p99_ratio),
+            crate::exec::met(self.met()).to_string(),
+        ]);
+        out.push_str(&format!("{steps}\n{ratio}"));
         for f in self
             .with_policy
             .failures

@@ -22,6 +22,7 @@ use super::nftmon::{Monitor, Transaction, nft};
 use super::objects::{ClusterSize, Synthetic, policy, write_chunked, write_docs};
 use super::{LoadAvg, PolicyOptions};
 use crate::Percentiles;
+use crate::table::Table;
 use crate::util::LabGuard;
 
 /// The target: p99 from a change to every node in step, below (ms).
@@ -308,10 +309,22 @@ impl ConvergeReport {
     /// The report as markdown.
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "Convergence: {} changes per run written into a three-node lab's topology directory (alternately pod y/b's label role=client set/removed and a NetworkPolicy selecting every pod of x applied/deleted; each reaches all three nodes), timed from just before the write to the first line of the transaction holding the change in each node's `nft monitor`\n\n\
-             | objects in the cache besides the lab's | every node in step p50 (ms) | p90 | p99 | max | label changes p50 / p99 | policy changes p50 / p99 | one node p50 / p99 | write p50 (ms) | transactions per node and change (max) | load start / end | target p99 < {:.0} ms |\n|---|---:|---:|---:|---:|---|---|---|---:|---:|---|---|\n",
-            self.changes, self.target_ms
+            "Convergence: {} changes per run written into a three-node lab's topology directory (alternately pod y/b's label role=client set/removed and a NetworkPolicy selecting every pod of x applied/deleted; each reaches all three nodes), timed from just before the write to the first line of the transaction holding the change in each node's `nft monitor`\n\n",
+            self.changes
         );
+        let mut t = Table::new()
+            .text("objects in the cache besides the lab's")
+            .num("every node in step p50 (ms)")
+            .num("p90")
+            .num("p99")
+            .num("max")
+            .text("label changes p50 / p99")
+            .text("policy changes p50 / p99")
+            .text("one node p50 / p99")
+            .num("write p50 (ms)")
+            .num("transactions per node and change (max)")
+            .text("load start / end")
+            .text(format!("target p99 < {:.0} ms", self.target_ms));
         for r in &self.runs {
             let bg = r.background.map_or("none".to_string(), |b| {
                 format!("{} pods, {} policies, {} namespaces", b.pods, b.policies, b.namespaces)
@@ -323,24 +336,22 @@ impl ConvergeReport {
                 .flat_map(|c| c.transactions.iter().copied())
                 .max()
                 .unwrap_or(0);
-            out.push_str(&format!(
-                "| {bg} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {txs} | {} / {} | {} |\n",
-                r.all.p50,
-                r.all.p90,
-                r.all.p99,
-                r.all.max,
-                r.label.p50,
-                r.label.p99,
-                r.policy.p50,
-                r.policy.p99,
-                r.per_node.p50,
-                r.per_node.p99,
-                write.p50,
-                r.load.0,
-                r.load.1,
-                crate::exec::met(r.all.n > 0 && r.all.p99 < self.target_ms),
-            ));
+            t.row([
+                bg,
+                format!("{:.0}", r.all.p50),
+                format!("{:.0}", r.all.p90),
+                format!("{:.0}", r.all.p99),
+                format!("{:.0}", r.all.max),
+                format!("{:.0} / {:.0}", r.label.p50, r.label.p99),
+                format!("{:.0} / {:.0}", r.policy.p50, r.policy.p99),
+                format!("{:.0} / {:.0}", r.per_node.p50, r.per_node.p99),
+                format!("{:.1}", write.p50),
+                txs.to_string(),
+                format!("{} / {}", r.load.0, r.load.1),
+                crate::exec::met(r.all.n > 0 && r.all.p99 < self.target_ms).to_string(),
+            ]);
         }
+        out.push_str(&t.to_string());
         out
     }
 }

@@ -31,6 +31,7 @@ use super::nftmon::{TableSize, table_size};
 use super::objects::{pod, policy, write_chunked, write_docs};
 use super::{LoadAvg, PolicyOptions, div};
 use crate::median;
+use crate::table::Table;
 use crate::udp::{Flood, PORT, flood_to};
 use crate::util::{LabGuard, iperf_tcp, metric_sum, metrics_in, wait_reachable};
 
@@ -355,34 +356,52 @@ impl DataPathReport {
                 .join(" / ")
         };
         let mut out = format!(
-            "Data path: pod a (n1) to pod b (n2), direct routing, {} pass(es) alternating; both pods selected by {} NetworkPolicies (ingress and egress) whose peers are {} Pod objects plus the two pods; iperf3 TCP one stream {} s, 64-byte UDP flood {} s; load {} at the start, {} at the end\n\n\
-             | side | TCP (Gbit/s) | 64-byte frames/s, never answered, accepted by the last policy | the same, accepted by the first policy | answered before the flood (established) | policy table n1 / n2 | isolated pods n1 / n2 |\n|---|---:|---:|---:|---:|---|---|\n",
+            "Data path: pod a (n1) to pod b (n2), direct routing, {} pass(es) alternating; both pods selected by {} NetworkPolicies (ingress and egress) whose peers are {} Pod objects plus the two pods; iperf3 TCP one stream {} s, 64-byte UDP flood {} s; load {} at the start, {} at the end\n\n",
             self.rounds, self.policies, self.peer_pods, self.tcp_seconds, self.udp_seconds, self.load.0, self.load.1
         );
+        let mut sides = Table::new()
+            .text("side")
+            .num("TCP (Gbit/s)")
+            .num("64-byte frames/s, never answered, accepted by the last policy")
+            .num("the same, accepted by the first policy")
+            .num("answered before the flood (established)")
+            .text("policy table n1 / n2")
+            .text("isolated pods n1 / n2");
         for (name, s) in [("with policy", &self.with_policy), ("without", &self.without_policy)] {
-            out.push_str(&format!(
-                "| {name} | {:.2} | {:.0} | {:.0} | {:.0} | {} | {} |\n",
-                s.tcp_gbps_median,
-                s.udp_fps_median,
-                s.udp_first_fps_median,
-                s.udp_replied_fps_median,
+            sides.row([
+                name.to_string(),
+                format!("{:.2}", s.tcp_gbps_median),
+                format!("{:.0}", s.udp_fps_median),
+                format!("{:.0}", s.udp_first_fps_median),
+                format!("{:.0}", s.udp_replied_fps_median),
                 t(s),
-                list(&s.isolated_pods)
-            ));
+                list(&s.isolated_pods),
+            ]);
         }
-        out.push_str(&format!(
-            "\n| with / without | TCP | 64-byte frames/s, last policy | first policy | established | target >= {:.2} (TCP and the usual flood) |\n|---|---:|---:|---:|---:|---|\n| medians | {:.2} | {:.2} | {:.2} | {:.2} | {} |\n| per pass | {} | {} | {} | {} | |\n",
-            self.target_ratio,
-            self.tcp_ratio,
-            self.fps_ratio,
-            self.fps_first_ratio,
-            self.fps_replied_ratio,
-            crate::exec::met(self.met()),
+        let mut ratios = Table::new()
+            .text("with / without")
+            .num("TCP")
+            .num("64-byte frames/s, last policy")
+            .num("first policy")
+            .num("established")
+            .text(format!("target >= {:.2} (TCP and the usual flood)", self.target_ratio));
+        ratios.row([
+            "medians".to_string(),
+            format!("{:.2}", self.tcp_ratio),
+            format!("{:.2}", self.fps_ratio),
+            format!("{:.2}", self.fps_first_ratio),
+            format!("{:.2}", self.fps_replied_ratio),
+            crate::exec::met(self.met()).to_string(),
+        ]);
+        ratios.row([
+            "per pass".to_string(),
             list(&self.tcp_per_pass),
             list(&self.fps_per_pass),
             list(&self.fps_first_per_pass),
             list(&self.fps_replied_per_pass),
-        ));
+            String::new(),
+        ]);
+        out.push_str(&format!("{sides}\n{ratios}"));
         out.push_str(&format!(
             "\nboth policy tables held every peer {:.1} s after the labs started building\n",
             self.programmed_s

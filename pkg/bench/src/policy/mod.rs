@@ -52,6 +52,7 @@ pub use scale::{
     ScaleReport, scaled,
 };
 
+use crate::table::Table;
 use crate::util::{metric_sum, metrics_in};
 
 /// From a new pod's Pod object written to its ADD, unless set otherwise: the lab's own
@@ -347,37 +348,34 @@ impl PolicyReport {
         if let Some(s) = &self.scale {
             out.push(s.markdown());
         }
-        let mut t = String::from("Targets\n\n| target | measured | |\n|---|---|---|\n");
+        let mut t = Table::new().text("target").text("measured").text("");
         if let Some(d) = &self.data {
-            t.push_str(&format!(
-                "| data path with policy >= {:.2}x without | TCP {:.2}x, 64-byte frames {:.2}x (accepted by the first policy {:.2}x, established {:.2}x) | {} |\n",
-                d.target_ratio,
-                d.tcp_ratio,
-                d.fps_ratio,
-                d.fps_first_ratio,
-                d.fps_replied_ratio,
-                crate::exec::met(d.met())
-            ));
+            t.row([
+                format!("data path with policy >= {:.2}x without", d.target_ratio),
+                format!(
+                    "TCP {:.2}x, 64-byte frames {:.2}x (accepted by the first policy {:.2}x, established {:.2}x)",
+                    d.tcp_ratio, d.fps_ratio, d.fps_first_ratio, d.fps_replied_ratio
+                ),
+                crate::exec::met(d.met()).to_string(),
+            ]);
         }
         if let Some(a) = &self.add {
-            t.push_str(&format!(
-                "| ADD p50 with {} policies / {} pods <= {:.1}x without | {:.2}x (p99 {:.2}x) | {} |\n",
-                a.cluster.policies,
-                a.cluster.pods,
-                a.target_ratio,
-                a.p50_ratio,
-                a.p99_ratio,
-                crate::exec::met(a.met())
-            ));
+            t.row([
+                format!(
+                    "ADD p50 with {} policies / {} pods <= {:.1}x without",
+                    a.cluster.policies, a.cluster.pods, a.target_ratio
+                ),
+                format!("{:.2}x (p99 {:.2}x)", a.p50_ratio, a.p99_ratio),
+                crate::exec::met(a.met()).to_string(),
+            ]);
         }
         if let Some(c) = &self.converge {
             let p99s: Vec<String> = c.runs.iter().map(|r| format!("{:.0} ms", r.all.p99)).collect();
-            t.push_str(&format!(
-                "| convergence p99 < {:.0} ms | {} | {} |\n",
-                c.target_ms,
+            t.row([
+                format!("convergence p99 < {:.0} ms", c.target_ms),
                 p99s.join(", "),
-                crate::exec::met(c.met())
-            ));
+                crate::exec::met(c.met()).to_string(),
+            ]);
         }
         if let Some(r) = &self.reach {
             let measured = match r.judged() {
@@ -391,37 +389,41 @@ impl PolicyReport {
                 ),
                 None => "not run".into(),
             };
-            t.push_str(&format!(
-                "| new-pod reachability from the ADD's answer, p99 < {:.0} ms | {measured} | {} |\n",
-                r.target_ms,
-                crate::exec::met(r.met())
-            ));
+            t.row([
+                format!(
+                    "new-pod reachability from the ADD's answer, p99 < {:.0} ms",
+                    r.target_ms
+                ),
+                measured,
+                crate::exec::met(r.met()).to_string(),
+            ]);
         }
         if let Some(s) = &self.scale {
             if let Some(p) = s.points.last() {
-                t.push_str(&format!(
-                    "| a remote pod's arrival and a label change at {} pods and {} policies: kernel in step p99 < {:.0} ms | arrival p99 {:.1} ms, label change p99 {:.1} ms | {} |\n",
-                    p.cluster.pods,
-                    p.cluster.policies,
-                    s.kernel_target_ms,
-                    p.arrival_ms.p99,
-                    p.churn_ms.p99,
-                    crate::exec::met(s.kernel_met())
-                ));
+                t.row([
+                    format!(
+                        "a remote pod's arrival and a label change at {} pods and {} policies: kernel in step p99 < {:.0} ms",
+                        p.cluster.pods, p.cluster.policies, s.kernel_target_ms
+                    ),
+                    format!(
+                        "arrival p99 {:.1} ms, label change p99 {:.1} ms",
+                        p.arrival_ms.p99, p.churn_ms.p99
+                    ),
+                    crate::exec::met(s.kernel_met()).to_string(),
+                ]);
             }
             let rss: Vec<String> = s
                 .points
                 .iter()
                 .map(|p| format!("{:.1} MiB at {} pods", p.rss_mib.max(p.restart_rss_mib), p.cluster.pods))
                 .collect();
-            t.push_str(&format!(
-                "| weftd VmRSS <= {:.0} MiB | {} | {} |\n",
-                s.rss_target_mib,
+            t.row([
+                format!("weftd VmRSS <= {:.0} MiB", s.rss_target_mib),
                 rss.join(", "),
-                crate::exec::met(s.rss_met())
-            ));
+                crate::exec::met(s.rss_met()).to_string(),
+            ]);
         }
-        out.push(t);
+        out.push(format!("Targets\n\n{t}"));
         out.join("\n")
     }
 }

@@ -48,6 +48,7 @@ use weft_lab::PodSpec;
 use super::nftmon::{Monitor, Transaction, nft};
 use super::objects::policy;
 use super::{LoadAvg, PolicyOptions};
+use crate::table::Table;
 use crate::util::{LabGuard, metric_sum, metrics_in};
 
 /// The target: p99 from the ADD's answer to the first echo, each way, below (ms).
@@ -595,54 +596,77 @@ impl ReachReport {
     /// The report as markdown.
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "Reachability of a new pod (perf-tests' network-policy-enforcement-latency): a three-node lab, x isolated for ingress allowing only y on UDP {REACH_PORT}, y isolated allowing only x, a UDP echo in x/a on n2; {} new pods y/new-i on n1 per run, one after the other: the Pod object (no addresses) written, {:.0} ms later the ADD through the plugin; from the ADD's answer one UDP socket each way sends every 1 ms until the first echo (at most {:.0} s): new pod -> x/a (n2's sets must hold the new pod) and x/a -> an echo in the new pod (n1's own table); the addresses reported into the lab {:.0} ms after the ADD's answer, once the probes run (the watch path); the pod removed and its address out of every node's sets before the next; untimed pods first until n1's peers take its announcements (at most {:.0} s)\n\n\
-             | weftds | ADD p50 / p99 (ms) | new pod -> x/a p50 | p95 | p99 | max | failed | x/a -> new pod p50 | p95 | p99 | max | failed | n2's kernel holds the new pod, from the ADD's answer p50 / max (ms) | n1's announcements to its peers: taken / refused / failed / skipped | announcements n2 and n3 received: applied / kept / known / refused | untimed pods first | load start / end | target p99 < {:.0} ms |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---|---|\n",
+            "Reachability of a new pod (perf-tests' network-policy-enforcement-latency): a three-node lab, x isolated for ingress allowing only y on UDP {REACH_PORT}, y isolated allowing only x, a UDP echo in x/a on n2; {} new pods y/new-i on n1 per run, one after the other: the Pod object (no addresses) written, {:.0} ms later the ADD through the plugin; from the ADD's answer one UDP socket each way sends every 1 ms until the first echo (at most {:.0} s): new pod -> x/a (n2's sets must hold the new pod) and x/a -> an echo in the new pod (n1's own table); the addresses reported into the lab {:.0} ms after the ADD's answer, once the probes run (the watch path); the pod removed and its address out of every node's sets before the next; untimed pods first until n1's peers take its announcements (at most {:.0} s)\n\n",
             self.pods,
             self.object_lead_ms,
             self.probe_limit_s,
             self.report_delay_ms,
             WARM_LIMIT.as_secs_f64(),
-            self.target_ms
         );
+        let mut t = Table::new()
+            .text("weftds")
+            .text("ADD p50 / p99 (ms)")
+            .num("new pod -> x/a p50")
+            .num("p95")
+            .num("p99")
+            .num("max")
+            .num("failed")
+            .num("x/a -> new pod p50")
+            .num("p95")
+            .num("p99")
+            .num("max")
+            .num("failed")
+            .text("n2's kernel holds the new pod, from the ADD's answer p50 / max (ms)")
+            .text("n1's announcements to its peers: taken / refused / failed / skipped")
+            .text("announcements n2 and n3 received: applied / kept / known / refused")
+            .num("untimed pods first")
+            .text("load start / end")
+            .text(format!("target p99 < {:.0} ms", self.target_ms));
         for r in &self.runs {
             let a = |k: &str| r.announcements.get(k).copied().unwrap_or(0.0);
             let sent = |k: &str| r.sent.get(k).copied().unwrap_or(0.0);
-            out.push_str(&format!(
-                "| {} | {:.1} / {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.1} / {:.1} (n={}) | {:.0} / {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} / {:.0} | {} | {} / {} | {} |\n",
-                r.describe(),
-                r.add.p50,
-                r.add.p99,
-                r.out.p50,
-                r.out.p95,
-                r.out.p99,
-                r.out.max,
-                r.out_failed,
-                r.into.p50,
-                r.into.p95,
-                r.into.p99,
-                r.into.max,
-                r.in_failed,
-                r.remote_kernel.p50,
-                r.remote_kernel.max,
-                r.remote_kernel.n,
-                sent("taken"),
-                sent("refused"),
-                sent("failed"),
-                sent("skipped"),
-                a("applied"),
-                a("kept"),
-                a("known"),
-                a("refused"),
-                r.warm_pods,
-                r.load.0,
-                r.load.1,
+            t.row([
+                r.describe().to_string(),
+                format!("{:.1} / {:.1}", r.add.p50, r.add.p99),
+                format!("{:.1}", r.out.p50),
+                format!("{:.1}", r.out.p95),
+                format!("{:.1}", r.out.p99),
+                format!("{:.1}", r.out.max),
+                r.out_failed.to_string(),
+                format!("{:.1}", r.into.p50),
+                format!("{:.1}", r.into.p95),
+                format!("{:.1}", r.into.p99),
+                format!("{:.1}", r.into.max),
+                r.in_failed.to_string(),
+                format!(
+                    "{:.1} / {:.1} (n={})",
+                    r.remote_kernel.p50, r.remote_kernel.max, r.remote_kernel.n
+                ),
+                format!(
+                    "{:.0} / {:.0} / {:.0} / {:.0}",
+                    sent("taken"),
+                    sent("refused"),
+                    sent("failed"),
+                    sent("skipped")
+                ),
+                format!(
+                    "{:.0} / {:.0} / {:.0} / {:.0}",
+                    a("applied"),
+                    a("kept"),
+                    a("known"),
+                    a("refused")
+                ),
+                r.warm_pods.to_string(),
+                format!("{} / {}", r.load.0, r.load.1),
                 if r.announce {
                     crate::exec::met(r.met(self.target_ms))
                 } else {
                     "(not judged)"
-                },
-            ));
+                }
+                .to_string(),
+            ]);
         }
+        out.push_str(&t.to_string());
         out
     }
 }

@@ -31,6 +31,7 @@ use super::{LoadAvg, PolicyOptions};
 use crate::Percentiles;
 use crate::load::{create_pods, remove_pods};
 use crate::memory::sample;
+use crate::table::Table;
 use crate::util::status_kib;
 
 /// The node's own pods.
@@ -398,114 +399,156 @@ impl ScaleReport {
     /// The report as markdown.
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "Scale by simulation: one weftd, its pods attached through the plugin, the cluster's objects read from {} (namespaces = pods / 10, policies = pods / 5)\n\n\
-             | pods | namespaces | policies | local pods | policy table (elements / chains) | weftd start to table programmed (s) | start to serving (s) | VmRSS first run / restarted (MiB) | VmHWM restarted (MiB) | load start / end |\n|---:|---:|---:|---:|---|---:|---:|---|---:|---|\n",
+            "Scale by simulation: one weftd, its pods attached through the plugin, the cluster's objects read from {} (namespaces = pods / 10, policies = pods / 5)\n\n",
             self.source.describe()
         );
+        let mut sizes = Table::new()
+            .num("pods")
+            .num("namespaces")
+            .num("policies")
+            .num("local pods")
+            .text("policy table (elements / chains)")
+            .num("weftd start to table programmed (s)")
+            .num("start to serving (s)")
+            .text("VmRSS first run / restarted (MiB)")
+            .num("VmHWM restarted (MiB)")
+            .text("load start / end");
         for p in &self.points {
-            out.push_str(&format!(
-                "| {} | {} | {} | {} | {} / {} | {:.2} | {:.2} | {:.1} / {:.1} | {:.1} | {} / {} |\n",
-                p.cluster.pods,
-                p.cluster.namespaces,
-                p.cluster.policies,
-                p.local_pods,
-                p.table.elements,
-                p.table.chains,
-                p.start_to_table_s,
-                p.start_to_serving_s,
-                p.rss_mib,
-                p.restart_rss_mib,
-                p.restart_hwm_mib,
-                p.load.0,
-                p.load.1,
-            ));
+            sizes.row([
+                p.cluster.pods.to_string(),
+                p.cluster.namespaces.to_string(),
+                p.cluster.policies.to_string(),
+                p.local_pods.to_string(),
+                format!("{} / {}", p.table.elements, p.table.chains),
+                format!("{:.2}", p.start_to_table_s),
+                format!("{:.2}", p.start_to_serving_s),
+                format!("{:.1} / {:.1}", p.rss_mib, p.restart_rss_mib),
+                format!("{:.1}", p.restart_hwm_mib),
+                format!("{} / {}", p.load.0, p.load.1),
+            ]);
         }
+        out.push_str(&sizes.to_string());
         out.push_str(
-            "\nThe batch one pod's arrival causes (elements added; other objects: chains, sets, rules added or deleted), min-max over the pods\n\n\
-             | pods | local ADD, first half: elements / objects | local ADD, second half: elements / objects | ADDs nothing / fast / full | kubelet's address report: elements / objects |\n|---:|---|---|---|---|\n",
+            "\nThe batch one pod's arrival causes (elements added; other objects: chains, sets, rules added or deleted), min-max over the pods\n\n",
         );
+        let mut adds = Table::new()
+            .num("pods")
+            .text("local ADD, first half: elements / objects")
+            .text("local ADD, second half: elements / objects")
+            .text("ADDs nothing / fast / full")
+            .text("kubelet's address report: elements / objects");
         for p in &self.points {
             let half = p.add_batches.len() / 2;
             let (first, second) = p.add_batches.split_at(half);
             let count = |x: AddPath| p.add_paths.iter().filter(|a| **a == x).count();
-            out.push_str(&format!(
-                "| {} | {} / {} | {} / {} | {} / {} / {} | {} / {} |\n",
-                p.cluster.pods,
-                range(first, |b| b.elements_added),
-                range(first, BatchCounts::objects),
-                range(second, |b| b.elements_added),
-                range(second, BatchCounts::objects),
-                count(AddPath::Nothing),
-                count(AddPath::Fast),
-                count(AddPath::Full),
-                range(&p.status_batches, |b| b.elements_added),
-                range(&p.status_batches, BatchCounts::objects),
-            ));
+            adds.row([
+                p.cluster.pods.to_string(),
+                format!(
+                    "{} / {}",
+                    range(first, |b| b.elements_added),
+                    range(first, BatchCounts::objects)
+                ),
+                format!(
+                    "{} / {}",
+                    range(second, |b| b.elements_added),
+                    range(second, BatchCounts::objects)
+                ),
+                format!(
+                    "{} / {} / {}",
+                    count(AddPath::Nothing),
+                    count(AddPath::Fast),
+                    count(AddPath::Full)
+                ),
+                format!(
+                    "{} / {}",
+                    range(&p.status_batches, |b| b.elements_added),
+                    range(&p.status_batches, BatchCounts::objects)
+                ),
+            ]);
         }
+        out.push_str(&adds.to_string());
         out.push_str(&format!(
-            "\nPods of other nodes, peers of a local pod's policy: each arrival (its Pod object with an address), then label changes of the arrived pods in turn (app=a1, a peer, to app={OFF_APP}, which no selector matches, and back: the address leaves or enters the peer sets); each timed from the Pod object written to the first line of the transaction holding it in the node's `nft monitor`, with what its transactions did (min-max: elements added / deleted, other objects) and who wrote them (weftd's batch of set elements / an `nft` full pass)\n\n\
-             | pods | policies | arrivals | arrival p50 / p99 / max (ms) | arrival batch: +elements / -elements / objects | weftd batch / full pass | label changes | label change p50 / p99 / max (ms) | label change batch: +elements / -elements / objects | weftd batch / full pass |\n|---:|---:|---:|---|---|---|---:|---|---|---|\n",
+            "\nPods of other nodes, peers of a local pod's policy: each arrival (its Pod object with an address), then label changes of the arrived pods in turn (app=a1, a peer, to app={OFF_APP}, which no selector matches, and back: the address leaves or enters the peer sets); each timed from the Pod object written to the first line of the transaction holding it in the node's `nft monitor`, with what its transactions did (min-max: elements added / deleted, other objects) and who wrote them (weftd's batch of set elements / an `nft` full pass)\n\n",
         ));
+        let mut changes = Table::new()
+            .num("pods")
+            .num("policies")
+            .num("arrivals")
+            .text("arrival p50 / p99 / max (ms)")
+            .text("arrival batch: +elements / -elements / objects")
+            .text("weftd batch / full pass")
+            .num("label changes")
+            .text("label change p50 / p99 / max (ms)")
+            .text("label change batch: +elements / -elements / objects")
+            .text("weftd batch / full pass");
         for p in &self.points {
-            out.push_str(&format!(
-                "| {} | {} | {} | {:.1} / {:.1} / {:.1} | {} / {} / {} | {} | {} | {:.1} / {:.1} / {:.1} | {} / {} / {} | {} |\n",
-                p.cluster.pods,
-                p.cluster.policies,
-                p.arrivals,
-                p.arrival_ms.p50,
-                p.arrival_ms.p99,
-                p.arrival_ms.max,
-                range(&p.arrival_batches, |b| b.elements_added),
-                range(&p.arrival_batches, |b| b.elements_deleted),
-                range(&p.arrival_batches, BatchCounts::objects),
+            changes.row([
+                p.cluster.pods.to_string(),
+                p.cluster.policies.to_string(),
+                p.arrivals.to_string(),
+                format!(
+                    "{:.1} / {:.1} / {:.1}",
+                    p.arrival_ms.p50, p.arrival_ms.p99, p.arrival_ms.max
+                ),
+                format!(
+                    "{} / {} / {}",
+                    range(&p.arrival_batches, |b| b.elements_added),
+                    range(&p.arrival_batches, |b| b.elements_deleted),
+                    range(&p.arrival_batches, BatchCounts::objects)
+                ),
                 writers(&p.arrival_paths),
-                p.churn,
-                p.churn_ms.p50,
-                p.churn_ms.p99,
-                p.churn_ms.max,
-                range(&p.churn_batches, |b| b.elements_added),
-                range(&p.churn_batches, |b| b.elements_deleted),
-                range(&p.churn_batches, BatchCounts::objects),
+                p.churn.to_string(),
+                format!("{:.1} / {:.1} / {:.1}", p.churn_ms.p50, p.churn_ms.p99, p.churn_ms.max),
+                format!(
+                    "{} / {} / {}",
+                    range(&p.churn_batches, |b| b.elements_added),
+                    range(&p.churn_batches, |b| b.elements_deleted),
+                    range(&p.churn_batches, BatchCounts::objects)
+                ),
                 writers(&p.churn_paths),
-            ));
+            ]);
         }
+        out.push_str(&changes.to_string());
         out.push_str(
-            "\nPods of another node announced by it at their ADD (the wire port's `weft.wire.v1.Policy/Announce`, called from that node's address, each pod's object in the cache without an address, as before kubelet reports it): from the call to its answer (given once the address is in the node's kernel) and to the first transaction holding it\n\n\
-             | pods | policies | announced | answer p50 / p99 / max (ms) | in the kernel p50 / p99 / max (ms) |\n|---:|---:|---:|---|---|\n",
+            "\nPods of another node announced by it at their ADD (the wire port's `weft.wire.v1.Policy/Announce`, called from that node's address, each pod's object in the cache without an address, as before kubelet reports it): from the call to its answer (given once the address is in the node's kernel) and to the first transaction holding it\n\n",
         );
+        let mut announced = Table::new()
+            .num("pods")
+            .num("policies")
+            .num("announced")
+            .text("answer p50 / p99 / max (ms)")
+            .text("in the kernel p50 / p99 / max (ms)");
         for p in &self.points {
-            out.push_str(&format!(
-                "| {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} / {:.2} |\n",
-                p.cluster.pods,
-                p.cluster.policies,
-                p.announced,
-                p.announce_answer_ms.p50,
-                p.announce_answer_ms.p99,
-                p.announce_answer_ms.max,
-                p.announce_kernel_ms.p50,
-                p.announce_kernel_ms.p99,
-                p.announce_kernel_ms.max,
-            ));
+            announced.row([
+                p.cluster.pods.to_string(),
+                p.cluster.policies.to_string(),
+                p.announced.to_string(),
+                format!(
+                    "{:.2} / {:.2} / {:.2}",
+                    p.announce_answer_ms.p50, p.announce_answer_ms.p99, p.announce_answer_ms.max
+                ),
+                format!(
+                    "{:.2} / {:.2} / {:.2}",
+                    p.announce_kernel_ms.p50, p.announce_kernel_ms.p99, p.announce_kernel_ms.max
+                ),
+            ]);
         }
-        out.push_str("\nweftd's VmRSS along the first run (MiB; policy passes run so far, full or of set elements only, in brackets)\n\n| pods |");
-        let steps: Vec<String> = self
-            .points
-            .first()
-            .map(|p| p.rss_trend.iter().map(|t| t.0.clone()).collect())
-            .unwrap_or_default();
-        out.push_str(&format!(
-            " {} |\n|---:|{}\n",
-            steps.join(" | "),
-            "---:|".repeat(steps.len())
-        ));
+        out.push_str(&announced.to_string());
+        out.push_str("\nweftd's VmRSS along the first run (MiB; policy passes run so far, full or of set elements only, in brackets)\n\n");
+        let mut trend = Table::new().num("pods");
+        if let Some(p) = self.points.first() {
+            for (step, _, _) in &p.rss_trend {
+                trend = trend.num(step.as_str());
+            }
+        }
         for p in &self.points {
-            let cells: Vec<String> = p
+            let cells = p
                 .rss_trend
                 .iter()
-                .map(|(_, rss, passes)| format!("{rss:.1} ({passes:.0})"))
-                .collect();
-            out.push_str(&format!("| {} | {} |\n", p.cluster.pods, cells.join(" | ")));
+                .map(|(_, rss, passes)| format!("{rss:.1} ({passes:.0})"));
+            trend.row(std::iter::once(p.cluster.pods.to_string()).chain(cells));
         }
+        out.push_str(&trend.to_string());
         let same = self.points.iter().all(|p| p.table_after_restart == p.table);
         out.push_str(&format!(
             "\nthe restarted weftd's table equals the one before the restart: {}\ntarget VmRSS <= {:.0} MiB: {}\n",
