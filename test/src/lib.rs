@@ -19,6 +19,7 @@ use weft_harness::{CallOptions, CniExec, CniVars, DaemonConfig, HarnessError, Na
 pub use weft_harness::{ChildGuard, wait_exit};
 pub use weft_kernel::testutil::privileged;
 
+pub mod conventions;
 pub mod cri;
 pub mod modgraph;
 pub mod otlp;
@@ -853,36 +854,70 @@ pub fn wait_lab_reachable(lab: &weft_lab::Lab, pod: &str, addr: &str) {
 /// own before) may run beside each other, as they always did; tests of different areas
 /// never overlap, as when each area was a binary that `cargo test` ran after the last.
 /// Areas share names, ports and the machine's two cores, and were tuned for that.
+///
+/// This and [`alone`] are the one way integration tests keep out of each other's way:
+/// every privileged test takes one of them first.
 pub fn area(name: &'static str) -> AreaGuard {
+    enter(name, false)
+}
+
+/// As [`area`], for a test that runs with no other test at all beside it, of its area
+/// or another: one that brings up a whole lab, or whose timing is what it measures.
+pub fn alone(name: &'static str) -> AreaGuard {
+    enter(name, true)
+}
+
+fn enter(name: &'static str, alone: bool) -> AreaGuard {
     let mut gate = AREA.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        match gate.0 {
-            Some(current) if current != name => {
-                gate = AREA_FREE.wait(gate).unwrap_or_else(|e| e.into_inner());
-            }
-            _ => break,
-        }
+    while !gate.admits(name, alone) {
+        gate = AREA_FREE.wait(gate).unwrap_or_else(|e| e.into_inner());
     }
-    gate.0 = Some(name);
-    gate.1 += 1;
+    gate.area = Some(name);
+    gate.running += 1;
+    gate.alone = alone;
     AreaGuard(())
 }
 
-/// The area being run and how many of its tests are running.
-static AREA: std::sync::Mutex<(Option<&'static str>, usize)> = std::sync::Mutex::new((None, 0));
+/// Who runs now.
+struct Gate {
+    /// The area being run.
+    area: Option<&'static str>,
+    /// How many of its tests are running.
+    running: usize,
+    /// Whether the one running test runs alone.
+    alone: bool,
+}
+
+impl Gate {
+    /// Whether a test of `area` (`alone` or not) may start now.
+    fn admits(&self, area: &'static str, alone: bool) -> bool {
+        match self.area {
+            None => true,
+            Some(_) if alone || self.alone => false,
+            Some(current) => current == area,
+        }
+    }
+}
+
+static AREA: std::sync::Mutex<Gate> = std::sync::Mutex::new(Gate {
+    area: None,
+    running: 0,
+    alone: false,
+});
 static AREA_FREE: std::sync::Condvar = std::sync::Condvar::new();
 
-/// Held for a test's whole run (see [`area`]); its drop, on failure too, lets the next
-/// area in once the last test of this one is done.
+/// Held for a test's whole run (see [`area`] and [`alone`]); its drop, on failure too,
+/// lets the next test in once the last test of this area is done.
 #[must_use = "the area is left when the guard drops"]
 pub struct AreaGuard(());
 
 impl Drop for AreaGuard {
     fn drop(&mut self) {
         let mut gate = AREA.lock().unwrap_or_else(|e| e.into_inner());
-        gate.1 -= 1;
-        if gate.1 == 0 {
-            gate.0 = None;
+        gate.running -= 1;
+        if gate.running == 0 {
+            gate.area = None;
+            gate.alone = false;
             AREA_FREE.notify_all();
         }
     }

@@ -28,16 +28,12 @@ use std::fmt;
 use std::net::{IpAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use weft_tests::{LabDown, TempDir, bin, load_lab, privileged};
-
-/// The tests of this file one at a time: each brings up a lab of 9 pods, and a matrix
-/// run's timing is what it measures.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// How long a change may take to show in the matrix (each run lasts about a second
 /// when a cell is blocked).
@@ -644,11 +640,12 @@ impl PolicyLab {
 /// (AND) and as two peers (OR).
 #[test]
 fn upstream_netpol_ingress_selectors() {
-    let _area = weft_tests::area("cluster::netpol");
+    // One at a time: each brings up a lab of 9 pods, and a matrix run's timing is
+    // what it measures.
+    let _alone = weft_tests::alone("cluster::netpol");
     if !privileged() {
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut t = PolicyLab::up("np1");
 
     // Upstream has it twice: "NetworkPolicy between server and client" (TCP) and "...
@@ -818,11 +815,12 @@ fn upstream_netpol_ingress_selectors() {
 /// SCTP rules that must not open TCP.
 #[test]
 fn upstream_netpol_ports_and_protocols() {
-    let _area = weft_tests::area("cluster::netpol");
+    // One at a time: each brings up a lab of 9 pods, and a matrix run's timing is
+    // what it measures.
+    let _alone = weft_tests::alone("cluster::netpol");
     if !privileged() {
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut t = PolicyLab::up("np2");
     // SCTP cannot be probed here: the kernel has none, and `lab matrix` says so.
     let sctp = t.weftctl(&["lab", "matrix", &t.file, "--port", "80/sctp", "--timeout", "300ms"]);
@@ -961,11 +959,12 @@ fn upstream_netpol_ports_and_protocols() {
 /// matched by ipBlock.
 #[test]
 fn upstream_netpol_egress_and_ip_blocks() {
-    let _area = weft_tests::area("cluster::netpol");
+    // One at a time: each brings up a lab of 9 pods, and a matrix run's timing is
+    // what it measures.
+    let _alone = weft_tests::alone("cluster::netpol");
     if !privileged() {
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut t = PolicyLab::up("np3");
 
     t.case(
@@ -1107,11 +1106,12 @@ fn upstream_netpol_egress_and_ip_blocks() {
 /// again with a new address.
 #[test]
 fn upstream_netpol_changes() {
-    let _area = weft_tests::area("cluster::netpol");
+    // One at a time: each brings up a lab of 9 pods, and a matrix run's timing is
+    // what it measures.
+    let _alone = weft_tests::alone("cluster::netpol");
     if !privileged() {
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut t = PolicyLab::up("np4");
     let isolated_x_a = Expect::all().on(ALL, |r| {
         r.expect_all_ingress("x/a", false);
@@ -1204,11 +1204,12 @@ fn upstream_netpol_changes() {
 /// some ports, and egress to a network.
 #[test]
 fn cluster_network_policy_tiers() {
-    let _area = weft_tests::area("cluster::netpol");
+    // One at a time: each brings up a lab of 9 pods, and a matrix run's timing is
+    // what it measures.
+    let _alone = weft_tests::alone("cluster::netpol");
     if !privileged() {
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut t = PolicyLab::up("np5");
 
     t.begin("Admin Deny overrides a NetworkPolicy allow");

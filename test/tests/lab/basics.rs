@@ -12,7 +12,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use weft_lab::Lab;
@@ -20,10 +19,6 @@ use weft_tests::{
     LabDown, Prometheus, TempDir, bin, dashboard_queries, failed_checks, is_wire_row, load_lab, node_metrics,
     privileged,
 };
-
-/// The tests of this file one at a time: each is timed against a budget of seconds,
-/// and two labs at once share the machine's cores.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 fn is_up(lab: &Lab, pod: &str, intf: &str) -> bool {
     let out = Command::new("ip")
@@ -50,11 +45,10 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn lab_wires_survive_crashes_deletes_and_moves() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = TempDir::new("lab");
     let topologies = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/topologies");
     let example =
@@ -321,11 +315,10 @@ spec:
 
 #[test]
 fn lab_matrix_follows_policies_labels_and_deletes() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = TempDir::new("labpol");
     let name = format!("wt{}pol", std::process::id());
     // x/a and y/a (and x/b, y/b) share names; c names no namespace: `default`, its

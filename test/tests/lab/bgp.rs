@@ -132,7 +132,7 @@ fn routes(ns: &str) -> String {
 
 #[test]
 fn a_bgp_lab_routes_pods_by_what_bird_learnt_and_withdraws_a_range_in_time() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }

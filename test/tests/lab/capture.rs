@@ -278,7 +278,7 @@ fn up(dir: &TempDir) -> Cap {
 
 #[test]
 fn captures_of_every_link_kind_read_back_in_tcpdump() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }

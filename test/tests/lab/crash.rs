@@ -195,7 +195,7 @@ fn frame_counters(lab: &Lab, node: &str) -> BTreeMap<(String, String, String), f
 
 #[test]
 fn grpc_wires_carry_tagged_traffic_through_a_daemon_crash_without_crossing() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }

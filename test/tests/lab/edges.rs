@@ -97,7 +97,7 @@ fn metric(lab: &Lab, node: &str, series: &str) -> f64 {
 
 #[test]
 fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }

@@ -75,7 +75,7 @@ fn rate(text: &str) -> Option<f64> {
 
 #[test]
 fn lab_graph_draws_every_link_of_the_example_lab() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }

@@ -222,7 +222,7 @@ fn netem_available(emu: &Emu, pod: &str) -> bool {
 
 #[test]
 fn impairments_from_the_topology_and_at_run_time_on_every_kind() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }
@@ -329,7 +329,7 @@ fn impairments_from_the_topology_and_at_run_time_on_every_kind() {
 
 #[test]
 fn links_down_by_intent_lose_carrier_at_both_ends_and_stay_down_across_restarts() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }
@@ -473,7 +473,7 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
 /// wider where the path's own scheduling adds to a delay.
 #[test]
 fn loss_models_delay_distributions_and_slots_through_the_detour() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }
@@ -623,7 +623,7 @@ fn loss_models_delay_distributions_and_slots_through_the_detour() {
 /// with its number and link named, and the link stays as the last change set it.
 #[test]
 fn a_scenario_runs_its_steps_on_time_and_stops_at_a_failing_one() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }

@@ -54,7 +54,7 @@ impl Drop for Down<'_> {
 
 #[test]
 fn a_generated_300_link_lab_passes_every_check_and_leaves_nothing() {
-    let _lab = crate::one_lab();
+    let _alone = weft_tests::alone("lab");
     if !privileged() {
         return;
     }

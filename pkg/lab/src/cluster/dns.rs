@@ -188,34 +188,6 @@ impl Lab {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn records_become_host_records_and_cnames_with_their_ttls() {
-        let records = vec![
-            DnsRecord {
-                name: "api.example.test".into(),
-                addresses: vec!["198.51.100.10".parse().unwrap(), "198.51.100.11".parse().unwrap()],
-                cname: None,
-                ttl: 5,
-            },
-            DnsRecord {
-                name: "www.example.test".into(),
-                addresses: Vec::new(),
-                cname: Some("api.example.test".into()),
-                ttl: 300,
-            },
-        ];
-        let c = dnsmasq_config(&records, "/tmp/x.log");
-        assert!(c.contains("no-resolv\n") && c.contains(&format!("listen-address={OUTSIDE_ADDRESS}\n")));
-        assert!(c.contains("host-record=api.example.test,198.51.100.10,5\n"), "{c}");
-        assert!(c.contains("host-record=api.example.test,198.51.100.11,5\n"), "{c}");
-        assert!(c.contains("cname=www.example.test,api.example.test,300\n"), "{c}");
-    }
-}
-
 /// What `lab names` measured: for each name of the lab's DNS and each pod, what the
 /// pod got resolving it through the lab's DNS and connecting at once to every address.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -367,5 +339,33 @@ impl Lab {
             .map(|(i, n)| (n, columns.iter().map(|c| c[i]).collect()))
             .collect();
         Ok(NameTable { port, pods, rows })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_become_host_records_and_cnames_with_their_ttls() {
+        let records = vec![
+            DnsRecord {
+                name: "api.example.test".into(),
+                addresses: vec!["198.51.100.10".parse().unwrap(), "198.51.100.11".parse().unwrap()],
+                cname: None,
+                ttl: 5,
+            },
+            DnsRecord {
+                name: "www.example.test".into(),
+                addresses: Vec::new(),
+                cname: Some("api.example.test".into()),
+                ttl: 300,
+            },
+        ];
+        let c = dnsmasq_config(&records, "/tmp/x.log");
+        assert!(c.contains("no-resolv\n") && c.contains(&format!("listen-address={OUTSIDE_ADDRESS}\n")));
+        assert!(c.contains("host-record=api.example.test,198.51.100.10,5\n"), "{c}");
+        assert!(c.contains("host-record=api.example.test,198.51.100.11,5\n"), "{c}");
+        assert!(c.contains("cname=www.example.test,api.example.test,300\n"), "{c}");
     }
 }
