@@ -74,6 +74,10 @@ enum Compare {
     Reference,
     /// weft without OTLP export (weft runs with export on).
     Otlp,
+    /// weft with no cluster source (its policy engine, flow records, node network and
+    /// wire engine off), beside weft with them on and idle (a topology directory with
+    /// the node alone, no policy): what those features cost an ADD that uses none.
+    Features,
     /// ptp + portmap, each pod with one host port, as mappings accumulate.
     Hostports,
     /// CNI_COMMAND=VERSION of weft beside host-local and ptp: the cost of an exec.
@@ -269,6 +273,7 @@ pub fn run(args: BenchArgs, json: bool) -> anyhow::Result<()> {
         }
         Compare::Reference => weft_bench::Comparison::Reference,
         Compare::Otlp => weft_bench::Comparison::Otlp,
+        Compare::Features => weft_bench::Comparison::Features,
     };
     let opts = weft_bench::Options {
         weft,

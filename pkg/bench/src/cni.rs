@@ -20,6 +20,11 @@ pub enum Comparison {
     Reference,
     /// weft exporting traces over OTLP against weft without export.
     Otlp,
+    /// weft on a node whose cluster features are on but idle (a cluster source with
+    /// this node alone and no policy: the policy engine, flow records, the node
+    /// network and the wire engine all running) against weft with them off (no
+    /// source): what those features cost an ADD that uses none of them.
+    Features,
 }
 
 /// What to run.
@@ -60,6 +65,8 @@ pub enum Target {
     WeftOtlp,
     /// The reference ptp + host-local.
     Reference,
+    /// weft with the cluster features on and idle ([`Comparison::Features`]).
+    WeftIdle,
 }
 
 impl Target {
@@ -68,6 +75,7 @@ impl Target {
             Target::Weft => "weft",
             Target::WeftOtlp => "weft + OTLP",
             Target::Reference => "reference",
+            Target::WeftIdle => "weft, features idle",
         }
     }
 
@@ -76,6 +84,7 @@ impl Target {
             Target::Weft => "w",
             Target::WeftOtlp => "o",
             Target::Reference => "r",
+            Target::WeftIdle => "i",
         }
     }
 }
@@ -181,7 +190,7 @@ struct Round<'a> {
 impl Round<'_> {
     fn config(&self, dir: &Path, socket: &Path) -> Vec<u8> {
         let v = match self.target {
-            Target::Weft | Target::WeftOtlp => serde_json::json!({
+            Target::Weft | Target::WeftOtlp | Target::WeftIdle => serde_json::json!({
                 "cniVersion": "1.0.0", "name": "bench", "type": "weft",
                 "socket": socket, "ranges": ["10.244.0.0/16"], "mtu": 1500,
             }),
@@ -196,7 +205,7 @@ impl Round<'_> {
 
     fn plugin(&self) -> PathBuf {
         match self.target {
-            Target::Weft | Target::WeftOtlp => self.opts.weft.clone(),
+            Target::Weft | Target::WeftOtlp | Target::WeftIdle => self.opts.weft.clone(),
             Target::Reference => self.opts.reference_dir.join("ptp"),
         }
     }
@@ -249,8 +258,11 @@ impl Round<'_> {
             .map(|s| ("OTEL_EXPORTER_OTLP_ENDPOINT".to_string(), s.endpoint.clone()))
             .collect();
         let daemon = match self.target {
-            Target::Weft | Target::WeftOtlp => {
+            Target::Weft | Target::WeftOtlp | Target::WeftIdle => {
                 config.env = env;
+                if self.target == Target::WeftIdle {
+                    config.args = idle_features(&dir)?;
+                }
                 Some(NodeDaemon::start(&node, config).map_err(lab)?)
             }
             Target::Reference => None,
@@ -307,12 +319,36 @@ impl Round<'_> {
     }
 }
 
+/// weftd's flags for a node with its cluster features on and idle: a topology
+/// directory (written under `dir`) that holds this node alone, with the benchmark's pod
+/// range and an address, and no policy.
+fn idle_features(dir: &Path) -> Result<Vec<String>, String> {
+    let topo = dir.join("topology");
+    std::fs::create_dir_all(&topo).map_err(|e| format!("creating {}: {e}", topo.display()))?;
+    let node = serde_json::json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench"},
+        "spec": {"podCIDRs": ["10.244.0.0/16"]},
+        "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]},
+    });
+    weft_lab::objects::write_file(&topo, "node.yaml", &node.to_string()).map_err(|e| e.to_string())?;
+    Ok([
+        "--topology-dir",
+        &topo.display().to_string(),
+        "--node-address",
+        "127.0.0.1",
+        "--wire-insecure",
+    ]
+    .map(String::from)
+    .to_vec())
+}
+
 /// Runs the CNI benchmark: `rounds` rounds, each attaching and detaching `pods` pods
 /// on both sides of the comparison, alternating which goes first.
 pub fn run(opts: &Options) -> Result<Report, String> {
     let (a, b) = match opts.comparison {
         Comparison::Reference => (Target::Weft, Target::Reference),
         Comparison::Otlp => (Target::WeftOtlp, Target::Weft),
+        Comparison::Features => (Target::WeftIdle, Target::Weft),
     };
     let mut needed = vec![("weft", opts.weft.clone()), ("weftd", opts.weftd.clone())];
     if b == Target::Reference {
@@ -359,6 +395,9 @@ impl Report {
         let (a, b) = (&self.a, &self.b);
         let what = match b.target {
             Target::Reference => "reference = ptp + host-local",
+            Target::Weft if a.target == Target::WeftIdle => {
+                "weft with the policy engine, flow records, node network and wire engine on and idle (a topology directory with this node alone, no policy) against weft without a cluster source (all of them off)"
+            }
             _ => "weft with OTLP trace export against weft without it",
         };
         let via = if self.nsenter {

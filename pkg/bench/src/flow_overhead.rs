@@ -20,7 +20,7 @@ use weft_harness::NamedNetns;
 
 use crate::median;
 use crate::table::Table;
-use crate::util::{LabGuard, iperf_tcp, metric_sum, metrics_in, wait_reachable};
+use crate::util::{LabGuard, build_pair, iperf_tcp, metric_sum, metrics_in, wait_reachable};
 
 /// The targets of issue 37: flows on over off.
 pub const FLOW_TCP_TARGET: f64 = 0.97;
@@ -177,24 +177,17 @@ fn connections(client: &str, server: &str, dst: Ipv4Addr, seconds: f64) -> Resul
 /// Runs the comparison.
 pub fn run_flow_overhead(o: &OverheadOptions) -> Result<OverheadReport, String> {
     let base = format!("wf{}", std::process::id());
-    let (on, off) = std::thread::scope(|s| {
-        let on = s.spawn(|| {
+    let (on, off) = build_pair(
+        "flow overhead",
+        || {
             let name = format!("{base}on");
             Side::build(&o.work_dir.join(&name), &name, true, o)
-        });
-        let off = s.spawn(|| {
+        },
+        || {
             let name = format!("{base}of");
             Side::build(&o.work_dir.join(&name), &name, false, o)
-        });
-        (
-            on.join().unwrap_or_else(|_| Err("building a lab panicked".into())),
-            off.join().unwrap_or_else(|_| Err("building a lab panicked".into())),
-        )
-    });
-    let (on, off) = match (on, off) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => return Err(format!("flow overhead: {e}")),
-    };
+        },
+    )?;
     let sides = [&on, &off];
     let mut results = [OverheadSide::default(), OverheadSide::default()];
     let mut connections_on = 0;

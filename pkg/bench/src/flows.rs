@@ -18,6 +18,7 @@ use weft_policy::ClusterView;
 use weft_topology::{PolicyNamespace, PolicyObjects, PolicyPod, Strict};
 
 use crate::table::Table;
+use crate::util::own_rss_kib;
 
 /// The capacity target of issue 37: events decoded, attributed and aggregated per
 /// second on one core.
@@ -215,18 +216,6 @@ fn events(i: usize, pods: usize) -> [Vec<u8>; 3] {
     ]
 }
 
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// Replays the events and fills the memory; no kernel, no root.
 pub fn run_flows(o: &FlowsOptions) -> Result<FlowsReport, String> {
     let (view, policies) = view(o.pods);
@@ -271,7 +260,7 @@ pub fn run_flows(o: &FlowsOptions) -> Result<FlowsReport, String> {
     }
     // Memory: a ring of `ring` ended flows and `pairs` keys in each of `buckets`
     // buckets, in this process, measured as its RSS before and after.
-    let before = rss_kib();
+    let before = own_rss_kib();
     let mut tracker = Tracker::new(Config {
         node: "n0".into(),
         ring: o.ring,
@@ -306,7 +295,7 @@ pub fn run_flows(o: &FlowsOptions) -> Result<FlowsReport, String> {
         tracker.take_changes();
     }
     let stats = tracker.stats();
-    let after = rss_kib();
+    let after = own_rss_kib();
     drop(tracker);
     Ok(FlowsReport {
         pods: o.pods,

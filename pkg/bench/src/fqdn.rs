@@ -18,7 +18,7 @@ use serde_json::json;
 use weft_harness::NamedNetns;
 
 use crate::table::Table;
-use crate::util::{LabGuard, iperf_tcp};
+use crate::util::{LabGuard, build_pair, iperf_tcp, own_rss_kib};
 use crate::{Percentiles, median};
 
 /// The targets: lookup p50, policy over none.
@@ -166,18 +166,6 @@ fn lookups(ns: &str, n: usize) -> Result<Vec<f64>, String> {
         .map_err(|e| e.to_string())?
 }
 
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// The scale part (see the module documentation).
 fn scale(o: &FqdnOptions, name: &str) -> Result<FqdnScale, String> {
     use weft_kernel::nftset::{Expiry, NFPROTO_INET, Session, SetElement, key_addr};
@@ -233,7 +221,7 @@ fn scale(o: &FqdnOptions, name: &str) -> Result<FqdnScale, String> {
         .map_err(|e| e.to_string())??;
     drop(ns);
     let _ = weft_harness::NamedNetns::existing(name).delete();
-    let before = rss_kib();
+    let before = own_rss_kib();
     let mut t = weft_fqdn::Learnt::new(weft_fqdn::Limits {
         total: o.scale_addresses.max(1),
         ..weft_fqdn::Limits::default()
@@ -241,7 +229,7 @@ fn scale(o: &FqdnOptions, name: &str) -> Result<FqdnScale, String> {
     for i in 0..o.scale_addresses {
         t.learn(&format!("n{}.bench.test", i % o.scale_names.max(1)), addr(i), 600, 0);
     }
-    let after = rss_kib();
+    let after = own_rss_kib();
     let held = t.addresses();
     drop(t);
     Ok(FqdnScale {
@@ -280,24 +268,17 @@ impl Side {
 /// Runs the comparison.
 pub fn run_fqdn(o: &FqdnOptions) -> Result<FqdnReport, String> {
     let base = format!("wq{}", std::process::id());
-    let (on, off) = std::thread::scope(|s| {
-        let on = s.spawn(|| {
+    let (on, off) = build_pair(
+        "fqdn",
+        || {
             let name = format!("{base}on");
             Side::build(&o.work_dir.join(&name), &name, true, o)
-        });
-        let off = s.spawn(|| {
+        },
+        || {
             let name = format!("{base}of");
             Side::build(&o.work_dir.join(&name), &name, false, o)
-        });
-        (
-            on.join().unwrap_or_else(|_| Err("building a lab panicked".into())),
-            off.join().unwrap_or_else(|_| Err("building a lab panicked".into())),
-        )
-    });
-    let (on, off) = match (on, off) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => return Err(format!("fqdn: {e}")),
-    };
+        },
+    )?;
     let sides = [&on, &off];
     let mut lookup_us: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut results = [FqdnSide::default(), FqdnSide::default()];

@@ -34,6 +34,7 @@ mod nodes;
 mod otlp;
 mod podnet;
 mod policy;
+mod simnode;
 mod smoke;
 mod stats;
 mod table;

@@ -12,17 +12,18 @@
 //!   write to the new route, and the kernel requests the change cost (changes made and
 //!   on-link lookups, from weftd's own counters): constant, not proportional to N.
 //!
-//! `WEFT_BENCH_KEEP_LOG=1` keeps each size's weftd log beside the scratch directory
+//! `WEFT_BENCH_KEEP_LOG=1` keeps each size's weftd log in the scratch directory
 //! (`wbn<pid>-<k>.log`), for seeing where a slow start went.
 
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{Value, json};
-use weft_harness::{DaemonConfig, NamedNetns, NodeDaemon};
+use weft_harness::NamedNetns;
 
 use crate::Percentiles;
 use crate::policy::{Cluster, ClusterSource};
+use crate::simnode::{SimNode, Wait};
 use crate::table::Table;
 use crate::util::{metric_sum, metrics_in, status_kib};
 
@@ -188,12 +189,10 @@ fn point(o: &NodeScaleOptions, n: usize, k: usize) -> Result<NodeScalePoint, Str
     let mut cluster = Cluster::new(ClusterSource::Api, &dir.join("api"))?;
     let nodes: Vec<Value> = (0..n).map(|i| node(i, None)).collect();
     cluster.put_many("nodes", &nodes, 1000)?;
-    let mut config = DaemonConfig::under(&o.weftd, &dir, "n0");
-    config.args = ["--wire-insecure", "--node-address", ME].map(String::from).to_vec();
-    cluster.attach(&ns, &mut config)?;
     let peers = n - 1;
     let t0 = Instant::now();
-    let daemon = NodeDaemon::spawn(&ns, config).map_err(|e| e.to_string())?;
+    let sim = SimNode::start(ns, &o.weftd, &dir, ("n0", ME), &mut cluster, Wait::Spawned)?;
+    let ns = &sim.ns;
     let deadline = t0 + Duration::from_secs(300);
     // Routes come last in a pass (after the FDB and neighbour entries they resolve
     // through): only they are polled, so the polling costs the machine little; all
@@ -210,7 +209,7 @@ fn point(o: &NodeScaleOptions, n: usize, k: usize) -> Result<NodeScalePoint, Str
     if found != (peers, peers, peers) {
         return Err(format!("{n} nodes: routes complete but {found:?} programmed"));
     }
-    let pid = daemon.pid().ok_or("weftd is not running")?;
+    let pid = sim.daemon.pid().ok_or("weftd is not running")?;
     std::thread::sleep(Duration::from_millis(500));
     let rss_mib = status_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
     let (_, lookups_at_start) = kernel_requests(ns.name())?;
@@ -237,14 +236,8 @@ fn point(o: &NodeScaleOptions, n: usize, k: usize) -> Result<NodeScalePoint, Str
         writes_per_change.push(w1 - w0);
         lookups_per_change.push(l1 - l0);
     }
-    let mut daemon = daemon;
-    daemon.stop(crate::STOP_LIMIT);
+    sim.finish();
     drop(cluster);
-    drop(ns);
-    if std::env::var_os("WEFT_BENCH_KEEP_LOG").is_some() {
-        let _ = std::fs::copy(dir.join("weftd.log"), o.work_dir.with_file_name(format!("{tag}.log")));
-    }
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(NodeScalePoint {
         nodes: n,
         start_to_programmed_s,

@@ -32,6 +32,8 @@ pub struct SmokeReport {
     pub reference: Report,
     /// weft with OTLP export beside weft without.
     pub otlp: Report,
+    /// weft with its cluster features on and idle beside weft with them off.
+    pub features: Report,
     /// Host ports beside ptp + portmap.
     pub hostports: HostportReport,
     /// Exec cost beside the Go plugins.
@@ -71,6 +73,7 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
     };
     let reference = crate::run(&cni(Comparison::Reference)).map_err(|e| format!("reference: {e}"))?;
     let otlp = crate::run(&cni(Comparison::Otlp)).map_err(|e| format!("otlp: {e}"))?;
+    let features = crate::run(&cni(Comparison::Features)).map_err(|e| format!("features: {e}"))?;
     let hostports = crate::run_hostports(&HostportOptions {
         weft: o.weft.clone(),
         weftd: o.weftd.clone(),
@@ -154,6 +157,7 @@ pub fn run_smoke(o: &SmokeOptions) -> Result<SmokeReport, String> {
         fqdn,
         reference,
         otlp,
+        features,
         hostports,
         exec,
         memory,
@@ -171,6 +175,7 @@ impl SmokeReport {
         [
             self.reference.markdown(),
             self.otlp.markdown(),
+            self.features.markdown(),
             self.hostports.markdown(),
             self.exec.markdown(),
             self.memory.markdown(),

@@ -53,6 +53,31 @@ pub(crate) fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .ok()
 }
 
+/// This process's resident memory in KiB.
+pub(crate) fn own_rss_kib() -> u64 {
+    status_kib(std::process::id(), "VmRSS").unwrap_or(0)
+}
+
+/// Builds the two sides of a comparison at once (each a lab of its own, built in
+/// parallel to halve the wait), failing with `what` and the first error.
+pub(crate) fn build_pair<A: Send, B: Send>(
+    what: &str,
+    a: impl FnOnce() -> Result<A, String> + Send,
+    b: impl FnOnce() -> Result<B, String> + Send,
+) -> Result<(A, B), String> {
+    let (a, b) = std::thread::scope(|s| {
+        let (a, b) = (s.spawn(a), s.spawn(b));
+        (
+            a.join().unwrap_or_else(|_| Err("building a lab panicked".into())),
+            b.join().unwrap_or_else(|_| Err("building a lab panicked".into())),
+        )
+    });
+    match (a, b) {
+        (Ok(a), Ok(b)) => Ok((a, b)),
+        (Err(e), _) | (_, Err(e)) => Err(format!("{what}: {e}")),
+    }
+}
+
 /// Whether a process in some namespace listens on TCP `port`: its own view of the
 /// namespace's sockets (`/proc/<pid>/net/tcp*`) shows it in state LISTEN.
 pub(crate) fn listening(pid: u32, port: u16) -> bool {

@@ -86,9 +86,11 @@ fn with_changes(
     out
 }
 
-/// Writes `text` to `dir/name` through a rename, unless the file holds it already;
-/// returns whether it wrote.
-fn write_file(dir: &Path, name: &str, text: &str) -> Result<bool, LabError> {
+/// Writes `text` to `dir/name` through a hidden temporary file and a rename (a daemon
+/// reading the directory sees the old file or the new, never half of one), unless the
+/// file holds it already; returns whether it wrote. The one way the lab, and whatever
+/// plays a cluster through a topology directory (the benchmarks), writes its objects.
+pub fn write_file(dir: &Path, name: &str, text: &str) -> Result<bool, LabError> {
     let file = dir.join(name);
     if fs::read_to_string(&file).ok().as_deref() == Some(text) {
         return Ok(false);

@@ -61,7 +61,7 @@ fn smoke_runs_every_comparison() {
     assert!(status.success(), "weft-bench --smoke failed: {err}");
     let r: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
 
-    for section in ["reference", "otlp"] {
+    for section in ["reference", "otlp", "features"] {
         for side in ["a", "b"] {
             positive(&r[section][side]["add"]["p50"], &format!("{section}.{side} ADD p50"));
             positive(&r[section][side]["del"]["p50"], &format!("{section}.{side} DEL p50"));

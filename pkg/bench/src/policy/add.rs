@@ -24,11 +24,11 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon};
+use weft_harness::{CniExec, CniVars, NamedNetns};
 
 use super::cluster::{Cluster, ClusterSource};
 use super::nftmon::{BatchCounts, Monitor, TableSize, table_size};
@@ -36,6 +36,7 @@ use super::objects::{ClusterSize, Synthetic};
 use super::{LoadAvg, PolicyOptions, div, wait_metric};
 use crate::load::{CallFailure, create_pods, failure, remove_pods};
 use crate::memory::sample;
+use crate::simnode::{SimNode, Wait};
 use crate::table::Table;
 use crate::util::{metric_sum, metrics_in};
 use crate::{Percentiles, lab, ms};
@@ -178,42 +179,18 @@ impl Reading {
     }
 }
 
-/// A node namespace with a weftd reading its cluster.
-pub(crate) struct PolicyNode {
-    pub(crate) ns: NamedNetns,
-    pub(crate) daemon: NodeDaemon,
-    pub(crate) socket: PathBuf,
-}
-
-impl PolicyNode {
-    /// Starts weftd in a fresh namespace `<tag>-node`, its state under `dir`, reading
-    /// `cluster`; returns once it serves and its engine has run its first pass.
-    pub(crate) fn start(o: &PolicyOptions, tag: &str, dir: &Path, cluster: &mut Cluster) -> Result<Self, String> {
-        let ns = NamedNetns::create(&format!("{tag}-node")).map_err(lab)?;
-        let mut config = DaemonConfig::under(&o.weftd, dir, NODE);
-        config.args = ["--wire-insecure", "--node-address", "127.0.0.1"]
-            .map(String::from)
-            .to_vec();
-        cluster.attach(&ns, &mut config)?;
-        let socket = config.socket.clone();
-        let daemon = NodeDaemon::start(&ns, config).map_err(lab)?;
-        wait_metric(
-            ns.name(),
-            "weft_policy_pass_seconds_count",
-            1.0,
-            Duration::from_secs(60),
-        )?;
-        Ok(PolicyNode { ns, daemon, socket })
-    }
-
-    /// The network config of the pods.
-    pub(crate) fn conf(&self) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({
-            "cniVersion": "1.0.0", "name": "bench", "type": "weft",
-            "socket": self.socket, "ranges": ["10.244.0.0/16"], "mtu": 1500,
-        }))
-        .expect("config serializes")
-    }
+/// Node [`NODE`] in a fresh namespace `<tag>-node`, its state under `dir`, reading
+/// `cluster`; returns once weftd serves and its policy engine has run its first pass.
+pub(crate) fn policy_node(o: &PolicyOptions, tag: &str, dir: &Path, cluster: &mut Cluster) -> Result<SimNode, String> {
+    let ns = NamedNetns::create(&format!("{tag}-node")).map_err(lab)?;
+    let node = SimNode::start(ns, &o.weftd, dir, (NODE, "127.0.0.1"), cluster, Wait::Serving)?;
+    wait_metric(
+        node.ns.name(),
+        "weft_policy_pass_seconds_count",
+        1.0,
+        Duration::from_secs(60),
+    )?;
+    Ok(node)
 }
 
 /// What one ADD through the plugin gave.
@@ -317,7 +294,7 @@ fn round(o: &PolicyOptions, with: bool, watched: bool, tag: &str, side: &mut Add
         objects.put_many("policies", &cluster.policies(), 500)?;
     }
     objects.put("local-pods.yaml", &local_pods(&cluster, n, &[]))?;
-    let node = PolicyNode::start(o, tag, &dir, &mut objects)?;
+    let node = policy_node(o, tag, &dir, &mut objects)?;
     let pods = create_pods(tag, n)?;
     let monitor = watched.then(|| Monitor::start(node.ns.name())).transpose()?;
     if let Some(m) = &monitor {
@@ -382,11 +359,8 @@ fn round(o: &PolicyOptions, with: bool, watched: bool, tag: &str, side: &mut Add
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(monitor);
-    let PolicyNode { ns, mut daemon, .. } = node;
-    daemon.stop(crate::STOP_LIMIT);
+    node.finish();
     remove_pods(pods);
-    drop(ns);
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

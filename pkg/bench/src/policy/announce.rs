@@ -14,10 +14,10 @@ use serde_json::{Value, json};
 use weft_rpc::wire::policy_client::PolicyClient;
 use weft_rpc::wire::{AnnounceOutcome, AnnounceRequest, AnnouncedPod, Hello};
 
-use super::add::PolicyNode;
 use super::cluster::Cluster;
 use super::nftmon::{Monitor, Transaction};
 use super::objects::Synthetic;
+use crate::simnode::SimNode;
 
 /// The announcing node's name.
 const ANNOUNCER: &str = "announcer";
@@ -63,7 +63,7 @@ fn pod_object(s: &Synthetic, i: usize) -> Value {
 
 /// Announces `n` pods to `node` as the announcer, one call each, and times each.
 pub(crate) fn announce(
-    node: &PolicyNode,
+    node: &SimNode,
     objects: &Cluster,
     s: &Synthetic,
     monitor: &Monitor,

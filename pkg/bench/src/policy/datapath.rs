@@ -33,7 +33,7 @@ use super::{LoadAvg, PolicyOptions, div};
 use crate::median;
 use crate::table::Table;
 use crate::udp::{Flood, PORT, flood_to};
-use crate::util::{LabGuard, iperf_tcp, metric_sum, metrics_in, wait_reachable};
+use crate::util::{LabGuard, build_pair, iperf_tcp, metric_sum, metrics_in, wait_reachable};
 
 /// NetworkPolicies selecting the two pods.
 pub const DATA_POLICIES: usize = 100;
@@ -224,24 +224,17 @@ pub(crate) fn run_datapath(o: &PolicyOptions) -> Result<DataPathReport, String> 
     let base = format!("wb{}", std::process::id());
     let (policies, peers) = (o.data_policies, o.data_peers);
     let started = Instant::now();
-    let (with, without) = std::thread::scope(|s| {
-        let w = s.spawn(|| {
+    let (with, without) = build_pair(
+        "data path",
+        || {
             let name = format!("{base}yp");
             Side::build(&o.work_dir.join(&name), &name, Some((policies, peers)), o)
-        });
-        let n = s.spawn(|| {
+        },
+        || {
             let name = format!("{base}np");
             Side::build(&o.work_dir.join(&name), &name, None, o)
-        });
-        (
-            w.join().unwrap_or_else(|_| Err("building a lab panicked".into())),
-            n.join().unwrap_or_else(|_| Err("building a lab panicked".into())),
-        )
-    });
-    let (with, without) = match (with, without) {
-        (Ok(w), Ok(n)) => (w, n),
-        (Err(e), _) | (_, Err(e)) => return Err(format!("data path: {e}")),
-    };
+        },
+    )?;
     // Every peer (and both real pods, once their addresses are reported) in every set
     // of both directions on both nodes.
     let want = 2 * policies * (peers + 2);

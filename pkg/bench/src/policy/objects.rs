@@ -45,9 +45,9 @@ pub(crate) fn write_docs(dir: &Path, name: &str, docs: &[Value]) -> Result<(), S
         text.push_str(&serde_json::to_string(d).expect("objects serialize"));
         text.push('\n');
     }
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, text).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, dir.join(name)).map_err(|e| format!("renaming {}: {e}", tmp.display()))
+    weft_lab::objects::write_file(dir, name, &text)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// Writes `docs` in files of at most `per_file` documents, `<prefix>-<n>.yaml`.

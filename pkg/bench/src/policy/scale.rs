@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use weft_harness::CniExec;
 
-use super::add::{AddPath, NODE, PolicyNode, add, path_of};
+use super::add::{AddPath, NODE, add, path_of, policy_node};
 use super::cluster::{Cluster, ClusterSource};
 use super::nftmon::{BatchCounts, Monitor, TableSize, Transaction, nft, table_size};
 use super::objects::{ClusterSize, Synthetic};
@@ -31,6 +31,7 @@ use super::{LoadAvg, PolicyOptions};
 use crate::Percentiles;
 use crate::load::{create_pods, remove_pods};
 use crate::memory::sample;
+use crate::simnode::SimNode;
 use crate::table::Table;
 use crate::util::status_kib;
 
@@ -154,9 +155,9 @@ fn point(o: &PolicyOptions, cluster: ClusterSize, tag: &str) -> Result<ScalePoin
             .collect()
     };
     objects.put("local-pods.yaml", &locals(&[]))?;
-    let mut node = PolicyNode::start(o, tag, &dir, &mut objects)?;
+    let mut node = policy_node(o, tag, &dir, &mut objects)?;
     let mut rss_trend = Vec::new();
-    let trend = |what: &str, node: &PolicyNode, t: &mut Vec<(String, f64, f64)>| -> Result<(), String> {
+    let trend = |what: &str, node: &SimNode, t: &mut Vec<(String, f64, f64)>| -> Result<(), String> {
         let pid = node.daemon.pid().ok_or("weftd is not running")?;
         let passes = super::metric(node.ns.name(), "weft_policy_pass_seconds_count")?;
         t.push((what.to_string(), sample(pid)?.0 as f64 / 1024.0, passes));
@@ -272,11 +273,8 @@ fn point(o: &PolicyOptions, cluster: ClusterSize, tag: &str) -> Result<ScalePoin
     let restart_hwm = status_kib(pid, "VmHWM").unwrap_or(0);
 
     drop(monitor);
-    let PolicyNode { ns, mut daemon, .. } = node;
-    daemon.stop(crate::STOP_LIMIT);
+    node.finish();
     remove_pods(pods);
-    drop(ns);
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(ScalePoint {
         cluster,
         local_pods: n,

@@ -61,6 +61,8 @@ pub(crate) struct PassState {
     pub(crate) last_full: Option<Instant>,
     /// Whether the last pass failed (the next looks at every pod).
     pub(crate) failed: bool,
+    /// The pods alive (attached, their namespace there) as the last pass saw them.
+    pub(crate) alive: BTreeSet<PodKey>,
 }
 
 impl PassState {
@@ -76,6 +78,16 @@ impl PassState {
         }
         self.seen = now;
         moved
+    }
+
+    /// The pods that came or went since the last pass (attached or detached, or their
+    /// namespace appeared or vanished without either), noting `now` as alive: the local
+    /// pods linked to one follow in the same pass.
+    pub(crate) fn came_or_went<V>(&mut self, now: &std::collections::BTreeMap<PodKey, V>) -> BTreeSet<PodKey> {
+        let now: BTreeSet<PodKey> = now.keys().cloned().collect();
+        let changed = now.symmetric_difference(&self.alive).cloned().collect();
+        self.alive = now;
+        changed
     }
 
     /// The pods of the ends whose run-time settings are new, changed or gone since the

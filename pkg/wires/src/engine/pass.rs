@@ -100,6 +100,7 @@ impl<P: GrpcPlane> Engine<P> {
         let before: BTreeSet<_> = records.values().map(|r| (r.id, r.state, r.peer_node.clone())).collect();
 
         let mut seeds = st.moved(self.source.topologies());
+        seeds.extend(st.came_or_went(&pods));
         seeds.extend(st.resettled(&settings, &records));
         seeds.extend(asked.pods);
         seeds.append(&mut st.retry_pods);

@@ -379,6 +379,30 @@ async fn an_arriving_pod_is_wired_without_reading_back_the_rest_of_the_node() {
     assert!(k.iface("/fake/a/p03b", "eth1").is_some(), "the yanked end is rebuilt");
 }
 
+/// A pod whose namespace vanishes without a DEL (the runtime lost it) takes its links
+/// at the next pass, whatever that pass was asked for: the pod linked to it says so in
+/// its status at once, not at the next look at every pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_pod_s_linked_pods_follow_at_the_next_pass() {
+    let mut lab = Lab::new(&["a"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth1"), None);
+    lab.connect(2, ("s1", "eth1"), ("s2", "eth1"), None);
+    lab.start().await;
+    lab.add("a", "r1").await;
+    lab.add("a", "r2").await;
+    lab.settle().await;
+    assert_eq!(link_states(&lab, "r1"), [("eth1".into(), "up".into(), String::new())]);
+
+    lab.kernel("a").remove_pod("/fake/a/r2");
+    // A pass for another pod only (s1's arrival), not one of every pod.
+    lab.add("a", "s1").await;
+    let states = link_states(&lab, "r1");
+    assert!(
+        states.iter().all(|(_, state, _)| state != "up"),
+        "r1 still says its link to the vanished r2 is up: {states:?}"
+    );
+}
+
 /// r1 (the lower name, so the proposer) runs on node b, r2 on node a: who proposes is
 /// decided by pod name, not by node.
 async fn vxlan_pair(first: (&str, &str), second: (&str, &str)) -> Lab {
