@@ -38,6 +38,11 @@ impl Percentiles {
             n: s.len(),
         }
     }
+
+    /// `p50 / p99 / max` with `digits` decimals, as the reports' tables show them.
+    pub fn p50_p99_max(&self, digits: usize) -> String {
+        format!("{:.digits$} / {:.digits$} / {:.digits$}", self.p50, self.p99, self.max)
+    }
 }
 
 /// The median of `samples` (0 when empty).
@@ -56,5 +61,6 @@ mod tests {
         assert_eq!((p.p50, p.p90, p.p99, p.max, p.n), (50.0, 90.0, 99.0, 100.0, 100));
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[]), 0.0);
+        assert_eq!(p.p50_p99_max(1), "50.0 / 99.0 / 100.0");
     }
 }

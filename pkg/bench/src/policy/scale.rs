@@ -369,6 +369,16 @@ fn range(batches: &[BatchCounts], f: impl Fn(&BatchCounts) -> usize) -> String {
     }
 }
 
+/// `+elements / -elements / objects` over batches, each as [`range`] gives it.
+fn batches(batches: &[BatchCounts]) -> String {
+    format!(
+        "{} / {} / {}",
+        range(batches, |b| b.elements_added),
+        range(batches, |b| b.elements_deleted),
+        range(batches, BatchCounts::objects)
+    )
+}
+
 /// `weftd batches / full passes` over changes' paths.
 fn writers(paths: &[AddPath]) -> String {
     let n = |p: AddPath| paths.iter().filter(|x| **x == p).count();
@@ -484,25 +494,12 @@ impl ScaleReport {
                 p.cluster.pods.to_string(),
                 p.cluster.policies.to_string(),
                 p.arrivals.to_string(),
-                format!(
-                    "{:.1} / {:.1} / {:.1}",
-                    p.arrival_ms.p50, p.arrival_ms.p99, p.arrival_ms.max
-                ),
-                format!(
-                    "{} / {} / {}",
-                    range(&p.arrival_batches, |b| b.elements_added),
-                    range(&p.arrival_batches, |b| b.elements_deleted),
-                    range(&p.arrival_batches, BatchCounts::objects)
-                ),
+                p.arrival_ms.p50_p99_max(1),
+                batches(&p.arrival_batches),
                 writers(&p.arrival_paths),
                 p.churn.to_string(),
-                format!("{:.1} / {:.1} / {:.1}", p.churn_ms.p50, p.churn_ms.p99, p.churn_ms.max),
-                format!(
-                    "{} / {} / {}",
-                    range(&p.churn_batches, |b| b.elements_added),
-                    range(&p.churn_batches, |b| b.elements_deleted),
-                    range(&p.churn_batches, BatchCounts::objects)
-                ),
+                p.churn_ms.p50_p99_max(1),
+                batches(&p.churn_batches),
                 writers(&p.churn_paths),
             ]);
         }
@@ -521,14 +518,8 @@ impl ScaleReport {
                 p.cluster.pods.to_string(),
                 p.cluster.policies.to_string(),
                 p.announced.to_string(),
-                format!(
-                    "{:.2} / {:.2} / {:.2}",
-                    p.announce_answer_ms.p50, p.announce_answer_ms.p99, p.announce_answer_ms.max
-                ),
-                format!(
-                    "{:.2} / {:.2} / {:.2}",
-                    p.announce_kernel_ms.p50, p.announce_kernel_ms.p99, p.announce_kernel_ms.max
-                ),
+                p.announce_answer_ms.p50_p99_max(2),
+                p.announce_kernel_ms.p50_p99_max(2),
             ]);
         }
         out.push_str(&announced.to_string());
