@@ -734,24 +734,14 @@ pub use weft_lab::DownOnDrop as LabDown;
 
 /// A lab node daemon's metrics page, scraped inside the node's namespace.
 pub fn node_metrics(lab: &weft_lab::Lab, node: &str) -> String {
-    sh(Command::new("ip").args([
-        "netns",
-        "exec",
-        &lab.node_ns(node),
-        "curl",
-        "-sf",
-        "http://127.0.0.1:9384/metrics",
-    ]))
+    weft_harness::metrics::page_in(&lab.node_ns(node)).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The value of one series (name and labels, as printed) on a metrics page; 0 when
-/// the page does not have it.
-pub fn series_value(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+pub use weft_harness::metrics::series_value;
+
+/// The value of `series` on lab node `node`'s metrics page (0 when absent).
+pub fn lab_metric(lab: &weft_lab::Lab, node: &str, series: &str) -> f64 {
+    series_value(&node_metrics(lab, node), series)
 }
 
 /// The checks of a lab that failed, as `from -> to (kind)`, for assertion messages.

@@ -92,41 +92,7 @@ pub(crate) fn listening(pid: u32, port: u16) -> bool {
     })
 }
 
-/// The metrics page of the weftd serving on 127.0.0.1:9384 inside namespace `ns`,
-/// asked again for up to 10 s: a weftd whose socket already accepts may not serve HTTP
-/// yet (its socket is bound before start-up recovery, its HTTP server after).
-pub(crate) fn metrics_in(ns: &str) -> Result<String, String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = NamedNetns::existing(ns)
-            .command(["curl", "-sSf", "--max-time", "5", "http://127.0.0.1:9384/metrics"])
-            .output()
-            .map_err(|e| format!("running curl in {ns}: {e}"))?;
-        if out.status.success() {
-            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "fetching the metrics in {ns} failed for 10 s: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The sum of the samples of metric `name` whose label set contains every one of
-/// `labels` (`key="value"` strings).
-pub(crate) fn metric_sum(page: &str, name: &str, labels: &[&str]) -> f64 {
-    page.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
-            (metric == name && labels.iter().all(|want| rest.contains(want))).then(|| value.parse::<f64>().ok())?
-        })
-        .sum()
-}
+pub(crate) use weft_harness::metrics::{metric_sum, page_in as metrics_in};
 
 /// A lab built from a file this run writes, taken down (pods, daemons, namespaces,
 /// state) on drop whatever happened in between.

@@ -20,6 +20,7 @@
 
 mod daemon;
 mod exec;
+pub mod metrics;
 mod netns;
 mod process;
 

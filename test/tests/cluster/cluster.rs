@@ -52,11 +52,6 @@ fn try_in_ns(ns: &str, args: &[&str]) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// The value of one series on a node's metrics page (0 when absent).
-fn metric(lab: &Lab, node: &str, series: &str) -> f64 {
-    weft_tests::series_value(&weft_tests::node_metrics(lab, node), series)
-}
-
 fn fdb(lab: &Lab, node: &str) -> Vec<(String, String)> {
     let text = in_ns(
         &lab.node_ns(node),
@@ -135,7 +130,10 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
 
     // Nodes in different subnets: VXLAN, routes through weft's device, no NAT between
     // pods (c1 sees a1's own address).
-    assert_eq!(metric(lab, "n1", "weft_node_peers{mode=\"vxlan\"}"), 2.0);
+    assert_eq!(
+        weft_tests::lab_metric(lab, "n1", "weft_node_peers{mode=\"vxlan\"}"),
+        2.0
+    );
     assert_eq!(
         routes(lab, "n1"),
         vec![
@@ -233,11 +231,11 @@ fn routed_underlay_pods_reach_across_nodes_through_vxlan() {
     );
     within("n1 repaired", Duration::from_secs(15), || {
         routes(lab, "n1").contains(&"10.244.3.0/24".to_string())
-            && metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"masquerade\"}") >= 1.0
+            && weft_tests::lab_metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"masquerade\"}") >= 1.0
     });
-    assert!(metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_route\"}") >= 1.0);
-    assert!(metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_neighbour\"}") >= 1.0);
-    assert!(metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_fdb\"}") >= 1.0);
+    assert!(weft_tests::lab_metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_route\"}") >= 1.0);
+    assert!(weft_tests::lab_metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_neighbour\"}") >= 1.0);
+    assert!(weft_tests::lab_metric(lab, "n1", "weft_reconcile_repairs_total{kind=\"node_fdb\"}") >= 1.0);
     assert_eq!(fdb(lab, "n1").len(), 2, "both peers' FDB entries are back");
     let again = lab.check_network(Duration::from_secs(5));
     assert!(
@@ -313,7 +311,10 @@ fn shared_segment_pods_reach_across_nodes_by_direct_routes() {
             .count(),
         10
     );
-    assert_eq!(metric(lab, "n1", "weft_node_peers{mode=\"direct\"}"), 2.0);
+    assert_eq!(
+        weft_tests::lab_metric(lab, "n1", "weft_node_peers{mode=\"direct\"}"),
+        2.0
+    );
     let route = in_ns(&lab.node_ns("n1"), &["ip", "route", "show", "10.244.3.0/24"]);
     assert!(route.contains("via 172.30.0.4 dev uplink"), "{route}");
     let route6 = in_ns(&lab.node_ns("n1"), &["ip", "-6", "route", "show", "fd00:10:244:3::/64"]);

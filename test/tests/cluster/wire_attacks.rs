@@ -60,11 +60,6 @@ fn topology(pod: &str, links: &[String]) -> String {
     )
 }
 
-/// The value of `series` on `node`'s metrics page (0 when absent).
-fn metric(lab: &Lab, node: &str, series: &str) -> f64 {
-    series_value(&node_metrics(lab, node), series)
-}
-
 fn rejected_series(reason: &str) -> String {
     format!("weft_peer_rejected_total{{reason=\"{reason}\"}}")
 }
@@ -130,7 +125,7 @@ async fn wait_value_async(lab: &Arc<Lab>, series: &str, target: f64, limit: Dura
     let deadline = Instant::now() + limit;
     loop {
         let (l, s) = (lab.clone(), series.to_string());
-        let v = tokio::task::spawn_blocking(move || metric(&l, "n1", &s))
+        let v = tokio::task::spawn_blocking(move || weft_tests::lab_metric(&l, "n1", &s))
             .await
             .expect("scrape");
         if v >= target || Instant::now() >= deadline {
@@ -582,7 +577,7 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
         failed_checks(&checks)
     );
     assert!(checks.iter().all(|c| c.kind == "grpc"), "{checks:?}");
-    assert_eq!(metric(&lab, "n1", "weft_wire_insecure"), 0.0);
+    assert_eq!(weft_tests::lab_metric(&lab, "n1", "weft_wire_insecure"), 0.0);
     eprintln!(
         "[{:>5.1}s] lab up, 4 gRPC link ends pass over mTLS",
         started.elapsed().as_secs_f64()
@@ -650,11 +645,11 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
         ),
     ];
     for (what, ns, config, reason) in connection_attacks {
-        let before = metric(&lab, "n1", &rejected_series(reason));
+        let before = weft_tests::lab_metric(&lab, "n1", &rejected_series(reason));
         let seen = attack(ns, move || tls_probe(config, target));
         assert!(seen.is_err(), "{what}: the attacker was admitted");
         let after = wait_value(Duration::from_secs(10), before + 1.0, || {
-            metric(&lab, "n1", &rejected_series(reason))
+            weft_tests::lab_metric(&lab, "n1", &rejected_series(reason))
         });
         assert!(after > before, "{what}: not counted as {reason} ({before} -> {after})");
         rows.push(Row {
@@ -669,8 +664,8 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
 
     // n2, with its own valid certificate from its own address, writes into the wire n1
     // holds for n3, and into a wire id nobody holds: both dropped and counted.
-    let other_before = metric(&lab, "n1", &rejected_series("other_peer_wire"));
-    let unknown_before = metric(&lab, "n1", &rejected_series("unknown_wire"));
+    let other_before = weft_tests::lab_metric(&lab, "n1", &rejected_series("other_peer_wire"));
+    let unknown_before = weft_tests::lab_metric(&lab, "n1", &rejected_series("unknown_wire"));
     let (n2_dir, l) = (lab.wire_tls_dir("n2"), shared.clone());
     let (seen, other_after, unknown_after) = attack(&n2_ns, move || async move {
         let channel = wire_channel(identity(&n2_dir), target)
@@ -746,7 +741,7 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
     }
     .encode_to_vec();
     malformed.push(0x0f); // field 1, wire type 7: no such wire type
-    let before = metric(&lab, "n1", &rejected_series("malformed_batch"));
+    let before = weft_tests::lab_metric(&lab, "n1", &rejected_series("malformed_batch"));
     let (n2_dir, l) = (lab.wire_tls_dir("n2"), shared.clone());
     let (seen, after) = attack(&n2_ns, move || async move {
         let channel = wire_channel(identity(&n2_dir), target)
@@ -782,7 +777,7 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
 
     // An oversized message: one frame for n2's own wire to p1 making the batch larger
     // than the limit. Refused as a whole: the marker must not arrive.
-    let before = metric(&lab, "n1", &rejected_series("oversized_batch"));
+    let before = weft_tests::lab_metric(&lab, "n1", &rejected_series("oversized_batch"));
     let (n2_dir, l) = (lab.wire_tls_dir("n2"), shared.clone());
     let (seen, after) = attack(&n2_ns, move || async move {
         let channel = wire_channel(identity(&n2_dir), target)
@@ -982,7 +977,7 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
         "n1's streams to n2 and n3 are not both up before rotation"
     );
     let reconnects_rot = reconnects(&lab);
-    let reloads_before = metric(&lab, "n1", "weft_wire_tls_reloads_total{result=\"ok\"}");
+    let reloads_before = weft_tests::lab_metric(&lab, "n1", "weft_wire_tls_reloads_total{result=\"ok\"}");
     let n2_dir = lab.wire_tls_dir("n2");
     let old_der = attack(&n2_ns, {
         let dir = identity(&n2_dir);
@@ -1026,7 +1021,7 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
         [1.0, 1.0],
         "n1's streams are not both up after rotation"
     );
-    let reloads_after = metric(&lab, "n1", "weft_wire_tls_reloads_total{result=\"ok\"}");
+    let reloads_after = weft_tests::lab_metric(&lab, "n1", "weft_wire_tls_reloads_total{result=\"ok\"}");
     assert!(
         reloads_after >= reloads_before + 1.0,
         "no reload counted ({reloads_before} -> {reloads_after})"

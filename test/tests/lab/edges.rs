@@ -90,11 +90,6 @@ fn ends_call(ns: &str, node: &str, claim: Option<&str>, dir: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).to_lowercase()
 }
 
-/// The value of `series` on `node`'s metrics page (0 when absent).
-fn metric(lab: &Lab, node: &str, series: &str) -> f64 {
-    weft_tests::series_value(&weft_tests::node_metrics(lab, node), series)
-}
-
 #[test]
 fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
     let _alone = weft_tests::alone("lab");
@@ -169,7 +164,7 @@ fn links_come_up_whoever_arrives_first_and_follow_topology_edits() {
     let (n1, n2) = (lab.0.address_of("n1").unwrap(), lab.0.address_of("n2").unwrap());
     let outside = lab.0.outside_ns();
     let rejected = |reason: &str| {
-        metric(
+        weft_tests::lab_metric(
             &lab.0,
             "n1",
             &format!("weft_peer_rejected_total{{reason=\"{reason}\"}}"),
