@@ -831,13 +831,10 @@ pub fn in_lab_pod(lab: &weft_lab::Lab, pod: &str, argv: &[&str]) -> Output {
 
 /// Waits (up to 15 s) until lab pod `pod` gets an answer to a ping of `addr`.
 pub fn wait_lab_reachable(lab: &weft_lab::Lab, pod: &str, addr: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !in_lab_pod(lab, pod, &["ping", "-n", "-c", "1", "-W", "1", addr])
-        .status
-        .success()
-    {
-        assert!(Instant::now() < deadline, "{pod} never reached {addr}");
-    }
+    assert!(
+        weft_harness::NamedNetns::existing(&lab.pod_ns(pod)).wait_reachable(addr, Duration::from_secs(15)),
+        "{pod} never reached {addr}"
+    );
 }
 
 /// Tests of one area (one module of a merged test binary, which was a binary of its

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use weft_harness::{ChildGuard, NamedNetns};
 use weft_lab::{DownOnDrop, Lab};
@@ -29,17 +29,7 @@ pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
 
 /// Pings from `ns` until `addr` answers or `within` has passed.
 pub(crate) fn wait_reachable(ns: &str, addr: &str, within: Duration) -> bool {
-    let ns = NamedNetns::existing(ns);
-    let deadline = Instant::now() + within;
-    loop {
-        if ns.ping(addr, 1).is_some() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    NamedNetns::existing(ns).wait_reachable(addr, within)
 }
 
 /// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).

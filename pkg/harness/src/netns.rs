@@ -91,6 +91,21 @@ impl NamedNetns {
         Ok(())
     }
 
+    /// Pings `addr` from the namespace until it answers (true) or `within` has passed
+    /// (false).
+    pub fn wait_reachable(&self, addr: &str, within: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if self.ping(addr, 1).is_some() {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// One ICMP echo from the namespace to `addr`: its round-trip time in
     /// milliseconds, when answered within `wait_secs`.
     pub fn ping(&self, addr: &str, wait_secs: u32) -> Option<f64> {
