@@ -169,14 +169,22 @@ fn a_bgp_lab_routes_pods_by_what_bird_learnt_and_withdraws_a_range_in_time() {
 
     for n in ["n1", "n2", "n3"] {
         let ns = format!("{name}-{n}");
-        let r = routes(&ns);
-        // The other ranges are BIRD's, through the router; none of weft's goes there,
-        // and there is no VXLAN device.
-        for i in (1..=3).filter(|i| format!("n{i}") != n) {
-            assert!(
-                r.contains(&format!("10.244.{i}.0/24 via 172.30.")) && r.contains("proto bird"),
-                "{n}:\n{r}"
-            );
+        // The other ranges are BIRD's, through the router (each node's BIRD learns them
+        // from the router a moment after the router learnt them: the pods reach each
+        // other by the default route meanwhile); none of weft's goes there, and there
+        // is no VXLAN device.
+        let learnt = |r: &str| {
+            (1..=3)
+                .filter(|i| format!("n{i}") != n)
+                .all(|i| r.contains(&format!("10.244.{i}.0/24 via 172.30.")))
+                && r.contains("proto bird")
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut r = routes(&ns);
+        while !learnt(&r) {
+            assert!(Instant::now() < deadline, "{n} never learnt the other ranges:\n{r}");
+            std::thread::sleep(Duration::from_millis(100));
+            r = routes(&ns);
         }
         let weft_to_others = r
             .lines()
