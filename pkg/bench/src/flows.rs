@@ -136,14 +136,14 @@ fn view(pods: usize) -> (ClusterView, usize) {
     let mut policies = 0;
     for n in 0..namespaces {
         for k in 0..10 {
-            let p = serde_json::json!({
-                "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                "metadata": {"name": format!("allow-{k}"), "namespace": format!("ns{n}")},
-                "spec": {"podSelector": {"matchLabels": {"app": format!("a{}", (n + k) % 20)}},
+            let p = weft_lab::kinds::network_policy(
+                &format!("ns{n}"),
+                &format!("allow-{k}"),
+                serde_json::json!({"podSelector": {"matchLabels": {"app": format!("a{}", (n + k) % 20)}},
                          "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": format!("a{}", k % 20)}}},
                                                {"podSelector": {"matchLabels": {"app": format!("a{}", (k + 1) % 20)}}}],
-                                      "ports": [{"port": 80}]}]}
-            });
+                                      "ports": [{"port": 80}]}]}),
+            );
             let np: Strict<NetworkPolicy> = serde_json::from_value(p).expect("a policy of ours");
             o.policies.push(Arc::new(np));
             policies += 1;

@@ -38,6 +38,7 @@ mod simnode;
 mod smoke;
 mod stats;
 mod table;
+mod traffic;
 mod udp;
 mod util;
 mod wires;

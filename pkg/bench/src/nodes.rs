@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use weft_harness::NamedNetns;
 
 use crate::Percentiles;
@@ -116,11 +116,11 @@ fn node(i: usize, cidr: Option<&str>) -> Value {
     let cidr = cidr
         .map(str::to_string)
         .unwrap_or_else(|| format!("10.{}.{}.0/24", 64 + i / 256, i % 256));
-    json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": format!("n{i}")},
-        "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
-        "status": {"addresses": [{"type": "InternalIP", "address": address}]},
+    weft_lab::kinds::node(&weft_topology::ClusterNode {
+        name: format!("n{i}"),
+        addresses: vec![address.parse().expect("an address")],
+        pod_cidrs: vec![cidr.parse().expect("a range")],
+        ..Default::default()
     })
 }
 

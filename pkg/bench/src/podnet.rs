@@ -34,7 +34,8 @@ use crate::TrafficOptions;
 use crate::exec::met;
 use crate::median;
 use crate::table::Table;
-use crate::udp::{Flood, PAYLOAD, flood};
+use crate::traffic::Traffic;
+use crate::udp::{PAYLOAD, flood};
 use crate::util::{iperf_tcp, wait_reachable};
 
 mod setup;
@@ -166,22 +167,13 @@ pub struct PodPathResult {
     pub mode: PodMode,
     /// The MTU of the sending pod's `eth0`.
     pub pod_mtu: u32,
-    /// TCP throughput per pass (Gbit/s, at the receiver).
-    pub tcp_gbps: Vec<f64>,
-    /// TCP retransmissions per pass.
-    pub tcp_retransmits: Vec<u64>,
+    /// TCP and UDP over the passes.
+    #[serde(flatten)]
+    pub traffic: Traffic,
     /// The sending iperf3's CPU (% of one CPU, user + system) per pass.
     pub tcp_sender_cpu: Vec<f64>,
     /// The receiving iperf3's CPU per pass.
     pub tcp_receiver_cpu: Vec<f64>,
-    /// The UDP floods, per pass.
-    pub udp: Vec<Flood>,
-    /// Median TCP throughput (Gbit/s).
-    pub tcp_gbps_median: f64,
-    /// Median 64-byte frames per second received.
-    pub udp_fps_median: f64,
-    /// Median 64-byte frames per second sent.
-    pub udp_sent_fps_median: f64,
 }
 
 /// weft over the kernel path in one mode.
@@ -286,14 +278,9 @@ pub fn run_podnet(opts: &TrafficOptions) -> Result<PodNetReport, String> {
             path: p,
             mode: p.mode(),
             pod_mtu: lab_of(p).pod_mtu(),
-            tcp_gbps: Vec::new(),
-            tcp_retransmits: Vec::new(),
+            traffic: Traffic::default(),
             tcp_sender_cpu: Vec::new(),
             tcp_receiver_cpu: Vec::new(),
-            udp: Vec::new(),
-            tcp_gbps_median: 0.0,
-            udp_fps_median: 0.0,
-            udp_sent_fps_median: 0.0,
         })
         .collect();
     for round in 0..opts.rounds {
@@ -308,11 +295,9 @@ pub fn run_podnet(opts: &TrafficOptions) -> Result<PodNetReport, String> {
             let f =
                 flood(&l.client(), &l.server(), l.dst, opts.udp_seconds).map_err(|e| format!("{}: {e}", p.label()))?;
             let r = results.iter_mut().find(|r| r.path == p).expect("every path");
-            r.tcp_gbps.push(t.gbps);
-            r.tcp_retransmits.push(t.retransmits);
+            r.traffic.push(t.gbps, t.retransmits, f);
             r.tcp_sender_cpu.push(t.sender_cpu);
             r.tcp_receiver_cpu.push(t.receiver_cpu);
-            r.udp.push(f);
         }
     }
     let underlay_mtu = labs[0].guard.lab.spec.underlay_mtu;
@@ -321,9 +306,7 @@ pub fn run_podnet(opts: &TrafficOptions) -> Result<PodNetReport, String> {
         let _ = std::fs::remove_dir_all(opts.work_dir.join(format!("{base}{}", p.tag())));
     }
     for r in &mut results {
-        r.tcp_gbps_median = median(&r.tcp_gbps);
-        r.udp_fps_median = median(&r.udp.iter().map(Flood::received_per_s).collect::<Vec<_>>());
-        r.udp_sent_fps_median = median(&r.udp.iter().map(Flood::sent_per_s).collect::<Vec<_>>());
+        r.traffic.settle();
     }
     let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     let ratios = PAIRS
@@ -333,17 +316,24 @@ pub fn run_podnet(opts: &TrafficOptions) -> Result<PodNetReport, String> {
                 results.iter().find(|r| r.path == w).expect("weft"),
                 results.iter().find(|r| r.path == k).expect("kernel"),
             );
-            let tcp = div(rw.tcp_gbps_median, rk.tcp_gbps_median);
-            let fps = div(rw.udp_fps_median, rk.udp_fps_median);
+            let tcp = div(rw.traffic.tcp_gbps_median, rk.traffic.tcp_gbps_median);
+            let fps = div(rw.traffic.udp_fps_median, rk.traffic.udp_fps_median);
             PodModeRatio {
                 mode,
                 tcp,
                 fps,
-                tcp_per_pass: rw.tcp_gbps.iter().zip(&rk.tcp_gbps).map(|(a, b)| div(*a, *b)).collect(),
+                tcp_per_pass: rw
+                    .traffic
+                    .tcp_gbps
+                    .iter()
+                    .zip(&rk.traffic.tcp_gbps)
+                    .map(|(a, b)| div(*a, *b))
+                    .collect(),
                 fps_per_pass: rw
+                    .traffic
                     .udp
                     .iter()
-                    .zip(&rk.udp)
+                    .zip(&rk.traffic.udp)
                     .map(|(a, b)| div(a.received_per_s(), b.received_per_s()))
                     .collect(),
                 met: tcp >= POD_NETWORK_TARGET_RATIO && fps >= POD_NETWORK_TARGET_RATIO,
@@ -389,7 +379,7 @@ impl PodNetReport {
             .num("64-byte frames/s received")
             .num("frames/s sent");
         for r in &self.paths {
-            let retr = median(&r.tcp_retransmits.iter().map(|&x| x as f64).collect::<Vec<_>>());
+            let retr = r.traffic.retransmits_median();
             t.row([
                 r.path.label().to_string(),
                 match r.mode {
@@ -398,11 +388,11 @@ impl PodNetReport {
                 }
                 .to_string(),
                 r.pod_mtu.to_string(),
-                format!("{:.2}", r.tcp_gbps_median),
+                format!("{:.2}", r.traffic.tcp_gbps_median),
                 format!("{retr:.0}"),
                 format!("{:.0} / {:.0}", median(&r.tcp_sender_cpu), median(&r.tcp_receiver_cpu)),
-                format!("{:.0}", r.udp_fps_median),
-                format!("{:.0}", r.udp_sent_fps_median),
+                format!("{:.0}", r.traffic.udp_fps_median),
+                format!("{:.0}", r.traffic.udp_sent_fps_median),
             ]);
         }
         let mut ratios = Table::new()

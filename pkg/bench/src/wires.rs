@@ -23,9 +23,9 @@ use weft_harness::NamedNetns;
 
 use crate::TrafficOptions;
 use crate::exec::met;
-use crate::median;
 use crate::table::Table;
-use crate::udp::{Flood, PAYLOAD, flood};
+use crate::traffic::Traffic;
+use crate::udp::{PAYLOAD, flood};
 use crate::util::{End, LabGuard, ip, iperf_tcp, metric_sum, metrics_in, topology, wait_reachable};
 
 /// gRPC wire TCP throughput over the kernel VXLAN's, at least.
@@ -92,18 +92,9 @@ impl Wire {
 pub struct WireResult {
     /// Which wire.
     pub wire: Wire,
-    /// TCP throughput per round (Gbit/s, at the receiver).
-    pub tcp_gbps: Vec<f64>,
-    /// TCP retransmissions per round.
-    pub tcp_retransmits: Vec<u64>,
-    /// The UDP floods, per round.
-    pub udp: Vec<Flood>,
-    /// Median TCP throughput (Gbit/s).
-    pub tcp_gbps_median: f64,
-    /// Median 64-byte frames per second received.
-    pub udp_fps_median: f64,
-    /// Median 64-byte frames per second sent.
-    pub udp_sent_fps_median: f64,
+    /// TCP and UDP over the passes.
+    #[serde(flatten)]
+    pub traffic: Traffic,
 }
 
 /// A ratio between two wires' medians.
@@ -157,7 +148,7 @@ pub struct WiresReport {
 }
 
 /// Where a wire's traffic goes: from the first namespace to the address in the second.
-struct Traffic {
+struct Path {
     client: String,
     server: String,
     dst: Ipv4Addr,
@@ -299,7 +290,7 @@ struct Labs<'a> {
     mtls: &'a weft_lab::Lab,
 }
 
-fn path(name: &str, labs: &Labs<'_>, wire: Wire) -> Traffic {
+fn path(name: &str, labs: &Labs<'_>, wire: Wire) -> Path {
     let (client, server) = match wire {
         Wire::WeftVeth => (labs.plain.pod_ns("va"), labs.plain.pod_ns("vb")),
         Wire::WeftVxlan => (labs.plain.pod_ns("xa"), labs.plain.pod_ns("xb")),
@@ -308,7 +299,7 @@ fn path(name: &str, labs: &Labs<'_>, wire: Wire) -> Traffic {
         Wire::KernelVeth => (format!("{name}-kv1"), format!("{name}-kv2")),
         Wire::KernelVxlan => (format!("{name}-kx1"), format!("{name}-kx2")),
     };
-    Traffic {
+    Path {
         client,
         server,
         dst: wire.addresses().1,
@@ -316,7 +307,7 @@ fn path(name: &str, labs: &Labs<'_>, wire: Wire) -> Traffic {
 }
 
 /// One iperf3 TCP run: (Gbit/s at the receiver, retransmissions).
-fn tcp(p: &Traffic, seconds: u64) -> Result<(f64, u64), String> {
+fn tcp(p: &Path, seconds: u64) -> Result<(f64, u64), String> {
     iperf_tcp(&p.client, &p.server, p.dst, seconds).map(|t| (t.gbps, t.retransmits))
 }
 
@@ -442,12 +433,7 @@ pub fn run_wires(opts: &TrafficOptions) -> Result<WiresReport, String> {
                 w,
                 WireResult {
                     wire: w,
-                    tcp_gbps: Vec::new(),
-                    tcp_retransmits: Vec::new(),
-                    udp: Vec::new(),
-                    tcp_gbps_median: 0.0,
-                    udp_fps_median: 0.0,
-                    udp_sent_fps_median: 0.0,
+                    traffic: Traffic::default(),
                 },
             )
         })
@@ -463,9 +449,7 @@ pub fn run_wires(opts: &TrafficOptions) -> Result<WiresReport, String> {
             let f =
                 flood(&p.client, &p.server, p.dst, opts.udp_seconds).map_err(|e| format!("{}: {e}", wire.label()))?;
             let r = results.get_mut(&wire).expect("every wire");
-            r.tcp_gbps.push(gbps);
-            r.tcp_retransmits.push(retransmits);
-            r.udp.push(f);
+            r.traffic.push(gbps, retransmits, f);
         }
     }
     let plain = grpc_counters(&lab.lab);
@@ -476,16 +460,14 @@ pub fn run_wires(opts: &TrafficOptions) -> Result<WiresReport, String> {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&mtls_dir);
     for r in results.values_mut() {
-        r.tcp_gbps_median = median(&r.tcp_gbps);
-        r.udp_fps_median = median(&r.udp.iter().map(Flood::received_per_s).collect::<Vec<_>>());
-        r.udp_sent_fps_median = median(&r.udp.iter().map(Flood::sent_per_s).collect::<Vec<_>>());
+        r.traffic.settle();
     }
     let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     let ratio = |a: Wire, b: Wire| WireRatio {
         a,
         b,
-        tcp: div(results[&a].tcp_gbps_median, results[&b].tcp_gbps_median),
-        fps: div(results[&a].udp_fps_median, results[&b].udp_fps_median),
+        tcp: div(results[&a].traffic.tcp_gbps_median, results[&b].traffic.tcp_gbps_median),
+        fps: div(results[&a].traffic.udp_fps_median, results[&b].traffic.udp_fps_median),
     };
     let ratios = vec![
         ratio(Wire::WeftVeth, Wire::KernelVeth),
@@ -531,18 +513,18 @@ impl WiresReport {
             .num("frames/s sent")
             .num("received / sent");
         for r in &self.wires {
-            let retr = median(&r.tcp_retransmits.iter().map(|&x| x as f64).collect::<Vec<_>>());
-            let share = if r.udp_sent_fps_median > 0.0 {
-                r.udp_fps_median / r.udp_sent_fps_median
+            let retr = r.traffic.retransmits_median();
+            let share = if r.traffic.udp_sent_fps_median > 0.0 {
+                r.traffic.udp_fps_median / r.traffic.udp_sent_fps_median
             } else {
                 0.0
             };
             t.row([
                 r.wire.label().to_string(),
-                format!("{:.2}", r.tcp_gbps_median),
+                format!("{:.2}", r.traffic.tcp_gbps_median),
                 format!("{retr:.0}"),
-                format!("{:.0}", r.udp_fps_median),
-                format!("{:.0}", r.udp_sent_fps_median),
+                format!("{:.0}", r.traffic.udp_fps_median),
+                format!("{:.0}", r.traffic.udp_sent_fps_median),
                 format!("{share:.2}"),
             ]);
         }
@@ -568,9 +550,9 @@ impl WiresReport {
                 q.tcp,
                 met(q.tcp >= self.grpc_tcp_target_ratio),
                 self.grpc_fps_target,
-                g.udp_fps_median,
-                g.udp_fps_median / self.grpc_fps_target,
-                met(g.udp_fps_median >= self.grpc_fps_target)
+                g.traffic.udp_fps_median,
+                g.traffic.udp_fps_median / self.grpc_fps_target,
+                met(g.traffic.udp_fps_median >= self.grpc_fps_target)
             ));
         }
         if let Some(q) = self.ratios.iter().find(|q| q.a == Wire::WeftGrpcMtls) {

@@ -8,6 +8,7 @@
 pub mod cluster;
 pub mod generate;
 pub mod graph;
+pub mod kinds;
 pub mod matrix;
 pub mod neigh;
 pub mod objects;

@@ -23,13 +23,12 @@ use crate::LabError;
 use crate::cluster::Lab;
 use crate::spec::PodSpec;
 
+use crate::kinds::{self, write_file};
 use crate::spec::checks::shown;
 pub use crate::spec::checks::{check_label_key, check_label_value, parse_label_change};
 pub(crate) use crate::spec::checks::{check_policy, object_key, parse_policies};
 
-/// The label the API server gives every Namespace: policies select namespaces by name
-/// through it.
-pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+use weft_topology::NAMESPACE_NAME_LABEL;
 
 /// How long `up` lets running daemons notice new Pod objects before it attaches pods:
 /// a daemon reloads the directory about 50 ms after inotify tells it of a change.
@@ -84,22 +83,6 @@ fn with_changes(
         };
     }
     out
-}
-
-/// Writes `text` to `dir/name` through a hidden temporary file and a rename (a daemon
-/// reading the directory sees the old file or the new, never half of one), unless the
-/// file holds it already; returns whether it wrote. The one way the lab, and whatever
-/// plays a cluster through a topology directory (the benchmarks), writes its objects.
-pub fn write_file(dir: &Path, name: &str, text: &str) -> Result<bool, LabError> {
-    let file = dir.join(name);
-    if fs::read_to_string(&file).ok().as_deref() == Some(text) {
-        return Ok(false);
-    }
-    // Hidden, so a daemon reloading meanwhile skips it.
-    let tmp = dir.join(format!(".{name}.tmp"));
-    fs::write(&tmp, text).map_err(|e| LabError::io(format!("writing {}", tmp.display()), e))?;
-    fs::rename(&tmp, &file).map_err(|e| LabError::io(format!("writing {}", file.display()), e))?;
-    Ok(true)
 }
 
 fn yaml(v: &Value) -> Result<String, LabError> {
@@ -189,16 +172,11 @@ impl Lab {
 
     fn namespace_object(&self, name: &str, live: &Live) -> Value {
         let spec = self.spec.namespaces.iter().find(|n| n.name == name);
-        let mut labels = with_changes(
+        let labels = with_changes(
             &spec.map(|n| n.labels.clone()).unwrap_or_default(),
             live.labels.get(&format!("namespace/{name}")),
         );
-        labels.insert(NAMESPACE_NAME_LABEL.into(), name.into());
-        let mut v = json!({
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": name, "labels": labels},
-        });
+        let mut v = kinds::namespace(name, labels);
         if let Some(a) = spec.map(|n| &n.annotations).filter(|a| !a.is_empty()) {
             v["metadata"]["annotations"] = json!(a);
         }
@@ -228,21 +206,12 @@ impl Lab {
                 .collect();
             container["ports"] = ports.into();
         }
-        let mut v = json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": p.name, "namespace": ns, "labels": self.labels_of(p, live)},
-            "spec": {"nodeName": p.node, "containers": [container]},
-            "status": {"phase": "Pending"},
-        });
-        if let Some(ips) = live.pod_ips.get(&format!("{ns}/{}", p.name)).filter(|i| !i.is_empty()) {
-            v["status"] = json!({
-                "phase": "Running",
-                "podIP": ips[0].to_string(),
-                "podIPs": ips.iter().map(|i| json!({"ip": i.to_string()})).collect::<Vec<_>>(),
-            });
-        }
-        v
+        let ips = live
+            .pod_ips
+            .get(&format!("{ns}/{}", p.name))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        kinds::pod(&ns, &p.name, &p.node, self.labels_of(p, live), container, ips)
     }
 
     fn pod_file(&self, p: &PodSpec) -> String {

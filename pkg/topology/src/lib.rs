@@ -24,7 +24,9 @@ pub use cnp::{ClusterNetworkPolicy, ClusterNetworkPolicySpec, CnpAction, CnpTier
 pub use crds::crds_yaml;
 pub use dir::{DirSource, LoadProblem, parse_topologies, read_topologies};
 pub use node::ClusterNode;
-pub use objects::{NamedPort, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol, UnreadablePolicy};
+pub use objects::{
+    NAMESPACE_NAME_LABEL, NamedPort, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol, UnreadablePolicy,
+};
 pub use source::{MemorySource, SourceError, TopologySource};
 pub use strict::Strict;
 pub use types::*;

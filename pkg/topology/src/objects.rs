@@ -204,6 +204,11 @@ pub fn workload_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Object
     format!("{}/{}", owner.kind, owner.name)
 }
 
+/// The label the API server gives every Namespace, its name as value: policies select
+/// namespaces by name through it. One definition for every reader and writer of
+/// Namespaces (the directory source plays the API server and adds it too).
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
 /// A namespace, reduced to what network policy reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PolicyNamespace {

@@ -452,6 +452,24 @@ struct Row {
     after: f64,
 }
 
+impl Row {
+    /// The row of an attack that rejection counter `counter` must have counted: fails
+    /// the test when the counter did not rise from `before` to `after`.
+    fn counted(attack: &'static str, counter: &str, before: f64, after: f64, seen: String) -> Row {
+        assert!(
+            after > before,
+            "{attack}: not counted as {counter} ({before} -> {after}; the attacker saw: {seen})"
+        );
+        Row {
+            attack,
+            seen,
+            counter: counter.into(),
+            before,
+            after,
+        }
+    }
+}
+
 /// What one CNI call of the loop gave: success, time, and what the plugin printed.
 type CniCall = (bool, Duration, String);
 
@@ -651,14 +669,7 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
         let after = wait_value(Duration::from_secs(10), before + 1.0, || {
             weft_tests::lab_metric(&lab, "n1", &rejected_series(reason))
         });
-        assert!(after > before, "{what}: not counted as {reason} ({before} -> {after})");
-        rows.push(Row {
-            attack: what,
-            seen: seen.unwrap_err(),
-            counter: reason.into(),
-            before,
-            after,
-        });
+        rows.push(Row::counted(what, reason, before, after, seen.unwrap_err()));
     }
     eprintln!("[{:>5.1}s] connection attacks refused", started.elapsed().as_secs_f64());
 
@@ -766,14 +777,13 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
         drop(tx);
         (seen, after)
     });
-    assert!(after > before, "malformed batch not counted ({seen})");
-    rows.push(Row {
-        attack: "malformed batch (n2, valid)",
-        seen,
-        counter: "malformed_batch".into(),
+    rows.push(Row::counted(
+        "malformed batch (n2, valid)",
+        "malformed_batch",
         before,
         after,
-    });
+        seen,
+    ));
 
     // An oversized message: one frame for n2's own wire to p1 making the batch larger
     // than the limit. Refused as a whole: the marker must not arrive.
@@ -806,14 +816,13 @@ fn the_wire_port_refuses_and_counts_every_attack_and_rotates_certificates() {
         drop(tx);
         (seen, after)
     });
-    assert!(after > before, "oversized batch not counted ({seen})");
-    rows.push(Row {
-        attack: "oversized message, 4 MiB + 1 KiB (n2, valid)",
-        seen,
-        counter: "oversized_batch".into(),
+    rows.push(Row::counted(
+        "oversized message, 4 MiB + 1 KiB (n2, valid)",
+        "oversized_batch",
         before,
         after,
-    });
+        seen,
+    ));
     eprintln!("[{:>5.1}s] stream attacks refused", started.elapsed().as_secs_f64());
 
     // 2,000 connections in a burst from outside, each sending a few bytes that are not

@@ -9,13 +9,18 @@ use weft_tests::{Call, Daemon, Netns, privileged, result_address};
 const V4: &str = "10.244.1.0/24";
 const V6: &str = "fd00:10:244:1::/64";
 
+/// What most tests here begin with: their area, then, where privileged tests run, a
+/// fresh daemon of their own.
+fn start(tag: &str) -> Option<(weft_tests::AreaGuard, Daemon)> {
+    let area = weft_tests::area("node::cni");
+    privileged().then(|| (area, Daemon::start(tag)))
+}
+
 #[test]
 fn pods_are_reachable_from_the_node_and_from_each_other() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, d)) = start("reach") else {
         return;
-    }
-    let d = Daemon::start("reach");
+    };
     let conf = d.conf("1.1.0", &[V4, V6]);
     let (a, b) = (Netns::new("pa"), Netns::new("pb"));
     let ra = Call::new("ADD", "ctr-a", &a.path(), &conf).run().ok();
@@ -71,11 +76,9 @@ fn pods_are_reachable_from_the_node_and_from_each_other() {
 
 #[test]
 fn repeated_add_returns_the_same_result() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, d)) = start("again") else {
         return;
-    }
-    let d = Daemon::start("again");
+    };
     let conf = d.conf("1.0.0", &[V4]);
     let p = Netns::new("p");
     let first = Call::new("ADD", "ctr-1", &p.path(), &conf).run().ok();
@@ -89,11 +92,9 @@ fn repeated_add_returns_the_same_result() {
 
 #[test]
 fn check_passes_when_healthy_and_names_what_is_broken() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, d)) = start("check") else {
         return;
-    }
-    let d = Daemon::start("check");
+    };
     let conf = d.conf("1.1.0", &[V4]);
     let p = Netns::new("p");
     let r = Call::new("ADD", "ctr-1", &p.path(), &conf).run().ok();
@@ -162,11 +163,9 @@ fn check_passes_when_healthy_and_names_what_is_broken() {
 
 #[test]
 fn del_is_idempotent_without_netns_and_after_the_netns_vanished() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, d)) = start("del") else {
         return;
-    }
-    let d = Daemon::start("del");
+    };
     let conf = d.conf("1.1.0", &[V4, V6]);
     let p = Netns::new("p");
     Call::new("ADD", "ctr-1", &p.path(), &conf).run().ok();
@@ -190,11 +189,9 @@ fn del_is_idempotent_without_netns_and_after_the_netns_vanished() {
 
 #[test]
 fn gc_removes_attachments_the_runtime_no_longer_lists() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, d)) = start("gc") else {
         return;
-    }
-    let d = Daemon::start("gc");
+    };
     let conf = d.conf("1.1.0", &[V4]);
     let pods: Vec<Netns> = (0..3).map(|i| Netns::new(&format!("p{i}"))).collect();
     for (i, p) in pods.iter().enumerate() {
@@ -220,11 +217,9 @@ fn gc_removes_attachments_the_runtime_no_longer_lists() {
 
 #[test]
 fn status_and_add_report_an_exhausted_range() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, d)) = start("full") else {
         return;
-    }
-    let d = Daemon::start("full");
+    };
     let conf = d.conf("1.1.0", &["10.244.9.0/30"]);
     let status = || Call::new("STATUS", "", "", &conf).run();
     assert_eq!(status().code, 0);
@@ -250,11 +245,9 @@ fn status_and_add_report_an_exhausted_range() {
 
 #[test]
 fn every_spec_version_gets_its_result_layout() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, d)) = start("vers") else {
         return;
-    }
-    let d = Daemon::start("vers");
+    };
     for (i, v) in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"].iter().enumerate() {
         let conf = d.conf(v, &[V4, V6]);
         let p = Netns::new("p");
@@ -298,11 +291,9 @@ fn version_is_answered_by_the_plugin_alone() {
 
 #[test]
 fn bad_input_gets_its_code_and_leaves_nothing() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, d)) = start("bad") else {
         return;
-    }
-    let d = Daemon::start("bad");
+    };
     let conf = d.conf("1.1.0", &[V4]);
     let p = Netns::new("p");
     let add = || Call::new("ADD", "ctr-1", &p.path(), &conf);
@@ -435,11 +426,9 @@ fn bad_input_gets_its_code_and_leaves_nothing() {
 
 #[test]
 fn an_unreachable_daemon_means_try_again_later() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, mut d)) = start("down") else {
         return;
-    }
-    let mut d = Daemon::start("down");
+    };
     let conf = d.conf("1.1.0", &[V4]);
     let p = Netns::new("p");
     d.stop().expect("weftd stops on SIGTERM");
@@ -472,11 +461,9 @@ fn an_unreachable_daemon_means_try_again_later() {
 
 #[test]
 fn a_daemon_restarted_between_add_and_del_cleans_up() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, mut d)) = start("restart") else {
         return;
-    }
-    let mut d = Daemon::start("restart");
+    };
     let conf = d.conf("1.1.0", &[V4, V6]);
     let p = Netns::new("p");
     let r = Call::new("ADD", "ctr-1", &p.path(), &conf).run().ok();
@@ -518,11 +505,9 @@ fn the_socket_is_private_and_non_root_peers_are_refused() {
 
 #[test]
 fn a_stale_socket_is_replaced_but_a_live_one_is_not_stolen() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, mut d)) = start("stale") else {
         return;
-    }
-    let mut d = Daemon::start("stale");
+    };
     let st = d.start_second(false);
     assert!(!st.success(), "a second daemon must refuse a live socket");
     assert!(d.log().contains("another weftd is serving"), "{}", d.log());
@@ -547,11 +532,9 @@ fn a_stale_socket_is_replaced_but_a_live_one_is_not_stolen() {
 
 #[test]
 fn weftctl_status_shows_usage_per_range() {
-    let _area = weft_tests::area("node::cni");
-    if !privileged() {
+    let Some((_area, d)) = start("ctl") else {
         return;
-    }
-    let d = Daemon::start("ctl");
+    };
     let conf = d.conf("1.1.0", &[V4, V6]);
     let p = Netns::new("p");
     Call::new("ADD", "ctr-1", &p.path(), &conf).run().ok();

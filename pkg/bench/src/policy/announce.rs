@@ -46,9 +46,12 @@ fn address(i: usize) -> Ipv4Addr {
 }
 
 fn node_object() -> Value {
-    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": ANNOUNCER},
-           "spec": {"podCIDR": "10.230.0.0/16", "podCIDRs": ["10.230.0.0/16"]},
-           "status": {"addresses": [{"type": "InternalIP", "address": ANNOUNCER_ADDRESS.to_string()}]}})
+    weft_lab::kinds::node(&weft_topology::ClusterNode {
+        name: ANNOUNCER.into(),
+        addresses: vec![IpAddr::V4(ANNOUNCER_ADDRESS)],
+        pod_cidrs: vec!["10.230.0.0/16".parse().expect("a range")],
+        ..Default::default()
+    })
 }
 
 /// The `i`th announced pod's object as the API has it before kubelet reports: a peer of

@@ -3,37 +3,19 @@
 //! namespace, name, labels, node and addresses, NetworkPolicies; and a synthetic cluster
 //! of any size whose policies both select a node's pods and name them as peers.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
-/// A Namespace object.
-pub(crate) fn namespace(name: &str, labels: Value) -> Value {
-    let mut labels = labels;
-    labels["kubernetes.io/metadata.name"] = name.into();
-    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
-}
+pub(crate) use weft_lab::kinds::{namespace, network_policy as policy};
 
-/// A Pod object on `node`, with its address once kubelet has reported it.
+/// A Pod object on `node` with the benchmark's container, with its address once
+/// kubelet has reported it.
 pub(crate) fn pod(ns: &str, name: &str, node: &str, labels: Value, ip: Option<Ipv4Addr>) -> Value {
-    let mut p = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"namespace": ns, "name": name, "labels": labels},
-        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "bench"}]},
-        "status": {"phase": "Pending"},
-    });
-    if let Some(ip) = ip {
-        p["status"] = json!({"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]});
-    }
-    p
-}
-
-/// A NetworkPolicy object.
-pub(crate) fn policy(ns: &str, name: &str, spec: Value) -> Value {
-    json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-           "metadata": {"namespace": ns, "name": name}, "spec": spec})
+    let ips: Vec<IpAddr> = ip.map(IpAddr::V4).into_iter().collect();
+    weft_lab::kinds::pod(ns, name, node, labels, json!({"name": "main", "image": "bench"}), &ips)
 }
 
 /// Writes `docs` to `dir/name` as YAML documents (JSON is YAML), through a rename so a
@@ -45,7 +27,7 @@ pub(crate) fn write_docs(dir: &Path, name: &str, docs: &[Value]) -> Result<(), S
         text.push_str(&serde_json::to_string(d).expect("objects serialize"));
         text.push('\n');
     }
-    weft_lab::objects::write_file(dir, name, &text)
+    weft_lab::kinds::write_file(dir, name, &text)
         .map(|_| ())
         .map_err(|e| e.to_string())
 }

@@ -493,25 +493,15 @@ impl Lab {
         fs::create_dir_all(&dir).map_err(|e| LabError::io("creating the lab directory", e))?;
         let mut text = String::new();
         for n in nodes {
-            let mut v = serde_json::to_value(n.to_node()).map_err(|e| LabError::Command {
-                what: "writing the Node objects".into(),
-                detail: e.to_string(),
-            })?;
-            v["apiVersion"] = "v1".into();
-            v["kind"] = "Node".into();
             text.push_str("---\n");
-            text.push_str(&serde_yaml_ng::to_string(&v).map_err(|e| LabError::Command {
-                what: "writing the Node objects".into(),
-                detail: e.to_string(),
-            })?);
+            text.push_str(
+                &serde_yaml_ng::to_string(&crate::kinds::node(n)).map_err(|e| LabError::Command {
+                    what: "writing the Node objects".into(),
+                    detail: e.to_string(),
+                })?,
+            );
         }
-        let file = dir.join("nodes.yaml");
-        if fs::read_to_string(&file).ok().as_deref() != Some(text.as_str()) {
-            // Through a rename, so a daemon never reads half of it.
-            let tmp = dir.join(".nodes.yaml.tmp");
-            fs::write(&tmp, &text).map_err(|e| LabError::io("writing the Node objects", e))?;
-            fs::rename(&tmp, &file).map_err(|e| LabError::io("writing the Node objects", e))?;
-        }
+        crate::kinds::write_file(&dir, "nodes.yaml", &text)?;
         Ok(())
     }
 

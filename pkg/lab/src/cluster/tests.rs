@@ -9,7 +9,10 @@ fn examples() -> PathBuf {
 
 /// Writes `text` as a lab file in a directory of its own and loads it.
 fn load_text(text: &str) -> Result<Lab, LabError> {
-    let dir = std::env::temp_dir().join(format!("weft-lab-load-{}-{}", std::process::id(), text.len()));
+    // One directory per call: tests run side by side, and two texts may be as long.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("weft-lab-load-{}-{call}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let file = dir.join("lab.yaml");
     fs::write(&file, text).unwrap();

@@ -20,9 +20,7 @@ use crate::{
     ClusterNetworkPolicy, ClusterNode, PolicyNamespace, PolicyPod, SourceError, Topology, UnreadablePolicy, validate,
 };
 
-/// The label the API server gives every Namespace; the directory plays the API server,
-/// so its Namespaces get it too (policies select namespaces by name through it).
-const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+use crate::NAMESPACE_NAME_LABEL;
 
 /// Something in the directory that could not be loaded and was left out.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
