@@ -4,12 +4,14 @@
 //! comparisons: weft against Debian's reference `ptp` + `host-local`, and weft with
 //! OTLP trace export against weft without it (the cost of observability).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon};
 
+use crate::load::{Snapshot, mean_between};
 use crate::table::Table;
 use crate::{Percentiles, STOP_LIMIT, lab, median, ms, otlp};
 
@@ -106,7 +108,16 @@ pub struct Samples {
     pub errors: usize,
     /// Spans the OTLP receiver got (OTLP side only).
     pub spans_exported: u64,
+    /// weft sides: what weftd's histograms gained over the ADD phases, as (sum s,
+    /// count) per phase of `weft_cni_phase_duration_seconds{command="ADD"}`, and under
+    /// [`HANDLER`] the gRPC handler's whole time.
+    pub add_inside: BTreeMap<String, (f64, f64)>,
 }
+
+/// The key of [`Samples::add_inside`] that holds weftd's whole time per ADD
+/// (`grpc_server_handling_seconds{grpc_method="Add"}`): what the plugin's latency has
+/// beyond it is the plugin process, its connection and the relay.
+pub const HANDLER: &str = "whole gRPC handler";
 
 /// Summary of one side.
 #[derive(Debug, Clone, Serialize)]
@@ -129,6 +140,9 @@ pub struct Summary {
     pub errors: usize,
     /// Spans the OTLP receiver got.
     pub spans_exported: u64,
+    /// weft sides: mean time per ADD of each of weftd's phases, and of its whole
+    /// handler under [`HANDLER`] (ms).
+    pub add_inside_ms: BTreeMap<String, f64>,
 }
 
 /// The result of a benchmark run: side `a` (weft) against side `b`.
@@ -163,6 +177,11 @@ impl Samples {
             add_pods_per_s: if add_wall > 0.0 { pods as f64 / add_wall } else { 0.0 },
             errors: self.errors,
             spans_exported: self.spans_exported,
+            add_inside_ms: self
+                .add_inside
+                .iter()
+                .map(|(k, v)| (k.clone(), mean_between((0.0, 0.0), *v)))
+                .collect(),
         }
     }
 }
@@ -275,6 +294,18 @@ impl Round<'_> {
         let conf = self.config(&dir, &socket);
         let configs = vec![conf.clone(); pods.len()];
         let add = self.phase(&node, &exec, "ADD", &configs, &pods);
+        if daemon.is_some() {
+            // Each round's weftd starts at zero: what its histograms hold now is this
+            // round's ADDs.
+            let snap = Snapshot::take(&node)?;
+            let add_phases = snap.phases.iter().filter(|((c, _), _)| c == "ADD");
+            let handler = snap.grpc.get("Add").map(|v| (HANDLER.to_string(), *v));
+            for (name, (sum, count)) in add_phases.map(|((_, p), v)| (p.clone(), *v)).chain(handler) {
+                let e = samples.add_inside.entry(name).or_default();
+                e.0 += sum;
+                e.1 += count;
+            }
+        }
         let mut results = vec![Vec::new(); pods.len()];
         for c in &add.calls {
             results[c.pod].clone_from(&c.stdout);
@@ -325,12 +356,13 @@ impl Round<'_> {
 fn idle_features(dir: &Path) -> Result<Vec<String>, String> {
     let topo = dir.join("topology");
     std::fs::create_dir_all(&topo).map_err(|e| format!("creating {}: {e}", topo.display()))?;
-    let node = serde_json::json!({
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench"},
-        "spec": {"podCIDRs": ["10.244.0.0/16"]},
-        "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]},
+    let node = weft_lab::kinds::node(&weft_topology::ClusterNode {
+        name: "bench".into(),
+        addresses: vec![std::net::Ipv4Addr::LOCALHOST.into()],
+        pod_cidrs: vec!["10.244.0.0/16".parse().expect("a range")],
+        ..Default::default()
     });
-    weft_lab::objects::write_file(&topo, "node.yaml", &node.to_string()).map_err(|e| e.to_string())?;
+    weft_lab::kinds::write_file(&topo, "node.yaml", &node.to_string()).map_err(|e| e.to_string())?;
     Ok([
         "--topology-dir",
         &topo.display().to_string(),
@@ -443,6 +475,34 @@ impl Report {
         if a.target == Target::WeftOtlp {
             out.push_str(&format!("spans received by the OTLP receiver: {}\n", a.spans_exported));
         }
+        out.push_str(&self.inside_markdown());
         out
+    }
+
+    /// Where weft's ADD time goes inside weftd: each phase's mean per ADD, for every
+    /// weft side; phases run partly side by side (policy beside the network set-up),
+    /// so they need not add up to the handler's time.
+    fn inside_markdown(&self) -> String {
+        let sides: Vec<&Summary> = [&self.a, &self.b]
+            .into_iter()
+            .filter(|s| !s.add_inside_ms.is_empty())
+            .collect();
+        if sides.is_empty() {
+            return String::new();
+        }
+        let mut t = Table::new().text("inside weftd, per ADD (mean ms)");
+        for s in &sides {
+            t = t.num(s.target.label());
+        }
+        let mut names: Vec<&String> = sides.iter().flat_map(|s| s.add_inside_ms.keys()).collect();
+        names.sort_by_key(|n| (n.as_str() != HANDLER, n.as_str()));
+        names.dedup();
+        for name in names {
+            let cells = sides
+                .iter()
+                .map(|s| s.add_inside_ms.get(name).map_or("-".to_string(), |v| format!("{v:.3}")));
+            t.row(std::iter::once(name.clone()).chain(cells).collect::<Vec<_>>());
+        }
+        format!("\n{t}")
     }
 }

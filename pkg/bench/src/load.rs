@@ -174,11 +174,11 @@ pub(crate) fn failure(command: &str, call: usize, exit_code: i32, stdout: &[u8])
 
 /// Sums and counts of weftd's histograms at one moment.
 #[derive(Default)]
-struct Snapshot {
+pub(crate) struct Snapshot {
     /// (command, phase) -> (sum s, count).
-    phases: BTreeMap<(String, String), (f64, f64)>,
+    pub(crate) phases: BTreeMap<(String, String), (f64, f64)>,
     /// gRPC method -> (sum s, count).
-    grpc: BTreeMap<String, (f64, f64)>,
+    pub(crate) grpc: BTreeMap<String, (f64, f64)>,
     /// Store jobs (sum s, count).
     store: (f64, f64),
     /// `weft_pods`.
@@ -230,13 +230,14 @@ impl Snapshot {
         s
     }
 
-    fn take(ns: &NamedNetns) -> Result<Self, String> {
+    /// The histograms of the weftd serving metrics inside `ns`.
+    pub(crate) fn take(ns: &NamedNetns) -> Result<Self, String> {
         Ok(Self::parse(&metrics_in(ns.name())?))
     }
 }
 
 /// Mean (ms) of what a histogram gained between two snapshots.
-fn mean_between(before: (f64, f64), after: (f64, f64)) -> f64 {
+pub(crate) fn mean_between(before: (f64, f64), after: (f64, f64)) -> f64 {
     let n = after.1 - before.1;
     if n > 0.0 {
         (after.0 - before.0) / n * 1000.0
