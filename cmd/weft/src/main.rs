@@ -162,8 +162,10 @@ fn traceparent() -> String {
         return tp;
     }
     let mut b = [0u8; 24];
-    if getrandom::fill(&mut b).is_err() || b[..16].iter().all(|&x| x == 0) || b[16..].iter().all(|&x| x == 0) {
-        // No randomness: derive something unique enough from the clock and pid.
+    fill_random(&mut b);
+    if b[..16].iter().all(|&x| x == 0) || b[16..].iter().all(|&x| x == 0) {
+        // All-zero ids are invalid (a chance of 2^-64 at most): derive something unique
+        // enough from the clock and pid instead.
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos());
@@ -173,6 +175,22 @@ fn traceparent() -> String {
     }
     let hex = |x: &[u8]| x.iter().map(|v| format!("{v:02x}")).collect::<String>();
     format!("00-{}-{}-01", hex(&b[..16]), hex(&b[16..]))
+}
+
+/// Fills `buf` with random bytes: SipHash outputs under the random keys std draws from
+/// the kernel once per process (one getrandom(2) call the plugin makes anyway). The
+/// `getrandom` crate was dropped for this: in the static plugin it cannot find glibc's
+/// wrapper and falls back to polling `/dev/random` and reading `/dev/urandom`, four
+/// system calls on every CNI call. Trace and span ids need to be unique and
+/// unpredictable enough, not secret.
+fn fill_random(buf: &mut [u8]) {
+    use std::hash::{BuildHasher, Hasher};
+    let keys = std::collections::hash_map::RandomState::new();
+    for (i, chunk) in buf.chunks_mut(8).enumerate() {
+        let mut h = keys.build_hasher();
+        h.write_usize(i);
+        chunk.copy_from_slice(&h.finish().to_le_bytes()[..chunk.len()]);
+    }
 }
 
 /// `00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`, ids not all zero.

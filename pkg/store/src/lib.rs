@@ -9,6 +9,7 @@
 
 mod addr;
 mod attachment;
+mod checkpoint;
 mod damage;
 mod db;
 mod schema;
@@ -63,6 +64,9 @@ pub enum StoreError {
         /// Newest version this binary knows.
         known: u32,
     },
+    /// The thread that checkpoints the store could not be started.
+    #[error("starting the store's checkpoint thread: {0}")]
+    Checkpointer(std::io::Error),
     /// A damaged database file could not be moved aside.
     #[error("moving the damaged state database {path} aside: {source}")]
     MoveAside {
@@ -254,6 +258,8 @@ pub struct Store {
     writable: tokio::sync::watch::Receiver<bool>,
     path: PathBuf,
     schema_found: u32,
+    /// Copies the log into the database off the jobs' path; ends with the last clone.
+    _checkpointer: Arc<checkpoint::Checkpointer>,
 }
 
 impl Store {
@@ -264,8 +270,10 @@ impl Store {
 
     /// Like [`Store::open`], reporting each job's duration to `observer`.
     pub fn open_observed(path: &Path, observer: Option<Observer>) -> Result<Self, StoreError> {
-        let db = Db::open(path)?;
+        let mut db = Db::open(path)?;
         let schema_found = db.schema_found();
+        let checkpointer = checkpoint::Checkpointer::start(path)?;
+        db.set_autocheckpoint(checkpoint::WRITER_BACKSTOP_PAGES)?;
         let (health, writable) = tokio::sync::watch::channel(true);
         Ok(Self {
             writer: Arc::new(Mutex::new(Some(Writer {
@@ -276,6 +284,7 @@ impl Store {
             writable,
             path: path.to_path_buf(),
             schema_found,
+            _checkpointer: Arc::new(checkpointer),
         })
     }
 

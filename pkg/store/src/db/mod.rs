@@ -67,6 +67,12 @@ impl Db {
         Ok(Self { conn, schema_found })
     }
 
+    /// Sets the log size (pages) at which a commit checkpoints by itself.
+    pub(crate) fn set_autocheckpoint(&mut self, pages: u32) -> Result<(), StoreError> {
+        self.conn.pragma_update(None, "wal_autocheckpoint", pages)?;
+        Ok(())
+    }
+
     /// The schema version the database had before this open migrated it (0 = new).
     pub fn schema_found(&self) -> u32 {
         self.schema_found

@@ -117,3 +117,29 @@ fn a_store_that_went_down_is_unwritable() {
     assert!(!store.writable(), "a store that went down is not writable");
     assert!(matches!(store.run_blocking(|db| db.counts()), Err(StoreError::Closed)));
 }
+
+#[test]
+fn the_log_is_checkpointed_off_the_writers_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let store = Store::open(&path).unwrap();
+    // The writer checkpoints by itself only far beyond what these jobs write.
+    for i in 0..60 {
+        store
+            .run_blocking(move |db| db.begin_add(&spec(&format!("c{i}"), &["10.0.0.0/24"])).map(|_| ()))
+            .unwrap();
+    }
+    // Once the checkpointer has copied the log, the next job starts it over; without
+    // it, the log would hold every job's pages (some ten frames a job).
+    std::thread::sleep(checkpoint::PERIOD * 4);
+    store
+        .run_blocking(|db| db.begin_add(&spec("last", &["10.0.0.0/24"])).map(|_| ()))
+        .unwrap();
+    let reader = rusqlite::Connection::open(&path).unwrap();
+    let (frames, _) = checkpoint::checkpoint(&reader).unwrap();
+    assert!(
+        frames < 60,
+        "the log was not checkpointed: {frames} frames after 61 jobs"
+    );
+    drop(store);
+}
