@@ -363,7 +363,23 @@ impl<P: GrpcPlane> Engine<P> {
             .lock()
             .expect("pods lock")
             .insert((namespace.into(), name.into()), pod);
+        // A pod no Topology names, its own or another pod's as a peer, has no link for a
+        // pass to build: every pod of a cluster that is not a lab. Its ADD does not wait
+        // for a pass (0.2 ms); the next pass notes it all the same, and a Topology that
+        // names it later moves a pass of its own.
+        if !self.named_by_a_topology(namespace, name) {
+            return;
+        }
         self.pass_of_and_wait([(namespace.into(), name.into())]).await;
+    }
+
+    /// Whether a Topology names pod `name`: its own, or another's link to it.
+    fn named_by_a_topology(&self, namespace: &str, name: &str) -> bool {
+        self.source.topology(namespace, name).is_some()
+            || self.source.topologies().iter().any(|t| {
+                t.metadata.namespace.as_deref().unwrap_or("default") == namespace
+                    && t.spec.links.iter().any(|l| l.peer_pod == name)
+            })
     }
 
     /// A pod of this node is being detached: removes its ends (telling their peers) and

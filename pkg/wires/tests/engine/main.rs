@@ -403,6 +403,25 @@ async fn a_vanished_pod_s_linked_pods_follow_at_the_next_pass() {
     );
 }
 
+#[tokio::test]
+async fn a_pod_named_only_as_a_peer_gets_its_link_from_its_own_add() {
+    let mut lab = Lab::new(&["a"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth1"), None);
+    // r2 has no Topology of its own: only r1's link names it.
+    lab.links.remove("r2");
+    lab.source.remove(NS, "r2");
+    lab.start().await;
+    lab.add("a", "r1").await;
+    lab.settle().await;
+    // No pass after the ADD: the ADD itself must have built r1's side of the pair.
+    lab.add("a", "r2").await;
+    assert_eq!(link_states(&lab, "r1"), [("eth1".into(), "up".into(), String::new())]);
+    // A pod nobody names is attached without a pass and changes nothing.
+    lab.add("a", "lonely").await;
+    assert_eq!(link_states(&lab, "r1"), [("eth1".into(), "up".into(), String::new())]);
+    assert!(lab.source.topology(NS, "lonely").is_none());
+}
+
 /// r1 (the lower name, so the proposer) runs on node b, r2 on node a: who proposes is
 /// decided by pod name, not by node.
 async fn vxlan_pair(first: (&str, &str), second: (&str, &str)) -> Lab {
