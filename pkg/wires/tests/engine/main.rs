@@ -420,6 +420,14 @@ async fn a_pod_named_only_as_a_peer_gets_its_link_from_its_own_add() {
     lab.add("a", "lonely").await;
     assert_eq!(link_states(&lab, "r1"), [("eth1".into(), "up".into(), String::new())]);
     assert!(lab.source.topology(NS, "lonely").is_none());
+    lab.remove("a", "lonely").await;
+    // Its DEL, too, takes r1's side of the link down by itself.
+    lab.remove("a", "r2").await;
+    let states = link_states(&lab, "r1");
+    assert!(
+        states.iter().all(|(_, state, _)| state != "up"),
+        "r1 still says its link to the removed r2 is up: {states:?}"
+    );
 }
 
 /// r1 (the lower name, so the proposer) runs on node b, r2 on node a: who proposes is
