@@ -20,7 +20,12 @@ sizes=("$@")
 [ ${#sizes[@]} -gt 0 ] || sizes=(1500:500 5000:1700)
 work=$(mktemp -d /tmp/weft-lab-scale.XXXXXX)
 export WEFT_LAB_DIR="$work/labs"
-trap 'for f in "$work"/*.yaml; do [ -e "$f" ] && "$B/weftctl" lab down "$f" >/dev/null 2>&1 || true; done; rm -rf "$work"' EXIT
+# The labs' state (topology directory, statuses, stores) on a tmpfs of the bench's own,
+# as under the default /run/weft-lab of a Debian machine (/run is a tmpfs there): on a
+# disk file system, creating thousands of small files measures the file system.
+mkdir -p "$WEFT_LAB_DIR"
+mount -t tmpfs -o size=4g weft-lab-scale "$WEFT_LAB_DIR"
+trap 'for f in "$work"/*.yaml; do [ -e "$f" ] && "$B/weftctl" lab down "$f" >/dev/null 2>&1 || true; done; umount "$WEFT_LAB_DIR"; rm -rf "$work"' EXIT
 
 secs() { # seconds since $1 (from date +%s.%N)
   echo "$(date +%s.%N) - $1" | bc

@@ -169,17 +169,26 @@ impl CniExec {
             } else {
                 Stdio::null()
             });
-        // Only when asked: either one makes std fork instead of posix_spawn.
-        if let (Some(node), None) = (opts.node, through) {
-            node.enter_in_child(&mut cmd)?;
-        }
+        // Only when asked: it makes std fork instead of posix_spawn.
         if let Some(uid) = opts.uid {
             std::os::unix::process::CommandExt::uid(&mut cmd, uid);
         }
         let start = Instant::now();
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| HarnessError::io(format!("starting {}", self.plugin.display()), e))?;
+        let spawn = |cmd: &mut Command| {
+            cmd.spawn()
+                .map_err(|e| HarnessError::io(format!("starting {}", self.plugin.display()), e))
+        };
+        // Into the node's namespace: spawned from a thread that entered it, so the child
+        // starts there without a hook between fork and exec, which would make std copy
+        // the caller's whole address space (a lab of thousands of pods is a big caller)
+        // instead of using posix_spawn.
+        let mut child = match (opts.node, through) {
+            (Some(node), None) => {
+                let ns = node.open()?;
+                weft_kernel::in_netns(&ns, || Ok(spawn(&mut cmd)))??
+            }
+            _ => spawn(&mut cmd)?,
+        };
         if let Some(mut input) = child.stdin.take() {
             let _ = input.write_all(stdin);
         }

@@ -168,6 +168,37 @@ fn a_named_namespace_is_entered_and_removed() {
         ns.enter_in_child(&mut cmd).unwrap();
         let out = cmd.output().unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "lo");
+        // Made as `ip netns add` makes one: iproute2 lists it, enters it, and finds
+        // lo up there.
+        let list = Command::new("ip").args(["netns", "list"]).output().unwrap();
+        assert!(
+            String::from_utf8_lossy(&list.stdout)
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(name.as_str())),
+            "ip netns list shows it"
+        );
+        let lo = ns.command(["ip", "-o", "link", "show", "lo"]).output().unwrap();
+        assert!(String::from_utf8_lossy(&lo.stdout).contains(",UP"), "lo is up: {lo:?}");
+        // A second create of the same name fails and leaves the first alone.
+        assert!(NamedNetns::create(&name).is_err());
+        assert!(NamedNetns::exists(&name));
+        // A plugin call on a "node" runs in the node's namespace, the caller stays.
+        let out = CniExec::new(Path::new("/bin/sh"))
+            .run(
+                [("X", "1")],
+                b"ls /proc/self/net/dev_snmp6",
+                CallOptions {
+                    node: Some(&ns),
+                    ..CallOptions::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "lo",
+            "the plugin ran in the node"
+        );
+        assert_eq!(std::fs::read_link("/proc/thread-self/ns/net").unwrap(), here);
         // A handle on it does not remove it.
         drop(NamedNetns::existing(&name));
         assert!(NamedNetns::exists(&name));

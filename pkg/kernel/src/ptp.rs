@@ -414,11 +414,7 @@ impl PodNetwork {
         }
         for a in &self.addresses {
             let v6 = a.address.is_ipv6();
-            let routes = host.routes(v6).map_err(os("listing host routes"))?;
-            if !routes
-                .iter()
-                .any(|r| r.dst == Some(a.address) && r.oif == Some(link.index))
-            {
+            if !host_routes_to(&mut host, a.address, link.index)? {
                 host.add_route(Some(a.address), host_prefix(&a.address), None, link.index, v6)
                     .map_err(os("adding the host route to the pod"))?;
                 repaired.push("route");
@@ -475,11 +471,7 @@ impl PodNetwork {
                     ifname: self.host_ifname.clone(),
                 });
             }
-            let routes = host.routes(a.address.is_ipv6()).map_err(os("listing host routes"))?;
-            if !routes
-                .iter()
-                .any(|r| r.dst == Some(a.address) && r.oif == Some(link.index))
-            {
+            if !host_routes_to(&mut host, a.address, link.index)? {
                 return drift(Drift::HostRouteMissing {
                     address: a.address,
                     ifname: self.host_ifname.clone(),
@@ -566,4 +558,14 @@ pub fn disconnect(host_ifname: &str) -> Result<bool, KernelError> {
 pub fn remove(host_ifname: &str) -> Result<bool, KernelError> {
     let mut host = Netlink::new().map_err(os("opening netlink"))?;
     host.delete_link(host_ifname).map_err(os("deleting the veth pair"))
+}
+
+/// Whether the host routes `addr` (a pod's address) straight out of its host end
+/// `index`: one route lookup rather than a dump of the node's routes, so the reconcile
+/// pass checks each of a node's thousands of pods in time of its own.
+fn host_routes_to(host: &mut Netlink, addr: IpAddr, index: u32) -> Result<bool, KernelError> {
+    Ok(host
+        .route_get(addr)
+        .map_err(|e| KernelError::os("looking up the host route to the pod", e))?
+        .is_some_and(|r| r.oif == Some(index) && r.gateway.is_none()))
 }

@@ -20,7 +20,8 @@
 //! - `.wires/<node>.json`: each node's `WireState`, for people and tools to read.
 //!
 //! Changes are seen through inotify (within about 100 ms) and, should an event be lost or
-//! inotify be unavailable, through a full rescan every 2 s.
+//! inotify be unavailable, through a full rescan every 2 s (a directory that takes
+//! longer than 20 ms to read whole waits 100 times that).
 //!
 //! The parts: `manifest` parses the files into objects, `cache` keeps what was
 //! parsed until a file changes, `watcher` is the thread that notices changes, and

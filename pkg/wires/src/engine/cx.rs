@@ -4,7 +4,7 @@
 //! each end's emulation was last set to, [`Applied`]). A module of its own so the
 //! carriers, the pass and the emulation all lean on it rather than on each other.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,8 +15,8 @@ use weft_kernel::wire::Emulated;
 use weft_link::{DownBy, EndSettings, Impairment, WireEnd, WireState};
 use weft_topology::Topology;
 
-use super::Engine;
 use super::plan::{self, PodKey};
+use super::{Engine, LocalPod};
 use crate::convert;
 use crate::error::WireError;
 use crate::kernel::WireKernel;
@@ -51,8 +51,21 @@ pub(crate) struct PassState {
     pub(crate) leftover_detours: Option<HashSet<u64>>,
     /// Pods whose link states could not be written to their Topology status yet.
     pub(crate) links_unwritten: BTreeSet<PodKey>,
-    /// The Topologies as the last pass saw them (to tell which moved).
-    pub(crate) seen: HashMap<PodKey, Arc<Topology>>,
+    /// The Topologies as the last pass saw them, by address (the source keeps an
+    /// unchanged one's `Arc`, and holding it here keeps its address from being reused),
+    /// to tell which moved without comparing or keying every one at every pass.
+    pub(crate) seen: HashMap<usize, (PodKey, Arc<Topology>)>,
+    /// Which pods list a link to each pod, for the topologies in `seen`.
+    pub(crate) listers: plan::Listers,
+    /// The wire ends as the store records them, kept from one pass to the next (each
+    /// pass's writes go to both) and read afresh from the store by a pass of every pod,
+    /// after another path wrote ends (`records_epoch`), or after a write of the pass's
+    /// own may have missed the store (`records_doubtful`). None until the first pass.
+    pub(crate) records: Option<HashMap<u64, WireEnd>>,
+    /// The engine's records epoch when `records` were read.
+    pub(crate) records_epoch: u64,
+    /// Set when a removal could not be written to the store: the next pass reads it.
+    pub(crate) records_doubtful: bool,
     /// The run-time settings as the last pass saw them.
     pub(crate) settings: HashMap<u64, EndSettings>,
     /// This node's address as the last pass knew it.
@@ -62,31 +75,50 @@ pub(crate) struct PassState {
     /// Whether the last pass failed (the next looks at every pod).
     pub(crate) failed: bool,
     /// The pods alive (attached, their namespace there) as the last pass saw them.
-    pub(crate) alive: BTreeSet<PodKey>,
+    pub(crate) alive: Arc<BTreeMap<PodKey, LocalPod>>,
 }
 
 impl PassState {
     /// The pods whose Topology is new, changed or gone since the last pass, noting
-    /// `now` as seen.
+    /// `now` as seen (and their links in `listers`). Costs a pointer per topology plus
+    /// the topologies that moved.
     pub(crate) fn moved(&mut self, now: Vec<Arc<Topology>>) -> BTreeSet<PodKey> {
-        let now: HashMap<PodKey, Arc<Topology>> = now.into_iter().map(|t| (plan::key_of(&t), t)).collect();
-        let mut moved: BTreeSet<PodKey> = self.seen.keys().filter(|k| !now.contains_key(*k)).cloned().collect();
-        for (k, t) in &now {
-            if !self.seen.get(k).is_some_and(|old| Arc::ptr_eq(old, t)) {
-                moved.insert(k.clone());
+        let addr = |t: &Arc<Topology>| Arc::as_ptr(t) as usize;
+        let now_addrs: HashSet<usize> = now.iter().map(addr).collect();
+        let mut moved = BTreeSet::new();
+        let (seen, listers) = (&mut self.seen, &mut self.listers);
+        seen.retain(|a, (key, t)| {
+            let kept = now_addrs.contains(a);
+            if !kept {
+                listers.remove(key, t);
+                moved.insert(key.clone());
+            }
+            kept
+        });
+        for t in now {
+            if let std::collections::hash_map::Entry::Vacant(e) = seen.entry(addr(&t)) {
+                let key = plan::key_of(&t);
+                listers.add(&key, &t);
+                moved.insert(key.clone());
+                e.insert((key, t));
             }
         }
-        self.seen = now;
         moved
     }
 
     /// The pods that came or went since the last pass (attached or detached, or their
     /// namespace appeared or vanished without either), noting `now` as alive: the local
     /// pods linked to one follow in the same pass.
-    pub(crate) fn came_or_went<V>(&mut self, now: &std::collections::BTreeMap<PodKey, V>) -> BTreeSet<PodKey> {
-        let now: BTreeSet<PodKey> = now.keys().cloned().collect();
-        let changed = now.symmetric_difference(&self.alive).cloned().collect();
-        self.alive = now;
+    pub(crate) fn came_or_went(&mut self, now: &Arc<BTreeMap<PodKey, LocalPod>>) -> BTreeSet<PodKey> {
+        // The same map as last time (no ADD, DEL or vanished namespace since): nothing.
+        if Arc::ptr_eq(&self.alive, now) {
+            return BTreeSet::new();
+        }
+        let changed = (now.keys().filter(|k| !self.alive.contains_key(*k)))
+            .chain(self.alive.keys().filter(|k| !now.contains_key(*k)))
+            .cloned()
+            .collect();
+        self.alive = now.clone();
         changed
     }
 
@@ -139,6 +171,10 @@ impl<P: GrpcPlane> Cx<'_, P> {
         let stored = r.clone();
         self.engine.store.run(move |db| db.put_wire(&stored)).await?;
         let labels = convert::labels(&r);
+        // What the wire-state resource shows of an end: written again when it moved.
+        if self.records.get(&r.id).map(|o| (o.state, &o.peer_node)) != Some((r.state, &r.peer_node)) {
+            self.pass.mirrored = false;
+        }
         // Re-pointed (another peer node, kind or interface): the old series end here.
         if let Some(old) = self.records.get(&r.id).map(convert::labels)
             && old != labels
@@ -188,7 +224,10 @@ impl<P: GrpcPlane> Cx<'_, P> {
         let id = r.id;
         if let Err(e) = self.engine.store.run(move |db| db.remove_wire(id)).await {
             warn!(wire = r.id, error = %e, "could not forget a wire end");
+            // The store may still hold it: the next pass reads the store again.
+            self.pass.records_doubtful = true;
         }
+        self.pass.mirrored = false;
         self.engine.metrics.remove_wire(&convert::labels(r));
         self.records.remove(&r.id);
         info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, kind = %r.kind, "wire end removed");

@@ -40,7 +40,7 @@ impl<P: GrpcPlane> Engine<P> {
             Err(e) => return refuse(e.to_string()),
         };
         let key = (end.namespace.clone(), end.peer_pod.clone());
-        let Some(pod) = self.pods().get(&key).cloned() else {
+        let Some(pod) = self.pod(&key) else {
             return refuse(format!("pod {}/{} is not on this node", end.namespace, end.peer_pod));
         };
         let id = end.peer_id;
@@ -74,6 +74,7 @@ impl<P: GrpcPlane> Engine<P> {
             }
             r.state = WireState::Down;
             let _ = self.store.run(move |db| db.put_wire(&r)).await;
+            self.records_written();
         }
     }
 }

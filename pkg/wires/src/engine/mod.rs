@@ -187,9 +187,9 @@ pub struct Engine<P = DataPlane> {
     new_plane: PlaneFactory<P>,
     /// The data plane, made once this node's address is known.
     plane: OnceLock<Arc<P>>,
-    /// The pods the daemon attached: ADD and DEL write, the pass and the `Ends`
-    /// service read.
-    pods: Mutex<BTreeMap<PodKey, LocalPod>>,
+    /// The pods the daemon attached: ADD and DEL write (a new map each time), the
+    /// pass and the `Ends` service read (a pass takes the map, not a copy of it).
+    pods: Mutex<Arc<BTreeMap<PodKey, LocalPod>>>,
     /// Requests for passes (any path) and the passes done (the run task).
     passes: Passes,
     /// Why an end's emulation is not in force, per end that has a reason: the pass
@@ -203,6 +203,10 @@ pub struct Engine<P = DataPlane> {
     /// Topology statuses say, and what ADDs waiting for their links watch): the pass
     /// publishes, readers subscribe.
     links: watch::Sender<BTreeMap<PodKey, Vec<LinkStatus>>>,
+    /// Moved by every write of a wire end outside the run task (the `Ends` service):
+    /// the run task keeps the ends between passes and reads the store again when this
+    /// moved.
+    records_epoch: AtomicU64,
 }
 
 /// Pass requests: any path asks for a pass (of every pod, or of the pods it names) and
@@ -317,11 +321,12 @@ impl<P: GrpcPlane> Engine<P> {
             carriers: seams.carriers,
             new_plane: seams.plane,
             plane: OnceLock::new(),
-            pods: Mutex::new(pods),
+            pods: Mutex::new(Arc::new(pods)),
             passes: Passes::new(),
             problems: Mutex::default(),
             sampled: Mutex::default(),
             links: watch::channel(BTreeMap::new()).0,
+            records_epoch: AtomicU64::new(0),
         });
         engine.restore().await;
         tokio::spawn(engine.clone().run());
@@ -343,8 +348,13 @@ impl<P: GrpcPlane> Engine<P> {
     }
 
     /// The pods the daemon attached, as they are now.
-    fn pods(&self) -> BTreeMap<PodKey, LocalPod> {
+    fn pods(&self) -> Arc<BTreeMap<PodKey, LocalPod>> {
         self.pods.lock().expect("pods lock").clone()
+    }
+
+    /// Pod `key` as the daemon attached it, if it did.
+    fn pod(&self, key: &PodKey) -> Option<LocalPod> {
+        self.pods.lock().expect("pods lock").get(key).cloned()
     }
 
     /// Has each end the store holds taken back by its carrier (before the first pass).
@@ -359,10 +369,7 @@ impl<P: GrpcPlane> Engine<P> {
 
     /// A pod of this node was attached: wires it and waits for the pass that did it.
     pub async fn pod_added(&self, namespace: &str, name: &str, pod: LocalPod) {
-        self.pods
-            .lock()
-            .expect("pods lock")
-            .insert((namespace.into(), name.into()), pod);
+        Arc::make_mut(&mut self.pods.lock().expect("pods lock")).insert((namespace.into(), name.into()), pod);
         // A pod no Topology names, its own or another pod's as a peer, has no link for a
         // pass to build: every pod of a cluster that is not a lab. Its ADD does not wait
         // for a pass (0.2 ms); the next pass notes it all the same, and a Topology that
@@ -389,7 +396,7 @@ impl<P: GrpcPlane> Engine<P> {
             let mut pods = self.pods.lock().expect("pods lock");
             let key = (namespace.to_string(), name.to_string());
             match pods.get(&key) {
-                Some(p) if p.container_id == container_id => pods.remove(&key).is_some(),
+                Some(p) if p.container_id == container_id => Arc::make_mut(&mut pods).remove(&key).is_some(),
                 _ => false,
             }
         };
@@ -488,6 +495,12 @@ impl<P: GrpcPlane> Engine<P> {
         self.passes.wait(self.passes.kick_pods(pods)).await
     }
 
+    /// Notes that a path other than the run task wrote a wire end to the store (after
+    /// the write): the next pass reads the store again.
+    fn records_written(&self) {
+        self.records_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// The wire ends this node holds.
     pub async fn wires(&self) -> Result<Vec<WireEnd>, StoreError> {
         self.store.run(|db| db.wires()).await
@@ -521,8 +534,9 @@ impl<P: GrpcPlane> Engine<P> {
     /// Pods of this node with a topology.
     pub fn wired_pods(&self) -> Vec<PodKey> {
         self.pods()
-            .into_keys()
+            .keys()
             .filter(|(ns, n)| self.source.topology(ns, n).is_some())
+            .cloned()
             .collect()
     }
 

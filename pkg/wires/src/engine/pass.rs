@@ -14,13 +14,13 @@
 //! What the task remembers from one pass to the next ([`PassState`]) is owned by it
 //! and lent to each pass; no other path reads or writes it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
-use weft_link::{EndSettings, LinkKind, LinkPhase, LinkStatus, WireEnd};
+use weft_link::{EndSettings, LinkKind, LinkPhase, LinkStatus, WireEnd, WireState};
 
 use super::carrier::Far;
 use super::cx::{Cx, PassState};
@@ -31,12 +31,29 @@ use crate::ids::wire_id;
 use crate::metrics::LinkStateLabels;
 use crate::plane::GrpcPlane;
 
+/// How long a pass moved by a change of the topology source waits for more changes
+/// (unless one is asked for meanwhile): a remote pod's arrival reaches its local peers
+/// this much later at most.
+const SETTLE: Duration = Duration::from_millis(20);
+
 /// The least time between two writes of the wire-state resource while passes are
 /// asked for faster than they finish (a bring-up: at thousands of ends each write is
 /// the whole list, and pods arrive many a second). A pass of every pod, or one after
 /// which nothing more was asked, writes at once, so the resource is current as soon as
 /// the node is quiet.
 const MIRROR_EVERY: Duration = Duration::from_secs(1);
+
+/// The least time between two such writes of `ends` ends: [`MIRROR_EVERY`], or half a
+/// millisecond per end when longer, so that a bring-up spends a share of its time on
+/// them that does not grow with the node (each write is the whole list).
+fn mirror_every(ends: usize) -> Duration {
+    MIRROR_EVERY.max(Duration::from_micros(500).saturating_mul(u32::try_from(ends).unwrap_or(u32::MAX)))
+}
+
+/// The pod end `r` belongs to, as a borrowed pair.
+fn owned(r: &WireEnd) -> (&str, &str) {
+    (r.namespace.as_str(), r.local_pod.as_str())
+}
 
 impl<P: GrpcPlane> Engine<P> {
     /// The run task: a pass whenever asked, the source changes or the timer fires
@@ -63,7 +80,18 @@ impl<P: GrpcPlane> Engine<P> {
             };
             tokio::select! {
                 _ = self.passes.kicked() => {}
-                r = changes.changed() => if r.is_err() { tokio::time::sleep(wait).await },
+                r = changes.changed() => if r.is_err() {
+                    tokio::time::sleep(wait).await
+                } else {
+                    // A change of the source comes in bursts (every pod's arrival in a
+                    // lab is a status write or two on every node): one pass for the
+                    // burst, not one per write. A pass asked for (an ADD waiting on
+                    // it) cuts the wait short.
+                    tokio::select! {
+                        _ = self.passes.kicked() => {}
+                        _ = tokio::time::sleep(SETTLE) => {}
+                    }
+                },
                 _ = tokio::time::sleep(wait) => {}
             }
         }
@@ -82,35 +110,41 @@ impl<P: GrpcPlane> Engine<P> {
             st.retry = true;
             return Ok(());
         };
-        // A pod whose namespace is gone is being collected by the daemon; its ends went
-        // with the namespace and its records go as stale below.
-        let pods: BTreeMap<PodKey, LocalPod> = self
-            .pods()
-            .into_iter()
-            .filter(|(_, p)| self.kernel.pod_exists(&p.netns))
-            .collect();
+        let every = every || asked.all || st.me.replace(me) != Some(me);
         let settings = self.store.run(|db| db.link_settings()).await?;
-        let mut records: HashMap<u64, WireEnd> = self
-            .store
-            .run(|db| db.wires())
-            .await?
-            .into_iter()
-            .map(|r| (r.id, r))
-            .collect();
-        let before: BTreeSet<_> = records.values().map(|r| (r.id, r.state, r.peer_node.clone())).collect();
+        let mut records = self.records(st, every).await?;
 
         let mut seeds = st.moved(self.source.topologies());
-        seeds.extend(st.came_or_went(&pods));
         seeds.extend(st.resettled(&settings, &records));
         seeds.extend(asked.pods);
         seeds.append(&mut st.retry_pods);
-        let every = every || asked.all || st.me.replace(me) != Some(me);
+        // A pod whose namespace is gone is being collected by the daemon; its ends went
+        // with the namespace and its records go as stale below (a stat per pod: what its
+        // linked pods say follows at this pass, not at the next look at every pod).
+        let pods = {
+            let attached = self.pods();
+            let gone: Vec<&PodKey> = (attached.iter())
+                .filter(|(_, p)| !self.kernel.pod_exists(&p.netns))
+                .map(|(k, _)| k)
+                .collect();
+            if gone.is_empty() {
+                attached
+            } else {
+                let mut alive = (*attached).clone();
+                alive.retain(|k, _| !gone.contains(&k));
+                Arc::new(alive)
+            }
+        };
+        seeds.extend(st.came_or_went(&pods));
         let scope: BTreeSet<PodKey> = if every {
             st.last_full = Some(Instant::now());
             pods.keys().cloned().collect()
         } else {
-            plan::affected(&pods, &seeds, |n, p| self.source.topology(n, p))
+            plan::affected(&pods, &seeds, |n, p| self.source.topology(n, p), &st.listers)
         };
+        // The same pods as borrowed pairs, to test ends by without allocating.
+        let alive: HashSet<(&str, &str)> = pods.keys().map(|(n, p)| (n.as_str(), p.as_str())).collect();
+        let looked: HashSet<(&str, &str)> = scope.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
 
         // Where this node's pods run: written for the other nodes to read.
         for key @ (ns, name) in &scope {
@@ -192,8 +226,7 @@ impl<P: GrpcPlane> Engine<P> {
             .records
             .values()
             .filter(|r| {
-                let owner = plan::owner(r);
-                (every || scope.contains(&owner) || !pods.contains_key(&owner))
+                (every || looked.contains(&owned(r)) || !alive.contains(&owned(r)))
                     && !plan::end_wanted(r, &pods, |n, p| self.source.topology(n, p))
             })
             .cloned()
@@ -213,7 +246,7 @@ impl<P: GrpcPlane> Engine<P> {
 
         // Impairments and carrier by intent, on the ends built so far.
         if self
-            .emulate(&mut cx, &settings, |r| every || scope.contains(&plan::owner(r)))
+            .emulate(&mut cx, &settings, |r| every || looked.contains(&owned(r)))
             .await
             .is_err()
         {
@@ -223,14 +256,15 @@ impl<P: GrpcPlane> Engine<P> {
         self.report_links(me, &pods, &scope, cx.records, &attempts, &settings, cx.pass)
             .await;
 
-        let after: BTreeSet<_> = records.values().map(|r| (r.id, r.state, r.peer_node.clone())).collect();
-        if before != after {
-            st.mirrored = false;
-        }
         if !st.mirrored {
             // More asked since this pass began (`want`): another pass follows at once.
             let busy = self.passes.requested() > want;
-            if every || !busy || st.mirrored_at.is_none_or(|t| t.elapsed() >= MIRROR_EVERY) {
+            if every
+                || !busy
+                || st
+                    .mirrored_at
+                    .is_none_or(|t| t.elapsed() >= mirror_every(records.len()))
+            {
                 let ends = records.values().cloned().collect();
                 st.mirrored_at = Some(Instant::now());
                 st.mirrored = true;
@@ -243,7 +277,36 @@ impl<P: GrpcPlane> Engine<P> {
                 st.retry = true;
             }
         }
+        st.records = Some(records);
         Ok(())
+    }
+
+    /// The wire ends as the store records them: those the last pass kept, or read
+    /// afresh (see [`PassState::records`]); a fresh read that differs from what was
+    /// kept has the wire-state resource written again.
+    async fn records(&self, st: &mut PassState, every: bool) -> Result<HashMap<u64, WireEnd>, WireError> {
+        let epoch = self.records_epoch.load(std::sync::atomic::Ordering::Acquire);
+        match st.records.take() {
+            Some(kept) if !every && !st.records_doubtful && st.records_epoch == epoch => Ok(kept),
+            kept => {
+                let fresh: HashMap<u64, WireEnd> = self
+                    .store
+                    .run(|db| db.wires())
+                    .await?
+                    .into_iter()
+                    .map(|r| (r.id, r))
+                    .collect();
+                let shown = |m: &HashMap<u64, WireEnd>| -> BTreeSet<(u64, WireState, String)> {
+                    m.values().map(|r| (r.id, r.state, r.peer_node.clone())).collect()
+                };
+                if kept.as_ref().is_none_or(|k| shown(k) != shown(&fresh)) {
+                    st.mirrored = false;
+                }
+                st.records_epoch = epoch;
+                st.records_doubtful = false;
+                Ok(fresh)
+            }
+        }
     }
 
     /// Brings one link of a local pod where `want` says, through its carrier.

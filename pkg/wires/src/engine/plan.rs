@@ -3,7 +3,7 @@
 //! by. Every decision here is by name and place, never by timing, so two nodes (or two
 //! pods of one node) reach the same answer on their own.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -71,33 +71,70 @@ pub(crate) fn want(
     Want::Remote { kind, node }
 }
 
+/// Which pods list a link to each pod: the reverse of the topologies' links, kept by
+/// the run task as topologies come, change and go, so a pass finds the local pods
+/// linked to a pod that moved in time of that pod's links, not of the node's pods.
+#[derive(Debug, Default)]
+pub(crate) struct Listers(HashMap<PodKey, BTreeSet<PodKey>>);
+
+impl Listers {
+    /// The index of `topologies`.
+    #[cfg(test)]
+    pub(crate) fn of<'a>(topologies: impl IntoIterator<Item = &'a Topology>) -> Self {
+        let mut l = Listers::default();
+        for t in topologies {
+            l.add(&key_of(t), t);
+        }
+        l
+    }
+
+    /// Notes the links of `t`, pod `key`'s topology.
+    pub(crate) fn add(&mut self, key: &PodKey, t: &Topology) {
+        for l in &t.spec.links {
+            self.0
+                .entry((key.0.clone(), l.peer_pod.clone()))
+                .or_default()
+                .insert(key.clone());
+        }
+    }
+
+    /// Forgets the links of `t`, pod `key`'s topology as it was.
+    pub(crate) fn remove(&mut self, key: &PodKey, t: &Topology) {
+        for l in &t.spec.links {
+            let peer = (key.0.clone(), l.peer_pod.clone());
+            if let Some(set) = self.0.get_mut(&peer) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.0.remove(&peer);
+                }
+            }
+        }
+    }
+
+    /// The pods whose topology lists a link to `pod`.
+    pub(crate) fn listing(&self, pod: &PodKey) -> impl Iterator<Item = &PodKey> {
+        self.0.get(pod).into_iter().flatten()
+    }
+}
+
 /// The local pods a pass must look at when the pods `seeds` moved (their topology,
 /// their attachment, a peer node's word, their run-time settings): the seeds that run
 /// here, the local pods listing a link to a seed (what they want depends on where it
-/// is), and the local pods a seed lists a link to (one of the two builds their veth
-/// pair). Every other local pod's links stand as the last pass left them, so a pass
-/// costs what moved, not what the node holds.
+/// is: `listers` says which), and the local pods a seed lists a link to (one of the
+/// two builds their veth pair). Every other local pod's links stand as the last pass
+/// left them, so a pass costs what moved, not what the node holds.
 pub(crate) fn affected(
     pods: &BTreeMap<PodKey, LocalPod>,
     seeds: &BTreeSet<PodKey>,
     topology: impl Fn(&str, &str) -> Option<Arc<Topology>>,
+    listers: &Listers,
 ) -> BTreeSet<PodKey> {
-    let seed: HashSet<(&str, &str)> = seeds.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
     let mut out = BTreeSet::new();
-    for key @ (ns, name) in pods.keys() {
-        let lists_seed = || {
-            topology(ns, name).is_some_and(|t| {
-                t.spec
-                    .links
-                    .iter()
-                    .any(|l| seed.contains(&(ns.as_str(), l.peer_pod.as_str())))
-            })
-        };
-        if seed.contains(&(ns.as_str(), name.as_str())) || lists_seed() {
-            out.insert(key.clone());
+    for seed @ (ns, name) in seeds {
+        if pods.contains_key(seed) {
+            out.insert(seed.clone());
         }
-    }
-    for (ns, name) in seeds {
+        out.extend(listers.listing(seed).filter(|k| pods.contains_key(*k)).cloned());
         for l in topology(ns, name).iter().flat_map(|t| t.spec.links.iter()) {
             let peer = (ns.clone(), l.peer_pod.clone());
             if pods.contains_key(&peer) {

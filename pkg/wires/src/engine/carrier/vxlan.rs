@@ -142,7 +142,9 @@ impl<P: GrpcPlane> Carrier<P> for Vxlan {
             // Re-pointed or re-numbered: the pass rebuilds it from the new record.
             r.state = if e.state.is_up() { WireState::Pending } else { e.state };
         }
-        match engine.store.run(move |db| db.put_wire(&r)).await {
+        let put = engine.store.run(move |db| db.put_wire(&r)).await;
+        engine.records_written();
+        match put {
             Ok(()) => accept(),
             Err(StoreError::VniTaken { vni, .. }) => refuse(format!("VNI {vni} is taken on this node")),
             Err(e) => refuse(e.to_string()),

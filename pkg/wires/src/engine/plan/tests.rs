@@ -179,15 +179,38 @@ fn a_pass_looks_at_what_moved_and_the_local_pods_linked_to_it() {
     ];
     let pods = local(&["r1", "r2", "r3", "r4", "r5", "r6"]);
     let find = finder(&topos);
+    let listers = Listers::of(topos.iter().map(|t| &**t));
     // A remote pod moved: the local pods listing it.
-    assert_eq!(affected(&pods, &keys(&["x"]), &find), keys(&["r2"]));
+    assert_eq!(affected(&pods, &keys(&["x"]), &find, &listers), keys(&["r2"]));
     // A local pod moved: itself and its local peers both ways.
-    assert_eq!(affected(&pods, &keys(&["r1"]), &find), keys(&["r1", "r2"]));
-    assert_eq!(affected(&pods, &keys(&["r5"]), &find), keys(&["r3", "r5"]));
-    assert_eq!(affected(&pods, &keys(&["r6"]), &find), keys(&["r6"]));
+    assert_eq!(affected(&pods, &keys(&["r1"]), &find, &listers), keys(&["r1", "r2"]));
+    assert_eq!(affected(&pods, &keys(&["r5"]), &find, &listers), keys(&["r3", "r5"]));
+    assert_eq!(affected(&pods, &keys(&["r6"]), &find, &listers), keys(&["r6"]));
     // A pod that is gone (no longer local, topology still there): its former peers.
-    assert_eq!(affected(&local(&["r2", "r3"]), &keys(&["r4"]), &find), keys(&["r3"]));
-    assert_eq!(affected(&pods, &BTreeSet::new(), &find), BTreeSet::new());
+    assert_eq!(
+        affected(&local(&["r2", "r3"]), &keys(&["r4"]), &find, &listers),
+        keys(&["r3"])
+    );
+    assert_eq!(affected(&pods, &BTreeSet::new(), &find, &listers), BTreeSet::new());
+    // r3's topology changes to list r6 instead of r5: the index follows it.
+    let mut listers = listers;
+    let key = |n: &str| ("lab".to_string(), n.to_string());
+    listers.remove(&key("r3"), &topos[2]);
+    let r3 = topo("r3", vec![link(3, "r4", None), link(5, "r6", None)], None);
+    listers.add(&key("r3"), &r3);
+    let topos = [
+        topos[0].clone(),
+        topos[1].clone(),
+        r3,
+        topos[3].clone(),
+        topos[4].clone(),
+        topos[5].clone(),
+        topos[6].clone(),
+    ];
+    let find = finder(&topos);
+    assert_eq!(affected(&pods, &keys(&["r5"]), &find, &listers), keys(&["r5"]));
+    assert_eq!(affected(&pods, &keys(&["r6"]), &find, &listers), keys(&["r3", "r6"]));
+    assert_eq!(listers.listing(&key("r4")).collect::<Vec<_>>(), vec![&key("r3")]);
 }
 
 #[test]
