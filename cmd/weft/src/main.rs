@@ -12,7 +12,7 @@ use weft_cni::conf::{self, PluginConfig};
 use weft_cni::{Cmd, CniError, Code, spool, version};
 use weft_rpc::cnirpc::CniArgs;
 use weft_rpc::cnirpc::cni_client::CniClient;
-use weft_rpc::{DialOptions, cni_error_from_status, dial_unix};
+use weft_rpc::{DialOptions, UnixConnection, cni_error_from_status, connect_unix};
 
 /// How long a DEL keeps trying to connect to a restarting weftd before it spools the
 /// DEL instead: well inside a second, so teardown never waits on a down daemon.
@@ -218,25 +218,33 @@ async fn relay(cmd: Cmd, socket: &str, args: CniArgs) -> Result<Vec<u8>, Failed>
         // A DEL that cannot connect is spooled, not failed: wait less for a restart.
         opts.connect_window = DEL_CONNECT_WINDOW;
     }
-    let channel = dial_unix(Path::new(socket), &opts).await.map_err(|e| {
+    let conn = connect_unix(Path::new(socket), &opts).await.map_err(|e| {
         Failed::Unreachable(CniError::new(
             unreachable_code,
             format!("cannot reach weftd at {socket}: {}", source_chain(&e)),
         ))
     })?;
-    let mut client = CniClient::new(channel);
+    let mut client = CniClient::with_origin(conn, UnixConnection::origin());
     let mut request = tonic::Request::new(args);
     if let Ok(v) = traceparent().parse() {
         request.metadata_mut().insert("traceparent", v);
     }
-    let outcome = match cmd {
-        Cmd::Add => client.add(request).await.map(|r| r.into_inner().result),
-        Cmd::Del => client.del(request).await.map(|_| Vec::new()),
-        Cmd::Check => client.check(request).await.map(|_| Vec::new()),
-        Cmd::Status => client.status(request).await.map(|_| Vec::new()),
-        Cmd::Gc => client.gc(request).await.map(|_| Vec::new()),
-        Cmd::Version => unreachable!("answered locally"),
+    let call = async {
+        match cmd {
+            Cmd::Add => client.add(request).await.map(|r| r.into_inner().result),
+            Cmd::Del => client.del(request).await.map(|_| Vec::new()),
+            Cmd::Check => client.check(request).await.map(|_| Vec::new()),
+            Cmd::Status => client.status(request).await.map(|_| Vec::new()),
+            Cmd::Gc => client.gc(request).await.map(|_| Vec::new()),
+            Cmd::Version => unreachable!("answered locally"),
+        }
     };
+    let outcome = tokio::time::timeout(opts.call_timeout, call).await.unwrap_or_else(|_| {
+        Err(tonic::Status::deadline_exceeded(format!(
+            "no answer within {:?}",
+            opts.call_timeout
+        )))
+    });
     outcome.map_err(|status| status_to_cni(&status, socket, unreachable_code))
 }
 

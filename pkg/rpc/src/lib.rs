@@ -171,6 +171,87 @@ pub async fn dial_unix(path: &Path, opts: &DialOptions) -> Result<Channel, tonic
         .await
 }
 
+/// One HTTP/2 connection to the daemon's socket, for a client that makes a call or two
+/// and exits: the CNI plugin, exec'd for every pod. A tonic [`Channel`] would add a
+/// buffer task, a reconnect layer and a load-balancing stack around the connection,
+/// which a process that lives for one call pays for at every start and never uses.
+/// Wrap it in a generated client with `with_origin(conn, UnixConnection::origin())`.
+/// The connection keeps answering the daemon's pings while a call waits, and fails
+/// the call when the daemon stops answering its own ([`DialOptions::keepalive_timeout`]);
+/// the caller bounds each call by [`DialOptions::call_timeout`] itself.
+#[derive(Debug, Clone)]
+pub struct UnixConnection {
+    send: hyper::client::conn::http2::SendRequest<tonic::body::Body>,
+}
+
+impl UnixConnection {
+    /// The origin requests name: required by HTTP/2, never resolved.
+    pub fn origin() -> tonic::transport::Uri {
+        tonic::transport::Uri::from_static("http://weftd.invalid")
+    }
+}
+
+/// Why [`connect_unix`] failed.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// The socket could not be connected to (within the connect window).
+    Socket(std::io::Error),
+    /// The socket answered, but not as an HTTP/2 server.
+    Handshake(hyper::Error),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Socket(_) => f.write_str("connecting to the socket"),
+            Self::Handshake(_) => f.write_str("the HTTP/2 handshake"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Socket(e) => Some(e),
+            Self::Handshake(e) => Some(e),
+        }
+    }
+}
+
+/// Connects to the daemon's UNIX socket at `path` for a call or two ([`UnixConnection`]).
+/// A missing socket or a refused connection is retried for `opts.connect_window`, as
+/// [`dial_unix`] does. The connection is driven by a task on the current runtime.
+pub async fn connect_unix(path: &Path, opts: &DialOptions) -> Result<UnixConnection, ConnectError> {
+    let stream = connect_with_retry(path, opts.connect_window)
+        .await
+        .map_err(ConnectError::Socket)?;
+    let (send, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_timeout(opts.keepalive_timeout)
+        .keep_alive_while_idle(true)
+        .handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .map_err(ConnectError::Handshake)?;
+    // Ends with the connection; its error, if any, is the call's.
+    tokio::spawn(conn);
+    Ok(UnixConnection { send })
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for UnixConnection {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.send.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        Box::pin(self.send.send_request(req))
+    }
+}
+
 async fn connect_with_retry(path: &Path, window: Duration) -> std::io::Result<tokio::net::UnixStream> {
     let deadline = tokio::time::Instant::now() + window;
     let mut backoff = Duration::from_millis(20);
@@ -247,6 +328,115 @@ mod tests {
         assert_eq!(e.code, weft_cni::Code::Internal);
         assert_eq!(e.msg, "something new");
         assert!(e.details.contains("CNI code 150"), "{}", e.details);
+    }
+
+    /// Answers ADD with the container id as its result and DEL with a CNI error.
+    struct Echo;
+
+    #[tonic::async_trait]
+    impl cnirpc::cni_server::Cni for Echo {
+        async fn add(
+            &self,
+            r: tonic::Request<cnirpc::CniArgs>,
+        ) -> Result<tonic::Response<cnirpc::AddResponse>, tonic::Status> {
+            Ok(tonic::Response::new(cnirpc::AddResponse {
+                result: r.into_inner().container_id.into_bytes(),
+            }))
+        }
+        async fn del(
+            &self,
+            _: tonic::Request<cnirpc::CniArgs>,
+        ) -> Result<tonic::Response<cnirpc::DelResponse>, tonic::Status> {
+            Err(cni_error_status(&weft_cni::CniError::new(
+                weft_cni::Code::InvalidNetns,
+                "no such netns",
+            )))
+        }
+        async fn check(
+            &self,
+            _: tonic::Request<cnirpc::CniArgs>,
+        ) -> Result<tonic::Response<cnirpc::CheckResponse>, tonic::Status> {
+            Ok(tonic::Response::new(cnirpc::CheckResponse {}))
+        }
+        async fn status(
+            &self,
+            _: tonic::Request<cnirpc::CniArgs>,
+        ) -> Result<tonic::Response<cnirpc::StatusResponse>, tonic::Status> {
+            Ok(tonic::Response::new(cnirpc::StatusResponse {}))
+        }
+        async fn gc(
+            &self,
+            _: tonic::Request<cnirpc::CniArgs>,
+        ) -> Result<tonic::Response<cnirpc::GcResponse>, tonic::Status> {
+            Ok(tonic::Response::new(cnirpc::GcResponse { removed: 0 }))
+        }
+    }
+
+    fn args(container_id: &str) -> cnirpc::CniArgs {
+        cnirpc::CniArgs {
+            container_id: container_id.into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_unix_connection_carries_calls_and_their_cni_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weftd.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(cnirpc::cni_server::CniServer::new(Echo))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        );
+        let conn = connect_unix(&path, &DialOptions::default()).await.unwrap();
+        let mut client = cnirpc::cni_client::CniClient::with_origin(conn, UnixConnection::origin());
+        for id in ["ctr-1", "ctr-2"] {
+            let got = client.add(args(id)).await.unwrap().into_inner().result;
+            assert_eq!(got, id.as_bytes(), "one connection, two calls");
+        }
+        let status = client.del(args("ctr-1")).await.unwrap_err();
+        assert_eq!(
+            cni_error_from_status(&status),
+            Some(weft_cni::CniError::new(weft_cni::Code::InvalidNetns, "no such netns")),
+            "the CNI error travels"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_socket_is_a_socket_error_after_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = DialOptions {
+            connect_window: Duration::from_millis(50),
+            ..Default::default()
+        };
+        match connect_unix(&dir.path().join("none.sock"), &opts).await {
+            Err(ConnectError::Socket(e)) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound),
+            other => panic!("expected a socket error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_accepts_and_never_answers_fails_the_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hung.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        // Accepts and holds the connection, reading nothing: a stopped daemon whose
+        // socket still queues connections.
+        let held = tokio::spawn(async move { listener.accept().await.map(|(s, _)| s) });
+        let opts = DialOptions {
+            keepalive_timeout: Duration::from_millis(300),
+            ..Default::default()
+        };
+        let conn = connect_unix(&path, &opts).await.unwrap();
+        let mut client = cnirpc::cni_client::CniClient::with_origin(conn, UnixConnection::origin());
+        // The bound only keeps a broken keep-alive from hanging the test.
+        let outcome = tokio::time::timeout(Duration::from_secs(20), client.add(args("ctr-1")))
+            .await
+            .expect("the keep-alive ends the call, not the test's bound");
+        let status = outcome.unwrap_err();
+        assert!(cni_error_from_status(&status).is_none(), "{status:?}");
+        drop(held);
     }
 
     #[test]
