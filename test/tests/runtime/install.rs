@@ -1120,8 +1120,10 @@ fn node_object() -> k8s_openapi::api::core::v1::Node {
 // The image.
 
 /// The statically linked plugin, built for the host's target triple into
-/// `target/<triple>/debug/weft` (cargo passes `+crt-static` to this crate alone, as the
-/// `plugin-static` alias does), so the workspace's `target/debug/weft` stays as it is.
+/// `target/<triple>/debug/weft` (cargo passes `+crt-static` to this crate alone, as
+/// `cargo plugin-static` does where no musl target is installed: glibc is what every
+/// machine that runs this suite has), so the workspace's `target/debug/weft` stays as
+/// it is.
 /// The first build compiles the plugin's dependencies for that directory once.
 fn static_plugin() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
