@@ -13,6 +13,7 @@ use weft_harness::{CniExec, CniVars, DaemonConfig, NamedNetns, NodeDaemon};
 
 use crate::load::{Snapshot, mean_between};
 use crate::table::Table;
+use crate::util::turns;
 use crate::{Percentiles, STOP_LIMIT, lab, median, ms, otlp};
 
 /// What is compared.
@@ -396,8 +397,7 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     }
     let (mut sa, mut sb) = (Samples::default(), Samples::default());
     for round in 0..opts.rounds {
-        let order = if round % 2 == 0 { [a, b] } else { [b, a] };
-        for target in order {
+        for target in turns(round).map(|i| [a, b][i]) {
             let r = Round {
                 opts,
                 target,

@@ -20,7 +20,7 @@ use weft_harness::NamedNetns;
 
 use crate::median;
 use crate::table::Table;
-use crate::util::{LabGuard, build_pair, iperf_tcp, metric_sum, metrics_in, wait_reachable};
+use crate::util::{LabGuard, build_pair, iperf_tcp, metric_sum, metrics_in, side_name, turns, wait_reachable};
 
 /// The targets of issue 37: flows on over off.
 pub const FLOW_TCP_TARGET: f64 = 0.97;
@@ -177,23 +177,15 @@ fn connections(client: &str, server: &str, dst: Ipv4Addr, seconds: f64) -> Resul
 /// Runs the comparison.
 pub fn run_flow_overhead(o: &OverheadOptions) -> Result<OverheadReport, String> {
     let base = format!("wf{}", std::process::id());
-    let (on, off) = build_pair(
-        "flow overhead",
-        || {
-            let name = format!("{base}on");
-            Side::build(&o.work_dir.join(&name), &name, true, o)
-        },
-        || {
-            let name = format!("{base}of");
-            Side::build(&o.work_dir.join(&name), &name, false, o)
-        },
-    )?;
+    let (on, off) = build_pair("flow overhead", |on| {
+        let name = side_name(&base, on);
+        Side::build(&o.work_dir.join(&name), &name, on, o)
+    })?;
     let sides = [&on, &off];
     let mut results = [OverheadSide::default(), OverheadSide::default()];
     let mut connections_on = 0;
     for round in 0..o.rounds {
-        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for i in order {
+        for i in turns(round) {
             let s = sides[i];
             let (a, b) = (s.ns("a"), s.ns("b"));
             let t = iperf_tcp(&a, &b, s.dst, o.tcp_seconds)?;
@@ -214,8 +206,8 @@ pub fn run_flow_overhead(o: &OverheadOptions) -> Result<OverheadReport, String> 
     }
     drop(on);
     drop(off);
-    for suffix in ["on", "of"] {
-        let _ = std::fs::remove_dir_all(o.work_dir.join(format!("{base}{suffix}")));
+    for on in [true, false] {
+        let _ = std::fs::remove_dir_all(o.work_dir.join(side_name(&base, on)));
     }
     for r in &mut results {
         r.tcp_gbps_median = median(&r.tcp_gbps);

@@ -18,7 +18,7 @@ use serde_json::json;
 use weft_harness::NamedNetns;
 
 use crate::table::Table;
-use crate::util::{LabGuard, build_pair, iperf_tcp, own_rss_kib};
+use crate::util::{LabGuard, build_pair, iperf_tcp, own_rss_kib, side_name, turns};
 use crate::{Percentiles, median};
 
 /// The targets: lookup p50, policy over none.
@@ -268,24 +268,16 @@ impl Side {
 /// Runs the comparison.
 pub fn run_fqdn(o: &FqdnOptions) -> Result<FqdnReport, String> {
     let base = format!("wq{}", std::process::id());
-    let (on, off) = build_pair(
-        "fqdn",
-        || {
-            let name = format!("{base}on");
-            Side::build(&o.work_dir.join(&name), &name, true, o)
-        },
-        || {
-            let name = format!("{base}of");
-            Side::build(&o.work_dir.join(&name), &name, false, o)
-        },
-    )?;
+    let (on, off) = build_pair("fqdn", |on| {
+        let name = side_name(&base, on);
+        Side::build(&o.work_dir.join(&name), &name, on, o)
+    })?;
     let sides = [&on, &off];
     let mut lookup_us: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut results = [FqdnSide::default(), FqdnSide::default()];
     let dst: Ipv4Addr = ADDRESS.parse().expect("an address");
     for round in 0..o.rounds {
-        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for i in order {
+        for i in turns(round) {
             let lab = &sides[i].guard.lab;
             let a = lab.pod_ns("x/a");
             lookup_us[i].extend(lookups(&a, o.lookups)?);
@@ -295,8 +287,8 @@ pub fn run_fqdn(o: &FqdnOptions) -> Result<FqdnReport, String> {
     }
     drop(on);
     drop(off);
-    for suffix in ["on", "of"] {
-        let _ = std::fs::remove_dir_all(o.work_dir.join(format!("{base}{suffix}")));
+    for on in [true, false] {
+        let _ = std::fs::remove_dir_all(o.work_dir.join(side_name(&base, on)));
     }
     for (r, l) in results.iter_mut().zip(&lookup_us) {
         r.lookup_us = Some(Percentiles::of(l));

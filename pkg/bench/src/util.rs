@@ -49,14 +49,15 @@ pub(crate) fn own_rss_kib() -> u64 {
 }
 
 /// Builds the two sides of a comparison at once (each a lab of its own, built in
-/// parallel to halve the wait), failing with `what` and the first error.
-pub(crate) fn build_pair<A: Send, B: Send>(
+/// parallel to halve the wait): `build(true)`, the side with the feature on, and
+/// `build(false)`; fails with `what` and the first error.
+pub(crate) fn build_pair<S: Send>(
     what: &str,
-    a: impl FnOnce() -> Result<A, String> + Send,
-    b: impl FnOnce() -> Result<B, String> + Send,
-) -> Result<(A, B), String> {
+    build: impl Fn(bool) -> Result<S, String> + Sync,
+) -> Result<(S, S), String> {
+    let build = &build;
     let (a, b) = std::thread::scope(|s| {
-        let (a, b) = (s.spawn(a), s.spawn(b));
+        let (a, b) = (s.spawn(move || build(true)), s.spawn(move || build(false)));
         (
             a.join().unwrap_or_else(|_| Err("building a lab panicked".into())),
             b.join().unwrap_or_else(|_| Err("building a lab panicked".into())),
@@ -66,6 +67,18 @@ pub(crate) fn build_pair<A: Send, B: Send>(
         (Ok(a), Ok(b)) => Ok((a, b)),
         (Err(e), _) | (_, Err(e)) => Err(format!("{what}: {e}")),
     }
+}
+
+/// The name of one side of a comparison (its lab and work directory): `base` and `on`
+/// or `of`.
+pub(crate) fn side_name(base: &str, on: bool) -> String {
+    format!("{base}{}", if on { "on" } else { "of" })
+}
+
+/// The order the two sides of a comparison run in, round by round: they take turns
+/// going first, so neither always meets a machine the other has just warmed or loaded.
+pub(crate) fn turns(round: usize) -> [usize; 2] {
+    if round.is_multiple_of(2) { [0, 1] } else { [1, 0] }
 }
 
 /// Whether a process in some namespace listens on TCP `port`: its own view of the

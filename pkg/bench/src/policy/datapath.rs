@@ -33,7 +33,7 @@ use super::{LoadAvg, PolicyOptions, div};
 use crate::median;
 use crate::table::Table;
 use crate::udp::{Flood, PORT, flood_to};
-use crate::util::{LabGuard, build_pair, iperf_tcp, metric_sum, metrics_in, wait_reachable};
+use crate::util::{LabGuard, build_pair, iperf_tcp, metric_sum, metrics_in, side_name, turns, wait_reachable};
 
 /// NetworkPolicies selecting the two pods.
 pub const DATA_POLICIES: usize = 100;
@@ -224,17 +224,10 @@ pub(crate) fn run_datapath(o: &PolicyOptions) -> Result<DataPathReport, String> 
     let base = format!("wb{}", std::process::id());
     let (policies, peers) = (o.data_policies, o.data_peers);
     let started = Instant::now();
-    let (with, without) = build_pair(
-        "data path",
-        || {
-            let name = format!("{base}yp");
-            Side::build(&o.work_dir.join(&name), &name, Some((policies, peers)), o)
-        },
-        || {
-            let name = format!("{base}np");
-            Side::build(&o.work_dir.join(&name), &name, None, o)
-        },
-    )?;
+    let (with, without) = build_pair("data path", |with| {
+        let name = side_name(&base, with);
+        Side::build(&o.work_dir.join(&name), &name, with.then_some((policies, peers)), o)
+    })?;
     // Every peer (and both real pods, once their addresses are reported) in every set
     // of both directions on both nodes.
     let want = 2 * policies * (peers + 2);
@@ -271,8 +264,7 @@ pub(crate) fn run_datapath(o: &PolicyOptions) -> Result<DataPathReport, String> 
         }
     }
     for round in 0..o.rounds {
-        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for i in order {
+        for i in turns(round) {
             let s = sides[i];
             let (a, b) = (s.ns("a"), s.ns("b"));
             let t = iperf_tcp(&a, &b, s.dst, o.tcp_seconds)?;
@@ -287,8 +279,8 @@ pub(crate) fn run_datapath(o: &PolicyOptions) -> Result<DataPathReport, String> 
     }
     drop(with);
     drop(without);
-    for suffix in ["yp", "np"] {
-        let _ = std::fs::remove_dir_all(o.work_dir.join(format!("{base}{suffix}")));
+    for with in [true, false] {
+        let _ = std::fs::remove_dir_all(o.work_dir.join(side_name(&base, with)));
     }
     let fps = |v: &[Flood]| median(&v.iter().map(Flood::received_per_s).collect::<Vec<_>>());
     for r in &mut results {
