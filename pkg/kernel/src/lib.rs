@@ -22,6 +22,7 @@ pub mod limits;
 mod netem;
 mod netlink;
 mod netns;
+pub mod netns_gone;
 mod nfattr;
 pub mod nflog;
 pub mod nfqueue;
@@ -44,6 +45,7 @@ pub use netlink::{
     RouteEntry, Rtnetlink, VethPair, VxlanDevice,
 };
 pub use netns::{NetNs, in_netns};
+pub use netns_gone::GoneNamespaces;
 pub use packet::{PacketSocket, tune_allocator};
 pub use routing::{ProtoRoute, RouteLookup, VxlanParams};
 

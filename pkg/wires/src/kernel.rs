@@ -12,7 +12,7 @@ use std::path::Path;
 
 use weft_kernel::detour;
 use weft_kernel::wire::{self as kwire, Emulated, FdbEntry};
-use weft_kernel::{KernelError, LinkStats, NetNs, Netem, NetemLoss, NetemSlot, Netlink, packet};
+use weft_kernel::{GoneNamespaces, KernelError, LinkStats, NetNs, Netem, NetemLoss, NetemSlot, Netlink, packet};
 use weft_link::Impairment;
 
 /// One end of a wire as the kernel should hold it.
@@ -44,9 +44,10 @@ pub struct VxlanPeer {
 
 /// What the wire engine does to and asks of the kernel.
 pub trait WireKernel: Send + Sync + 'static {
-    /// Whether the pod's network namespace still exists (one that is gone belongs to a
-    /// pod the daemon is collecting).
-    fn pod_exists(&self, netns: &str) -> bool;
+    /// Those of `netns` (pods' network namespace paths) that are gone: a namespace
+    /// that is gone belongs to a pod the daemon is collecting. Asked at every pass, of
+    /// every attached pod.
+    fn gone<'a>(&self, netns: &[&'a str]) -> Vec<&'a str>;
     /// Whether the pod has an interface `intf` (false when it cannot be looked at).
     fn has_interface(&self, netns: &str, intf: &str) -> bool;
     /// Builds a veth pair straight between two pods, removing whatever was under
@@ -143,8 +144,12 @@ pub fn netem_of(imp: &Impairment) -> Netem {
 /// [`WireKernel`] on the real kernel: every procedure opens the pod's namespace and a
 /// netlink socket inside it; pairs and VXLAN sockets are created from the calling
 /// thread's namespace (weftd's: the node's).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct HostWireKernel;
+#[derive(Debug, Default)]
+pub struct HostWireKernel {
+    /// Which pods' namespaces are gone, told by inotify rather than a `stat` of every
+    /// pod at every pass ([`GoneNamespaces`]).
+    gone: std::sync::Mutex<GoneNamespaces>,
+}
 
 /// A netlink socket inside the pod at `netns`, with the namespace it was opened in.
 fn pod(netns: &str) -> Result<(NetNs, Netlink), KernelError> {
@@ -154,8 +159,8 @@ fn pod(netns: &str) -> Result<(NetNs, Netlink), KernelError> {
 }
 
 impl WireKernel for HostWireKernel {
-    fn pod_exists(&self, netns: &str) -> bool {
-        Path::new(netns).exists()
+    fn gone<'a>(&self, netns: &[&'a str]) -> Vec<&'a str> {
+        self.gone.lock().expect("namespace watch lock").gone(netns)
     }
 
     fn has_interface(&self, netns: &str, intf: &str) -> bool {

@@ -165,7 +165,7 @@ impl Seams<DataPlane> {
             .unwrap_or_else(tokio::runtime::Handle::current);
         let security = cfg.security.clone();
         Seams {
-            kernel: Arc::new(HostWireKernel),
+            kernel: Arc::new(HostWireKernel::default()),
             peers: Arc::new(GrpcPeers::new(port, security.clone())),
             plane: Box::new(move |local| DataPlane::new(local, port, security.clone(), metrics.clone(), rt.clone())),
             carriers: Carriers::standard(),

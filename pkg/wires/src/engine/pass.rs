@@ -119,12 +119,15 @@ impl<P: GrpcPlane> Engine<P> {
         seeds.extend(asked.pods);
         seeds.append(&mut st.retry_pods);
         // A pod whose namespace is gone is being collected by the daemon; its ends went
-        // with the namespace and its records go as stale below (a stat per pod: what its
-        // linked pods say follows at this pass, not at the next look at every pod).
+        // with the namespace and its records go as stale below (every pod asked about:
+        // what its linked pods say follows at this pass, not at the next look at every
+        // pod).
         let pods = {
             let attached = self.pods();
+            let paths: Vec<&str> = attached.values().map(|p| p.netns.as_str()).collect();
+            let gone_paths: HashSet<&str> = self.kernel.gone(&paths).into_iter().collect();
             let gone: Vec<&PodKey> = (attached.iter())
-                .filter(|(_, p)| !self.kernel.pod_exists(&p.netns))
+                .filter(|(_, p)| gone_paths.contains(p.netns.as_str()))
                 .map(|(k, _)| k)
                 .collect();
             if gone.is_empty() {

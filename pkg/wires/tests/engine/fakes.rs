@@ -225,8 +225,9 @@ impl FakeKernel {
 }
 
 impl WireKernel for FakeKernel {
-    fn pod_exists(&self, netns: &str) -> bool {
-        self.state().pods.contains(netns)
+    fn gone<'a>(&self, netns: &[&'a str]) -> Vec<&'a str> {
+        let st = self.state();
+        netns.iter().copied().filter(|n| !st.pods.contains(*n)).collect()
     }
 
     fn has_interface(&self, netns: &str, intf: &str) -> bool {

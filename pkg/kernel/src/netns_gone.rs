@@ -1,0 +1,302 @@
+//! Which of many pods' network namespaces are gone, told by the kernel rather than by
+//! a `stat` of every path at every look.
+//!
+//! The wire engine asks at every pass whether each attached pod's namespace still
+//! exists (a namespace that vanished without a DEL takes its pod's links at once). With
+//! a `stat` per pod that is work of the whole node at every pass, and passes come with
+//! every ADD: quadratic in a lab's bring-up. Here a path seen present in a directory
+//! that inotify watches stays known present until that directory reports it unlinked
+//! or moved away; only paths not known present are looked at. A runtime removes a
+//! namespace by unmounting and unlinking its file (`ip netns delete`, containerd,
+//! CRI-O), and the unlink is queued on the inotify descriptor before it returns, so a
+//! look that starts after a removal sees it, as a `stat` would.
+//!
+//! Only directories on local file systems whose unlinks inotify reports are watched
+//! (tmpfs, ext2/3/4, xfs, btrfs); paths elsewhere (`/proc/<pid>/ns/net`, a network
+//! file system) are looked at every time. If inotify cannot be had at all, or its
+//! queue overflows, every path is looked at again.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+use nix::sys::statfs::{self, FsType};
+
+/// File systems whose unlinks inotify reports: the ones namespace files live on.
+const WATCHABLE: [FsType; 5] = [
+    statfs::TMPFS_MAGIC,
+    statfs::EXT4_SUPER_MAGIC,
+    statfs::XFS_SUPER_MAGIC,
+    statfs::BTRFS_SUPER_MAGIC,
+    FsType(0xEF51), // ext2's old magic; ext3 and ext4 share EXT4_SUPER_MAGIC
+];
+
+/// Tells which network namespace paths are gone, looking only at those it does not
+/// know present (see the module documentation). Not thread-safe by itself: hold it
+/// behind a lock.
+#[derive(Debug)]
+pub struct GoneNamespaces {
+    /// None: inotify could not be had, and every path is looked at.
+    inotify: Option<Inotify>,
+    /// Each watched directory's spellings by its watch (`/var/run/netns` and
+    /// `/run/netns` are one directory, one watch).
+    dirs: HashMap<WatchDescriptor, Vec<PathBuf>>,
+    /// Directories as spelled by the paths asked about: watched, or not watchable.
+    seen_dirs: HashMap<PathBuf, Option<WatchDescriptor>>,
+    /// Paths looked at and present, in watched directories, not reported removed since.
+    present: HashSet<PathBuf>,
+}
+
+impl Default for GoneNamespaces {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GoneNamespaces {
+    /// A watcher with no directory watched yet.
+    pub fn new() -> Self {
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .inspect_err(
+                |e| tracing::debug!(error = %e, "no inotify: every pod's namespace is looked at at every pass"),
+            )
+            .ok();
+        Self {
+            inotify,
+            dirs: HashMap::new(),
+            seen_dirs: HashMap::new(),
+            present: HashSet::new(),
+        }
+    }
+
+    /// Those of `paths` whose namespace file is gone.
+    pub fn gone<'a>(&mut self, paths: &[&'a str]) -> Vec<&'a str> {
+        self.take_events();
+        let mut gone = Vec::new();
+        for &p in paths {
+            let path = Path::new(p);
+            if self.present.contains(path) {
+                continue;
+            }
+            // The directory is watched before the path is looked at: a removal after
+            // the look is then reported.
+            let watched = self.watch_dir_of(path);
+            if path.exists() {
+                if watched {
+                    self.present.insert(path.to_path_buf());
+                }
+            } else {
+                gone.push(p);
+            }
+        }
+        // Paths of pods that left stay known until their files go; bounded by the
+        // files of the watched directories, and cut back when far more than asked.
+        if self.present.len() > 2 * paths.len() + 64 {
+            let asked: HashSet<&Path> = paths.iter().map(Path::new).collect();
+            self.present.retain(|p| asked.contains(p.as_path()));
+        }
+        gone
+    }
+
+    /// How many paths are known present (for tests).
+    pub fn known_present(&self) -> usize {
+        self.present.len()
+    }
+
+    /// Whether `path`'s directory is watched (watching it now if it can be).
+    fn watch_dir_of(&mut self, path: &Path) -> bool {
+        let Some(inotify) = &self.inotify else { return false };
+        let Some(dir) = path.parent() else { return false };
+        if let Some(w) = self.seen_dirs.get(dir) {
+            return w.is_some();
+        }
+        let watchable = statfs::statfs(dir).is_ok_and(|s| WATCHABLE.contains(&s.filesystem_type()));
+        let wd = if watchable {
+            let mask = AddWatchFlags::IN_DELETE
+                | AddWatchFlags::IN_MOVED_FROM
+                | AddWatchFlags::IN_DELETE_SELF
+                | AddWatchFlags::IN_MOVE_SELF
+                | AddWatchFlags::IN_UNMOUNT
+                | AddWatchFlags::IN_ONLYDIR;
+            inotify
+                .add_watch(dir, mask)
+                .inspect_err(|e| tracing::debug!(dir = %dir.display(), error = %e, "cannot watch a namespace directory: its paths are looked at every pass"))
+                .ok()
+        } else {
+            None
+        };
+        if let Some(wd) = wd {
+            self.dirs.entry(wd).or_default().push(dir.to_path_buf());
+        }
+        self.seen_dirs.insert(dir.to_path_buf(), wd);
+        wd.is_some()
+    }
+
+    /// Forgets what the queued events say is gone.
+    fn take_events(&mut self) {
+        let Some(inotify) = &self.inotify else { return };
+        let mut events = Vec::new();
+        let mut lost = false;
+        loop {
+            match inotify.read_events() {
+                Ok(batch) if !batch.is_empty() => events.extend(batch),
+                // EAGAIN: nothing more queued.
+                Ok(_) | Err(nix::errno::Errno::EAGAIN) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading inotify failed: every namespace is looked at again");
+                    lost = true;
+                    break;
+                }
+            }
+        }
+        if lost {
+            self.forget_all();
+        }
+        for ev in events {
+            if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                self.forget_all();
+                continue;
+            }
+            if ev.mask.intersects(
+                AddWatchFlags::IN_DELETE_SELF
+                    | AddWatchFlags::IN_MOVE_SELF
+                    | AddWatchFlags::IN_UNMOUNT
+                    | AddWatchFlags::IN_IGNORED,
+            ) {
+                // The directory itself went: watched again when next asked about.
+                if let Some(dirs) = self.dirs.remove(&ev.wd) {
+                    for d in dirs {
+                        self.seen_dirs.remove(&d);
+                        self.present.retain(|p| p.parent() != Some(d.as_path()));
+                    }
+                }
+                continue;
+            }
+            let (Some(name), Some(dirs)) = (&ev.name, self.dirs.get(&ev.wd)) else {
+                continue;
+            };
+            for d in dirs {
+                self.present.remove(&d.join(name));
+            }
+        }
+    }
+
+    fn forget_all(&mut self) {
+        self.present.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(dir: &Path, name: &str) -> String {
+        let p = dir.join(name);
+        std::fs::write(&p, b"").unwrap();
+        p.to_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn a_removed_file_is_gone_at_the_next_look_and_a_new_one_is_looked_at() {
+        // /dev/shm is a tmpfs on any Linux machine; the temporary directory may not be.
+        let base = if Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        };
+        let dir = tempfile_dir(base);
+        let (a, b) = (file(&dir, "a"), file(&dir, "b"));
+        let mut w = GoneNamespaces::new();
+        assert!(w.gone(&[&a, &b]).is_empty());
+        assert_eq!(w.known_present(), 2, "both are known present: not looked at again");
+        std::fs::remove_file(&a).unwrap();
+        assert_eq!(
+            w.gone(&[&a, &b]),
+            vec![a.as_str()],
+            "the unlink is seen at the next look"
+        );
+        assert_eq!(w.gone(&[&a, &b]), vec![a.as_str()], "and stays seen");
+        file(&dir, "a");
+        assert!(w.gone(&[&a, &b]).is_empty(), "made again, it is present");
+        // A rename away is a removal too.
+        std::fs::rename(&b, dir.join("c")).unwrap();
+        assert_eq!(w.gone(&[&a, &b]), vec![b.as_str()]);
+        std::fs::remove_dir_all(&*dir).unwrap();
+        assert_eq!(
+            w.gone(&[&a, &b]),
+            vec![a.as_str(), b.as_str()],
+            "the directory went with them"
+        );
+    }
+
+    /// A named namespace as `ip netns` and runtimes keep one, a namespace bind-mounted
+    /// on a file, and its removal as they do it: unmount, then unlink.
+    #[test]
+    fn a_named_namespace_unmounted_and_unlinked_is_gone() {
+        if !crate::testutil::privileged() {
+            return;
+        }
+        use nix::mount::{MntFlags, MsFlags, mount, umount2};
+        let base = if Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        };
+        let dir = tempfile_dir(base);
+        let ns = crate::testutil::TempNetns::new();
+        let named = file(&dir, "pod");
+        mount(
+            Some(ns.path()),
+            named.as_str(),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        let mut w = GoneNamespaces::new();
+        assert!(w.gone(&[&named]).is_empty());
+        assert_eq!(w.known_present(), 1);
+        umount2(named.as_str(), MntFlags::MNT_DETACH).unwrap();
+        std::fs::remove_file(&named).unwrap();
+        assert_eq!(w.gone(&[&named]), vec![named.as_str()]);
+    }
+
+    #[test]
+    fn paths_on_file_systems_without_unlink_events_are_looked_at_every_time() {
+        let mut w = GoneNamespaces::new();
+        let gone = format!("/proc/{}/ns/net", u32::MAX);
+        assert_eq!(w.gone(&["/proc/self/ns/net", &gone]), vec![gone.as_str()]);
+        assert_eq!(w.known_present(), 0, "procfs is never trusted to report");
+    }
+
+    /// A fresh directory under `base`, removed (anything mounted in it unmounted
+    /// first) when the test ends, pass or fail.
+    struct Scratch(PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
+            }
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn tempfile_dir(base: &str) -> Scratch {
+        let d = Path::new(base).join(format!(
+            "weft-gone-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        Scratch(d)
+    }
+}
