@@ -157,6 +157,26 @@ const MIGRATIONS: &[&str] = &[
         changed_at  INTEGER NOT NULL
     );
     ",
+    // 8: a version of what a listing of the node's pods reads (attachments, their
+    // allocations, ranges), bumped by triggers at every row written there by any
+    // statement, so the listing is read again only when it may have changed (the
+    // policy engine asks at every pod another node announces).
+    "
+    CREATE TABLE pods_version (
+        id  INTEGER PRIMARY KEY CHECK (id = 1),
+        v   INTEGER NOT NULL
+    );
+    INSERT INTO pods_version (id, v) VALUES (1, 0);
+    CREATE TRIGGER attachments_insert_bumps AFTER INSERT ON attachments BEGIN UPDATE pods_version SET v = v + 1; END;
+    CREATE TRIGGER attachments_update_bumps AFTER UPDATE ON attachments BEGIN UPDATE pods_version SET v = v + 1; END;
+    CREATE TRIGGER attachments_delete_bumps AFTER DELETE ON attachments BEGIN UPDATE pods_version SET v = v + 1; END;
+    CREATE TRIGGER allocations_insert_bumps AFTER INSERT ON allocations BEGIN UPDATE pods_version SET v = v + 1; END;
+    CREATE TRIGGER allocations_update_bumps AFTER UPDATE ON allocations BEGIN UPDATE pods_version SET v = v + 1; END;
+    CREATE TRIGGER allocations_delete_bumps AFTER DELETE ON allocations BEGIN UPDATE pods_version SET v = v + 1; END;
+    CREATE TRIGGER ranges_insert_bumps AFTER INSERT ON ranges BEGIN UPDATE pods_version SET v = v + 1; END;
+    CREATE TRIGGER ranges_update_bumps AFTER UPDATE OF cidr ON ranges BEGIN UPDATE pods_version SET v = v + 1; END;
+    CREATE TRIGGER ranges_delete_bumps AFTER DELETE ON ranges BEGIN UPDATE pods_version SET v = v + 1; END;
+    ",
 ];
 
 /// The schema version this binary writes.

@@ -25,6 +25,9 @@ use crate::schema;
 pub struct Db {
     conn: Connection,
     schema_found: u32,
+    /// The last [`Db::ready_pods`] answer: its interface and the `pods_version` it
+    /// was read at.
+    ready_cache: Option<(String, i64, Vec<crate::ReadyPod>)>,
 }
 
 fn now_ms() -> i64 {
@@ -64,7 +67,11 @@ impl Db {
         // of the store's statements.
         conn.set_prepared_statement_cache_capacity(128);
         let schema_found = schema::migrate(&mut conn)?;
-        Ok(Self { conn, schema_found })
+        Ok(Self {
+            conn,
+            schema_found,
+            ready_cache: None,
+        })
     }
 
     /// Sets the log size (pages) at which a commit checkpoints by itself.
