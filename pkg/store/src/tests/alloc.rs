@@ -367,7 +367,8 @@ fn ready_pods_are_the_ready_attachments_of_the_interface_in_brief() {
 fn ready_pods_follow_every_write_of_what_they_read() {
     let (_dir, mut db) = open();
     let ranges = ["10.244.0.0/24"];
-    let names = |db: &mut Db| -> Vec<String> { db.ready_pods("eth0").unwrap().into_iter().map(|p| p.pod.name).collect() };
+    let names =
+        |db: &mut Db| -> Vec<String> { db.ready_pods("eth0").unwrap().into_iter().map(|p| p.pod.name).collect() };
     let a = created(db.begin_add(&spec("c1", &ranges)).unwrap());
     db.finish_add(a.id, "{}", &[]).unwrap();
     assert_eq!(names(&mut db), ["c1"]);
@@ -378,8 +379,12 @@ fn ready_pods_follow_every_write_of_what_they_read() {
     assert_eq!(names(&mut db), ["c1", "c2"]);
     db.begin_del(&spec("c1", &[]).key).unwrap().unwrap();
     assert_eq!(names(&mut db), ["c2"], "a pod being deleted is not listed");
-    db.execute_raw("UPDATE attachments SET pod_name = 'renamed' WHERE container_id = 'c2'").unwrap();
+    db.execute_raw("UPDATE attachments SET pod_name = 'renamed' WHERE container_id = 'c2'")
+        .unwrap();
     assert_eq!(names(&mut db), ["renamed"], "a write by any statement is seen");
     db.execute_raw("DELETE FROM allocations").unwrap();
-    assert!(db.ready_pods("eth0").unwrap()[0].addresses.is_empty(), "its address rows went");
+    assert!(
+        db.ready_pods("eth0").unwrap()[0].addresses.is_empty(),
+        "its address rows went"
+    );
 }
