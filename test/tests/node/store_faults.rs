@@ -171,7 +171,7 @@ fn a_deleted_database_is_rebuilt_from_the_kernel() {
 }
 
 /// The database as schema version 4 had it, made from this one's in place: what
-/// versions 5, 6 and 7 added goes (an attachment of version 4 had no recorded routes: the
+/// versions 5 to 8 added goes (an attachment of version 4 had no recorded routes: the
 /// default route through each gateway, which the pods of this test have). Version 4 is
 /// the last with pods' rows in another shape, so the migration has rows to carry.
 fn downgrade_to_schema_4(db: &Path) {
@@ -180,6 +180,16 @@ import sqlite3, sys
 c = sqlite3.connect(sys.argv[1])
 c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 c.executescript("""
+DROP TRIGGER attachments_insert_bumps;
+DROP TRIGGER attachments_update_bumps;
+DROP TRIGGER attachments_delete_bumps;
+DROP TRIGGER allocations_insert_bumps;
+DROP TRIGGER allocations_update_bumps;
+DROP TRIGGER allocations_delete_bumps;
+DROP TRIGGER ranges_insert_bumps;
+DROP TRIGGER ranges_update_bumps;
+DROP TRIGGER ranges_delete_bumps;
+DROP TABLE pods_version;
 DROP TABLE sysctls;
 DROP TABLE port_shares;
 DROP TABLE link_settings;
