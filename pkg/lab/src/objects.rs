@@ -7,8 +7,10 @@
 //! What the lab file says is the start; run-time changes are kept in the lab's state
 //! (`objects.json`, beside the topology directory) on top of it until `lab down`, so a
 //! later `lab up` writes the file's objects with those changes still applied. Each
-//! change holds `objects.lock` while it reads, changes and writes, so commands running
-//! at once (and the parallel attaches of `up`) never lose one another's changes.
+//! attached pod's addresses are kept beside it, one small file per pod (`pod-ips/`), so
+//! reporting a pod's costs the same in a lab of thousands of pods as in one of three.
+//! Each change holds `objects.lock` while it reads, changes and writes, so commands
+//! running at once (and the parallel attaches of `up`) never lose one another's changes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -37,6 +39,8 @@ pub(crate) const SETTLE: Duration = Duration::from_millis(300);
 const NAMESPACE_FILE: &str = "lab-namespace-";
 const POLICY_FILE: &str = "lab-netpol-";
 const POD_FILE: &str = "lab-pod-";
+/// The directory of the lab's state where each attached pod's addresses are kept.
+const POD_IPS_DIR: &str = "pod-ips";
 
 /// What changed at run time, kept in the lab's state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -50,8 +54,9 @@ pub(crate) struct Live {
     applied: BTreeMap<String, Value>,
     /// The lab file's NetworkPolicies deleted at run time.
     deleted: BTreeSet<String>,
-    /// Each attached pod's addresses by `<ns>/<name>`, from its ADD result: the
-    /// `status.podIPs` kubelet would report.
+    /// Pods' addresses by `<ns>/<name>` as a weftctl before `pod-ips/` kept them: read
+    /// to move them there, never written.
+    #[serde(skip_serializing)]
     pod_ips: BTreeMap<String, Vec<IpAddr>>,
     /// Where `lab matrix` takes its next block of UDP source ports (see `matrix`).
     pub(crate) probe_ports: u32,
@@ -140,6 +145,11 @@ impl Lab {
             Err(e) => return Err(LabError::io(format!("reading {}", path.display()), e)),
         };
         let mut live = before.clone();
+        for (key, ips) in std::mem::take(&mut live.pod_ips) {
+            if let Some((ns, name)) = key.split_once('/') {
+                self.keep_pod_ips(ns, name, &ips)?;
+            }
+        }
         let out = f(&mut live)?;
         if live != before {
             let text = serde_json::to_string_pretty(&live).unwrap_or_default();
@@ -206,12 +216,44 @@ impl Lab {
                 .collect();
             container["ports"] = ports.into();
         }
-        let ips = live
-            .pod_ips
-            .get(&format!("{ns}/{}", p.name))
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        kinds::pod(&ns, &p.name, &p.node, self.labels_of(p, live), container, ips)
+        let ips = self.kept_pod_ips(&ns, &p.name);
+        kinds::pod(&ns, &p.name, &p.node, self.labels_of(p, live), container, &ips)
+    }
+
+    /// The file of the lab's state that keeps pod `ns/name`'s addresses (names of
+    /// namespaces and pods hold no `_`).
+    fn pod_ips_file(&self, ns: &str, name: &str) -> String {
+        format!("{ns}_{name}.json")
+    }
+
+    /// Pod `ns/name`'s addresses as its ADD reported them (none before, or once it is
+    /// detached; nor when the file cannot be read, as for a pod not reported yet).
+    fn kept_pod_ips(&self, ns: &str, name: &str) -> Vec<IpAddr> {
+        let path = self.state_dir().join(POD_IPS_DIR).join(self.pod_ips_file(ns, name));
+        fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// Keeps pod `ns/name`'s addresses (under the object lock).
+    fn keep_pod_ips(&self, ns: &str, name: &str, ips: &[IpAddr]) -> Result<(), LabError> {
+        let dir = self.state_dir().join(POD_IPS_DIR);
+        fs::create_dir_all(&dir).map_err(|e| LabError::io(format!("creating {}", dir.display()), e))?;
+        let text = serde_json::to_string(ips).unwrap_or_default();
+        write_file(&dir, &self.pod_ips_file(ns, name), &text)?;
+        Ok(())
+    }
+
+    /// Forgets pod `ns/name`'s addresses (under the object lock).
+    fn forget_pod_ips(&self, ns: &str, name: &str) -> Result<(), LabError> {
+        let file = self.state_dir().join(POD_IPS_DIR).join(self.pod_ips_file(ns, name));
+        match fs::remove_file(&file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(LabError::io(format!("removing {}", file.display()), e))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn pod_file(&self, p: &PodSpec) -> String {
@@ -240,7 +282,7 @@ impl Lab {
             write_file(&dir, &name, &yaml(&v)?)?;
             want.insert(name);
         }
-        remove_others(&dir, POLICY_FILE, &want)?;
+        remove_others(&dir, POLICY_FILE, ".yaml", &want)?;
         Ok(())
     }
 
@@ -257,16 +299,19 @@ impl Lab {
                 .pods
                 .iter()
                 .filter(|p| weft_harness::NamedNetns::exists(&self.netns_of(p)))
-                .map(|p| format!("{}/{}", self.namespace_of(p), p.name))
+                .map(|p| self.pod_ips_file(&self.namespace_of(p), &p.name))
                 .collect();
-            live.pod_ips.retain(|k, _| attached.contains(k));
+            let ips_dir = self.state_dir().join(POD_IPS_DIR);
+            if ips_dir.is_dir() {
+                remove_others(&ips_dir, "", ".json", &attached)?;
+            }
             let mut want = BTreeSet::new();
             for ns in self.namespace_names() {
                 let name = format!("{NAMESPACE_FILE}{ns}.yaml");
                 write_file(&dir, &name, &yaml(&self.namespace_object(&ns, live))?)?;
                 want.insert(name);
             }
-            remove_others(&dir, NAMESPACE_FILE, &want)?;
+            remove_others(&dir, NAMESPACE_FILE, ".yaml", &want)?;
             self.write_policies(live)?;
             let mut want = BTreeSet::new();
             let mut changed = false;
@@ -275,7 +320,7 @@ impl Lab {
                 changed |= write_file(&dir, &name, &yaml(&self.pod_object(p, live))?)?;
                 want.insert(name);
             }
-            changed |= remove_others(&dir, POD_FILE, &want)?;
+            changed |= remove_others(&dir, POD_FILE, ".yaml", &want)?;
             Ok(changed)
         })
     }
@@ -295,7 +340,7 @@ impl Lab {
         }
         self.with_live(|live| {
             for (p, ips) in reports {
-                live.pod_ips.insert(format!("{}/{}", self.namespace_of(p), p.name), ips);
+                self.keep_pod_ips(&self.namespace_of(p), &p.name, &ips)?;
                 write_file(
                     &self.topology_dir(),
                     &self.pod_file(p),
@@ -308,8 +353,8 @@ impl Lab {
 
     /// Removes pod `p`'s object, as the API server does once a pod is deleted.
     pub(crate) fn delete_pod_object(&self, p: &PodSpec) -> Result<(), LabError> {
-        self.with_live(|live| {
-            live.pod_ips.remove(&format!("{}/{}", self.namespace_of(p), p.name));
+        self.with_live(|_| {
+            self.forget_pod_ips(&self.namespace_of(p), &p.name)?;
             let file = self.topology_dir().join(self.pod_file(p));
             match fs::remove_file(&file) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -470,12 +515,12 @@ impl Lab {
 
 /// Removes the files of `dir` named `<prefix>*.yaml` that are not in `keep`; returns
 /// whether it removed one.
-fn remove_others(dir: &Path, prefix: &str, keep: &BTreeSet<String>) -> Result<bool, LabError> {
+fn remove_others(dir: &Path, prefix: &str, suffix: &str, keep: &BTreeSet<String>) -> Result<bool, LabError> {
     let mut removed = false;
     let entries = fs::read_dir(dir).map_err(|e| LabError::io(format!("reading {}", dir.display()), e))?;
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with(prefix) && name.ends_with(".yaml") && !keep.contains(&name) {
+        if name.starts_with(prefix) && name.ends_with(suffix) && !keep.contains(&name) {
             match fs::remove_file(e.path()) {
                 Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
                     return Err(LabError::io(format!("removing {}", e.path().display()), err));

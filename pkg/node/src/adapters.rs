@@ -229,29 +229,60 @@ impl weft_daemon::PolicyHook for EnginePolicy {
     }
 }
 
+/// A listing of the node's pods and the store's pods version it was read at.
+type Listing = (i64, Arc<Vec<weft_policy::LocalPod>>);
+
 /// The store as the policy engine's source of this node's pods: every ready attachment
 /// of the pod network (`eth0`), as [`weft_daemon::PolicyHook`] sees them.
 pub fn policed_pods(store: Store) -> weft_policy::LocalPods {
+    // The last listing and the store's pods version it was read at: asked again while
+    // the version stands (network policy asks at every pod another node announces),
+    // the same `Arc`, which tells the engine that nothing changed.
+    let last: Arc<std::sync::Mutex<Option<Listing>>> = Arc::default();
     Arc::new(move || {
-        let store = store.clone();
+        let (store, last) = (store.clone(), last.clone());
         Box::pin(async move {
-            let ready = store
-                .run(|db| db.ready_pods(weft_daemon::POLICED_IFNAME))
-                .await
-                .map_err(|e| format!("listing this node's pods: {e}"))?;
-            Ok(ready
-                .into_iter()
-                .map(|a| weft_policy::LocalPod {
-                    namespace: if a.pod.namespace.is_empty() {
-                        "default".into()
-                    } else {
-                        a.pod.namespace
-                    },
-                    name: a.pod.name,
-                    ips: a.addresses,
-                    host_ifname: a.host_ifname,
-                })
-                .collect())
+            let mut known = last.lock().expect("listing lock").as_ref().map(|(v, _)| *v);
+            loop {
+                let (version, ready) = store
+                    .run(move |db| {
+                        let version = db.pods_version()?;
+                        if known == Some(version) {
+                            return Ok((version, None));
+                        }
+                        Ok((version, Some(db.ready_pods(weft_daemon::POLICED_IFNAME)?)))
+                    })
+                    .await
+                    .map_err(|e| format!("listing this node's pods: {e}"))?;
+                let mut last = last.lock().expect("listing lock");
+                let Some(ready) = ready else {
+                    match last.as_ref() {
+                        Some((v, pods)) if *v == version => return Ok(pods.clone()),
+                        // Another listing replaced it meanwhile: read the pods.
+                        _ => {
+                            known = None;
+                            continue;
+                        }
+                    }
+                };
+                let pods: Arc<Vec<weft_policy::LocalPod>> = Arc::new(
+                    ready
+                        .into_iter()
+                        .map(|a| weft_policy::LocalPod {
+                            namespace: if a.pod.namespace.is_empty() {
+                                "default".into()
+                            } else {
+                                a.pod.namespace
+                            },
+                            name: a.pod.name,
+                            ips: a.addresses,
+                            host_ifname: a.host_ifname,
+                        })
+                        .collect(),
+                );
+                *last = Some((version, pods.clone()));
+                return Ok(pods);
+            }
         })
     })
 }
@@ -301,6 +332,53 @@ mod tests {
             }
         );
         assert_eq!(pods[&("default".to_string(), "r2".to_string())].container_id, "c2");
+    }
+
+    /// Asked again with nothing written, the listing is the same `Arc` (the policy
+    /// engine then skips comparing the node's pods); after a write, a new one.
+    #[tokio::test]
+    async fn the_policed_pods_listing_is_shared_until_the_store_moves() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("weft.db")).unwrap();
+        let add = |cid: &'static str| {
+            store.run(move |db| {
+                let spec = weft_store::NewAttachment {
+                    key: weft_store::AttachmentKey {
+                        network: "weft".into(),
+                        container_id: cid.into(),
+                        ifname: weft_daemon::POLICED_IFNAME.into(),
+                    },
+                    netns: format!("/run/netns/{cid}"),
+                    pod: weft_store::PodRef {
+                        namespace: "lab".into(),
+                        name: cid.into(),
+                        uid: String::new(),
+                    },
+                    host_ifname: format!("h{cid}"),
+                    mtu: 1500,
+                    ranges: vec!["10.244.0.0/24".parse().unwrap()],
+                    ports: Vec::new(),
+                    requested: Vec::new(),
+                    pod_mac: None,
+                };
+                let weft_store::BeginAdd::Created(a) = db.begin_add(&spec)? else {
+                    panic!("{cid} exists already")
+                };
+                db.finish_add(a.id, "{}", &[])
+            })
+        };
+        let list = policed_pods(store.clone());
+        add("p1").await.unwrap();
+        let first = list().await.unwrap();
+        let again = list().await.unwrap();
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(first.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["p1"]);
+        add("p2").await.unwrap();
+        let after = list().await.unwrap();
+        assert!(!Arc::ptr_eq(&first, &after));
+        assert_eq!(after.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["p1", "p2"]);
+        assert_eq!(after[1].host_ifname, "hp2");
+        assert_eq!(after[1].ips.len(), 1, "{after:?}");
     }
 
     #[tokio::test]

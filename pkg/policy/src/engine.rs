@@ -31,8 +31,10 @@ use crate::names::{Counter, LogPrefix, SetName};
 use crate::nft::{self, Observed};
 use crate::plan::{Desired, plan};
 
-/// This node's pods, read fresh at each pass (from the store).
-pub type LocalPods = Arc<dyn Fn() -> BoxFuture<'static, Result<Vec<LocalPod>, String>> + Send + Sync>;
+/// This node's pods, read at each pass (from the store). A listing that returns the
+/// same `Arc` as the one before says nothing changed, so a pass of other nodes' pods
+/// need not compare the node's pods one by one (a new `Arc` is always safe).
+pub type LocalPods = Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<Vec<LocalPod>>, String>> + Send + Sync>;
 
 /// How the engine runs.
 #[derive(Debug, Clone)]
@@ -76,6 +78,12 @@ struct State {
     /// store yet, by host interface: a pass in between plans them too (the store does
     /// not list them), so it never takes out what an ADD just answered for.
     pending: BTreeMap<String, (LocalPod, Instant)>,
+    /// The listing of this node's pods (and `pending` as it then stood, by its
+    /// `pending_epoch`) that the last plan's view was built from or found to hold: while
+    /// both stand, a pass of pods only takes the node's pods as unchanged.
+    local_confirmed: Option<(Arc<Vec<LocalPod>>, u64)>,
+    /// Moves whenever `pending` changes.
+    pending_epoch: u64,
     /// Pods of other nodes announced by them before the API has their addresses.
     announced: announce::Announcements,
 }
@@ -497,25 +505,35 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         sampled.retain(|k, _| counters.contains_key(k));
     }
 
-    /// This node's pods: the store's ready ones, those whose ADD is under way
-    /// (`pending`, and `extra`, the pod being attached now).
-    async fn local_pods(&self, state: &mut State, extra: Option<&LocalPod>) -> Result<Vec<LocalPod>, String> {
-        let mut local = (self.local)().await?;
-        let listed: BTreeSet<String> = local.iter().map(|l| l.host_ifname.clone()).collect();
+    /// This node's pods: the store's ready ones (`listing`) and those whose ADD is under
+    /// way (`pending`), dropping from `pending` those `listing` has, those detached
+    /// since, and those whose ADD has not committed for too long.
+    fn merge_pending(&self, state: &mut State, listing: &[LocalPod]) -> Vec<LocalPod> {
+        let mut local = listing.to_vec();
+        let listed: BTreeSet<&str> = local.iter().map(|l| l.host_ifname.as_str()).collect();
+        let before = state.pending.len();
         for ifname in std::mem::take(&mut *self.detached.lock().expect("detached lock")) {
             state.pending.remove(&ifname);
         }
         state
             .pending
-            .retain(|ifname, (_, since)| !listed.contains(ifname) && since.elapsed() < PENDING_TTL);
+            .retain(|ifname, (_, since)| !listed.contains(ifname.as_str()) && since.elapsed() < PENDING_TTL);
+        if state.pending.len() != before {
+            state.pending_epoch += 1;
+        }
         for (p, _) in state.pending.values() {
             local.push(p.clone());
         }
+        local
+    }
+
+    /// `local` with `extra` (the pod being attached now) in place of any of its name.
+    fn with_extra(mut local: Vec<LocalPod>, extra: Option<&LocalPod>) -> Vec<LocalPod> {
         if let Some(p) = extra {
             local.retain(|l| l.host_ifname != p.host_ifname);
             local.push(p.clone());
         }
-        Ok(local)
+        local
     }
 
     /// The view a pass plans from `objects`, with this node's pods `local`.
@@ -556,6 +574,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         {
             // Planned now, in the store only once its ADD commits.
             state.pending.insert(p.host_ifname.clone(), (p.clone(), Instant::now()));
+            state.pending_epoch += 1;
         }
         Ok(out)
     }
@@ -588,7 +607,10 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         if !objects.synced {
             return Ok(PassOutcome::default());
         }
-        let local = self.local_pods(state, extra).await?;
+        let listing = (self.local)().await?;
+        let local = Self::with_extra(self.merge_pending(state, &listing), extra);
+        // With an extra pod the view holds more than the listing: not a base to trust.
+        state.local_confirmed = extra.is_none().then_some((listing, state.pending_epoch));
         let view = self.view(&objects, &local);
         self.report(&view, state);
         let desired = Arc::new(plan(&view));
@@ -682,15 +704,26 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         let started = Instant::now();
         let generation = self.generation();
         let objects = state.announced.patch(self.source.policy_objects());
-        let local = self.local_pods(state, None).await?;
+        let listing = (self.local)().await?;
+        // The same listing and pending pods as the last plan was found to hold: the
+        // node's pods are as it has them, without comparing each (a pass of pods only
+        // comes at every pod another node announces).
+        let confirmed = state
+            .local_confirmed
+            .as_ref()
+            .is_some_and(|(l, epoch)| Arc::ptr_eq(l, &listing) && *epoch == state.pending_epoch)
+            && self.detached.lock().expect("detached lock").is_empty();
+        let local = (!confirmed).then(|| self.merge_pending(state, &listing));
         let delta = {
             let mut slot = self.latest.lock().expect("latest lock");
             let Some(latest) = slot.as_mut() else { return Ok(None) };
             let old = &latest.objects;
-            let local_same = local.len() == latest.view.local.len()
-                && local
-                    .iter()
-                    .all(|l| latest.view.local.get(&(l.namespace.clone(), l.name.clone())) == Some(l));
+            let local_same = local.as_ref().is_none_or(|local| {
+                local.len() == latest.view.local.len()
+                    && local
+                        .iter()
+                        .all(|l| latest.view.local.get(&(l.namespace.clone(), l.name.clone())) == Some(l))
+            });
             if latest.generation.nodes != generation.nodes
                 || !objects.synced
                 || (objects.synced, objects.stale) != (old.synced, old.stale)
@@ -732,6 +765,8 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             latest.objects = objects;
             delta
         };
+        // The view's pods are the listing's (and the pending ones) as they stand now.
+        state.local_confirmed = Some((listing, state.pending_epoch));
         let script = nft::delta_script(&delta);
         if !delta.is_empty() {
             let applied = self.kernel.lock().expect("policy kernel lock").update(&delta);

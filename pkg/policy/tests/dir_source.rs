@@ -53,7 +53,7 @@ async fn a_reported_address_in_a_directory_costs_no_full_pass() {
     let l = local.clone();
     let pods: LocalPods = Arc::new(move || {
         let v = l.lock().unwrap().clone();
-        Box::pin(async move { Ok(v) })
+        Box::pin(async move { Ok(Arc::new(v)) })
     });
     let kernel = Recorder::default();
     let metrics = weft_telemetry::Metrics::new("t", "t");

@@ -85,3 +85,50 @@ fn add_results_give_addresses_ipv4_first() {
     );
     assert!(result_ips(b"not json").is_empty());
 }
+
+#[test]
+fn pod_addresses_are_kept_one_file_per_pod_and_old_state_moves_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let lab = Lab::load(&examples.join("lab.yaml"))
+        .unwrap()
+        .with_state_dir(dir.path().to_path_buf());
+    fs::create_dir_all(lab.topology_dir()).unwrap();
+    let (r1, r2) = (lab.find_pod("r1").unwrap(), lab.find_pod("r2").unwrap());
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    // State as a weftctl before `pod-ips/` left it: the addresses move, the rest stays.
+    fs::write(
+        dir.path().join("objects.json"),
+        r#"{"labels":{"pod/lab/r1":{"tier":"web"}},"pod_ips":{"lab/r1":["10.0.0.5"]}}"#,
+    )
+    .unwrap();
+    lab.with_live(|live| {
+        assert!(live.pod_ips.is_empty());
+        assert_eq!(lab.labels_of(r1, live).get("tier").map(String::as_str), Some("web"));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(lab.kept_pod_ips("lab", "r1"), [ip("10.0.0.5")]);
+    let kept = fs::read_to_string(dir.path().join("objects.json")).unwrap();
+    assert!(!kept.contains("pod_ips") && kept.contains("tier"), "{kept}");
+    let object = lab.with_live(|live| Ok(lab.pod_object(r1, live))).unwrap();
+    assert_eq!(object["status"]["podIP"], "10.0.0.5", "{object}");
+
+    // Reported: in its file and in its Pod object; deleted: gone from both.
+    lab.report_pod_ips(r2, vec![ip("10.0.0.6"), ip("fd00::6")]).unwrap();
+    assert_eq!(lab.kept_pod_ips("lab", "r2"), [ip("10.0.0.6"), ip("fd00::6")]);
+    let pod_file = lab.topology_dir().join(lab.pod_file(r2));
+    assert!(fs::read_to_string(&pod_file).unwrap().contains("fd00::6"));
+    lab.delete_pod_object(r2).unwrap();
+    assert!(lab.kept_pod_ips("lab", "r2").is_empty());
+    assert!(!pod_file.exists());
+
+    // Published again with no pod attached (no namespace of theirs exists): no pod keeps
+    // addresses, and no Pod object shows any.
+    lab.report_pod_ips(r2, vec![ip("10.0.0.6")]).unwrap();
+    lab.publish_objects().unwrap();
+    assert!(lab.kept_pod_ips("lab", "r1").is_empty() && lab.kept_pod_ips("lab", "r2").is_empty());
+    let left: Vec<_> = fs::read_dir(dir.path().join(POD_IPS_DIR)).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(!fs::read_to_string(&pod_file).unwrap().contains("10.0.0.6"));
+}

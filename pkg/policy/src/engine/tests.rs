@@ -145,8 +145,15 @@ fn engine_with(
     let metrics = Metrics::new("test", "test");
     let local = Arc::new(Mutex::new(local));
     let handle = local.clone();
+    // As the store's listing: the same `Arc` while the pods are unchanged.
+    let last: Mutex<Arc<Vec<LocalPod>>> = Mutex::default();
     let pods: LocalPods = Arc::new(move || {
-        let l = local.lock().unwrap().clone();
+        let now = local.lock().unwrap().clone();
+        let mut last = last.lock().unwrap();
+        if **last != now {
+            *last = Arc::new(now);
+        }
+        let l = last.clone();
         Box::pin(async move { Ok(l) })
     });
     let e = engine_over(cluster, pods, kernel.clone(), &metrics);
@@ -351,6 +358,50 @@ async fn explain_denies_and_verdicts() {
     assert!(metrics.render("text/plain").1.contains("policy=\"deny\"} 5"));
 }
 
+/// A pass of other nodes' pods takes this node's pods as unchanged while their listing
+/// is (the same `Arc`, nothing pending): one that changed meanwhile plans the table
+/// again, whether a pod came, went or changed.
+#[tokio::test]
+async fn pods_elsewhere_see_a_change_of_this_node_s_pods() {
+    let cluster = Cluster::new(true);
+    let remote = |name: &str, ip: &str| {
+        Arc::new(PolicyPod {
+            namespace: "x".into(),
+            name: name.into(),
+            ips: vec![ip.parse().unwrap()],
+            node: "n2".into(),
+            ..PolicyPod::default()
+        })
+    };
+    cluster.change(|o| {
+        o.policies.push(policy(
+            "all",
+            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]}),
+        ));
+    });
+    let (e, _k, _, handle) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
+    e.pass(true).await.unwrap();
+    cluster.change(|o| o.pods.push(remote("r1", "10.0.9.1")));
+    assert!(e.pass(false).await.unwrap().incremental);
+    cluster.change(|o| o.pods.push(remote("r2", "10.0.9.2")));
+    assert!(e.pass(false).await.unwrap().incremental, "nothing of this node moved");
+    let changes: [fn(&mut Vec<LocalPod>); 3] = [
+        |l| l.push(local("b", "10.0.0.2")),
+        |l| l[1].ips = vec!["10.0.0.3".parse().unwrap()],
+        |l| {
+            l.pop();
+        },
+    ];
+    for (i, change) in changes.into_iter().enumerate() {
+        change(&mut handle.lock().unwrap());
+        cluster.change(|o| o.pods.push(remote(&format!("s{i}"), &format!("10.0.8.{i}"))));
+        let out = e.pass(false).await.unwrap();
+        assert!(!out.incremental, "change {i} of this node's pods: {out:?}");
+        cluster.change(|o| o.pods.push(remote(&format!("t{i}"), &format!("10.0.7.{i}"))));
+        assert!(e.pass(false).await.unwrap().incremental, "after change {i}");
+    }
+}
+
 /// Pods that come, change or go elsewhere in the cluster cost set elements only, for
 /// their own addresses, never a plan of the whole table; anything else (a namespace, a
 /// policy) plans it all again, and a full pass afterwards finds nothing left to do.
@@ -431,7 +482,7 @@ async fn a_topology_change_is_no_change_of_the_nodes() {
     let counter = listed.clone();
     let pods: LocalPods = Arc::new(move || {
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Box::pin(async { Ok(vec![local("a", "10.0.0.1")]) })
+        Box::pin(async { Ok(Arc::new(vec![local("a", "10.0.0.1")])) })
     });
     let e = engine_over(
         cluster.clone(),

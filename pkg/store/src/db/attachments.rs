@@ -202,10 +202,7 @@ impl Db {
     /// policy engine asks at every pod another node announces, and the join over every
     /// attachment was most of what an announcement cost at a few hundred pods a node.
     pub fn ready_pods(&mut self, ifname: &str) -> Result<Vec<ReadyPod>, StoreError> {
-        let version: i64 = self
-            .conn
-            .prepare_cached("SELECT v FROM pods_version WHERE id = 1")?
-            .query_row([], |r| r.get(0))?;
+        let version = self.pods_version()?;
         if let Some((i, v, pods)) = &self.ready_cache
             && i == ifname
             && *v == version
@@ -215,6 +212,15 @@ impl Db {
         let pods = self.read_ready_pods(ifname)?;
         self.ready_cache = Some((ifname.to_string(), version, pods.clone()));
         Ok(pods)
+    }
+
+    /// A counter that moves whenever a row of what [`Db::ready_pods`] reads is written
+    /// (by triggers, so whatever writes them): equal, the answer is the same.
+    pub fn pods_version(&self) -> Result<i64, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT v FROM pods_version WHERE id = 1")?
+            .query_row([], |r| r.get(0))?)
     }
 
     fn read_ready_pods(&mut self, ifname: &str) -> Result<Vec<ReadyPod>, StoreError> {

@@ -69,6 +69,11 @@ pub(super) struct Cached<T> {
     stamp: Stamp,
     trusted: bool,
     value: T,
+    /// What the file held when parsed, kept while it is not trusted: read again and
+    /// found the same, its value is the one parsed before, without parsing again (a
+    /// lab's one topology file of thousands of pods is read by every daemon within a
+    /// second of its write, and parsing it takes a good part of that second).
+    bytes: Option<Vec<u8>>,
 }
 
 /// What identifies a file's version without reading it.
@@ -121,22 +126,65 @@ pub(super) fn cached<T: Clone + PartialEq>(
         return Ok(c.value.clone());
     }
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    let mut value = parse(&bytes);
     // Read again but unchanged (a file not trusted yet, its timestamps too recent): the
     // value read before, so what it shares (objects behind `Arc`s) stays the same and
     // whoever holds it sees nothing changed.
-    if let Some(c) = cache.get(path)
-        && c.value == value
-    {
-        value = c.value.clone();
-    }
+    let value = match cache.get(path) {
+        Some(c) if c.bytes.as_deref() == Some(bytes.as_slice()) => c.value.clone(),
+        Some(c) => {
+            let value = parse(&bytes);
+            if c.value == value { c.value.clone() } else { value }
+        }
+        None => parse(&bytes),
+    };
+    let trusted = stamp.settled(now);
     cache.insert(
         path.to_path_buf(),
         Cached {
             stamp,
-            trusted: stamp.settled(now),
+            trusted,
             value: value.clone(),
+            bytes: (!trusted).then_some(bytes),
         },
     );
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_recent_file_read_again_unchanged_is_not_parsed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.yaml");
+        let parses = Cell::new(0);
+        let parse = |b: &[u8]| {
+            parses.set(parses.get() + 1);
+            String::from_utf8_lossy(b).into_owned()
+        };
+        let mut cache = HashMap::new();
+        let read_at = |cache: &mut HashMap<PathBuf, Cached<String>>, now: SystemTime| {
+            let m = std::fs::metadata(&path).unwrap();
+            cached(cache, &path, &m, now, parse).unwrap()
+        };
+        let read = |cache: &mut HashMap<PathBuf, Cached<String>>| read_at(cache, SystemTime::now());
+        std::fs::write(&path, "a: 1").unwrap();
+        assert_eq!(read(&mut cache), "a: 1");
+        // Too recent to trust: read again, found the same, not parsed.
+        assert_eq!(read(&mut cache), "a: 1");
+        assert_eq!(parses.get(), 1);
+        // Changed within the same second, same length: parsed.
+        std::fs::write(&path, "a: 2").unwrap();
+        assert_eq!(read(&mut cache), "a: 2");
+        assert_eq!(parses.get(), 2);
+        // Read when old enough to trust: not parsed, and from then on served from the
+        // cache alone.
+        let later = SystemTime::now() + RACY * 2;
+        assert_eq!(read_at(&mut cache, later), "a: 2");
+        assert!(cache[&path].trusted && cache[&path].bytes.is_none());
+        assert_eq!(read_at(&mut cache, later), "a: 2");
+        assert_eq!(parses.get(), 2);
+    }
 }

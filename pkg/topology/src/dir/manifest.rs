@@ -151,14 +151,21 @@ pub(super) fn parse_file(path: &Path, bytes: &[u8]) -> FileObjects {
         }
     } else {
         for (line, doc) in yaml_documents(text) {
-            // Padding keeps the parser's line numbers those of the file.
-            let padded = format!("{}{doc}", "\n".repeat(line - 1));
-            match serde_yaml_ng::from_str::<Value>(&padded) {
+            match serde_yaml_ng::from_str::<Value>(doc) {
                 Ok(v) => add_object(v, &format!("document at line {line}"), &mut out, path),
-                Err(e) => out.problems.push(problem(
-                    Some(format!("document at line {line}")),
-                    format!("does not parse: {e}"),
-                )),
+                Err(first) => {
+                    // Parsed again behind as many empty lines as the document starts
+                    // after, so the parser's line numbers are the file's. Only for a
+                    // broken document: padding every one would make a file of many
+                    // documents cost the square of its length (a lab of thousands of
+                    // pods writes one document per pod).
+                    let padded = format!("{}{doc}", "\n".repeat(line - 1));
+                    let e = serde_yaml_ng::from_str::<Value>(&padded).err().unwrap_or(first);
+                    out.problems.push(problem(
+                        Some(format!("document at line {line}")),
+                        format!("does not parse: {e}"),
+                    ))
+                }
             }
         }
     }

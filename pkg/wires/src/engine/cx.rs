@@ -12,10 +12,11 @@ use std::time::Instant;
 use tracing::{info, warn};
 use weft_kernel::KernelError;
 use weft_kernel::wire::Emulated;
-use weft_link::{DownBy, EndSettings, Impairment, WireEnd, WireState};
+use weft_link::{DownBy, EndSettings, Impairment, LinkPhase, LinkStatus, WireEnd, WireState};
 use weft_topology::Topology;
 
 use super::plan::{self, PodKey};
+use super::records::Records;
 use super::{Engine, LocalPod};
 use crate::convert;
 use crate::error::WireError;
@@ -27,6 +28,36 @@ use crate::plane::GrpcPlane;
 pub(crate) struct Applied {
     pub(crate) impairment: Option<Impairment>,
     pub(crate) down: Option<Option<DownBy>>,
+}
+
+/// How many links are in each phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LinkCounts([i64; 4]);
+
+impl LinkCounts {
+    /// Every phase, in the order counted.
+    pub(crate) const PHASES: [LinkPhase; 4] = [LinkPhase::Pending, LinkPhase::Up, LinkPhase::Down, LinkPhase::Failed];
+
+    fn slot(phase: LinkPhase) -> usize {
+        match phase {
+            LinkPhase::Pending => 0,
+            LinkPhase::Up => 1,
+            LinkPhase::Down => 2,
+            LinkPhase::Failed => 3,
+        }
+    }
+
+    /// Counts `links` in (`by` 1) or out (`by` -1).
+    pub(crate) fn add(&mut self, links: &[LinkStatus], by: i64) {
+        for l in links {
+            self.0[Self::slot(l.state)] += by;
+        }
+    }
+
+    /// How many links are in `phase`.
+    pub(crate) fn get(&self, phase: LinkPhase) -> i64 {
+        self.0[Self::slot(phase)]
+    }
 }
 
 /// What the run task carries from one pass to the next.
@@ -46,6 +77,11 @@ pub(crate) struct PassState {
     pub(crate) mirrored_at: Option<Instant>,
     /// What each end's emulation (impairment, carrier by intent) was last set to.
     pub(crate) applied: HashMap<u64, Applied>,
+    /// Ends recorded built (not pending) that have no entry in `applied` yet, or whose
+    /// entry was dropped to be set afresh: the next emulation visits them whichever
+    /// pods it looks at. Every recorded end missing from `applied` is here, unless the
+    /// records were read afresh from the store (then a pass goes through them all).
+    pub(crate) unapplied: HashSet<u64>,
     /// Link detours found on the node at start (wire ids' low bits) that no pass has
     /// taken over or removed yet; `None` until the first pass lists them.
     pub(crate) leftover_detours: Option<HashSet<u64>>,
@@ -55,13 +91,15 @@ pub(crate) struct PassState {
     /// unchanged one's `Arc`, and holding it here keeps its address from being reused),
     /// to tell which moved without comparing or keying every one at every pass.
     pub(crate) seen: HashMap<usize, (PodKey, Arc<Topology>)>,
+    /// The topology source's change counter when `seen` was last brought up to date.
+    pub(crate) source_seen: Option<u64>,
     /// Which pods list a link to each pod, for the topologies in `seen`.
     pub(crate) listers: plan::Listers,
     /// The wire ends as the store records them, kept from one pass to the next (each
     /// pass's writes go to both) and read afresh from the store by a pass of every pod,
     /// after another path wrote ends (`records_epoch`), or after a write of the pass's
     /// own may have missed the store (`records_doubtful`). None until the first pass.
-    pub(crate) records: Option<HashMap<u64, WireEnd>>,
+    pub(crate) records: Option<Records>,
     /// The engine's records epoch when `records` were read.
     pub(crate) records_epoch: u64,
     /// Set when a removal could not be written to the store: the next pass reads it.
@@ -76,6 +114,9 @@ pub(crate) struct PassState {
     pub(crate) failed: bool,
     /// The pods alive (attached, their namespace there) as the last pass saw them.
     pub(crate) alive: Arc<BTreeMap<PodKey, LocalPod>>,
+    /// How many links of the pods the pass reported are in each phase (the `links`
+    /// gauge), kept as they move rather than counted over every link at each pass.
+    pub(crate) link_counts: LinkCounts,
 }
 
 impl PassState {
@@ -124,11 +165,7 @@ impl PassState {
 
     /// The pods of the ends whose run-time settings are new, changed or gone since the
     /// last pass, noting `now` as seen.
-    pub(crate) fn resettled(
-        &mut self,
-        now: &HashMap<u64, EndSettings>,
-        records: &HashMap<u64, WireEnd>,
-    ) -> BTreeSet<PodKey> {
+    pub(crate) fn resettled(&mut self, now: &HashMap<u64, EndSettings>, records: &Records) -> BTreeSet<PodKey> {
         let ids = now
             .iter()
             .filter(|(id, s)| self.settings.get(id) != Some(s))
@@ -146,7 +183,7 @@ impl PassState {
 pub struct Cx<'a, P> {
     pub(super) engine: &'a Engine<P>,
     pub(super) pass: &'a mut PassState,
-    pub(super) records: &'a mut HashMap<u64, WireEnd>,
+    pub(super) records: &'a mut Records,
     pub(super) me: IpAddr,
 }
 
@@ -186,7 +223,11 @@ impl<P: GrpcPlane> Cx<'_, P> {
             .up
             .get_or_create(&labels)
             .set(i64::from(r.state.is_up()));
-        self.records.insert(r.id, r);
+        // Built, and never set: the pass's emulation visits it whatever pods it looks at.
+        if r.state != WireState::Pending && !self.pass.applied.contains_key(&r.id) {
+            self.pass.unapplied.insert(r.id);
+        }
+        self.records.insert(r);
         Ok(())
     }
 
@@ -198,6 +239,7 @@ impl<P: GrpcPlane> Cx<'_, P> {
     /// Notes that end `id` is being (re)built: the next pass applies its settings afresh.
     pub fn rebuilt(&mut self, id: u64) {
         self.pass.applied.remove(&id);
+        self.pass.unapplied.insert(id);
     }
 
     /// Runs a kernel procedure off the async workers (it may enter pod namespaces).

@@ -8,7 +8,7 @@
 //! ends whose settings changed or that were (re)built; a restarted daemon applies
 //! every end's settings once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use tracing::{info, warn};
@@ -17,10 +17,21 @@ use weft_rpc::wire::{Carrier as CarrierMsg, End, EndResult, LinkControl};
 
 use super::Engine;
 use super::cx::{Applied, Cx};
-use super::plan;
+use super::plan::{self, PodKey};
 use crate::convert;
 use crate::error::WireError;
 use crate::plane::GrpcPlane;
+
+/// Which ends a pass's emulation visits (besides those never set or to be set afresh,
+/// and those whose settings are not in force, which it always visits).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Visit<'a> {
+    /// Every end: a pass of every pod.
+    All,
+    /// The ends of the pods a pass looked at. `fresh`: the records were read afresh
+    /// from the store, so which were never set is found by going through them all.
+    Pods { scope: &'a BTreeSet<PodKey>, fresh: bool },
+}
 
 impl<P: GrpcPlane> Engine<P> {
     /// The topology's impairment for what end `r` sends.
@@ -36,11 +47,6 @@ impl<P: GrpcPlane> Engine<P> {
     /// Why end `id`'s settings are not in force, if they are not.
     fn problem(&self, id: u64) -> Option<String> {
         self.problems.lock().expect("problems lock").get(&id).cloned()
-    }
-
-    /// Whether end `id`'s settings are not in force.
-    fn has_problem(&self, id: u64) -> bool {
-        self.problems.lock().expect("problems lock").contains_key(&id)
     }
 
     /// Records (or clears) why end `r`'s settings are not in force, logging a new reason
@@ -61,26 +67,43 @@ impl<P: GrpcPlane> Engine<P> {
     }
 
     /// Brings the built ends of the pass to their impairment and carrier by intent,
-    /// through each end's carrier, going by the run-time `settings`: the ends the pass
-    /// `looked_at`, and any other end never applied or whose emulation is not in force
-    /// (an end the pass did not look at, applied as it should be, stays: neither its
-    /// pod, its peer nor its settings moved).
+    /// through each end's carrier, going by the run-time `settings`: the ends `visit`
+    /// names, and any other end never applied or whose emulation is not in force (an
+    /// end the pass did not look at, applied as it should be, stays: neither its pod,
+    /// its peer nor its settings moved). What it goes through is what the pass looked
+    /// at, not every end of the node.
     pub(super) async fn emulate(
         &self,
         cx: &mut Cx<'_, P>,
         settings: &HashMap<u64, EndSettings>,
-        looked_at: impl Fn(&WireEnd) -> bool,
+        visit: Visit<'_>,
     ) -> Result<(), WireError> {
         self.list_leftover_detours(cx).await?;
-        let ids: Vec<u64> = cx
-            .records
-            .values()
-            .filter(|r| r.state != WireState::Pending)
-            .filter(|r| looked_at(r) || !cx.pass.applied.contains_key(&r.id) || self.has_problem(r.id))
-            .map(|r| r.id)
-            .collect();
+        let unapplied = std::mem::take(&mut cx.pass.unapplied);
+        let ids: BTreeSet<u64> = match visit {
+            Visit::All => cx.records.values().map(|r| r.id).collect(),
+            Visit::Pods { scope, fresh } => {
+                let problems: HashSet<u64> = self.problems.lock().expect("problems lock").keys().copied().collect();
+                let mut ids: BTreeSet<u64> = (scope.iter().flat_map(|k| cx.records.of_pod(k)))
+                    .map(|r| r.id)
+                    .chain(unapplied)
+                    .chain(problems)
+                    .collect();
+                if fresh {
+                    let applied = &cx.pass.applied;
+                    ids.extend(
+                        cx.records
+                            .values()
+                            .filter(|r| !applied.contains_key(&r.id))
+                            .map(|r| r.id),
+                    );
+                }
+                ids
+            }
+        };
         for id in ids {
-            let Some(r) = cx.records.get(&id).cloned() else {
+            // Pending (built later, and then visited) or gone.
+            let Some(r) = cx.records.get(&id).filter(|r| r.state != WireState::Pending).cloned() else {
                 continue;
             };
             let s = settings.get(&r.id).copied().unwrap_or_default();

@@ -35,6 +35,7 @@ mod emulate;
 mod ends;
 mod pass;
 pub(crate) mod plan;
+mod records;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;

@@ -20,11 +20,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
-use weft_link::{EndSettings, LinkKind, LinkPhase, LinkStatus, WireEnd, WireState};
+use weft_link::{EndSettings, LinkKind, LinkStatus, WireEnd, WireState};
 
 use super::carrier::Far;
-use super::cx::{Cx, PassState};
+use super::cx::{Cx, LinkCounts, PassState};
+use super::emulate::Visit;
 use super::plan::{self, Attempt, PodKey, Want};
+use super::records::Records;
 use super::{Engine, LocalLink, LocalPod};
 use crate::error::WireError;
 use crate::ids::wire_id;
@@ -112,9 +114,18 @@ impl<P: GrpcPlane> Engine<P> {
         };
         let every = every || asked.all || st.me.replace(me) != Some(me);
         let settings = self.store.run(|db| db.link_settings()).await?;
-        let mut records = self.records(st, every).await?;
+        let (mut records, fresh) = self.records(st, every).await?;
 
-        let mut seeds = st.moved(self.source.topologies());
+        // The source's change counter, read before its topologies (a change after it
+        // moves it again): while it stands, no topology moved, and the pass need not
+        // go through the cluster's topologies to find none did.
+        let generation = *self.source.changes().borrow();
+        let mut seeds = if every || st.source_seen != Some(generation) {
+            st.source_seen = Some(generation);
+            st.moved(self.source.topologies())
+        } else {
+            BTreeSet::new()
+        };
         seeds.extend(st.resettled(&settings, &records));
         seeds.extend(asked.pods);
         seeds.append(&mut st.retry_pods);
@@ -139,6 +150,8 @@ impl<P: GrpcPlane> Engine<P> {
             }
         };
         seeds.extend(st.came_or_went(&pods));
+        // Pods that moved and do not run here (any more): their ends, if any, are stale.
+        let departed: Vec<&PodKey> = seeds.iter().filter(|k| !pods.contains_key(*k)).collect();
         let scope: BTreeSet<PodKey> = if every {
             st.last_full = Some(Instant::now());
             pods.keys().cloned().collect()
@@ -224,10 +237,18 @@ impl<P: GrpcPlane> Engine<P> {
             }
         }
 
-        // Ends nothing asks for any more: their pod left or the link was removed.
-        let stale: Vec<WireEnd> = cx
-            .records
-            .values()
+        // Ends nothing asks for any more: their pod left or the link was removed. Those of
+        // the pods looked at and the pods that left, unless the records were read afresh
+        // (a kept record's pod that stopped running here is among the pods that left).
+        let candidates: Vec<&WireEnd> = if every || fresh {
+            cx.records.values().collect()
+        } else {
+            (scope.iter().chain(departed.iter().copied()))
+                .flat_map(|k| cx.records.of_pod(k))
+                .collect()
+        };
+        let stale: Vec<WireEnd> = candidates
+            .into_iter()
             .filter(|r| {
                 (every || looked.contains(&owned(r)) || !alive.contains(&owned(r)))
                     && !plan::end_wanted(r, &pods, |n, p| self.source.topology(n, p))
@@ -248,15 +269,16 @@ impl<P: GrpcPlane> Engine<P> {
         }
 
         // Impairments and carrier by intent, on the ends built so far.
-        if self
-            .emulate(&mut cx, &settings, |r| every || looked.contains(&owned(r)))
-            .await
-            .is_err()
-        {
+        let visit = if every {
+            Visit::All
+        } else {
+            Visit::Pods { scope: &scope, fresh }
+        };
+        if self.emulate(&mut cx, &settings, visit).await.is_err() {
             cx.pass.retry = true;
             cx.pass.failed = true;
         }
-        self.report_links(me, &pods, &scope, cx.records, &attempts, &settings, cx.pass)
+        self.report_links(me, &pods, &scope, &departed, cx.records, &attempts, &settings, cx.pass)
             .await;
 
         if !st.mirrored {
@@ -285,21 +307,15 @@ impl<P: GrpcPlane> Engine<P> {
     }
 
     /// The wire ends as the store records them: those the last pass kept, or read
-    /// afresh (see [`PassState::records`]); a fresh read that differs from what was
-    /// kept has the wire-state resource written again.
-    async fn records(&self, st: &mut PassState, every: bool) -> Result<HashMap<u64, WireEnd>, WireError> {
+    /// afresh (see [`PassState::records`]; then `true`); a fresh read that differs from
+    /// what was kept has the wire-state resource written again.
+    async fn records(&self, st: &mut PassState, every: bool) -> Result<(Records, bool), WireError> {
         let epoch = self.records_epoch.load(std::sync::atomic::Ordering::Acquire);
         match st.records.take() {
-            Some(kept) if !every && !st.records_doubtful && st.records_epoch == epoch => Ok(kept),
+            Some(kept) if !every && !st.records_doubtful && st.records_epoch == epoch => Ok((kept, false)),
             kept => {
-                let fresh: HashMap<u64, WireEnd> = self
-                    .store
-                    .run(|db| db.wires())
-                    .await?
-                    .into_iter()
-                    .map(|r| (r.id, r))
-                    .collect();
-                let shown = |m: &HashMap<u64, WireEnd>| -> BTreeSet<(u64, WireState, String)> {
+                let fresh: Records = self.store.run(|db| db.wires()).await?.into_iter().collect();
+                let shown = |m: &Records| -> BTreeSet<(u64, WireState, String)> {
                     m.values().map(|r| (r.id, r.state, r.peer_node.clone())).collect()
                 };
                 if kept.as_ref().is_none_or(|k| shown(k) != shown(&fresh)) {
@@ -307,7 +323,7 @@ impl<P: GrpcPlane> Engine<P> {
                 }
                 st.records_epoch = epoch;
                 st.records_doubtful = false;
-                Ok(fresh)
+                Ok((fresh, true))
             }
         }
     }
@@ -343,7 +359,8 @@ impl<P: GrpcPlane> Engine<P> {
         me: IpAddr,
         pods: &BTreeMap<PodKey, LocalPod>,
         scope: &BTreeSet<PodKey>,
-        records: &HashMap<u64, WireEnd>,
+        departed: &[&PodKey],
+        records: &Records,
         attempts: &HashMap<u64, Attempt>,
         settings: &HashMap<u64, EndSettings>,
         st: &mut PassState,
@@ -388,19 +405,38 @@ impl<P: GrpcPlane> Engine<P> {
             }
             now.insert(key.clone(), links);
         }
+        // The pods that stopped running here are among those that left. A pass that
+        // looked at every pod (as one of every pod does, and one follows a failed pass)
+        // also drops any other pod not running here: its cost is the node's anyway.
+        let counts = &mut st.link_counts;
+        let every = scope.len() == pods.len();
         self.links.send_modify(|all| {
-            all.retain(|k, _| pods.contains_key(k));
-            for k in &gone {
-                all.remove(k);
+            if every {
+                all.retain(|k, links| {
+                    let keep = pods.contains_key(k);
+                    if !keep {
+                        counts.add(links, -1);
+                    }
+                    keep
+                });
             }
-            all.extend(now);
-            for state in [LinkPhase::Pending, LinkPhase::Up, LinkPhase::Down, LinkPhase::Failed] {
-                let n = all.values().flatten().filter(|l| l.state == state).count();
-                self.metrics
-                    .links
-                    .get_or_create(&LinkStateLabels { state: state.as_str() })
-                    .set(n as i64);
+            for k in departed.iter().copied().chain(&gone) {
+                if let Some(old) = all.remove(k) {
+                    counts.add(&old, -1);
+                }
+            }
+            for (k, links) in now {
+                counts.add(&links, 1);
+                if let Some(old) = all.insert(k, links) {
+                    counts.add(&old, -1);
+                }
             }
         });
+        for state in LinkCounts::PHASES {
+            self.metrics
+                .links
+                .get_or_create(&LinkStateLabels { state: state.as_str() })
+                .set(counts.get(state));
+        }
     }
 }

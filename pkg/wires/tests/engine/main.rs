@@ -23,7 +23,7 @@ use weft_telemetry::Metrics;
 use weft_telemetry::metrics::RepairLabels;
 use weft_topology::{Link, LinkKind, MemorySource, Topology, TopologySource, TopologySpec};
 use weft_wires::ids::{derived_mac, derived_vni, next_vni, wire_id};
-use weft_wires::metrics::{WireDirLabels, WireMetrics};
+use weft_wires::metrics::{LinkStateLabels, WireDirLabels, WireMetrics};
 use weft_wires::{Carriers, Engine, EngineConfig, LocalPod, PodKey, Seams, labels};
 
 const NS: &str = "lab";
@@ -401,6 +401,55 @@ async fn a_vanished_pod_s_linked_pods_follow_at_the_next_pass() {
         states.iter().all(|(_, state, _)| state != "up"),
         "r1 still says its link to the vanished r2 is up: {states:?}"
     );
+}
+
+/// The `weft_links` gauge of node `a` by state: (pending, up).
+fn link_gauge(lab: &Lab) -> (i64, i64) {
+    let m = lab.metrics.families::<WireMetrics>();
+    let get = |state| m.links.get_or_create(&LinkStateLabels { state }).get();
+    (get("pending"), get("up"))
+}
+
+/// A pass goes through the ends of the pods it looks at and of the pods that left,
+/// not through every end of the node: what it keeps (the ends, the links gauge) must
+/// still follow pods that arrive, leave, or vanish, as a pass of every pod would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_of_a_few_pods_keep_the_node_s_ends_and_counts_right() {
+    let mut lab = Lab::new(&["a"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth1"), None);
+    lab.connect(2, ("r1", "eth2"), ("x", "eth1"), None);
+    lab.connect(3, ("s1", "eth1"), ("s2", "eth1"), None);
+    // A pair no pass below looks at.
+    lab.connect(4, ("t1", "eth1"), ("t2", "eth1"), None);
+    lab.start().await;
+    for pod in ["r1", "r2", "s1", "t1", "t2"] {
+        lab.add("a", pod).await;
+    }
+    lab.settle().await;
+    // r1-r2 and t1-t2 up at both ends; r1's link to x and s1's to s2 wait for their
+    // peers.
+    assert_eq!(link_gauge(&lab), (2, 4));
+    lab.add("a", "s2").await;
+    lab.settle().await;
+    assert_eq!(link_gauge(&lab), (1, 6));
+
+    // s2 vanishes without a DEL and r2 is deleted: the next pass (for r2's DEL, not
+    // one of every pod) takes both pods' ends, and their peers' links wait again.
+    lab.kernel("a").remove_pod("/fake/a/s2");
+    lab.remove("a", "r2").await;
+    let owners: BTreeSet<String> = lab.wires("a").await.values().map(|r| r.local_pod.clone()).collect();
+    assert!(!owners.contains("s2") && !owners.contains("r2"), "{owners:?}");
+    assert_eq!(link_gauge(&lab), (3, 2));
+    assert!(
+        lab.kernel("a").ifaces_of("/fake/a/s1").is_empty(),
+        "s1's end of the pair went with s2"
+    );
+
+    // A pass of every pod finds nothing else to change or count.
+    let ends: Vec<u64> = lab.wires("a").await.into_keys().collect();
+    lab.engine("a").pass_and_wait().await;
+    assert_eq!(link_gauge(&lab), (3, 2));
+    assert_eq!(lab.wires("a").await.into_keys().collect::<Vec<_>>(), ends);
 }
 
 #[tokio::test]
