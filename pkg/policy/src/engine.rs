@@ -609,8 +609,6 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         }
         let listing = (self.local)().await?;
         let local = Self::with_extra(self.merge_pending(state, &listing), extra);
-        // With an extra pod the view holds more than the listing: not a base to trust.
-        state.local_confirmed = extra.is_none().then_some((listing, state.pending_epoch));
         let view = self.view(&objects, &local);
         self.report(&view, state);
         let desired = Arc::new(plan(&view));
@@ -681,6 +679,9 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         }
         self.metrics.pass_seconds.observe(started.elapsed().as_secs_f64());
         self.metrics.isolated(&desired);
+        // The view's pods are the listing's and the pending ones as they stand now
+        // (with an extra pod it holds more than them: not a base to trust).
+        state.local_confirmed = extra.is_none().then_some((listing, state.pending_epoch));
         *self.latest.lock().expect("latest lock") = Some(Latest {
             view: Arc::new(view),
             desired,
