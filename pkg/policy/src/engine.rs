@@ -86,6 +86,10 @@ struct State {
     pending_epoch: u64,
     /// Pods of other nodes announced by them before the API has their addresses.
     announced: announce::Announcements,
+    /// How many announcements of the engine's queue ([`PolicyEngine::queued`]) a pass
+    /// that ended well has taken in: an announcement whose number is within it is in
+    /// the sets, and its caller runs no pass of its own.
+    announced_upto: u64,
 }
 
 /// How long a pod stays pending without its ADD committing it: an ADD commits within
@@ -163,6 +167,10 @@ pub struct PolicyEngine<K> {
     detached: Mutex<Vec<String>>,
     /// How this node tells the others about its new pods, if it does.
     announcer: Mutex<Option<Arc<dyn Announcer>>>,
+    /// Announcements taken and not yet in a pass: every pass takes them all in, so that
+    /// the announcements of a burst of ADDs elsewhere cost this node one pass rather
+    /// than one each.
+    queued: Mutex<announce::Queue>,
     /// The addresses learnt from DNS answers for `domainNames` rules.
     learnt: crate::eval::LearntNames,
     /// When the learnt table last forgot what expired (Unix ms).
@@ -209,6 +217,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             sampled: Mutex::default(),
             detached: Mutex::default(),
             announcer: Mutex::default(),
+            queued: Mutex::default(),
             learnt,
             learnt_expired_ms: std::sync::atomic::AtomicI64::new(0),
         }
@@ -592,11 +601,14 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         {
             return Ok(out);
         }
+        // What was announced until now goes into this pass, whichever path it takes.
+        let upto = self.take_announced(state);
         if extra.is_none()
             && !resync
             && !state.must_observe
             && let Some(out) = self.pods_only(state).await?
         {
+            state.announced_upto = upto;
             return Ok(out);
         }
         let started = Instant::now();
@@ -605,6 +617,8 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         self.metrics.synced.set(i64::from(objects.synced));
         self.metrics.stale.set(i64::from(objects.stale));
         if !objects.synced {
+            // Nothing to apply them to yet: the pass once the cache is synced takes them.
+            state.announced_upto = upto;
             return Ok(PassOutcome::default());
         }
         let listing = (self.local)().await?;
@@ -682,6 +696,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         // The view's pods are the listing's and the pending ones as they stand now
         // (with an extra pod it holds more than them: not a base to trust).
         state.local_confirmed = extra.is_none().then_some((listing, state.pending_epoch));
+        state.announced_upto = upto;
         *self.latest.lock().expect("latest lock") = Some(Latest {
             view: Arc::new(view),
             desired,

@@ -66,6 +66,15 @@ struct Entry {
     patched: Option<(Arc<PolicyPod>, Arc<PolicyPod>)>,
 }
 
+/// Announcements taken by [`PolicyEngine::pod_announced`] and not yet taken in by a
+/// pass, and how many were ever taken (an announcement's number is the count once it
+/// was).
+#[derive(Debug, Default)]
+pub(super) struct Queue {
+    waiting: Vec<((String, String), Entry)>,
+    taken: u64,
+}
+
 /// The announcements a node holds, by pod.
 #[derive(Debug, Default)]
 pub(super) struct Announcements {
@@ -127,6 +136,31 @@ impl Announcements {
 }
 
 impl<K: PolicyKernel> PolicyEngine<K> {
+    /// Moves the queued announcements into `state` (a later one of a pod replaces an
+    /// earlier); returns how many were ever taken, which the pass records once it ends
+    /// well.
+    pub(super) fn take_announced(&self, state: &mut super::State) -> u64 {
+        let mut q = self.queued.lock().expect("announcement queue lock");
+        for (key, entry) in q.waiting.drain(..) {
+            state.announced.entries.insert(key, entry);
+        }
+        q.taken
+    }
+
+    /// Queues an announcement for the next pass; returns its number.
+    fn queue_announced(&self, key: (String, String), entry: Entry) -> u64 {
+        let mut q = self.queued.lock().expect("announcement queue lock");
+        q.waiting.push((key, entry));
+        q.taken += 1;
+        q.taken
+    }
+
+    /// How many announcements wait for a pass.
+    #[cfg(test)]
+    pub(super) fn waiting_announcements(&self) -> usize {
+        self.queued.lock().expect("announcement queue lock").waiting.len()
+    }
+
     /// Sets how this node tells the others about its new pods (none: it does not).
     pub fn set_announcer(&self, announcer: Arc<dyn Announcer>) {
         *self.announcer.lock().expect("announcer lock") = Some(announcer);
@@ -186,18 +220,21 @@ impl<K: PolicyKernel> PolicyEngine<K> {
                 return Ok(Taken::Known);
             }
         }
-        {
+        let number = self.queue_announced(
+            (pod.namespace.clone(), pod.name.clone()),
+            Entry {
+                node: node.to_string(),
+                ips: pod.ips.clone(),
+                at: Instant::now(),
+                patched: None,
+            },
+        );
+        if known.is_some() {
+            // Announcements that came while a pass ran wait here together: the first
+            // of them to get the lock takes them all into its pass, and the others
+            // find theirs taken in and applied.
             let mut state = self.state.lock().await;
-            state.announced.entries.insert(
-                (pod.namespace.clone(), pod.name.clone()),
-                Entry {
-                    node: node.to_string(),
-                    ips: pod.ips.clone(),
-                    at: Instant::now(),
-                    patched: None,
-                },
-            );
-            if known.is_some() {
+            if state.announced_upto < number {
                 self.pass_locked(&mut state, None, false).await?;
             }
         }

@@ -610,6 +610,93 @@ async fn an_announced_pod_is_in_the_sets_before_the_api_has_its_address() {
     );
 }
 
+/// Announcements that come while a pass runs are taken in together by the next pass:
+/// five pods announced while the engine is busy cost one transaction with all five
+/// addresses, each caller is told its pod is applied, and none is lost.
+#[tokio::test]
+async fn announcements_during_a_pass_share_the_next_one() {
+    let cluster = Cluster::new(true);
+    *cluster.nodes.lock().unwrap() = vec![ClusterNode {
+        name: "n2".into(),
+        pod_cidrs: vec!["10.0.2.0/24".parse().unwrap()],
+        ..ClusterNode::default()
+    }];
+    cluster.change(|o| {
+        o.policies.push(policy(
+            "from-clients",
+            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
+        ));
+        for i in 1..=5 {
+            o.pods.push(Arc::new(PolicyPod {
+                namespace: "x".into(),
+                name: format!("c{i}"),
+                labels: [("role".to_string(), "client".to_string())].into(),
+                node: "n2".into(),
+                ..PolicyPod::default()
+            }));
+        }
+    });
+    let (e, k, metrics) = engine(cluster.clone(), vec![local("a", "10.0.1.1")]);
+    e.pass(true).await.unwrap();
+    let passes = || {
+        let page = metrics.render("text/plain").1;
+        let line = page
+            .lines()
+            .find(|l| l.starts_with("weft_policy_pass_seconds_count"))
+            .map(str::to_string);
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .expect("the pass histogram's count")
+    };
+    let (before, passes_before) = (k.applied.lock().unwrap().len(), passes());
+    // A pass in progress: the engine's state is held.
+    let busy = e.state.lock().await;
+    let calls = futures::future::join_all((1..=5).map(|i| {
+        e.pod_announced(
+            "n2",
+            Announced {
+                namespace: "x".into(),
+                name: format!("c{i}"),
+                ips: vec![format!("10.0.2.{i}").parse().unwrap()],
+            },
+        )
+    }));
+    let pass_ends = async {
+        while e.waiting_announcements() < 5 {
+            tokio::task::yield_now().await;
+        }
+        drop(busy);
+    };
+    let (taken, ()) = tokio::join!(calls, pass_ends);
+    assert!(taken.iter().all(|t| *t == Ok(Taken::Applied)), "{taken:?}");
+    let applied = k.applied.lock().unwrap()[before..].to_vec();
+    assert_eq!(applied.len(), 1, "one transaction for the five: {applied:?}");
+    assert_eq!(passes(), passes_before + 1, "one pass for the five");
+    for i in 1..=5 {
+        assert!(applied[0].contains(&format!("10.0.2.{i}")), "{}", applied[0]);
+    }
+    assert_eq!(e.waiting_announcements(), 0);
+    // One announced alone still gets its own pass.
+    cluster.change(|o| {
+        o.pods.push(Arc::new(PolicyPod {
+            namespace: "x".into(),
+            name: "c6".into(),
+            labels: [("role".to_string(), "client".to_string())].into(),
+            node: "n2".into(),
+            ..PolicyPod::default()
+        }))
+    });
+    e.pass(false).await.unwrap();
+    let before = k.applied.lock().unwrap().len();
+    let six = Announced {
+        namespace: "x".into(),
+        name: "c6".into(),
+        ips: vec!["10.0.2.6".parse().unwrap()],
+    };
+    assert_eq!(e.pod_announced("n2", six).await, Ok(Taken::Applied));
+    let applied = k.applied.lock().unwrap()[before..].to_vec();
+    assert!(applied.len() == 1 && applied[0].contains("10.0.2.6"), "{applied:?}");
+}
+
 /// A policy object that does not decode is refused, and said: in the status, and
 /// counted as refused (not enforced) in its namespace.
 #[tokio::test]
