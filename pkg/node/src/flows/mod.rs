@@ -253,8 +253,34 @@ pub trait PeerFlows: Send + Sync + 'static {
     fn flows(&self, request: FlowsRequest) -> BoxFuture<'static, Vec<(String, Result<FlowsStream, String>)>>;
 }
 
-/// A view and its staged preview (none when nothing is staged).
-type StagedCache = Option<(Arc<weft_policy::ClusterView>, Option<Arc<weft_policy::ClusterView>>)>;
+/// The staged preview of the last view the policy engine published, made once per view
+/// and only while a policy is staged.
+///
+/// It names its view by a weak handle, and keeps nothing while nothing is staged: the
+/// engine changes its latest view in place at a pass of pods only (`Arc::make_mut`), and
+/// a second strong handle here would have it copy the whole view, every pod of the
+/// cluster, at each of those passes (one per pod another node announces).
+#[derive(Default)]
+struct StagedCache(Option<(std::sync::Weak<weft_policy::ClusterView>, Arc<weft_policy::ClusterView>)>);
+
+impl StagedCache {
+    /// The staged preview of `view` ([`weft_policy::ClusterView::staged`]).
+    fn preview(&mut self, view: &Arc<weft_policy::ClusterView>) -> Option<Arc<weft_policy::ClusterView>> {
+        if !view.has_staged() {
+            self.0 = None;
+            return None;
+        }
+        match &self.0 {
+            // A weak handle keeps its allocation: an address equal to it is this view.
+            Some((of, staged)) if std::ptr::eq(of.as_ptr(), Arc::as_ptr(view)) => Some(staged.clone()),
+            _ => {
+                let staged = Arc::new(view.staged()?);
+                self.0 = Some((Arc::downgrade(view), staged.clone()));
+                Some(staged)
+            }
+        }
+    }
+}
 
 /// How soon a closed flow (FIN, RST) is announced at most: its counters come from a
 /// dump (conntrack's update events carry none), taken this often while flows close.
@@ -301,7 +327,7 @@ impl NodeFlows {
             last_refresh_ms: AtomicI64::new(0),
             export,
             otlp,
-            staged: Mutex::new(None),
+            staged: Mutex::default(),
             peers: std::sync::OnceLock::new(),
             labels: Mutex::new(HashSet::new()),
             workload_labels: Mutex::new(HashSet::new()),
@@ -336,18 +362,9 @@ impl NodeFlows {
         t != 0 && now_ms() - t < OVERFLOW_NOTE_FOR.as_millis() as i64
     }
 
-    /// The staged preview of `view` ([`weft_policy::ClusterView::staged`]), made once per
-    /// view the engine publishes, and only while a policy is staged.
+    /// The staged preview of `view` (see [`StagedCache`]).
     fn staged_view(&self, view: &Arc<weft_policy::ClusterView>) -> Option<Arc<weft_policy::ClusterView>> {
-        let mut cache = self.staged.lock().expect("staged view lock");
-        match &*cache {
-            Some((of, staged)) if Arc::ptr_eq(of, view) => staged.clone(),
-            _ => {
-                let staged = view.staged().map(Arc::new);
-                *cache = Some((view.clone(), staged.clone()));
-                staged
-            }
-        }
+        self.staged.lock().expect("staged view lock").preview(view)
     }
 
     fn with_tracker<R>(&self, f: impl FnOnce(&mut Tracker, &dyn Resolve) -> R) -> R {
@@ -853,6 +870,41 @@ fn group_peer(g: &str) -> Peer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The cache never holds the view itself: while nothing is staged it keeps nothing,
+    /// and with a staged policy it keeps the preview of the view it was made of, made
+    /// again for another view.
+    #[test]
+    fn the_staged_cache_never_holds_the_engine_s_view() {
+        let mut cache = StagedCache::default();
+        let plain = Arc::new(weft_policy::ClusterView::default());
+        assert!(cache.preview(&plain).is_none());
+        assert_eq!(Arc::strong_count(&plain), 1);
+        let np: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "preview", "namespace": "x"},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}
+        }))
+        .unwrap();
+        let mut policy = weft_policy::Policy::from_k8s(&np).policy.expect("a policy that reads");
+        policy.mode = weft_policy::PolicyMode::Staged;
+        let with_staged = || {
+            let mut v = weft_policy::ClusterView::default();
+            v.staged_policies.push(Arc::new(policy.clone()));
+            Arc::new(v)
+        };
+        let a = with_staged();
+        let first = cache.preview(&a).expect("a preview while a policy is staged");
+        assert_eq!(first.policies.len(), 1, "the staged policy, as if enforced");
+        assert_eq!(Arc::strong_count(&a), 1, "the view is not held");
+        assert!(Arc::ptr_eq(&first, &cache.preview(&a).unwrap()), "made once per view");
+        let b = with_staged();
+        assert!(
+            !Arc::ptr_eq(&first, &cache.preview(&b).unwrap()),
+            "made again for another view"
+        );
+        assert!(cache.preview(&plain).is_none());
+        assert!(cache.0.is_none(), "nothing kept while nothing is staged");
+    }
 
     #[test]
     fn series_of_a_namespace_that_is_gone_are_removed() {
