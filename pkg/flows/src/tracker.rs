@@ -258,33 +258,15 @@ impl Tracker {
     /// The ends of a new entry as the cluster names them, and whether this node reports
     /// it. A translated destination (a Service's DNAT) is the address that answered.
     fn resolve_new(&mut self, e: &CtEntry, r: &dyn Resolve, now_ms: i64) -> Option<Open> {
+        let Named {
+            src,
+            dst,
+            kind,
+            real_dst,
+            dport,
+        } = self.name(e, r)?;
         let o = &e.original;
-        let real_dst = e.reply.src;
-        let dport = if real_dst == o.dst {
-            o.dst_port
-        } else {
-            e.reply.src_port
-        };
-        let mut src = r.peer(o.src);
-        src.port = o.src_port;
-        let mut dst = r.peer(real_dst);
-        dst.port = dport;
-        let kind = FlowKind::of(&src, &dst)?;
-        self.names.peer(&mut src);
-        self.names.peer(&mut dst);
-        let here = |p: &Peer| p.kind == PeerKind::Pod && *p.node == *self.node;
-        let reports = here(&src) || (here(&dst) && src.kind != PeerKind::Pod);
-        if !reports {
-            return None;
-        }
-        let decision = r.decide(o.src, real_dst, o.protocol, dport);
-        let answered = e.status & IPS_SEEN_REPLY != 0;
-        let verdict = match decision.verdict {
-            // The kernel here forwarded it: a deny is the far node's, and shows as a
-            // connection never answered.
-            Verdict::Denied if answered => Verdict::Forwarded,
-            v => v,
-        };
+        let (verdict, decision) = judge(e, r, real_dst, dport);
         let start_ms = e.start_ns.map_or(now_ms, |ns| (ns / 1_000_000) as i64);
         let record = FlowRecord {
             id: self.next_id,
@@ -316,6 +298,75 @@ impl Tracker {
         })
     }
 
+    /// The ends of entry `e` as the cluster names them now and the flow's kind; `None`
+    /// when this node does not report it.
+    fn name(&mut self, e: &CtEntry, r: &dyn Resolve) -> Option<Named> {
+        let o = &e.original;
+        let real_dst = e.reply.src;
+        let dport = if real_dst == o.dst {
+            o.dst_port
+        } else {
+            e.reply.src_port
+        };
+        let mut src = r.peer(o.src);
+        src.port = o.src_port;
+        let mut dst = r.peer(real_dst);
+        dst.port = dport;
+        let kind = FlowKind::of(&src, &dst)?;
+        let here = |p: &Peer| p.kind == PeerKind::Pod && *p.node == *self.node;
+        let reports = here(&src) || (here(&dst) && src.kind != PeerKind::Pod);
+        if !reports {
+            return None;
+        }
+        self.names.peer(&mut src);
+        self.names.peer(&mut dst);
+        Some(Named {
+            src,
+            dst,
+            kind,
+            real_dst,
+            dport,
+        })
+    }
+
+    /// Names again an end of open flow `key` that was outside the cluster when the flow
+    /// began, once the view has it: a pod the node learnt of after its first packet (the
+    /// other node's announcement or the API's watch came late) would otherwise stay an
+    /// unnamed address for the flow's life. Its kind and policy's judgement follow; its
+    /// bytes from here on go to the aggregate of its new name (the flow itself stays
+    /// counted once, where it began). Not when the new names would make it another
+    /// node's to report.
+    fn name_late(&mut self, key: &Key, e: &CtEntry, r: &dyn Resolve, now_ms: i64) {
+        let Some(open) = self.open.get(key) else { return };
+        let (src, dst) = (&open.record.src, &open.record.dst);
+        if src.kind != PeerKind::Outside && dst.kind != PeerKind::Outside {
+            return;
+        }
+        // Cheap before naming: only an address the view knows now changes anything.
+        if r.peer(src.ip).kind == src.kind && r.peer(dst.ip).kind == dst.kind {
+            return;
+        }
+        let Some(named) = self.name(e, r) else { return };
+        let (verdict, decision) = judge(e, r, named.real_dst, named.dport);
+        let policies = self.names.hits(decision.policies);
+        let staged = self.staged(decision.staged);
+        let Some(open) = self.open.get_mut(key) else { return };
+        let rec = &mut open.record;
+        rec.src = named.src;
+        rec.dst = named.dst;
+        rec.kind = named.kind;
+        // A deny the record already holds stands: it was this node's own refusal.
+        if rec.verdict != Verdict::Denied {
+            rec.verdict = verdict;
+        }
+        rec.policies = policies;
+        rec.staged = staged;
+        rec.updated_ms = now_ms;
+        let rec = rec.clone();
+        open.agg = agg_key(&rec, &mut self.names);
+        self.outbox.push(rec);
+    }
+
     /// Applies one conntrack entry (an event or a dumped entry) at `now_ms`.
     pub fn apply(&mut self, e: &CtEntry, r: &dyn Resolve, now_ms: i64) {
         self.stats.entries += 1;
@@ -343,6 +394,7 @@ impl Tracker {
                     self.outbox.push(open.record.clone());
                     self.open.insert(key, open);
                 }
+                self.name_late(&key, e, r, now_ms);
                 let Some(open) = self.open.get_mut(&key) else { return };
                 if let Some(state) = e.tcp_state
                     && open.record.end_ms.is_none()
@@ -577,6 +629,30 @@ impl Tracker {
         s.aggregates = self.aggregates.entries() as u64;
         s
     }
+}
+
+/// The ends of a flow as named, its kind, the address that answered and its port.
+struct Named {
+    src: Peer,
+    dst: Peer,
+    kind: FlowKind,
+    real_dst: IpAddr,
+    dport: u16,
+}
+
+/// Policy's judgement of entry `e` to `real_dst` on `dport`, and the verdict the record
+/// holds.
+fn judge(e: &CtEntry, r: &dyn Resolve, real_dst: IpAddr, dport: u16) -> (Verdict, Decision) {
+    let o = &e.original;
+    let decision = r.decide(o.src, real_dst, o.protocol, dport);
+    let answered = e.status & IPS_SEEN_REPLY != 0;
+    let verdict = match decision.verdict {
+        // The kernel here forwarded it: a deny is the far node's, and shows as a
+        // connection never answered.
+        Verdict::Denied if answered => Verdict::Forwarded,
+        v => v,
+    };
+    (verdict, decision)
 }
 
 fn counters(c: Option<weft_kernel::conntrack::CtCounters>) -> Option<Counters> {

@@ -84,15 +84,20 @@ impl FlowLab {
         (stats, flows)
     }
 
-    /// Polls `flows ARGS` until `done` holds for the records (10 s).
+    /// Polls `flows ARGS` until `done` holds for the records (20 s: two of the
+    /// readers' periodic dumps, which name an end the node learnt of late). On failure,
+    /// says what every node holds.
     fn flows_until(&self, args: &[&str], what: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let (_, flows) = self.flows(args);
             if done(&flows) {
                 return flows;
             }
-            assert!(Instant::now() < deadline, "{what}: flows {args:?}: {flows:#?}");
+            if Instant::now() >= deadline {
+                let (stats, all) = self.flows(&[]);
+                panic!("{what}: flows {args:?}: {flows:#?}\nevery node's stats: {stats:#?}\nall flows: {all:#?}");
+            }
             std::thread::sleep(Duration::from_millis(300));
         }
     }

@@ -470,3 +470,77 @@ fn a_flow_carries_the_staged_verdict_beside_the_enforced_one() {
     f.add("staged=denied").unwrap();
     assert_eq!(t.list(|r| f.matches(r), 0).len(), 1);
 }
+
+/// A pod the node learnt of after a flow to it began (the other node's announcement or
+/// the watch came late) is named at the flow's next entry: its kind, verdict and
+/// policies follow, its later bytes go to its own aggregate, and the flow stays counted
+/// once.
+#[test]
+fn an_end_the_view_learns_of_later_is_named_at_the_next_entry() {
+    let mut t = tracker();
+    let mut r = Table::new();
+    let late: IpAddr = "10.244.2.9".parse().unwrap();
+    let tu = tuple("10.244.1.2", 40000, "10.244.2.9", 80, 6);
+    t.apply(&entry(CtEventKind::New, 3, tu), &r, 1_000);
+    let first = t.take_changes();
+    assert_eq!(
+        (first[0].dst.kind, first[0].kind),
+        (PeerKind::Outside, FlowKind::ToOutside)
+    );
+    t.reconcile(
+        &[counted(entry(CtEventKind::Dumped, 3, tu), 4_000, 100)],
+        &r,
+        2_000,
+        false,
+    );
+    assert!(
+        t.take_changes().is_empty(),
+        "nothing new to say while the view has no such pod"
+    );
+
+    r.pods.insert(late, ("x", "late", "", "n2"));
+    let mut fin = counted(entry(CtEventKind::Dumped, 3, tu), 10_000, 300);
+    fin.tcp_state = Some(TcpState::TimeWait);
+    fin.status = IPS_SEEN_REPLY;
+    t.reconcile(&[fin], &r, 3_000, false);
+    let changes = t.take_changes();
+    assert!(
+        changes
+            .iter()
+            .any(|c| c.dst.to_string() == "x/late" && c.kind == FlowKind::InterNode),
+        "followers and exports learn the new name: {changes:#?}"
+    );
+    let all = t.list(|_| true, 0);
+    assert_eq!(all.len(), 1, "{all:#?}");
+    let f = &all[0];
+    assert_eq!(
+        (f.dst.to_string(), f.kind, f.end),
+        ("x/late".into(), FlowKind::InterNode, EndReason::Fin)
+    );
+    assert_eq!(
+        f.policies[0].name.as_ref(),
+        "y/allow-web",
+        "policy judged the named pod"
+    );
+    assert_eq!((f.forward.bytes, f.reverse.bytes), (10_000, 300));
+    let aggs = t.aggregates().query(0, false, |_| true);
+    let of = |dst: &str| {
+        aggs.iter()
+            .find(|a| &*a.key.dst == dst)
+            .map(|a| (a.value.flows, a.value.forward.bytes))
+    };
+    assert_eq!(of("x/late"), Some((0, 6_000)), "what moved once it was named");
+    assert_eq!(of("10.244.2.9"), Some((1, 4_000)), "where it began, counted once");
+
+    // A flow to an address nothing names stays as it is, and is not announced again.
+    let out = tuple("10.244.1.2", 40001, "192.0.2.1", 443, 6);
+    t.apply(&entry(CtEventKind::New, 4, out), &r, 4_000);
+    t.take_changes();
+    t.reconcile(
+        &[counted(entry(CtEventKind::Dumped, 4, out), 1_000, 10)],
+        &r,
+        5_000,
+        false,
+    );
+    assert!(t.take_changes().is_empty());
+}
