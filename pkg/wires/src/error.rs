@@ -64,9 +64,6 @@ impl WireError {
 /// Why an `Ends` call to another node failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
-    /// The node's address does not make an endpoint.
-    #[error("{0}")]
-    Endpoint(String),
     /// No connection could be made.
     #[error("connecting to {node}: {reason}")]
     Connect {

@@ -70,6 +70,13 @@ pub const WIRE_DROP_REASONS: [&str; 6] = [
     "kernel_tx",
 ];
 
+/// What a wire pass looked at.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PassLabels {
+    /// `pods` (the pods that moved and those linked to them) or `every`.
+    pub scope: &'static str,
+}
+
 /// A peer node.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PeerLabels {
@@ -135,6 +142,8 @@ pub struct WireMetrics {
     /// `weft_links`: the links of this node's pods, by state, as the last pass saw them
     /// (pods waiting for links, links that failed).
     pub links: Family<LinkStateLabels, Gauge>,
+    /// `weft_wire_pass_seconds`: how long the wire passes took, by what they looked at.
+    pub pass_seconds: Family<PassLabels, Histogram>,
     /// `weft_peer_stream_up`.
     pub peer_stream_up: Family<PeerLabels, Gauge>,
     /// `weft_peer_stream_reconnects_total`.
@@ -215,6 +224,8 @@ impl Families for WireMetrics {
             impairment: Family::default(),
             down_by_intent: Family::default(),
             links: Family::default(),
+            // 100 µs .. about 26 s, doubling.
+            pass_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 2.0, 19))),
             peer_stream_up: Family::default(),
             peer_reconnects: Family::default(),
             // 1 .. 512 frames, doubling.
@@ -244,6 +255,11 @@ impl Families for WireMetrics {
             "weft_wire_emulation",
             "Frames weft's own link emulation acted on, by outcome: lost and overflow are the emulation's drops, apart from weft_wire_drops_total",
             m.emulation.clone(),
+        );
+        metrics.register(
+            "weft_wire_pass_seconds",
+            "How long a wire pass took, by scope: pods (the pods that moved and the pods linked to them) or every (every local pod, its kernel objects read back)",
+            m.pass_seconds.clone(),
         );
         metrics.register(
             "weft_wire_up",

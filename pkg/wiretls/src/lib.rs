@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 pub use accept::{HANDSHAKE_TIMEOUT, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS, incoming};
 pub use conn::WireConn;
-pub use connect::WireConnector;
+pub use connect::{CONNECT_TIMEOUT, KEEPALIVE, KEEPALIVE_TIMEOUT, WireConnector};
 pub use dir::{CA_FILE, CERT_FILE, KEY_FILE, TlsDir, TlsError};
 pub use identity::names_node;
 

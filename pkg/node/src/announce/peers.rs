@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::Instrument;
 use weft_policy::{Announced, Announcer};
 use weft_rpc::wire::policy_client::PolicyClient;
@@ -36,13 +36,6 @@ pub const FIRST_RETRY: Duration = Duration::from_millis(100);
 /// How long one call may take in all, in the background once the ADD stopped waiting:
 /// an announcement that lands late still beats the API server's watch.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a connection may take to open (TCP and, with mTLS, the handshake).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// HTTP/2 pings on idle connections too: a peer that went away without closing its
-/// connection (a node that lost power) is found out between ADDs, not during one.
-const KEEPALIVE: Duration = Duration::from_secs(30);
-/// How long a ping may go unanswered before the connection is given up.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the announcer knows of a peer's answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,14 +308,8 @@ impl Inner {
     /// A channel to a peer's wire port, opened at its first call and reopened after a
     /// failure by itself.
     fn channel(&self, address: IpAddr) -> Channel {
-        Endpoint::from_shared(format!("http://{}", SocketAddr::new(address, self.port)))
-            .expect("an address and a port make a URI")
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(CALL_TIMEOUT)
-            .http2_keep_alive_interval(KEEPALIVE)
-            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true)
-            .connect_with_connector_lazy(self.connector.clone())
+        self.connector
+            .channel(SocketAddr::new(address, self.port), CALL_TIMEOUT)
     }
 
     fn request(&self, pods: Vec<AnnouncedPod>) -> AnnounceRequest {

@@ -30,7 +30,7 @@ use super::records::Records;
 use super::{Engine, LocalLink, LocalPod};
 use crate::error::WireError;
 use crate::ids::wire_id;
-use crate::metrics::LinkStateLabels;
+use crate::metrics::{LinkStateLabels, PassLabels};
 use crate::plane::GrpcPlane;
 
 /// How long a pass moved by a change of the topology source waits for more changes
@@ -69,7 +69,19 @@ impl<P: GrpcPlane> Engine<P> {
             st.retry = false;
             let every = st.failed || st.last_full.is_none_or(|t| t.elapsed() >= self.cfg.resync);
             st.failed = false;
-            if let Err(e) = self.pass(&mut st, every, want).await {
+            let started = Instant::now();
+            let passed = self.pass(&mut st, every, want).await;
+            // A pass asked to look at every pod does, whatever asked it.
+            let scope = if every || st.last_full.is_some_and(|t| t >= started) {
+                "every"
+            } else {
+                "pods"
+            };
+            self.metrics
+                .pass_seconds
+                .get_or_create(&PassLabels { scope })
+                .observe(started.elapsed().as_secs_f64());
+            if let Err(e) = passed {
                 warn!(error = %e, "wire pass failed; retrying");
                 st.retry = true;
                 st.failed = true;
