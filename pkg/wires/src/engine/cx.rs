@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use weft_kernel::KernelError;
 use weft_kernel::wire::Emulated;
 use weft_link::{DownBy, EndSettings, Impairment, LinkPhase, LinkStatus, WireEnd, WireState};
@@ -185,9 +185,28 @@ pub struct Cx<'a, P> {
     pub(super) pass: &'a mut PassState,
     pub(super) records: &'a mut Records,
     pub(super) me: IpAddr,
+    /// Ends built this pass that their peer nodes are told of at its end, by node: one
+    /// `Ends` call per peer and pass, not one per end.
+    pub(super) built: BTreeMap<IpAddr, Vec<weft_rpc::wire::End>>,
 }
 
 impl<P: GrpcPlane> Cx<'_, P> {
+    /// Tells the node at `node` of end `end`, built by this pass, when the pass has
+    /// built the rest (see [`Cx::tell_built`]): it need not wait for its next pass.
+    pub fn built(&mut self, node: IpAddr, end: weft_rpc::wire::End) {
+        self.built.entry(node).or_default().push(end);
+    }
+
+    /// Tells each peer node, in one call, of the ends this pass built whose other end
+    /// it holds. Best effort: the peer's own passes find the ends anyway.
+    pub async fn tell_built(&mut self) {
+        for (node, ends) in std::mem::take(&mut self.built) {
+            if let Err(e) = self.engine.call_ends(node, ends).await {
+                debug!(peer = %node, error = %e, "could not tell a peer node of the ends built");
+            }
+        }
+    }
+
     /// This node's underlay address.
     pub fn me(&self) -> IpAddr {
         self.me

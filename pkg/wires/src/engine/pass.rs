@@ -201,6 +201,7 @@ impl<P: GrpcPlane> Engine<P> {
             pass: st,
             records: &mut records,
             me,
+            built: BTreeMap::new(),
         };
         let mut attempts: HashMap<u64, Attempt> = HashMap::new();
         for key @ (ns, name) in &scope {
@@ -279,6 +280,8 @@ impl<P: GrpcPlane> Engine<P> {
                 warn!(wire = r.id, error = %e, "could not forget a wire end's link settings");
             }
         }
+
+        cx.tell_built().await;
 
         // Impairments and carrier by intent, on the ends built so far.
         let visit = if every {

@@ -717,6 +717,35 @@ async fn grpc_ends_are_built_by_each_side_and_follow_their_peer() {
     assert_eq!(lab.kernel("a").created().len(), 1, "a's end was kept throughout");
 }
 
+/// A pass that builds several gRPC ends whose peers are on one node tells that node of
+/// them in one `Ends` call, not one per end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_tells_a_peer_node_of_the_grpc_ends_it_built_in_one_call() {
+    let mut lab = Lab::new(&["a", "b"]);
+    for uid in 1..=3 {
+        let (mine, theirs) = (format!("eth{uid}"), format!("eth{uid}"));
+        lab.connect(uid, ("r1", &mine), ("r2", &theirs), Some(LinkKind::Grpc));
+    }
+    lab.start().await;
+    lab.add("b", "r2").await;
+    lab.settle().await;
+    lab.add("a", "r1").await;
+    lab.settle().await;
+    assert_eq!(lab.kernel("a").created().len(), 3);
+    let built: Vec<usize> = (lab.peers.calls.lock().unwrap().iter())
+        .filter(|c| c.from == "a" && c.to == lab.node("b").addr)
+        .map(|c| {
+            c.req
+                .ends
+                .iter()
+                .filter(|e| e.present && e.control.is_none() && e.kind.parse() == Ok(LinkKind::Grpc))
+                .count()
+        })
+        .filter(|n| *n > 0)
+        .collect();
+    assert_eq!(built, vec![3], "one call with the three ends a's pass built");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drifted_fdb_entries_are_put_back_without_a_rebuild() {
     let mut lab = Lab::new(&["a", "b"]);

@@ -64,11 +64,9 @@ impl<P: GrpcPlane> Carrier<P> for Grpc {
         let r = plan::record(ns, name, &pod.netns, link, LinkKind::Grpc, node.to_string());
         dp.attach(convert::grpc_end(&r, node))?;
         cx.put(r).await?;
-        // Lets the peer's node know at once rather than at its next pass.
-        let _ = cx
-            .engine
-            .call_ends(node, vec![plan::end_of(ns, name, link, LinkKind::Grpc, None)])
-            .await;
+        // Lets the peer's node know at once rather than at its next pass (with the
+        // other ends this pass builds for it, at the pass's end).
+        cx.built(node, plan::end_of(ns, name, link, LinkKind::Grpc, None));
         info!(wire = id, pod = %name, intf = %link.local_intf, peer = %node, "gRPC wire end built");
         Ok(())
     }
