@@ -338,12 +338,10 @@ impl Tracker {
     /// node's to report.
     fn name_late(&mut self, key: &Key, e: &CtEntry, r: &dyn Resolve, now_ms: i64) {
         let Some(open) = self.open.get(key) else { return };
-        let (src, dst) = (&open.record.src, &open.record.dst);
-        if src.kind != PeerKind::Outside && dst.kind != PeerKind::Outside {
-            return;
-        }
-        // Cheap before naming: only an address the view knows now changes anything.
-        if r.peer(src.ip).kind == src.kind && r.peer(dst.ip).kind == dst.kind {
+        // Cheap before naming: only an outside end the view knows now changes anything,
+        // and an end already named is not looked up again.
+        let learnt = |p: &Peer| p.kind == PeerKind::Outside && r.peer(p.ip).kind != PeerKind::Outside;
+        if !learnt(&open.record.src) && !learnt(&open.record.dst) {
             return;
         }
         let Some(named) = self.name(e, r) else { return };
@@ -393,8 +391,9 @@ impl Tracker {
                     open.record.updated_ms = now_ms;
                     self.outbox.push(open.record.clone());
                     self.open.insert(key, open);
+                } else {
+                    self.name_late(&key, e, r, now_ms);
                 }
-                self.name_late(&key, e, r, now_ms);
                 let Some(open) = self.open.get_mut(&key) else { return };
                 if let Some(state) = e.tcp_state
                     && open.record.end_ms.is_none()
