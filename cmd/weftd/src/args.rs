@@ -75,6 +75,13 @@ pub struct Args {
     /// MTU of wire ends (VXLAN ends get this minus the encapsulation).
     #[arg(long, env = "WEFT_WIRE_MTU", default_value_t = 1500)]
     wire_mtu: u32,
+    /// Keep the node ends of gRPC wire ends in 16 network namespaces of their own,
+    /// /run/netns/PREFIX0 to PREFIX15 (made when first needed, kept across restarts),
+    /// rather than in the node's: for nodes with thousands of gRPC ends, where every
+    /// interface event in a namespace costs a walk over its packet sockets. Needs
+    /// /run/netns shared with the host (Bidirectional mount propagation in a pod).
+    #[arg(long, env = "WEFT_WIRE_ENDS_NETNS", value_parser = netns_prefix)]
+    wire_ends_netns: Option<String>,
     /// How pod traffic reaches pods on other nodes: `auto` (a direct route where the
     /// node is on-link, VXLAN elsewhere), `direct`, `vxlan`, or `none` (an external
     /// router carries pod ranges; weft only reports).
@@ -220,6 +227,16 @@ pub enum Command {
     },
 }
 
+/// A namespace prefix: a file name under /run/netns once a shard number is added.
+fn netns_prefix(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.contains('/') || s.starts_with('.') || s.len() > 240 {
+        return Err(format!(
+            "{s:?} is not a namespace name prefix (non-empty, no '/', not starting with '.', at most 240 bytes)"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 /// `--inter-node-link`: a link kind that crosses nodes.
 fn inter_node_link(s: &str) -> Result<LinkKind, String> {
     match s.parse::<LinkKind>() {
@@ -277,6 +294,7 @@ impl Args {
             node_address: self.node_address,
             inter_node_link: self.inter_node_link,
             wire_mtu: self.wire_mtu,
+            wire_ends_netns: self.wire_ends_netns,
             pod_routing: self.pod_routing,
             pod_vxlan_port: self.pod_vxlan_port,
             pod_vxlan_vni: self.pod_vxlan_vni,

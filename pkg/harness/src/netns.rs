@@ -1,105 +1,22 @@
 //! Named network namespaces (`/run/netns/<name>`), made the way `ip netns add` makes
 //! them (a bind mount under a shared `/run/netns`) so every other tool sees them, and
-//! removed on drop. Made in-process rather than by running `ip`: a lab of thousands of
-//! pods makes one per pod, and `ip -n` copies the whole mount table (one mount per
-//! namespace) into a mount namespace of its own at every call, a cost that grows with
-//! the lab.
+//! removed on drop. Made in-process ([`weft_kernel::create_named`], which weftd uses
+//! too) rather than by running `ip`: a lab of thousands of pods makes one per pod, and
+//! `ip -n` copies the whole mount table (one mount per namespace) into a mount
+//! namespace of its own at every call, a cost that grows with the lab.
 
 use std::ffi::OsStr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 
-use nix::mount::{MntFlags, MsFlags, mount, umount2};
-use nix::sched::{CloneFlags, unshare};
-use weft_kernel::{NetNs, Netlink, in_netns};
+use weft_kernel::{NetNs, in_netns};
 
 use crate::HarnessError;
 
-/// Where named namespaces are mounted (iproute2's `NETNS_RUN_DIR`).
-const RUN_DIR: &str = "/run/netns";
-
-/// Makes [`RUN_DIR`] a shared mount point, as `ip netns add` does, so that a namespace
-/// mounted there is seen from every mount namespace (`ip netns exec`'s among them).
-fn shared_run_dir() -> Result<(), HarnessError> {
-    // Once per process is enough; a failure is tried again at the next create.
-    static DONE: Mutex<bool> = Mutex::new(false);
-    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if *done {
-        return Ok(());
-    }
-    let io = |what: &str| {
-        let what = what.to_string();
-        move |e: nix::Error| HarnessError::io(what, std::io::Error::from(e))
-    };
-    std::fs::create_dir_all(RUN_DIR).map_err(|e| HarnessError::io(format!("creating {RUN_DIR}"), e))?;
-    let shared = || {
-        mount(
-            None::<&str>,
-            RUN_DIR,
-            Some("none"),
-            MsFlags::MS_SHARED | MsFlags::MS_REC,
-            None::<&str>,
-        )
-    };
-    if let Err(nix::Error::EINVAL) = shared() {
-        // Not a mount point yet: bind it onto itself first.
-        mount(
-            Some(RUN_DIR),
-            RUN_DIR,
-            Some("none"),
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .map_err(io("making /run/netns a mount point"))?;
-        shared().map_err(io("making /run/netns a shared mount"))?;
-    }
-    *done = true;
-    Ok(())
-}
-
-/// Makes a new network namespace on a thread of its own and mounts it at `path` (an
-/// empty file made for it), with `lo` up.
-fn mount_new(path: &str) -> Result<(), HarnessError> {
-    std::thread::scope(|s| {
-        s.spawn(|| -> Result<(), HarnessError> {
-            let io = |what: &str| {
-                let what = format!("{what} ({path})");
-                move |e: nix::Error| HarnessError::io(what, std::io::Error::from(e))
-            };
-            // Only this thread moves; it ends right after.
-            unshare(CloneFlags::CLONE_NEWNET).map_err(io("making a network namespace"))?;
-            let own = format!("/proc/self/task/{}/ns/net", nix::unistd::gettid());
-            mount(Some(own.as_str()), path, Some("none"), MsFlags::MS_BIND, None::<&str>)
-                .map_err(io("mounting the network namespace"))?;
-            let lo_up = Netlink::new().and_then(|mut nl| match nl.link_by_name("lo")? {
-                Some(lo) => nl.set_up(lo.index, true),
-                None => Err(std::io::Error::from(nix::errno::Errno::ENODEV)),
-            });
-            lo_up.map_err(|e| HarnessError::io(format!("setting lo up in {path}"), e))
-        })
-        .join()
-        .unwrap_or_else(|_| {
-            Err(HarnessError::Command {
-                what: format!("making {path}"),
-                detail: "the thread making it panicked".into(),
-            })
-        })
-    })
-}
-
-/// Unmounts and removes the namespace at `path` (as `ip netns del`: processes and
-/// sockets still in it keep it alive; the name goes at once).
-fn unmount(path: &str) -> Result<(), HarnessError> {
-    match umount2(path, MntFlags::MNT_DETACH) {
-        Ok(()) | Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => {}
-        Err(e) => return Err(HarnessError::io(format!("unmounting {path}"), e.into())),
-    }
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(HarnessError::io(format!("removing {path}"), e)),
-        _ => Ok(()),
-    }
+/// Unmounts and removes the namespace at `/run/netns/<name>` (see
+/// [`weft_kernel::delete_named`]).
+fn unmount(name: &str) -> Result<(), HarnessError> {
+    Ok(weft_kernel::delete_named(name)?)
 }
 
 /// A named network namespace; deleted on drop when this process created it and did
@@ -113,27 +30,11 @@ pub struct NamedNetns {
 impl NamedNetns {
     /// Creates the namespace `name` with `lo` up; fails if it exists.
     pub fn create(name: &str) -> Result<Self, HarnessError> {
-        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-            return Err(HarnessError::Command {
-                what: format!("creating network namespace {name:?}"),
-                detail: "not a valid name".into(),
-            });
-        }
-        shared_run_dir()?;
-        let path = format!("{RUN_DIR}/{name}");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o0)
-            .open(&path)
-            .map_err(|e| HarnessError::io(format!("creating network namespace {name}"), e))?;
-        // From here on, a failure removes it again (the drop below).
-        let ns = Self {
+        weft_kernel::create_named(name, || Ok(()))?;
+        Ok(Self {
             name: name.to_string(),
             keep: false,
-        };
-        mount_new(&path)?;
-        Ok(ns)
+        })
     }
 
     /// A handle on an existing namespace `name`, which drop leaves in place.
@@ -238,14 +139,14 @@ impl NamedNetns {
     /// Deletes the namespace now, created here or not (as a runtime does after DEL).
     pub fn delete(mut self) -> Result<(), HarnessError> {
         self.keep = true;
-        unmount(&self.path())
+        unmount(&self.name)
     }
 }
 
 impl Drop for NamedNetns {
     fn drop(&mut self) {
         if !self.keep && !self.name.is_empty() {
-            let _ = unmount(&self.path());
+            let _ = unmount(&self.name);
         }
     }
 }

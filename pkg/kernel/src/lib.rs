@@ -44,7 +44,7 @@ pub use netlink::{
     AliasedLink, BatchFailure, Link, LinkStats, NetfilterMessage, Netlink, NetlinkSocket, NewLink, Nfnetlink, Protocol,
     RouteEntry, Rtnetlink, VethPair, VxlanDevice,
 };
-pub use netns::{NetNs, in_netns};
+pub use netns::{NetNs, create_named, delete_named, in_netns};
 pub use netns_gone::GoneNamespaces;
 pub use packet::{PacketSocket, tune_allocator};
 pub use routing::{ProtoRoute, RouteLookup, VxlanParams};

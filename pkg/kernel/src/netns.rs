@@ -115,3 +115,132 @@ where
             .unwrap_or_else(|_| Err(KernelError::os("namespace thread", std::io::Error::other("panicked"))))
     })
 }
+
+/// Where named namespaces are mounted (iproute2's `NETNS_RUN_DIR`).
+pub const RUN_DIR: &str = "/run/netns";
+
+fn mount_error(what: impl Into<String>) -> impl FnOnce(nix::Error) -> KernelError {
+    let what = what.into();
+    move |e| KernelError::os(what, e.into())
+}
+
+/// Makes [`RUN_DIR`] a shared mount point, as `ip netns add` does, so that a namespace
+/// mounted there is seen from every mount namespace (`ip netns exec`'s among them).
+fn shared_run_dir() -> Result<(), KernelError> {
+    use nix::mount::{MsFlags, mount};
+    // Once per process is enough; a failure is tried again at the next create.
+    static DONE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if *done {
+        return Ok(());
+    }
+    std::fs::create_dir_all(RUN_DIR).map_err(|e| KernelError::os(format!("creating {RUN_DIR}"), e))?;
+    let shared = || {
+        mount(
+            None::<&str>,
+            RUN_DIR,
+            Some("none"),
+            MsFlags::MS_SHARED | MsFlags::MS_REC,
+            None::<&str>,
+        )
+    };
+    if let Err(nix::Error::EINVAL) = shared() {
+        // Not a mount point yet: bind it onto itself first.
+        mount(
+            Some(RUN_DIR),
+            RUN_DIR,
+            Some("none"),
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(mount_error("making /run/netns a mount point"))?;
+        shared().map_err(mount_error("making /run/netns a shared mount"))?;
+    }
+    *done = true;
+    Ok(())
+}
+
+/// Whether `name` can name a namespace under [`RUN_DIR`].
+fn valid_name(name: &str) -> bool {
+    !(name.is_empty() || name.contains('/') || name == "." || name == "..")
+}
+
+/// Creates the named network namespace `name` (`/run/netns/<name>`, a bind mount
+/// under a shared `/run/netns`, as `ip netns add` makes it, so every other tool sees
+/// it) with `lo` up, running `init` inside it before it is used; fails if it exists.
+/// Made in-process rather than by running `ip`: `ip` copies the whole mount table into
+/// a mount namespace of its own at every call, a cost that grows with the namespaces.
+/// Nothing is left behind when a step fails.
+pub fn create_named(name: &str, init: impl FnOnce() -> Result<(), KernelError> + Send) -> Result<PathBuf, KernelError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !valid_name(name) {
+        return Err(KernelError::InvalidNetns {
+            path: name.to_string(),
+            reason: "not a valid namespace name".into(),
+        });
+    }
+    shared_run_dir()?;
+    let path = Path::new(RUN_DIR).join(name);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o0)
+        .open(&path)
+        .map_err(|e| KernelError::os(format!("creating network namespace {name}"), e))?;
+    let made = mount_new(&path).and_then(|()| in_netns(&NetNs::open(&path)?, init));
+    if let Err(e) = made {
+        let _ = delete_named(name);
+        return Err(e);
+    }
+    Ok(path)
+}
+
+/// Makes a new network namespace on a thread of its own and mounts it at `path` (an
+/// empty file made for it), with `lo` up.
+fn mount_new(path: &Path) -> Result<(), KernelError> {
+    use nix::mount::{MsFlags, mount};
+    let shown = path.display().to_string();
+    std::thread::scope(|s| {
+        s.spawn(|| -> Result<(), KernelError> {
+            // Only this thread moves; it ends right after.
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(mount_error(format!("making {shown}")))?;
+            let own = format!("/proc/self/task/{}/ns/net", nix::unistd::gettid());
+            mount(Some(own.as_str()), path, Some("none"), MsFlags::MS_BIND, None::<&str>)
+                .map_err(mount_error(format!("mounting {shown}")))?;
+            let mut nl = crate::Netlink::new().map_err(|e| KernelError::os("opening netlink", e))?;
+            let lo = nl
+                .link_by_name("lo")
+                .and_then(|lo| lo.ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENODEV)))
+                .map_err(|e| KernelError::os(format!("finding lo in {shown}"), e))?;
+            nl.set_up(lo.index, true)
+                .map_err(|e| KernelError::os(format!("setting lo up in {shown}"), e))
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(KernelError::os(
+                format!("making {shown}"),
+                std::io::Error::other("panicked"),
+            ))
+        })
+    })
+}
+
+/// Deletes the named namespace `name` (as `ip netns del`: processes and sockets still
+/// in it keep it alive; the name goes at once). One that does not exist is no error.
+pub fn delete_named(name: &str) -> Result<(), KernelError> {
+    use nix::mount::{MntFlags, umount2};
+    if !valid_name(name) {
+        return Ok(());
+    }
+    let path = Path::new(RUN_DIR).join(name);
+    match umount2(&path, MntFlags::MNT_DETACH) {
+        Ok(()) | Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => {}
+        Err(e) => return Err(mount_error(format!("unmounting {}", path.display()))(e)),
+    }
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(KernelError::os(format!("removing {}", path.display()), e))
+        }
+        _ => Ok(()),
+    }
+}

@@ -172,6 +172,117 @@ pub fn remove(id: u64) -> Result<bool, KernelError> {
         .map_err(os("removing the node end"))
 }
 
+/// How many namespaces [`NodeEnds::Shards`] spreads a node's ends over.
+pub const SHARDS: u64 = 16;
+
+/// Where the node ends of a node's gRPC wire ends live.
+///
+/// Why it matters at scale: the kernel tells every packet socket of a namespace of every
+/// interface event there (`packet_notifier`), under the RTNL lock. With every node end
+/// (and its socket) in the node's own namespace, each end created costs a walk over all
+/// the node's ends, and every pod's interface on the node a walk as well: bringing up a
+/// lab grows with the square of its links. Spread over [`SHARDS`] namespaces of their
+/// own, an event in the node's namespace walks no socket and one in a shard a
+/// sixteenth of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum NodeEnds {
+    /// In the calling thread's namespace (weftd's: the node's).
+    #[default]
+    Here,
+    /// In the named namespaces `<prefix>0` to `<prefix>15` under `/run/netns`, end `id`
+    /// in `<prefix>{id % 16}`, each made when first needed (IPv6 off by default in it)
+    /// and kept across restarts: a pair lives as long as both its namespaces, so the
+    /// shards outlive weftd as its pods do. Removing them is the installer's business
+    /// ([`NodeEnds::delete_shards`]).
+    Shards {
+        /// The namespaces' common prefix.
+        prefix: String,
+    },
+}
+
+impl NodeEnds {
+    /// The name of the namespace end `id`'s node end lives in, when not the caller's.
+    pub fn shard_of(&self, id: u64) -> Option<String> {
+        match self {
+            NodeEnds::Here => None,
+            NodeEnds::Shards { prefix } => Some(format!("{prefix}{}", id % SHARDS)),
+        }
+    }
+
+    /// Runs `f` where end `id`'s node end lives: on the calling thread, or on a thread
+    /// inside its shard (made first when missing).
+    pub fn within<R: Send>(
+        &self,
+        id: u64,
+        f: impl FnOnce() -> Result<R, KernelError> + Send,
+    ) -> Result<R, KernelError> {
+        match self.shard_of(id) {
+            None => f(),
+            Some(name) => crate::in_netns(&shard(&name)?, f),
+        }
+    }
+
+    /// Creates the pair of wire end `id` with its node end where it lives (see [`create`]).
+    pub fn create(&self, pod: &NetNs, name: &str, mac: [u8; 6], mtu: u32, id: u64) -> Result<(), KernelError> {
+        self.within(id, || create(pod, name, mac, mtu, id))
+    }
+
+    /// Whether the node end of wire end `id` exists (see [`exists`]).
+    pub fn exists(&self, id: u64) -> Result<bool, KernelError> {
+        self.within(id, || exists(id))
+    }
+
+    /// Sets the node end of wire end `id` up or down (see [`set_node_end_up`]).
+    pub fn set_up(&self, id: u64, up: bool) -> Result<bool, KernelError> {
+        self.within(id, || set_node_end_up(id, up))
+    }
+
+    /// Removes the node end of wire end `id` (see [`remove`]).
+    pub fn remove(&self, id: u64) -> Result<bool, KernelError> {
+        self.within(id, || remove(id))
+    }
+
+    /// Opens the packet socket of wire end `id` (see [`PacketSocket::open`]); it keeps
+    /// working from any thread.
+    pub fn open(&self, id: u64) -> Result<PacketSocket, KernelError> {
+        self.within(id, || PacketSocket::open(id))
+    }
+
+    /// Deletes every shard namespace (the pairs in them go with their pods' ends);
+    /// nothing to do for [`NodeEnds::Here`].
+    pub fn delete_shards(&self) -> Result<(), KernelError> {
+        match self {
+            NodeEnds::Here => Ok(()),
+            NodeEnds::Shards { prefix } => (0..SHARDS).try_for_each(|k| crate::delete_named(&format!("{prefix}{k}"))),
+        }
+    }
+}
+
+/// The shard namespace `name`, made when missing.
+fn shard(name: &str) -> Result<NetNs, KernelError> {
+    let path = std::path::Path::new(crate::netns::RUN_DIR).join(name);
+    if let Ok(ns) = NetNs::open(&path) {
+        return Ok(ns);
+    }
+    // One maker at a time: two passes needing the same new shard make it once.
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _making = MAKING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Ok(ns) = NetNs::open(&path) {
+        return Ok(ns);
+    }
+    // A file left by a start that died before mounting it is replaced.
+    crate::delete_named(name)?;
+    crate::create_named(name, || {
+        // Router solicitations or MLD of a node end have no business in a pod's link:
+        // no end made here gets IPv6 (a kernel without IPv6 has nothing to turn off).
+        if let Err(e) = sysctl::write("net/ipv6/conf/default/disable_ipv6", "1") {
+            tracing::debug!(shard = name, error = %e, "could not turn IPv6 off in a shard");
+        }
+        Ok(())
+    })?;
+    NetNs::open(&path)
+}
+
 fn setsockopt(
     fd: &OwnedFd,
     level: libc::c_int,

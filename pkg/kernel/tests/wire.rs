@@ -313,6 +313,106 @@ fn a_grpc_end_offers_big_tcp_and_survives_its_socket() {
     );
 }
 
+/// Removes the shard namespaces of a test's `NodeEnds` when dropped, even on failure.
+struct Shards(packet::NodeEnds);
+
+impl Drop for Shards {
+    fn drop(&mut self) {
+        let _ = self.0.delete_shards();
+    }
+}
+
+/// With node ends in shard namespaces, a gRPC end's node end lives in its shard (made
+/// when first needed, IPv6 off there), not in the caller's namespace, and everything
+/// the wire engine does to it (look up, open a socket, read, set down, remove) is done
+/// there; deleting the shards leaves nothing under /run/netns.
+#[test]
+fn a_grpc_end_in_a_shard_namespace_is_made_used_and_removed_there() {
+    if !privileged() {
+        return;
+    }
+    let (n, p) = (TempNetns::new(), TempNetns::new());
+    let (node, pod) = (ns(&n), ns(&p));
+    let shards = Shards(packet::NodeEnds::Shards {
+        prefix: format!("wt-shard-{}-", std::process::id()),
+    });
+    let ends = &shards.0;
+    let id = 0x0123_4567_89ab_cdef;
+    let shard = std::path::Path::new("/run/netns").join(ends.shard_of(id).unwrap());
+    let _ = weft_kernel::delete_named(&ends.shard_of(id).unwrap());
+    in_netns(&node, || ends.create(&pod, "e7", [2, 0, 0, 7, 7, 5], 1500, id)).unwrap();
+    assert!(shard.exists(), "the shard {} was made", shard.display());
+    assert!(ends.exists(id).unwrap(), "the node end is in its shard");
+    assert!(
+        !in_netns(&node, || packet::exists(id)).unwrap(),
+        "nothing of the end is in the node's namespace"
+    );
+    let v6 = ends
+        .within(id, || {
+            weft_kernel::sysctl::read(&format!("net/ipv6/conf/{}/disable_ipv6", packet::node_end_name(id)))
+        })
+        .unwrap();
+    assert_eq!(v6, "1", "no IPv6 on a node end in a shard");
+    // The same end again is refused, as in the node's namespace.
+    let again = in_netns(&node, || Ok(ends.create(&pod, "e7", [2, 0, 0, 7, 7, 5], 1500, id))).unwrap();
+    assert!(
+        matches!(again, Err(weft_kernel::KernelError::InterfaceExists { .. })),
+        "{again:?}"
+    );
+    let mut s = wire::socket_in(&pod).unwrap();
+    wire::configure(
+        &mut s,
+        "e7",
+        [2, 0, 0, 7, 7, 5],
+        1500,
+        Some(("12.5.0.1".parse().unwrap(), 24)),
+        true,
+    )
+    .unwrap();
+    // A socket opened from the node's namespace (weftd's) reads what the pod sends.
+    let sock = in_netns(&node, || ends.open(id)).unwrap();
+    p.run(|| {
+        let u = std::net::UdpSocket::bind("12.5.0.1:0").unwrap();
+        let _ = u.send_to(b"hello", "12.5.0.2:9");
+    });
+    let mut buf = vec![0u8; packet::MAX_FRAME];
+    let mut arp = false;
+    for _ in 0..400 {
+        match sock.read(&mut buf) {
+            Ok(len) if len > packet::VNET_HDR_LEN + 14 => {
+                let eth = &buf[packet::VNET_HDR_LEN..len];
+                if eth[..6] == [0xff; 6] && eth[12..14] == [0x08, 0x06] {
+                    arp = true;
+                    break;
+                }
+            }
+            _ => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert!(arp, "the pod's ARP broadcast came out of the node end in the shard");
+    // Down takes the pod end's carrier; removing the node end removes the pair.
+    assert!(ends.set_up(id, false).unwrap());
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", p.path().display()))
+        .args(["ip", "link", "show", "e7"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("NO-CARRIER"),
+        "pod end after its node end went down: {text}"
+    );
+    assert!(ends.remove(id).unwrap());
+    assert!(!ends.exists(id).unwrap());
+    assert!(
+        wire::find(&mut s, "e7").unwrap().is_none(),
+        "the pod end went with its node end"
+    );
+    drop(sock);
+    ends.delete_shards().unwrap();
+    assert!(!shard.exists(), "deleting the shards removes {}", shard.display());
+}
+
 /// What a pod sends into a gRPC wire end is read in batches, small frames many to a
 /// call and a super-frame whole among them; what overflows an unread socket is dropped
 /// by the kernel and counted once.

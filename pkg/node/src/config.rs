@@ -44,6 +44,9 @@ pub struct NodeConfig {
     pub inter_node_link: LinkKind,
     /// MTU of wire ends.
     pub wire_mtu: u32,
+    /// Keep the node ends of gRPC wire ends in shard namespaces with this prefix
+    /// (see `weft_kernel::packet::NodeEnds`); `None`: in the node's.
+    pub wire_ends_netns: Option<String>,
     /// How pod traffic reaches pods on other nodes.
     pub pod_routing: weft_nodenet::PodRouting,
     /// UDP port of the VXLAN device carrying pod traffic between nodes.
@@ -123,6 +126,10 @@ impl NodeConfig {
             resync: self.resync(),
             dataplane_runtime: Some(runtime.handle().clone()),
             security,
+            node_ends: match &self.wire_ends_netns {
+                None => weft_kernel::packet::NodeEnds::Here,
+                Some(prefix) => weft_kernel::packet::NodeEnds::Shards { prefix: prefix.clone() },
+            },
         }
     }
 

@@ -11,6 +11,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use weft_kernel::detour;
+use weft_kernel::packet::NodeEnds;
 use weft_kernel::wire::{self as kwire, Emulated, FdbEntry};
 use weft_kernel::{GoneNamespaces, KernelError, LinkStats, NetNs, Netem, NetemLoss, NetemSlot, Netlink, packet};
 use weft_link::Impairment;
@@ -142,13 +143,26 @@ pub fn netem_of(imp: &Impairment) -> Netem {
 }
 
 /// [`WireKernel`] on the real kernel: every procedure opens the pod's namespace and a
-/// netlink socket inside it; pairs and VXLAN sockets are created from the calling
-/// thread's namespace (weftd's: the node's).
+/// netlink socket inside it; VXLAN sockets are created from the calling thread's
+/// namespace (weftd's: the node's), the node ends of gRPC wire ends where
+/// [`NodeEnds`] says.
 #[derive(Debug, Default)]
 pub struct HostWireKernel {
     /// Which pods' namespaces are gone, told by inotify rather than a `stat` of every
     /// pod at every pass ([`GoneNamespaces`]).
     gone: std::sync::Mutex<GoneNamespaces>,
+    /// Where the node ends of gRPC wire ends live.
+    node_ends: NodeEnds,
+}
+
+impl HostWireKernel {
+    /// The host's kernel, with the node ends of gRPC wire ends in `node_ends`.
+    pub fn new(node_ends: NodeEnds) -> Self {
+        Self {
+            gone: std::sync::Mutex::default(),
+            node_ends,
+        }
+    }
 }
 
 /// A netlink socket inside the pod at `netns`, with the namespace it was opened in.
@@ -224,13 +238,17 @@ impl WireKernel for HostWireKernel {
         let pod_end = kwire::find(&mut nl, &end.intf)?.is_some();
         // A pair left by an earlier pass is taken over; anything else under either
         // name (half a pair, a TAP of an older weft) is replaced.
-        if !(pod_end && packet::exists(id)?) {
-            if pod_end {
-                kwire::remove(&mut nl, &end.intf)?;
+        // One trip into the node end's namespace for the whole decision.
+        self.node_ends.within(id, || {
+            if !(pod_end && packet::exists(id)?) {
+                if pod_end {
+                    kwire::remove(&mut nl, &end.intf)?;
+                }
+                packet::remove(id)?;
+                packet::create(&ns, &end.intf, end.mac, end.mtu, id)?;
             }
-            packet::remove(id)?;
-            packet::create(&ns, &end.intf, end.mac, end.mtu, id)?;
-        }
+            Ok(())
+        })?;
         kwire::configure(&mut nl, &end.intf, end.mac, end.mtu, end.address, true)
     }
 
@@ -293,7 +311,7 @@ impl WireKernel for HostWireKernel {
     }
 
     fn set_node_end_up(&self, id: u64, up: bool) -> Result<bool, KernelError> {
-        packet::set_node_end_up(id, up)
+        self.node_ends.set_up(id, up)
     }
 }
 

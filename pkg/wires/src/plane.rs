@@ -8,7 +8,6 @@ use std::sync::Arc;
 use crate::dataplane::DataPlane;
 use crate::error::WireError;
 use crate::metrics::WireLabels;
-use weft_kernel::packet;
 
 /// A gRPC wire end to start a worker for (its pair built by the kernel seam).
 #[derive(Debug, Clone)]
@@ -49,7 +48,7 @@ pub trait GrpcPlane: Send + Sync + 'static {
 
 impl GrpcPlane for DataPlane {
     fn attach(self: &Arc<Self>, end: GrpcEnd) -> Result<(), WireError> {
-        let fd = packet::open(end.id)?;
+        let fd = self.node_ends().open(end.id)?;
         DataPlane::attach(self, end.id, end.peer_id, end.peer, fd, end.labels, end.up).map_err(WireError::DataPlane)
     }
 

@@ -510,6 +510,15 @@ impl Lab {
         format!("{}-{node}", self.spec.name)
     }
 
+    /// Where the node ends of a node's gRPC wire ends live: shard namespaces named
+    /// after the node's (its weftd's `--wire-ends-netns`), so a lab of thousands of
+    /// gRPC links comes up in time linear in its links (see `NodeEnds`).
+    pub fn wire_ends(&self, node: &str) -> weft_kernel::packet::NodeEnds {
+        weft_kernel::packet::NodeEnds::Shards {
+            prefix: format!("{}-{node}-e", self.spec.name),
+        }
+    }
+
     /// Keeps the lab's state (daemon directories, topology) under `dir` instead.
     pub fn with_state_dir(mut self, dir: PathBuf) -> Self {
         self.state = dir;

@@ -280,6 +280,9 @@ impl Lab {
             "--pod-routing".into(),
             self.spec.pod_routing.as_str().into(),
         ];
+        if let weft_kernel::packet::NodeEnds::Shards { prefix } = self.wire_ends(&n.name) {
+            config.args.extend(["--wire-ends-netns".into(), prefix]);
+        }
         if self.spec.bgp {
             config
                 .args
@@ -544,6 +547,12 @@ impl Lab {
         for ns in names {
             if NamedNetns::exists(&ns) {
                 let _ = NamedNetns::existing(&ns).delete();
+            }
+        }
+        // The daemons are gone: their shards hold nothing the pods still need.
+        for n in &self.spec.nodes {
+            if let Err(e) = self.wire_ends(&n.name).delete_shards() {
+                eprintln!("weftctl lab down: {e}");
             }
         }
         let _ = fs::remove_dir_all(&self.state);

@@ -134,14 +134,24 @@ pub struct DataPlane {
     emulation: Mutex<HashMap<u64, Arc<impair::Emulation>>>,
     /// Where every task of this data plane runs (a [`DataPlaneRuntime`]'s, in weftd).
     rt: Handle,
+    /// Where the node ends its sockets are opened on live.
+    node_ends: weft_kernel::packet::NodeEnds,
 }
 
 impl DataPlane {
     /// A data plane for node address `local`, whose wire service listens on `port` on
     /// every node, running its ends' readers and its streams on `rt`: the handle of a
     /// [`DataPlaneRuntime`], which the wire server should share (see there why).
-    /// `security` is the wire port's (the stream is opened with it).
-    pub fn new(local: IpAddr, port: u16, security: WireSecurity, metrics: Arc<Metrics>, rt: Handle) -> Arc<Self> {
+    /// `security` is the wire port's (the stream is opened with it); `node_ends` says
+    /// where the node ends of its gRPC wire ends live.
+    pub fn new(
+        local: IpAddr,
+        port: u16,
+        security: WireSecurity,
+        metrics: Arc<Metrics>,
+        rt: Handle,
+        node_ends: weft_kernel::packet::NodeEnds,
+    ) -> Arc<Self> {
         Arc::new(Self {
             local,
             port,
@@ -154,7 +164,13 @@ impl DataPlane {
             detours: Mutex::default(),
             emulation: Mutex::default(),
             rt,
+            node_ends,
         })
+    }
+
+    /// Where the node ends of its gRPC wire ends live.
+    pub fn node_ends(&self) -> &weft_kernel::packet::NodeEnds {
+        &self.node_ends
     }
 
     /// This node's address.

@@ -84,6 +84,8 @@ pub struct EngineConfig {
     pub dataplane_runtime: Option<tokio::runtime::Handle>,
     /// How the wire port is protected, for the calls and streams this node opens.
     pub security: weft_wiretls::WireSecurity,
+    /// Where the node ends of gRPC wire ends live (`--wire-ends-netns`).
+    pub node_ends: weft_kernel::packet::NodeEnds,
 }
 
 /// A pod of this node, as the daemon attached it.
@@ -165,10 +167,13 @@ impl Seams<DataPlane> {
             .clone()
             .unwrap_or_else(tokio::runtime::Handle::current);
         let security = cfg.security.clone();
+        let ends = cfg.node_ends.clone();
         Seams {
-            kernel: Arc::new(HostWireKernel::default()),
+            kernel: Arc::new(HostWireKernel::new(ends.clone())),
             peers: Arc::new(GrpcPeers::new(port, security.clone())),
-            plane: Box::new(move |local| DataPlane::new(local, port, security.clone(), metrics.clone(), rt.clone())),
+            plane: Box::new(move |local| {
+                DataPlane::new(local, port, security.clone(), metrics.clone(), rt.clone(), ends.clone())
+            }),
             carriers: Carriers::standard(),
         }
     }

@@ -101,6 +101,7 @@ impl Lab {
                 resync: Duration::from_secs(3600),
                 dataplane_runtime: None,
                 security: weft_wiretls::WireSecurity::Insecure,
+                node_ends: weft_kernel::packet::NodeEnds::Here,
             };
             n.plane = Arc::default();
             let plane = n.plane.clone();
