@@ -52,7 +52,9 @@ for size in "${sizes[@]}"; do
     fds+=("$(ls "/proc/$pid/fd" | wc -l)")
   done
   # Link ends in the pods (every interface but lo and eth0) and on the nodes (every
-  # interface but lo, the uplink and the host end of each pod's eth0).
+  # interface but lo, the uplink and the host end of each pod's eth0; the node ends of
+  # gRPC wires are in the nodes' shard namespaces, <lab>-<node>-e0 to -e15, which the
+  # pattern below counts with their node).
   in_pods=0 on_nodes=0
   for ns in $(ip netns list | awk -v p="$name-" 'index($1, p) == 1 {print $1}'); do
     devs=$(ip -n "$ns" -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -vx lo || true)
