@@ -222,24 +222,9 @@ impl NodeEnds {
         }
     }
 
-    /// Creates the pair of wire end `id` with its node end where it lives (see [`create`]).
-    pub fn create(&self, pod: &NetNs, name: &str, mac: [u8; 6], mtu: u32, id: u64) -> Result<(), KernelError> {
-        self.within(id, || create(pod, name, mac, mtu, id))
-    }
-
-    /// Whether the node end of wire end `id` exists (see [`exists`]).
-    pub fn exists(&self, id: u64) -> Result<bool, KernelError> {
-        self.within(id, || exists(id))
-    }
-
     /// Sets the node end of wire end `id` up or down (see [`set_node_end_up`]).
     pub fn set_up(&self, id: u64, up: bool) -> Result<bool, KernelError> {
         self.within(id, || set_node_end_up(id, up))
-    }
-
-    /// Removes the node end of wire end `id` (see [`remove`]).
-    pub fn remove(&self, id: u64) -> Result<bool, KernelError> {
-        self.within(id, || remove(id))
     }
 
     /// Opens the packet socket of wire end `id` (see [`PacketSocket::open`]); it keeps

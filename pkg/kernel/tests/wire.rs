@@ -340,9 +340,13 @@ fn a_grpc_end_in_a_shard_namespace_is_made_used_and_removed_there() {
     let id = 0x0123_4567_89ab_cdef;
     let shard = std::path::Path::new("/run/netns").join(ends.shard_of(id).unwrap());
     let _ = weft_kernel::delete_named(&ends.shard_of(id).unwrap());
-    in_netns(&node, || ends.create(&pod, "e7", [2, 0, 0, 7, 7, 5], 1500, id)).unwrap();
+    let create = || ends.within(id, || packet::create(&pod, "e7", [2, 0, 0, 7, 7, 5], 1500, id));
+    in_netns(&node, create).unwrap();
     assert!(shard.exists(), "the shard {} was made", shard.display());
-    assert!(ends.exists(id).unwrap(), "the node end is in its shard");
+    assert!(
+        ends.within(id, || packet::exists(id)).unwrap(),
+        "the node end is in its shard"
+    );
     assert!(
         !in_netns(&node, || packet::exists(id)).unwrap(),
         "nothing of the end is in the node's namespace"
@@ -354,7 +358,7 @@ fn a_grpc_end_in_a_shard_namespace_is_made_used_and_removed_there() {
         .unwrap();
     assert_eq!(v6, "1", "no IPv6 on a node end in a shard");
     // The same end again is refused, as in the node's namespace.
-    let again = in_netns(&node, || Ok(ends.create(&pod, "e7", [2, 0, 0, 7, 7, 5], 1500, id))).unwrap();
+    let again = in_netns(&node, || Ok(create())).unwrap();
     assert!(
         matches!(again, Err(weft_kernel::KernelError::InterfaceExists { .. })),
         "{again:?}"
@@ -402,8 +406,8 @@ fn a_grpc_end_in_a_shard_namespace_is_made_used_and_removed_there() {
         text.contains("NO-CARRIER"),
         "pod end after its node end went down: {text}"
     );
-    assert!(ends.remove(id).unwrap());
-    assert!(!ends.exists(id).unwrap());
+    assert!(ends.within(id, || packet::remove(id)).unwrap());
+    assert!(!ends.within(id, || packet::exists(id)).unwrap());
     assert!(
         wire::find(&mut s, "e7").unwrap().is_none(),
         "the pod end went with its node end"
