@@ -565,6 +565,33 @@ async fn reconcile_repairs_drift_and_collects_pods_whose_namespace_is_gone() {
     assert!(e.h.reconcile().await.unwrap().is_empty(), "repaired for good");
 }
 
+/// The periodic pass checks the pods ready at the pass before it: a pod added since is
+/// left for the next (its ADD has just set it up), then checked and repaired there.
+#[tokio::test]
+async fn a_periodic_reconcile_checks_the_pods_the_last_pass_knew() {
+    let e = env();
+    e.h.add(&args("old", CONF)).await.unwrap();
+    let known = e.h.ready_ids().await.unwrap();
+    assert_eq!(known.len(), 1);
+    e.h.add(&args("new", CONF)).await.unwrap();
+    // Both veths vanished.
+    e.net.links.lock().unwrap().clear();
+    let (repaired, now) = e.h.reconcile_known(Some(&known)).await.unwrap();
+    assert_eq!(repaired.get("veth"), Some(&1), "the old pod only: {repaired:?}");
+    assert_eq!(now.len(), 2, "both ready now: {now:?}");
+    assert!(now.is_superset(&known));
+    assert_eq!(e.net.links.lock().unwrap().len(), 1);
+    let (repaired, _) = e.h.reconcile_known(Some(&now)).await.unwrap();
+    assert_eq!(
+        repaired.get("veth"),
+        Some(&1),
+        "the new pod at the next pass: {repaired:?}"
+    );
+    assert_eq!(e.net.links.lock().unwrap().len(), 2);
+    let (repaired, _) = e.h.reconcile_known(None).await.unwrap();
+    assert!(repaired.is_empty(), "repaired for good: {repaired:?}");
+}
+
 /// A network config without `ranges` and `mtu` (both left to the node).
 const BARE: &str = r#"{"cniVersion":"1.1.0","name":"weft","type":"weft"}"#;
 

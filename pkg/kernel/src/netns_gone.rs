@@ -17,6 +17,7 @@
 //! queue overflows, every path is looked at again.
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
@@ -43,8 +44,13 @@ pub struct GoneNamespaces {
     dirs: HashMap<WatchDescriptor, Vec<PathBuf>>,
     /// Directories as spelled by the paths asked about: watched, or not watchable.
     seen_dirs: HashMap<PathBuf, Option<WatchDescriptor>>,
-    /// Paths looked at and present, in watched directories, not reported removed since.
-    present: HashSet<PathBuf>,
+    /// Paths looked at and present, in watched directories, not reported removed since,
+    /// as asked (a string's hash, not a path's walk of its components: thousands are
+    /// asked about at every pass), each with its directory's watch and its file name.
+    present: HashMap<String, (WatchDescriptor, OsString)>,
+    /// The same paths by watch and file name, as a removal reports them (one file may
+    /// be asked about in several spellings).
+    by_name: HashMap<(WatchDescriptor, OsString), Vec<String>>,
 }
 
 impl Default for GoneNamespaces {
@@ -65,7 +71,8 @@ impl GoneNamespaces {
             inotify,
             dirs: HashMap::new(),
             seen_dirs: HashMap::new(),
-            present: HashSet::new(),
+            present: HashMap::new(),
+            by_name: HashMap::new(),
         }
     }
 
@@ -74,16 +81,18 @@ impl GoneNamespaces {
         self.take_events();
         let mut gone = Vec::new();
         for &p in paths {
-            let path = Path::new(p);
-            if self.present.contains(path) {
+            if self.present.contains_key(p) {
                 continue;
             }
+            let path = Path::new(p);
             // The directory is watched before the path is looked at: a removal after
             // the look is then reported.
-            let watched = self.watch_dir_of(path);
+            let watch = self.watch_dir_of(path);
             if path.exists() {
-                if watched {
-                    self.present.insert(path.to_path_buf());
+                if let (Some(wd), Some(name)) = (watch, path.file_name()) {
+                    let key = (wd, name.to_os_string());
+                    self.by_name.entry(key.clone()).or_default().push(p.to_string());
+                    self.present.insert(p.to_string(), key);
                 }
             } else {
                 gone.push(p);
@@ -92,8 +101,12 @@ impl GoneNamespaces {
         // Paths of pods that left stay known until their files go; bounded by the
         // files of the watched directories, and cut back when far more than asked.
         if self.present.len() > 2 * paths.len() + 64 {
-            let asked: HashSet<&Path> = paths.iter().map(Path::new).collect();
-            self.present.retain(|p| asked.contains(p.as_path()));
+            let asked: HashSet<&str> = paths.iter().copied().collect();
+            self.present.retain(|p, _| asked.contains(p.as_str()));
+            self.by_name.retain(|_, spellings| {
+                spellings.retain(|p| asked.contains(p.as_str()));
+                !spellings.is_empty()
+            });
         }
         gone
     }
@@ -103,12 +116,12 @@ impl GoneNamespaces {
         self.present.len()
     }
 
-    /// Whether `path`'s directory is watched (watching it now if it can be).
-    fn watch_dir_of(&mut self, path: &Path) -> bool {
-        let Some(inotify) = &self.inotify else { return false };
-        let Some(dir) = path.parent() else { return false };
+    /// The watch of `path`'s directory, if it is watched (watching it now if it can be).
+    fn watch_dir_of(&mut self, path: &Path) -> Option<WatchDescriptor> {
+        let inotify = self.inotify.as_ref()?;
+        let dir = path.parent()?;
         if let Some(w) = self.seen_dirs.get(dir) {
-            return w.is_some();
+            return *w;
         }
         let watchable = statfs::statfs(dir).is_ok_and(|s| WATCHABLE.contains(&s.filesystem_type()));
         let wd = if watchable {
@@ -129,7 +142,7 @@ impl GoneNamespaces {
             self.dirs.entry(wd).or_default().push(dir.to_path_buf());
         }
         self.seen_dirs.insert(dir.to_path_buf(), wd);
-        wd.is_some()
+        wd
     }
 
     /// Forgets what the queued events say is gone.
@@ -167,22 +180,30 @@ impl GoneNamespaces {
                 if let Some(dirs) = self.dirs.remove(&ev.wd) {
                     for d in dirs {
                         self.seen_dirs.remove(&d);
-                        self.present.retain(|p| p.parent() != Some(d.as_path()));
                     }
                 }
+                let present = &mut self.present;
+                self.by_name.retain(|(wd, _), spellings| {
+                    if *wd != ev.wd {
+                        return true;
+                    }
+                    for p in spellings.iter() {
+                        present.remove(p);
+                    }
+                    false
+                });
                 continue;
             }
-            let (Some(name), Some(dirs)) = (&ev.name, self.dirs.get(&ev.wd)) else {
-                continue;
-            };
-            for d in dirs {
-                self.present.remove(&d.join(name));
+            let Some(name) = ev.name else { continue };
+            for p in self.by_name.remove(&(ev.wd, name)).unwrap_or_default() {
+                self.present.remove(&p);
             }
         }
     }
 
     fn forget_all(&mut self) {
         self.present.clear();
+        self.by_name.clear();
     }
 }
 
@@ -227,6 +248,26 @@ mod tests {
             vec![a.as_str(), b.as_str()],
             "the directory went with them"
         );
+    }
+
+    /// One file asked about in two spellings is known present in both, and a removal
+    /// reported once takes both.
+    #[test]
+    fn a_file_asked_about_in_two_spellings_goes_in_both() {
+        let base = if Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        };
+        let dir = tempfile_dir(base);
+        let a = file(&dir, "a");
+        let also = format!("{}/./a", dir.display());
+        let mut w = GoneNamespaces::new();
+        assert!(w.gone(&[&a, &also]).is_empty());
+        assert_eq!(w.known_present(), 2);
+        std::fs::remove_file(&a).unwrap();
+        assert_eq!(w.gone(&[&a, &also]), vec![a.as_str(), also.as_str()]);
+        assert_eq!(w.known_present(), 0);
     }
 
     /// A named namespace as `ip netns` and runtimes keep one, a namespace bind-mounted

@@ -2,7 +2,7 @@
 //! against the store) and the gauges (pod traffic, policy verdicts) refreshed before
 //! each scrape.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,12 +27,14 @@ pub async fn reconcile<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     tokio::pin!(stop);
+    // The pods the start-up pass checked (none known: the first pass checks every pod).
+    let mut known = handler.ready_ids().await.ok();
     loop {
         tokio::select! {
             _ = &mut stop => return,
             _ = tick.tick() => {}
         }
-        reconcile_once(&handler, &metrics).await;
+        known = reconcile_once(&handler, &metrics, known.as_ref()).await;
     }
 }
 
@@ -46,25 +48,33 @@ pub fn count_repairs(metrics: &Metrics, repaired: &BTreeMap<&'static str, u64>) 
     }
 }
 
-/// One reconcile pass; what it repaired goes into `weft_reconcile_repairs_total`.
+/// One reconcile pass of the pods ready at the last (`known`, see
+/// [`Handler::reconcile_known`]); what it repaired goes into
+/// `weft_reconcile_repairs_total`. Returns the pods ready now (none known when the pass
+/// failed: the next checks every pod).
 async fn reconcile_once<I: weft_daemon::Ipam, K: weft_daemon::PodNetworking>(
     handler: &Handler<I, K>,
     metrics: &Metrics,
-) {
+    known: Option<&HashSet<i64>>,
+) -> Option<HashSet<i64>> {
     // A DEL spooled by a plugin that missed weftd while it restarted, after the
     // start-up replay.
     let spooled = handler.replay_del_spool().await;
     if spooled.replayed + spooled.failed + spooled.set_aside > 0 {
         info!(?spooled, "DEL spool replayed");
     }
-    match handler.reconcile().await {
-        Ok(repaired) => {
+    match handler.reconcile_known(known).await {
+        Ok((repaired, now)) => {
             count_repairs(metrics, &repaired);
             if !repaired.is_empty() {
                 info!(?repaired, "reconcile pass repaired kernel state");
             }
+            Some(now)
         }
-        Err(e) => tracing::warn!(error = %e, "reconcile pass failed"),
+        Err(e) => {
+            tracing::warn!(error = %e, "reconcile pass failed");
+            None
+        }
     }
 }
 

@@ -603,13 +603,24 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         }
         // What was announced until now goes into this pass, whichever path it takes.
         let upto = self.take_announced(state);
-        if extra.is_none()
-            && !resync
+        if !resync
             && !state.must_observe
             && let Some(out) = self.pods_only(state).await?
         {
             state.announced_upto = upto;
-            return Ok(out);
+            let Some(pod) = extra else { return Ok(out) };
+            // Pods of other nodes had moved since the last plan (in a bring-up, nearly
+            // always): taken in, the ADD's pod is added alone, rather than the whole
+            // cluster being planned again at every ADD.
+            if let Some(added) = self.add_one(state, pod).await? {
+                return Ok(PassOutcome {
+                    script: match (out.script, added.script) {
+                        (Some(a), Some(b)) => Some(format!("{a}{b}")),
+                        (a, b) => a.or(b),
+                    },
+                    ..added
+                });
+            }
         }
         let started = Instant::now();
         let generation = self.generation();
@@ -1025,6 +1036,10 @@ fn same<T: PartialEq>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
 /// with what the newer has (`None`: gone). An unchanged pod keeps its `Arc` from one
 /// snapshot to the next, so this is a walk of pointer comparisons.
 fn changed_pods(old: &[Arc<PolicyPod>], new: &[Arc<PolicyPod>]) -> Vec<PodChange> {
+    // The very same list (the same snapshot, or the same patch of it): nothing.
+    if std::ptr::eq(old, new) {
+        return Vec::new();
+    }
     let key = |p: &Arc<PolicyPod>| (p.namespace.clone(), p.name.clone());
     let (mut i, mut j) = (0, 0);
     let mut out = Vec::new();

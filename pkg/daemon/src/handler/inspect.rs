@@ -26,9 +26,30 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// `hostports`). Runs at start, before serving, and every reconcile interval; each
     /// attachment is handled under its container's lock, so it never races a call.
     pub async fn reconcile(&self) -> Result<BTreeMap<&'static str, u64>, CniError> {
+        Ok(self.reconcile_known(None).await?.0)
+    }
+
+    /// The ids of the attachments ready now: what a later [`Handler::reconcile_known`]
+    /// is to check.
+    pub async fn ready_ids(&self) -> Result<HashSet<i64>, CniError> {
+        let ready = self.ipam.list(None, Some(State::Ready)).await.map_err(store_err)?;
+        Ok(ready.iter().map(|a| a.id).collect())
+    }
+
+    /// [`Handler::reconcile`] for the periodic pass: with `known` (the ids ready at the
+    /// last pass), only those attachments are checked. One made since was set up by its
+    /// ADD moments ago and is checked by the next pass, so a pass does not go through
+    /// every pod a bring-up is making (work that would grow with the pods times the
+    /// bring-up's length); drift is still repaired within two intervals of an ADD and
+    /// within one after. Returns what it repaired and the ids ready now.
+    pub async fn reconcile_known(
+        &self,
+        known: Option<&HashSet<i64>>,
+    ) -> Result<(BTreeMap<&'static str, u64>, HashSet<i64>), CniError> {
         let mut repaired: BTreeMap<&'static str, u64> = BTreeMap::new();
         let ready = self.ipam.list(None, Some(State::Ready)).await.map_err(store_err)?;
-        for att in ready {
+        let now: HashSet<i64> = ready.iter().map(|a| a.id).collect();
+        for att in ready.into_iter().filter(|a| known.is_none_or(|k| k.contains(&a.id))) {
             let _guard = self.locks.lock(&att.key.container_id).await;
             // A DEL waiting in the spool has cut the pod off already: nothing to repair.
             if self.teardowns.pending(&att.key) || self.del_waits_in_spool(&att.key) {
@@ -79,7 +100,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 *repaired.entry("hostports").or_default() += 1;
             }
         }
-        Ok(repaired)
+        Ok((repaired, now))
     }
 
     /// Makes the kernel's host port table match the store; says what it found.

@@ -79,6 +79,10 @@ pub(super) struct Queue {
 #[derive(Debug, Default)]
 pub(super) struct Announcements {
     entries: BTreeMap<(String, String), Entry>,
+    /// The last patch: the cache's objects it was made from and what it made, given
+    /// again while neither they nor the entries moved (a pass comes far more often
+    /// than either does, and each patch copies the cluster's list of pods).
+    last: Option<(Arc<PolicyObjects>, Arc<PolicyObjects>)>,
 }
 
 impl Announcements {
@@ -87,10 +91,34 @@ impl Announcements {
     /// gone after its object was seen) or that expired go. The same `Arc` when nothing
     /// is patched.
     pub(super) fn patch(&mut self, objects: Arc<PolicyObjects>) -> Arc<PolicyObjects> {
+        let before = self.entries.len();
         self.entries.retain(|_, e| e.at.elapsed() < ANNOUNCED_TTL);
         if self.entries.is_empty() {
+            self.last = None;
             return objects;
         }
+        if self.entries.len() != before {
+            self.last = None;
+        }
+        if let Some((from, made)) = &self.last
+            && Arc::ptr_eq(from, &objects)
+        {
+            return made.clone();
+        }
+        let from = objects.clone();
+        let made = self.patch_anew(objects);
+        self.last = Some((from, made.clone()));
+        made
+    }
+
+    /// Takes in an announcement (a later one of a pod replaces an earlier).
+    fn insert(&mut self, key: (String, String), entry: Entry) {
+        self.entries.insert(key, entry);
+        self.last = None;
+    }
+
+    /// [`Announcements::patch`] made anew.
+    fn patch_anew(&mut self, objects: Arc<PolicyObjects>) -> Arc<PolicyObjects> {
         let mut pods: Option<Vec<Arc<PolicyPod>>> = None;
         let mut moot = Vec::new();
         for (key, e) in &mut self.entries {
@@ -142,7 +170,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     pub(super) fn take_announced(&self, state: &mut super::State) -> u64 {
         let mut q = self.queued.lock().expect("announcement queue lock");
         for (key, entry) in q.waiting.drain(..) {
-            state.announced.entries.insert(key, entry);
+            state.announced.insert(key, entry);
         }
         q.taken
     }
@@ -291,6 +319,16 @@ mod tests {
         assert!(Arc::ptr_eq(&p1.pods[2], &o.pods[2]));
         assert_eq!(a.entries.len(), 2, "the moot one went; the one not seen yet stays");
         let p2 = a.patch(o.clone());
+        assert!(Arc::ptr_eq(&p1, &p2), "nothing moved: the same objects, not a copy");
+        // Another announcement: patched anew, keeping what was patched before.
+        let o2 = Arc::new(PolicyObjects {
+            pods: [o.pods.clone(), vec![pod("other", "n2", &[])]].concat(),
+            ..PolicyObjects::default()
+        });
+        a.insert(("x".into(), "other".into()), entry("n2", "10.0.2.6"));
+        let p2 = a.patch(o2.clone());
+        assert!(!Arc::ptr_eq(&p1, &p2));
+        assert_eq!(p2.pods[3].ips, vec!["10.0.2.6".parse::<IpAddr>().unwrap()]);
         assert!(Arc::ptr_eq(&p1.pods[1], &p2.pods[1]), "the same patched object");
         let confirmed = Arc::new(PolicyObjects {
             pods: vec![pod("new", "n2", &["10.0.2.9"])],

@@ -402,6 +402,57 @@ async fn pods_elsewhere_see_a_change_of_this_node_s_pods() {
     }
 }
 
+/// An ADD that comes after pods elsewhere moved (a bring-up: nearly every ADD) takes
+/// them in as set elements and adds its own pod alone, in one pass, instead of planning
+/// the whole table again; a full pass afterwards finds nothing left to do.
+#[tokio::test]
+async fn an_add_after_pods_elsewhere_moved_is_still_added_alone() {
+    let cluster = Cluster::new(true);
+    let remote = |name: &str, ip: &str| {
+        Arc::new(PolicyPod {
+            namespace: "x".into(),
+            name: name.into(),
+            labels: [("role".to_string(), "client".to_string())].into(),
+            ips: vec![ip.parse().unwrap()],
+            node: "n2".into(),
+            ..PolicyPod::default()
+        })
+    };
+    cluster.change(|o| {
+        o.policies.push(policy(
+            "from-clients",
+            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
+        ));
+    });
+    let (e, k, _, pods) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
+    e.pass(true).await.unwrap();
+    cluster.change(|o| o.pods.push(remote("r", "10.0.9.1")));
+    let applied = k.applied.lock().unwrap().len();
+    let out = e.pass_with(Some(&local("b", "10.0.0.2")), false).await.unwrap();
+    assert!(out.incremental, "{out:?}");
+    let script = out.script.unwrap();
+    assert!(script.contains("{ 10.0.9.1 }"), "the pod elsewhere: {script}");
+    assert!(script.contains("\"weft-b\""), "the ADD's pod: {script}");
+    assert!(
+        !script.contains("table inet weft-policy"),
+        "never the whole table: {script}"
+    );
+    assert_eq!(k.applied.lock().unwrap().len(), applied + 2, "two small transactions");
+    // Its ADD is committed; a namespace makes the next pass plan the whole table, which
+    // finds it as the two small transactions left it.
+    pods.lock().unwrap().push(local("b", "10.0.0.2"));
+    cluster.change(|o| {
+        o.namespaces.push(Arc::new(PolicyNamespace {
+            name: "y".into(),
+            ..PolicyNamespace::default()
+        }))
+    });
+    let out = e.pass(false).await.unwrap();
+    assert!(!out.incremental, "{out:?}");
+    assert_eq!(out.script, None, "the full plan agrees");
+    assert_eq!(k.applied.lock().unwrap().len(), applied + 2);
+}
+
 /// Pods that come, change or go elsewhere in the cluster cost set elements only, for
 /// their own addresses, never a plan of the whole table; anything else (a namespace, a
 /// policy) plans it all again, and a full pass afterwards finds nothing left to do.

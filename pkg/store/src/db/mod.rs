@@ -6,11 +6,14 @@ mod addresses;
 mod attachments;
 mod links;
 mod ports;
+mod ready;
 mod rebuild;
 mod runs;
 mod sysctls;
 mod wires;
 
+#[cfg(test)]
+pub(crate) use ready::LOG_KEPT;
 pub use rebuild::RebuiltAttachment;
 
 use std::path::Path;
@@ -25,9 +28,10 @@ use crate::schema;
 pub struct Db {
     conn: Connection,
     schema_found: u32,
-    /// The last [`Db::ready_pods`] answer: its interface and the `pods_version` it
-    /// was read at.
-    ready_cache: Option<(String, i64, Vec<crate::ReadyPod>)>,
+    /// The last [`Db::ready_pods`] answer, kept up to date from the connection's log.
+    ready_cache: Option<ready::ReadyCache>,
+    /// Whether this connection logs what [`Db::ready_pods`] reads (from its first call).
+    ready_log: bool,
 }
 
 fn now_ms() -> i64 {
@@ -71,6 +75,7 @@ impl Db {
             conn,
             schema_found,
             ready_cache: None,
+            ready_log: false,
         })
     }
 
@@ -94,6 +99,12 @@ impl Db {
     #[cfg(test)]
     pub(crate) fn execute_raw(&mut self, sql: &str) -> Result<(), StoreError> {
         Ok(self.conn.execute_batch(sql)?)
+    }
+
+    /// The first column of the first row of `sql` (tests: counting rows).
+    #[cfg(test)]
+    pub(crate) fn count_raw(&mut self, sql: &str) -> i64 {
+        self.conn.query_row(sql, [], |r| r.get(0)).expect("count_raw")
     }
 
     /// Rows changed by every statement on the connection so far: the writer compares it

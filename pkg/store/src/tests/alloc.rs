@@ -388,3 +388,64 @@ fn ready_pods_follow_every_write_of_what_they_read() {
         "its address rows went"
     );
 }
+
+/// The listing kept from the log is, after every kind of write, what a connection that
+/// reads it whole finds: ADDs, DELs, a removal, raw statements on the pods, their
+/// addresses and their ranges, a write by another connection, and more writes than the
+/// log keeps while nobody asked.
+#[test]
+fn ready_pods_kept_from_the_log_are_what_a_whole_read_finds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weft.db");
+    let mut db = Db::open(&path).unwrap();
+    let whole = || Db::open(&path).unwrap().ready_pods("eth0").unwrap();
+    let ranges = ["10.244.0.0/24", "fd00:1::/64"];
+    let mut ids = Vec::new();
+    let check = |db: &mut Db, what: &str| {
+        let kept = db.ready_pods("eth0").unwrap();
+        assert_eq!(kept, whole(), "after {what}");
+        kept.len()
+    };
+    assert_eq!(check(&mut db, "nothing"), 0);
+    for i in 0..6 {
+        let a = created(db.begin_add(&spec(&format!("c{i}"), &ranges)).unwrap());
+        ids.push(a.id);
+        check(&mut db, &format!("c{i}'s begin_add"));
+        db.finish_add(a.id, "{}", &[]).unwrap();
+        assert_eq!(check(&mut db, &format!("c{i}'s finish_add")), i + 1);
+    }
+    db.begin_del(&spec("c2", &[]).key).unwrap().unwrap();
+    assert_eq!(check(&mut db, "c2's begin_del"), 5);
+    db.remove(ids[2]).unwrap();
+    check(&mut db, "c2's removal");
+    db.execute_raw("UPDATE attachments SET pod_name = 'renamed' WHERE container_id = 'c3'")
+        .unwrap();
+    check(&mut db, "a rename by a raw statement");
+    db.execute_raw(&format!("DELETE FROM allocations WHERE attachment_id = {}", ids[4]))
+        .unwrap();
+    check(&mut db, "c4's addresses deleted");
+    db.execute_raw(&format!(
+        "UPDATE allocations SET attachment_id = {} WHERE attachment_id = {}",
+        ids[5], ids[1]
+    ))
+    .unwrap();
+    check(&mut db, "c1's addresses moved to c5");
+    db.execute_raw("UPDATE ranges SET cidr = '10.245.0.0/24' WHERE cidr = '10.244.0.0/24'")
+        .unwrap();
+    check(&mut db, "a range's change");
+    // Another connection's write is not in this one's log.
+    let mut other = Db::open(&path).unwrap();
+    let a = created(other.begin_add(&spec("by-other", &ranges)).unwrap());
+    other.finish_add(a.id, "{}", &[]).unwrap();
+    assert_eq!(check(&mut db, "another connection's ADD"), 6);
+    // Many more writes than the log keeps, none asked about.
+    for i in 0..(crate::db::LOG_KEPT as usize) {
+        db.execute_raw(&format!(
+            "UPDATE attachments SET pod_name = 'n{i}' WHERE container_id = 'c0'"
+        ))
+        .unwrap();
+    }
+    check(&mut db, "a log cut back while nobody asked");
+    let n = db.count_raw("SELECT count(*) FROM temp.ready_log");
+    assert!(n <= 2 * crate::db::LOG_KEPT, "the log is bounded: {n} entries");
+}

@@ -91,6 +91,10 @@ pub(crate) struct PassState {
     /// unchanged one's `Arc`, and holding it here keeps its address from being reused),
     /// to tell which moved without comparing or keying every one at every pass.
     pub(crate) seen: HashMap<usize, (PodKey, Arc<Topology>)>,
+    /// The topologies of `seen` in the order the source last listed them: a listing in
+    /// the same order (a source whose topologies are replaced in place) is compared
+    /// with it place by place, by pointer.
+    pub(crate) listed: Vec<Arc<Topology>>,
     /// The topology source's change counter when `seen` was last brought up to date.
     pub(crate) source_seen: Option<u64>,
     /// Which pods list a link to each pod, for the topologies in `seen`.
@@ -124,6 +128,11 @@ impl PassState {
     /// `now` as seen (and their links in `listers`). Costs a pointer per topology plus
     /// the topologies that moved.
     pub(crate) fn moved(&mut self, now: Vec<Arc<Topology>>) -> BTreeSet<PodKey> {
+        if let Some(moved) = self.moved_in_place(&now) {
+            self.listed = now;
+            return moved;
+        }
+        self.listed = now.clone();
         let addr = |t: &Arc<Topology>| Arc::as_ptr(t) as usize;
         let now_addrs: HashSet<usize> = now.iter().map(addr).collect();
         let mut moved = BTreeSet::new();
@@ -147,6 +156,38 @@ impl PassState {
         moved
     }
 
+    /// [`PassState::moved`] when `now` lists the same pods in the same places as the
+    /// last listing, each the same or replaced in place: a pointer comparison per
+    /// topology, not a lookup of each (a bring-up's status writes move a few at every
+    /// pass, among thousands). `None`: pods came, went or moved places.
+    fn moved_in_place(&mut self, now: &[Arc<Topology>]) -> Option<BTreeSet<PodKey>> {
+        if now.len() != self.listed.len() {
+            return None;
+        }
+        let replaced: Vec<usize> = (0..now.len())
+            .filter(|&i| !Arc::ptr_eq(&now[i], &self.listed[i]))
+            .collect();
+        let same_pod = |a: &Topology, b: &Topology| {
+            a.metadata.namespace == b.metadata.namespace && a.metadata.name == b.metadata.name
+        };
+        if !replaced.iter().all(|&i| same_pod(&now[i], &self.listed[i])) {
+            return None;
+        }
+        let addr = |t: &Arc<Topology>| Arc::as_ptr(t) as usize;
+        let mut moved = BTreeSet::new();
+        for i in replaced {
+            let (old, new) = (&self.listed[i], &now[i]);
+            if let Some((key, t)) = self.seen.remove(&addr(old)) {
+                self.listers.remove(&key, &t);
+            }
+            let key = plan::key_of(new);
+            self.listers.add(&key, new);
+            moved.insert(key.clone());
+            self.seen.insert(addr(new), (key, new.clone()));
+        }
+        Some(moved)
+    }
+
     /// The pods that came or went since the last pass (attached or detached, or their
     /// namespace appeared or vanished without either), noting `now` as alive: the local
     /// pods linked to one follow in the same pass.
@@ -155,10 +196,26 @@ impl PassState {
         if Arc::ptr_eq(&self.alive, now) {
             return BTreeSet::new();
         }
-        let changed = (now.keys().filter(|k| !self.alive.contains_key(*k)))
-            .chain(self.alive.keys().filter(|k| !now.contains_key(*k)))
-            .cloned()
-            .collect();
+        // Both are ordered by pod: one walk side by side, not a lookup of each pod in
+        // the other map (this comes at every ADD, over every pod of the node).
+        let mut changed = BTreeSet::new();
+        let (mut was, mut is) = (self.alive.keys().peekable(), now.keys().peekable());
+        loop {
+            let step = match (was.peek(), is.peek()) {
+                (Some(a), Some(b)) => a.cmp(b),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (None, None) => break,
+            };
+            match step {
+                std::cmp::Ordering::Less => changed.extend(was.next().cloned()),
+                std::cmp::Ordering::Greater => changed.extend(is.next().cloned()),
+                std::cmp::Ordering::Equal => {
+                    was.next();
+                    is.next();
+                }
+            }
+        }
         self.alive = now.clone();
         changed
     }
@@ -358,5 +415,112 @@ impl<P: GrpcPlane> Cx<'_, P> {
         r.state = WireState::Down;
         info!(wire = r.id, pod = %r.local_pod, intf = %r.local_intf, "peer gone: wire end down");
         self.put(r).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pods(names: &[&str]) -> Arc<BTreeMap<PodKey, LocalPod>> {
+        Arc::new(
+            names
+                .iter()
+                .map(|n| {
+                    let pod = LocalPod {
+                        netns: format!("/run/netns/{n}"),
+                        container_id: n.to_string(),
+                    };
+                    (("lab".to_string(), n.to_string()), pod)
+                })
+                .collect(),
+        )
+    }
+
+    fn keys(names: &[&str]) -> BTreeSet<PodKey> {
+        names.iter().map(|n| ("lab".to_string(), n.to_string())).collect()
+    }
+
+    fn topo(name: &str, peers: &[&str]) -> Arc<Topology> {
+        let links = (peers.iter().enumerate())
+            .map(|(i, p)| weft_topology::Link {
+                uid: i as i64,
+                peer_pod: p.to_string(),
+                local_intf: format!("eth{i}"),
+                peer_intf: "eth9".into(),
+                local_ip: String::new(),
+                peer_ip: String::new(),
+                local_mac: None,
+                peer_mac: None,
+                kind: None,
+                impair: Default::default(),
+            })
+            .collect();
+        let mut t = Topology::new(
+            name,
+            weft_topology::TopologySpec {
+                links,
+                ..Default::default()
+            },
+        );
+        t.metadata.namespace = Some("lab".into());
+        Arc::new(t)
+    }
+
+    fn listing(st: &PassState, name: &str) -> Vec<String> {
+        let key = ("lab".to_string(), name.to_string());
+        st.listers.listing(&key).map(|k| k.1.clone()).collect()
+    }
+
+    /// What moved between listings, whether the source replaced a topology in its place
+    /// (compared place by place) or pods came, went or changed places (looked up), with
+    /// the index of who lists whom following either way.
+    #[test]
+    fn moved_topologies_in_place_or_not() {
+        let mut st = PassState::default();
+        let (a, b, c) = (topo("a", &["b"]), topo("b", &["a"]), topo("c", &[]));
+        assert_eq!(st.moved(vec![a.clone(), b.clone(), c.clone()]), keys(&["a", "b", "c"]));
+        assert_eq!(st.moved(vec![a.clone(), b.clone(), c.clone()]), keys(&[]));
+        assert_eq!(listing(&st, "a"), ["b"]);
+        // b now lists c instead of a, in its place.
+        let b2 = topo("b", &["c"]);
+        assert_eq!(st.moved(vec![a.clone(), b2.clone(), c.clone()]), keys(&["b"]));
+        assert_eq!(listing(&st, "a"), Vec::<String>::new());
+        assert_eq!(listing(&st, "c"), ["b"]);
+        // The same topologies in another order: nothing moved.
+        assert_eq!(st.moved(vec![c.clone(), a.clone(), b2.clone()]), keys(&[]));
+        // One went, one came, one replaced: every one of them.
+        let c2 = topo("c", &["a"]);
+        let d = topo("d", &[]);
+        assert_eq!(
+            st.moved(vec![c2.clone(), d.clone(), b2.clone()]),
+            keys(&["a", "c", "d"])
+        );
+        assert_eq!(listing(&st, "a"), ["c"]);
+        // In place again, after a listing that was looked up.
+        let d2 = topo("d", &["a"]);
+        assert_eq!(st.moved(vec![c2.clone(), d2.clone(), b2.clone()]), keys(&["d"]));
+        let mut by_a = listing(&st, "a");
+        by_a.sort();
+        assert_eq!(by_a, ["c", "d"]);
+        assert_eq!(st.seen.len(), 3, "only what the last listing holds is kept");
+    }
+
+    /// The pods that came or went, on either side and at either end of the order, and
+    /// none for the very same map.
+    #[test]
+    fn came_or_went_is_the_difference_both_ways() {
+        let mut st = PassState::default();
+        let first = pods(&["b", "d", "f"]);
+        assert_eq!(st.came_or_went(&first), keys(&["b", "d", "f"]));
+        assert_eq!(st.came_or_went(&first), keys(&[]), "the same map");
+        let next = pods(&["a", "b", "e", "f", "g"]);
+        assert_eq!(st.came_or_went(&next), keys(&["a", "d", "e", "g"]));
+        assert_eq!(
+            st.came_or_went(&pods(&["a", "b", "e", "f", "g"])),
+            keys(&[]),
+            "an equal map"
+        );
+        assert_eq!(st.came_or_went(&pods(&[])), keys(&["a", "b", "e", "f", "g"]));
     }
 }
