@@ -9,7 +9,7 @@
 //! restarted weftd leaves the last enforced table in place; a lost watch keeps the last
 //! objects (the source says the state is stale) and the table with them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -517,23 +517,48 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     /// This node's pods: the store's ready ones (`listing`) and those whose ADD is under
     /// way (`pending`), dropping from `pending` those `listing` has, those detached
     /// since, and those whose ADD has not committed for too long.
-    fn merge_pending(&self, state: &mut State, listing: &[LocalPod]) -> Vec<LocalPod> {
-        let mut local = listing.to_vec();
-        let listed: BTreeSet<&str> = local.iter().map(|l| l.host_ifname.as_str()).collect();
+    ///
+    /// With nothing pending (an ADD's pod is pending only until its attachment is ready)
+    /// it is `listing` itself: a pass after every ADD of a bring-up would otherwise copy
+    /// the node's pods.
+    fn merge_pending(&self, state: &mut State, listing: &Arc<Vec<LocalPod>>) -> Arc<Vec<LocalPod>> {
         let before = state.pending.len();
         for ifname in std::mem::take(&mut *self.detached.lock().expect("detached lock")) {
             state.pending.remove(&ifname);
         }
-        state
-            .pending
-            .retain(|ifname, (_, since)| !listed.contains(ifname.as_str()) && since.elapsed() < PENDING_TTL);
+        if !state.pending.is_empty() {
+            let listed: HashSet<&str> = listing.iter().map(|l| l.host_ifname.as_str()).collect();
+            state
+                .pending
+                .retain(|ifname, (_, since)| !listed.contains(ifname.as_str()) && since.elapsed() < PENDING_TTL);
+        }
         if state.pending.len() != before {
             state.pending_epoch += 1;
         }
+        if state.pending.is_empty() {
+            return listing.clone();
+        }
+        let mut local = listing.to_vec();
         for (p, _) in state.pending.values() {
             local.push(p.clone());
         }
-        local
+        Arc::new(local)
+    }
+
+    /// Whether `local` holds the pods `view` has, no more and no fewer: compared in
+    /// name order, without a lookup (and its key's copy) per pod.
+    fn same_local(local: &[LocalPod], view: &BTreeMap<(String, String), LocalPod>) -> bool {
+        if local.len() != view.len() {
+            return false;
+        }
+        let mut sorted: Vec<&LocalPod> = local.iter().collect();
+        sorted.sort_unstable_by(|a, b| {
+            (a.namespace.as_str(), a.name.as_str()).cmp(&(b.namespace.as_str(), b.name.as_str()))
+        });
+        sorted
+            .iter()
+            .zip(view)
+            .all(|(l, ((ns, name), v))| l.namespace == *ns && l.name == *name && *l == v)
     }
 
     /// `local` with `extra` (the pod being attached now) in place of any of its name.
@@ -633,7 +658,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             return Ok(PassOutcome::default());
         }
         let listing = (self.local)().await?;
-        let local = Self::with_extra(self.merge_pending(state, &listing), extra);
+        let local = Self::with_extra(self.merge_pending(state, &listing).to_vec(), extra);
         let view = self.view(&objects, &local);
         self.report(&view, state);
         let desired = Arc::new(plan(&view));
@@ -745,12 +770,9 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             let mut slot = self.latest.lock().expect("latest lock");
             let Some(latest) = slot.as_mut() else { return Ok(None) };
             let old = &latest.objects;
-            let local_same = local.as_ref().is_none_or(|local| {
-                local.len() == latest.view.local.len()
-                    && local
-                        .iter()
-                        .all(|l| latest.view.local.get(&(l.namespace.clone(), l.name.clone())) == Some(l))
-            });
+            let local_same = local
+                .as_ref()
+                .is_none_or(|local| Self::same_local(local, &latest.view.local));
             if latest.generation.nodes != generation.nodes
                 || !objects.synced
                 || (objects.synced, objects.stale) != (old.synced, old.stale)

@@ -402,6 +402,39 @@ async fn pods_elsewhere_see_a_change_of_this_node_s_pods() {
     }
 }
 
+/// A new listing of the same pods (another `Arc`, another order: the store lists by
+/// attachment) is the same pods to a pass of pods elsewhere; one with as many entries but
+/// a pod twice and another missing is not.
+#[tokio::test]
+async fn a_listing_is_the_same_pods_in_any_order_but_not_with_one_twice() {
+    let cluster = Cluster::new(true);
+    let remote = |name: &str, ip: &str| {
+        Arc::new(PolicyPod {
+            namespace: "x".into(),
+            name: name.into(),
+            ips: vec![ip.parse().unwrap()],
+            node: "n2".into(),
+            ..PolicyPod::default()
+        })
+    };
+    cluster.change(|o| {
+        o.policies.push(policy(
+            "all",
+            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]}),
+        ));
+    });
+    let (e, _k, _, handle) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1"), local("b", "10.0.0.2")]);
+    e.pass(true).await.unwrap();
+    handle.lock().unwrap().reverse();
+    cluster.change(|o| o.pods.push(remote("r1", "10.0.9.1")));
+    let out = e.pass(false).await.unwrap();
+    assert!(out.incremental, "the same pods listed in another order: {out:?}");
+    *handle.lock().unwrap() = vec![local("a", "10.0.0.1"), local("a", "10.0.0.1")];
+    cluster.change(|o| o.pods.push(remote("r2", "10.0.9.2")));
+    let out = e.pass(false).await.unwrap();
+    assert!(!out.incremental, "pod b is gone, a listed twice: {out:?}");
+}
+
 /// An ADD that comes after pods elsewhere moved (a bring-up: nearly every ADD) takes
 /// them in as set elements and adds its own pod alone, in one pass, instead of planning
 /// the whole table again; a full pass afterwards finds nothing left to do.

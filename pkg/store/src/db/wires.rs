@@ -22,15 +22,15 @@ impl Db {
             }
         }
         let values = to_row(w).into_iter().chain([Value::Integer(now_ms())]);
-        tx.execute(
-            &format!(
-                "INSERT INTO wires ({WIRE_COLUMNS}, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
-                 ON CONFLICT (id) DO UPDATE SET local_intf = ?5, peer_pod = ?6, peer_intf = ?7, peer_id = ?8,
-                     kind = ?9, peer_node = ?10, vni = ?11, netns = ?12, state = ?13, updated_at = ?14"
-            ),
-            params_from_iter(values),
-        )?;
+        // Cached: every end a pass builds is put, and parsing the upsert cost more than
+        // running it.
+        tx.prepare_cached(&format!(
+            "INSERT INTO wires ({WIRE_COLUMNS}, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+             ON CONFLICT (id) DO UPDATE SET local_intf = ?5, peer_pod = ?6, peer_intf = ?7, peer_id = ?8,
+                 kind = ?9, peer_node = ?10, vni = ?11, netns = ?12, state = ?13, updated_at = ?14"
+        ))?
+        .execute(params_from_iter(values))?;
         tx.commit()?;
         Ok(())
     }

@@ -170,8 +170,7 @@ impl<P: GrpcPlane> Engine<P> {
         } else {
             plan::affected(&pods, &seeds, |n, p| self.source.topology(n, p), &st.listers)
         };
-        // The same pods as borrowed pairs, to test ends by without allocating.
-        let alive: HashSet<(&str, &str)> = pods.keys().map(|(n, p)| (n.as_str(), p.as_str())).collect();
+        // The pods looked at as borrowed pairs, to test ends by without allocating.
         let looked: HashSet<(&str, &str)> = scope.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
 
         // Where this node's pods run: written for the other nodes to read.
@@ -260,10 +259,19 @@ impl<P: GrpcPlane> Engine<P> {
                 .flat_map(|k| cx.records.of_pod(k))
                 .collect()
         };
+        // Whether an end's pod still runs here: asked of every end when the records were
+        // read afresh (then a set of the pods pays), of the few ends not looked at
+        // otherwise (a set of every pod would cost the node at every pass).
+        let alive: Option<HashSet<(&str, &str)>> =
+            (fresh && !every).then(|| pods.keys().map(|(n, p)| (n.as_str(), p.as_str())).collect());
+        let runs_here = |r: &WireEnd| match &alive {
+            Some(a) => a.contains(&owned(r)),
+            None => pods.contains_key(&(r.namespace.clone(), r.local_pod.clone())),
+        };
         let stale: Vec<WireEnd> = candidates
             .into_iter()
             .filter(|r| {
-                (every || looked.contains(&owned(r)) || !alive.contains(&owned(r)))
+                (every || looked.contains(&owned(r)) || !runs_here(r))
                     && !plan::end_wanted(r, &pods, |n, p| self.source.topology(n, p))
             })
             .cloned()
