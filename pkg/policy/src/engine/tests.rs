@@ -358,27 +358,35 @@ async fn explain_denies_and_verdicts() {
     assert!(metrics.render("text/plain").1.contains("policy=\"deny\"} 5"));
 }
 
-/// A pass of other nodes' pods takes this node's pods as unchanged while their listing
-/// is (the same `Arc`, nothing pending): one that changed meanwhile plans the table
-/// again, whether a pod came, went or changed.
-#[tokio::test]
-async fn pods_elsewhere_see_a_change_of_this_node_s_pods() {
+/// Pod `name` of namespace `x` on node n2, at `ip`.
+fn remote(name: &str, ip: &str) -> Arc<PolicyPod> {
+    Arc::new(PolicyPod {
+        namespace: "x".into(),
+        name: name.into(),
+        ips: vec![ip.parse().unwrap()],
+        node: "n2".into(),
+        ..PolicyPod::default()
+    })
+}
+
+/// A synced cluster whose one policy lets every pod of namespace `x` in from any other.
+fn allowing_all_within_x() -> Arc<Cluster> {
     let cluster = Cluster::new(true);
-    let remote = |name: &str, ip: &str| {
-        Arc::new(PolicyPod {
-            namespace: "x".into(),
-            name: name.into(),
-            ips: vec![ip.parse().unwrap()],
-            node: "n2".into(),
-            ..PolicyPod::default()
-        })
-    };
     cluster.change(|o| {
         o.policies.push(policy(
             "all",
             json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]}),
         ));
     });
+    cluster
+}
+
+/// A pass of other nodes' pods takes this node's pods as unchanged while their listing
+/// is (the same `Arc`, nothing pending): one that changed meanwhile plans the table
+/// again, whether a pod came, went or changed.
+#[tokio::test]
+async fn pods_elsewhere_see_a_change_of_this_node_s_pods() {
+    let cluster = allowing_all_within_x();
     let (e, _k, _, handle) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
     e.pass(true).await.unwrap();
     cluster.change(|o| o.pods.push(remote("r1", "10.0.9.1")));
@@ -407,22 +415,7 @@ async fn pods_elsewhere_see_a_change_of_this_node_s_pods() {
 /// a pod twice and another missing is not.
 #[tokio::test]
 async fn a_listing_is_the_same_pods_in_any_order_but_not_with_one_twice() {
-    let cluster = Cluster::new(true);
-    let remote = |name: &str, ip: &str| {
-        Arc::new(PolicyPod {
-            namespace: "x".into(),
-            name: name.into(),
-            ips: vec![ip.parse().unwrap()],
-            node: "n2".into(),
-            ..PolicyPod::default()
-        })
-    };
-    cluster.change(|o| {
-        o.policies.push(policy(
-            "all",
-            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]}),
-        ));
-    });
+    let cluster = allowing_all_within_x();
     let (e, _k, _, handle) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1"), local("b", "10.0.0.2")]);
     e.pass(true).await.unwrap();
     handle.lock().unwrap().reverse();
@@ -886,6 +879,7 @@ async fn dns_answers_fill_learnt_sets_before_they_go_on() {
             Rec::Addr("api.example.test.", 600, ip6),
         ],
     );
+    let first_from = crate::denies::now_ms();
     assert_eq!(e.dns_answer(&answer), "learnt");
     let written = k.applied.lock().unwrap()[before..].join("");
     let lines: Vec<&str> = written.lines().collect();
@@ -904,10 +898,22 @@ async fn dns_answers_fill_learnt_sets_before_they_go_on() {
             .verdict
             .allowed()
     );
-    // The same answer again: nothing new to write.
+    // The same answer again: nothing new to write in the same millisecond; later, only
+    // the same addresses again, for as long as the answer says from then (the learnt
+    // table extends them).
     let n = k.applied.lock().unwrap().len();
     assert_eq!(e.dns_answer(&answer), "learnt");
-    assert_eq!(k.applied.lock().unwrap().len(), n);
+    let again = k.applied.lock().unwrap()[n..].join("");
+    if crate::denies::now_ms() == first_from {
+        assert_eq!(again, "", "nothing moved, nothing written");
+    } else {
+        for line in again.lines() {
+            assert!(
+                line.contains("{ 192.0.2.10 timeout 30000ms") || line.contains("{ 2001:db8::10 timeout 600000ms"),
+                "only the answer's addresses again: {again}"
+            );
+        }
+    }
     let other = response(
         "www.other.test.",
         ResponseCode::NoError,
