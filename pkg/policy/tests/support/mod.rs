@@ -98,7 +98,13 @@ pub fn reaches(src: &Host, dst: IpAddr, proto: PortProtocol, port: u16) -> bool 
     let target = SocketAddr::new(dst, port);
     src.ns.run(|| match proto {
         PortProtocol::Udp => {
-            let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+            // A source port no probe of this process used before: a flow an earlier
+            // probe left in conntrack (a port open under the last policy) must not let
+            // this one in as established, as a reused ephemeral port would.
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let sport = 20_000 + (n % 40_000) as u16;
+            let s = UdpSocket::bind(("0.0.0.0", sport)).unwrap();
             s.set_read_timeout(Some(Duration::from_millis(400))).unwrap();
             s.send_to(b"ping", target).unwrap();
             let mut buf = [0u8; 16];
