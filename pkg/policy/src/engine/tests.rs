@@ -369,6 +369,23 @@ fn remote(name: &str, ip: &str) -> Arc<PolicyPod> {
     })
 }
 
+/// Pod `name` of namespace `x` on node n2, at `ip`, labelled `role`.
+fn remote_as(name: &str, ip: &str, role: &str) -> Arc<PolicyPod> {
+    let mut p = (*remote(name, ip)).clone();
+    p.labels = [("role".to_string(), role.to_string())].into();
+    Arc::new(p)
+}
+
+/// Adds a policy that lets pods labelled `role: client` into every pod of `x`.
+fn letting_clients_in(cluster: &Cluster) {
+    cluster.change(|o| {
+        o.policies.push(policy(
+            "from-clients",
+            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
+        ));
+    });
+}
+
 /// A synced cluster whose one policy lets every pod of namespace `x` in from any other.
 fn allowing_all_within_x() -> Arc<Cluster> {
     let cluster = Cluster::new(true);
@@ -434,22 +451,8 @@ async fn a_listing_is_the_same_pods_in_any_order_but_not_with_one_twice() {
 #[tokio::test]
 async fn an_add_after_pods_elsewhere_moved_is_still_added_alone() {
     let cluster = Cluster::new(true);
-    let remote = |name: &str, ip: &str| {
-        Arc::new(PolicyPod {
-            namespace: "x".into(),
-            name: name.into(),
-            labels: [("role".to_string(), "client".to_string())].into(),
-            ips: vec![ip.parse().unwrap()],
-            node: "n2".into(),
-            ..PolicyPod::default()
-        })
-    };
-    cluster.change(|o| {
-        o.policies.push(policy(
-            "from-clients",
-            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
-        ));
-    });
+    let remote = |name: &str, ip: &str| remote_as(name, ip, "client");
+    letting_clients_in(&cluster);
     let (e, k, _, pods) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
     e.pass(true).await.unwrap();
     cluster.change(|o| o.pods.push(remote("r", "10.0.9.1")));
@@ -485,22 +488,8 @@ async fn an_add_after_pods_elsewhere_moved_is_still_added_alone() {
 #[tokio::test]
 async fn pods_elsewhere_change_elements_only() {
     let cluster = Cluster::new(true);
-    let remote = |name: &str, ip: &str, role: &str| {
-        Arc::new(PolicyPod {
-            namespace: "x".into(),
-            name: name.into(),
-            labels: [("role".to_string(), role.to_string())].into(),
-            ips: vec![ip.parse().unwrap()],
-            node: "n2".into(),
-            ..PolicyPod::default()
-        })
-    };
-    cluster.change(|o| {
-        o.policies.push(policy(
-            "from-clients",
-            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
-        ));
-    });
+    let remote = remote_as;
+    letting_clients_in(&cluster);
     let (e, k, _) = engine(cluster.clone(), vec![local("a", "10.0.0.1")]);
     e.pass(true).await.unwrap();
     cluster.change(|o| o.pods.push(remote("r", "10.0.9.1", "client")));
