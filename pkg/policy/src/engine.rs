@@ -658,7 +658,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             return Ok(PassOutcome::default());
         }
         let listing = (self.local)().await?;
-        let local = Self::with_extra(self.merge_pending(state, &listing).to_vec(), extra);
+        let local = Self::with_extra(Arc::unwrap_or_clone(self.merge_pending(state, &listing)), extra);
         let view = self.view(&objects, &local);
         self.report(&view, state);
         let desired = Arc::new(plan(&view));
