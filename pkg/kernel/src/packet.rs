@@ -123,7 +123,9 @@ pub(crate) fn raise_pair(
     pod_end: &str,
     pod_up: bool,
 ) -> Result<(), KernelError> {
-    if let Err(e) = sysctl::write(&format!("net/ipv6/conf/{node_end}/disable_ipv6"), "1") {
+    // A node end made in a shard has IPv6 off already (the shard's default): then it
+    // is only read.
+    if let Err(e) = sysctl::ensure(&format!("net/ipv6/conf/{node_end}/disable_ipv6"), "1") {
         tracing::debug!(node_end, error = %e, "could not turn IPv6 off on a node end");
     }
     let missing = |name: &str| KernelError::os(name.to_string(), std::io::Error::from_raw_os_error(libc::ENODEV));

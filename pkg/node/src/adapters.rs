@@ -229,8 +229,49 @@ impl weft_daemon::PolicyHook for EnginePolicy {
     }
 }
 
-/// A listing of the node's pods and the store's pods version it was read at.
-type Listing = (i64, Arc<Vec<weft_policy::LocalPod>>);
+/// A listing of the node's pods, the store's pods version it was read at, and each of
+/// its pods as the store listed it (what it was made from).
+struct Listing {
+    version: i64,
+    pods: weft_policy::LocalListing,
+    from: Vec<Arc<weft_store::ReadyPod>>,
+}
+
+/// The store's pod as network policy knows it.
+fn local_pod(a: &weft_store::ReadyPod) -> weft_policy::LocalPod {
+    weft_policy::LocalPod {
+        namespace: if a.pod.namespace.is_empty() {
+            "default".into()
+        } else {
+            a.pod.namespace.clone()
+        },
+        name: a.pod.name.clone(),
+        ips: a.addresses.clone(),
+        host_ifname: a.host_ifname.clone(),
+    }
+}
+
+/// The listing of `ready` (the store's, in its order), taking each pod from `last`
+/// where the store's is the very same `Arc` as there (unchanged): made anew at every
+/// ADD, it copies only the pods that changed. Telling them by address is sound because
+/// `last` holds its store pods alive: no pod of `ready` can have been allocated where
+/// one of them was.
+fn relist(
+    ready: Vec<Arc<weft_store::ReadyPod>>,
+    last: Option<&Listing>,
+) -> (weft_policy::LocalListing, Vec<Arc<weft_store::ReadyPod>>) {
+    let known: std::collections::HashMap<*const weft_store::ReadyPod, &Arc<weft_policy::LocalPod>> = last
+        .map(|l| l.from.iter().map(Arc::as_ptr).zip(l.pods.iter()).collect())
+        .unwrap_or_default();
+    let pods = ready
+        .iter()
+        .map(|a| match known.get(&Arc::as_ptr(a)) {
+            Some(p) => Arc::clone(p),
+            None => Arc::new(local_pod(a)),
+        })
+        .collect();
+    (Arc::new(pods), ready)
+}
 
 /// The store as the policy engine's source of this node's pods: every ready attachment
 /// of the pod network (`eth0`), as [`weft_daemon::PolicyHook`] sees them.
@@ -242,7 +283,7 @@ pub fn policed_pods(store: Store) -> weft_policy::LocalPods {
     Arc::new(move || {
         let (store, last) = (store.clone(), last.clone());
         Box::pin(async move {
-            let mut known = last.lock().expect("listing lock").as_ref().map(|(v, _)| *v);
+            let mut known = last.lock().expect("listing lock").as_ref().map(|l| l.version);
             loop {
                 let (version, ready) = store
                     .run(move |db| {
@@ -257,7 +298,7 @@ pub fn policed_pods(store: Store) -> weft_policy::LocalPods {
                 let mut last = last.lock().expect("listing lock");
                 let Some(ready) = ready else {
                     match last.as_ref() {
-                        Some((v, pods)) if *v == version => return Ok(pods.clone()),
+                        Some(l) if l.version == version => return Ok(l.pods.clone()),
                         // Another listing replaced it meanwhile: read the pods.
                         _ => {
                             known = None;
@@ -265,22 +306,12 @@ pub fn policed_pods(store: Store) -> weft_policy::LocalPods {
                         }
                     }
                 };
-                let pods: Arc<Vec<weft_policy::LocalPod>> = Arc::new(
-                    ready
-                        .into_iter()
-                        .map(|a| weft_policy::LocalPod {
-                            namespace: if a.pod.namespace.is_empty() {
-                                "default".into()
-                            } else {
-                                a.pod.namespace
-                            },
-                            name: a.pod.name,
-                            ips: a.addresses,
-                            host_ifname: a.host_ifname,
-                        })
-                        .collect(),
-                );
-                *last = Some((version, pods.clone()));
+                let (pods, from) = relist(ready, last.as_ref());
+                *last = Some(Listing {
+                    version,
+                    pods: pods.clone(),
+                    from,
+                });
                 return Ok(pods);
             }
         })
@@ -335,7 +366,8 @@ mod tests {
     }
 
     /// Asked again with nothing written, the listing is the same `Arc` (the policy
-    /// engine then skips comparing the node's pods); after a write, a new one.
+    /// engine then skips comparing the node's pods); after a write, a new one, which
+    /// shares the pods that did not change with the last.
     #[tokio::test]
     async fn the_policed_pods_listing_is_shared_until_the_store_moves() {
         let dir = tempfile::tempdir().unwrap();
@@ -379,6 +411,9 @@ mod tests {
         assert_eq!(after.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["p1", "p2"]);
         assert_eq!(after[1].host_ifname, "hp2");
         assert_eq!(after[1].ips.len(), 1, "{after:?}");
+        // The pod that did not change is shared with the last listing, not copied.
+        assert!(Arc::ptr_eq(&first[0], &after[0]));
+        assert_eq!(*after[0], *first[0]);
     }
 
     #[tokio::test]

@@ -34,7 +34,12 @@ use crate::plan::{Desired, plan};
 /// This node's pods, read at each pass (from the store). A listing that returns the
 /// same `Arc` as the one before says nothing changed, so a pass of other nodes' pods
 /// need not compare the node's pods one by one (a new `Arc` is always safe).
-pub type LocalPods = Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<Vec<LocalPod>>, String>> + Send + Sync>;
+pub type LocalPods = Arc<dyn Fn() -> BoxFuture<'static, Result<LocalListing, String>> + Send + Sync>;
+
+/// A listing of this node's pods. Each pod is shared: a source lists them again at
+/// every change of the node's pods (each ADD of a bring-up), and a pod that did not
+/// change is the same `Arc` in the next listing rather than a copy.
+pub type LocalListing = Arc<Vec<Arc<LocalPod>>>;
 
 /// How the engine runs.
 #[derive(Debug, Clone)]
@@ -81,7 +86,7 @@ struct State {
     /// The listing of this node's pods (and `pending` as it then stood, by its
     /// `pending_epoch`) that the last plan's view was built from or found to hold: while
     /// both stand, a pass of pods only takes the node's pods as unchanged.
-    local_confirmed: Option<(Arc<Vec<LocalPod>>, u64)>,
+    local_confirmed: Option<(LocalListing, u64)>,
     /// Moves whenever `pending` changes.
     pending_epoch: u64,
     /// Pods of other nodes announced by them before the API has their addresses.
@@ -521,7 +526,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     /// With nothing pending (an ADD's pod is pending only until its attachment is ready)
     /// it is `listing` itself: a pass after every ADD of a bring-up would otherwise copy
     /// the node's pods.
-    fn merge_pending(&self, state: &mut State, listing: &Arc<Vec<LocalPod>>) -> Arc<Vec<LocalPod>> {
+    fn merge_pending(&self, state: &mut State, listing: &LocalListing) -> LocalListing {
         let before = state.pending.len();
         for ifname in std::mem::take(&mut *self.detached.lock().expect("detached lock")) {
             state.pending.remove(&ifname);
@@ -540,18 +545,18 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         }
         let mut local = listing.to_vec();
         for (p, _) in state.pending.values() {
-            local.push(p.clone());
+            local.push(Arc::new(p.clone()));
         }
         Arc::new(local)
     }
 
     /// Whether `local` holds the pods `view` has, no more and no fewer: compared in
     /// name order, without a lookup (and its key's copy) per pod.
-    fn same_local(local: &[LocalPod], view: &BTreeMap<(String, String), LocalPod>) -> bool {
+    fn same_local(local: &[Arc<LocalPod>], view: &BTreeMap<(String, String), LocalPod>) -> bool {
         if local.len() != view.len() {
             return false;
         }
-        let mut sorted: Vec<&LocalPod> = local.iter().collect();
+        let mut sorted: Vec<&LocalPod> = local.iter().map(|p| &**p).collect();
         sorted.sort_unstable_by(|a, b| {
             (a.namespace.as_str(), a.name.as_str()).cmp(&(b.namespace.as_str(), b.name.as_str()))
         });
@@ -562,16 +567,16 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     }
 
     /// `local` with `extra` (the pod being attached now) in place of any of its name.
-    fn with_extra(mut local: Vec<LocalPod>, extra: Option<&LocalPod>) -> Vec<LocalPod> {
+    fn with_extra(mut local: Vec<Arc<LocalPod>>, extra: Option<&LocalPod>) -> Vec<Arc<LocalPod>> {
         if let Some(p) = extra {
             local.retain(|l| l.host_ifname != p.host_ifname);
-            local.push(p.clone());
+            local.push(Arc::new(p.clone()));
         }
         local
     }
 
     /// The view a pass plans from `objects`, with this node's pods `local`.
-    fn view(&self, objects: &PolicyObjects, local: &[LocalPod]) -> ClusterView {
+    fn view(&self, objects: &PolicyObjects, local: &[Arc<LocalPod>]) -> ClusterView {
         let nodes: Vec<NodeInfo> = self
             .source
             .nodes()
@@ -582,7 +587,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
                 name: n.name,
             })
             .collect();
-        let mut v = ClusterView::new(objects, &self.cfg.node_name, local, &nodes);
+        let mut v = ClusterView::new(objects, &self.cfg.node_name, local.iter().map(|p| &**p), &nodes);
         v.learnt = self.learnt.clone();
         v
     }

@@ -207,7 +207,12 @@ static EMPTY: std::sync::LazyLock<Labels> = std::sync::LazyLock::new(Labels::new
 impl ClusterView {
     /// The view of `objects` from node `node` (name) running `local`, in a cluster of
     /// `nodes`.
-    pub fn new(objects: &PolicyObjects, node: &str, local: &[LocalPod], nodes: &[NodeInfo]) -> Self {
+    pub fn new<'a>(
+        objects: &PolicyObjects,
+        node: &str,
+        local: impl IntoIterator<Item = &'a LocalPod>,
+        nodes: &[NodeInfo],
+    ) -> Self {
         let mut v = ClusterView {
             node: node.to_string(),
             ..ClusterView::default()

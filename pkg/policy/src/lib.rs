@@ -26,7 +26,8 @@ pub mod selector;
 pub use cnp::{ClusterPeer, ClusterPolicy, ClusterRule};
 pub use denies::{DenyEvent, DenyLog, Flow};
 pub use engine::{
-    Announced, Announcer, Config, Explanation, Latest, LocalPods, PassOutcome, PolicyEngine, Status, Taken,
+    Announced, Announcer, Config, Explanation, Latest, LocalListing, LocalPods, PassOutcome, PolicyEngine, Status,
+    Taken,
 };
 pub use eval::{ClusterDecision, ClusterView, Endpoint, L4, LocalPod, NodeInfo, RuleRef, SideVerdict, Verdict};
 pub use kernel::{LearntElement, NftKernel, PolicyKernel};

@@ -52,7 +52,7 @@ async fn a_reported_address_in_a_directory_costs_no_full_pass() {
     let local: Arc<Mutex<Vec<LocalPod>>> = Arc::default();
     let l = local.clone();
     let pods: LocalPods = Arc::new(move || {
-        let v = l.lock().unwrap().clone();
+        let v = l.lock().unwrap().iter().cloned().map(Arc::new).collect();
         Box::pin(async move { Ok(Arc::new(v)) })
     });
     let kernel = Recorder::default();

@@ -146,9 +146,9 @@ fn engine_with(
     let local = Arc::new(Mutex::new(local));
     let handle = local.clone();
     // As the store's listing: the same `Arc` while the pods are unchanged.
-    let last: Mutex<Arc<Vec<LocalPod>>> = Mutex::default();
+    let last: Mutex<LocalListing> = Mutex::default();
     let pods: LocalPods = Arc::new(move || {
-        let now = local.lock().unwrap().clone();
+        let now: Vec<Arc<LocalPod>> = local.lock().unwrap().iter().cloned().map(Arc::new).collect();
         let mut last = last.lock().unwrap();
         if **last != now {
             *last = Arc::new(now);
@@ -548,7 +548,7 @@ async fn a_topology_change_is_no_change_of_the_nodes() {
     let counter = listed.clone();
     let pods: LocalPods = Arc::new(move || {
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Box::pin(async { Ok(Arc::new(vec![local("a", "10.0.0.1")])) })
+        Box::pin(async { Ok(Arc::new(vec![Arc::new(local("a", "10.0.0.1"))])) })
     });
     let e = engine_over(
         cluster.clone(),

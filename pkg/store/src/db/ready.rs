@@ -14,6 +14,7 @@
 //! logs, so a listing never counts as a write.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use rusqlite::params;
@@ -34,8 +35,9 @@ pub(crate) struct ReadyCache {
     version: i64,
     /// The last log entry taken in.
     seq: i64,
-    /// The pods by attachment id (the listing's order).
-    pods: BTreeMap<i64, ReadyPod>,
+    /// The pods by attachment id (the listing's order), each shared with the listings
+    /// handed out: a pod that did not change is the same `Arc` from one to the next.
+    pods: BTreeMap<i64, Arc<ReadyPod>>,
 }
 
 /// The log and its triggers, made on a connection when it first lists its pods (a
@@ -108,8 +110,10 @@ impl Db {
     /// host interface and addresses, in attachment order: what a reader of the node's
     /// pods needs (network policy reads them at every change of the cluster's pods).
     /// Kept between calls and brought up to date from the attachments written since
-    /// (see the module documentation): the same answer as a read of every row.
-    pub fn ready_pods(&mut self, ifname: &str) -> Result<Vec<ReadyPod>, StoreError> {
+    /// (see the module documentation): the same answer as a read of every row. Each pod
+    /// is shared with the cache, so a listing costs a pointer per pod, and a pod that
+    /// did not change since the last listing is the very same `Arc` in this one.
+    pub fn ready_pods(&mut self, ifname: &str) -> Result<Vec<Arc<ReadyPod>>, StoreError> {
         let version = self.pods_version()?;
         if let Some(c) = &self.ready_cache
             && c.ifname == ifname
@@ -168,7 +172,7 @@ impl Db {
             c.pods.remove(&id);
             // Inserted one by one: `append` would build the whole map again.
             for (id, pod) in self.read(ONE, params![c.ifname, id])? {
-                c.pods.insert(id, pod);
+                c.pods.insert(id, Arc::new(pod));
             }
         }
         c.version = version;
@@ -186,7 +190,9 @@ impl Db {
             ifname: ifname.to_string(),
             version,
             seq: seq.unwrap_or(0),
-            pods: self.read(EVERY, params![ifname])?,
+            pods: (self.read(EVERY, params![ifname])?.into_iter())
+                .map(|(id, pod)| (id, Arc::new(pod)))
+                .collect(),
         })
     }
 

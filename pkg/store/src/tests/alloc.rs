@@ -339,7 +339,7 @@ fn ready_pods_are_the_ready_attachments_of_the_interface_in_brief() {
     let a = created(db.begin_add(&nameless).unwrap());
     db.finish_add(a.id, "{}", &[]).unwrap();
 
-    let brief = db.ready_pods("eth0").unwrap();
+    let brief: Vec<ReadyPod> = db.ready_pods("eth0").unwrap().iter().map(|p| (**p).clone()).collect();
     let full: Vec<ReadyPod> = db
         .list(None, Some(State::Ready))
         .unwrap()
@@ -367,16 +367,24 @@ fn ready_pods_are_the_ready_attachments_of_the_interface_in_brief() {
 fn ready_pods_follow_every_write_of_what_they_read() {
     let (_dir, mut db) = open();
     let ranges = ["10.244.0.0/24"];
-    let names =
-        |db: &mut Db| -> Vec<String> { db.ready_pods("eth0").unwrap().into_iter().map(|p| p.pod.name).collect() };
+    let names = |db: &mut Db| -> Vec<String> {
+        db.ready_pods("eth0")
+            .unwrap()
+            .iter()
+            .map(|p| p.pod.name.clone())
+            .collect()
+    };
     let a = created(db.begin_add(&spec("c1", &ranges)).unwrap());
     db.finish_add(a.id, "{}", &[]).unwrap();
     assert_eq!(names(&mut db), ["c1"]);
     assert_eq!(names(&mut db), ["c1"], "asked again, unchanged");
+    let before = db.ready_pods("eth0").unwrap();
     let b = created(db.begin_add(&spec("c2", &ranges)).unwrap());
     assert_eq!(names(&mut db), ["c1"], "c2 is not ready yet");
     db.finish_add(b.id, "{}", &[]).unwrap();
     assert_eq!(names(&mut db), ["c1", "c2"]);
+    // c1 did not change: the listing shares it with the one before, it is not copied.
+    assert!(std::sync::Arc::ptr_eq(&before[0], &db.ready_pods("eth0").unwrap()[0]));
     db.begin_del(&spec("c1", &[]).key).unwrap().unwrap();
     assert_eq!(names(&mut db), ["c2"], "a pod being deleted is not listed");
     db.execute_raw("UPDATE attachments SET pod_name = 'renamed' WHERE container_id = 'c2'")

@@ -17,7 +17,7 @@ use weft_topology::Topology;
 
 use super::plan::{self, PodKey};
 use super::records::Records;
-use super::{Engine, LocalPod};
+use super::{Engine, Pods};
 use crate::convert;
 use crate::error::WireError;
 use crate::kernel::WireKernel;
@@ -117,7 +117,7 @@ pub(crate) struct PassState {
     /// Whether the last pass failed (the next looks at every pod).
     pub(crate) failed: bool,
     /// The pods alive (attached, their namespace there) as the last pass saw them.
-    pub(crate) alive: Arc<BTreeMap<PodKey, LocalPod>>,
+    pub(crate) alive: Pods,
     /// How many links of the pods the pass reported are in each phase (the `links`
     /// gauge), kept as they move rather than counted over every link at each pass.
     pub(crate) link_counts: LinkCounts,
@@ -191,9 +191,9 @@ impl PassState {
     /// The pods that came or went since the last pass (attached or detached, or their
     /// namespace appeared or vanished without either), noting `now` as alive: the local
     /// pods linked to one follow in the same pass.
-    pub(crate) fn came_or_went(&mut self, now: &Arc<BTreeMap<PodKey, LocalPod>>) -> BTreeSet<PodKey> {
+    pub(crate) fn came_or_went(&mut self, now: &Pods) -> BTreeSet<PodKey> {
         // The same map as last time (no ADD, DEL or vanished namespace since): nothing.
-        if Arc::ptr_eq(&self.alive, now) {
+        if self.alive.ptr_eq(now) {
             return BTreeSet::new();
         }
         // Both are ordered by pod: one walk side by side, not a lookup of each pod in
@@ -422,19 +422,17 @@ impl<P: GrpcPlane> Cx<'_, P> {
 mod tests {
     use super::*;
 
-    fn pods(names: &[&str]) -> Arc<BTreeMap<PodKey, LocalPod>> {
-        Arc::new(
-            names
-                .iter()
-                .map(|n| {
-                    let pod = LocalPod {
-                        netns: format!("/run/netns/{n}"),
-                        container_id: n.to_string(),
-                    };
-                    (("lab".to_string(), n.to_string()), pod)
-                })
-                .collect(),
-        )
+    fn pods(names: &[&str]) -> Pods {
+        names
+            .iter()
+            .map(|n| {
+                let pod = crate::LocalPod {
+                    netns: format!("/run/netns/{n}"),
+                    container_id: n.to_string(),
+                };
+                (("lab".to_string(), n.to_string()), pod)
+            })
+            .collect()
     }
 
     fn keys(names: &[&str]) -> BTreeSet<PodKey> {

@@ -54,6 +54,7 @@ use weft_topology::{Link, LinkKind, TopologySource, TopologyStatus};
 
 pub use carrier::{Carrier, Carriers, Far};
 pub use cx::Cx;
+pub(crate) use plan::Pods;
 
 use crate::dataplane::DataPlane;
 use crate::error::WireError;
@@ -193,9 +194,9 @@ pub struct Engine<P = DataPlane> {
     new_plane: PlaneFactory<P>,
     /// The data plane, made once this node's address is known.
     plane: OnceLock<Arc<P>>,
-    /// The pods the daemon attached: ADD and DEL write (a new map each time), the
-    /// pass and the `Ends` service read (a pass takes the map, not a copy of it).
-    pods: Mutex<Arc<BTreeMap<PodKey, LocalPod>>>,
+    /// The pods the daemon attached: ADD and DEL write, the pass and the `Ends`
+    /// service read (a pass takes the map, not a copy of it).
+    pods: Mutex<Pods>,
     /// Requests for passes (any path) and the passes done (the run task).
     passes: Passes,
     /// Why an end's emulation is not in force, per end that has a reason: the pass
@@ -327,7 +328,7 @@ impl<P: GrpcPlane> Engine<P> {
             carriers: seams.carriers,
             new_plane: seams.plane,
             plane: OnceLock::new(),
-            pods: Mutex::new(Arc::new(pods)),
+            pods: Mutex::new(pods.into_iter().collect()),
             passes: Passes::new(),
             problems: Mutex::default(),
             sampled: Mutex::default(),
@@ -354,7 +355,7 @@ impl<P: GrpcPlane> Engine<P> {
     }
 
     /// The pods the daemon attached, as they are now.
-    fn pods(&self) -> Arc<BTreeMap<PodKey, LocalPod>> {
+    fn pods(&self) -> Pods {
         self.pods.lock().expect("pods lock").clone()
     }
 
@@ -375,7 +376,10 @@ impl<P: GrpcPlane> Engine<P> {
 
     /// A pod of this node was attached: wires it and waits for the pass that did it.
     pub async fn pod_added(&self, namespace: &str, name: &str, pod: LocalPod) {
-        Arc::make_mut(&mut self.pods.lock().expect("pods lock")).insert((namespace.into(), name.into()), pod);
+        self.pods
+            .lock()
+            .expect("pods lock")
+            .insert((namespace.into(), name.into()), pod);
         // A pod no Topology names, its own or another pod's as a peer, has no link for a
         // pass to build: every pod of a cluster that is not a lab. Its ADD does not wait
         // for a pass (0.2 ms); the next pass notes it all the same, and a Topology that
@@ -402,7 +406,7 @@ impl<P: GrpcPlane> Engine<P> {
             let mut pods = self.pods.lock().expect("pods lock");
             let key = (namespace.to_string(), name.to_string());
             match pods.get(&key) {
-                Some(p) if p.container_id == container_id => Arc::make_mut(&mut pods).remove(&key).is_some(),
+                Some(p) if p.container_id == container_id => pods.remove(&key).is_some(),
                 _ => false,
             }
         };

@@ -27,7 +27,7 @@ use super::cx::{Cx, LinkCounts, PassState};
 use super::emulate::Visit;
 use super::plan::{self, Attempt, PodKey, Want};
 use super::records::Records;
-use super::{Engine, LocalLink, LocalPod};
+use super::{Engine, LocalLink, Pods};
 use crate::error::WireError;
 use crate::ids::wire_id;
 use crate::metrics::{LinkStateLabels, PassLabels};
@@ -158,9 +158,11 @@ impl<P: GrpcPlane> Engine<P> {
             if gone.is_empty() {
                 attached
             } else {
-                let mut alive = (*attached).clone();
-                alive.retain(|k, _| !gone.contains(&k));
-                Arc::new(alive)
+                let mut alive = attached.clone();
+                for k in gone {
+                    alive.remove(k);
+                }
+                alive
             }
         };
         seeds.extend(st.came_or_went(&pods));
@@ -382,7 +384,7 @@ impl<P: GrpcPlane> Engine<P> {
     async fn report_links(
         &self,
         me: IpAddr,
-        pods: &BTreeMap<PodKey, LocalPod>,
+        pods: &Pods,
         scope: &BTreeSet<PodKey>,
         departed: &[&PodKey],
         records: &Records,

@@ -145,7 +145,7 @@ fn same_node_a_link_only_one_side_lists_is_built_by_that_side() {
     );
 }
 
-fn local(pods: &[&str]) -> BTreeMap<PodKey, LocalPod> {
+fn local(pods: &[&str]) -> Pods {
     pods.iter()
         .map(|p| (("lab".to_string(), p.to_string()), pod(p)))
         .collect()
