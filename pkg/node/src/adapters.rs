@@ -140,17 +140,13 @@ fn pods_of(attachments: Vec<weft_store::Attachment>) -> BTreeMap<(String, String
 }
 
 /// The pod ranges of this node's network configs (every range the store has seen):
-/// the masquerade keeps them inside the pod network too.
+/// the masquerade keeps them inside the pod network too. Read at each of the node
+/// network's passes, so the ranges alone, not their usage (a count of every pod's
+/// address).
 pub fn local_ranges(store: Store) -> weft_nodenet::LocalRanges {
     Arc::new(move || {
         let store = store.clone();
-        Box::pin(async move {
-            store
-                .run(|db| db.range_usage())
-                .await
-                .map(|u| u.into_iter().map(|r| r.range).collect())
-                .unwrap_or_default()
-        })
+        Box::pin(async move { store.run(|db| db.ranges()).await.unwrap_or_default() })
     })
 }
 

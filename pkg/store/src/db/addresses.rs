@@ -33,6 +33,22 @@ impl Db {
         Ok(out)
     }
 
+    /// Every range the store knows, in the order it first saw them: what a reader of the
+    /// node's pod ranges needs, without [`Db::range_usage`]'s count of each range's
+    /// allocations (a row per pod: the node network asks at each of its passes).
+    pub fn ranges(&mut self) -> Result<Vec<IpNet>, StoreError> {
+        let mut stmt = self.conn.prepare_cached("SELECT cidr FROM ranges ORDER BY id")?;
+        let cidrs = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for cidr in cidrs {
+            // As `range_usage`: a row that does not parse is not a range.
+            if let Ok(range) = cidr?.parse::<IpNet>() {
+                out.push(range);
+            }
+        }
+        Ok(out)
+    }
+
     /// Usage of the given ranges (ranges the store has not seen yet count as empty).
     pub fn usage_of(&mut self, ranges: &[IpNet]) -> Result<Vec<RangeUsage>, StoreError> {
         let mut out = Vec::with_capacity(ranges.len());

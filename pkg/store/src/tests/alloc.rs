@@ -115,6 +115,18 @@ fn usage_counts_allocations() {
     assert_eq!(all[0].capacity, 1);
 }
 
+/// The ranges alone are the ranges `range_usage` counts, in the same order.
+#[test]
+fn ranges_are_the_ranges_usage_counts() {
+    let (_d, mut db) = open();
+    assert!(db.ranges().unwrap().is_empty());
+    created(db.begin_add(&spec("a", &["10.0.0.0/30", "fd00:1::/64"])).unwrap());
+    created(db.begin_add(&spec("b", &["10.1.0.0/24"])).unwrap());
+    let usage: Vec<ipnet::IpNet> = db.range_usage().unwrap().into_iter().map(|u| u.range).collect();
+    assert_eq!(usage.len(), 3, "{usage:?}");
+    assert_eq!(db.ranges().unwrap(), usage);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_adds_through_the_writer_never_share_an_address() {
     let dir = tempfile::tempdir().unwrap();
