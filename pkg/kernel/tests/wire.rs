@@ -100,6 +100,17 @@ fn a_veth_wire_joins_two_pods() {
     let node = TempNetns::new();
     let (a, b) = (TempNetns::new(), TempNetns::new());
     joined(&node, &a, &b, "12");
+    // One queue each way on both ends, as asked (the kernel's default is one per
+    // possible CPU, cut to one in use after a wait under the rtnl lock).
+    for (t, name) in [(&a, "e1"), (&b, "e2")] {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", t.path().display()))
+            .args(["ip", "-d", "-o", "link", "show", name])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("numtxqueues 1 numrxqueues 1 "), "{name}: {text}");
+    }
     assert!(tcp_echo(&b, &a, "12.0.0.2:7000"));
     // Counters come from the kernel.
     let mut s = wire::socket_in(&ns(&a)).unwrap();

@@ -147,11 +147,23 @@ fn to_link(l: LinkMessage) -> Link {
 impl Netlink {
     /// Creates the veth pair `pair` with one request: each end is born in its own
     /// namespace (`netns`), so nothing moves between namespaces afterwards.
+    ///
+    /// Both ends get one transmit and one receive queue, the number a veth uses
+    /// anyway. Asked for nothing, the kernel allocates a queue of each per possible
+    /// CPU (with a sysfs entry each) and then cuts the real count to one, and that
+    /// cut waits for an expedited RCU grace period while holding the rtnl lock, which
+    /// every other link, address and route change of the machine waits behind. At a
+    /// lab's thousands of veths those waits left the processors idle
+    /// (docs/BENCHMARKS.md, "Lab scale"). What is lost: raising a veth's channels
+    /// later (`ethtool -L`), which weft never does.
     pub fn create_veth(&mut self, pair: &VethPair<'_>) -> io::Result<()> {
+        let one_queue = [LinkAttribute::NumTxQueues(1), LinkAttribute::NumRxQueues(1)];
         let mut peer_msg = LinkMessage::default();
         peer_msg.attributes = pair.peer.attributes(pair.mtu);
+        peer_msg.attributes.extend(one_queue.iter().cloned());
         let mut msg = LinkMessage::default();
         msg.attributes = pair.local.attributes(pair.mtu);
+        msg.attributes.extend(one_queue);
         if let Some(alias) = pair.alias {
             msg.attributes.push(LinkAttribute::IfAlias(alias.to_string()));
         }
