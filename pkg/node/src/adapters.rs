@@ -125,11 +125,7 @@ fn pods_of(attachments: Vec<weft_store::Attachment>) -> BTreeMap<(String, String
         .into_iter()
         .filter(|a| !a.pod.name.is_empty())
         .map(|a| {
-            let ns = if a.pod.namespace.is_empty() {
-                "default".to_string()
-            } else {
-                a.pod.namespace
-            };
+            let ns = a.pod.namespace_or_default().to_string();
             let pod = LocalPod {
                 netns: a.netns,
                 container_id: a.key.container_id,
@@ -236,11 +232,7 @@ struct Listing {
 /// The store's pod as network policy knows it.
 fn local_pod(a: &weft_store::ReadyPod) -> weft_policy::LocalPod {
     weft_policy::LocalPod {
-        namespace: if a.pod.namespace.is_empty() {
-            "default".into()
-        } else {
-            a.pod.namespace.clone()
-        },
+        namespace: a.pod.namespace_or_default().to_string(),
         name: a.pod.name.clone(),
         ips: a.addresses.clone(),
         host_ifname: a.host_ifname.clone(),

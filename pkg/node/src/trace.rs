@@ -122,12 +122,9 @@ pub fn local_pods(store: weft_store::Store) -> LocalPodLookup {
             Ok(ready
                 .into_iter()
                 .find(|a| {
-                    let ns = if a.pod.namespace.is_empty() {
-                        "default"
-                    } else {
-                        &a.pod.namespace
-                    };
-                    a.key.ifname == weft_daemon::POLICED_IFNAME && ns == namespace && a.pod.name == name
+                    a.key.ifname == weft_daemon::POLICED_IFNAME
+                        && a.pod.namespace_or_default() == namespace
+                        && a.pod.name == name
                 })
                 .map(|a| (a.netns, a.addresses.iter().map(|x| x.address).collect())))
         })

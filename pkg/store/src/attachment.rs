@@ -45,6 +45,17 @@ pub struct PodRef {
 }
 
 impl PodRef {
+    /// The pod's namespace as Kubernetes names it: `default` when the runtime gave
+    /// none (the API server puts a pod created without one there), so a pod is the
+    /// same to policy, wires and traces whether its runtime said `default` or nothing.
+    pub fn namespace_or_default(&self) -> &str {
+        if self.namespace.is_empty() {
+            "default"
+        } else {
+            &self.namespace
+        }
+    }
+
     /// The pod for people: `pod namespace/name`, `pod name` when the runtime gave no
     /// namespace (podman), or `container <id>` when it gave no name either.
     pub fn describe(&self, container_id: &str) -> String {

@@ -115,11 +115,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// The pod network policy sees for `att`, if policy applies to it.
     fn policed(att: &Attachment) -> Option<PolicedPod> {
         (att.key.ifname == POLICED_IFNAME && !att.pod.name.is_empty()).then(|| PolicedPod {
-            namespace: if att.pod.namespace.is_empty() {
-                "default".into()
-            } else {
-                att.pod.namespace.clone()
-            },
+            namespace: att.pod.namespace_or_default().to_string(),
             name: att.pod.name.clone(),
             ips: att.addresses.iter().map(|a| a.address).collect(),
             host_ifname: att.host_ifname.clone(),
@@ -197,11 +193,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
 
     fn wired_pod(att: &Attachment) -> Option<WiredPod> {
         (!att.pod.name.is_empty()).then(|| WiredPod {
-            namespace: if att.pod.namespace.is_empty() {
-                "default".into()
-            } else {
-                att.pod.namespace.clone()
-            },
+            namespace: att.pod.namespace_or_default().to_string(),
             name: att.pod.name.clone(),
             netns: att.netns.clone(),
             container_id: att.key.container_id.clone(),

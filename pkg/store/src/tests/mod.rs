@@ -68,3 +68,17 @@ fn open() -> (tempfile::TempDir, Db) {
     let db = Db::open(&dir.path().join("weft.db")).unwrap();
     (dir, db)
 }
+
+#[test]
+fn a_pod_without_a_namespace_is_in_default() {
+    let pod = |namespace: &str| PodRef {
+        namespace: namespace.into(),
+        name: "web".into(),
+        uid: String::new(),
+    };
+    assert_eq!(pod("").namespace_or_default(), "default");
+    assert_eq!(pod("default").namespace_or_default(), "default");
+    assert_eq!(pod("shop").namespace_or_default(), "shop");
+    // What people read keeps telling the two apart: the runtime gave no namespace.
+    assert_eq!(pod("").describe("c1"), "pod web");
+}
