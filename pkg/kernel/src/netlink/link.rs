@@ -153,7 +153,7 @@ impl Netlink {
     /// CPU (with a sysfs entry each) and then cuts the real count to one, and that
     /// cut waits for an expedited RCU grace period while holding the rtnl lock, which
     /// every other link, address and route change of the machine waits behind. At a
-    /// lab's thousands of veths those waits left the processors idle
+    /// lab's thousands of veths those waits took about a sixth of `lab up`
     /// (docs/BENCHMARKS.md, "Lab scale"). What is lost: raising a veth's channels
     /// later (`ethtool -L`), which weft never does.
     pub fn create_veth(&mut self, pair: &VethPair<'_>) -> io::Result<()> {
