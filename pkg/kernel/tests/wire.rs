@@ -15,8 +15,8 @@ fn ns(t: &TempNetns) -> NetNs {
     NetNs::open(t.path()).unwrap()
 }
 
-/// Runs `ip args` inside the namespace.
-fn ip(t: &TempNetns, args: &[&str]) {
+/// Runs `ip args` inside the namespace and returns what it printed.
+fn ip(t: &TempNetns, args: &[&str]) -> String {
     let net = format!("--net={}", t.path().display());
     let out = Command::new("nsenter").arg(net).arg("ip").args(args).output().unwrap();
     assert!(
@@ -24,6 +24,7 @@ fn ip(t: &TempNetns, args: &[&str]) {
         "ip {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn tcp_echo(server: &TempNetns, client: &TempNetns, addr: &str) -> bool {
@@ -103,12 +104,7 @@ fn a_veth_wire_joins_two_pods() {
     // One queue each way on both ends, as asked (the kernel's default is one per
     // possible CPU, cut to one in use after a wait under the rtnl lock).
     for (t, name) in [(&a, "e1"), (&b, "e2")] {
-        let out = Command::new("nsenter")
-            .arg(format!("--net={}", t.path().display()))
-            .args(["ip", "-d", "-o", "link", "show", name])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = ip(t, &["-d", "-o", "link", "show", name]);
         assert!(text.contains("numtxqueues 1 numrxqueues 1 "), "{name}: {text}");
     }
     assert!(tcp_echo(&b, &a, "12.0.0.2:7000"));
