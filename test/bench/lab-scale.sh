@@ -5,10 +5,14 @@
 # node's weftd RSS and open descriptors and counts the kernel objects the lab made per
 # link: the link ends in the pods, the interfaces on the nodes beyond one per pod, and
 # (in the weftd fds) the packet sockets of gRPC ends.
+# Each `up` starts once the machine has been idle (95 %) for 3 seconds in a row, so it
+# does not share the CPUs with the kernel's teardown of the last lab; after it, the
+# CPU seconds the whole machine spent from its start until idle again (what the pods'
+# kernels do for seconds after their interfaces come up included) are read too.
 # Needs root and release binaries (cargo build --release -p weftd -p weft -p weftctl).
 # Not in CI: the 5,000-link size takes minutes and most of the machine.
 #
-#   test/bench/lab-scale.sh 1500:500 5000:1700
+#   test/bench/lab-scale.sh 1500:510 5000:1700    (one shape: 2.94 links a pod)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${WEFT_BIN:-target/release}
@@ -17,7 +21,7 @@ for b in weftd weft weftctl; do
 done
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespaces)" >&2; exit 1; }
 sizes=("$@")
-[ ${#sizes[@]} -gt 0 ] || sizes=(1500:500 5000:1700)
+[ ${#sizes[@]} -gt 0 ] || sizes=(1500:510 5000:1700)
 work=$(mktemp -d /tmp/weft-lab-scale.XXXXXX)
 export WEFT_LAB_DIR="$work/labs"
 # The labs' state (topology directory, statuses, stores) on a tmpfs of the bench's own,
@@ -30,17 +34,36 @@ trap 'for f in "$work"/*.yaml; do [ -e "$f" ] && "$B/weftctl" lab down "$f" >/de
 secs() { # seconds since $1 (from date +%s.%N)
   echo "$(date +%s.%N) - $1" | bc
 }
+busy() { # the machine's busy CPU time so far, in clock ticks
+  awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat
+}
+quiet() { # waits (at most 120 s) until the machine was 95 % idle 3 seconds in a row
+  local n=0 b0 b1 t0 t1
+  for _ in $(seq 1 120); do
+    b0=$(busy) t0=$(awk '/^cpu / {print $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat)
+    sleep 1
+    b1=$(busy) t1=$(awk '/^cpu / {print $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat)
+    if [ $(((b1 - b0) * 100)) -le $(((t1 - t0) * 5)) ]; then n=$((n + 1)); else n=0; fi
+    [ $n -ge 3 ] && return 0
+  done
+  echo "the machine did not become idle in 120 s" >&2
+}
+hz=$(getconf CLK_TCK)
 
-printf '| links | pods | nodes | lab up (s) | lab check (s, 2 runs) | lab down (s) | weftd RSS n1/n2/n3 (MiB) | weftd fds n1/n2/n3 | link interfaces per link: in pods / on nodes | load at start |\n'
-printf '|---:|---:|---:|---:|---:|---:|---|---|---|---|\n'
+printf '| links | pods | nodes | lab up (s) | CPU s from up until idle | lab check (s, 2 runs) | lab down (s) | weftd RSS n1/n2/n3 (MiB) | weftd fds n1/n2/n3 | link interfaces per link: in pods / on nodes | load at start |\n'
+printf '|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|\n'
 for size in "${sizes[@]}"; do
   links=${size%%:*}
   pods=${size##*:}
   name="sc$links"
   file="$work/$name.yaml"
   "$B/weftctl" lab gen --pods "$pods" --links "$links" --nodes 3 --kind grpc --name "$name" -o "$file"
+  quiet
   load=$(cut -d' ' -f1 /proc/loadavg)
+  b=$(busy)
   t=$(date +%s.%N); "$B/weftctl" lab up "$file" > "$work/up.log"; up=$(secs "$t")
+  quiet
+  cpu=$(echo "scale=1; ($(busy) - $b) / $hz" | bc)
   checks=()
   for _ in 1 2; do
     t=$(date +%s.%N); "$B/weftctl" lab check "$file" --within 30 > "$work/check.log"; checks+=("$(secs "$t")")
@@ -65,8 +88,8 @@ for size in "${sizes[@]}"; do
   done
   on_nodes=$((on_nodes - pods - 3))
   t=$(date +%s.%N); "$B/weftctl" lab down "$file" > /dev/null; down=$(secs "$t")
-  printf '| %s | %s | 3 | %.1f | %.1f, %.1f | %.1f | %s | %s | %.2f / %.2f | %s |\n' \
-    "$links" "$pods" "$up" "${checks[0]}" "${checks[1]}" "$down" \
+  printf '| %s | %s | 3 | %.2f | %.1f | %.1f, %.1f | %.1f | %s | %s | %.2f / %.2f | %s |\n' \
+    "$links" "$pods" "$up" "$cpu" "${checks[0]}" "${checks[1]}" "$down" \
     "$(IFS=/; echo "${rss[*]}")" "$(IFS=/; echo "${fds[*]}")" \
     "$(echo "$in_pods / $links" | bc -l)" "$(echo "$on_nodes / $links" | bc -l)" "$load"
 done

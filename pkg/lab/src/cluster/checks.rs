@@ -11,6 +11,12 @@ use weft_topology::WireState;
 use super::{Lab, OUTSIDE_ADDRESS, netns_addresses};
 use crate::spec::PodSpec;
 
+/// How long a check waits for the nodes' wire-state mirrors to name the kind of a link
+/// that answered: a node writes its mirror at most once a second, so a little longer
+/// than that. (Past 1,000 ends a node writes it less often, a millisecond per end
+/// apart, but a check of a lab that size takes longer than that by itself.)
+const MIRROR_WAIT: Duration = Duration::from_millis(1_500);
+
 /// The outcome of checking one link from one side.
 #[derive(Debug, Clone, Serialize)]
 pub struct LinkCheck {
@@ -202,9 +208,19 @@ impl Lab {
                 }
             })
             .collect();
-        // Read after the traffic: a link that answered has been mirrored by now, or
-        // its other end has.
-        let kinds = self.kinds();
+        // Read after the traffic. A node writes its mirror at most once a second (in
+        // the wires' pass), so a link built just before may not be in it yet: read
+        // again, for a little longer than that, while an answering link is missing.
+        let started = std::time::Instant::now();
+        let mut kinds = self.kinds();
+        let missing = |kinds: &BTreeMap<String, String>| {
+            out.iter()
+                .any(|c| c.ok && !kinds.contains_key(&c.from) && !kinds.contains_key(&c.to))
+        };
+        while missing(&kinds) && started.elapsed() < MIRROR_WAIT {
+            std::thread::sleep(Duration::from_millis(50));
+            kinds = self.kinds();
+        }
         for c in &mut out {
             c.kind = kinds
                 .get(&c.from)

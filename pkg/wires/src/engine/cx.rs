@@ -75,6 +75,9 @@ pub(crate) struct PassState {
     pub(crate) mirrored: bool,
     /// When the wire-state resource was last written.
     pub(crate) mirrored_at: Option<Instant>,
+    /// When a write of the wire-state resource held back by the least time between two
+    /// (see `mirror_every`) is due: the run task wakes for it.
+    pub(crate) mirror_due: Option<Instant>,
     /// What each end's emulation (impairment, carrier by intent) was last set to.
     pub(crate) applied: HashMap<u64, Applied>,
     /// Ends recorded built (not pending) that have no entry in `applied` yet, or whose
@@ -196,26 +199,17 @@ impl PassState {
         if self.alive.ptr_eq(now) {
             return BTreeSet::new();
         }
-        // Both are ordered by pod: one walk side by side, not a lookup of each pod in
-        // the other map (this comes at every ADD, over every pod of the node).
-        let mut changed = BTreeSet::new();
-        let (mut was, mut is) = (self.alive.keys().peekable(), now.keys().peekable());
-        loop {
-            let step = match (was.peek(), is.peek()) {
-                (Some(a), Some(b)) => a.cmp(b),
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (None, None) => break,
-            };
-            match step {
-                std::cmp::Ordering::Less => changed.extend(was.next().cloned()),
-                std::cmp::Ordering::Greater => changed.extend(is.next().cloned()),
-                std::cmp::Ordering::Equal => {
-                    was.next();
-                    is.next();
-                }
-            }
-        }
+        // The maps share all but the paths an ADD, DEL or vanished namespace copied:
+        // their difference skips what they share, not a walk over every pod of the
+        // node (this comes at every ADD). A pod replaced in place neither came nor went.
+        let changed = self
+            .alive
+            .diff(now)
+            .filter_map(|d| match d {
+                imbl::ordmap::DiffItem::Add(k, _) | imbl::ordmap::DiffItem::Remove(k, _) => Some(k.clone()),
+                imbl::ordmap::DiffItem::Update { .. } => None,
+            })
+            .collect();
         self.alive = now.clone();
         changed
     }
@@ -520,5 +514,34 @@ mod tests {
             "an equal map"
         );
         assert_eq!(st.came_or_went(&pods(&[])), keys(&["a", "b", "e", "f", "g"]));
+    }
+
+    /// A map derived from the last one (as the engine's is: ADDs and DELs change a
+    /// copy that shares the rest) tells exactly the pods added and removed, wherever
+    /// they fall among many; a pod replaced in place is neither.
+    #[test]
+    fn came_or_went_of_a_derived_map() {
+        let mut st = PassState::default();
+        let names: Vec<String> = (0..500).map(|i| format!("p{i:03}")).collect();
+        let base = pods(&names.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(st.came_or_went(&base).len(), 500);
+        let mut next = base.clone();
+        next.remove(&("lab".to_string(), "p000".to_string()));
+        next.remove(&("lab".to_string(), "p250".to_string()));
+        next.insert(
+            ("lab".to_string(), "p250x".to_string()),
+            pods(&["p250x"]).values().next().unwrap().clone(),
+        );
+        next.insert(
+            ("lab".to_string(), "p999".to_string()),
+            pods(&["p999"]).values().next().unwrap().clone(),
+        );
+        let moved = crate::LocalPod {
+            netns: "/run/netns/elsewhere".into(),
+            container_id: "p100".into(),
+        };
+        next.insert(("lab".to_string(), "p100".to_string()), moved);
+        assert_eq!(st.came_or_went(&next), keys(&["p000", "p250", "p250x", "p999"]));
+        assert_eq!(st.came_or_went(&next), keys(&[]), "the same map");
     }
 }

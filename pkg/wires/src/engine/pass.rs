@@ -38,18 +38,18 @@ use crate::plane::GrpcPlane;
 /// this much later at most.
 const SETTLE: Duration = Duration::from_millis(20);
 
-/// The least time between two writes of the wire-state resource while passes are
-/// asked for faster than they finish (a bring-up: at thousands of ends each write is
-/// the whole list, and pods arrive many a second). A pass of every pod, or one after
-/// which nothing more was asked, writes at once, so the resource is current as soon as
-/// the node is quiet.
+/// The least time between two writes of the wire-state resource: each write is the
+/// whole list, and in a bring-up pods arrive many a second. A write held back by it is
+/// made when the time is up (the run task wakes for it), so the resource is current
+/// at most this long after the node's last change; a pass of every pod writes at once.
 const MIRROR_EVERY: Duration = Duration::from_secs(1);
 
 /// The least time between two such writes of `ends` ends: [`MIRROR_EVERY`], or a
-/// millisecond per end when longer. Each write is the whole list, so a busy node
-/// writes at most 1,000 ends a second whatever its size: the writes of a bring-up cost
-/// in proportion to its duration (at half a millisecond per end, a node of 3,300 ends
-/// wrote twice as many ends a second as one of 1,000).
+/// millisecond per end when longer. Each write is the whole list, so a node writes at
+/// most 1,000 ends a second whatever its size: the writes of a bring-up cost in
+/// proportion to its duration. (Written at once whenever no more passes were asked
+/// for, a node of 3,300 ends in a bring-up wrote 20 times in 15 s, one of 1,000 ends
+/// hardly ever: its passes were asked for faster than they ended.)
 fn mirror_every(ends: usize) -> Duration {
     MIRROR_EVERY.max(Duration::from_millis(1).saturating_mul(u32::try_from(ends).unwrap_or(u32::MAX)))
 }
@@ -72,7 +72,7 @@ impl<P: GrpcPlane> Engine<P> {
             let every = st.failed || st.last_full.is_none_or(|t| t.elapsed() >= self.cfg.resync);
             st.failed = false;
             let started = Instant::now();
-            let passed = self.pass(&mut st, every, want).await;
+            let passed = self.pass(&mut st, every).await;
             // A pass asked to look at every pod does, whatever asked it.
             let scope = if every || st.last_full.is_some_and(|t| t >= started) {
                 "every"
@@ -94,6 +94,9 @@ impl<P: GrpcPlane> Engine<P> {
             } else {
                 self.cfg.resync
             };
+            let wait = st
+                .mirror_due
+                .map_or(wait, |d| wait.min(d.saturating_duration_since(Instant::now())));
             tokio::select! {
                 _ = self.passes.kicked() => {}
                 r = changes.changed() => if r.is_err() {
@@ -114,8 +117,8 @@ impl<P: GrpcPlane> Engine<P> {
     }
 
     /// One pass over the links of the pods that moved (of every local pod when `every`
-    /// or asked), see the module documentation; `want` is the last request it covers.
-    async fn pass(&self, st: &mut PassState, every: bool, want: u64) -> Result<(), WireError> {
+    /// or asked), see the module documentation.
+    async fn pass(&self, st: &mut PassState, every: bool) -> Result<(), WireError> {
         // Taken before the pods are read: a request's pod is attached before it asks,
         // so what is taken here is in the pods read below (one asked after is left
         // for the next pass, which its request number waits for). Without an address
@@ -308,25 +311,21 @@ impl<P: GrpcPlane> Engine<P> {
         self.report_links(me, &pods, &scope, &departed, cx.records, &attempts, &settings, cx.pass)
             .await;
 
+        st.mirror_due = None;
         if !st.mirrored {
-            // More asked since this pass began (`want`): another pass follows at once.
-            let busy = self.passes.requested() > want;
-            if every
-                || !busy
-                || st
-                    .mirrored_at
-                    .is_none_or(|t| t.elapsed() >= mirror_every(records.len()))
-            {
+            let due = st.mirrored_at.map(|t| t + mirror_every(records.len()));
+            if every || due.is_none_or(|d| Instant::now() >= d) {
                 let ends = records.values().cloned().collect();
                 st.mirrored_at = Some(Instant::now());
                 st.mirrored = true;
                 if let Err(e) = self.source.set_wire_state(ends).await {
                     debug!(error = %e, "could not mirror the wire state");
                     st.mirrored = false;
+                    st.retry = true;
                 }
             } else {
-                // Written by a pass soon.
-                st.retry = true;
+                // Written by the pass the run task wakes for then, if none comes sooner.
+                st.mirror_due = due;
             }
         }
         st.records = Some(records);

@@ -322,6 +322,50 @@ async fn same_node_the_lower_name_builds_the_veth_for_both_whatever_the_order() 
     }
 }
 
+/// Polls the ends the node last mirrored into the wire-state resource until there are
+/// `n` of them; how long that took, or `None` after `limit`.
+async fn mirrored(lab: &Lab, n: usize, limit: Duration) -> Option<Duration> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if lab.source.wires().len() == n {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+/// The wire-state resource is the whole list of the node's ends, written at most once
+/// a second: ends recorded within the second after a write are held back, and written
+/// when the second is up though nothing else happens (no pass is asked for, and the
+/// resync is an hour away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ends_recorded_soon_after_a_mirror_write_are_mirrored_when_the_second_is_up() {
+    let mut lab = Lab::new(&["a"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth2"), None);
+    lab.connect(2, ("r3", "eth1"), ("r4", "eth2"), None);
+    lab.start().await;
+    lab.add("a", "r1").await;
+    lab.add("a", "r2").await;
+    assert!(
+        mirrored(&lab, 2, Duration::from_secs(5)).await.is_some(),
+        "the first pair's ends never mirrored: {:?}",
+        lab.source.wires()
+    );
+    let written = std::time::Instant::now();
+    lab.add("a", "r3").await;
+    lab.add("a", "r4").await;
+    assert_eq!(lab.wires("a").await.len(), 4, "the second pair is recorded");
+    if written.elapsed() < Duration::from_millis(800) {
+        assert_eq!(lab.source.wires().len(), 2, "written again within the second");
+    }
+    assert!(
+        mirrored(&lab, 4, Duration::from_secs(3)).await.is_some(),
+        "the held-back write never came: {:?}",
+        lab.source.wires().iter().map(|w| w.id).collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_veth_end_is_rebuilt_and_a_pod_leaving_takes_the_pair() {
     let mut lab = Lab::new(&["a"]);
