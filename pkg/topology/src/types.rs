@@ -204,3 +204,32 @@ pub struct WireStateStatus {
     #[serde(default)]
     pub wires: Vec<WireEnd>,
 }
+
+/// The least time between two writes of a node's `WireState` of `ends` ends: a second,
+/// or a millisecond per end when longer. Each write is the whole list, so a node writes
+/// at most 1,000 ends a second whatever its size; a write held back by it is made when
+/// it is up, so a `WireState` trails its node by at most this (and the time a pass takes
+/// to end), and a reader that finds one written longer ago than that knows it current.
+pub fn wire_state_interval(ends: usize) -> std::time::Duration {
+    const AT_LEAST: std::time::Duration = std::time::Duration::from_secs(1);
+    AT_LEAST.max(std::time::Duration::from_millis(1).saturating_mul(u32::try_from(ends).unwrap_or(u32::MAX)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node writes no more ends a second into its `WireState` than a node of 1,000
+    /// ends does, at any size, and may write once a second at least.
+    #[test]
+    fn wire_state_writes_do_not_grow_with_the_node() {
+        for ends in [0usize, 1, 500, 1_000, 1_001, 3_300, 20_000] {
+            let every = wire_state_interval(ends);
+            assert!(every >= std::time::Duration::from_secs(1), "{ends} ends: {every:?}");
+            let rate = ends as f64 / every.as_secs_f64();
+            assert!(rate <= 1_000.0 + 1e-6, "{ends} ends written {rate:.3} a second");
+        }
+        assert_eq!(wire_state_interval(1_000), std::time::Duration::from_secs(1));
+        assert_eq!(wire_state_interval(3_300), std::time::Duration::from_millis(3_300));
+    }
+}

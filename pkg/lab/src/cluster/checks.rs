@@ -11,11 +11,14 @@ use weft_topology::WireState;
 use super::{Lab, OUTSIDE_ADDRESS, netns_addresses};
 use crate::spec::PodSpec;
 
-/// How long a check waits for the nodes' wire-state mirrors to name the kind of a link
-/// that answered: a node writes its mirror at most once a second, so a little longer
-/// than that. (Past 1,000 ends a node writes it less often, a millisecond per end
-/// apart, but a check of a lab that size takes longer than that by itself.)
-const MIRROR_WAIT: Duration = Duration::from_millis(1_500);
+/// How long a check waits at most for the nodes' wire-state mirrors to be current (see
+/// `Lab::mirrors`): a little more than the longest interval a node of a lab this tool
+/// builds on one machine waits between two writes.
+const MIRROR_WAIT: Duration = Duration::from_secs(5);
+
+/// What a mirror's age must exceed its node's interval by before it is read as current:
+/// the time the pass that makes a held-back write may take to end.
+const MIRROR_SLACK: Duration = Duration::from_millis(300);
 
 /// The outcome of checking one link from one side.
 #[derive(Debug, Clone, Serialize)]
@@ -113,24 +116,60 @@ impl Lab {
             .collect()
     }
 
-    /// The wire kinds the nodes report, by `pod:intf`.
+    /// The wire kinds the nodes report, by `pod:intf`: each end as the node its pod runs
+    /// on reports it (another node's mirror may still list a pod that left it).
     fn kinds(&self) -> BTreeMap<String, String> {
+        let node_of: BTreeMap<&str, &str> = (self.spec.pods.iter())
+            .map(|p| (p.name.as_str(), p.node.as_str()))
+            .collect();
         let mut out = BTreeMap::new();
-        let Ok(dir) = fs::read_dir(self.topology_dir().join(".wires")) else {
-            return out;
-        };
-        for e in dir.flatten() {
-            let Ok(text) = fs::read_to_string(e.path()) else {
-                continue;
-            };
-            let Ok(ws) = serde_json::from_str::<WireState>(&text) else {
-                continue;
-            };
+        for ws in self.mirrors() {
+            let node = ws.metadata.name.clone().unwrap_or_default();
             for w in ws.status.map(|s| s.wires).unwrap_or_default() {
+                if node_of.get(w.local_pod.as_str()).is_some_and(|n| *n != node) {
+                    continue;
+                }
                 out.insert(format!("{}:{}", w.local_pod, w.local_intf), w.kind.as_str().to_string());
             }
         }
         out
+    }
+
+    /// The nodes' wire-state mirrors, read once none can have a write held back: a node
+    /// writes its mirror at most once per [`weft_topology::wire_state_interval`] and
+    /// makes a held-back write when that is up, so a mirror written longer ago than
+    /// that (and [`MIRROR_SLACK`] for a pass to end) holds every change made before it
+    /// was read. Waits at most [`MIRROR_WAIT`], then reads them as they are.
+    fn mirrors(&self) -> Vec<WireState> {
+        let deadline = std::time::Instant::now() + MIRROR_WAIT;
+        loop {
+            let mut settled = true;
+            let mut out = Vec::new();
+            let Ok(dir) = fs::read_dir(self.topology_dir().join(".wires")) else {
+                return out;
+            };
+            for e in dir.flatten() {
+                let age = (e.metadata().and_then(|m| m.modified()))
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .unwrap_or_default();
+                let Ok(text) = fs::read_to_string(e.path()) else {
+                    continue;
+                };
+                let Ok(ws) = serde_json::from_str::<WireState>(&text) else {
+                    continue;
+                };
+                let ends = ws.status.as_ref().map_or(0, |s| s.wires.len());
+                if age < weft_topology::wire_state_interval(ends) + MIRROR_SLACK {
+                    settled = false;
+                }
+                out.push(ws);
+            }
+            if settled || std::time::Instant::now() >= deadline {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// A pod interface's state as `ip` reports it (`missing`, `DOWN`, `UP
@@ -208,19 +247,9 @@ impl Lab {
                 }
             })
             .collect();
-        // Read after the traffic. A node writes its mirror at most once a second (in
-        // the wires' pass), so a link built just before may not be in it yet: read
-        // again, for a little longer than that, while an answering link is missing.
-        let started = std::time::Instant::now();
-        let mut kinds = self.kinds();
-        let missing = |kinds: &BTreeMap<String, String>| {
-            out.iter()
-                .any(|c| c.ok && !kinds.contains_key(&c.from) && !kinds.contains_key(&c.to))
-        };
-        while missing(&kinds) && started.elapsed() < MIRROR_WAIT {
-            std::thread::sleep(Duration::from_millis(50));
-            kinds = self.kinds();
-        }
+        // Read after the traffic, once no node can have a write of its mirror held
+        // back (see `mirrors`): what answered has been mirrored by then.
+        let kinds = self.kinds();
         for c in &mut out {
             c.kind = kinds
                 .get(&c.from)

@@ -76,7 +76,7 @@ pub(crate) struct PassState {
     /// When the wire-state resource was last written.
     pub(crate) mirrored_at: Option<Instant>,
     /// When a write of the wire-state resource held back by the least time between two
-    /// (see `mirror_every`) is due: the run task wakes for it.
+    /// (see `weft_topology::wire_state_interval`) is due: the run task wakes for it.
     pub(crate) mirror_due: Option<Instant>,
     /// What each end's emulation (impairment, carrier by intent) was last set to.
     pub(crate) applied: HashMap<u64, Applied>,

@@ -38,22 +38,6 @@ use crate::plane::GrpcPlane;
 /// this much later at most.
 const SETTLE: Duration = Duration::from_millis(20);
 
-/// The least time between two writes of the wire-state resource: each write is the
-/// whole list, and in a bring-up pods arrive many a second. A write held back by it is
-/// made when the time is up (the run task wakes for it), so the resource is current
-/// at most this long after the node's last change; a pass of every pod writes at once.
-const MIRROR_EVERY: Duration = Duration::from_secs(1);
-
-/// The least time between two such writes of `ends` ends: [`MIRROR_EVERY`], or a
-/// millisecond per end when longer. Each write is the whole list, so a node writes at
-/// most 1,000 ends a second whatever its size: the writes of a bring-up cost in
-/// proportion to its duration. (Written at once whenever no more passes were asked
-/// for, a node of 3,300 ends in a bring-up wrote 20 times in 15 s, one of 1,000 ends
-/// hardly ever: its passes were asked for faster than they ended.)
-fn mirror_every(ends: usize) -> Duration {
-    MIRROR_EVERY.max(Duration::from_millis(1).saturating_mul(u32::try_from(ends).unwrap_or(u32::MAX)))
-}
-
 /// The pod end `r` belongs to, as a borrowed pair.
 fn owned(r: &WireEnd) -> (&str, &str) {
     (r.namespace.as_str(), r.local_pod.as_str())
@@ -313,7 +297,9 @@ impl<P: GrpcPlane> Engine<P> {
 
         st.mirror_due = None;
         if !st.mirrored {
-            let due = st.mirrored_at.map(|t| t + mirror_every(records.len()));
+            let due = st
+                .mirrored_at
+                .map(|t| t + weft_topology::wire_state_interval(records.len()));
             if every || due.is_none_or(|d| Instant::now() >= d) {
                 let ends = records.values().cloned().collect();
                 st.mirrored_at = Some(Instant::now());
@@ -463,23 +449,6 @@ impl<P: GrpcPlane> Engine<P> {
                 .links
                 .get_or_create(&LinkStateLabels { state: state.as_str() })
                 .set(counts.get(state));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// While busy, a node writes no more ends a second into the wire-state resource
-    /// than a node of 1,000 ends does, at any size; and at least once a second.
-    #[test]
-    fn mirror_writes_do_not_grow_with_the_node() {
-        for ends in [0usize, 1, 500, 1_000, 1_001, 3_300, 20_000] {
-            let every = mirror_every(ends);
-            assert!(every >= MIRROR_EVERY, "{ends} ends: {every:?}");
-            let rate = ends as f64 / every.as_secs_f64();
-            assert!(rate <= 1_000.0 + 1e-6, "{ends} ends written {rate:.3} a second");
         }
     }
 }
