@@ -122,7 +122,7 @@ fn view(pods: usize) -> (ClusterView, usize) {
         }));
     }
     for i in 0..pods {
-        o.pods.push(Arc::new(PolicyPod {
+        o.put_pod(Arc::new(PolicyPod {
             namespace: format!("ns{}", i % namespaces),
             name: format!("p{i}"),
             labels: [("app".to_string(), format!("a{}", i % 20))].into(),
@@ -149,8 +149,6 @@ fn view(pods: usize) -> (ClusterView, usize) {
             policies += 1;
         }
     }
-    o.pods
-        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     (ClusterView::new(&o, "n0", &[], &[]), policies)
 }
 

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use imbl::ordmap::DiffItem;
 use tokio::sync::watch;
 use weft_daemon::{FrameStream, LinkError, LinkRef, PodDefaults, WiredPod, Wiring};
 use weft_kernel::capture::CaptureSocket;
@@ -221,12 +222,12 @@ impl weft_daemon::PolicyHook for EnginePolicy {
     }
 }
 
-/// A listing of the node's pods, the store's pods version it was read at, and each of
-/// its pods as the store listed it (what it was made from).
+/// A listing of the node's pods, the store's pods version it was read at, and the
+/// store's listing it was made from.
 struct Listing {
     version: i64,
     pods: weft_policy::LocalListing,
-    from: Vec<Arc<weft_store::ReadyPod>>,
+    from: weft_store::ReadyPods,
 }
 
 /// The store's pod as network policy knows it.
@@ -239,26 +240,27 @@ fn local_pod(a: &weft_store::ReadyPod) -> weft_policy::LocalPod {
     }
 }
 
-/// The listing of `ready` (the store's, in its order), taking each pod from `last`
-/// where the store's is the very same `Arc` as there (unchanged): made anew at every
-/// ADD, it copies only the pods that changed. Telling them by address is sound because
-/// `last` holds its store pods alive: no pod of `ready` can have been allocated where
-/// one of them was.
-fn relist(
-    ready: Vec<Arc<weft_store::ReadyPod>>,
-    last: Option<&Listing>,
-) -> (weft_policy::LocalListing, Vec<Arc<weft_store::ReadyPod>>) {
-    let known: std::collections::HashMap<*const weft_store::ReadyPod, &Arc<weft_policy::LocalPod>> = last
-        .map(|l| l.from.iter().map(Arc::as_ptr).zip(l.pods.iter()).collect())
-        .unwrap_or_default();
-    let pods = ready
-        .iter()
-        .map(|a| match known.get(&Arc::as_ptr(a)) {
-            Some(p) => Arc::clone(p),
-            None => Arc::new(local_pod(a)),
-        })
-        .collect();
-    (Arc::new(pods), ready)
+/// The listing of `ready` (by the store's attachment ids), made from `last` and the
+/// difference between the store's listing it was made from and `ready`: the store
+/// changes its map in place, so that difference is the pods written since, and only
+/// they are made anew (a pod that did not change is the very same `Arc`). Made at every
+/// ADD, it costs the change, not the node.
+fn relist(ready: &weft_store::ReadyPods, last: Option<&Listing>) -> weft_policy::LocalListing {
+    let Some(last) = last else {
+        return (ready.iter()).map(|(id, a)| (*id, Arc::new(local_pod(a)))).collect();
+    };
+    let mut pods = last.pods.clone();
+    for d in last.from.diff(ready) {
+        match d {
+            DiffItem::Add(id, a) | DiffItem::Update { new: (id, a), .. } => {
+                pods.insert(*id, Arc::new(local_pod(a)));
+            }
+            DiffItem::Remove(id, _) => {
+                pods.remove(id);
+            }
+        }
+    }
+    pods
 }
 
 /// The store as the policy engine's source of this node's pods: every ready attachment
@@ -294,11 +296,11 @@ pub fn policed_pods(store: Store) -> weft_policy::LocalPods {
                         }
                     }
                 };
-                let (pods, from) = relist(ready, last.as_ref());
+                let pods = relist(&ready, last.as_ref());
                 *last = Some(Listing {
                     version,
                     pods: pods.clone(),
-                    from,
+                    from: ready,
                 });
                 return Ok(pods);
             }
@@ -388,20 +390,36 @@ mod tests {
             })
         };
         let list = policed_pods(store.clone());
+        let names = |l: &weft_policy::LocalListing| l.values().map(|p| p.name.clone()).collect::<Vec<_>>();
         add("p1").await.unwrap();
         let first = list().await.unwrap();
         let again = list().await.unwrap();
-        assert!(Arc::ptr_eq(&first, &again));
-        assert_eq!(first.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["p1"]);
+        assert!(first.ptr_eq(&again));
+        assert_eq!(names(&first), ["p1"]);
         add("p2").await.unwrap();
         let after = list().await.unwrap();
-        assert!(!Arc::ptr_eq(&first, &after));
-        assert_eq!(after.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["p1", "p2"]);
-        assert_eq!(after[1].host_ifname, "hp2");
-        assert_eq!(after[1].ips.len(), 1, "{after:?}");
+        assert!(!first.ptr_eq(&after));
+        assert_eq!(names(&after), ["p1", "p2"]);
+        let (p1, p2) = (after.values().next().unwrap(), after.values().nth(1).unwrap());
+        assert_eq!(p2.host_ifname, "hp2");
+        assert_eq!(p2.ips.len(), 1, "{after:?}");
         // The pod that did not change is shared with the last listing, not copied.
-        assert!(Arc::ptr_eq(&first[0], &after[0]));
-        assert_eq!(*after[0], *first[0]);
+        assert!(Arc::ptr_eq(first.values().next().unwrap(), p1));
+        // A pod taken out: gone from the next listing, the rest shared.
+        store
+            .run(|db| {
+                let a = db
+                    .list(None, None)?
+                    .into_iter()
+                    .find(|a| a.pod.name == "p1")
+                    .expect("p1");
+                db.remove(a.id)
+            })
+            .await
+            .unwrap();
+        let last = list().await.unwrap();
+        assert_eq!(names(&last), ["p2"]);
+        assert!(Arc::ptr_eq(last.values().next().unwrap(), p2));
     }
 
     #[tokio::test]

@@ -9,16 +9,17 @@
 //! restarted weftd leaves the last enforced table in place; a lost watch keeps the last
 //! objects (the source says the state is stale) and the table with them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use imbl::ordmap::DiffItem;
 use tokio::sync::Notify;
 use tracing::{info, warn};
-use weft_topology::{PolicyObjects, PolicyPod, TopologySource};
+use weft_topology::{PolicyObjects, PolicyPod, PolicyPods, TopologySource};
 
 use weft_topology::PortProtocol;
 
@@ -32,14 +33,22 @@ use crate::nft::{self, Observed};
 use crate::plan::{Desired, plan};
 
 /// This node's pods, read at each pass (from the store). A listing that returns the
-/// same `Arc` as the one before says nothing changed, so a pass of other nodes' pods
-/// need not compare the node's pods one by one (a new `Arc` is always safe).
+/// very same map as the one before (`ptr_eq`) says nothing changed, so a pass of other
+/// nodes' pods need not compare the node's pods one by one (a new map is always safe).
 pub type LocalPods = Arc<dyn Fn() -> BoxFuture<'static, Result<LocalListing, String>> + Send + Sync>;
 
-/// A listing of this node's pods. Each pod is shared: a source lists them again at
-/// every change of the node's pods (each ADD of a bring-up), and a pod that did not
-/// change is the same `Arc` in the next listing rather than a copy.
-pub type LocalListing = Arc<Vec<Arc<LocalPod>>>;
+/// A listing of this node's pods, in the source's order (the store's: by attachment
+/// id). A persistent map that the source changes in place at every change of the
+/// node's pods (each ADD of a bring-up): a pod that did not change is the same `Arc` in
+/// the next listing, and two listings share all but what changed, so what moved
+/// between them is their difference, not a walk of the node's pods.
+pub type LocalListing = imbl::OrdMap<i64, Arc<LocalPod>>;
+
+/// A listing of `pods` in their order (keyed by position), for a source without ids of
+/// its own.
+pub fn local_listing(pods: impl IntoIterator<Item = LocalPod>) -> LocalListing {
+    (0..).zip(pods.into_iter().map(Arc::new)).collect()
+}
 
 /// How the engine runs.
 #[derive(Debug, Clone)]
@@ -89,6 +98,10 @@ struct State {
     local_confirmed: Option<(LocalListing, u64)>,
     /// Moves whenever `pending` changes.
     pending_epoch: u64,
+    /// The host interfaces of the last listing `merge_pending` looked at (how many of
+    /// its pods have each), brought to the next listing by their difference: whether a
+    /// pending pod is listed is a lookup, not a walk of the node's pods.
+    listed: Option<(LocalListing, HashMap<String, usize>)>,
     /// Pods of other nodes announced by them before the API has their addresses.
     announced: announce::Announcements,
     /// How many announcements of the engine's queue ([`PolicyEngine::queued`]) a pass
@@ -522,32 +535,25 @@ impl<K: PolicyKernel> PolicyEngine<K> {
     /// This node's pods: the store's ready ones (`listing`) and those whose ADD is under
     /// way (`pending`), dropping from `pending` those `listing` has, those detached
     /// since, and those whose ADD has not committed for too long.
-    ///
-    /// With nothing pending (an ADD's pod is pending only until its attachment is ready)
-    /// it is `listing` itself: a pass after every ADD of a bring-up would otherwise copy
-    /// the node's pods.
-    fn merge_pending(&self, state: &mut State, listing: &LocalListing) -> LocalListing {
+    fn merge_pending(&self, state: &mut State, listing: &LocalListing) -> Vec<Arc<LocalPod>> {
         let before = state.pending.len();
         for ifname in std::mem::take(&mut *self.detached.lock().expect("detached lock")) {
             state.pending.remove(&ifname);
         }
         if !state.pending.is_empty() {
-            let listed: HashSet<&str> = listing.iter().map(|l| l.host_ifname.as_str()).collect();
+            let listed = listed_interfaces(&mut state.listed, listing);
             state
                 .pending
-                .retain(|ifname, (_, since)| !listed.contains(ifname.as_str()) && since.elapsed() < PENDING_TTL);
+                .retain(|ifname, (_, since)| !listed.contains_key(ifname) && since.elapsed() < PENDING_TTL);
         }
         if state.pending.len() != before {
             state.pending_epoch += 1;
         }
-        if state.pending.is_empty() {
-            return listing.clone();
-        }
-        let mut local = listing.to_vec();
+        let mut local: Vec<Arc<LocalPod>> = listing.values().cloned().collect();
         for (p, _) in state.pending.values() {
             local.push(Arc::new(p.clone()));
         }
-        Arc::new(local)
+        local
     }
 
     /// Whether `local` holds the pods `view` has, no more and no fewer: compared in
@@ -663,7 +669,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             return Ok(PassOutcome::default());
         }
         let listing = (self.local)().await?;
-        let local = Self::with_extra(Arc::unwrap_or_clone(self.merge_pending(state, &listing)), extra);
+        let local = Self::with_extra(self.merge_pending(state, &listing), extra);
         let view = self.view(&objects, &local);
         self.report(&view, state);
         let desired = Arc::new(plan(&view));
@@ -768,7 +774,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         let confirmed = state
             .local_confirmed
             .as_ref()
-            .is_some_and(|(l, epoch)| Arc::ptr_eq(l, &listing) && *epoch == state.pending_epoch)
+            .is_some_and(|(l, epoch)| l.ptr_eq(&listing) && *epoch == state.pending_epoch)
             && self.detached.lock().expect("detached lock").is_empty();
         let local = (!confirmed).then(|| self.merge_pending(state, &listing));
         let delta = {
@@ -1049,6 +1055,38 @@ struct Generation {
     nodes: Vec<weft_topology::ClusterNode>,
 }
 
+/// The host interfaces of `listing` and how many of its pods have each, from `index`
+/// (those of the listing it last saw) brought up to date by the two listings'
+/// difference: what the source changed since, not every pod of the node.
+fn listed_interfaces<'a>(
+    index: &'a mut Option<(LocalListing, HashMap<String, usize>)>,
+    listing: &LocalListing,
+) -> &'a HashMap<String, usize> {
+    let (seen, counts) = index.get_or_insert_with(Default::default);
+    if !seen.ptr_eq(listing) {
+        for d in seen.diff(listing) {
+            let (gone, came) = match d {
+                DiffItem::Add(_, p) => (None, Some(p)),
+                DiffItem::Remove(_, p) => (Some(p), None),
+                DiffItem::Update { old, new } => (Some(old.1), Some(new.1)),
+            };
+            if let Some(p) = gone
+                && let std::collections::hash_map::Entry::Occupied(mut e) = counts.entry(p.host_ifname.clone())
+            {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+            if let Some(p) = came {
+                *counts.entry(p.host_ifname.clone()).or_default() += 1;
+            }
+        }
+        *seen = listing.clone();
+    }
+    counts
+}
+
 /// A pod (`namespace`, `name`) as a newer snapshot has it (`None`: gone).
 type PodChange = ((String, String), Option<Arc<PolicyPod>>);
 
@@ -1059,54 +1097,17 @@ fn same<T: PartialEq>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y) || x == y)
 }
 
-/// The pods that differ between two snapshots (each sorted by namespace and name),
-/// with what the newer has (`None`: gone). An unchanged pod keeps its `Arc` from one
-/// snapshot to the next, so this is a walk of pointer comparisons.
-fn changed_pods(old: &[Arc<PolicyPod>], new: &[Arc<PolicyPod>]) -> Vec<PodChange> {
-    // The very same list (the same snapshot, or the same patch of it): nothing.
-    if std::ptr::eq(old, new) {
-        return Vec::new();
-    }
-    let key = |p: &Arc<PolicyPod>| (p.namespace.clone(), p.name.clone());
-    let (mut i, mut j) = (0, 0);
-    let mut out = Vec::new();
-    while i < old.len() || j < new.len() {
-        match (old.get(i), new.get(j)) {
-            (Some(a), Some(b)) if Arc::ptr_eq(a, b) => {
-                i += 1;
-                j += 1;
-            }
-            (Some(a), Some(b)) => {
-                match (a.namespace.as_str(), a.name.as_str()).cmp(&(b.namespace.as_str(), b.name.as_str())) {
-                    std::cmp::Ordering::Equal => {
-                        if a != b {
-                            out.push((key(b), Some(b.clone())));
-                        }
-                        i += 1;
-                        j += 1;
-                    }
-                    std::cmp::Ordering::Less => {
-                        out.push((key(a), None));
-                        i += 1;
-                    }
-                    std::cmp::Ordering::Greater => {
-                        out.push((key(b), Some(b.clone())));
-                        j += 1;
-                    }
-                }
-            }
-            (Some(a), None) => {
-                out.push((key(a), None));
-                i += 1;
-            }
-            (None, Some(b)) => {
-                out.push((key(b), Some(b.clone())));
-                j += 1;
-            }
-            (None, None) => break,
-        }
-    }
-    out
+/// The pods that differ between two snapshots, in key order, with what the newer has
+/// (`None`: gone). A source changes its map in place, so the two share all but the pods
+/// that changed, and their difference skips the rest: its cost is the change's, not the
+/// cluster's.
+fn changed_pods(old: &PolicyPods, new: &PolicyPods) -> Vec<PodChange> {
+    old.diff(new)
+        .map(|d| match d {
+            DiffItem::Add(k, p) | DiffItem::Update { new: (k, p), .. } => (k.clone(), Some(p.clone())),
+            DiffItem::Remove(k, _) => (k.clone(), None),
+        })
+        .collect()
 }
 
 mod announce;

@@ -228,7 +228,7 @@ impl ClusterView {
         }
         let mut pods: BTreeMap<(String, String), Arc<PolicyPod>> = objects
             .pods
-            .iter()
+            .values()
             .map(|p| ((p.namespace.clone(), p.name.clone()), p.clone()))
             .collect();
         for l in local {

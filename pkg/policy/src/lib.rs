@@ -27,7 +27,7 @@ pub use cnp::{ClusterPeer, ClusterPolicy, ClusterRule};
 pub use denies::{DenyEvent, DenyLog, Flow};
 pub use engine::{
     Announced, Announcer, Config, Explanation, Latest, LocalListing, LocalPods, PassOutcome, PolicyEngine, Status,
-    Taken,
+    Taken, local_listing,
 };
 pub use eval::{ClusterDecision, ClusterView, Endpoint, L4, LocalPod, NodeInfo, RuleRef, SideVerdict, Verdict};
 pub use kernel::{LearntElement, NftKernel, PolicyKernel};

@@ -431,7 +431,7 @@ fn world(c: &ClusterGen) -> World {
         if p.host_network {
             // Its addresses are its node's, which are ends already.
             if p.known {
-                o.pods.push(Arc::new(pod));
+                o.put_pod(Arc::new(pod));
             }
             continue;
         }
@@ -453,11 +453,9 @@ fn world(c: &ClusterGen) -> World {
         }
         // A pod of this node the API has no object for yet is known to the store only.
         if p.known || !p.here {
-            o.pods.push(Arc::new(pod));
+            o.put_pod(Arc::new(pod));
         }
     }
-    o.pods
-        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     for v in &c.policies {
         o.policies
             .push(Arc::new(serde_json::from_value::<Strict<_>>(v.clone()).unwrap()));

@@ -52,8 +52,8 @@ async fn a_reported_address_in_a_directory_costs_no_full_pass() {
     let local: Arc<Mutex<Vec<LocalPod>>> = Arc::default();
     let l = local.clone();
     let pods: LocalPods = Arc::new(move || {
-        let v = l.lock().unwrap().iter().cloned().map(Arc::new).collect();
-        Box::pin(async move { Ok(Arc::new(v)) })
+        let v = weft_policy::local_listing(l.lock().unwrap().iter().cloned());
+        Box::pin(async move { Ok(v) })
     });
     let kernel = Recorder::default();
     let metrics = weft_telemetry::Metrics::new("t", "t");

@@ -63,10 +63,10 @@ fn objects(l: &Lab, policies: Vec<Value>, cnps: Vec<Value>) -> PolicyObjects {
         protocol,
     };
     PolicyObjects {
-        pods: vec![
+        pods: weft_topology::policy_pods([
             pod(&l.a, vec![named("web", 8081, Tcp), named("dns", 5353, Udp)]),
             pod(&l.b, Vec::new()),
-        ],
+        ]),
         namespaces: ["x", "y"]
             .iter()
             .map(|n| {

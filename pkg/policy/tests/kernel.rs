@@ -63,20 +63,17 @@ fn objects(
     policies: Vec<Arc<Strict<NetworkPolicy>>>,
 ) -> PolicyObjects {
     PolicyObjects {
-        pods: hosts
-            .iter()
-            .filter_map(|h| {
-                let (ns, name) = h.pod.clone()?;
-                Some(Arc::new(PolicyPod {
-                    labels: [("pod".to_string(), labels.get(&name).cloned().unwrap_or(name.clone()))].into(),
-                    namespace: ns,
-                    name,
-                    ips: vec![h.ip],
-                    node: "n1".into(),
-                    ..PolicyPod::default()
-                }))
-            })
-            .collect(),
+        pods: weft_topology::policy_pods(hosts.iter().filter_map(|h| {
+            let (ns, name) = h.pod.clone()?;
+            Some(Arc::new(PolicyPod {
+                labels: [("pod".to_string(), labels.get(&name).cloned().unwrap_or(name.clone()))].into(),
+                namespace: ns,
+                name,
+                ips: vec![h.ip],
+                node: "n1".into(),
+                ..PolicyPod::default()
+            }))
+        })),
         namespaces: ["x", "y"]
             .iter()
             .map(|n| {

@@ -22,6 +22,12 @@ impl fmt::Display for AttachmentKey {
     }
 }
 
+/// The node's ready pods by attachment id (the listing's order), as
+/// [`crate::Db::ready_pods`] lists them: a persistent map the store changes in place, so
+/// two listings share all but the pods written between them (a copy costs a pointer, and
+/// their difference, `imbl::OrdMap::diff`, skips the rest).
+pub type ReadyPods = imbl::OrdMap<i64, std::sync::Arc<ReadyPod>>;
+
 /// A ready pod of the node as [`crate::Db::ready_pods`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadyPod {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 pub use addr::{capacity, gateway, narrowest_range, pool};
 pub use attachment::{
     Allocation, Attachment, AttachmentKey, BeginAdd, Family, HeldPort, InstalledRoute, NewAttachment, PodRef,
-    PortMapping, PortRequest, RangeUsage, ReadyPod, State,
+    PortMapping, PortRequest, RangeUsage, ReadyPod, ReadyPods, State,
 };
 pub use damage::{MovedAside, damage, move_aside_if_damaged};
 pub use db::{Db, RebuiltAttachment};

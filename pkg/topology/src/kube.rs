@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::{
-    ClusterNode, PolicyObjects, SourceError, Topology, TopologySource, TopologyStatus, WireEnd, WireState, validate,
+    ClusterNode, Held, PolicyObjects, SourceError, Topologies, Topology, TopologySource, TopologyStatus, WireEnd,
+    WireState, validate,
 };
 
 /// The field manager weftd writes as (server-side apply, status patches).
@@ -45,7 +46,6 @@ pub const FIELD_MANAGER: &str = "weftd";
 pub struct KubeSource {
     client: Client,
     node_name: String,
-    topologies: Store<Topology>,
     nodes: Store<Node>,
     shared: Arc<Shared>,
     policy: Arc<policy::PolicyCache>,
@@ -57,6 +57,9 @@ pub struct KubeSource {
 
 struct Shared {
     tx: watch::Sender<u64>,
+    /// The Topology cache as [`TopologySource::topologies`] serves it: kept in step
+    /// with the reflector's store at each event, changed in place (see [`Topologies`]).
+    topologies: std::sync::Mutex<Topologies>,
     topologies_synced: AtomicBool,
     node_synced: AtomicBool,
     address: std::sync::Mutex<Option<IpAddr>>,
@@ -78,6 +81,7 @@ impl KubeSource {
     pub fn start(client: Client, node_name: String) -> Arc<KubeSource> {
         let shared = Arc::new(Shared {
             tx: watch::channel(0).0,
+            topologies: std::sync::Mutex::default(),
             topologies_synced: AtomicBool::new(false),
             node_synced: AtomicBool::new(false),
             address: std::sync::Mutex::new(None),
@@ -89,14 +93,33 @@ impl KubeSource {
             .default_backoff()
             .filter_map(|ev| futures::future::ready(screen(ev)))
             .reflect(writer);
-        let s = shared.clone();
-        let topo_task = tokio::spawn(drive(stream, "Topology", move |ev| match ev {
-            watcher::Event::InitDone => {
-                s.topologies_synced.store(true, Ordering::Release);
-                s.bump();
+        let (s, store) = (shared.clone(), topologies);
+        let topo_task = tokio::spawn(drive(stream, "Topology", move |ev| {
+            // The map follows the cache, with the cache's own `Arc`s.
+            let mut map = s.topologies.lock().expect("lock");
+            match ev {
+                watcher::Event::InitDone => {
+                    follow_all(&mut map, &store);
+                    drop(map);
+                    s.topologies_synced.store(true, Ordering::Release);
+                    s.bump();
+                }
+                watcher::Event::Apply(t) => {
+                    let key = topology_key(t);
+                    match store.get(&ObjectRef::new(&key.1).within(&key.0)) {
+                        Some(t) => map.insert(key, Held(t)),
+                        None => map.remove(&key),
+                    };
+                    drop(map);
+                    s.bump();
+                }
+                watcher::Event::Delete(t) => {
+                    map.remove(&topology_key(t));
+                    drop(map);
+                    s.bump();
+                }
+                watcher::Event::Init | watcher::Event::InitApply(_) => {}
             }
-            watcher::Event::Apply(_) | watcher::Event::Delete(_) => s.bump(),
-            watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }));
 
         // Every Node, not just this one: pod routes to the other nodes come from their
@@ -145,7 +168,6 @@ impl KubeSource {
         Arc::new(KubeSource {
             client,
             node_name,
-            topologies,
             nodes,
             shared,
             policy,
@@ -247,6 +269,30 @@ fn screen(ev: watcher::Result<watcher::Event<Topology>>) -> Option<watcher::Resu
     }
 }
 
+/// Where the cache keeps Topology `t`: its namespace and name.
+fn topology_key(t: &Topology) -> (String, String) {
+    (
+        t.metadata.namespace.clone().unwrap_or_default(),
+        t.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Brings `map` to what `store` holds after a (re)list, changing only what differs: a
+/// Topology the store still has as the very same `Arc` stays as it is.
+fn follow_all(map: &mut Topologies, store: &Store<Topology>) {
+    let now: std::collections::HashMap<(String, String), Arc<Topology>> =
+        store.state().into_iter().map(|t| (topology_key(&t), t)).collect();
+    let gone: Vec<(String, String)> = map.keys().filter(|k| !now.contains_key(*k)).cloned().collect();
+    for key in gone {
+        map.remove(&key);
+    }
+    for (key, t) in now {
+        if map.get(&key).is_none_or(|old| !Arc::ptr_eq(old, &t)) {
+            map.insert(key, Held(t));
+        }
+    }
+}
+
 /// Runs a reflector stream for ever, calling `on_event` after each event is in the cache.
 async fn drive<K, S>(stream: S, what: &'static str, on_event: impl FnMut(&watcher::Event<K>))
 where
@@ -306,11 +352,15 @@ fn kube_err(e: kube::Error) -> SourceError {
 
 impl TopologySource for KubeSource {
     fn topology(&self, namespace: &str, pod: &str) -> Option<Arc<Topology>> {
-        self.topologies.get(&ObjectRef::new(pod).within(namespace))
+        // From the map, not the store: what one Topology and the listing of all say
+        // agrees at every moment.
+        (self.shared.topologies.lock().expect("lock"))
+            .get(&(namespace.to_string(), pod.to_string()))
+            .map(|t| t.0.clone())
     }
 
-    fn topologies(&self) -> Vec<Arc<Topology>> {
-        self.topologies.state()
+    fn topologies(&self) -> Topologies {
+        self.shared.topologies.lock().expect("lock").clone()
     }
 
     fn node_address(&self) -> Option<IpAddr> {

@@ -25,9 +25,10 @@ pub use crds::crds_yaml;
 pub use dir::{DirSource, LoadProblem, parse_topologies, read_topologies};
 pub use node::ClusterNode;
 pub use objects::{
-    NAMESPACE_NAME_LABEL, NamedPort, PolicyNamespace, PolicyObjects, PolicyPod, PortProtocol, UnreadablePolicy,
+    NAMESPACE_NAME_LABEL, NamedPort, PolicyNamespace, PolicyObjects, PolicyPod, PolicyPods, PortProtocol,
+    UnreadablePolicy, policy_pods,
 };
-pub use source::{MemorySource, SourceError, TopologySource};
+pub use source::{Held, MemorySource, SourceError, Topologies, TopologySource};
 pub use strict::Strict;
 pub use types::*;
 pub use validate::validate;

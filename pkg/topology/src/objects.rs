@@ -258,8 +258,11 @@ pub struct UnreadablePolicy {
 /// Everything network policy reads of the cluster, at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PolicyObjects {
-    /// Every pod (every namespace, every node), sorted by namespace and name.
-    pub pods: Vec<Arc<PolicyPod>>,
+    /// Every pod (every namespace, every node), by namespace and name: a persistent map
+    /// that a source changes in place, so two snapshots share all but the pods that
+    /// changed between them (their difference, `imbl::OrdMap::diff`, skips the rest;
+    /// a copy costs a pointer).
+    pub pods: PolicyPods,
     /// Every namespace, sorted by name.
     pub namespaces: Vec<Arc<PolicyNamespace>>,
     /// Every `networking.k8s.io/v1` NetworkPolicy, sorted by namespace and name, as the
@@ -280,18 +283,41 @@ pub struct PolicyObjects {
     pub stale: bool,
 }
 
+/// The pods of a [`PolicyObjects`], by (namespace, name).
+pub type PolicyPods = imbl::OrdMap<(String, String), Arc<PolicyPod>>;
+
+/// A map of `pods`, each under its namespace and name (a later one of a name replaces an
+/// earlier), as a snapshot holds them.
+pub fn policy_pods(pods: impl IntoIterator<Item = Arc<PolicyPod>>) -> PolicyPods {
+    pods.into_iter().map(|p| (pod_key(&p), p)).collect()
+}
+
+impl PolicyObjects {
+    /// Adds pod `pod`, or replaces the one of its namespace and name (as a watch does).
+    pub fn put_pod(&mut self, pod: Arc<PolicyPod>) {
+        self.pods.insert(pod_key(&pod), pod);
+    }
+
+    /// Pod `namespace/name`, if there is one.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&Arc<PolicyPod>> {
+        self.pods.get(&(namespace.to_string(), name.to_string()))
+    }
+}
+
 /// The objects of a [`PolicyObjects`] by key, as the sources keep them between
 /// snapshots: maps make an update one lookup and keep the snapshot's order for free.
+/// Persistent maps (one type for every kind, so that one watch loop serves them all):
+/// the pods' is the snapshot's own, shared rather than copied.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct PolicyMaps {
     /// By (namespace, name).
-    pub(crate) pods: BTreeMap<(String, String), Arc<PolicyPod>>,
+    pub(crate) pods: PolicyPods,
     /// By name.
-    pub(crate) namespaces: BTreeMap<String, Arc<PolicyNamespace>>,
+    pub(crate) namespaces: imbl::OrdMap<String, Arc<PolicyNamespace>>,
     /// By (namespace, name).
-    pub(crate) policies: BTreeMap<(String, String), Arc<Strict<NetworkPolicy>>>,
+    pub(crate) policies: imbl::OrdMap<(String, String), Arc<Strict<NetworkPolicy>>>,
     /// By name.
-    pub(crate) cluster_policies: BTreeMap<String, Arc<Strict<ClusterNetworkPolicy>>>,
+    pub(crate) cluster_policies: imbl::OrdMap<String, Arc<Strict<ClusterNetworkPolicy>>>,
     /// Objects that do not decode, by who found them (a watch, a file).
     pub(crate) unreadable: BTreeMap<String, Vec<Arc<UnreadablePolicy>>>,
 }
@@ -300,7 +326,7 @@ impl PolicyMaps {
     /// The snapshot of these objects.
     pub(crate) fn snapshot(&self, synced: bool, stale: bool) -> PolicyObjects {
         PolicyObjects {
-            pods: self.pods.values().cloned().collect(),
+            pods: self.pods.clone(),
             namespaces: self.namespaces.values().cloned().collect(),
             policies: self.policies.values().cloned().collect(),
             cluster_policies: self.cluster_policies.values().cloned().collect(),

@@ -33,14 +33,42 @@ pub enum SourceError {
     Other(String),
 }
 
+/// Every Topology a source serves, by (namespace, name), as a persistent map: a copy
+/// costs a pointer, and a source changes its map in place (an unchanged Topology keeps
+/// its `Arc`), so two maps read at two moments share all but what changed in between.
+/// A reader tells what moved by their difference ([`imbl::OrdMap::diff`] skips what
+/// they share), not by a walk of every Topology of the cluster.
+pub type Topologies = imbl::OrdMap<(String, String), Held>;
+
+/// A Topology as [`Topologies`] holds it: equal to another only when it is the very
+/// same object (a source keeps an unchanged one's `Arc`). So the difference of two maps
+/// compares a pointer per entry it visits, never two Topologies field by field, and a
+/// Topology replaced by a new read of it counts as changed.
+#[derive(Debug, Clone)]
+pub struct Held(pub Arc<Topology>);
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::ops::Deref for Held {
+    type Target = Arc<Topology>;
+    fn deref(&self) -> &Arc<Topology> {
+        &self.0
+    }
+}
+
 /// Where the daemon learns about topologies and its own node, and where it reports
 /// where its pods run and which wire ends it holds. Reads come from a cache and never
 /// block; writes are asynchronous.
 pub trait TopologySource: Send + Sync + 'static {
     /// The Topology of pod `pod` in `namespace`, if there is one.
     fn topology(&self, namespace: &str, pod: &str) -> Option<Arc<Topology>>;
-    /// Every Topology known.
-    fn topologies(&self) -> Vec<Arc<Topology>>;
+    /// Every Topology known, by namespace and name: the same map, or one sharing all
+    /// but what changed, from one call to the next (see [`Topologies`]).
+    fn topologies(&self) -> Topologies;
     /// This node's address (its `InternalIP`), once known.
     fn node_address(&self) -> Option<IpAddr>;
     /// Every node known (this one included), sorted by name: where each is and which
@@ -76,7 +104,7 @@ pub trait TopologySource: Send + Sync + 'static {
 /// policies and cluster network policies are put in by hand; statuses written through the trait land on them. Its
 /// policy objects start synced (everything it has is all there is) and not stale.
 pub struct MemorySource {
-    topologies: Mutex<BTreeMap<(String, String), Arc<Topology>>>,
+    topologies: Mutex<Topologies>,
     address: Mutex<Option<IpAddr>>,
     nodes: Mutex<BTreeMap<String, ClusterNode>>,
     wires: Mutex<Vec<WireEnd>>,
@@ -123,7 +151,10 @@ impl MemorySource {
     pub fn put(&self, t: Topology) {
         let ns = t.metadata.namespace.clone().unwrap_or_else(|| "default".into());
         let name = t.metadata.name.clone().unwrap_or_default();
-        self.topologies.lock().expect("lock").insert((ns, name), Arc::new(t));
+        self.topologies
+            .lock()
+            .expect("lock")
+            .insert((ns, name), Held(Arc::new(t)));
         self.bump();
     }
 
@@ -256,10 +287,10 @@ impl TopologySource for MemorySource {
             .lock()
             .expect("lock")
             .get(&(namespace.to_string(), pod.to_string()))
-            .cloned()
+            .map(|t| t.0.clone())
     }
-    fn topologies(&self) -> Vec<Arc<Topology>> {
-        self.topologies.lock().expect("lock").values().cloned().collect()
+    fn topologies(&self) -> Topologies {
+        self.topologies.lock().expect("lock").clone()
     }
     fn node_address(&self) -> Option<IpAddr> {
         *self.address.lock().expect("lock")
@@ -279,9 +310,9 @@ impl TopologySource for MemorySource {
             let Some(t) = map.get(&key) else {
                 return Err(SourceError::Other(format!("no topology {namespace}/{pod}")));
             };
-            let mut t = (**t).clone();
+            let mut t = (***t).clone();
             t.status = Some(status);
-            map.insert(key, Arc::new(t));
+            map.insert(key, Held(Arc::new(t)));
             drop(map);
             self.bump();
             Ok(())
@@ -333,7 +364,11 @@ mod tests {
         source.put_policy(policy);
         assert_eq!(*changes.borrow(), 4);
         let o = source.policy_objects();
-        let pods: Vec<_> = o.pods.iter().map(|p| (p.namespace.as_str(), p.name.as_str())).collect();
+        let pods: Vec<_> = o
+            .pods
+            .values()
+            .map(|p| (p.namespace.as_str(), p.name.as_str()))
+            .collect();
         assert_eq!(pods, [("a", "y"), ("b", "x")]);
         assert_eq!(o.namespaces.len(), 1);
         assert_eq!(o.policies.len(), 1);

@@ -18,7 +18,7 @@ fn write(dir: &Path, name: &str, text: &str) {
 }
 
 fn pods(o: &PolicyObjects) -> Vec<String> {
-    o.pods.iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect()
+    o.pods.values().map(|p| format!("{}/{}", p.namespace, p.name)).collect()
 }
 
 fn policies(o: &PolicyObjects) -> Vec<String> {
@@ -103,10 +103,13 @@ fn policy_objects_come_from_files_with_several_documents() {
     assert!(o.synced && !o.stale, "{o:?}");
 
     assert_eq!(pods(&o), ["db/z", "web/a", "web/b"]);
-    assert_eq!(o.pods[0].ips, ["10.244.2.9".parse::<std::net::IpAddr>().unwrap()]);
-    assert_eq!(o.pods[1].labels["app"], "web");
-    assert_eq!(o.pods[1].ports[0].name, "http");
-    assert_eq!(o.pods[1].node, NODE);
+    assert_eq!(
+        o.pods.values().nth(0).expect("a pod").ips,
+        ["10.244.2.9".parse::<std::net::IpAddr>().unwrap()]
+    );
+    assert_eq!(o.pods.values().nth(1).expect("a pod").labels["app"], "web");
+    assert_eq!(o.pods.values().nth(1).expect("a pod").ports[0].name, "http");
+    assert_eq!(o.pods.values().nth(1).expect("a pod").node, NODE);
 
     let namespaces: Vec<_> = o.namespaces.iter().map(|n| (n.name.as_str(), n.audit)).collect();
     assert_eq!(namespaces, [("db", false), ("web", true)]);
@@ -164,7 +167,11 @@ fn a_bad_file_is_reported_and_skipped_and_the_others_keep_working() {
 
     let o = source.policy_objects();
     assert_eq!(pods(&o), ["db/z", "web/a", "web/b", "web/c"]);
-    assert_eq!(o.pods[1].labels["app"], "web", "the first web/a wins");
+    assert_eq!(
+        o.pods.values().nth(1).expect("a pod").labels["app"],
+        "web",
+        "the first web/a wins"
+    );
     assert_eq!(policies(&o), ["db/deny", "default/allow-web"]);
     assert_eq!(o.namespaces.len(), 2);
 }
@@ -193,12 +200,18 @@ fn policy_changes_moves_only_when_the_snapshot_changes() {
     reload();
     expected += 1;
     assert_eq!(*policy_changes.borrow(), expected, "labels");
-    assert_eq!(source.policy_objects().pods[1].labels["app"], "api");
+    assert_eq!(
+        source.policy_objects().pods.values().nth(1).expect("a pod").labels["app"],
+        "api"
+    );
     write(dir.path(), "pods.yaml", &pod_file("api", "10.244.1.40", "True"));
     reload();
     expected += 1;
     assert_eq!(*policy_changes.borrow(), expected, "podIPs");
-    assert_eq!(source.policy_objects().pods[1].ips[0].to_string(), "10.244.1.40");
+    assert_eq!(
+        source.policy_objects().pods.values().nth(1).expect("a pod").ips[0].to_string(),
+        "10.244.1.40"
+    );
 
     // Written again unchanged, or with only a status condition changed: nothing moves.
     write(dir.path(), "pods.yaml", &pod_file("api", "10.244.1.40", "True"));

@@ -82,7 +82,7 @@ fn ip(s: &str) -> Option<IpAddr> {
 
 /// `namespace/name` of every topology served.
 fn served(source: &KubeSource) -> BTreeSet<String> {
-    (source.topologies().iter())
+    (source.topologies().values())
         .map(|t| {
             let ns = t.metadata.namespace.clone().unwrap_or_default();
             format!("{ns}/{}", t.metadata.name.clone().unwrap_or_default())

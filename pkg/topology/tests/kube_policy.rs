@@ -145,7 +145,7 @@ async fn start(server: &FakeApiServer) -> Arc<KubeSource> {
 
 /// `namespace/name` of every pod in the snapshot, in its order.
 fn pods(o: &PolicyObjects) -> Vec<String> {
-    o.pods.iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect()
+    o.pods.values().map(|p| format!("{}/{}", p.namespace, p.name)).collect()
 }
 
 fn policies(o: &PolicyObjects) -> Vec<String> {
@@ -163,7 +163,7 @@ fn policies(o: &PolicyObjects) -> Vec<String> {
 
 fn ips(source: &KubeSource, namespace: &str, name: &str) -> Option<Vec<String>> {
     let o = source.policy_objects();
-    let p = o.pods.iter().find(|p| p.namespace == namespace && p.name == name)?;
+    let p = o.pods.values().find(|p| p.namespace == namespace && p.name == name)?;
     Some(p.ips.iter().map(ToString::to_string).collect())
 }
 
@@ -182,7 +182,7 @@ async fn pods_namespaces_and_policies_arrive_sorted_and_slimmed() {
     assert!(o.synced && !o.stale, "{o:?}");
 
     assert_eq!(pods(&o), ["db/z", "web/a", "web/b"]);
-    let b = &o.pods[2];
+    let b = &o.pods.values().nth(2).expect("a pod");
     assert_eq!(b.labels, [("app".to_string(), "web".to_string())].into());
     assert_eq!(
         b.ips,
@@ -205,7 +205,10 @@ async fn pods_namespaces_and_policies_arrive_sorted_and_slimmed() {
             named("dns", 53, PortProtocol::Udp)
         ]
     );
-    assert!(o.pods[0].ips.is_empty(), "no address reported yet");
+    assert!(
+        o.pods.values().nth(0).expect("a pod").ips.is_empty(),
+        "no address reported yet"
+    );
 
     let namespaces: Vec<_> = o.namespaces.iter().map(|n| (n.name.as_str(), n.audit)).collect();
     assert_eq!(namespaces, [("db", false), ("web", true)]);
@@ -267,7 +270,17 @@ async fn policy_changes_moves_once_per_change_that_policy_reads() {
         &["10.244.1.4"],
     ));
     expected += 1;
-    settles!("labels", source.policy_objects().pods[0].labels.contains_key("tier"));
+    settles!(
+        "labels",
+        source
+            .policy_objects()
+            .pods
+            .values()
+            .nth(0)
+            .expect("a pod")
+            .labels
+            .contains_key("tier")
+    );
 
     server.put(&pod(
         "web",

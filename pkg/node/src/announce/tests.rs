@@ -175,7 +175,7 @@ async fn the_service_hands_the_engine_the_node_at_the_callers_address() {
             learnt: weft_fqdn::Limits::default(),
         },
         source.clone(),
-        Arc::new(|| Box::pin(async { Ok(Arc::new(Vec::new())) })),
+        Arc::new(|| Box::pin(async { Ok(weft_policy::LocalListing::new()) })),
         NullKernel,
         metrics.families::<PolicyMetrics>(),
     ));

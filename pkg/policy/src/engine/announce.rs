@@ -119,20 +119,17 @@ impl Announcements {
 
     /// [`Announcements::patch`] made anew.
     fn patch_anew(&mut self, objects: Arc<PolicyObjects>) -> Arc<PolicyObjects> {
-        let mut pods: Option<Vec<Arc<PolicyPod>>> = None;
+        // A copy of the cache's map that shares all but the pods patched (`put_pod`).
+        let mut patched_objects: Option<PolicyObjects> = None;
         let mut moot = Vec::new();
         for (key, e) in &mut self.entries {
-            let Ok(i) = objects
-                .pods
-                .binary_search_by(|p| (p.namespace.as_str(), p.name.as_str()).cmp(&(key.0.as_str(), key.1.as_str())))
-            else {
+            let Some(raw) = objects.pods.get(key) else {
                 // Not in the cache yet (or gone before it was seen): kept until it is.
                 if e.patched.is_some() {
                     moot.push(key.clone());
                 }
                 continue;
             };
-            let raw = &objects.pods[i];
             if !raw.ips.is_empty() || raw.node != e.node {
                 moot.push(key.clone());
                 continue;
@@ -148,16 +145,15 @@ impl Announcements {
                     p
                 }
             };
-            pods.get_or_insert_with(|| objects.pods.clone())[i] = patched;
+            patched_objects
+                .get_or_insert_with(|| (*objects).clone())
+                .put_pod(patched);
         }
         for key in moot {
             self.entries.remove(&key);
         }
-        match pods {
-            Some(pods) => Arc::new(PolicyObjects {
-                pods,
-                ..(*objects).clone()
-            }),
+        match patched_objects {
+            Some(o) => Arc::new(o),
             None => objects,
         }
     }
@@ -232,13 +228,7 @@ impl<K: PolicyKernel> PolicyEngine<K> {
             return refused(format!("{ip} is not in the node's pod ranges"));
         }
         let objects = self.source.policy_objects();
-        let known = objects
-            .pods
-            .binary_search_by(|p| {
-                (p.namespace.as_str(), p.name.as_str()).cmp(&(pod.namespace.as_str(), pod.name.as_str()))
-            })
-            .ok()
-            .map(|i| objects.pods[i].clone());
+        let known = objects.pod(&pod.namespace, &pod.name).cloned();
         if let Some(p) = &known {
             if p.node != node {
                 return refused(format!("the pod runs on node {:?}", p.node));
@@ -306,32 +296,36 @@ mod tests {
             .insert(("x".into(), "elsewhere".into()), entry("n2", "10.0.2.8"));
         a.entries.insert(("x".into(), "later".into()), entry("n2", "10.0.2.7"));
         let o = Arc::new(PolicyObjects {
-            pods: vec![
+            pods: weft_topology::policy_pods([
                 pod("elsewhere", "n3", &[]),
                 pod("new", "n2", &[]),
                 pod("old", "n2", &["10.0.2.1"]),
-            ],
+            ]),
             ..PolicyObjects::default()
         });
         let p1 = a.patch(o.clone());
-        assert_eq!(p1.pods[1].ips, vec!["10.0.2.9".parse::<IpAddr>().unwrap()]);
-        assert!(p1.pods[0].ips.is_empty(), "the pod runs on another node: not taken");
-        assert!(Arc::ptr_eq(&p1.pods[2], &o.pods[2]));
+        let at = |o: &PolicyObjects, name: &str| o.pod("x", name).expect("the pod").clone();
+        assert_eq!(at(&p1, "new").ips, vec!["10.0.2.9".parse::<IpAddr>().unwrap()]);
+        assert!(
+            at(&p1, "elsewhere").ips.is_empty(),
+            "the pod runs on another node: not taken"
+        );
+        assert!(Arc::ptr_eq(&at(&p1, "old"), &at(&o, "old")));
         assert_eq!(a.entries.len(), 2, "the moot one went; the one not seen yet stays");
         let p2 = a.patch(o.clone());
         assert!(Arc::ptr_eq(&p1, &p2), "nothing moved: the same objects, not a copy");
         // Another announcement: patched anew, keeping what was patched before.
         let o2 = Arc::new(PolicyObjects {
-            pods: [o.pods.clone(), vec![pod("other", "n2", &[])]].concat(),
+            pods: o.pods.update(("x".into(), "other".into()), pod("other", "n2", &[])),
             ..PolicyObjects::default()
         });
         a.insert(("x".into(), "other".into()), entry("n2", "10.0.2.6"));
         let p2 = a.patch(o2.clone());
         assert!(!Arc::ptr_eq(&p1, &p2));
-        assert_eq!(p2.pods[3].ips, vec!["10.0.2.6".parse::<IpAddr>().unwrap()]);
-        assert!(Arc::ptr_eq(&p1.pods[1], &p2.pods[1]), "the same patched object");
+        assert_eq!(at(&p2, "other").ips, vec!["10.0.2.6".parse::<IpAddr>().unwrap()]);
+        assert!(Arc::ptr_eq(&at(&p1, "new"), &at(&p2, "new")), "the same patched object");
         let confirmed = Arc::new(PolicyObjects {
-            pods: vec![pod("new", "n2", &["10.0.2.9"])],
+            pods: weft_topology::policy_pods([pod("new", "n2", &["10.0.2.9"])]),
             ..PolicyObjects::default()
         });
         let p3 = a.patch(confirmed.clone());

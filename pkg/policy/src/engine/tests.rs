@@ -78,8 +78,8 @@ impl TopologySource for Cluster {
     fn topology(&self, _: &str, _: &str) -> Option<Arc<Topology>> {
         None
     }
-    fn topologies(&self) -> Vec<Arc<Topology>> {
-        Vec::new()
+    fn topologies(&self) -> weft_topology::Topologies {
+        weft_topology::Topologies::new()
     }
     fn node_address(&self) -> Option<std::net::IpAddr> {
         None
@@ -148,10 +148,10 @@ fn engine_with(
     // As the store's listing: the same `Arc` while the pods are unchanged.
     let last: Mutex<LocalListing> = Mutex::default();
     let pods: LocalPods = Arc::new(move || {
-        let now: Vec<Arc<LocalPod>> = local.lock().unwrap().iter().cloned().map(Arc::new).collect();
+        let now = local_listing(local.lock().unwrap().iter().cloned());
         let mut last = last.lock().unwrap();
-        if **last != now {
-            *last = Arc::new(now);
+        if *last != now {
+            *last = now;
         }
         let l = last.clone();
         Box::pin(async move { Ok(l) })
@@ -209,7 +209,7 @@ async fn passes_apply_differences_and_resyncs_repair_drift() {
     let cluster = Cluster::new(true);
     cluster.change(|o| {
         o.policies.push(policy("deny", json!({"podSelector": {}})));
-        o.pods.push(Arc::new(PolicyPod {
+        o.put_pod(Arc::new(PolicyPod {
             namespace: "x".into(),
             name: "a".into(),
             ips: vec!["10.0.0.1".parse().unwrap()],
@@ -298,8 +298,8 @@ async fn explain_denies_and_verdicts() {
     };
     cluster.change(|o| {
         o.policies.push(policy("deny", json!({"podSelector": {}})));
-        o.pods.push(pod("a", "10.0.0.1"));
-        o.pods.push(pod("b", "10.0.0.2"));
+        o.put_pod(pod("a", "10.0.0.1"));
+        o.put_pod(pod("b", "10.0.0.2"));
     });
     let (e, k, metrics) = engine(cluster, vec![local("a", "10.0.0.1"), local("b", "10.0.0.2")]);
     assert!(
@@ -406,9 +406,9 @@ async fn pods_elsewhere_see_a_change_of_this_node_s_pods() {
     let cluster = allowing_all_within_x();
     let (e, _k, _, handle) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
     e.pass(true).await.unwrap();
-    cluster.change(|o| o.pods.push(remote("r1", "10.0.9.1")));
+    cluster.change(|o| o.put_pod(remote("r1", "10.0.9.1")));
     assert!(e.pass(false).await.unwrap().incremental);
-    cluster.change(|o| o.pods.push(remote("r2", "10.0.9.2")));
+    cluster.change(|o| o.put_pod(remote("r2", "10.0.9.2")));
     assert!(e.pass(false).await.unwrap().incremental, "nothing of this node moved");
     let changes: [fn(&mut Vec<LocalPod>); 3] = [
         |l| l.push(local("b", "10.0.0.2")),
@@ -419,10 +419,10 @@ async fn pods_elsewhere_see_a_change_of_this_node_s_pods() {
     ];
     for (i, change) in changes.into_iter().enumerate() {
         change(&mut handle.lock().unwrap());
-        cluster.change(|o| o.pods.push(remote(&format!("s{i}"), &format!("10.0.8.{i}"))));
+        cluster.change(|o| o.put_pod(remote(&format!("s{i}"), &format!("10.0.8.{i}"))));
         let out = e.pass(false).await.unwrap();
         assert!(!out.incremental, "change {i} of this node's pods: {out:?}");
-        cluster.change(|o| o.pods.push(remote(&format!("t{i}"), &format!("10.0.7.{i}"))));
+        cluster.change(|o| o.put_pod(remote(&format!("t{i}"), &format!("10.0.7.{i}"))));
         assert!(e.pass(false).await.unwrap().incremental, "after change {i}");
     }
 }
@@ -436,11 +436,11 @@ async fn a_listing_is_the_same_pods_in_any_order_but_not_with_one_twice() {
     let (e, _k, _, handle) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1"), local("b", "10.0.0.2")]);
     e.pass(true).await.unwrap();
     handle.lock().unwrap().reverse();
-    cluster.change(|o| o.pods.push(remote("r1", "10.0.9.1")));
+    cluster.change(|o| o.put_pod(remote("r1", "10.0.9.1")));
     let out = e.pass(false).await.unwrap();
     assert!(out.incremental, "the same pods listed in another order: {out:?}");
     *handle.lock().unwrap() = vec![local("a", "10.0.0.1"), local("a", "10.0.0.1")];
-    cluster.change(|o| o.pods.push(remote("r2", "10.0.9.2")));
+    cluster.change(|o| o.put_pod(remote("r2", "10.0.9.2")));
     let out = e.pass(false).await.unwrap();
     assert!(!out.incremental, "pod b is gone, a listed twice: {out:?}");
 }
@@ -455,7 +455,7 @@ async fn an_add_after_pods_elsewhere_moved_is_still_added_alone() {
     letting_clients_in(&cluster);
     let (e, k, _, pods) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
     e.pass(true).await.unwrap();
-    cluster.change(|o| o.pods.push(remote("r", "10.0.9.1")));
+    cluster.change(|o| o.put_pod(remote("r", "10.0.9.1")));
     let applied = k.applied.lock().unwrap().len();
     let out = e.pass_with(Some(&local("b", "10.0.0.2")), false).await.unwrap();
     assert!(out.incremental, "{out:?}");
@@ -492,7 +492,7 @@ async fn pods_elsewhere_change_elements_only() {
     letting_clients_in(&cluster);
     let (e, k, _) = engine(cluster.clone(), vec![local("a", "10.0.0.1")]);
     e.pass(true).await.unwrap();
-    cluster.change(|o| o.pods.push(remote("r", "10.0.9.1", "client")));
+    cluster.change(|o| o.put_pod(remote("r", "10.0.9.1", "client")));
     let out = e.pass(false).await.unwrap();
     assert!(out.incremental, "{out:?}");
     let script = out.script.unwrap();
@@ -501,7 +501,7 @@ async fn pods_elsewhere_change_elements_only() {
         "{script}"
     );
     assert_eq!(script.lines().count(), 1, "{script}");
-    cluster.change(|o| o.pods[0] = remote("r", "10.0.9.1", "server"));
+    cluster.change(|o| o.put_pod(remote("r", "10.0.9.1", "server")));
     let script = e.pass(false).await.unwrap().script.unwrap();
     assert!(script.starts_with("delete element inet weft-policy s"), "{script}");
     cluster.change(|o| o.pods.clear());
@@ -535,7 +535,7 @@ async fn a_topology_change_is_no_change_of_the_nodes() {
     cluster.change(|o| {
         o.policies.push(policy("deny", json!({"podSelector": {}})));
         for (name, ip) in [("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3")] {
-            o.pods.push(Arc::new(PolicyPod {
+            o.put_pod(Arc::new(PolicyPod {
                 namespace: "x".into(),
                 name: name.into(),
                 ips: vec![ip.parse().unwrap()],
@@ -548,7 +548,7 @@ async fn a_topology_change_is_no_change_of_the_nodes() {
     let counter = listed.clone();
     let pods: LocalPods = Arc::new(move || {
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Box::pin(async { Ok(Arc::new(vec![Arc::new(local("a", "10.0.0.1"))])) })
+        Box::pin(async { Ok(local_listing([local("a", "10.0.0.1")])) })
     });
     let e = engine_over(
         cluster.clone(),
@@ -621,7 +621,7 @@ async fn an_announced_pod_is_in_the_sets_before_the_api_has_its_address() {
             "from-clients",
             json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
         ));
-        o.pods.push(new(&[]));
+        o.put_pod(new(&[]));
     });
     let (e, k, metrics) = engine(cluster.clone(), vec![local("a", "10.0.1.1")]);
     e.pass(true).await.unwrap();
@@ -651,7 +651,7 @@ async fn an_announced_pod_is_in_the_sets_before_the_api_has_its_address() {
         applied[before]
     );
     // The API confirms it: nothing changes.
-    cluster.change(|o| o.pods[0] = new(&["10.0.2.9"]));
+    cluster.change(|o| o.put_pod(new(&["10.0.2.9"])));
     assert_eq!(e.pass(false).await.unwrap().script, None);
     assert_eq!(
         e.pod_announced("n2", announced("client", "10.0.2.9")).await,
@@ -665,7 +665,7 @@ async fn an_announced_pod_is_in_the_sets_before_the_api_has_its_address() {
     cluster.change(|o| {
         let mut p = (*new(&[])).clone();
         p.name = "later".into();
-        o.pods.push(Arc::new(p));
+        o.put_pod(Arc::new(p));
     });
     let script = e.pass(false).await.unwrap().script.unwrap();
     assert!(script.trim_end().ends_with("{ 10.0.2.10 }"), "{script}");
@@ -693,7 +693,7 @@ async fn announcements_during_a_pass_share_the_next_one() {
             json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
         ));
         for i in 1..=5 {
-            o.pods.push(Arc::new(PolicyPod {
+            o.put_pod(Arc::new(PolicyPod {
                 namespace: "x".into(),
                 name: format!("c{i}"),
                 labels: [("role".to_string(), "client".to_string())].into(),
@@ -743,7 +743,7 @@ async fn announcements_during_a_pass_share_the_next_one() {
     assert_eq!(e.waiting_announcements(), 0);
     // One announced alone still gets its own pass.
     cluster.change(|o| {
-        o.pods.push(Arc::new(PolicyPod {
+        o.put_pod(Arc::new(PolicyPod {
             namespace: "x".into(),
             name: "c6".into(),
             labels: [("role".to_string(), "client".to_string())].into(),
@@ -810,13 +810,13 @@ async fn a_local_pods_reported_address_changes_nothing() {
     };
     cluster.change(|o| {
         o.policies.push(policy("deny", json!({"podSelector": {}})));
-        o.pods.push(object(&[]));
+        o.put_pod(object(&[]));
     });
     let (e, _, _, pods) = engine_with(cluster.clone(), vec![local("a", "10.0.0.1")]);
     e.pass(true).await.unwrap();
     e.pod_attached(local("b", "10.0.0.2")).await.unwrap();
     pods.lock().unwrap().push(local("b", "10.0.0.2"));
-    cluster.change(|o| o.pods[0] = object(&["10.0.0.2"]));
+    cluster.change(|o| o.put_pod(object(&["10.0.0.2"])));
     let out = e.pass(false).await.unwrap();
     assert!(out.incremental && out.script.is_none(), "{out:?}");
 }
@@ -842,7 +842,7 @@ async fn dns_answers_fill_learnt_sets_before_they_go_on() {
         };
     cluster.change(|o| {
         o.cluster_policies.push(cnp("api", json!(["api.example.test"])));
-        o.pods.push(Arc::new(PolicyPod {
+        o.put_pod(Arc::new(PolicyPod {
             namespace: "x".into(),
             name: "a".into(),
             ips: vec!["10.0.0.1".parse().unwrap()],
@@ -931,4 +931,80 @@ async fn dns_answers_fill_learnt_sets_before_they_go_on() {
     cluster.change(|o| o.cluster_policies.clear());
     e.pass(false).await.unwrap();
     assert_eq!(*k.copy_dns_answers.lock().unwrap(), Some(false));
+}
+
+/// The pods that changed between two snapshots, among many: added, gone, changed, and
+/// not a pod replaced by an equal copy (a source may read an unchanged object anew).
+#[test]
+fn changed_pods_of_a_map_changed_in_place() {
+    let old = weft_topology::policy_pods(
+        (0..1000).map(|i| remote(&format!("p{i:04}"), &format!("10.1.{}.{}", i / 250, i % 250))),
+    );
+    let mut new = old.clone();
+    new.remove(&("x".to_string(), "p0000".to_string()));
+    new.insert(("x".to_string(), "p0500".to_string()), remote("p0500", "10.9.9.9"));
+    new.insert(("x".to_string(), "p0700".to_string()), remote("p0700", "10.1.2.200"));
+    new.insert(("x".to_string(), "p9999".to_string()), remote("p9999", "10.9.9.8"));
+    let changes: Vec<(String, Option<Vec<std::net::IpAddr>>)> = changed_pods(&old, &new)
+        .into_iter()
+        .map(|((_, name), p)| (name, p.map(|p| p.ips.clone())))
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            ("p0000".to_string(), None),
+            ("p0500".to_string(), Some(vec!["10.9.9.9".parse().unwrap()])),
+            ("p9999".to_string(), Some(vec!["10.9.9.8".parse().unwrap()])),
+        ]
+    );
+    assert!(changed_pods(&new, &new).is_empty(), "the same map");
+}
+
+/// The host interfaces of a listing, kept by the listings' difference, are what a count
+/// over the whole listing finds: pods added, removed, moved to another interface, two
+/// on one interface, and a listing that is not derived from the last.
+#[test]
+fn listed_interfaces_follow_the_listing() {
+    let pod = |name: &str, ifname: &str| LocalPod {
+        host_ifname: ifname.into(),
+        ..local(name, "10.0.0.1")
+    };
+    let whole = |l: &LocalListing| {
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for p in l.values() {
+            *counts.entry(p.host_ifname.clone()).or_default() += 1;
+        }
+        counts
+    };
+    let mut index = None;
+    let mut listing: LocalListing = (0..300)
+        .map(|i| (i, Arc::new(pod(&format!("p{i}"), &format!("h{i}")))))
+        .collect();
+    assert_eq!(*listed_interfaces(&mut index, &listing), whole(&listing));
+    let steps: Vec<Box<dyn Fn(&mut LocalListing)>> = vec![
+        Box::new(|l| {
+            l.insert(300, Arc::new(pod("p300", "h300")));
+        }),
+        Box::new(|l| {
+            l.remove(&7);
+        }),
+        Box::new(|l| {
+            l.insert(8, Arc::new(pod("p8", "moved")));
+        }),
+        // A second attachment on an interface already listed, then the first goes.
+        Box::new(|l| {
+            l.insert(301, Arc::new(pod("p9b", "h9")));
+        }),
+        Box::new(|l| {
+            l.remove(&9);
+        }),
+    ];
+    for step in steps {
+        step(&mut listing);
+        assert_eq!(*listed_interfaces(&mut index, &listing), whole(&listing));
+    }
+    assert_eq!(listed_interfaces(&mut index, &listing).get("h9"), Some(&1));
+    assert!(!listed_interfaces(&mut index, &listing).contains_key("h7"));
+    let fresh = local_listing([pod("q", "hq")]);
+    assert_eq!(*listed_interfaces(&mut index, &fresh), whole(&fresh));
 }

@@ -44,7 +44,7 @@ fn cluster(policies: &[Value]) -> ClusterView {
                     })
                 })
                 .collect();
-            o.pods.push(Arc::new(PolicyPod {
+            o.put_pod(Arc::new(PolicyPod {
                 namespace: ns.to_string(),
                 name: pod.to_string(),
                 labels: [("pod".to_string(), pod.to_string())].into(),
@@ -398,7 +398,7 @@ fn audit_mode_forwards_and_says_so() {
             ..PolicyPod::default()
         })
     };
-    o.pods = vec![pod("a", "10.0.0.1"), pod("b", "10.0.0.2")];
+    o.pods = weft_topology::policy_pods([pod("a", "10.0.0.1"), pod("b", "10.0.0.2")]);
     o.policies.push(Arc::new(
         serde_json::from_value(policy("x", "deny", json!({"podSelector": {}}))).unwrap(),
     ));
@@ -419,7 +419,7 @@ fn audit_mode_forwards_and_says_so() {
 #[test]
 fn node_traffic_host_network_and_unknown_local_pods() {
     let mut o = PolicyObjects::default();
-    o.pods.push(Arc::new(PolicyPod {
+    o.put_pod(Arc::new(PolicyPod {
         namespace: "x".into(),
         name: "a".into(),
         labels: [("pod".to_string(), "a".to_string())].into(),
@@ -427,7 +427,7 @@ fn node_traffic_host_network_and_unknown_local_pods() {
         node: "n1".into(),
         ..PolicyPod::default()
     }));
-    o.pods.push(Arc::new(PolicyPod {
+    o.put_pod(Arc::new(PolicyPod {
         namespace: "x".into(),
         name: "h".into(),
         labels: [("pod".to_string(), "h".to_string())].into(),

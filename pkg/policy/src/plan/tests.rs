@@ -61,7 +61,7 @@ impl World {
         let local = vec![local(&a, "weft-a"), local(&b, "weft-b")];
         World {
             objects: PolicyObjects {
-                pods: vec![a, b, c],
+                pods: weft_topology::policy_pods([a, b, c]),
                 namespaces: vec![
                     Arc::new(PolicyNamespace {
                         name: "x".into(),
@@ -182,10 +182,10 @@ fn arrivals_change_elements_only() {
         json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]}),
     ));
     let before = w.plan();
-    w.objects.pods.push(pod("y", "d", "10.244.2.11", "n2", &[("pod", "d")]));
+    w.objects.put_pod(pod("y", "d", "10.244.2.11", "n2", &[("pod", "d")]));
     let e = pod("x", "e", "10.244.1.12", "n1", &[("pod", "e")]);
     w.local.push(local(&e, "weft-e"));
-    w.objects.pods.push(e);
+    w.objects.put_pod(e);
     let after = w.plan();
     let script = diff(&after, &Observed::after(&before)).unwrap();
     for line in script.lines() {
@@ -442,7 +442,7 @@ mod additions {
             pods.push(new.clone());
         }
         for (p, here) in &pods {
-            w.objects.pods.push(p.clone());
+            w.objects.put_pod(p.clone());
             if *here {
                 w.local.push(local(p, &format!("weft-{}", p.name)));
             }

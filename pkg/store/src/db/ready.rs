@@ -21,7 +21,7 @@ use rusqlite::params;
 
 use super::{Db, blob_key};
 use crate::addr;
-use crate::{PodRef, ReadyPod, StoreError};
+use crate::{PodRef, ReadyPod, ReadyPods, StoreError};
 
 /// How many entries the log keeps at least: past that, older ones go with the write
 /// that logs the next multiple of it.
@@ -35,9 +35,10 @@ pub(crate) struct ReadyCache {
     version: i64,
     /// The last log entry taken in.
     seq: i64,
-    /// The pods by attachment id (the listing's order), each shared with the listings
-    /// handed out: a pod that did not change is the same `Arc` from one to the next.
-    pods: BTreeMap<i64, Arc<ReadyPod>>,
+    /// The pods by attachment id (the listing's order), shared with the listings handed
+    /// out (changed in place: see [`ReadyPods`]): a pod that did not change is the same
+    /// `Arc` from one to the next.
+    pods: ReadyPods,
 }
 
 /// The log and its triggers, made on a connection when it first lists its pods (a
@@ -110,16 +111,16 @@ impl Db {
     /// host interface and addresses, in attachment order: what a reader of the node's
     /// pods needs (network policy reads them at every change of the cluster's pods).
     /// Kept between calls and brought up to date from the attachments written since
-    /// (see the module documentation): the same answer as a read of every row. Each pod
-    /// is shared with the cache, so a listing costs a pointer per pod, and a pod that
+    /// (see the module documentation): the same answer as a read of every row. The map
+    /// is the cache's own ([`ReadyPods`]), so a listing costs a pointer, and a pod that
     /// did not change since the last listing is the very same `Arc` in this one.
-    pub fn ready_pods(&mut self, ifname: &str) -> Result<Vec<Arc<ReadyPod>>, StoreError> {
+    pub fn ready_pods(&mut self, ifname: &str) -> Result<ReadyPods, StoreError> {
         let version = self.pods_version()?;
         if let Some(c) = &self.ready_cache
             && c.ifname == ifname
             && c.version == version
         {
-            return Ok(c.pods.values().cloned().collect());
+            return Ok(c.pods.clone());
         }
         if !self.ready_log {
             self.conn.execute_batch(&log_sql())?;
@@ -136,7 +137,7 @@ impl Db {
             }
             None => self.read_whole(ifname, version)?,
         };
-        let pods = cache.pods.values().cloned().collect();
+        let pods = cache.pods.clone();
         self.ready_cache = Some(cache);
         Ok(pods)
     }
@@ -170,7 +171,6 @@ impl Db {
         };
         for id in ids {
             c.pods.remove(&id);
-            // Inserted one by one: `append` would build the whole map again.
             for (id, pod) in self.read(ONE, params![c.ifname, id])? {
                 c.pods.insert(id, Arc::new(pod));
             }

@@ -351,7 +351,7 @@ fn ready_pods_are_the_ready_attachments_of_the_interface_in_brief() {
     let a = created(db.begin_add(&nameless).unwrap());
     db.finish_add(a.id, "{}", &[]).unwrap();
 
-    let brief: Vec<ReadyPod> = db.ready_pods("eth0").unwrap().iter().map(|p| (**p).clone()).collect();
+    let brief: Vec<ReadyPod> = db.ready_pods("eth0").unwrap().values().map(|p| (**p).clone()).collect();
     let full: Vec<ReadyPod> = db
         .list(None, Some(State::Ready))
         .unwrap()
@@ -382,7 +382,7 @@ fn ready_pods_follow_every_write_of_what_they_read() {
     let names = |db: &mut Db| -> Vec<String> {
         db.ready_pods("eth0")
             .unwrap()
-            .iter()
+            .values()
             .map(|p| p.pod.name.clone())
             .collect()
     };
@@ -396,7 +396,21 @@ fn ready_pods_follow_every_write_of_what_they_read() {
     db.finish_add(b.id, "{}", &[]).unwrap();
     assert_eq!(names(&mut db), ["c1", "c2"]);
     // c1 did not change: the listing shares it with the one before, it is not copied.
-    assert!(std::sync::Arc::ptr_eq(&before[0], &db.ready_pods("eth0").unwrap()[0]));
+    let first = |pods: &crate::ReadyPods| pods.values().next().expect("a pod").clone();
+    assert!(std::sync::Arc::ptr_eq(
+        &first(&before),
+        &first(&db.ready_pods("eth0").unwrap())
+    ));
+    // And the two listings differ by c2 alone.
+    let after = db.ready_pods("eth0").unwrap();
+    let moved: Vec<i64> = before
+        .diff(&after)
+        .map(|d| match d {
+            imbl::ordmap::DiffItem::Add(id, _) => *id,
+            other => panic!("only c2 came: {other:?}"),
+        })
+        .collect();
+    assert_eq!(moved, [b.id]);
     db.begin_del(&spec("c1", &[]).key).unwrap().unwrap();
     assert_eq!(names(&mut db), ["c2"], "a pod being deleted is not listed");
     db.execute_raw("UPDATE attachments SET pod_name = 'renamed' WHERE container_id = 'c2'")
@@ -404,7 +418,7 @@ fn ready_pods_follow_every_write_of_what_they_read() {
     assert_eq!(names(&mut db), ["renamed"], "a write by any statement is seen");
     db.execute_raw("DELETE FROM allocations").unwrap();
     assert!(
-        db.ready_pods("eth0").unwrap()[0].addresses.is_empty(),
+        first(&db.ready_pods("eth0").unwrap()).addresses.is_empty(),
         "its address rows went"
     );
 }

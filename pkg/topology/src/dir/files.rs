@@ -97,9 +97,9 @@ impl Inner {
             match t {
                 None => changed |= served.topologies.remove(&key).is_some(),
                 Some(t) => match served.topologies.get(&key) {
-                    Some(old) if Arc::ptr_eq(old, &t) || **old == *t => {}
+                    Some(old) if Arc::ptr_eq(old, &t) || ***old == *t => {}
                     _ => {
-                        served.topologies.insert(key, t);
+                        served.topologies.insert(key, crate::Held(t));
                         changed = true;
                     }
                 },
@@ -165,7 +165,7 @@ mod tests {
     fn seen(i: &Inner) -> Seen {
         let s = i.served.lock().unwrap();
         Seen {
-            topologies: s.topologies.values().map(|t| (**t).clone()).collect(),
+            topologies: s.topologies.values().map(|t| (***t).clone()).collect(),
             nodes: s.nodes.values().cloned().collect(),
             address: s.address,
             policy: (*s.policy).clone(),

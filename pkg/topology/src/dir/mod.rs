@@ -47,6 +47,7 @@ use std::time::SystemTime;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
+use crate::source::Topologies;
 use crate::{ClusterNode, PolicyObjects, SourceError, Topology, TopologySource, TopologyStatus, WireEnd};
 use cache::Cache;
 use files::read_objects;
@@ -81,7 +82,8 @@ struct Inner {
 
 #[derive(Default)]
 struct Served {
-    topologies: BTreeMap<(String, String), Arc<Topology>>,
+    /// Changed in place, never replaced whole (see [`Topologies`]).
+    topologies: Topologies,
     address: Option<IpAddr>,
     nodes: BTreeMap<String, ClusterNode>,
     /// Synced from the first load on; stale while the directory cannot be read.
@@ -176,7 +178,7 @@ impl Inner {
         // read it.
         let mut cache = self.cache.lock().expect("lock");
         let Loaded {
-            mut topologies,
+            topologies,
             nodes,
             policy,
             problems,
@@ -192,18 +194,27 @@ impl Inner {
         let mut served = self.served.lock().expect("lock");
         log_new_problems(&problems, &served.problems);
         served.problems = problems;
-        let same_keys = topologies.len() == served.topologies.len()
-            && topologies.keys().zip(served.topologies.keys()).all(|(a, b)| a == b);
-        let mut changed = !same_keys || address != served.address || nodes != served.nodes;
-        for (key, t) in topologies.iter_mut() {
-            match served.topologies.get(key) {
-                // Keep the old Arc when nothing changed, so holders can compare cheaply.
-                Some(old) if Arc::ptr_eq(old, t) || **old == **t => *t = old.clone(),
-                _ => changed = true,
+        let mut changed = address != served.address || nodes != served.nodes;
+        // Changed in place: an unchanged Topology keeps its Arc, and the map shares
+        // all but what moved with the one readers hold (see `Topologies`).
+        let gone: Vec<(String, String)> = (served.topologies.keys())
+            .filter(|k| !topologies.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            served.topologies.remove(&key);
+            changed = true;
+        }
+        for (key, t) in topologies {
+            match served.topologies.get(&key) {
+                Some(old) if Arc::ptr_eq(old, &t) || ***old == *t => {}
+                _ => {
+                    served.topologies.insert(key, crate::Held(t));
+                    changed = true;
+                }
             }
         }
         if changed {
-            served.topologies = topologies;
             served.address = address;
             served.nodes = nodes;
         }
@@ -318,18 +329,11 @@ impl TopologySource for DirSource {
         served
             .topologies
             .get(&(namespace.to_string(), pod.to_string()))
-            .cloned()
+            .map(|t| t.0.clone())
     }
 
-    fn topologies(&self) -> Vec<Arc<Topology>> {
-        self.inner
-            .served
-            .lock()
-            .expect("lock")
-            .topologies
-            .values()
-            .cloned()
-            .collect()
+    fn topologies(&self) -> Topologies {
+        self.inner.served.lock().expect("lock").topologies.clone()
     }
 
     fn node_address(&self) -> Option<IpAddr> {

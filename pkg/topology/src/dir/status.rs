@@ -147,10 +147,10 @@ impl Inner {
         if t.status == status {
             return;
         }
-        *t = std::sync::Arc::new(crate::Topology {
+        *t = crate::Held(std::sync::Arc::new(crate::Topology {
             status,
-            ..(**t).clone()
-        });
+            ..(***t).clone()
+        }));
         drop(served);
         self.tx.send_modify(|g| *g += 1);
     }

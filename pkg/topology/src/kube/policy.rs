@@ -186,7 +186,7 @@ struct Health {
 }
 
 /// ClusterNetworkPolicies by name.
-type ClusterPolicyMap = BTreeMap<String, Arc<Strict<ClusterNetworkPolicy>>>;
+type ClusterPolicyMap = imbl::OrdMap<String, Arc<Strict<ClusterNetworkPolicy>>>;
 
 struct State {
     /// The objects of the snapshot (`cluster_policies` merged from the versions' maps).
@@ -215,7 +215,8 @@ impl State {
             if kinds[Kind::ClusterPolicies(v).index()].absent {
                 continue;
             }
-            for (name, copy) in copies.iter_mut() {
+            let mut once = Vec::new();
+            for (name, copy) in copies.iter() {
                 let (from, kept) = match merged.entry(name.clone()) {
                     Entry::Vacant(e) => {
                         e.insert((v, copy.clone()));
@@ -228,7 +229,7 @@ impl State {
                 }
                 if **kept == **copy {
                     // The same object twice: keep it in memory once.
-                    *copy = kept.clone();
+                    once.push((name.clone(), kept.clone()));
                     continue;
                 }
                 // Said when the copy read is new, not at every merge.
@@ -241,6 +242,9 @@ impl State {
                          the watches being apart); the preferred version's copy is read"
                     );
                 }
+            }
+            for (name, kept) in once {
+                copies.insert(name, kept);
             }
         }
         let merged: ClusterPolicyMap = merged.into_iter().map(|(name, (_, copy))| (name, copy)).collect();
@@ -390,7 +394,7 @@ impl PolicyCache {
         kind: Kind,
         ev: &watcher::Event<O>,
         watch: &mut Watch<K, V>,
-        map: fn(&mut State, Kind) -> &mut BTreeMap<K, Arc<V>>,
+        map: fn(&mut State, Kind) -> &mut imbl::OrdMap<K, Arc<V>>,
         read: fn(&O) -> Read<K, V>,
     ) where
         K: Ord + Clone,
@@ -443,23 +447,25 @@ impl PolicyCache {
                     // Forget the unreadable objects that are gone, so that one created
                     // again under the same name is warned about again.
                     watch.unreadable.retain(|k, _| matches!(listed.get(k), Some(None)));
+                    // Changed in place: an unchanged object keeps its Arc (holders
+                    // compare cheaply) and the map its structure shared with the last
+                    // snapshot's.
                     let old = map(st, kind);
-                    let mut changed = false;
-                    let mut fresh = BTreeMap::new();
+                    let gone: Vec<K> = (old.keys())
+                        .filter(|k| !matches!(listed.get(*k), Some(Some(_))))
+                        .cloned()
+                        .collect();
+                    let mut changed = !gone.is_empty();
+                    for k in gone {
+                        old.remove(&k);
+                    }
                     for (k, v) in listed {
                         let Some(v) = v else { continue };
-                        // The old Arc when nothing changed, so holders can compare cheaply.
-                        let v = match old.get(&k) {
-                            Some(a) if **a == v => a.clone(),
-                            _ => {
-                                changed = true;
-                                Arc::new(v)
-                            }
-                        };
-                        fresh.insert(k, v);
+                        if old.get(&k).is_none_or(|a| **a != v) {
+                            old.insert(k, Arc::new(v));
+                            changed = true;
+                        }
                     }
-                    changed |= fresh.len() != old.len();
-                    *old = fresh;
                     changed
                 }
                 // An object without a name: never kept.
@@ -664,7 +670,7 @@ fn watch_kind<O, K, V>(
     kind: Kind,
     resource: &O::DynamicType,
     slim: fn(&mut O),
-    map: fn(&mut State, Kind) -> &mut BTreeMap<K, Arc<V>>,
+    map: fn(&mut State, Kind) -> &mut imbl::OrdMap<K, Arc<V>>,
     read: fn(&O) -> Read<K, V>,
     backoff: impl Backoff + 'static,
 ) -> tokio::task::AbortHandle

@@ -6,14 +6,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Instant;
 
+use imbl::ordmap::DiffItem;
 use tracing::{debug, info, warn};
 use weft_kernel::KernelError;
 use weft_kernel::wire::Emulated;
 use weft_link::{DownBy, EndSettings, Impairment, LinkPhase, LinkStatus, WireEnd, WireState};
-use weft_topology::Topology;
+use weft_topology::Topologies;
 
 use super::plan::{self, PodKey};
 use super::records::Records;
@@ -90,14 +90,9 @@ pub(crate) struct PassState {
     pub(crate) leftover_detours: Option<HashSet<u64>>,
     /// Pods whose link states could not be written to their Topology status yet.
     pub(crate) links_unwritten: BTreeSet<PodKey>,
-    /// The Topologies as the last pass saw them, by address (the source keeps an
-    /// unchanged one's `Arc`, and holding it here keeps its address from being reused),
-    /// to tell which moved without comparing or keying every one at every pass.
-    pub(crate) seen: HashMap<usize, (PodKey, Arc<Topology>)>,
-    /// The topologies of `seen` in the order the source last listed them: a listing in
-    /// the same order (a source whose topologies are replaced in place) is compared
-    /// with it place by place, by pointer.
-    pub(crate) listed: Vec<Arc<Topology>>,
+    /// The Topologies as the last pass saw them (holding them keeps the map's shared
+    /// structure alive: the next listing's difference from it skips what did not move).
+    pub(crate) seen: Topologies,
     /// The topology source's change counter when `seen` was last brought up to date.
     pub(crate) source_seen: Option<u64>,
     /// Which pods list a link to each pod, for the topologies in `seen`.
@@ -128,67 +123,30 @@ pub(crate) struct PassState {
 
 impl PassState {
     /// The pods whose Topology is new, changed or gone since the last pass, noting
-    /// `now` as seen (and their links in `listers`). Costs a pointer per topology plus
-    /// the topologies that moved.
-    pub(crate) fn moved(&mut self, now: Vec<Arc<Topology>>) -> BTreeSet<PodKey> {
-        if let Some(moved) = self.moved_in_place(&now) {
-            self.listed = now;
-            return moved;
-        }
-        self.listed = now.clone();
-        let addr = |t: &Arc<Topology>| Arc::as_ptr(t) as usize;
-        let now_addrs: HashSet<usize> = now.iter().map(addr).collect();
+    /// `now` as seen (and their links in `listers`). Costs the topologies that moved:
+    /// the source changes its map in place, so the two share the rest.
+    pub(crate) fn moved(&mut self, now: Topologies) -> BTreeSet<PodKey> {
         let mut moved = BTreeSet::new();
-        let (seen, listers) = (&mut self.seen, &mut self.listers);
-        seen.retain(|a, (key, t)| {
-            let kept = now_addrs.contains(a);
-            if !kept {
-                listers.remove(key, t);
-                moved.insert(key.clone());
+        for d in self.seen.diff(&now) {
+            let (old, new) = match d {
+                DiffItem::Add(_, t) => (None, Some(t)),
+                DiffItem::Remove(_, t) => (Some(t), None),
+                DiffItem::Update { old, new } => (Some(old.1), Some(new.1)),
+            };
+            // Keyed as the engine keys pods, by what each Topology says of itself.
+            if let Some(t) = old {
+                let key = plan::key_of(t);
+                self.listers.remove(&key, t);
+                moved.insert(key);
             }
-            kept
-        });
-        for t in now {
-            if let std::collections::hash_map::Entry::Vacant(e) = seen.entry(addr(&t)) {
-                let key = plan::key_of(&t);
-                listers.add(&key, &t);
-                moved.insert(key.clone());
-                e.insert((key, t));
+            if let Some(t) = new {
+                let key = plan::key_of(t);
+                self.listers.add(&key, t);
+                moved.insert(key);
             }
         }
+        self.seen = now;
         moved
-    }
-
-    /// [`PassState::moved`] when `now` lists the same pods in the same places as the
-    /// last listing, each the same or replaced in place: a pointer comparison per
-    /// topology, not a lookup of each (a bring-up's status writes move a few at every
-    /// pass, among thousands). `None`: pods came, went or moved places.
-    fn moved_in_place(&mut self, now: &[Arc<Topology>]) -> Option<BTreeSet<PodKey>> {
-        if now.len() != self.listed.len() {
-            return None;
-        }
-        let replaced: Vec<usize> = (0..now.len())
-            .filter(|&i| !Arc::ptr_eq(&now[i], &self.listed[i]))
-            .collect();
-        let same_pod = |a: &Topology, b: &Topology| {
-            a.metadata.namespace == b.metadata.namespace && a.metadata.name == b.metadata.name
-        };
-        if !replaced.iter().all(|&i| same_pod(&now[i], &self.listed[i])) {
-            return None;
-        }
-        let addr = |t: &Arc<Topology>| Arc::as_ptr(t) as usize;
-        let mut moved = BTreeSet::new();
-        for i in replaced {
-            let (old, new) = (&self.listed[i], &now[i]);
-            if let Some((key, t)) = self.seen.remove(&addr(old)) {
-                self.listers.remove(&key, &t);
-            }
-            let key = plan::key_of(new);
-            self.listers.add(&key, new);
-            moved.insert(key.clone());
-            self.seen.insert(addr(new), (key, new.clone()));
-        }
-        Some(moved)
     }
 
     /// The pods that came or went since the last pass (attached or detached, or their
@@ -206,8 +164,8 @@ impl PassState {
             .alive
             .diff(now)
             .filter_map(|d| match d {
-                imbl::ordmap::DiffItem::Add(k, _) | imbl::ordmap::DiffItem::Remove(k, _) => Some(k.clone()),
-                imbl::ordmap::DiffItem::Update { .. } => None,
+                DiffItem::Add(k, _) | DiffItem::Remove(k, _) => Some(k.clone()),
+                DiffItem::Update { .. } => None,
             })
             .collect();
         self.alive = now.clone();
@@ -415,6 +373,8 @@ impl<P: GrpcPlane> Cx<'_, P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use weft_topology::Topology;
 
     fn pods(names: &[&str]) -> Pods {
         names
@@ -464,34 +424,43 @@ mod tests {
         st.listers.listing(&key).map(|k| k.1.clone()).collect()
     }
 
-    /// What moved between listings, whether the source replaced a topology in its place
-    /// (compared place by place) or pods came, went or changed places (looked up), with
-    /// the index of who lists whom following either way.
+    /// The source's map as it would hold `ts`.
+    fn map(ts: &[&Arc<Topology>]) -> Topologies {
+        ts.iter()
+            .map(|t| (plan::key_of(t), weft_topology::Held(Arc::clone(t))))
+            .collect()
+    }
+
+    /// What moved between listings: a map changed in place (as a source changes its
+    /// own), or one built anew from the same objects (nothing moved) or from others,
+    /// with the index of who lists whom following either way.
     #[test]
-    fn moved_topologies_in_place_or_not() {
+    fn moved_topologies_by_the_maps_difference() {
         let mut st = PassState::default();
         let (a, b, c) = (topo("a", &["b"]), topo("b", &["a"]), topo("c", &[]));
-        assert_eq!(st.moved(vec![a.clone(), b.clone(), c.clone()]), keys(&["a", "b", "c"]));
-        assert_eq!(st.moved(vec![a.clone(), b.clone(), c.clone()]), keys(&[]));
+        let first = map(&[&a, &b, &c]);
+        assert_eq!(st.moved(first.clone()), keys(&["a", "b", "c"]));
+        assert_eq!(st.moved(first.clone()), keys(&[]), "the same map");
         assert_eq!(listing(&st, "a"), ["b"]);
-        // b now lists c instead of a, in its place.
+        // b now lists c instead of a, replaced in place.
         let b2 = topo("b", &["c"]);
-        assert_eq!(st.moved(vec![a.clone(), b2.clone(), c.clone()]), keys(&["b"]));
+        let mut next = first.clone();
+        next.insert(plan::key_of(&b2), weft_topology::Held(b2.clone()));
+        assert_eq!(st.moved(next.clone()), keys(&["b"]));
         assert_eq!(listing(&st, "a"), Vec::<String>::new());
         assert_eq!(listing(&st, "c"), ["b"]);
-        // The same topologies in another order: nothing moved.
-        assert_eq!(st.moved(vec![c.clone(), a.clone(), b2.clone()]), keys(&[]));
+        // The same objects in a map built anew: nothing moved.
+        assert_eq!(st.moved(map(&[&c, &a, &b2])), keys(&[]));
+        // A new read of an unchanged object is a new object: it moved.
+        let a_again = topo("a", &["b"]);
+        assert_eq!(st.moved(map(&[&a_again, &b2, &c])), keys(&["a"]));
         // One went, one came, one replaced: every one of them.
         let c2 = topo("c", &["a"]);
         let d = topo("d", &[]);
-        assert_eq!(
-            st.moved(vec![c2.clone(), d.clone(), b2.clone()]),
-            keys(&["a", "c", "d"])
-        );
+        assert_eq!(st.moved(map(&[&c2, &d, &b2])), keys(&["a", "c", "d"]));
         assert_eq!(listing(&st, "a"), ["c"]);
-        // In place again, after a listing that was looked up.
         let d2 = topo("d", &["a"]);
-        assert_eq!(st.moved(vec![c2.clone(), d2.clone(), b2.clone()]), keys(&["d"]));
+        assert_eq!(st.moved(map(&[&c2, &d2, &b2])), keys(&["d"]));
         let mut by_a = listing(&st, "a");
         by_a.sort();
         assert_eq!(by_a, ["c", "d"]);

@@ -393,7 +393,7 @@ impl<P: GrpcPlane> Engine<P> {
     /// Whether a Topology names pod `name`: its own, or another's link to it.
     fn named_by_a_topology(&self, namespace: &str, name: &str) -> bool {
         self.source.topology(namespace, name).is_some()
-            || self.source.topologies().iter().any(|t| {
+            || self.source.topologies().values().any(|t| {
                 t.metadata.namespace.as_deref().unwrap_or("default") == namespace
                     && t.spec.links.iter().any(|l| l.peer_pod == name)
             })
@@ -531,7 +531,7 @@ impl<P: GrpcPlane> Engine<P> {
             || self
                 .source
                 .topologies()
-                .iter()
+                .values()
                 .filter_map(|t| t.status.as_ref())
                 .any(|s| s.src_ip.parse::<IpAddr>().ok() == Some(addr))
     }
@@ -552,7 +552,7 @@ impl<P: GrpcPlane> Engine<P> {
 
     /// Keys of the topologies (for diagnostics).
     pub fn topology_keys(&self) -> Vec<PodKey> {
-        self.source.topologies().iter().map(|t| plan::key_of(t)).collect()
+        self.source.topologies().values().map(|t| plan::key_of(t)).collect()
     }
 
     /// Runs a kernel procedure off the async workers (it may enter pod namespaces).

@@ -19,7 +19,7 @@ fn tiered(policies: &[Value], cnps: Vec<Arc<Strict<weft_topology::ClusterNetwork
     let mut o = PolicyObjects {
         synced: true,
         namespaces: base.namespaces.values().cloned().collect(),
-        pods: base.pods.clone(),
+        pods: weft_topology::policy_pods(base.pods.iter().cloned()),
         cluster_policies: cnps,
         ..PolicyObjects::default()
     };
