@@ -104,7 +104,7 @@ fn policy_objects_come_from_files_with_several_documents() {
 
     assert_eq!(pods(&o), ["db/z", "web/a", "web/b"]);
     assert_eq!(
-        o.pods.values().nth(0).expect("a pod").ips,
+        o.pods.values().next().expect("a pod").ips,
         ["10.244.2.9".parse::<std::net::IpAddr>().unwrap()]
     );
     assert_eq!(o.pods.values().nth(1).expect("a pod").labels["app"], "web");

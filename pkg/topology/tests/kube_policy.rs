@@ -206,7 +206,7 @@ async fn pods_namespaces_and_policies_arrive_sorted_and_slimmed() {
         ]
     );
     assert!(
-        o.pods.values().nth(0).expect("a pod").ips.is_empty(),
+        o.pods.values().next().expect("a pod").ips.is_empty(),
         "no address reported yet"
     );
 
@@ -276,7 +276,7 @@ async fn policy_changes_moves_once_per_change_that_policy_reads() {
             .policy_objects()
             .pods
             .values()
-            .nth(0)
+            .next()
             .expect("a pod")
             .labels
             .contains_key("tier")

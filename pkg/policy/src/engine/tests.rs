@@ -965,10 +965,12 @@ fn changed_pods_of_a_map_changed_in_place() {
 /// on one interface, and a listing that is not derived from the last.
 #[test]
 fn listed_interfaces_follow_the_listing() {
-    let pod = |name: &str, ifname: &str| LocalPod {
-        host_ifname: ifname.into(),
-        ..local(name, "10.0.0.1")
-    };
+    fn pod(name: &str, ifname: &str) -> LocalPod {
+        LocalPod {
+            host_ifname: ifname.into(),
+            ..local(name, "10.0.0.1")
+        }
+    }
     let whole = |l: &LocalListing| {
         let mut counts: HashMap<String, usize> = HashMap::new();
         for p in l.values() {
@@ -981,23 +983,23 @@ fn listed_interfaces_follow_the_listing() {
         .map(|i| (i, Arc::new(pod(&format!("p{i}"), &format!("h{i}")))))
         .collect();
     assert_eq!(*listed_interfaces(&mut index, &listing), whole(&listing));
-    let steps: Vec<Box<dyn Fn(&mut LocalListing)>> = vec![
-        Box::new(|l| {
+    let steps: [fn(&mut LocalListing); 5] = [
+        |l| {
             l.insert(300, Arc::new(pod("p300", "h300")));
-        }),
-        Box::new(|l| {
+        },
+        |l| {
             l.remove(&7);
-        }),
-        Box::new(|l| {
+        },
+        |l| {
             l.insert(8, Arc::new(pod("p8", "moved")));
-        }),
+        },
         // A second attachment on an interface already listed, then the first goes.
-        Box::new(|l| {
+        |l| {
             l.insert(301, Arc::new(pod("p9b", "h9")));
-        }),
-        Box::new(|l| {
+        },
+        |l| {
             l.remove(&9);
-        }),
+        },
     ];
     for step in steps {
         step(&mut listing);
