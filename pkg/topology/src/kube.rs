@@ -280,17 +280,8 @@ fn topology_key(t: &Topology) -> (String, String) {
 /// Brings `map` to what `store` holds after a (re)list, changing only what differs: a
 /// Topology the store still has as the very same `Arc` stays as it is.
 fn follow_all(map: &mut Topologies, store: &Store<Topology>) {
-    let now: std::collections::HashMap<(String, String), Arc<Topology>> =
-        store.state().into_iter().map(|t| (topology_key(&t), t)).collect();
-    let gone: Vec<(String, String)> = map.keys().filter(|k| !now.contains_key(*k)).cloned().collect();
-    for key in gone {
-        map.remove(&key);
-    }
-    for (key, t) in now {
-        if map.get(&key).is_none_or(|old| !Arc::ptr_eq(old, &t)) {
-            map.insert(key, Held(t));
-        }
-    }
+    let now = store.state().into_iter().map(|t| (topology_key(&t), t)).collect();
+    crate::source::follow(map, now, |old, t| Arc::ptr_eq(old, t), Held);
 }
 
 /// Runs a reflector stream for ever, calling `on_event` after each event is in the cache.

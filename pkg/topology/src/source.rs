@@ -40,6 +40,31 @@ pub enum SourceError {
 /// they share), not by a walk of every Topology of the cluster.
 pub type Topologies = imbl::OrdMap<(String, String), Held>;
 
+/// Brings `map` to hold exactly the keys of `now`, changing it in place rather than
+/// building it anew: a key gone is removed, and a value is replaced only where `same`
+/// says the old one does not stand for the new (made by `make`). So an unchanged object
+/// keeps its `Arc`, and the map keeps sharing its structure with the copies readers
+/// hold (their difference from it stays the change). Whether anything changed.
+pub(crate) fn follow<K: Ord + Clone, V: Clone, N>(
+    map: &mut imbl::OrdMap<K, V>,
+    now: BTreeMap<K, N>,
+    same: impl Fn(&V, &N) -> bool,
+    make: impl Fn(N) -> V,
+) -> bool {
+    let gone: Vec<K> = map.keys().filter(|k| !now.contains_key(*k)).cloned().collect();
+    let mut changed = !gone.is_empty();
+    for k in gone {
+        map.remove(&k);
+    }
+    for (k, n) in now {
+        if map.get(&k).is_none_or(|old| !same(old, &n)) {
+            map.insert(k, make(n));
+            changed = true;
+        }
+    }
+    changed
+}
+
 /// A Topology as [`Topologies`] holds it: equal to another only when it is the very
 /// same object (a source keeps an unchanged one's `Arc`). So the difference of two maps
 /// compares a pointer per entry it visits, never two Topologies field by field, and a

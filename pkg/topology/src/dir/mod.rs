@@ -194,26 +194,15 @@ impl Inner {
         let mut served = self.served.lock().expect("lock");
         log_new_problems(&problems, &served.problems);
         served.problems = problems;
-        let mut changed = address != served.address || nodes != served.nodes;
         // Changed in place: an unchanged Topology keeps its Arc, and the map shares
         // all but what moved with the one readers hold (see `Topologies`).
-        let gone: Vec<(String, String)> = (served.topologies.keys())
-            .filter(|k| !topologies.contains_key(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            served.topologies.remove(&key);
-            changed = true;
-        }
-        for (key, t) in topologies {
-            match served.topologies.get(&key) {
-                Some(old) if Arc::ptr_eq(old, &t) || ***old == *t => {}
-                _ => {
-                    served.topologies.insert(key, crate::Held(t));
-                    changed = true;
-                }
-            }
-        }
+        let moved = crate::source::follow(
+            &mut served.topologies,
+            topologies,
+            |old, t| Arc::ptr_eq(old, t) || ***old == **t,
+            crate::Held,
+        );
+        let changed = moved || address != served.address || nodes != served.nodes;
         if changed {
             served.address = address;
             served.nodes = nodes;

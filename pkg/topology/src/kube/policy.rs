@@ -450,23 +450,8 @@ impl PolicyCache {
                     // Changed in place: an unchanged object keeps its Arc (holders
                     // compare cheaply) and the map its structure shared with the last
                     // snapshot's.
-                    let old = map(st, kind);
-                    let gone: Vec<K> = (old.keys())
-                        .filter(|k| !matches!(listed.get(*k), Some(Some(_))))
-                        .cloned()
-                        .collect();
-                    let mut changed = !gone.is_empty();
-                    for k in gone {
-                        old.remove(&k);
-                    }
-                    for (k, v) in listed {
-                        let Some(v) = v else { continue };
-                        if old.get(&k).is_none_or(|a| **a != v) {
-                            old.insert(k, Arc::new(v));
-                            changed = true;
-                        }
-                    }
-                    changed
+                    let readable = listed.into_iter().filter_map(|(k, v)| Some((k, v?))).collect();
+                    crate::source::follow(map(st, kind), readable, |a, v| **a == *v, Arc::new)
                 }
                 // An object without a name: never kept.
                 (_, None) => false,
