@@ -244,7 +244,13 @@ impl Cursor {
 }
 
 pub(crate) async fn watch_objects(shared: Arc<Shared>, filter: Filter, query: &HashMap<String, String>) -> Response {
-    shared.store().note("watch", filter.kind, "");
+    // The bookmarks as the request arrives: one the server makes after it was logged is
+    // this watch's too, however long the request then takes to be served.
+    let bookmarks_at_request = {
+        let mut store = shared.store();
+        store.note("watch", filter.kind, "");
+        store.bookmarks
+    };
     shared.connected(filter.kind).await;
     if let Some(refused) = refusal(&shared.store(), filter.kind, "watch") {
         return refused;
@@ -263,7 +269,8 @@ pub(crate) async fn watch_objects(shared: Arc<Shared>, filter: Filter, query: &H
         expired: None,
         done: false,
         cut: store.cut(filter.kind),
-        bookmarks: (query.get("allowWatchBookmarks").map(String::as_str) == Some("true")).then_some(store.bookmarks),
+        bookmarks: (query.get("allowWatchBookmarks").map(String::as_str) == Some("true"))
+            .then_some(bookmarks_at_request),
         deadline: Instant::now() + Duration::from_secs(timeout),
         filter,
     };
