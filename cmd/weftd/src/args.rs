@@ -75,13 +75,21 @@ pub struct Args {
     /// MTU of wire ends (VXLAN ends get this minus the encapsulation).
     #[arg(long, env = "WEFT_WIRE_MTU", default_value_t = 1500)]
     wire_mtu: u32,
-    /// Keep the node ends of gRPC wire ends in 16 network namespaces of their own,
-    /// /run/netns/PREFIX0 to PREFIX15 (made when first needed, kept across restarts),
-    /// rather than in the node's: for nodes with thousands of gRPC ends, where every
-    /// interface event in a namespace costs a walk over its packet sockets. Needs
-    /// /run/netns shared with the host (Bidirectional mount propagation in a pod).
+    /// Keep the node ends of gRPC wire ends in network namespaces of their own,
+    /// /run/netns/PREFIX0 to PREFIX<N-1> for N of `--wire-ends-shards` (made when first
+    /// needed, kept across restarts), rather than in the node's: for nodes with
+    /// thousands of gRPC ends, where every interface event in a namespace costs a walk
+    /// over its packet sockets. Needs /run/netns shared with the host (Bidirectional
+    /// mount propagation in a pod).
     #[arg(long, env = "WEFT_WIRE_ENDS_NETNS", value_parser = netns_prefix)]
     wire_ends_netns: Option<String>,
+    /// How many namespaces `--wire-ends-netns` spreads the ends over (1 to 1024): more
+    /// for more ends, as each interface event in a shard walks that shard's packet
+    /// sockets. Keep it while the ends exist: under another count each end is built
+    /// again (its link goes down and up once).
+    #[arg(long, env = "WEFT_WIRE_ENDS_SHARDS", default_value_t = weft_kernel::packet::DEFAULT_SHARDS,
+          value_parser = clap::value_parser!(u64).range(1..=weft_kernel::packet::MAX_SHARDS))]
+    wire_ends_shards: u64,
     /// How pod traffic reaches pods on other nodes: `auto` (a direct route where the
     /// node is on-link, VXLAN elsewhere), `direct`, `vxlan`, or `none` (an external
     /// router carries pod ranges; weft only reports).
@@ -295,6 +303,7 @@ impl Args {
             inter_node_link: self.inter_node_link,
             wire_mtu: self.wire_mtu,
             wire_ends_netns: self.wire_ends_netns,
+            wire_ends_shards: self.wire_ends_shards,
             pod_routing: self.pod_routing,
             pod_vxlan_port: self.pod_vxlan_port,
             pod_vxlan_vni: self.pod_vxlan_vni,

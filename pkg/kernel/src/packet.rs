@@ -174,8 +174,12 @@ pub fn remove(id: u64) -> Result<bool, KernelError> {
         .map_err(os("removing the node end"))
 }
 
-/// How many namespaces [`NodeEnds::Shards`] spreads a node's ends over.
-pub const SHARDS: u64 = 16;
+/// How many namespaces [`NodeEnds::Shards`] spreads a node's ends over unless told
+/// otherwise (weftd's `--wire-ends-shards`).
+pub const DEFAULT_SHARDS: u64 = 16;
+
+/// The most shard namespaces a node may spread its ends over.
+pub const MAX_SHARDS: u64 = 1024;
 
 /// Where the node ends of a node's gRPC wire ends live.
 ///
@@ -183,22 +187,29 @@ pub const SHARDS: u64 = 16;
 /// interface event there (`packet_notifier`), under the RTNL lock. With every node end
 /// (and its socket) in the node's own namespace, each end created costs a walk over all
 /// the node's ends, and every pod's interface on the node a walk as well: bringing up a
-/// lab grows with the square of its links. Spread over [`SHARDS`] namespaces of their
+/// lab grows with the square of its links. Spread over `count` namespaces of their
 /// own, an event in the node's namespace walks no socket and one in a shard a
-/// sixteenth of them.
+/// `count`th of them: the walks still grow with the square of the ends, divided by
+/// `count`, so a node with more ends wants more shards.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum NodeEnds {
     /// In the calling thread's namespace (weftd's: the node's).
     #[default]
     Here,
-    /// In the named namespaces `<prefix>0` to `<prefix>15` under `/run/netns`, end `id`
-    /// in `<prefix>{id % 16}`, each made when first needed (IPv6 off by default in it)
-    /// and kept across restarts: a pair lives as long as both its namespaces, so the
-    /// shards outlive weftd as its pods do. Removing them is the installer's business
-    /// ([`NodeEnds::delete_shards`]).
+    /// In the named namespaces `<prefix>0` to `<prefix>{count - 1}` under `/run/netns`,
+    /// end `id` in `<prefix>{id % count}`, each made when first needed (IPv6 off by
+    /// default in it) and kept across restarts: a pair lives as long as both its
+    /// namespaces, so the shards outlive weftd as its pods do. Removing them is the
+    /// installer's business ([`NodeEnds::delete_shards`]).
+    ///
+    /// `count` must stay the same while the ends exist: under another count an end is
+    /// looked for in another shard, not found, and built again (its pod sees the link
+    /// go down and up once); the old pair goes with the pod end it replaces.
     Shards {
         /// The namespaces' common prefix.
         prefix: String,
+        /// How many namespaces (at least 1).
+        count: u64,
     },
 }
 
@@ -207,7 +218,7 @@ impl NodeEnds {
     pub fn shard_of(&self, id: u64) -> Option<String> {
         match self {
             NodeEnds::Here => None,
-            NodeEnds::Shards { prefix } => Some(format!("{prefix}{}", id % SHARDS)),
+            NodeEnds::Shards { prefix, count } => Some(format!("{prefix}{}", id % (*count).max(1))),
         }
     }
 
@@ -235,14 +246,31 @@ impl NodeEnds {
         self.within(id, || PacketSocket::open(id))
     }
 
-    /// Deletes every shard namespace (the pairs in them go with their pods' ends);
-    /// nothing to do for [`NodeEnds::Here`].
+    /// Deletes every shard namespace (the pairs in them go with their pods' ends):
+    /// every `<prefix><number>` under `/run/netns`, so that shards made under an
+    /// earlier count go too; nothing to do for [`NodeEnds::Here`].
     pub fn delete_shards(&self) -> Result<(), KernelError> {
-        match self {
-            NodeEnds::Here => Ok(()),
-            NodeEnds::Shards { prefix } => (0..SHARDS).try_for_each(|k| crate::delete_named(&format!("{prefix}{k}"))),
-        }
+        let NodeEnds::Shards { prefix, .. } = self else {
+            return Ok(());
+        };
+        let entries = match std::fs::read_dir(crate::netns::RUN_DIR) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(KernelError::os(format!("listing {}", crate::netns::RUN_DIR), e)),
+        };
+        let shards: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|name| is_shard_of(prefix, name))
+            .collect();
+        shards.iter().try_for_each(|name| crate::delete_named(name))
     }
+}
+
+/// Whether namespace `name` is a shard of `prefix`: the prefix, then a number (so that
+/// node `n1`'s prefix `lab-n1-e` does not take node `n10`'s `lab-n10-e0`).
+fn is_shard_of(prefix: &str, name: &str) -> bool {
+    name.strip_prefix(prefix)
+        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The shard namespace `name`, made when missing.

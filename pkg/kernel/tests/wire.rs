@@ -342,6 +342,7 @@ fn a_grpc_end_in_a_shard_namespace_is_made_used_and_removed_there() {
     let (node, pod) = (ns(&n), ns(&p));
     let shards = Shards(packet::NodeEnds::Shards {
         prefix: format!("wt-shard-{}-", std::process::id()),
+        count: packet::DEFAULT_SHARDS,
     });
     let ends = &shards.0;
     let id = 0x0123_4567_89ab_cdef;
@@ -422,6 +423,47 @@ fn a_grpc_end_in_a_shard_namespace_is_made_used_and_removed_there() {
     drop(sock);
     ends.delete_shards().unwrap();
     assert!(!shard.exists(), "deleting the shards removes {}", shard.display());
+}
+
+/// Ends spread over as many shards as the count says, and deleting the shards removes
+/// every shard of the prefix, those made under a larger count included, and nothing
+/// else (a namespace whose name only starts like a shard's stays).
+#[test]
+fn deleting_shards_removes_every_shard_of_the_prefix_whatever_the_count() {
+    if !privileged() {
+        return;
+    }
+    let prefix = format!("wt-count-{}-", std::process::id());
+    let wide = Shards(packet::NodeEnds::Shards {
+        prefix: prefix.clone(),
+        count: 4,
+    });
+    let run = std::path::Path::new("/run/netns");
+    let made: std::collections::BTreeSet<String> = (0..8u64)
+        .map(|id| {
+            wide.0.within(id, || Ok(())).unwrap();
+            wide.0.shard_of(id).unwrap()
+        })
+        .collect();
+    let expected: std::collections::BTreeSet<String> = (0..4).map(|k| format!("{prefix}{k}")).collect();
+    assert_eq!(made, expected, "8 ends over 4 shards");
+    assert!(made.iter().all(|s| run.join(s).exists()), "each shard was made");
+    let lookalike = format!("{prefix}x1");
+    weft_kernel::create_named(&lookalike, || Ok(())).unwrap();
+    let narrow = packet::NodeEnds::Shards {
+        prefix: prefix.clone(),
+        count: 2,
+    };
+    let deleted = narrow.delete_shards();
+    let lookalike_stayed = run.join(&lookalike).exists();
+    let _ = weft_kernel::delete_named(&lookalike);
+    deleted.unwrap();
+    let left: Vec<&String> = made.iter().filter(|s| run.join(s).exists()).collect();
+    assert!(
+        left.is_empty(),
+        "shards left after deleting under a smaller count: {left:?}"
+    );
+    assert!(lookalike_stayed, "{lookalike} is not a shard and stays");
 }
 
 /// What a pod sends into a gRPC wire end is read in batches, small frames many to a

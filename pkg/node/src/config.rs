@@ -47,6 +47,8 @@ pub struct NodeConfig {
     /// Keep the node ends of gRPC wire ends in shard namespaces with this prefix
     /// (see `weft_kernel::packet::NodeEnds`); `None`: in the node's.
     pub wire_ends_netns: Option<String>,
+    /// How many shard namespaces `wire_ends_netns` spreads the ends over.
+    pub wire_ends_shards: u64,
     /// How pod traffic reaches pods on other nodes.
     pub pod_routing: weft_nodenet::PodRouting,
     /// UDP port of the VXLAN device carrying pod traffic between nodes.
@@ -128,7 +130,10 @@ impl NodeConfig {
             security,
             node_ends: match &self.wire_ends_netns {
                 None => weft_kernel::packet::NodeEnds::Here,
-                Some(prefix) => weft_kernel::packet::NodeEnds::Shards { prefix: prefix.clone() },
+                Some(prefix) => weft_kernel::packet::NodeEnds::Shards {
+                    prefix: prefix.clone(),
+                    count: self.wire_ends_shards,
+                },
             },
         }
     }

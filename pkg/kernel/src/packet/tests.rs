@@ -112,3 +112,28 @@ fn writes_one_frame_per_call() {
     drop(pod);
     assert!(sock.write(b"gone").is_err(), "a write to a closed end fails");
 }
+
+/// End `id` lives in shard `id % count`; a shard is the prefix and a number only, so
+/// one node's prefix never takes another node's shards (`lab-n1-e` and `lab-n10-e0`).
+#[test]
+fn ends_spread_by_the_count_and_shards_are_the_prefix_and_a_number() {
+    let ends = NodeEnds::Shards {
+        prefix: "lab-n1-e".into(),
+        count: 64,
+    };
+    assert_eq!(ends.shard_of(5).as_deref(), Some("lab-n1-e5"));
+    assert_eq!(ends.shard_of(64 + 17).as_deref(), Some("lab-n1-e17"));
+    assert_eq!(NodeEnds::Here.shard_of(5), None);
+    // A count of 0 (which weftd's flag refuses) would divide by zero: it counts as 1.
+    let one = NodeEnds::Shards {
+        prefix: "p".into(),
+        count: 0,
+    };
+    assert_eq!(one.shard_of(12).as_deref(), Some("p0"));
+    assert!(is_shard_of("lab-n1-e", "lab-n1-e0"));
+    assert!(is_shard_of("lab-n1-e", "lab-n1-e63"));
+    assert!(!is_shard_of("lab-n1-e", "lab-n10-e0"));
+    assert!(!is_shard_of("lab-n1-e", "lab-n1-e"));
+    assert!(!is_shard_of("lab-n1-e", "lab-n1-ex1"));
+    assert!(!is_shard_of("lab-n1-e", "lab-n2-e0"));
+}

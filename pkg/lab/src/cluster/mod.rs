@@ -37,6 +37,12 @@ use crate::spec::{LabSpec, NodeSpec, PodSpec, Underlay};
 pub const OUTSIDE_ADDRESS: &str = "198.51.100.2";
 
 const OUTSIDE_GATEWAY: &str = "198.51.100.1/24";
+
+/// How many shard namespaces a lab node spreads its gRPC node ends over: 64 keeps a
+/// shard at about 35 ends on a node of a 5,000-link lab (each interface event in a
+/// shard walks its ends' packet sockets), where weftd's default of 16 had 140.
+pub const WIRE_END_SHARDS: u64 = 64;
+
 /// The outside's IPv6 address in a lab with IPv6 on a shared segment (documentation
 /// space, as the internet's addresses would be), reached the same way.
 pub const OUTSIDE_ADDRESS6: &str = "2001:db8:100::2";
@@ -510,12 +516,14 @@ impl Lab {
         format!("{}-{node}", self.spec.name)
     }
 
-    /// Where the node ends of a node's gRPC wire ends live: shard namespaces named
-    /// after the node's (its weftd's `--wire-ends-netns`), so a lab of thousands of
-    /// gRPC links comes up in time linear in its links (see `NodeEnds`).
+    /// Where the node ends of a node's gRPC wire ends live: [`WIRE_END_SHARDS`] shard
+    /// namespaces named after the node's (its weftd's `--wire-ends-netns` and
+    /// `--wire-ends-shards`), so a lab of thousands of gRPC links comes up in time
+    /// near linear in its links (see `NodeEnds`).
     pub fn wire_ends(&self, node: &str) -> weft_kernel::packet::NodeEnds {
         weft_kernel::packet::NodeEnds::Shards {
             prefix: format!("{}-{node}-e", self.spec.name),
+            count: WIRE_END_SHARDS,
         }
     }
 

@@ -280,8 +280,13 @@ impl Lab {
             "--pod-routing".into(),
             self.spec.pod_routing.as_str().into(),
         ];
-        if let weft_kernel::packet::NodeEnds::Shards { prefix } = self.wire_ends(&n.name) {
-            config.args.extend(["--wire-ends-netns".into(), prefix]);
+        if let weft_kernel::packet::NodeEnds::Shards { prefix, count } = self.wire_ends(&n.name) {
+            config.args.extend([
+                "--wire-ends-netns".into(),
+                prefix,
+                "--wire-ends-shards".into(),
+                count.to_string(),
+            ]);
         }
         if self.spec.bgp {
             config

@@ -19,9 +19,10 @@
 //!   the directory (several lab "nodes") see where each other's pods run.
 //! - `.wires/<node>.json`: each node's `WireState`, for people and tools to read.
 //!
-//! Changes are seen through inotify (within about 100 ms) and, should an event be lost or
-//! inotify be unavailable, through a full rescan every 2 s (a directory that takes
-//! longer than 20 ms to read whole waits 100 times that).
+//! Changes are seen through inotify (within about 100 ms) and, should an event be lost,
+//! through a full rescan every 2 s (a directory that takes longer than 2 ms to read
+//! whole waits 1,000 times that, up to a minute). Should inotify be unavailable, the
+//! rescan is how changes are seen: every 2 s, or 100 times as long as it takes.
 //!
 //! The parts: `manifest` parses the files into objects, `cache` keeps what was
 //! parsed until a file changes, `watcher` is the thread that notices changes, and
@@ -135,9 +136,10 @@ impl DirSource {
         };
         inner.reload()?;
         let weak = Arc::downgrade(&inner);
+        let watched = watcher.is_some();
         std::thread::Builder::new()
             .name("weft-topology-dir".into())
-            .spawn(move || reload_loop(weak, rx))
+            .spawn(move || reload_loop(weak, rx, watched))
             .map_err(|e| SourceError::Other(format!("cannot start the reload thread: {e}")))?;
         Ok(Arc::new(DirSource {
             inner,

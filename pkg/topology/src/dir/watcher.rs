@@ -18,15 +18,28 @@ use super::{Inner, STATUS_DIR, WIRES_DIR, is_topology_file};
 
 /// How often the directory is rescanned whatever inotify says.
 const RESCAN: Duration = Duration::from_secs(2);
-/// How many times its own duration a full rescan waits before the next at least: the
-/// safety net for lost events then costs a node at most about 1 % of a core however
-/// big the directory grows (a lab of thousands of pods takes tens of milliseconds to
-/// read whole), rather than a share that grows with it.
-const RESCAN_SHARE: u32 = 100;
+/// How many times its own duration a full rescan waits before the next at least, with
+/// inotify watching: the safety net for lost events then costs a node at most about
+/// 0.1 % of a core however big the directory grows (a lab of thousands of pods takes
+/// tens of milliseconds to read whole), rather than a share that grows with it. At 1 %
+/// (100 times), a 5,000-link lab's bring-up still held a rescan every few seconds on
+/// every node, each reading the whole directory: work that grew with the lab and with
+/// the time it took.
+const RESCAN_SHARE: u32 = 1000;
+/// The longest the safety net waits, however long a rescan took.
+const RESCAN_AT_MOST: Duration = Duration::from_secs(60);
+/// The same share without inotify, when the rescan is how changes are seen at all:
+/// about 1 % of a core.
+const RESCAN_SHARE_UNWATCHED: u32 = 100;
 
-/// When the next full rescan is due after one that took `took`.
-fn rescan_after(took: Duration) -> Duration {
-    RESCAN.max(took.saturating_mul(RESCAN_SHARE))
+/// When the next full rescan is due after one that took `took`, with inotify watching
+/// the directory (`watched`) or not.
+fn rescan_after(took: Duration, watched: bool) -> Duration {
+    if watched {
+        RESCAN.max(took.saturating_mul(RESCAN_SHARE)).min(RESCAN_AT_MOST)
+    } else {
+        RESCAN.max(took.saturating_mul(RESCAN_SHARE_UNWATCHED))
+    }
 }
 
 /// How long to let a burst of file events settle before reloading (an editor's save is
@@ -110,7 +123,10 @@ fn classify(ev: &notify::Event, root: &Path) -> Vec<Change> {
         .collect()
 }
 
-pub(super) fn reload_loop(inner: Weak<Inner>, rx: std_mpsc::Receiver<Change>) {
+/// The reload thread: a reload of what each burst of events changed, and a full rescan
+/// when one is due (see [`rescan_after`]; `watched`: whether inotify watches the
+/// directory).
+pub(super) fn reload_loop(inner: Weak<Inner>, rx: std_mpsc::Receiver<Change>, watched: bool) {
     let mut next_rescan = Instant::now() + RESCAN;
     loop {
         let wait = next_rescan.saturating_duration_since(Instant::now());
@@ -153,7 +169,7 @@ pub(super) fn reload_loop(inner: Weak<Inner>, rx: std_mpsc::Receiver<Change>) {
         if let Err(e) = inner.reload() {
             tracing::warn!(dir = %inner.dir.display(), error = %e, "cannot read the topology directory; serving what was loaded before");
         }
-        next_rescan = Instant::now() + rescan_after(started.elapsed());
+        next_rescan = Instant::now() + rescan_after(started.elapsed(), watched);
     }
 }
 
@@ -170,8 +186,14 @@ mod tests {
 
     #[test]
     fn a_slow_rescan_waits_longer_for_the_next() {
-        assert_eq!(rescan_after(Duration::from_millis(3)), RESCAN);
-        assert_eq!(rescan_after(Duration::from_millis(50)), Duration::from_secs(5));
+        assert_eq!(rescan_after(Duration::from_millis(1), true), RESCAN);
+        assert_eq!(rescan_after(Duration::from_millis(3), true), Duration::from_secs(3));
+        assert_eq!(rescan_after(Duration::from_millis(50), true), Duration::from_secs(50));
+        assert_eq!(rescan_after(Duration::from_millis(200), true), RESCAN_AT_MOST);
+        // Without inotify the rescan is how changes are seen: ten times as often.
+        assert_eq!(rescan_after(Duration::from_millis(3), false), RESCAN);
+        assert_eq!(rescan_after(Duration::from_millis(50), false), Duration::from_secs(5));
+        assert_eq!(rescan_after(Duration::from_secs(1), false), Duration::from_secs(100));
     }
 
     #[test]
