@@ -112,6 +112,9 @@ pub(crate) struct PassState {
     pub(crate) me: Option<IpAddr>,
     /// When a pass last looked at every pod.
     pub(crate) last_full: Option<Instant>,
+    /// When a pass last had pods to look at that moved (an ADD, a DEL, a Topology that
+    /// changed): a due resync waits while they keep moving (see `pass::resync`).
+    pub(crate) last_moved: Option<Instant>,
     /// Whether the last pass failed (the next looks at every pod).
     pub(crate) failed: bool,
     /// The pods alive (attached, their namespace there) as the last pass saw them.

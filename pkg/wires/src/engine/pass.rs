@@ -6,8 +6,9 @@
 //! them ([`plan::affected`]): pods attached or detached, pods whose Topology changed
 //! (the source keeps an unchanged one's `Arc`, so a pointer tells), pods a peer node
 //! spoke of, pods whose run-time settings changed, pods whose last attempt failed. Once
-//! every resync interval (and when asked, or when this node's address changes) a pass
-//! looks at every pod and reads their kernel objects back, which repairs drift. So a
+//! every resync interval (put off while pods keep moving, at most by one more interval:
+//! [`resync`]), and when asked or when this node's address changes, a pass looks at
+//! every pod and reads their kernel objects back, which repairs drift. So a
 //! node of thousands of links wires each arriving pod in time of its own links, not of
 //! the node's.
 //!
@@ -38,6 +39,46 @@ use crate::plane::GrpcPlane;
 /// this much later at most.
 const SETTLE: Duration = Duration::from_millis(20);
 
+/// How long no pod may have moved before a due resync runs (see [`resync`]).
+const RESYNC_QUIET: Duration = Duration::from_secs(1);
+
+/// Whether the pass about to run looks at every pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resync {
+    /// It does: the first pass, a pass after a failed one, or a resync that is due.
+    Now,
+    /// A resync is due, but pods are moving: this pass looks at those, and the run task
+    /// wakes within [`RESYNC_QUIET`] to look again.
+    Waits,
+    /// The last look at every pod is less than an interval old.
+    NotDue,
+}
+
+/// When to look at every pod: once per resync interval, but not while pods keep
+/// moving (the last pass that had moved pods to look at less than [`RESYNC_QUIET`]
+/// ago), for at most one more interval. A look at every pod holds every ADD of the
+/// node waiting on a pass for as long as that look takes (a tenth of a second at 570
+/// pods), and in a bring-up what it would repair is what the passes of the arriving
+/// pods are building anyway. The first pass and a pass after a failed one look at
+/// every pod at once.
+fn resync(st: &PassState, interval: Duration, now: Instant) -> Resync {
+    let Some(full) = st.last_full.filter(|_| !st.failed) else {
+        return Resync::Now;
+    };
+    let since = now.saturating_duration_since(full);
+    if since < interval {
+        return Resync::NotDue;
+    }
+    let moving = st
+        .last_moved
+        .is_some_and(|t| now.saturating_duration_since(t) < RESYNC_QUIET);
+    if moving && since < interval.saturating_mul(2) {
+        Resync::Waits
+    } else {
+        Resync::Now
+    }
+}
+
 /// The pod end `r` belongs to, as a borrowed pair.
 fn owned(r: &WireEnd) -> (&str, &str) {
     (r.namespace.as_str(), r.local_pod.as_str())
@@ -53,7 +94,11 @@ impl<P: GrpcPlane> Engine<P> {
         loop {
             let want = self.passes.requested();
             st.retry = false;
-            let every = st.failed || st.last_full.is_none_or(|t| t.elapsed() >= self.cfg.resync);
+            let due = resync(&st, self.cfg.resync, Instant::now());
+            let every = due == Resync::Now;
+            if due == Resync::Waits {
+                debug!("a resync is due; it waits until the pods stop moving");
+            }
             st.failed = false;
             let started = Instant::now();
             let passed = self.pass(&mut st, every).await;
@@ -75,6 +120,8 @@ impl<P: GrpcPlane> Engine<P> {
             self.passes.done(want);
             let wait = if st.retry {
                 Duration::from_millis(500)
+            } else if due == Resync::Waits {
+                RESYNC_QUIET
             } else {
                 self.cfg.resync
             };
@@ -161,6 +208,9 @@ impl<P: GrpcPlane> Engine<P> {
         } else {
             plan::affected(&pods, &seeds, |n, p| self.source.topology(n, p), &st.listers)
         };
+        if !every && !(scope.is_empty() && departed.is_empty()) {
+            st.last_moved = Some(Instant::now());
+        }
         // The pods looked at as borrowed pairs, to test ends by without allocating.
         let looked: HashSet<(&str, &str)> = scope.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
 
@@ -450,5 +500,72 @@ impl<P: GrpcPlane> Engine<P> {
                 .get_or_create(&LinkStateLabels { state: state.as_str() })
                 .set(counts.get(state));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(full: Option<Instant>, moved: Option<Instant>, failed: bool) -> PassState {
+        PassState {
+            last_full: full,
+            last_moved: moved,
+            failed,
+            ..PassState::default()
+        }
+    }
+
+    /// A due resync waits while pods move, runs once they stood still for the quiet
+    /// time or a second interval has gone by; the first pass and one after a failure
+    /// look at every pod whatever moves.
+    #[test]
+    fn a_due_resync_waits_for_the_pods_to_stop_moving_for_at_most_an_interval() {
+        let interval = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        let full = Some(t0);
+
+        assert_eq!(
+            resync(&state(None, Some(at(0.0)), false), interval, at(0.0)),
+            Resync::Now,
+            "the first pass"
+        );
+        assert_eq!(resync(&state(full, None, false), interval, at(9.9)), Resync::NotDue);
+        assert_eq!(
+            resync(&state(full, None, false), interval, at(10.0)),
+            Resync::Now,
+            "due, nothing moved"
+        );
+        assert_eq!(
+            resync(&state(full, Some(at(9.5)), false), interval, at(10.2)),
+            Resync::Waits,
+            "pods moved 0.7 s ago"
+        );
+        assert_eq!(
+            resync(&state(full, Some(at(9.0)), false), interval, at(10.0)),
+            Resync::Now,
+            "pods stood still for the quiet time"
+        );
+        assert_eq!(
+            resync(&state(full, Some(at(19.9)), false), interval, at(19.95)),
+            Resync::Waits,
+            "still moving within the second interval"
+        );
+        assert_eq!(
+            resync(&state(full, Some(at(19.99)), false), interval, at(20.0)),
+            Resync::Now,
+            "two intervals: it runs however the pods move"
+        );
+        assert_eq!(
+            resync(&state(full, Some(at(10.0)), true), interval, at(10.1)),
+            Resync::Now,
+            "after a failed pass"
+        );
+        assert_eq!(
+            resync(&state(full, Some(at(5.0)), true), interval, at(5.1)),
+            Resync::Now,
+            "after a failed pass, due or not"
+        );
     }
 }
