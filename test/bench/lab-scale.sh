@@ -37,8 +37,23 @@ secs() { # seconds since $1 (from date +%s.%N)
 busy() { # the machine's busy CPU time so far, in clock ticks
   awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat
 }
-quiet() { # waits (at most 120 s) until the machine was 95 % idle 3 seconds in a row
+# The kernel frees a deleted network namespace later, in its cleanup work, and an
+# earlier lab's thousand namespaces can wait there for minutes until another namespace
+# is deleted (seen 2026-12-01: 708 of them, freed at once by a probe namespace made and
+# deleted). Freed during the next lab's `up`, they would be timed with it.
+netns_freed() { # waits (at most 120 s) until at most 100 namespaces are allocated
+  local f=/sys/kernel/slab/net_namespace/objects
+  [ -r "$f" ] || return 0
+  for _ in $(seq 1 120); do
+    [ "$(cut -d' ' -f1 "$f")" -le 100 ] && return 0
+    ip netns add "lab-scale-probe-$$" && ip netns delete "lab-scale-probe-$$"
+    sleep 1
+  done
+  echo "the kernel still holds $(cut -d' ' -f1 "$f") namespaces after 120 s" >&2
+}
+quiet() { # waits for netns_freed, then (at most 120 s) until the machine was 95 % idle 3 seconds in a row
   local n=0 b0 b1 t0 t1
+  netns_freed
   for _ in $(seq 1 120); do
     b0=$(busy) t0=$(awk '/^cpu / {print $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat)
     sleep 1

@@ -208,7 +208,8 @@ impl<P: GrpcPlane> Engine<P> {
         } else {
             plan::affected(&pods, &seeds, |n, p| self.source.topology(n, p), &st.listers)
         };
-        if !every && !(scope.is_empty() && departed.is_empty()) {
+        let moved = !scope.is_empty() || !departed.is_empty();
+        if moved && !every {
             st.last_moved = Some(Instant::now());
         }
         // The pods looked at as borrowed pairs, to test ends by without allocating.
