@@ -526,47 +526,21 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: f64| t0 + Duration::from_secs_f64(s);
         let full = Some(t0);
-
-        assert_eq!(
-            resync(&state(None, Some(at(0.0)), false), interval, at(0.0)),
-            Resync::Now,
-            "the first pass"
-        );
-        assert_eq!(resync(&state(full, None, false), interval, at(9.9)), Resync::NotDue);
-        assert_eq!(
-            resync(&state(full, None, false), interval, at(10.0)),
-            Resync::Now,
-            "due, nothing moved"
-        );
-        assert_eq!(
-            resync(&state(full, Some(at(9.5)), false), interval, at(10.2)),
-            Resync::Waits,
-            "pods moved 0.7 s ago"
-        );
-        assert_eq!(
-            resync(&state(full, Some(at(9.0)), false), interval, at(10.0)),
-            Resync::Now,
-            "pods stood still for the quiet time"
-        );
-        assert_eq!(
-            resync(&state(full, Some(at(19.9)), false), interval, at(19.95)),
-            Resync::Waits,
-            "still moving within the second interval"
-        );
-        assert_eq!(
-            resync(&state(full, Some(at(19.99)), false), interval, at(20.0)),
-            Resync::Now,
-            "two intervals: it runs however the pods move"
-        );
-        assert_eq!(
-            resync(&state(full, Some(at(10.0)), true), interval, at(10.1)),
-            Resync::Now,
-            "after a failed pass"
-        );
-        assert_eq!(
-            resync(&state(full, Some(at(5.0)), true), interval, at(5.1)),
-            Resync::Now,
-            "after a failed pass, due or not"
-        );
+        // (last full look, last pods moved, last pass failed, now, expected, why)
+        let cases = [
+            (None, Some(0.0), false, 0.0, Resync::Now, "the first pass"),
+            (full, None, false, 9.9, Resync::NotDue, "not due"),
+            (full, None, false, 10.0, Resync::Now, "due, nothing moved"),
+            (full, Some(9.5), false, 10.2, Resync::Waits, "pods moved 0.7 s ago"),
+            (full, Some(9.0), false, 10.0, Resync::Now, "pods stood still 1 s"),
+            (full, Some(19.9), false, 19.95, Resync::Waits, "moving, second interval"),
+            (full, Some(19.99), false, 20.0, Resync::Now, "two intervals: runs"),
+            (full, Some(10.0), true, 10.1, Resync::Now, "after a failed pass"),
+            (full, Some(5.0), true, 5.1, Resync::Now, "failed, not due"),
+        ];
+        for (last_full, moved, failed, now, want, why) in cases {
+            let st = state(last_full, moved.map(at), failed);
+            assert_eq!(resync(&st, interval, at(now)), want, "{why}");
+        }
     }
 }
