@@ -209,13 +209,13 @@ impl<P: GrpcPlane> Cx<'_, P> {
         self.built.entry(node).or_default().push(end);
     }
 
-    /// Tells each peer node, in one call, of the ends this pass built whose other end
-    /// it holds. Best effort: the peer's own passes find the ends anyway.
-    pub async fn tell_built(&mut self) {
-        for (node, ends) in std::mem::take(&mut self.built) {
-            if let Err(e) = self.engine.call_ends(node, ends).await {
-                debug!(peer = %node, error = %e, "could not tell a peer node of the ends built");
-            }
+    /// Hands the ends this pass built to the engine's teller, which tells each peer
+    /// node of those whose other end it holds, in one call, without the pass waiting
+    /// for the answer. Best effort: the peer's own passes find the ends anyway.
+    pub fn tell_built(&mut self) {
+        let built = std::mem::take(&mut self.built);
+        if !built.is_empty() && self.engine.built.try_send(built).is_err() {
+            debug!("peer nodes not told of this pass's ends: the teller is behind or gone");
         }
     }
 

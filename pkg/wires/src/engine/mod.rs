@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tracing::warn;
 use weft_kernel::KernelError;
 use weft_link::{LinkStatus, WireEnd};
@@ -214,6 +214,36 @@ pub struct Engine<P = DataPlane> {
     /// the run task keeps the ends between passes and reads the store again when this
     /// moved.
     records_epoch: AtomicU64,
+    /// The ends each pass built, for the peer nodes to be told of (see [`tell`]): the
+    /// run task sends, the teller task calls the peers.
+    built: mpsc::Sender<Built>,
+}
+
+/// The ends one pass built whose other end a peer node holds, by that node.
+type Built = BTreeMap<IpAddr, Vec<End>>;
+
+/// How many passes' worth of built ends wait for the teller at most; past it a pass's
+/// news is dropped (the peers' own passes find the ends all the same).
+const BUILT_QUEUE: usize = 256;
+
+/// Tells the peer nodes of the ends the passes built, in the order the passes built
+/// them, off the passes' path: a pass (and the ADD waiting on it) does not wait for a
+/// peer's answer, which under load is its scheduling, not its work. What queued while
+/// a call was out goes in one call per peer. Ends when the engine does.
+async fn tell<P: GrpcPlane>(engine: std::sync::Weak<Engine<P>>, mut rx: mpsc::Receiver<Built>) {
+    while let Some(mut built) = rx.recv().await {
+        while let Ok(more) = rx.try_recv() {
+            for (node, ends) in more {
+                built.entry(node).or_default().extend(ends);
+            }
+        }
+        let Some(engine) = engine.upgrade() else { return };
+        for (node, ends) in built {
+            if let Err(e) = engine.call_ends(node, ends).await {
+                tracing::debug!(peer = %node, error = %e, "could not tell a peer node of the ends built");
+            }
+        }
+    }
 }
 
 /// Pass requests: any path asks for a pass (of every pod, or of the pods it names) and
@@ -318,6 +348,7 @@ impl<P: GrpcPlane> Engine<P> {
         pods: BTreeMap<PodKey, LocalPod>,
         seams: Seams<P>,
     ) -> Arc<Self> {
+        let (built_tx, built_rx) = mpsc::channel(BUILT_QUEUE);
         let engine = Arc::new(Engine {
             cfg,
             source,
@@ -334,8 +365,10 @@ impl<P: GrpcPlane> Engine<P> {
             sampled: Mutex::default(),
             links: watch::channel(BTreeMap::new()).0,
             records_epoch: AtomicU64::new(0),
+            built: built_tx,
         });
         engine.restore().await;
+        tokio::spawn(tell(Arc::downgrade(&engine), built_rx));
         tokio::spawn(engine.clone().run());
         engine
     }

@@ -331,7 +331,7 @@ impl<P: GrpcPlane> Engine<P> {
             }
         }
 
-        cx.tell_built().await;
+        cx.tell_built();
 
         // Impairments and carrier by intent, on the ends built so far.
         let visit = if every {

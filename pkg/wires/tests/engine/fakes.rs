@@ -483,6 +483,9 @@ pub struct FakePeers {
     pub refuse: Mutex<BTreeSet<u32>>,
     /// Every call made.
     pub calls: Mutex<Vec<Call>>,
+    /// When set, every call (once recorded) waits for a permit of this gate before it
+    /// is answered: a peer node that does not answer yet.
+    pub stall: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
 }
 
 impl FakePeers {
@@ -517,6 +520,10 @@ impl Peers for FakePeers {
                 to: node,
                 req: req.clone(),
             });
+            let gate = self.stall.lock().unwrap().clone();
+            if let Some(gate) = gate {
+                let _permit = gate.acquire().await;
+            }
             let Some(engine) = self.engines.lock().unwrap().get(&node).and_then(Weak::upgrade) else {
                 return Err(PeerError::Connect {
                     node,

@@ -791,6 +791,39 @@ async fn a_pass_tells_a_peer_node_of_the_grpc_ends_it_built_in_one_call() {
     assert_eq!(built, vec![3], "one call with the three ends a's pass built");
 }
 
+/// A pass hands what it tells a peer node of the ends it built to the engine's teller:
+/// an ADD on a node whose peer does not answer yet returns all the same, the call is
+/// made, and the peer hears of the ends once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_does_not_wait_for_the_peer_node_it_tells_of_its_ends() {
+    let mut lab = Lab::new(&["a", "b"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth1"), Some(LinkKind::Grpc));
+    lab.start().await;
+    lab.add("b", "r2").await;
+    lab.settle().await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    *lab.peers.stall.lock().unwrap() = Some(gate.clone());
+    let told = |lab: &Lab| {
+        (lab.peers.calls.lock().unwrap().iter())
+            .filter(|c| c.from == "a" && c.to == lab.node("b").addr)
+            .flat_map(|c| c.req.ends.iter())
+            .any(|e| e.present && e.control.is_none() && e.kind.parse() == Ok(LinkKind::Grpc))
+    };
+    tokio::time::timeout(Duration::from_secs(5), lab.add("a", "r1"))
+        .await
+        .expect("the ADD does not wait for the peer node's answer");
+    assert_eq!(lab.kernel("a").created().len(), 1, "a's end is built");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !told(&lab) {
+        assert!(tokio::time::Instant::now() < deadline, "b is never told of a's end");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gate.add_permits(1_000);
+    lab.settle().await;
+    assert!(lab.node("a").plane.end(id("r1", 1)).expect("a's worker").1, "up");
+    assert!(lab.node("b").plane.end(id("r2", 1)).expect("b's worker").1, "up");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drifted_fdb_entries_are_put_back_without_a_rebuild() {
     let mut lab = Lab::new(&["a", "b"]);
