@@ -123,7 +123,7 @@ fn build_pair(pod: &NetNs, node: &mut Netlink, in_pod: &mut Netlink, id: u64) ->
     if let Err(e) = in_netns(pod, || sysctl::write(&path, "1")) {
         tracing::debug!(pod_side, error = %e, "could not turn IPv6 off on a detour's pod side");
     }
-    let done = packet::raise_pair(node, in_pod, &node_side, &pod_side, true);
+    let done = packet::raise_pair(node, in_pod, &node_side, &pod_side, true, packet::NodeEndIpv6::PerEnd);
     if done.is_err() {
         let _ = node.delete_link(&node_side);
     }

@@ -220,7 +220,10 @@ fn a_vxlan_wire_crosses_a_routed_underlay_with_unicast_fdb() {
 /// Makes gRPC wire end `id` as `e7` in `pod` (MAC `mac`, MTU 1500, `addr`/24, up) and
 /// returns a netlink socket in the pod.
 fn grpc_end(node: &NetNs, pod: &NetNs, id: u64, mac: [u8; 6], addr: &str) -> weft_kernel::Netlink {
-    in_netns(node, || packet::create(pod, "e7", mac, 1500, id)).unwrap();
+    in_netns(node, || {
+        packet::create(pod, "e7", mac, 1500, id, packet::NodeEndIpv6::PerEnd)
+    })
+    .unwrap();
     let mut s = wire::socket_in(pod).unwrap();
     wire::configure(&mut s, "e7", mac, 1500, Some((addr.parse().unwrap(), 24)), true).unwrap();
     s
@@ -235,8 +238,24 @@ fn a_grpc_end_offers_big_tcp_and_survives_its_socket() {
     let (node, pod) = (ns(&n), ns(&p));
     let id = 0x1234_5678_9abc_def0;
     let mut s = grpc_end(&node, &pod, id, [2, 0, 0, 7, 7, 7], "12.7.0.1");
+    // The node's namespace keeps IPv6 on by default: the end itself has it off.
+    let v6 = in_netns(&node, || {
+        weft_kernel::sysctl::read(&format!("net/ipv6/conf/{}/disable_ipv6", packet::node_end_name(id)))
+    })
+    .unwrap();
+    assert_eq!(v6, "1", "no IPv6 on a node end in the node's namespace");
     // A second pair under the same names is refused, not half made.
-    let again = in_netns(&node, || Ok(packet::create(&pod, "e7", [2, 0, 0, 7, 7, 7], 1500, id))).unwrap();
+    let again = in_netns(&node, || {
+        Ok(packet::create(
+            &pod,
+            "e7",
+            [2, 0, 0, 7, 7, 7],
+            1500,
+            id,
+            packet::NodeEndIpv6::PerEnd,
+        ))
+    })
+    .unwrap();
     assert!(
         matches!(again, Err(weft_kernel::KernelError::InterfaceExists { .. })),
         "{again:?}"
@@ -348,7 +367,11 @@ fn a_grpc_end_in_a_shard_namespace_is_made_used_and_removed_there() {
     let id = 0x0123_4567_89ab_cdef;
     let shard = std::path::Path::new("/run/netns").join(ends.shard_of(id).unwrap());
     let _ = weft_kernel::delete_named(&ends.shard_of(id).unwrap());
-    let create = || ends.within(id, || packet::create(&pod, "e7", [2, 0, 0, 7, 7, 5], 1500, id));
+    let create = || {
+        ends.within(id, || {
+            packet::create(&pod, "e7", [2, 0, 0, 7, 7, 5], 1500, id, ends.ipv6())
+        })
+    };
     in_netns(&node, create).unwrap();
     assert!(shard.exists(), "the shard {} was made", shard.display());
     assert!(

@@ -239,13 +239,14 @@ impl WireKernel for HostWireKernel {
         // A pair left by an earlier pass is taken over; anything else under either
         // name (half a pair, a TAP of an older weft) is replaced.
         // One trip into the node end's namespace for the whole decision.
+        let ipv6 = self.node_ends.ipv6();
         self.node_ends.within(id, || {
             if !(pod_end && packet::exists(id)?) {
                 if pod_end {
                     kwire::remove(&mut nl, &end.intf)?;
                 }
                 packet::remove(id)?;
-                packet::create(&ns, &end.intf, end.mac, end.mtu, id)?;
+                packet::create(&ns, &end.intf, end.mac, end.mtu, id, ipv6)?;
             }
             Ok(())
         })?;
