@@ -12,12 +12,13 @@
 //! the pod's addresses, they win and the announcement goes; one the API never confirms
 //! goes after [`ANNOUNCED_TTL`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use imbl::ordmap::DiffItem;
 use weft_topology::{PolicyObjects, PolicyPod};
 
 use super::PolicyEngine;
@@ -79,10 +80,56 @@ pub(super) struct Queue {
 #[derive(Debug, Default)]
 pub(super) struct Announcements {
     entries: BTreeMap<(String, String), Entry>,
-    /// The last patch: the cache's objects it was made from and what it made, given
+    /// The last patch: the cache's objects it was made from and what it made. Given
     /// again while neither they nor the entries moved (a pass comes far more often
-    /// than either does, and each patch copies the cluster's list of pods).
+    /// than either does); otherwise the next is made from it, for the pods that moved
+    /// in the cache and the entries that came or went, not from every entry again
+    /// (during a bring-up nearly every pass follows a move, and a patch of every entry
+    /// made each pass cost in proportion to the pods announced, and shared no part of
+    /// its map with the last one, so each pass's difference walked all of it).
     last: Option<(Arc<PolicyObjects>, Arc<PolicyObjects>)>,
+    /// Pods whose entry came or went since the last patch.
+    moved: BTreeSet<(String, String)>,
+}
+
+/// What a pod's entry makes of the cache's object of it.
+enum Made {
+    /// The object with the announced addresses.
+    Patched(Arc<PolicyPod>),
+    /// The cache's object as it is (or none): the entry waits for it.
+    Waiting,
+    /// The entry is moot (the API has addresses, the pod runs elsewhere, or its object
+    /// went after it was seen): it goes.
+    Moot,
+}
+
+impl Entry {
+    /// What this entry makes of `raw`, the cache's object of its pod (the one rule of
+    /// both the full and the partial patch).
+    fn make(&mut self, raw: Option<&Arc<PolicyPod>>) -> Made {
+        let Some(raw) = raw else {
+            // Not in the cache yet (or gone before it was seen): kept until it is.
+            return if self.patched.is_some() {
+                Made::Moot
+            } else {
+                Made::Waiting
+            };
+        };
+        if !raw.ips.is_empty() || raw.node != self.node {
+            return Made::Moot;
+        }
+        Made::Patched(match &self.patched {
+            Some((was, patched)) if Arc::ptr_eq(was, raw) => patched.clone(),
+            _ => {
+                let p = Arc::new(PolicyPod {
+                    ips: self.ips.clone(),
+                    ..(**raw).clone()
+                });
+                self.patched = Some((raw.clone(), p.clone()));
+                p
+            }
+        })
+    }
 }
 
 impl Announcements {
@@ -91,71 +138,98 @@ impl Announcements {
     /// gone after its object was seen) or that expired go. The same `Arc` when nothing
     /// is patched.
     pub(super) fn patch(&mut self, objects: Arc<PolicyObjects>) -> Arc<PolicyObjects> {
-        let before = self.entries.len();
-        self.entries.retain(|_, e| e.at.elapsed() < ANNOUNCED_TTL);
+        let moved = &mut self.moved;
+        self.entries.retain(|key, e| {
+            let live = e.at.elapsed() < ANNOUNCED_TTL;
+            if !live {
+                moved.insert(key.clone());
+            }
+            live
+        });
         if self.entries.is_empty() {
             self.last = None;
+            self.moved.clear();
             return objects;
         }
-        if self.entries.len() != before {
-            self.last = None;
+        let made = match self.last.take() {
+            Some((from, made)) if Arc::ptr_eq(&from, &objects) && self.moved.is_empty() => made,
+            Some((from, made)) => self.patch_from(&from, &made, &objects),
+            None => self.patch_anew(&objects),
+        };
+        self.moved.clear();
+        self.last = Some((objects.clone(), made.clone()));
+        if self.entries.values().all(|e| e.patched.is_none()) {
+            // Every entry waits for its pod's object: nothing patched.
+            return objects;
         }
-        if let Some((from, made)) = &self.last
-            && Arc::ptr_eq(from, &objects)
-        {
-            return made.clone();
-        }
-        let from = objects.clone();
-        let made = self.patch_anew(objects);
-        self.last = Some((from, made.clone()));
         made
     }
 
     /// Takes in an announcement (a later one of a pod replaces an earlier).
     fn insert(&mut self, key: (String, String), entry: Entry) {
+        self.moved.insert(key.clone());
         self.entries.insert(key, entry);
-        self.last = None;
     }
 
-    /// [`Announcements::patch`] made anew.
-    fn patch_anew(&mut self, objects: Arc<PolicyObjects>) -> Arc<PolicyObjects> {
+    /// [`Announcements::patch`] made anew: every entry against `objects`.
+    fn patch_anew(&mut self, objects: &Arc<PolicyObjects>) -> Arc<PolicyObjects> {
         // A copy of the cache's map that shares all but the pods patched (`put_pod`).
         let mut patched_objects: Option<PolicyObjects> = None;
         let mut moot = Vec::new();
         for (key, e) in &mut self.entries {
-            let Some(raw) = objects.pods.get(key) else {
-                // Not in the cache yet (or gone before it was seen): kept until it is.
-                if e.patched.is_some() {
-                    moot.push(key.clone());
-                }
-                continue;
-            };
-            if !raw.ips.is_empty() || raw.node != e.node {
-                moot.push(key.clone());
-                continue;
+            match e.make(objects.pods.get(key)) {
+                Made::Patched(p) => patched_objects.get_or_insert_with(|| (**objects).clone()).put_pod(p),
+                Made::Waiting => {}
+                Made::Moot => moot.push(key.clone()),
             }
-            let patched = match &e.patched {
-                Some((was, patched)) if Arc::ptr_eq(was, raw) => patched.clone(),
-                _ => {
-                    let p = Arc::new(PolicyPod {
-                        ips: e.ips.clone(),
-                        ..(**raw).clone()
-                    });
-                    e.patched = Some((raw.clone(), p.clone()));
-                    p
-                }
-            };
-            patched_objects
-                .get_or_insert_with(|| (*objects).clone())
-                .put_pod(patched);
         }
         for key in moot {
             self.entries.remove(&key);
         }
         match patched_objects {
             Some(o) => Arc::new(o),
-            None => objects,
+            None => objects.clone(),
         }
+    }
+
+    /// [`Announcements::patch`] made from the last patch, `made` of `from`: only the
+    /// pods that differ between `from` and `objects`, and those whose entry came or
+    /// went, are made again; every other pod's object and entry are as they were, so
+    /// `made` has them right already.
+    fn patch_from(
+        &mut self,
+        from: &PolicyObjects,
+        made: &PolicyObjects,
+        objects: &Arc<PolicyObjects>,
+    ) -> Arc<PolicyObjects> {
+        let mut keys: BTreeSet<(String, String)> = std::mem::take(&mut self.moved);
+        keys.extend(from.pods.diff(&objects.pods).map(|d| match d {
+            DiffItem::Add(k, _) | DiffItem::Update { new: (k, _), .. } | DiffItem::Remove(k, _) => k.clone(),
+        }));
+        let mut pods = made.pods.clone();
+        for key in keys {
+            let raw = objects.pods.get(&key);
+            let made = match self.entries.get_mut(&key).map(|e| e.make(raw)) {
+                Some(Made::Patched(p)) => Some(p),
+                Some(Made::Moot) => {
+                    self.entries.remove(&key);
+                    raw.cloned()
+                }
+                Some(Made::Waiting) | None => raw.cloned(),
+            };
+            match made {
+                Some(p) => {
+                    pods.insert(key, p);
+                }
+                None => {
+                    pods.remove(&key);
+                }
+            }
+        }
+        Arc::new(PolicyObjects {
+            pods,
+            ..(**objects).clone()
+        })
     }
 }
 
@@ -331,5 +405,83 @@ mod tests {
         let p3 = a.patch(confirmed.clone());
         assert!(Arc::ptr_eq(&p3, &confirmed), "nothing left to patch");
         assert_eq!(a.entries.len(), 1, "confirmed by the API: gone");
+    }
+
+    /// What one step of the property below does.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// The cache gets (or replaces) pod `i` on node `node` (`n2` or `n3`), with an
+        /// address or without.
+        Cache { i: u8, on_n3: bool, with_ip: bool },
+        /// The cache loses pod `i`.
+        Gone { i: u8 },
+        /// Node n2 announces pod `i`.
+        Announce { i: u8 },
+        /// Pod `i`'s announcement expires.
+        Expire { i: u8 },
+        /// A pass patches the cache's objects as they stand.
+        Patch,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u8..12, any::<bool>(), any::<bool>()).prop_map(|(i, on_n3, with_ip)| Step::Cache { i, on_n3, with_ip }),
+            (0u8..12).prop_map(|i| Step::Gone { i }),
+            (0u8..12).prop_map(|i| Step::Announce { i }),
+            (0u8..12).prop_map(|i| Step::Expire { i }),
+            Just(Step::Patch),
+            Just(Step::Patch),
+        ]
+    }
+
+    proptest::proptest! {
+        /// A patch made from the last one (the pods that moved and the entries that came
+        /// or went) is the patch made anew from every entry: the same pods, and the
+        /// same announcements left, whatever the order of moves.
+        #[test]
+        fn a_patch_made_from_the_last_is_the_patch_made_anew(steps in proptest::collection::vec(step(), 1..60)) {
+            let key = |i: u8| ("x".to_string(), format!("p{i}"));
+            let mut a = Announcements::default();
+            let mut cache = PolicyObjects { synced: true, ..PolicyObjects::default() };
+            for s in steps {
+                match s {
+                    Step::Cache { i, on_n3, with_ip } => {
+                        let ip = format!("10.0.1.{i}");
+                        let ips: &[&str] = if with_ip { &[&ip] } else { &[] };
+                        cache.put_pod(pod(&key(i).1, if on_n3 { "n3" } else { "n2" }, ips));
+                    }
+                    Step::Gone { i } => {
+                        cache.pods.remove(&key(i));
+                    }
+                    Step::Announce { i } => a.insert(key(i), entry("n2", &format!("10.0.2.{i}"))),
+                    Step::Expire { i } => {
+                        if let (Some(e), Some(past)) = (
+                            a.entries.get_mut(&key(i)),
+                            Instant::now().checked_sub(ANNOUNCED_TTL),
+                        ) {
+                            e.at = past;
+                        }
+                    }
+                    Step::Patch => {
+                        let objects = Arc::new(cache.clone());
+                        let mut anew = Announcements {
+                            entries: a.entries.clone(),
+                            ..Announcements::default()
+                        };
+                        let want = anew.patch(objects.clone());
+                        let got = a.patch(objects.clone());
+                        proptest::prop_assert_eq!(&got.pods, &want.pods);
+                        proptest::prop_assert_eq!(
+                            a.entries.keys().collect::<Vec<_>>(),
+                            anew.entries.keys().collect::<Vec<_>>()
+                        );
+                        proptest::prop_assert_eq!(Arc::ptr_eq(&got, &objects), Arc::ptr_eq(&want, &objects));
+                        // Asked again with nothing moved: the same objects, not a copy.
+                        proptest::prop_assert!(Arc::ptr_eq(&a.patch(objects), &got));
+                    }
+                }
+            }
+        }
     }
 }
