@@ -51,6 +51,14 @@ pub struct GoneNamespaces {
     /// The same paths by watch and file name, as a removal reports them (one file may
     /// be asked about in several spellings).
     by_name: HashMap<(WatchDescriptor, OsString), Vec<String>>,
+    /// How many times a path known present may have gone (a removal reported, a
+    /// watched directory gone, the queue overflowed): while it stands, every path
+    /// known present still is, and only new paths need a look ([`GoneNamespaces::epoch`]).
+    removals: u64,
+    /// Whether a path asked about lies where it cannot be watched (looked at every
+    /// time, so no epoch speaks for it): as of the last look at every path, and any
+    /// new one since.
+    unwatched: bool,
 }
 
 impl Default for GoneNamespaces {
@@ -73,11 +81,45 @@ impl GoneNamespaces {
             seen_dirs: HashMap::new(),
             present: HashMap::new(),
             by_name: HashMap::new(),
+            removals: 0,
+            unwatched: false,
         }
     }
 
-    /// Those of `paths` whose namespace file is gone.
+    /// A number that moves whenever a path known present may have gone since; `None`
+    /// when it cannot tell (no inotify, or a path asked about cannot be watched). While
+    /// it stands, a caller that looked at every path before need look only at the new
+    /// ones ([`GoneNamespaces::gone_new`]): a pass then costs what moved, not the node.
+    pub fn epoch(&mut self) -> Option<u64> {
+        self.take_events();
+        (self.inotify.is_some() && !self.unwatched).then_some(self.removals)
+    }
+
+    /// Those of `paths`, every path the caller asks about, whose namespace file is
+    /// gone (what is known of paths no longer asked about may be dropped).
     pub fn gone<'a>(&mut self, paths: &[&'a str]) -> Vec<&'a str> {
+        self.unwatched = false;
+        let gone = self.look(paths);
+        // Paths of pods that left stay known until their files go; bounded by the
+        // files of the watched directories, and cut back when far more than asked.
+        if self.present.len() > 2 * paths.len() + 64 {
+            let asked: HashSet<&str> = paths.iter().copied().collect();
+            self.present.retain(|p, _| asked.contains(p.as_str()));
+            self.by_name.retain(|_, spellings| {
+                spellings.retain(|p| asked.contains(p.as_str()));
+                !spellings.is_empty()
+            });
+        }
+        gone
+    }
+
+    /// Those of `paths`, paths new since a look at every path, whose namespace file is
+    /// gone; what is known of the others stays.
+    pub fn gone_new<'a>(&mut self, paths: &[&'a str]) -> Vec<&'a str> {
+        self.look(paths)
+    }
+
+    fn look<'a>(&mut self, paths: &[&'a str]) -> Vec<&'a str> {
         self.take_events();
         let mut gone = Vec::new();
         for &p in paths {
@@ -88,6 +130,9 @@ impl GoneNamespaces {
             // The directory is watched before the path is looked at: a removal after
             // the look is then reported.
             let watch = self.watch_dir_of(path);
+            if watch.is_none() {
+                self.unwatched = true;
+            }
             if path.exists() {
                 if let (Some(wd), Some(name)) = (watch, path.file_name()) {
                     let key = (wd, name.to_os_string());
@@ -97,16 +142,6 @@ impl GoneNamespaces {
             } else {
                 gone.push(p);
             }
-        }
-        // Paths of pods that left stay known until their files go; bounded by the
-        // files of the watched directories, and cut back when far more than asked.
-        if self.present.len() > 2 * paths.len() + 64 {
-            let asked: HashSet<&str> = paths.iter().copied().collect();
-            self.present.retain(|p, _| asked.contains(p.as_str()));
-            self.by_name.retain(|_, spellings| {
-                spellings.retain(|p| asked.contains(p.as_str()));
-                !spellings.is_empty()
-            });
         }
         gone
     }
@@ -192,11 +227,15 @@ impl GoneNamespaces {
                     }
                     false
                 });
+                self.removals += 1;
                 continue;
             }
             let Some(name) = ev.name else { continue };
-            for p in self.by_name.remove(&(ev.wd, name)).unwrap_or_default() {
-                self.present.remove(&p);
+            if let Some(spellings) = self.by_name.remove(&(ev.wd, name)) {
+                for p in spellings {
+                    self.present.remove(&p);
+                }
+                self.removals += 1;
             }
         }
     }
@@ -204,6 +243,7 @@ impl GoneNamespaces {
     fn forget_all(&mut self) {
         self.present.clear();
         self.by_name.clear();
+        self.removals += 1;
     }
 }
 
@@ -339,5 +379,43 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir(&d).unwrap();
         Scratch(d)
+    }
+
+    /// The epoch stands while every path known present still is, whatever new paths
+    /// are looked at or files nobody asked about go; it moves once one known present
+    /// goes, and a look at the new paths alone keeps what is known of the others.
+    #[test]
+    fn the_epoch_moves_only_when_a_path_known_present_may_have_gone() {
+        let base = if Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        };
+        let dir = tempfile_dir(base);
+        let (a, b, other) = (file(&dir, "a"), file(&dir, "b"), file(&dir, "other"));
+        let mut w = GoneNamespaces::new();
+        assert!(w.gone(&[&a, &b]).is_empty());
+        let e0 = w.epoch().expect("a watched directory gives an epoch");
+        let c = file(&dir, "c");
+        assert!(w.gone_new(&[&c]).is_empty());
+        assert_eq!(w.known_present(), 3, "a look at a new path keeps the others known");
+        std::fs::remove_file(&other).unwrap();
+        assert_eq!(w.epoch(), Some(e0), "a file nobody asked about went: the epoch stands");
+        std::fs::remove_file(&a).unwrap();
+        let e1 = w.epoch().expect("still watched");
+        assert_ne!(e1, e0, "a path known present went: the epoch moved");
+        assert_eq!(
+            w.gone(&[&a, &b, &c]),
+            vec![a.as_str()],
+            "and a look at every path finds it"
+        );
+        assert_eq!(w.epoch(), Some(e1));
+        let gone_dir = dir.join("x").join("y");
+        let unwatchable = gone_dir.to_str().unwrap().to_string();
+        assert_eq!(w.gone_new(&[&unwatchable]), vec![unwatchable.as_str()]);
+        assert_eq!(w.epoch(), None, "a path that cannot be watched: no epoch speaks for it");
+        assert!(w.gone(&[&b, &c]).is_empty());
+        assert!(w.epoch().is_some(), "a look at every path without it: an epoch again");
+        std::fs::remove_dir_all(&*dir).unwrap();
     }
 }

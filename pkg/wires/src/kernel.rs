@@ -45,10 +45,20 @@ pub struct VxlanPeer {
 
 /// What the wire engine does to and asks of the kernel.
 pub trait WireKernel: Send + Sync + 'static {
-    /// Those of `netns` (pods' network namespace paths) that are gone: a namespace
-    /// that is gone belongs to a pod the daemon is collecting. Asked at every pass, of
-    /// every attached pod.
+    /// Those of `netns` (pods' network namespace paths: every attached pod's) that are
+    /// gone: a namespace that is gone belongs to a pod the daemon is collecting.
     fn gone<'a>(&self, netns: &[&'a str]) -> Vec<&'a str>;
+    /// Those of `netns`, the paths of pods attached since a look at every pod's, that
+    /// are gone. Only meaningful while [`WireKernel::gone_epoch`] stands.
+    fn gone_new<'a>(&self, netns: &[&'a str]) -> Vec<&'a str> {
+        self.gone(netns)
+    }
+    /// A number that moves whenever a namespace looked at and found present may have
+    /// gone since; `None` when the kernel cannot tell, and every pass looks at every
+    /// pod's (the default). While it stands a pass looks at the new pods' alone.
+    fn gone_epoch(&self) -> Option<u64> {
+        None
+    }
     /// Whether the pod has an interface `intf` (false when it cannot be looked at).
     fn has_interface(&self, netns: &str, intf: &str) -> bool;
     /// Builds a veth pair straight between two pods, removing whatever was under
@@ -175,6 +185,14 @@ fn pod(netns: &str) -> Result<(NetNs, Netlink), KernelError> {
 impl WireKernel for HostWireKernel {
     fn gone<'a>(&self, netns: &[&'a str]) -> Vec<&'a str> {
         self.gone.lock().expect("namespace watch lock").gone(netns)
+    }
+
+    fn gone_new<'a>(&self, netns: &[&'a str]) -> Vec<&'a str> {
+        self.gone.lock().expect("namespace watch lock").gone_new(netns)
+    }
+
+    fn gone_epoch(&self) -> Option<u64> {
+        self.gone.lock().expect("namespace watch lock").epoch()
     }
 
     fn has_interface(&self, netns: &str, intf: &str) -> bool {

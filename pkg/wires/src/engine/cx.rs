@@ -90,6 +90,12 @@ pub(crate) struct PassState {
     pub(crate) leftover_detours: Option<HashSet<u64>>,
     /// Pods whose link states could not be written to their Topology status yet.
     pub(crate) links_unwritten: BTreeSet<PodKey>,
+    /// The attached pods as the last pass looked at their namespaces.
+    pub(crate) ns_seen: Pods,
+    /// Those of them whose namespace was gone then (attached still, being collected).
+    pub(crate) ns_gone: BTreeSet<PodKey>,
+    /// The kernel's namespace epoch read before that look (`WireKernel::gone_epoch`).
+    pub(crate) ns_epoch: Option<u64>,
     /// The Topologies as the last pass saw them (holding them keeps the map's shared
     /// structure alive: the next listing's difference from it skips what did not move).
     pub(crate) seen: Topologies,

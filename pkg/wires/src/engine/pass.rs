@@ -20,6 +20,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use imbl::ordmap::DiffItem;
+
 use tracing::{debug, info, warn};
 use weft_link::{EndSettings, LinkKind, LinkStatus, WireEnd, WireState};
 
@@ -147,6 +149,60 @@ impl<P: GrpcPlane> Engine<P> {
         }
     }
 
+    /// The attached pods whose namespace is not gone. Every pod's namespace is looked at
+    /// when `every`, or when the kernel's namespace epoch moved (or it has none) since
+    /// the last look; otherwise only those of the pods attached or replaced since, and
+    /// the pods found gone before stay gone: a look per pass at every pod of the node,
+    /// at every ADD, made the bring-up quadratic.
+    fn alive_pods(&self, st: &mut PassState, every: bool) -> Pods {
+        // Read before the look: a namespace that goes during it moves the epoch, and
+        // the next pass looks at every pod's again.
+        let epoch = self.kernel.gone_epoch();
+        let attached = self.pods();
+        if every || epoch.is_none() || epoch != st.ns_epoch {
+            let paths: Vec<&str> = attached.values().map(|p| p.netns.as_str()).collect();
+            let gone: HashSet<&str> = self.kernel.gone(&paths).into_iter().collect();
+            st.ns_gone = (attached.iter())
+                .filter(|(_, p)| gone.contains(p.netns.as_str()))
+                .map(|(k, _)| k.clone())
+                .collect();
+        } else {
+            let mut fresh: Vec<(&PodKey, &str)> = Vec::new();
+            for d in st.ns_seen.diff(&attached) {
+                match d {
+                    DiffItem::Add(k, p) | DiffItem::Update { new: (k, p), .. } => {
+                        st.ns_gone.remove(k);
+                        fresh.push((k, p.netns.as_str()));
+                    }
+                    DiffItem::Remove(k, _) => {
+                        st.ns_gone.remove(k);
+                    }
+                }
+            }
+            if !fresh.is_empty() {
+                let paths: Vec<&str> = fresh.iter().map(|(_, p)| *p).collect();
+                let gone: HashSet<&str> = self.kernel.gone_new(&paths).into_iter().collect();
+                st.ns_gone.extend(
+                    fresh
+                        .iter()
+                        .filter(|(_, p)| gone.contains(p))
+                        .map(|(k, _)| (*k).clone()),
+                );
+            }
+        }
+        st.ns_seen = attached.clone();
+        st.ns_epoch = epoch;
+        if st.ns_gone.is_empty() {
+            attached
+        } else {
+            let mut alive = attached;
+            for k in &st.ns_gone {
+                alive.remove(k);
+            }
+            alive
+        }
+    }
+
     /// One pass over the links of the pods that moved (of every local pod when `every`
     /// or asked), see the module documentation.
     async fn pass(&self, st: &mut PassState, every: bool) -> Result<(), WireError> {
@@ -181,24 +237,7 @@ impl<P: GrpcPlane> Engine<P> {
         // with the namespace and its records go as stale below (every pod asked about:
         // what its linked pods say follows at this pass, not at the next look at every
         // pod).
-        let pods = {
-            let attached = self.pods();
-            let paths: Vec<&str> = attached.values().map(|p| p.netns.as_str()).collect();
-            let gone_paths: HashSet<&str> = self.kernel.gone(&paths).into_iter().collect();
-            let gone: Vec<&PodKey> = (attached.iter())
-                .filter(|(_, p)| gone_paths.contains(p.netns.as_str()))
-                .map(|(k, _)| k)
-                .collect();
-            if gone.is_empty() {
-                attached
-            } else {
-                let mut alive = attached.clone();
-                for k in gone {
-                    alive.remove(k);
-                }
-                alive
-            }
-        };
+        let pods = self.alive_pods(st, every);
         seeds.extend(st.came_or_went(&pods));
         // Pods that moved and do not run here (any more): their ends, if any, are stale.
         let departed: Vec<&PodKey> = seeds.iter().filter(|k| !pods.contains_key(*k)).collect();

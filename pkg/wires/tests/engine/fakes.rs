@@ -43,6 +43,10 @@ pub struct Iface {
 #[derive(Default)]
 struct State {
     pods: BTreeSet<String>,
+    /// How many pods' namespaces went (the fake's namespace epoch).
+    removals: u64,
+    /// How many namespace paths the engine asked about, all asks together.
+    asked: usize,
     ifaces: BTreeMap<(String, String), Iface>,
     /// Node ends of gRPC pairs, by wire id.
     node_ends: BTreeSet<u64>,
@@ -141,6 +145,7 @@ impl FakeKernel {
     pub fn remove_pod(&self, netns: &str) {
         let mut s = self.state();
         s.pods.remove(netns);
+        s.removals += 1;
         let gone: Vec<String> = s
             .ifaces
             .keys()
@@ -203,6 +208,11 @@ impl FakeKernel {
         }
     }
 
+    /// How many namespace paths the engine asked about so far (then forgets it).
+    pub fn take_asked(&self) -> usize {
+        std::mem::take(&mut self.state().asked)
+    }
+
     /// The creating procedures run so far.
     pub fn created(&self) -> Vec<String> {
         self.state().created.clone()
@@ -226,8 +236,17 @@ impl FakeKernel {
 
 impl WireKernel for FakeKernel {
     fn gone<'a>(&self, netns: &[&'a str]) -> Vec<&'a str> {
-        let st = self.state();
+        let mut st = self.state();
+        st.asked += netns.len();
         netns.iter().copied().filter(|n| !st.pods.contains(*n)).collect()
+    }
+
+    fn gone_new<'a>(&self, netns: &[&'a str]) -> Vec<&'a str> {
+        self.gone(netns)
+    }
+
+    fn gone_epoch(&self) -> Option<u64> {
+        Some(self.state().removals)
     }
 
     fn has_interface(&self, netns: &str, intf: &str) -> bool {

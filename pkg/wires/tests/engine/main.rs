@@ -448,6 +448,47 @@ async fn a_vanished_pod_s_linked_pods_follow_at_the_next_pass() {
     );
 }
 
+/// A pass for a new pod looks at that pod's namespace, not at every attached pod's
+/// (each ADD's pass did, which made a bring-up quadratic), and a pod found gone stays
+/// gone at the passes after; once a namespace goes, the next pass looks at every pod's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_looks_at_the_new_pods_namespaces_until_one_goes() {
+    let mut lab = Lab::new(&["a"]);
+    lab.connect(1, ("r1", "eth1"), ("r2", "eth1"), None);
+    lab.connect(2, ("r3", "eth1"), ("r4", "eth1"), None);
+    lab.connect(3, ("r5", "eth1"), ("r6", "eth1"), None);
+    lab.start().await;
+    for r in ["r1", "r2", "r3", "r4"] {
+        lab.add("a", r).await;
+    }
+    lab.settle().await;
+    lab.kernel("a").take_asked();
+    lab.add("a", "r5").await;
+    let asked = lab.kernel("a").take_asked();
+    assert!(
+        (1..=2).contains(&asked),
+        "the pass for r5 asked about {asked} namespaces, not r5's alone"
+    );
+
+    lab.kernel("a").remove_pod("/fake/a/r2");
+    lab.add("a", "r6").await;
+    assert!(
+        lab.kernel("a").take_asked() >= 6,
+        "a namespace went: the next pass looks at every pod's"
+    );
+    let states = link_states(&lab, "r1");
+    assert!(
+        states.iter().all(|(_, state, _)| state != "up"),
+        "r1 still says its link to the vanished r2 is up: {states:?}"
+    );
+    // The passes after still take r2 for gone, looking at no one's namespace again.
+    lab.kernel("a").take_asked();
+    lab.settle().await;
+    let states = link_states(&lab, "r1");
+    assert!(states.iter().all(|(_, state, _)| state != "up"), "{states:?}");
+    assert_eq!(link_states(&lab, "r5"), [("eth1".into(), "up".into(), String::new())]);
+}
+
 /// The `weft_links` gauge of node `a` by state: (pending, up).
 fn link_gauge(lab: &Lab) -> (i64, i64) {
     let m = lab.metrics.families::<WireMetrics>();
