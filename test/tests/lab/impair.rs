@@ -596,10 +596,14 @@ fn loss_models_delay_distributions_and_slots_through_the_detour() {
             22.5,
         );
         eprintln!("{dist} 20ms ± 5ms: standard deviation measured {:.2} ms", sd / 1e3);
+        // The path's own spread is read in a run of its own, and moves with the
+        // machine's load from one run to the next (2.2 ms on a busy CI machine, against
+        // 5 ms asked): the band's low side allows for that, and a uniform jitter of the
+        // same width (2.9 ms) or none still falls far outside it.
         assert_band(
             &format!("{dist} 20ms ± 5ms: its standard deviation over the path's, ms"),
             (sd * sd - path_sd * path_sd).max(0.0).sqrt() / 1e3,
-            4.5,
+            4.25,
             5.7,
         );
         if let Some(floor) = floor {
