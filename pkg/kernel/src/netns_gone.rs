@@ -259,13 +259,7 @@ mod tests {
 
     #[test]
     fn a_removed_file_is_gone_at_the_next_look_and_a_new_one_is_looked_at() {
-        // /dev/shm is a tmpfs on any Linux machine; the temporary directory may not be.
-        let base = if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        };
-        let dir = tempfile_dir(base);
+        let dir = scratch_dir();
         let (a, b) = (file(&dir, "a"), file(&dir, "b"));
         let mut w = GoneNamespaces::new();
         assert!(w.gone(&[&a, &b]).is_empty());
@@ -294,12 +288,7 @@ mod tests {
     /// reported once takes both.
     #[test]
     fn a_file_asked_about_in_two_spellings_goes_in_both() {
-        let base = if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        };
-        let dir = tempfile_dir(base);
+        let dir = scratch_dir();
         let a = file(&dir, "a");
         let also = format!("{}/./a", dir.display());
         let mut w = GoneNamespaces::new();
@@ -318,12 +307,7 @@ mod tests {
             return;
         }
         use nix::mount::{MntFlags, MsFlags, mount, umount2};
-        let base = if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        };
-        let dir = tempfile_dir(base);
+        let dir = scratch_dir();
         let ns = crate::testutil::TempNetns::new();
         let named = file(&dir, "pod");
         mount(
@@ -370,7 +354,14 @@ mod tests {
         }
     }
 
-    fn tempfile_dir(base: &str) -> Scratch {
+    /// A scratch directory of this test's own on a tmpfs where there is one
+    /// (`/dev/shm` is on any Linux machine; the temporary directory may not be).
+    fn scratch_dir() -> Scratch {
+        let base = if Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        };
         let d = Path::new(base).join(format!(
             "weft-gone-{}-{:?}",
             std::process::id(),
@@ -386,12 +377,7 @@ mod tests {
     /// goes, and a look at the new paths alone keeps what is known of the others.
     #[test]
     fn the_epoch_moves_only_when_a_path_known_present_may_have_gone() {
-        let base = if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        };
-        let dir = tempfile_dir(base);
+        let dir = scratch_dir();
         let (a, b, other) = (file(&dir, "a"), file(&dir, "b"), file(&dir, "other"));
         let mut w = GoneNamespaces::new();
         assert!(w.gone(&[&a, &b]).is_empty());
