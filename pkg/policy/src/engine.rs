@@ -2,8 +2,9 @@
 //! cache), this node's pods (its store) and the node addresses, plans the node's policy
 //! table and applies the difference in one transaction. Passes run at start, whenever
 //! what they read changes, before an ADD answers (so a new pod is policed from its
-//! first packet), and every resync interval, when the kernel is read back and drift is
-//! repaired.
+//! first packet), and every resync interval (put off while passes keep finding pods
+//! that moved, for at most one more interval: [`weft_topology::resync`]), when the
+//! kernel is read back and drift is repaired.
 //!
 //! Never open: until the cache has listed every kind once, a pass changes nothing, so a
 //! restarted weftd leaves the last enforced table in place; a lost watch keeps the last
@@ -18,7 +19,8 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use imbl::ordmap::DiffItem;
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
+use weft_topology::resync::{RESYNC_QUIET, Resync};
 use weft_topology::{PolicyObjects, PolicyPod, PolicyPods, TopologySource};
 
 use weft_topology::PortProtocol;
@@ -108,6 +110,10 @@ struct State {
     /// that ended well has taken in: an announcement whose number is within it is in
     /// the sets, and its caller runs no pass of its own.
     announced_upto: u64,
+    /// When a pass last ran for something that moved (an ADD, an announcement, a
+    /// change of the cache or of this node's pods) rather than for a resync: a due
+    /// resync waits while they keep coming.
+    last_moved: Option<Instant>,
 }
 
 /// How long a pod stays pending without its ADD committing it: an ADD commits within
@@ -630,6 +636,9 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         extra: Option<&LocalPod>,
         resync: bool,
     ) -> Result<PassOutcome, String> {
+        if !resync {
+            state.last_moved = Some(now());
+        }
         if let Some(pod) = extra
             && !resync
             && !state.must_observe
@@ -1000,7 +1009,11 @@ impl<K: PolicyKernel> PolicyEngine<K> {
 
     /// Runs passes until `stop`: at once, whenever the cache's policy objects or the
     /// node's pods change (a burst of changes costs one pass: the loop waits a few
-    /// milliseconds for the rest), and every resync interval with the kernel read back.
+    /// milliseconds for the rest), and a pass that reads the kernel back once per resync
+    /// interval, put off while passes keep finding things that moved for at most one
+    /// more interval ([`weft_topology::resync`]): such a pass plans the whole cluster
+    /// and holds every ADD of the node meanwhile, and in a bring-up the passes of the
+    /// arriving pods are building what it would repair.
     pub async fn run(self: Arc<Self>, stop: impl Future<Output = ()>) {
         let mut changes = self.source.policy_changes();
         // Moves with the source's topologies as well as its nodes: only a change of the
@@ -1008,16 +1021,34 @@ impl<K: PolicyKernel> PolicyEngine<K> {
         // written at every pod's arrival, would otherwise cost a pass each.
         let mut source = self.source.changes();
         let mut nodes = self.source.nodes();
-        let mut tick = tokio::time::interval(self.cfg.resync);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
+        let interval = self.cfg.resync;
         tokio::pin!(stop);
-        let mut resync = true;
+        // When the last resync started; `None` until the first, which comes at once.
+        let mut last_full: Option<Instant> = None;
+        // Whether something moved since the last pass of this loop.
+        let mut woken = true;
         loop {
-            if let Err(e) = self.pass(resync).await {
-                warn!(error = %e, "policy pass failed; retried");
+            let moved = self.state.lock().await.last_moved;
+            let due = weft_topology::resync::resync(last_full, moved, interval, now());
+            if due == Resync::Waits {
+                debug!("a policy resync is due; it waits until the pods stop moving");
             }
-            resync = false;
+            let resync = due == Resync::Now;
+            if woken || resync {
+                if resync {
+                    last_full = Some(now());
+                }
+                // A failed pass makes the next one, whatever wakes it, read the kernel
+                // back; a resync that failed is not tried again at once.
+                if let Err(e) = self.pass(resync).await {
+                    warn!(error = %e, "policy pass failed; retried");
+                }
+            }
+            woken = false;
+            let wait = match due {
+                Resync::Waits => RESYNC_QUIET,
+                _ => last_full.map_or(Duration::ZERO, |t| (t + interval).saturating_duration_since(now())),
+            };
             let changed = async {
                 loop {
                     tokio::select! {
@@ -1040,11 +1071,18 @@ impl<K: PolicyKernel> PolicyEngine<K> {
                 _ = &mut stop => return,
                 _ = changed => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
+                    woken = true;
                 }
-                _ = tick.tick() => resync = true,
+                _ = tokio::time::sleep(wait) => {}
             }
         }
     }
+}
+
+/// The time the run loop reasons in: Tokio's clock (so a test can pause it), as the
+/// standard `Instant` the resync rule takes.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 /// What a plan was made from besides the pods: the source's generation of policy

@@ -14,6 +14,7 @@ pub mod dir;
 pub mod kube;
 pub mod node;
 pub mod objects;
+pub mod resync;
 pub mod source;
 pub mod strict;
 pub mod types;

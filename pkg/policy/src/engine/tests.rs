@@ -20,6 +20,8 @@ use crate::engine::{Announced, Taken};
 #[derive(Clone, Default)]
 struct FakeKernel {
     applied: Arc<Mutex<Vec<String>>>,
+    /// How many times the kernel was read back.
+    observed: Arc<std::sync::atomic::AtomicUsize>,
     holds: Arc<Mutex<Observed>>,
     /// Whether DNS answers are held, as last asked.
     copy_dns_answers: Arc<Mutex<Option<bool>>>,
@@ -27,6 +29,7 @@ struct FakeKernel {
 
 impl PolicyKernel for FakeKernel {
     fn observe(&mut self) -> Result<Observed, KernelError> {
+        self.observed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(self.holds.lock().unwrap().clone())
     }
     fn apply(&mut self, script: &str) -> Result<(), KernelError> {
@@ -116,17 +119,19 @@ fn policy(
 
 type Local = Arc<Mutex<Vec<LocalPod>>>;
 
-/// An engine of node n1 over `cluster`, its pods listed by `pods`.
+/// An engine of node n1 over `cluster`, its pods listed by `pods`, reading the kernel
+/// back every `resync`.
 fn engine_over(
     cluster: Arc<Cluster>,
     pods: LocalPods,
     kernel: FakeKernel,
     metrics: &Metrics,
+    resync: Duration,
 ) -> PolicyEngine<FakeKernel> {
     PolicyEngine::new(
         Config {
             node_name: "n1".into(),
-            resync: Duration::from_secs(60),
+            resync,
             sync_wait: Duration::from_millis(300),
             learnt: weft_fqdn::Limits::default(),
         },
@@ -156,7 +161,7 @@ fn engine_with(
         let l = last.clone();
         Box::pin(async move { Ok(l) })
     });
-    let e = engine_over(cluster, pods, kernel.clone(), &metrics);
+    let e = engine_over(cluster, pods, kernel.clone(), &metrics, Duration::from_secs(60));
     (Arc::new(e), kernel, metrics, handle)
 }
 
@@ -555,6 +560,7 @@ async fn a_topology_change_is_no_change_of_the_nodes() {
         pods,
         FakeKernel::default(),
         &Metrics::new("test", "test"),
+        Duration::from_secs(60),
     );
     e.pass(true).await.unwrap();
     let listings = || listed.load(std::sync::atomic::Ordering::SeqCst);
@@ -1009,4 +1015,53 @@ fn listed_interfaces_follow_the_listing() {
     assert!(!listed_interfaces(&mut index, &listing).contains_key("h7"));
     let fresh = local_listing([pod("q", "hq")]);
     assert_eq!(*listed_interfaces(&mut index, &fresh), whole(&fresh));
+}
+
+/// The run loop reads the kernel back at once, then once per resync interval; a due
+/// resync waits while passes keep finding the cluster moved, and runs once it stood
+/// still for the quiet time, or after one more interval whatever moves.
+#[tokio::test(start_paused = true)]
+async fn a_due_resync_waits_while_the_cluster_moves_for_at_most_one_more_interval() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let cluster = Cluster::new(true);
+    let kernel = FakeKernel::default();
+    let pods: LocalPods = Arc::new(|| Box::pin(async { Ok(LocalListing::default()) }));
+    let metrics = Metrics::new("test", "test");
+    let e = Arc::new(engine_over(
+        cluster.clone(),
+        pods,
+        kernel.clone(),
+        &metrics,
+        Duration::from_secs(10),
+    ));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(e.clone().run(async {
+        let _ = stopped.await;
+    }));
+    let reads = || kernel.observed.load(SeqCst);
+    // The cluster changes every half second for `secs` seconds.
+    let moving = |secs: u32| {
+        let cluster = cluster.clone();
+        async move {
+            for _ in 0..secs * 2 {
+                cluster.change(|_| {});
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(reads(), 1, "the first pass reads the kernel back");
+    // From 0.1 s to 15.1 s: the resync due at 10 s waits.
+    moving(15).await;
+    assert_eq!(reads(), 1, "no resync while the cluster moves");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(reads(), 2, "the resync once the cluster stood still for a second");
+    // Due again at about 25.6 s; moving from 16.6 s to 34.6 s, it waits.
+    moving(18).await;
+    assert_eq!(reads(), 2, "the second resync waits while the cluster moves");
+    // Overdue by an interval at about 35.6 s: it runs, though the cluster moves.
+    moving(2).await;
+    assert_eq!(reads(), 3, "a resync overdue by an interval runs whatever moves");
+    let _ = stop.send(());
+    task.await.unwrap();
 }

@@ -24,6 +24,7 @@ use imbl::ordmap::DiffItem;
 
 use tracing::{debug, info, warn};
 use weft_link::{EndSettings, LinkKind, LinkStatus, WireEnd, WireState};
+use weft_topology::resync::{RESYNC_QUIET, Resync};
 
 use super::carrier::Far;
 use super::cx::{Cx, LinkCounts, PassState};
@@ -41,44 +42,11 @@ use crate::plane::GrpcPlane;
 /// this much later at most.
 const SETTLE: Duration = Duration::from_millis(20);
 
-/// How long no pod may have moved before a due resync runs (see [`resync`]).
-const RESYNC_QUIET: Duration = Duration::from_secs(1);
-
-/// Whether the pass about to run looks at every pod.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Resync {
-    /// It does: the first pass, a pass after a failed one, or a resync that is due.
-    Now,
-    /// A resync is due, but pods are moving: this pass looks at those, and the run task
-    /// wakes within [`RESYNC_QUIET`] to look again.
-    Waits,
-    /// The last look at every pod is less than an interval old.
-    NotDue,
-}
-
-/// When to look at every pod: once per resync interval, but not while pods keep
-/// moving (the last pass that had moved pods to look at less than [`RESYNC_QUIET`]
-/// ago), for at most one more interval. A look at every pod holds every ADD of the
-/// node waiting on a pass for as long as that look takes (a tenth of a second at 570
-/// pods), and in a bring-up what it would repair is what the passes of the arriving
-/// pods are building anyway. The first pass and a pass after a failed one look at
-/// every pod at once.
+/// When to look at every pod: [`weft_topology::resync`]'s rule (once per resync
+/// interval, put off while pods keep moving for at most one more interval), with a
+/// pass after a failed one looking at every pod at once.
 fn resync(st: &PassState, interval: Duration, now: Instant) -> Resync {
-    let Some(full) = st.last_full.filter(|_| !st.failed) else {
-        return Resync::Now;
-    };
-    let since = now.saturating_duration_since(full);
-    if since < interval {
-        return Resync::NotDue;
-    }
-    let moving = st
-        .last_moved
-        .is_some_and(|t| now.saturating_duration_since(t) < RESYNC_QUIET);
-    if moving && since < interval.saturating_mul(2) {
-        Resync::Waits
-    } else {
-        Resync::Now
-    }
+    weft_topology::resync::resync(st.last_full.filter(|_| !st.failed), st.last_moved, interval, now)
 }
 
 /// The pod end `r` belongs to, as a borrowed pair.
