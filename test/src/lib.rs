@@ -111,6 +111,16 @@ impl Netns {
             .collect()
     }
 
+    /// Names of the links in the namespace but the device a node holds its pods' IPv4
+    /// gateways on ([`weft_kernel::GATEWAY_DEVICE`]: there while a pod is attached, or
+    /// while weftd is away after the last went).
+    pub fn links_but_gateway(&self) -> Vec<String> {
+        self.links()
+            .into_iter()
+            .filter(|l| l != weft_kernel::GATEWAY_DEVICE)
+            .collect()
+    }
+
     /// Routes weft made (protocol 74) in the namespace, both families.
     pub fn weft_routes(&self) -> Vec<Value> {
         let mut v: Vec<Value> = self

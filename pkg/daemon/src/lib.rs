@@ -13,6 +13,7 @@ pub mod call;
 pub mod capture;
 pub mod changes;
 pub mod defaults;
+pub mod gateways;
 pub mod handler;
 pub mod locks;
 pub mod naming;

@@ -4,6 +4,7 @@
 //! tests plug in whatever they need to provoke.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 use ipnet::IpNet;
@@ -46,6 +47,9 @@ pub trait Ipam: Send + Sync + 'static {
     fn usage_of(&self, ranges: Vec<IpNet>) -> impl Future<Output = Result<Vec<RangeUsage>, StoreError>> + Send;
     /// Every host port held on the node.
     fn held_ports(&self) -> impl Future<Output = Result<Vec<HeldPort>, StoreError>> + Send;
+    /// The gateways of the ranges some attachment, in any state, holds an address of:
+    /// those the node must go on holding.
+    fn gateways_in_use(&self) -> impl Future<Output = Result<Vec<IpAddr>, StoreError>> + Send;
 }
 
 impl Ipam for Store {
@@ -75,6 +79,9 @@ impl Ipam for Store {
     }
     async fn held_ports(&self) -> Result<Vec<HeldPort>, StoreError> {
         self.run(|db| db.ports()).await
+    }
+    async fn gateways_in_use(&self) -> Result<Vec<IpAddr>, StoreError> {
+        self.run(|db| db.gateways_in_use()).await
     }
 }
 
@@ -140,6 +147,10 @@ pub trait PodNetworking: Send + Sync + 'static {
     fn disconnect(&self, host_ifname: String) -> impl Future<Output = Result<bool, KernelError>> + Send;
     /// Removes a pod's veth pair (slow: waits for RCU); returns whether it existed.
     fn remove(&self, host_ifname: String) -> impl Future<Output = Result<bool, KernelError>> + Send;
+    /// Stops holding the pods' gateways the node holds once for all its pods (IPv4) that
+    /// are not in `in_use`, and whatever holds them once it holds none; returns the
+    /// gateways let go. Never while a setup or repair runs (the handler's gateway lock).
+    fn release_gateways(&self, in_use: Vec<IpAddr>) -> impl Future<Output = Result<Vec<IpAddr>, KernelError>> + Send;
     /// Makes host ports reach their pods.
     fn add_host_ports(&self, entries: Entries) -> impl Future<Output = Result<(), KernelError>> + Send;
     /// Stops host ports from reaching pods.
@@ -231,6 +242,9 @@ impl PodNetworking for KernelNetworking {
     }
     async fn remove(&self, host_ifname: String) -> Result<bool, KernelError> {
         blocking(move || weft_kernel::ptp::remove(&host_ifname)).await
+    }
+    async fn release_gateways(&self, in_use: Vec<IpAddr>) -> Result<Vec<IpAddr>, KernelError> {
+        blocking(move || weft_kernel::ptp::release_gateways(&in_use)).await
     }
     async fn add_host_ports(&self, entries: Entries) -> Result<(), KernelError> {
         blocking(move || {

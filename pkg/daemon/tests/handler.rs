@@ -32,6 +32,22 @@ struct FakeNet {
     gone: Arc<Mutex<HashSet<PathBuf>>>,
     removes: Arc<Mutex<usize>>,
     remove_delay: Arc<Mutex<Duration>>,
+    /// The gateways the node holds once for all pods (IPv4), as the ptp driver does.
+    gateways: Arc<Mutex<HashSet<std::net::IpAddr>>>,
+}
+
+impl FakeNet {
+    /// Holds the node-held gateways of `net`, as the ptp driver does first thing.
+    fn hold_gateways(&self, net: &PodNetwork) {
+        let mut held = self.gateways.lock().unwrap();
+        for a in net
+            .addresses
+            .iter()
+            .filter(|a| a.holder() == weft_kernel::ptp::GatewayHolder::Node)
+        {
+            held.insert(a.gateway);
+        }
+    }
 }
 
 impl PodNetworking for FakeNet {
@@ -47,6 +63,8 @@ impl PodNetworking for FakeNet {
     }
     async fn setup(&self, net: PodNetwork, req: RouteRequest) -> Result<Vec<PodRoute>, KernelError> {
         self.setups.lock().unwrap().push((net.clone(), req.clone()));
+        // Before anything can fail, as the driver: a failed setup leaves its gateway held.
+        self.hold_gateways(&net);
         if let Some(f) = *self.fail_setup.lock().unwrap() {
             return Err(f());
         }
@@ -88,6 +106,7 @@ impl PodNetworking for FakeNet {
     }
     async fn repair(&self, net: PodNetwork, routes: Vec<PodRoute>) -> Result<Vec<&'static str>, KernelError> {
         self.repaired.lock().unwrap().push(routes);
+        self.hold_gateways(&net);
         // A missing link is rebuilt whole, as the ptp driver does.
         Ok(if self.links.lock().unwrap().insert(net.host_ifname) {
             vec!["veth"]
@@ -97,6 +116,12 @@ impl PodNetworking for FakeNet {
     }
     async fn disconnect(&self, host_ifname: String) -> Result<bool, KernelError> {
         Ok(self.links.lock().unwrap().contains(&host_ifname))
+    }
+    async fn release_gateways(&self, in_use: Vec<std::net::IpAddr>) -> Result<Vec<std::net::IpAddr>, KernelError> {
+        let mut held = self.gateways.lock().unwrap();
+        let released: Vec<_> = held.iter().filter(|g| !in_use.contains(g)).copied().collect();
+        held.retain(|g| in_use.contains(g));
+        Ok(released)
     }
     async fn add_host_ports(&self, entries: Entries) -> Result<(), KernelError> {
         self.ports.lock().unwrap().extend(entries.ports);
@@ -219,6 +244,7 @@ async fn a_failed_kernel_setup_leaves_nothing() {
     assert!(err.details.contains("creating the veth pair"), "{}", err.details);
     assert_eq!(allocated(&e.store).await, 0);
     assert!(e.store.run(|db| db.list(None, None)).await.unwrap().is_empty());
+    assert!(e.net.gateways.lock().unwrap().is_empty(), "nor the gateway it held");
 
     *e.net.fail_setup.lock().unwrap() = Some(|| KernelError::InterfaceExists { ifname: "eth0".into() });
     assert_eq!(
@@ -303,6 +329,37 @@ async fn del_is_idempotent_and_releases_addresses_after_teardown() {
     e.h.del(&args("c1", &CONF.replace("10.1.0.0/29", "garbage")))
         .await
         .unwrap();
+}
+
+/// The node holds a range's IPv4 gateway while a pod holds an address of the range,
+/// and lets it go with the last one, whichever way it goes; the reconcile pass lets go
+/// of one a DEL left behind.
+#[tokio::test]
+async fn the_nodes_gateway_goes_with_the_last_pod_of_its_range() {
+    let e = env();
+    let held = || {
+        let mut g: Vec<String> = e.net.gateways.lock().unwrap().iter().map(|g| g.to_string()).collect();
+        g.sort();
+        g
+    };
+    e.h.add(&args("c1", CONF)).await.unwrap();
+    e.h.add(&args("c2", CONF)).await.unwrap();
+    assert_eq!(held(), ["10.1.0.1"], "IPv4 only: an IPv6 gateway stays on the host end");
+    e.h.del(&args("c1", CONF)).await.unwrap();
+    e.h.drain_teardowns().await;
+    assert_eq!(held(), ["10.1.0.1"], "c2 still routes through it");
+    e.h.del(&args("c2", CONF)).await.unwrap();
+    e.h.drain_teardowns().await;
+    assert!(held().is_empty(), "the last pod of the range took it along");
+
+    e.h.add(&args("c3", CONF)).await.unwrap();
+    e.net.gateways.lock().unwrap().insert("10.9.0.1".parse().unwrap());
+    e.h.reconcile().await.unwrap();
+    assert_eq!(
+        held(),
+        ["10.1.0.1"],
+        "a gateway no range in use has is let go by the pass"
+    );
 }
 
 #[tokio::test]
@@ -1165,6 +1222,9 @@ impl weft_daemon::Ipam for FillableStore {
     }
     async fn held_ports(&self) -> Result<Vec<weft_store::HeldPort>, weft_store::StoreError> {
         self.store.held_ports().await
+    }
+    async fn gateways_in_use(&self) -> Result<Vec<std::net::IpAddr>, weft_store::StoreError> {
+        self.store.gateways_in_use().await
     }
 }
 

@@ -56,12 +56,21 @@ pub enum Drift {
         /// The host end.
         ifname: String,
     },
-    /// The pod's gateway address is not on the host end.
+    /// The pod's gateway address is not where the node holds it (the host end, or the
+    /// node's gateway device).
     #[error("gateway {gateway} is missing on host interface {ifname}")]
     GatewayMissing {
         /// The gateway address.
         gateway: IpAddr,
-        /// The host end.
+        /// The interface of the node that should hold it.
+        ifname: String,
+    },
+    /// The pod's permanent neighbour entry for a gateway the node holds is gone.
+    #[error("neighbour entry of gateway {gateway} dev {ifname} is missing in the pod")]
+    GatewayNeighbourMissing {
+        /// The gateway.
+        gateway: IpAddr,
+        /// The pod's interface.
         ifname: String,
     },
     /// The host's route to the pod's address is gone.

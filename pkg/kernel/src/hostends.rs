@@ -1,7 +1,9 @@
 //! Reading back, without changing anything, the pod attachments weft made on this node:
-//! each host end carries the alias `weft:<network>/<container id>/<ifname>`, the
-//! gateways as its addresses and a host route per pod address. What the node daemon
-//! rebuilds its state from when its database is lost.
+//! each host end carries the alias `weft:<network>/<container id>/<ifname>` and a host
+//! route per pod address, which names the pod's IPv4 gateway as its source; an IPv6
+//! gateway is an address of the host end (and so was an IPv4 one, on a pod built
+//! before the node held them: [`crate::ptp`]). What the node daemon rebuilds its state
+//! from when its database is lost.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -21,7 +23,8 @@ pub struct HostEnd {
     pub key: String,
     /// Its MTU.
     pub mtu: u32,
-    /// The gateway addresses on it (host addresses, /32 or /128).
+    /// The gateways of the pod's addresses: its host routes' sources and its own
+    /// host addresses (/32 or /128).
     pub gateways: Vec<IpAddr>,
     /// The pod addresses routed through it (host routes, /32 or /128).
     pub pod_addresses: Vec<IpAddr>,
@@ -44,18 +47,18 @@ pub fn host_ends() -> Result<Vec<HostEnd>, KernelError> {
             continue;
         };
         let link = l.link;
-        let gateways = nl
-            .addresses(link.index)
-            .map_err(os("listing addresses"))?
-            .into_iter()
-            .filter(|(a, p)| *p == host_prefix(a) && !is_link_local(a))
-            .map(|(a, _)| a)
-            .collect();
-        let pod_addresses = routes
+        let host_routes: Vec<_> = routes
             .iter()
             .filter(|r| r.oif == Some(link.index) && r.gateway.is_none())
-            .filter_map(|r| r.dst.filter(|d| r.prefix_len == host_prefix(d)))
+            .filter(|r| r.dst.is_some_and(|d| r.prefix_len == host_prefix(&d)))
             .collect();
+        let mut gateways: Vec<IpAddr> = host_routes.iter().filter_map(|r| r.prefsrc).collect();
+        for (a, p) in nl.addresses(link.index).map_err(os("listing addresses"))? {
+            if p == host_prefix(&a) && !is_link_local(&a) && !gateways.contains(&a) {
+                gateways.push(a);
+            }
+        }
+        let pod_addresses = host_routes.iter().filter_map(|r| r.dst).collect();
         out.push(HostEnd {
             name: link.name,
             key: key.to_string(),

@@ -47,6 +47,7 @@ pub use netlink::{
 pub use netns::{NetNs, create_named, delete_named, in_netns};
 pub use netns_gone::GoneNamespaces;
 pub use packet::{PacketSocket, tune_allocator};
+pub use ptp::GATEWAY_DEVICE;
 pub use routing::{ProtoRoute, RouteLookup, VxlanParams};
 
 /// The route protocol number weft marks its routes with (`proto 74` in `ip route`),

@@ -1,14 +1,26 @@
 //! The point-to-point pod network driver (what kindnet and the reference `ptp`
 //! plugin build): a veth pair whose pod end is born inside the pod's namespace; the
-//! pod holds a /32 (and /128) and routes everything through the range's gateway,
-//! which sits on the host end; the host routes each pod address to its host end.
+//! pod holds a /32 (and /128) and routes everything through the range's gateway; the
+//! host routes each pod address to its host end.
 //!
 //! ```text
-//!  pod netns                         node netns
-//!  eth0 10.244.1.5/32  <== veth ==>  weftXXXXXXXXXXX 10.244.1.1/32
-//!  10.244.1.1 dev eth0 scope link     10.244.1.5 dev weftXXXXXXXXXXX scope link
-//!  default via 10.244.1.1 dev eth0
+//!  pod netns                              node netns
+//!  eth0 10.244.1.5/32      <== veth ==>   weftXXXXXXXXXXX (no IPv4 address)
+//!  10.244.1.1 dev eth0 scope link         10.244.1.5 dev weftXXXXXXXXXXX scope link src 10.244.1.1
+//!  default via 10.244.1.1 dev eth0        weft-gw 10.244.1.1/32 (once per node)
+//!  10.244.1.1 lladdr <host end's MAC> PERMANENT
 //! ```
+//!
+//! An IPv4 gateway is held once per node, on [`GATEWAY_DEVICE`], and each pod finds it
+//! at its host end's MAC through a permanent neighbour entry (no ARP, whatever the
+//! node's `arp_ignore`). Held on every host end instead, as weft did before, the same
+//! /32 on a thousand devices made each address change walk all of them (the kernel's
+//! address lifetime check and its local route's aliases, under the rtnl lock every
+//! netlink call waits for). An IPv6 gateway stays on the host end, which answers
+//! neighbour discovery for it. A pod built the old way (its IPv4 gateway on the host
+//! end, no neighbour entry) is brought to this form by the reconcile pass's repair.
+//! Setup holds a gateway; [`release_gateways`] lets go of those no pod of the node
+//! needs any more, which the caller (weftd's handler) knows from its store.
 //!
 //! A pod may have several such attachments (one per network, as Multus or podman
 //! attach secondary networks: `eth0`, `net1`, ...). Which routes each installs
@@ -23,13 +35,49 @@ use std::path::PathBuf;
 use crate::netlink::{NewLink, VethPair, host_prefix};
 use crate::{Drift, KernelError, NetNs, Netlink, RouteEntry, in_netns, sysctl};
 
+/// The device of the node's namespace that holds its pods' IPv4 gateways (one /32
+/// per range), made by the first ADD that needs it: a dummy, or a bridge without ports
+/// where the kernel has no dummy driver.
+pub const GATEWAY_DEVICE: &str = "weft-gw";
+
 /// One address of a pod with the gateway it routes through.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodAddress {
     /// The pod's address (held as a /32 or /128).
     pub address: IpAddr,
-    /// The range's gateway, held by the host end.
+    /// The range's gateway (held where [`PodAddress::holder`] says).
     pub gateway: IpAddr,
+}
+
+/// Where the node holds a pod's gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewayHolder {
+    /// Once per node, on [`GATEWAY_DEVICE`]; the pod has a permanent neighbour entry
+    /// for it at its host end's MAC, and the host route to the pod answers from it.
+    Node,
+    /// On the pod's host end.
+    HostEnd,
+}
+
+impl PodAddress {
+    /// Where the node holds this address's gateway: IPv4 on the node, IPv6 on the
+    /// host end (see the module's documentation).
+    pub fn holder(&self) -> GatewayHolder {
+        if self.address.is_ipv4() {
+            GatewayHolder::Node
+        } else {
+            GatewayHolder::HostEnd
+        }
+    }
+
+    /// The source the host's route to the pod gives the node's own packets: the
+    /// gateway, where the node holds it.
+    fn route_source(&self) -> Option<IpAddr> {
+        match self.holder() {
+            GatewayHolder::Node => Some(self.gateway),
+            GatewayHolder::HostEnd => None,
+        }
+    }
 }
 
 /// A route an attachment installs in the pod: to `dst`/`prefix_len` through
@@ -292,6 +340,42 @@ impl PodNetwork {
             })
     }
 
+    /// The host end's addresses, read only when a gateway is held there: the dump
+    /// reads every address of the node's namespace.
+    fn host_end_addresses(&self, host: &mut Netlink, index: u32) -> Result<Vec<(IpAddr, u8)>, KernelError> {
+        if self.addresses.iter().any(|a| a.holder() == GatewayHolder::HostEnd) {
+            host.addresses(index).map_err(os("listing host addresses"))
+        } else {
+            Ok(Vec::new())
+        }
+    }
+
+    /// The pod's permanent neighbour entry for a gateway the node holds: at the host
+    /// end's MAC.
+    fn add_gateway_neighbour(&self, pod: &mut Netlink, gateway: IpAddr, oif: u32) -> Result<(), KernelError> {
+        pod.set_neighbour(oif, gateway, self.host_mac).map_err(|e| {
+            KernelError::os(
+                format!("adding the neighbour entry of gateway {gateway} dev {}", self.ifname),
+                e,
+            )
+        })
+    }
+
+    /// The gateways the node holds whose permanent neighbour entry (at the host end's
+    /// MAC) the pod lacks: a lookup each (see [`Netlink::neighbour`]).
+    fn missing_gateway_neighbours(&self, pod: &mut Netlink, oif: u32) -> Result<Vec<IpAddr>, KernelError> {
+        let mut missing = Vec::new();
+        for a in self.addresses.iter().filter(|a| a.holder() == GatewayHolder::Node) {
+            let entry = pod
+                .neighbour(oif, a.gateway)
+                .map_err(os("looking up the pod's neighbour entry of its gateway"))?;
+            if entry != Some((self.host_mac, true)) {
+                missing.push(a.gateway);
+            }
+        }
+        Ok(missing)
+    }
+
     fn configure(
         &self,
         host: &mut Netlink,
@@ -319,8 +403,14 @@ impl PodNetwork {
                 self.disable_host_ipv6();
             }
             for a in &self.addresses {
-                host.add_address(link.index, a.gateway, host_prefix(&a.gateway))
-                    .map_err(os("adding the gateway address to the host end"))?;
+                match a.holder() {
+                    GatewayHolder::Node => {
+                        hold_gateway(host, a.gateway)?;
+                    }
+                    GatewayHolder::HostEnd => host
+                        .add_address(link.index, a.gateway, host_prefix(&a.gateway))
+                        .map_err(os("adding the gateway address to the host end"))?,
+                }
                 pod.add_address(eth.index, a.address, host_prefix(&a.address))
                     .map_err(os("adding the pod address"))?;
             }
@@ -331,14 +421,18 @@ impl PodNetwork {
                 pod.set_up(lo.index, true).map_err(os("setting lo up"))?;
             }
             pod.set_up(eth.index, true).map_err(os("setting the pod end up"))?;
+            // After the pod end is up: setting a link down flushes its neighbours,
+            // permanent ones too.
+            for a in self.addresses.iter().filter(|a| a.holder() == GatewayHolder::Node) {
+                self.add_gateway_neighbour(pod, a.gateway, eth.index)?;
+            }
         }
         if step == Step::Add {
             weft_failpoint::failpoint!("add.addresses");
         }
         let _phase = tracing::info_span!(target: "weft::phase", "routes").entered();
         for a in &self.addresses {
-            let v6 = a.address.is_ipv6();
-            host.add_route(Some(a.address), host_prefix(&a.address), None, link.index, v6)
+            host.add_host_route(a.address, link.index, a.route_source())
                 .map_err(os("adding the host route to the pod"))?;
             self.add_gateway_route(pod, a, eth.index)?;
         }
@@ -353,7 +447,8 @@ impl PodNetwork {
 
     /// Brings the kernel back to this description with `routes` (what
     /// [`PodNetwork::setup_routes`] installed) and names what it repaired, one entry per
-    /// item (`veth`: the pair was rebuilt whole, `link_up`, `address`, `route`); empty
+    /// item (`veth`: the pair was rebuilt whole, `link_up`, `address`, `route`,
+    /// `neighbour`: the pod's entry for a gateway the node holds); empty
     /// when nothing had drifted. The pod must still exist. An interface of the pod's
     /// name that is not weft's (another MAC) is reported, never touched.
     pub fn repair(&self, routes: &[PodRoute]) -> Result<Vec<&'static str>, KernelError> {
@@ -398,13 +493,22 @@ impl PodNetwork {
                 repaired.push("link_up");
             }
         }
-        let host_addrs = host.addresses(link.index).map_err(os("listing host addresses"))?;
+        let host_addrs = self.host_end_addresses(&mut host, link.index)?;
         let pod_addrs = pod.addresses(eth.index).map_err(os("listing pod addresses"))?;
         for a in &self.addresses {
-            if !host_addrs.contains(&(a.gateway, host_prefix(&a.gateway))) {
-                host.add_address(link.index, a.gateway, host_prefix(&a.gateway))
-                    .map_err(os("adding the gateway address to the host end"))?;
-                repaired.push("address");
+            match a.holder() {
+                GatewayHolder::Node => {
+                    if hold_gateway(&mut host, a.gateway)? {
+                        repaired.push("address");
+                    }
+                }
+                GatewayHolder::HostEnd => {
+                    if !host_addrs.contains(&(a.gateway, host_prefix(&a.gateway))) {
+                        host.add_address(link.index, a.gateway, host_prefix(&a.gateway))
+                            .map_err(os("adding the gateway address to the host end"))?;
+                        repaired.push("address");
+                    }
+                }
             }
             if !pod_addrs.contains(&(a.address, host_prefix(&a.address))) {
                 pod.add_address(eth.index, a.address, host_prefix(&a.address))
@@ -415,7 +519,7 @@ impl PodNetwork {
         for a in &self.addresses {
             let v6 = a.address.is_ipv6();
             if !host_routes_to(&mut host, a.address, link.index)? {
-                host.add_route(Some(a.address), host_prefix(&a.address), None, link.index, v6)
+                host.add_host_route(a.address, link.index, a.route_source())
                     .map_err(os("adding the host route to the pod"))?;
                 repaired.push("route");
             }
@@ -427,6 +531,12 @@ impl PodNetwork {
                 self.add_gateway_route(&mut pod, a, eth.index)?;
                 repaired.push("route");
             }
+        }
+        // Also what turns a pod built with its IPv4 gateway on the host end into this
+        // form: the node holds the gateway now (above), the pod finds it here.
+        for gw in self.missing_gateway_neighbours(&mut pod, eth.index)? {
+            self.add_gateway_neighbour(&mut pod, gw, eth.index)?;
+            repaired.push("neighbour");
         }
         // Only the routes this attachment installed: another network's are its own.
         for v6 in [false, true] {
@@ -463,12 +573,24 @@ impl PodNetwork {
                 ifname: self.host_ifname.clone(),
             });
         }
-        let host_addrs = host.addresses(link.index).map_err(os("listing host addresses"))?;
+        let host_addrs = self.host_end_addresses(&mut host, link.index)?;
+        let node_held = if self.addresses.iter().any(|a| a.holder() == GatewayHolder::Node) {
+            held_gateways(&mut host)?
+        } else {
+            Vec::new()
+        };
         for a in &self.addresses {
-            if !host_addrs.contains(&(a.gateway, host_prefix(&a.gateway))) {
+            let (held, ifname) = match a.holder() {
+                GatewayHolder::Node => (node_held.contains(&a.gateway), GATEWAY_DEVICE),
+                GatewayHolder::HostEnd => (
+                    host_addrs.contains(&(a.gateway, host_prefix(&a.gateway))),
+                    self.host_ifname.as_str(),
+                ),
+            };
+            if !held {
                 return drift(Drift::GatewayMissing {
                     gateway: a.gateway,
-                    ifname: self.host_ifname.clone(),
+                    ifname: ifname.to_string(),
                 });
             }
             if !host_routes_to(&mut host, a.address, link.index)? {
@@ -515,6 +637,12 @@ impl PodNetwork {
                 });
             }
         }
+        if let Some(&gateway) = self.missing_gateway_neighbours(pod, eth.index)?.first() {
+            return drift(Drift::GatewayNeighbourMissing {
+                gateway,
+                ifname: ifname(),
+            });
+        }
         for v6 in [false, true] {
             let mine: Vec<&PodRoute> = routes.iter().filter(|r| r.v6() == v6).collect();
             if mine.is_empty() {
@@ -537,6 +665,107 @@ impl PodNetwork {
         }
         Ok(())
     }
+}
+
+/// Makes the node hold `gw` on [`GATEWAY_DEVICE`], making the device and setting it up
+/// where needed; returns whether anything was missing. Two ADDs may race to make the
+/// device: the second finds it made.
+fn hold_gateway(host: &mut Netlink, gw: IpAddr) -> Result<bool, KernelError> {
+    let mut changed = false;
+    let link = match host
+        .link_by_name(GATEWAY_DEVICE)
+        .map_err(os("looking up the gateway device"))?
+    {
+        Some(l) => l,
+        None => {
+            match host.create_address_holder(GATEWAY_DEVICE) {
+                Ok(()) => {
+                    changed = true;
+                    // It holds IPv4 gateways only: no link-local address of its own.
+                    let key = format!("net/ipv6/conf/{GATEWAY_DEVICE}/disable_ipv6");
+                    if std::path::Path::new("/proc/sys").join(&key).exists() {
+                        let _ = sysctl::write(&key, "1");
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => return Err(KernelError::os("creating the gateway device", e)),
+            }
+            host.link_by_name(GATEWAY_DEVICE)
+                .map_err(os("looking up the gateway device"))?
+                .ok_or_else(|| {
+                    KernelError::os(
+                        "looking up the gateway device",
+                        io::Error::from_raw_os_error(libc::ENODEV),
+                    )
+                })?
+        }
+    };
+    if !link.up {
+        host.set_up(link.index, true)
+            .map_err(os("setting the gateway device up"))?;
+        changed = true;
+    }
+    match host.add_address(link.index, gw, host_prefix(&gw)) {
+        Ok(()) => changed = true,
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+        Err(e) => return Err(KernelError::os("adding the gateway address to the gateway device", e)),
+    }
+    Ok(changed)
+}
+
+/// The gateways the node holds on [`GATEWAY_DEVICE`]: none while it is missing or down
+/// (a down device's addresses are not the node's).
+fn held_gateways(host: &mut Netlink) -> Result<Vec<IpAddr>, KernelError> {
+    let Some(link) = host
+        .link_by_name(GATEWAY_DEVICE)
+        .map_err(os("looking up the gateway device"))?
+    else {
+        return Ok(Vec::new());
+    };
+    if !link.up {
+        return Ok(Vec::new());
+    }
+    Ok(host
+        .addresses(link.index)
+        .map_err(os("listing the gateway device's addresses"))?
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect())
+}
+
+/// Stops holding the IPv4 gateways on [`GATEWAY_DEVICE`] that are not in `in_use`
+/// (the gateways of the ranges the node's pods still hold addresses of), and deletes
+/// the device once it holds none: a node without pods holds nothing of weft's. Returns
+/// the gateways it let go. The caller makes sure no ADD is between holding a gateway
+/// and routing to its pod meanwhile (deleting an address takes the routes that answer
+/// from it along).
+pub fn release_gateways(in_use: &[IpAddr]) -> Result<Vec<IpAddr>, KernelError> {
+    let mut host = Netlink::new().map_err(os("opening netlink"))?;
+    let Some(link) = host
+        .link_by_name(GATEWAY_DEVICE)
+        .map_err(os("looking up the gateway device"))?
+    else {
+        return Ok(Vec::new());
+    };
+    let held = host
+        .addresses(link.index)
+        .map_err(os("listing the gateway device's addresses"))?;
+    let mut released = Vec::new();
+    let mut kept = 0;
+    for (addr, prefix) in held {
+        if in_use.contains(&addr) {
+            kept += 1;
+            continue;
+        }
+        host.delete_address(link.index, addr, prefix)
+            .map_err(os("deleting a gateway address from the gateway device"))?;
+        released.push(addr);
+    }
+    if kept == 0 {
+        host.delete_link(GATEWAY_DEVICE)
+            .map_err(os("deleting the gateway device"))?;
+    }
+    Ok(released)
 }
 
 /// Cuts a pod off at once: sets the host end down, which withdraws its routes.

@@ -384,6 +384,27 @@ impl Netlink {
         Ok(out)
     }
 
+    /// The neighbour entry of `ip` on link `index`: its MAC and whether it is
+    /// permanent. One lookup, not a dump: the kernel keeps one neighbour table for
+    /// every namespace of the machine, and a dump walks all of it (at a lab's thousands
+    /// of pods, each pod's dump walked every pod's entries).
+    pub fn neighbour(&mut self, index: u32, ip: IpAddr) -> io::Result<Option<([u8; 6], bool)>> {
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = family(ip.is_ipv6());
+        msg.header.ifindex = index;
+        msg.attributes = vec![NeighbourAttribute::Destination(neighbour_address(ip))];
+        match self.request(RouteNetlinkMessage::GetNeighbour(msg)) {
+            Ok(msgs) => Ok(msgs.into_iter().find_map(|m| match m {
+                RouteNetlinkMessage::NewNeighbour(n) => {
+                    mac_of(&n.attributes).map(|mac| (mac, n.header.state == NeighbourState::Permanent))
+                }
+                _ => None,
+            })),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes the neighbour entry of `ip` on a link; returns whether it existed.
     pub fn delete_neighbour(&mut self, index: u32, ip: IpAddr) -> io::Result<bool> {
         let mut msg = NeighbourMessage::default();

@@ -464,3 +464,191 @@ fn a_route_the_pod_has_already_is_a_conflict_and_nothing_is_left() {
     assert!(defaults(&lone, false).is_empty());
     node.run(|| spec.check(&[])).unwrap();
 }
+
+/// The addresses of `ifname` in `ns` (none when it is missing).
+fn addresses_of(ns: &TempNetns, ifname: &str) -> Vec<IpAddr> {
+    ns.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        match nl.link_by_name(ifname).unwrap() {
+            Some(l) => nl.addresses(l.index).unwrap().into_iter().map(|(a, _)| a).collect(),
+            None => Vec::new(),
+        }
+    })
+}
+
+/// The pod's permanent neighbour entries on eth0.
+fn pod_neighbours(p: &TempNetns) -> Vec<(IpAddr, [u8; 6])> {
+    p.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        let eth = nl.link_by_name("eth0").unwrap().unwrap();
+        nl.permanent_neighbours(eth.index).unwrap()
+    })
+}
+
+fn drift_of(r: Result<(), KernelError>) -> Drift {
+    match r {
+        Err(KernelError::Drift(d)) => d,
+        other => panic!("expected drift, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_ipv4_gateway_is_held_once_per_node_and_found_through_a_neighbour_entry() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let (a, b) = (TempNetns::new(), TempNetns::new());
+    let gw: IpAddr = "10.9.7.1".parse().unwrap();
+    let spec_a = pod(&a, "weftg1", &[("10.9.7.2", "10.9.7.1")]);
+    let mut spec_b = pod(&b, "weftg2", &[("10.9.7.3", "10.9.7.1")]);
+    spec_b.host_mac = [0x02, 0, 0, 0, 0, 3];
+    let routes_a = setup(&node, &spec_a);
+    let routes_b = setup(&node, &spec_b);
+
+    // The gateway device holds the gateway once; the host ends hold no IPv4 address.
+    assert_eq!(addresses_of(&node, ptp::GATEWAY_DEVICE), vec![gw]);
+    for host in ["weftg1", "weftg2"] {
+        assert!(
+            addresses_of(&node, host).iter().all(|a| !a.is_ipv4()),
+            "{host} holds an IPv4 address"
+        );
+    }
+    // Each pod finds the gateway at its own host end's MAC, and the host's route to
+    // it answers from the gateway.
+    assert_eq!(pod_neighbours(&a), vec![(gw, spec_a.host_mac)]);
+    assert_eq!(pod_neighbours(&b), vec![(gw, spec_b.host_mac)]);
+    let sources: Vec<Option<IpAddr>> = node.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        nl.routes(false)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.prefix_len == 32 && r.dst.is_some_and(|d| d.to_string().starts_with("10.9.7.")))
+            .map(|r| r.prefsrc)
+            .collect()
+    });
+    assert_eq!(sources, vec![Some(gw), Some(gw)]);
+    node.run(|| spec_a.check(&routes_a)).unwrap();
+    node.run(|| spec_b.check(&routes_b)).unwrap();
+    // The node reaches the pod (from the gateway), the pod the gateway.
+    assert!(tcp_reachable(&a, &node, "10.9.7.2".parse().unwrap()));
+    assert!(tcp_reachable(&node, &a, gw));
+
+    // The pod's neighbour entry gone: reported, then put back.
+    a.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        let eth = nl.link_by_name("eth0").unwrap().unwrap();
+        assert!(nl.delete_neighbour(eth.index, gw).unwrap());
+    });
+    let d = drift_of(node.run(|| spec_a.check(&routes_a)));
+    assert_eq!(
+        d,
+        Drift::GatewayNeighbourMissing {
+            gateway: gw,
+            ifname: "eth0".into()
+        }
+    );
+    assert_eq!(
+        d.to_string(),
+        "neighbour entry of gateway 10.9.7.1 dev eth0 is missing in the pod"
+    );
+    assert_eq!(node.run(|| spec_a.repair(&routes_a)).unwrap(), vec!["neighbour"]);
+    node.run(|| spec_a.check(&routes_a)).unwrap();
+
+    // The gateway device gone (and with its address, the host routes that answer
+    // from it): reported on it, and made again with the gateway and the routes.
+    assert!(
+        node.run(|| Netlink::new().unwrap().delete_link(ptp::GATEWAY_DEVICE))
+            .unwrap()
+    );
+    assert_eq!(
+        drift_of(node.run(|| spec_b.check(&routes_b))),
+        Drift::GatewayMissing {
+            gateway: gw,
+            ifname: ptp::GATEWAY_DEVICE.into()
+        }
+    );
+    assert_eq!(node.run(|| spec_b.repair(&routes_b)).unwrap(), vec!["address", "route"]);
+    assert_eq!(node.run(|| spec_a.repair(&routes_a)).unwrap(), vec!["route"]);
+    node.run(|| spec_a.check(&routes_a)).unwrap();
+    assert!(tcp_reachable(&b, &node, "10.9.7.3".parse().unwrap()));
+
+    // Removing a pod leaves the gateway to the other.
+    node.run(|| ptp::remove("weftg1")).unwrap();
+    node.run(|| spec_b.check(&routes_b)).unwrap();
+    assert!(tcp_reachable(&node, &b, gw));
+
+    // A release keeps the gateways in use and lets go of the others; the device goes
+    // with the last.
+    let other: IpAddr = "10.9.6.1".parse().unwrap();
+    node.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        let holder = nl.link_by_name(ptp::GATEWAY_DEVICE).unwrap().unwrap();
+        nl.add_address(holder.index, other, 32).unwrap();
+    });
+    assert_eq!(node.run(|| ptp::release_gateways(&[gw])).unwrap(), vec![other]);
+    assert_eq!(addresses_of(&node, ptp::GATEWAY_DEVICE), vec![gw]);
+    node.run(|| spec_b.check(&routes_b)).unwrap();
+    node.run(|| ptp::remove("weftg2")).unwrap();
+    assert_eq!(node.run(|| ptp::release_gateways(&[])).unwrap(), vec![gw]);
+    let links: Vec<String> = node.run(|| {
+        Netlink::new()
+            .unwrap()
+            .links()
+            .unwrap()
+            .into_iter()
+            .map(|l| l.name)
+            .collect()
+    });
+    assert_eq!(links, ["lo"], "the node holds nothing of weft's");
+    assert!(node.run(|| ptp::release_gateways(&[])).unwrap().is_empty());
+}
+
+#[test]
+fn a_pod_built_with_its_gateway_on_the_host_end_is_repaired_into_the_node_held_form() {
+    if !privileged() {
+        return;
+    }
+    let node = TempNetns::new();
+    let p = TempNetns::new();
+    let gw: IpAddr = "10.9.8.1".parse().unwrap();
+    let spec = pod(&p, "weftg3", &[("10.9.8.2", "10.9.8.1")]);
+    let routes = setup(&node, &spec);
+    // What an older weftd left: the gateway on the host end, the host route without a
+    // source, no neighbour entry in the pod, no gateway device. (Deleting the device
+    // takes the route that answers from its address with it.)
+    node.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        assert!(nl.delete_link(ptp::GATEWAY_DEVICE).unwrap());
+        let h = nl.link_by_name("weftg3").unwrap().unwrap();
+        nl.add_address(h.index, gw, 32).unwrap();
+        nl.add_route(Some("10.9.8.2".parse().unwrap()), 32, None, h.index, false)
+            .unwrap();
+    });
+    p.run(|| {
+        let mut nl = Netlink::new().unwrap();
+        let eth = nl.link_by_name("eth0").unwrap().unwrap();
+        assert!(nl.delete_neighbour(eth.index, gw).unwrap());
+    });
+    assert!(
+        tcp_reachable(&p, &node, "10.9.8.2".parse().unwrap()),
+        "the old form works"
+    );
+    // Rebuilding the state from the kernel finds the gateway either way.
+    let ends = node.run(weft_kernel::hostends::host_ends).unwrap();
+    assert_eq!(
+        ends.iter().map(|e| e.gateways.clone()).collect::<Vec<_>>(),
+        vec![vec![gw]]
+    );
+
+    assert!(matches!(
+        drift_of(node.run(|| spec.check(&routes))),
+        Drift::GatewayMissing { .. }
+    ));
+    assert_eq!(node.run(|| spec.repair(&routes)).unwrap(), vec!["address", "neighbour"]);
+    node.run(|| spec.check(&routes)).unwrap();
+    assert_eq!(addresses_of(&node, ptp::GATEWAY_DEVICE), vec![gw]);
+    assert_eq!(pod_neighbours(&p), vec![(gw, spec.host_mac)]);
+    assert!(tcp_reachable(&p, &node, "10.9.8.2".parse().unwrap()));
+    assert!(tcp_reachable(&node, &p, gw));
+}

@@ -6,7 +6,7 @@
 //! It refuses while a weftd holds the state directory, and while pods are attached
 //! (they would lose their networking) unless forced. Then it removes weft's nftables
 //! tables (host ports, masquerade, network policy), its routes (protocols 74 and 75: pod routes, routes to other nodes' pods,
-//! the unreachable routes of the node's ranges), its VXLAN device, puts every sysctl
+//! the unreachable routes of the node's ranges), its VXLAN device and the device holding its pods' IPv4 gateways, puts every sysctl
 //! weft changed back to the value it found (IP forwarding, `route_localnet`), and
 //! removes its state directory, socket and DEL spool.
 
@@ -41,7 +41,7 @@ pub struct Uninstalled {
     pub tables: Vec<String>,
     /// Routes deleted.
     pub routes: usize,
-    /// Links deleted (the VXLAN device; pods' host ends when forced).
+    /// Links deleted (the VXLAN device, the gateway device; pods' host ends when forced).
     pub links: Vec<String>,
     /// Sysctls put back to the value weft found.
     pub sysctls: Vec<String>,
@@ -145,7 +145,11 @@ pub async fn uninstall(cfg: &UninstallConfig) -> Result<Uninstalled, UninstallEr
     }
     let kernel = |what: &str, e: std::io::Error| UninstallError::Kernel(format!("{what}: {e}"));
     let mut nl = Netlink::new().map_err(|e| kernel("opening netlink", e))?;
-    for name in host_ends.iter().map(String::as_str).chain([weft_nodenet::VXLAN_DEVICE]) {
+    for name in host_ends
+        .iter()
+        .map(String::as_str)
+        .chain([weft_nodenet::VXLAN_DEVICE, weft_kernel::GATEWAY_DEVICE])
+    {
         if nl.delete_link(name).map_err(|e| kernel("deleting a link", e))? {
             done.links.push(name.to_string());
         }

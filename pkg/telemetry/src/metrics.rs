@@ -75,7 +75,7 @@ pub struct PhaseLabels {
 /// and the wire engine each count their own kinds into `weft_reconcile_repairs_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RepairLabels {
-    /// `veth`, `link_up`, `address`, `route`, `collected`, `hostports`, `wire`, `fdb`,
+    /// `veth`, `link_up`, `address`, `route`, `neighbour`, `collected`, `hostports`, `wire`, `fdb`,
     /// `node_route`, `node_fdb`, `node_neighbour`, `node_address`, `node_vxlan`,
     /// `masquerade`.
     pub kind: &'static str,

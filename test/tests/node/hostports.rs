@@ -293,7 +293,7 @@ fn traffic_for_a_pod_deleted_while_weftd_is_away_never_leaves_the_node() {
     d.stop().expect("weftd stops on SIGTERM");
     pod.delete();
     eventually("the pod's host end did not go with its namespace", || {
-        d.node.links() == vec!["lo", "up0"]
+        d.node.links_but_gateway() == vec!["lo", "up0"]
     });
     let table = sh(d
         .node

@@ -94,7 +94,13 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         };
         let net = pod_network(&att);
         let set_up = async {
-            let installed: Vec<InstalledRoute> = match self.net.setup(net.clone(), routes).await {
+            // Shared with other setups: no gateway goes between holding it and routing
+            // from it (crate::gateways).
+            let set = {
+                let _gateways = self.gateways.read().await;
+                self.net.setup(net.clone(), routes).await
+            };
+            let installed: Vec<InstalledRoute> = match set {
                 Ok(r) => r.iter().map(installed_route).collect(),
                 Err(e) => return Err(kernel_err(e)),
             };
@@ -225,7 +231,9 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         if let Err(e) = self.ipam.remove(att.id).await {
             // The row stays in state `creating`; the next start rolls it back.
             warn!(attachment = %att.key, error = %e, "could not release the addresses of a failed ADD");
+            return;
         }
+        self.release_gateways_of(att).await;
     }
 
     /// Takes back a finished ADD whose pod's links did not come up in time, as a DEL
@@ -251,6 +259,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// Removes the kernel side and the row of an attachment, waiting for both.
     async fn finish_teardown(&self, att: &Attachment) -> Result<(), CniError> {
         self.net.remove(att.host_ifname.clone()).await.map_err(kernel_err)?;
-        self.ipam.remove(att.id).await.map_err(store_err)
+        self.ipam.remove(att.id).await.map_err(store_err)?;
+        self.release_gateways_of(att).await;
+        Ok(())
     }
 }

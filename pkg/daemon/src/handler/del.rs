@@ -82,7 +82,8 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         if let Some(policy) = &self.policy {
             policy.pod_detached(&att.host_ifname);
         }
-        let (net, ipam) = (self.net.clone(), self.ipam.clone());
+        let (net, ipam, gateway_lock) = (self.net.clone(), self.ipam.clone(), self.gateways.clone());
+        let frees_gateway = super::holds_node_gateway(&att);
         let key = att.key.clone();
         let work = async move {
             match net.remove(att.host_ifname.clone()).await {
@@ -91,6 +92,9 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                     match ipam.remove(att.id).await {
                         Ok(()) => {
                             failpoint!("del.release");
+                            if frees_gateway {
+                                crate::gateways::release_unused(ipam.as_ref(), net.as_ref(), &gateway_lock).await;
+                            }
                             info!(attachment = %key, "pod detached")
                         }
                         Err(e) => {

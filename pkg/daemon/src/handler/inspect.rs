@@ -22,7 +22,7 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
     /// route, address or veth pair comes back), collects attachments whose network
     /// namespace is gone (their addresses are released and their wires removed), and
     /// rewrites the host port table if it differs from the store. Returns how many items
-    /// of each kind it repaired (`veth`, `link_up`, `address`, `route`, `collected`,
+    /// of each kind it repaired (`veth`, `link_up`, `address`, `route`, `neighbour`, `collected`,
     /// `hostports`). Runs at start, before serving, and every reconcile interval; each
     /// attachment is handled under its container's lock, so it never races a call.
     pub async fn reconcile(&self) -> Result<BTreeMap<&'static str, u64>, CniError> {
@@ -81,7 +81,11 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                     continue;
                 }
             }
-            match self.net.repair(pod_network(&att), pod_routes(&att)).await {
+            let repaired_now = {
+                let _gateways = self.gateways.read().await;
+                self.net.repair(pod_network(&att), pod_routes(&att)).await
+            };
+            match repaired_now {
                 Ok(kinds) => {
                     for kind in kinds {
                         warn!(attachment = %att.key, kind, "kernel state had drifted from the store: repaired");
@@ -91,6 +95,9 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
                 Err(e) => warn!(attachment = %att.key, error = %e, "could not repair the pod's networking"),
             }
         }
+        // What a DEL could not let go of (a store that did not answer, a crash between
+        // the release of a pod's addresses and of its gateway).
+        crate::gateways::release_unused(self.ipam.as_ref(), self.net.as_ref(), &self.gateways).await;
         match self.sync_host_ports().await? {
             TableSync::InSync => {}
             TableSync::Created => info!("host port table created"),

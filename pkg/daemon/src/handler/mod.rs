@@ -19,6 +19,7 @@ use weft_cni::{Cmd, CniError, NetworkConfig, validate};
 use weft_store::{Attachment, AttachmentKey};
 
 use crate::defaults::{self, PodDefaults};
+use crate::gateways::{self, GatewayLock};
 use crate::locks::{KeyedLocks, Teardowns};
 use crate::seams::{Ipam, POLICED_IFNAME, PodNetworking, PolicedPod, PolicyHook, WiredPod, Wiring};
 use crate::spool::DelSpool;
@@ -66,6 +67,9 @@ pub struct Handler<I, K> {
     policy: Option<Arc<dyn PolicyHook>>,
     /// Ranges ADDs gave addresses from since start (a new one is announced once).
     seen_ranges: std::sync::Mutex<HashSet<IpNet>>,
+    /// Between holding a gateway and routing from it, and its release (see
+    /// [`crate::gateways`]).
+    gateways: Arc<GatewayLock>,
 }
 
 /// Called when an ADD gave an address from a range no ADD used since start.
@@ -102,6 +106,15 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
             new_range: None,
             policy: None,
             seen_ranges: Default::default(),
+            gateways: Default::default(),
+        }
+    }
+
+    /// Lets go of the gateways the node holds for ranges whose last address `released`
+    /// gave back; nothing when `released` had no address of a node-held gateway.
+    async fn release_gateways_of(&self, released: &Attachment) {
+        if holds_node_gateway(released) {
+            gateways::release_unused(self.ipam.as_ref(), self.net.as_ref(), &self.gateways).await;
         }
     }
 
@@ -225,4 +238,17 @@ impl<I: Ipam, K: PodNetworking> Handler<I, K> {
         validate::netns_path(path)?;
         self.net.validate_netns(PathBuf::from(path)).await.map_err(kernel_err)
     }
+}
+
+/// Whether the node holds a gateway of one of `att`'s addresses (their IPv4 ones:
+/// `weft_kernel::ptp::PodAddress::holder`), so releasing them may free it.
+fn holds_node_gateway(att: &Attachment) -> bool {
+    att.addresses.iter().any(|a| {
+        weft_kernel::ptp::PodAddress {
+            address: a.address,
+            gateway: a.gateway,
+        }
+        .holder()
+            == weft_kernel::ptp::GatewayHolder::Node
+    })
 }

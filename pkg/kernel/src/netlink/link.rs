@@ -1,4 +1,4 @@
-//! Links: veth pairs and VXLAN devices created in one request each, their settings, state and counters, and lookups.
+//! Links: veth pairs, VXLAN devices and address holders created in one request each, their settings, state and counters, and lookups.
 
 use std::io;
 use std::net::IpAddr;
@@ -183,6 +183,26 @@ impl Netlink {
             self.execute(RouteNetlinkMessage::SetLink(set), 0)?;
         }
         Ok(())
+    }
+
+    /// Creates `name`, a device of this namespace that only holds addresses (a pod
+    /// gateway the node answers on): a `dummy`, or where the kernel has no dummy driver
+    /// (`EOPNOTSUPP`, as on some cloud kernels) a bridge without ports. Neither carries
+    /// a frame; an address on either is one of the node's own (a local route), whatever
+    /// the device's carrier.
+    pub fn create_address_holder(&mut self, name: &str) -> io::Result<()> {
+        let create = |nl: &mut Self, kind: InfoKind| {
+            let mut msg = LinkMessage::default();
+            msg.attributes = vec![
+                LinkAttribute::IfName(name.to_string()),
+                LinkAttribute::LinkInfo(vec![LinkInfo::Kind(kind)]),
+            ];
+            nl.execute(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
+        };
+        match create(self, InfoKind::Dummy) {
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => create(self, InfoKind::Bridge),
+            other => other,
+        }
     }
 
     /// Creates the VXLAN device `dev`: no learning, no remote, no group (frames go only

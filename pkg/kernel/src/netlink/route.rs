@@ -22,6 +22,8 @@ pub struct RouteEntry {
     pub gateway: Option<IpAddr>,
     /// Output interface index.
     pub oif: Option<u32>,
+    /// The source address the node's own packets on this route take (`src`).
+    pub prefsrc: Option<IpAddr>,
 }
 
 fn route_header(v6: bool, prefix_len: u8) -> RouteHeader {
@@ -52,12 +54,14 @@ fn to_route(r: RouteMessage) -> Option<RouteEntry> {
         prefix_len: r.header.destination_prefix_length,
         gateway: None,
         oif: None,
+        prefsrc: None,
     };
     for a in r.attributes {
         match a {
             RouteAttribute::Destination(d) => e.dst = route_ip(d),
             RouteAttribute::Gateway(g) => e.gateway = route_ip(g),
             RouteAttribute::Oif(o) => e.oif = Some(o),
+            RouteAttribute::PrefSource(s) => e.prefsrc = route_ip(s),
             _ => {}
         }
     }
@@ -97,6 +101,24 @@ impl Netlink {
         }
         if let Some(g) = gateway {
             msg.attributes.push(RouteAttribute::Gateway(RouteAddress::from(g)));
+        }
+        msg.attributes.push(RouteAttribute::Oif(oif));
+        self.execute(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL)
+    }
+
+    /// Adds the link route to one address (a /32 or /128) out of `oif`, marked with
+    /// weft's protocol number, whose packets from this namespace leave from `src` (the
+    /// route's preferred source, which must be an address of this namespace already):
+    /// the host's route to a pod, which answers from the pod's gateway.
+    pub fn add_host_route(&mut self, dst: IpAddr, oif: u32, src: Option<IpAddr>) -> io::Result<()> {
+        let v6 = dst.is_ipv6();
+        let mut msg = RouteMessage::default();
+        msg.header = route_header(v6, super::host_prefix(&dst));
+        msg.header.scope = if v6 { RouteScope::Universe } else { RouteScope::Link };
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(dst)));
+        if let Some(s) = src {
+            msg.attributes.push(RouteAttribute::PrefSource(RouteAddress::from(s)));
         }
         msg.attributes.push(RouteAttribute::Oif(oif));
         self.execute(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL)

@@ -49,6 +49,27 @@ impl Db {
         Ok(out)
     }
 
+    /// The gateways of the ranges some attachment holds an address of, in any state:
+    /// what the node must keep holding. One look per range at its first allocation (the
+    /// index), not a count of its rows: a DEL asks, and a node may hold thousands.
+    pub fn gateways_in_use(&mut self) -> Result<Vec<IpAddr>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT r.cidr FROM ranges r WHERE EXISTS (SELECT 1 FROM allocations a WHERE a.range_id = r.id)",
+        )?;
+        let cidrs = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for cidr in cidrs {
+            // As `range_usage`: a row that does not parse is not a range.
+            if let Ok(range) = cidr?.parse::<IpNet>() {
+                let gw = addr::gateway(&range);
+                if !out.contains(&gw) {
+                    out.push(gw);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Usage of the given ranges (ranges the store has not seen yet count as empty).
     pub fn usage_of(&mut self, ranges: &[IpNet]) -> Result<Vec<RangeUsage>, StoreError> {
         let mut out = Vec::with_capacity(ranges.len());

@@ -115,6 +115,39 @@ fn usage_counts_allocations() {
     assert_eq!(all[0].capacity, 1);
 }
 
+/// The gateways in use are those of the ranges some attachment (ready or not) holds an
+/// address of, each once, and a range goes out of use with its last address.
+#[test]
+fn gateways_in_use_follow_the_ranges_with_addresses_held() {
+    let (_d, mut db) = open();
+    assert!(db.gateways_in_use().unwrap().is_empty());
+    let a = created(db.begin_add(&spec("a", &["10.0.0.0/24", "fd00:1::/64"])).unwrap());
+    let b = created(db.begin_add(&spec("b", &["10.0.0.0/24"])).unwrap());
+    let c = created(db.begin_add(&spec("c", &["10.1.0.0/24"])).unwrap());
+    let mut used = db.gateways_in_use().unwrap();
+    used.sort();
+    let want: Vec<std::net::IpAddr> = vec![
+        "10.0.0.1".parse().unwrap(),
+        "10.1.0.1".parse().unwrap(),
+        "fd00:1::1".parse().unwrap(),
+    ];
+    assert_eq!(used, want);
+    db.remove(a.id).unwrap();
+    db.remove(c.id).unwrap();
+    assert_eq!(
+        db.gateways_in_use().unwrap(),
+        vec!["10.0.0.1".parse::<std::net::IpAddr>().unwrap()]
+    );
+    db.begin_del(&b.key).unwrap().unwrap();
+    assert_eq!(
+        db.gateways_in_use().unwrap().len(),
+        1,
+        "a pod being deleted still holds its range"
+    );
+    db.remove(b.id).unwrap();
+    assert!(db.gateways_in_use().unwrap().is_empty());
+}
+
 /// The ranges alone are the ranges `range_usage` counts, in the same order.
 #[test]
 fn ranges_are_the_ranges_usage_counts() {
